@@ -1,0 +1,98 @@
+"""Recording what each trainable layer saw and produced during one forward pass.
+
+Per-example clipping without per-example gradients needs, for every layer
+that owns trainable weights, its inputs and the gradient of the summed loss
+with respect to its outputs ("ghost" norms; Goodfellow 2015, Li et al. 2022,
+Bu et al. 2022). `record_taps` swaps each layer's `call` for a recording
+wrapper for the duration of a `with` block (inside the traced train step)
+and restores it afterwards; the layer classes are never modified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator, Sequence
+
+from tfdp_embed._keras import keras, tf
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCall:
+    """One call of a layer: what `call` received and returned."""
+
+    args: tuple
+    kwargs: dict
+    outputs: tf.Tensor
+
+
+@dataclasses.dataclass
+class LayerTaps:
+    """All calls of one layer during the recorded forward pass.
+
+    `call_fn` is the layer's original (un-recorded) `call`, for registry
+    functions that need to re-run the layer on one example (the fallback).
+    """
+
+    layer: keras.layers.Layer
+    call_fn: object
+    calls: list = dataclasses.field(default_factory=list)
+
+
+def own_trainable_variables(layer, all_layers) -> list:
+    """Trainable variables of `layer` that none of its sub-layers owns."""
+    sub = set()
+    for other in getattr(layer, "submodules", ()):
+        if other is not layer and isinstance(other, keras.layers.Layer):
+            sub.update(v.ref() for v in other.trainable_weights)
+    return [v for v in layer.trainable_weights if v.ref() not in sub]
+
+
+def layers_owning_weights(model) -> list:
+    """Every layer (the model included) that owns at least one trainable variable."""
+    candidates = [model] + [m for m in model.submodules if isinstance(m, keras.layers.Layer)]
+    seen, out = set(), []
+    for layer in candidates:
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if own_trainable_variables(layer, candidates):
+            out.append(layer)
+    return out
+
+
+@contextlib.contextmanager
+def record_taps(layers: Sequence[keras.layers.Layer]) -> Iterator[list]:
+    """Records every call of `layers` inside the block; yields a list of `LayerTaps`.
+
+    Only tensor outputs can be tapped: a layer whose `call` returns a nested
+    structure raises `TypeError` naming the layer.
+    """
+    taps = [LayerTaps(layer=layer, call_fn=layer.call) for layer in layers]
+
+    def make_wrapper(tap: LayerTaps):
+        original = tap.call_fn
+
+        def recording_call(*args, **kwargs):
+            outputs = original(*args, **kwargs)
+            if not isinstance(outputs, tf.Tensor):
+                raise TypeError(
+                    f"Per-example clipping needs layer {tap.layer.name!r} "
+                    f"({type(tap.layer).__name__}) to return one dense tensor; it "
+                    f"returned {type(outputs).__name__}."
+                )
+            tap.calls.append(LayerCall(args=args, kwargs=kwargs, outputs=outputs))
+            return outputs
+
+        return recording_call
+
+    try:
+        for tap in taps:
+            object.__setattr__(tap.layer, "call", make_wrapper(tap))
+        yield taps
+    finally:
+        for tap in taps:
+            try:
+                object.__delattr__(tap.layer, "call")
+            except AttributeError:
+                pass

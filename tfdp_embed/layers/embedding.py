@@ -1,0 +1,265 @@
+"""`DPEmbedding`: an embedding table whose gradient stays sparse under DP.
+
+The layer looks rows up with `tf.gather`, so the table's gradient is a
+`tf.IndexedSlices` over the rows a batch touches. It also exposes the
+lookup as data (`occurrences`): which row each id reads, which output
+segment it lands in, with which combiner weight. The per-example clipping
+registry (`tfdp_embed.clipping`) computes exact per-example gradient norms
+from that and the output gradient, and builds the clipped sum of gradients
+as an `IndexedSlices` over touched rows: a dense `[batch, vocab, dim]`
+tensor is never built.
+
+Noise mechanisms that defer noise (LazyDP) install a *read hook* with
+`set_read_hook`: it runs on the bucket ids right before rows are read, so a
+row is always brought up to date before anybody reads it.
+
+Example:
+    >>> layer = DPEmbedding(vocabulary_size=1000, output_dim=8, combiner="mean")
+    >>> pooled = layer(tf.ragged.constant([[1, 2, 2], [7]]))  # shape [2, 8]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from tfdp_embed._keras import keras, tf
+
+_COMBINERS = (None, "sum", "mean", "sqrtn")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingOccurrences:
+    """Every id a batch looks up, as flat tensors.
+
+    Attributes:
+      ids: int32/int64 `[n]` table rows read (after hashing), one per occurrence.
+      segments: int32 `[n]` the output row (segment) each occurrence adds into.
+      weights: float32 `[n]` combiner weight of each occurrence
+        (1 for sum and no combiner, 1/len for mean, 1/sqrt(len) for sqrtn).
+      num_segments: scalar int32, number of output rows (flattened output).
+      segment_examples: int32 `[num_segments]` the example each segment belongs to.
+      batch_size: scalar int32.
+    """
+
+    ids: tf.Tensor
+    segments: tf.Tensor
+    weights: tf.Tensor
+    num_segments: tf.Tensor
+    segment_examples: tf.Tensor
+    batch_size: tf.Tensor
+
+
+class DPEmbedding(keras.layers.Layer):
+    """Embedding table for DP training; subclass it freely.
+
+    Accepts, per example, one id (`[batch]`), a fixed number of ids
+    (`[batch, n]`, returning `[batch, n, dim]` without a combiner), or a
+    variable number of ids (`tf.RaggedTensor` / `tf.SparseTensor`, which need
+    a combiner). Ids are ints in `[0, vocabulary_size)`; with
+    `hash_ids=True`, strings or ints of any range are hashed into
+    `vocabulary_size` buckets instead.
+
+    Args:
+      vocabulary_size: number of table rows.
+      output_dim: embedding dimension.
+      combiner: None (no pooling), "sum", "mean" or "sqrtn" over each example's ids.
+      hash_ids: hash raw ids (strings or ints) into `vocabulary_size` buckets.
+      embeddings_initializer: Keras initializer for the table.
+      **kwargs: passed to `keras.layers.Layer`.
+
+    Raises:
+      ValueError: on bad arguments; `tf.errors.InvalidArgumentError` at call
+        time for an id outside `[0, vocabulary_size)` when not hashing.
+
+    References: LazyDP §5 (read hook), DP-FEST §3 (sparse row gradients).
+    """
+
+    def __init__(
+        self,
+        vocabulary_size: int,
+        output_dim: int,
+        *,
+        combiner: str | None = None,
+        hash_ids: bool = False,
+        embeddings_initializer="uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(vocabulary_size, int) or vocabulary_size <= 0:
+            raise ValueError(
+                f"`vocabulary_size` must be a positive int; received {vocabulary_size!r}."
+            )
+        if not isinstance(output_dim, int) or output_dim <= 0:
+            raise ValueError(f"`output_dim` must be a positive int; received {output_dim!r}.")
+        if combiner not in _COMBINERS:
+            raise ValueError(f"`combiner` must be one of {_COMBINERS}; received {combiner!r}.")
+        self.vocabulary_size = vocabulary_size
+        self.output_dim = output_dim
+        self.combiner = combiner
+        self.hash_ids = bool(hash_ids)
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self._read_hook: Callable[[tf.Tensor], None] | None = None
+
+    def build(self, input_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.vocabulary_size, self.output_dim),
+            initializer=self.embeddings_initializer,
+            trainable=True,
+        )
+        super().build(input_shape)
+
+    # -- hooks --------------------------------------------------------------
+    def set_read_hook(self, hook: Callable[[tf.Tensor], None] | None) -> None:
+        """Installs `hook(ids)`, run on the bucket ids before rows are read."""
+        self._read_hook = hook
+
+    @property
+    def read_hook(self):
+        return self._read_hook
+
+    # -- ids ----------------------------------------------------------------
+    def bucket_ids(self, ids):
+        """Maps raw ids to table rows (hashing or range check); keeps structure."""
+        if isinstance(ids, tf.RaggedTensor):
+            return ids.with_flat_values(self.bucket_ids(ids.flat_values))
+        if isinstance(ids, tf.SparseTensor):
+            return tf.SparseTensor(ids.indices, self.bucket_ids(ids.values), ids.dense_shape)
+        ids = tf.convert_to_tensor(ids)
+        if self.hash_ids:
+            if ids.dtype != tf.string:
+                ids = tf.strings.as_string(ids)
+            return tf.strings.to_hash_bucket_fast(ids, self.vocabulary_size)
+        if not ids.dtype.is_integer:
+            raise TypeError(
+                f"DPEmbedding {self.name!r} needs integer ids (or `hash_ids=True` for "
+                f"strings); received dtype {ids.dtype.name}."
+            )
+        flat = tf.reshape(ids, [-1])
+        bad = tf.logical_or(flat < 0, flat >= self.vocabulary_size)
+        check = tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(bad)),
+            [
+                f"DPEmbedding {self.name!r}: ids must lie in [0, {self.vocabulary_size}) "
+                "(or construct it with hash_ids=True); first offending ids:",
+                tf.boolean_mask(flat, bad)[:5],
+            ],
+            summarize=5,
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(ids)
+
+    def occurrences(self, ids) -> EmbeddingOccurrences:
+        """Flattens a batch of raw ids into `EmbeddingOccurrences`."""
+        ids = self.bucket_ids(ids)
+        if isinstance(ids, tf.SparseTensor):
+            ids = tf.RaggedTensor.from_sparse(ids)
+        if isinstance(ids, tf.RaggedTensor):
+            if ids.ragged_rank != 1:
+                raise ValueError(
+                    f"DPEmbedding {self.name!r} takes ragged ids of shape [batch, None]; "
+                    f"received ragged_rank {ids.ragged_rank}."
+                )
+            self._require_combiner("ragged or sparse ids")
+            flat = ids.flat_values
+            batch = tf.cast(ids.nrows(), tf.int32)
+            segments = tf.cast(ids.value_rowids(), tf.int32)
+            lengths = tf.cast(ids.row_lengths(), tf.float32)
+            weights = self._combiner_weights(tf.gather(lengths, segments))
+            return EmbeddingOccurrences(
+                ids=flat,
+                segments=segments,
+                weights=weights,
+                num_segments=batch,
+                segment_examples=tf.range(batch),
+                batch_size=batch,
+            )
+        rank = ids.shape.rank
+        if rank not in (1, 2):
+            raise ValueError(
+                f"DPEmbedding {self.name!r} takes ids of shape [batch] or [batch, n]; "
+                f"received shape {ids.shape}."
+            )
+        batch = tf.shape(ids)[0]
+        per_example = 1 if rank == 1 else tf.shape(ids)[1]
+        flat = tf.reshape(ids, [-1])
+        n = tf.size(flat)
+        if rank == 1 or self.combiner is None:
+            segments = tf.range(n)
+            weights = tf.ones([n], tf.float32)
+            return EmbeddingOccurrences(
+                ids=flat,
+                segments=segments,
+                weights=weights,
+                num_segments=n,
+                segment_examples=segments // per_example,
+                batch_size=batch,
+            )
+        segments = tf.range(n) // per_example
+        weights = self._combiner_weights(tf.fill([n], tf.cast(per_example, tf.float32)))
+        return EmbeddingOccurrences(
+            ids=flat,
+            segments=segments,
+            weights=weights,
+            num_segments=batch,
+            segment_examples=tf.range(batch),
+            batch_size=batch,
+        )
+
+    def _require_combiner(self, what: str) -> None:
+        if self.combiner is None:
+            raise ValueError(
+                f"DPEmbedding {self.name!r} received {what}, which need a `combiner` "
+                f"('sum', 'mean' or 'sqrtn'); it was built with combiner=None."
+            )
+
+    def _combiner_weights(self, lengths):
+        if self.combiner == "mean":
+            return 1.0 / tf.maximum(lengths, 1.0)
+        if self.combiner == "sqrtn":
+            return tf.math.rsqrt(tf.maximum(lengths, 1.0))
+        return tf.ones_like(lengths)
+
+    # -- forward ------------------------------------------------------------
+    def call(self, ids):
+        ids = self.bucket_ids(ids)
+        if isinstance(ids, tf.SparseTensor):
+            ids = tf.RaggedTensor.from_sparse(ids)
+        if self._read_hook is not None:
+            flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
+            self._read_hook(flat)
+        if isinstance(ids, tf.RaggedTensor):
+            self._require_combiner("ragged or sparse ids")
+            rows = tf.gather(self.embeddings, ids)  # ragged [batch, None, dim]
+            if self.combiner == "sum":
+                return tf.reduce_sum(rows, axis=1)
+            if self.combiner == "mean":
+                return tf.reduce_mean(rows, axis=1)
+            lengths = tf.cast(ids.row_lengths(), self.compute_dtype)[:, None]
+            return tf.reduce_sum(rows, axis=1) * tf.math.rsqrt(tf.maximum(lengths, 1.0))
+        if ids.shape.rank not in (1, 2):
+            raise ValueError(
+                f"DPEmbedding {self.name!r} takes ids of shape [batch] or [batch, n]; "
+                f"received shape {ids.shape}."
+            )
+        rows = tf.gather(self.embeddings, ids)
+        if ids.shape.rank == 1 or self.combiner is None:
+            return rows
+        if self.combiner == "sum":
+            return tf.reduce_sum(rows, axis=1)
+        if self.combiner == "mean":
+            return tf.reduce_mean(rows, axis=1)
+        n = tf.cast(tf.shape(ids)[1], self.compute_dtype)
+        return tf.reduce_sum(rows, axis=1) * tf.math.rsqrt(n)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            vocabulary_size=self.vocabulary_size,
+            output_dim=self.output_dim,
+            combiner=self.combiner,
+            hash_ids=self.hash_ids,
+            embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
+        )
+        return config

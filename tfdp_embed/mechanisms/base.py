@@ -1,0 +1,170 @@
+"""The one interface every noise mechanism implements.
+
+A mechanism is a small object with explicit state (optax style): `init`
+creates its state as `tf.Variable`s it owns (step counter, RNG, LazyDP's
+history table, FEST's selection, ...), so a `tf.train.Checkpoint` of the
+mechanism captures all of it; `update` takes the clipped sums of
+per-example gradients of one step and returns the gradients to apply.
+Each step's privacy cost is reported as a `dp_accounting` event.
+
+Train-step order (see `tfdp_embed.training`):
+  forward + per-example loss -> per-example norms -> clip ->
+  mechanism.update -> optimizer.apply -> mechanism.after_apply(lookahead)
+
+Adding a mechanism means subclassing `NoiseMechanism` and adding it to
+`MECHANISMS` in `tfdp_embed/mechanisms/__init__.py`; no other mechanism changes.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import ClassVar, Sequence
+
+import dp_accounting
+
+from tfdp_embed._keras import tf
+from tfdp_embed.layers.embedding import DPEmbedding, EmbeddingOccurrences
+
+
+@dataclasses.dataclass
+class TableGradient:
+    """The clipped gradient sum of one embedding table for one step.
+
+    Attributes:
+      layer: the `DPEmbedding` owning the table.
+      variable: the table (`layer.embeddings`).
+      gradient: `tf.IndexedSlices`, sum_i c_i * grad_i over touched rows,
+        indices unique.
+      occurrences: the batch's lookups into this table (for mechanisms
+        that need per-example contribution maps, e.g. DP-AdaFEST).
+      clip_factors: float32 `[batch]` per-example clip factors c_i.
+    """
+
+    layer: DPEmbedding
+    variable: tf.Variable
+    gradient: tf.IndexedSlices
+    occurrences: list
+    clip_factors: tf.Tensor
+
+
+@dataclasses.dataclass
+class ClippedGradients:
+    """Everything a mechanism sees of one step.
+
+    Attributes:
+      tables: one `TableGradient` per embedding table.
+      dense: `(variable, clipped_sum)` pairs for every other trainable variable.
+      expected_batch_size: the divisor of the noised sum (q * N under Poisson
+        sampling; Abadi et al. 2016 divide by the expected, not actual, size).
+      batch_size: actual number of examples in the batch (int32 scalar).
+    """
+
+    tables: list
+    dense: list
+    expected_batch_size: float
+    batch_size: tf.Tensor
+
+
+def make_generator(seed: int | None) -> tf.random.Generator:
+    """Noise RNG: OS entropy unless an explicit seed is given (tests only)."""
+    if seed is None:
+        return tf.random.Generator.from_non_deterministic_state()
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"`seed` must be an int or None (OS entropy); received {seed!r}.")
+    return tf.random.Generator.from_seed(seed)
+
+
+def check_positive(name: str, value, *, allow_zero: bool = False) -> float:
+    """Validates a privacy hyperparameter; the error names the argument."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"`{name}` must be a number; received {value!r}.") from None
+    bad = value < 0 if allow_zero else value <= 0
+    if bad or value != value or value == float("inf"):
+        allowed = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"`{name}` must be finite and {allowed}; received {value!r}.")
+    return value
+
+
+class NoiseMechanism(tf.Module, abc.ABC):
+    """Base class of all noise mechanisms.
+
+    Subclasses set `name`, `is_dp`, and implement `update` and
+    `step_event`. They must noise every variable they are given: a
+    mechanism never returns a noiseless gradient for a private variable.
+
+    Args (keyword-only, shared by all subclasses):
+      l2_norm_clip: per-example clip norm C (> 0).
+      noise_multiplier: sigma (>= 0); noise std on a coordinate is sigma * C.
+      seed: int for reproducible noise (tests), None for OS entropy.
+    """
+
+    name: ClassVar[str] = "base"
+    is_dp: ClassVar[bool] = True
+
+    def __init__(self, *, l2_norm_clip: float, noise_multiplier: float, seed: int | None = None):
+        super().__init__(name=f"{self.name}_mechanism".replace("+", "_plus"))
+        self.l2_norm_clip = check_positive("l2_norm_clip", l2_norm_clip)
+        self.noise_multiplier = check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
+        self.seed = seed
+        self.generator = make_generator(seed)
+        self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
+        self._tables: list = []
+        self._dense_variables: list = []
+        self._optimizer = None
+
+    # -- state --------------------------------------------------------------
+    def init(self, *, tables: Sequence[DPEmbedding], dense_variables: Sequence[tf.Variable], optimizer) -> None:
+        """Creates per-variable state. Called once, before the first step."""
+        self._tables = list(tables)
+        self._dense_variables = list(dense_variables)
+        self._optimizer = optimizer
+
+    # -- the step -----------------------------------------------------------
+    @abc.abstractmethod
+    def update(self, clipped: ClippedGradients) -> list:
+        """Returns `(gradient, variable)` pairs to apply: noised, divided by the expected batch size."""
+
+    def after_apply(self, lookahead: dict | None) -> None:
+        """Runs after the optimizer step; `lookahead` maps table name -> next batch's unique ids."""
+
+    def flush(self) -> None:
+        """Adds every owed noise term now; the model is then a DP-SGD model."""
+
+    def owes_noise(self) -> bool:
+        """True when some table rows still lack noise (only lazy mechanisms)."""
+        return False
+
+    # -- accounting ---------------------------------------------------------
+    @abc.abstractmethod
+    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
+        """The privacy cost of one training step."""
+
+    def setup_event(self) -> dp_accounting.DpEvent | None:
+        """A one-off cost spent before training (e.g. DP-FEST's top-k selection)."""
+        return None
+
+    def report(self) -> dict:
+        """Fields for the privacy report (noise multipliers, clip norms, caveats)."""
+        return {
+            "mechanism": self.name,
+            "is_dp": self.is_dp,
+            "l2_norm_clip": self.l2_norm_clip,
+            "noise_multiplier": self.noise_multiplier,
+            "caveats": [],
+        }
+
+    # -- helpers for subclasses ---------------------------------------------
+    def _noise_like(self, shape, stddev) -> tf.Tensor:
+        return self.generator.normal(shape, stddev=stddev, dtype=tf.float32)
+
+    def _dense_noised(self, clipped: ClippedGradients, noise_multiplier: float) -> list:
+        """Dense DP-SGD on the non-table variables: (sum + N(0, (sigma C)^2)) / B."""
+        std = noise_multiplier * self.l2_norm_clip
+        out = []
+        for variable, grad in clipped.dense:
+            noised = grad + self._noise_like(tf.shape(grad), std) if std > 0 else grad
+            out.append((noised / clipped.expected_batch_size, variable))
+        return out
