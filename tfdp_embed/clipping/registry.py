@@ -37,6 +37,7 @@ class LayerGradients:
     variables: list
     squared_norms: tf.Tensor
     clipped_sum: Callable[[tf.Tensor], list]
+    occurrences: list | None = None  # embedding layers: one EmbeddingOccurrences per call
 
 
 RegistryFunction = Callable  # (layer, taps: LayerTaps, output_grads: list[Tensor]) -> LayerGradients
