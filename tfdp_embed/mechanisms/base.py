@@ -103,6 +103,7 @@ class NoiseMechanism(tf.Module, abc.ABC):
 
     name: ClassVar[str] = "base"
     is_dp: ClassVar[bool] = True
+    clips_per_example: ClassVar[bool] = True
 
     def __init__(self, *, l2_norm_clip: float, noise_multiplier: float, seed: int | None = None):
         super().__init__(name=f"{self.name}_mechanism".replace("+", "_plus"))

@@ -1,0 +1,338 @@
+"""`DPModel`: the staged differentially private train step around any Keras model.
+
+    forward + per-example loss -> per-example norms -> clip ->
+    mechanism.update -> optimizer.apply -> mechanism.after_apply(lookahead)
+
+`DPModel` wraps a functional, sequential or subclassed Keras model, or a
+`tfrs.Model` (whose `compute_loss` must return one loss per example), and
+trains it with `fit` like any Keras model. Per-example gradient norms come
+from the clipping registry (ghost norms over each layer's inputs and
+output gradients); a dense `[batch, vocab, dim]` tensor is never built.
+
+Per-example losses are required: the DP argument clips each example's
+gradient, which is only meaningful when loss_i depends on example i alone.
+Losses that mix examples (in-batch negatives, e.g. `tfrs.tasks.Retrieval`,
+batch normalisation in training mode) break it and are rejected where
+detectable.
+
+Example:
+    >>> inputs = keras.Input((4,), dtype="int32")
+    >>> x = DPEmbedding(1000, 8, combiner="mean")(inputs)
+    >>> model = keras.Model(inputs, keras.layers.Dense(1)(x))
+    >>> dp = DPModel(model, mechanism=DenseDPSGD(l2_norm_clip=1.0,
+    ...              noise_multiplier=1.1), expected_batch_size=256)
+    >>> dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1),
+    ...            loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    >>> dp.fit(dataset, epochs=1)
+
+References: Abadi et al. 2016 (DP-SGD); Li et al. 2022 and Bu et al. 2022
+(ghost clipping, book-keeping); TFRS `models/base.py` (staged step).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from tfdp_embed._keras import keras, tf
+from tfdp_embed.clipping.per_example import clipped_step
+from tfdp_embed.clipping.taps import layers_owning_weights, own_trainable_variables, record_taps
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
+
+_NON_PER_EXAMPLE_LAYERS = (keras.layers.BatchNormalization,)
+
+
+def _reject_non_per_example(model) -> None:
+    """Raises PrivacyContractError for components whose loss mixes examples."""
+    try:
+        import tensorflow_recommenders as tfrs
+
+        retrieval = (tfrs.tasks.Retrieval,)
+    except ImportError:  # pragma: no cover
+        retrieval = ()
+    for module in [model, *model.submodules]:
+        if retrieval and isinstance(module, retrieval):
+            raise PrivacyContractError(
+                f"{type(module).__name__} {getattr(module, 'name', '')!r} scores each query against "
+                "the other examples of the batch (in-batch negatives), so one example's loss depends "
+                "on other examples and per-example clipping no longer bounds its influence. Score "
+                "against the full item table (softmax over all items) instead."
+            )
+        if isinstance(module, _NON_PER_EXAMPLE_LAYERS) and module.trainable:
+            raise PrivacyContractError(
+                f"Layer {module.name!r} ({type(module).__name__}) normalises with batch statistics "
+                "in training, which mixes examples and breaks per-example clipping. Use "
+                "LayerNormalization or freeze it (trainable=False)."
+            )
+
+
+class DPModel(keras.Model):
+    """Trains `model` with a noise mechanism; `fit`, callbacks and `tf.function` work.
+
+    Args:
+      model: the Keras model to train (functional, sequential, subclassed, or
+        `tfrs.Model`). Its `DPEmbedding` tables are sparse variables; every
+        other trainable variable is dense.
+      mechanism: a `NoiseMechanism` (keyword-only).
+      expected_batch_size: divisor of the noised gradient sum: q * N under
+        Poisson sampling, the batch size under fixed-size batching.
+      registry: a `LayerRegistry` of per-example norm functions; defaults to
+        `tfdp_embed.clipping.default_registry()`.
+      lookahead: the dataset yields `(features, labels, lookahead)` where
+        `lookahead` maps a `DPEmbedding` layer name to the next batch's unique
+        ids (`tfdp_embed.data.with_lookahead`); LazyDP uses it.
+
+    Raises:
+      PrivacyContractError: when the model has components whose loss is not
+        per-example, or trainable variables no layer owns.
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        *,
+        mechanism: NoiseMechanism,
+        expected_batch_size: float | None = None,
+        registry=None,
+        lookahead: bool = False,
+        name: str | None = None,
+    ):
+        super().__init__(name=name or f"dp_{model.name}")
+        if not isinstance(mechanism, NoiseMechanism):
+            raise TypeError(
+                f"`mechanism` must be a tfdp_embed NoiseMechanism; received {type(mechanism).__name__}."
+            )
+        if mechanism.clips_per_example:
+            if expected_batch_size is None:
+                raise ValueError(
+                    "`expected_batch_size` is required for private training: the noised sum is "
+                    "divided by it (q * N under Poisson sampling)."
+                )
+        if expected_batch_size is not None and not float(expected_batch_size) > 0:
+            raise ValueError(f"`expected_batch_size` must be > 0; received {expected_batch_size!r}.")
+        _reject_non_per_example(model)
+        from tfdp_embed import clipping  # registry functions live in the clipping package
+
+        self.inner = model
+        self.mechanism = mechanism
+        self.expected_batch_size = None if expected_batch_size is None else float(expected_batch_size)
+        self.registry = registry if registry is not None else clipping.default_registry()
+        self._fallback = clipping.vectorized_layer_gradients
+        self.lookahead = bool(lookahead)
+        self._loss_fn = None
+        self._prepared = False
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+
+    # -- Keras plumbing -----------------------------------------------------
+    def call(self, inputs, training=None):
+        return self.inner(inputs, training=training)
+
+    def compile(self, optimizer="sgd", loss=None, metrics=None, **kwargs):
+        """Like `keras.Model.compile`; `loss` is applied per example (no reduction)."""
+        if loss is None and not hasattr(self.inner, "compute_loss"):
+            raise ValueError(
+                "`loss` is required unless the wrapped model defines `compute_loss` "
+                "returning one loss per example."
+            )
+        self._loss_fn = keras.losses.get(loss) if loss is not None else None
+        super().compile(optimizer=optimizer, metrics=metrics, **kwargs)
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker, *super().metrics]
+
+    def fit(self, x=None, *args, **kwargs):
+        self.prepare(x)
+        return super().fit(x, *args, **kwargs)
+
+    # -- setup ----------------------------------------------------------------
+    def prepare(self, data=None) -> None:
+        """Builds the wrapped model (from one batch of `data` if needed) and inits the mechanism."""
+        if self._prepared:
+            return
+        if not self.inner.built or not self.inner.trainable_variables:
+            if not isinstance(data, tf.data.Dataset):
+                raise ValueError(
+                    f"Model {self.inner.name!r} is not built; build it (call it once) or pass a "
+                    "tf.data.Dataset to `fit` so it can be built from the first batch."
+                )
+            first = next(iter(data.take(1)), None)
+            if first is None:
+                raise ValueError("The training dataset is empty: it yielded no batch.")
+            features = self._unpack(first)[0]
+            if hasattr(self.inner, "compute_loss") and self._loss_fn is None:
+                self.inner.compute_loss(features, training=False)
+            else:
+                self.inner(features, training=False)
+        self._tapped_layers = layers_owning_weights(self.inner)
+        self._tables = [
+            layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)
+        ]
+        covered = set()
+        for layer in self._tapped_layers:
+            covered.update(v.ref() for v in own_trainable_variables(layer, self._tapped_layers))
+        for variable in self.inner.trainable_variables:
+            if variable.ref() not in covered:  # pragma: no cover - layers_owning_weights covers all
+                raise PrivacyContractError(
+                    f"Trainable variable {variable.name!r} is not owned by any layer, so no "
+                    "mechanism would noise it."
+                )
+        table_vars = {layer.embeddings.ref() for layer in self._tables}
+        dense = [v for v in self.inner.trainable_variables if v.ref() not in table_vars]
+        self.mechanism.init(tables=self._tables, dense_variables=dense, optimizer=self.optimizer)
+        self._prepared = True
+
+    # -- the step -------------------------------------------------------------
+    def _unpack(self, data):
+        lookahead = None
+        if self.lookahead:
+            if not isinstance(data, tuple) or not isinstance(data[-1], dict):
+                raise ValueError(
+                    "DPModel(lookahead=True) expects (features, labels, lookahead) elements; "
+                    "use tfdp_embed.data.with_lookahead."
+                )
+            data, lookahead = data[:-1], data[-1]
+            if len(data) == 1:
+                data = data[0]
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        return x, y, sample_weight, lookahead
+
+    def _per_example_loss(self, x, y, sample_weight, training=True):
+        if self._loss_fn is None:
+            loss = self.inner.compute_loss(x if y is None else (x, y), training=training)
+            y_pred = None
+        else:
+            y_pred = self.inner(x, training=training)
+            loss = self._loss_fn.call(y, y_pred) if isinstance(self._loss_fn, keras.losses.Loss) else self._loss_fn(y, y_pred)
+            if loss.shape.rank is not None and loss.shape.rank > 1:
+                loss = tf.reduce_mean(loss, axis=list(range(1, loss.shape.rank)))
+        loss = tf.convert_to_tensor(loss)
+        if loss.shape.rank != 1:
+            raise PrivacyContractError(
+                f"The loss must be one value per example (shape [batch]); it has shape {loss.shape}. "
+                "DP clips each example's gradient: use a loss with reduction NONE and return it "
+                "unreduced from `compute_loss`."
+            )
+        if sample_weight is not None:
+            loss = loss * tf.cast(tf.reshape(sample_weight, [-1]), loss.dtype)
+        return loss, y_pred
+
+    def train_step(self, data):
+        if not self._prepared:
+            raise RuntimeError("Call `DPModel.prepare(dataset)` (fit does it) before stepping.")
+        x, y, sample_weight, lookahead = self._unpack(data)
+        if not self.mechanism.clips_per_example:
+            return self._non_private_step(x, y, sample_weight)
+        with record_taps(self._tapped_layers) as taps:
+            with tf.GradientTape() as tape:
+                per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight)
+        per_example_loss = tf.debugging.assert_all_finite(
+            per_example_loss,
+            "The per-example loss is NaN or Inf: check the inputs and the learning rate "
+            "(training stopped rather than clip a non-finite gradient).",
+        )
+        step = clipped_step(
+            taps,
+            per_example_loss,
+            tape,
+            registry=self.registry,
+            fallback=self._fallback,
+            l2_norm_clip=self.mechanism.l2_norm_clip,
+        )
+        clipped = self._assemble(step, taps, tf.shape(per_example_loss)[0])
+        pairs = self.mechanism.update(clipped)
+        self.optimizer.apply_gradients(pairs)
+        self.mechanism.after_apply(lookahead)
+        return self._update_metrics(per_example_loss, y, y_pred, sample_weight)
+
+    def _non_private_step(self, x, y, sample_weight):
+        with tf.GradientTape() as tape:
+            per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight)
+            loss = tf.reduce_mean(per_example_loss)
+        variables = self.inner.trainable_variables
+        grads = tape.gradient(loss, variables)
+        self.optimizer.apply_gradients(
+            [(g, v) for g, v in zip(grads, variables) if g is not None]
+        )
+        return self._update_metrics(per_example_loss, y, y_pred, sample_weight)
+
+    def _assemble(self, step, taps, batch_size) -> ClippedGradients:
+        """Collects every variable's clipped sum; zeros for layers not called this step."""
+        grads = {}
+        occurrences = {}
+        for tap, info in step.layers:
+            for variable, grad in zip(info.variables, info.clipped_sum(step.clip_factors)):
+                grads[variable.ref()] = grad
+            if info.occurrences is not None:
+                occurrences[id(tap.layer)] = info.occurrences
+        tables = []
+        for layer in self._tables:
+            var = layer.embeddings
+            grad = grads.get(var.ref())
+            if grad is None:
+                grad = tf.IndexedSlices(
+                    tf.zeros([0, layer.output_dim], var.dtype),
+                    tf.zeros([0], tf.int64),
+                    tf.shape(var, out_type=tf.int64),
+                )
+            tables.append(
+                TableGradient(
+                    layer=layer,
+                    variable=var,
+                    gradient=grad,
+                    occurrences=occurrences.get(id(layer), []),
+                    clip_factors=step.clip_factors,
+                )
+            )
+        table_vars = {layer.embeddings.ref() for layer in self._tables}
+        dense = []
+        for variable in self.inner.trainable_variables:
+            if variable.ref() in table_vars:
+                continue
+            grad = grads.get(variable.ref())
+            dense.append((variable, tf.zeros_like(variable) if grad is None else grad))
+        return ClippedGradients(
+            tables=tables,
+            dense=dense,
+            expected_batch_size=self.expected_batch_size,
+            batch_size=batch_size,
+        )
+
+    def _update_metrics(self, per_example_loss, y, y_pred, sample_weight):
+        self.loss_tracker.update_state(tf.reduce_mean(per_example_loss))
+        if y_pred is not None and y is not None:
+            self.compiled_metrics.update_state(y, y_pred, sample_weight)
+        return {m.name: m.result() for m in self.metrics}
+
+    def test_step(self, data):
+        x, y, sample_weight, _ = self._unpack(data)
+        per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight, training=False)
+        return self._update_metrics(per_example_loss, y, y_pred, sample_weight)
+
+    def predict_step(self, data):
+        x = self._unpack(data)[0]
+        return self.inner(x, training=False)
+
+    # -- leaving training ---------------------------------------------------------
+    def flush(self) -> None:
+        """Adds all noise the mechanism still owes (LazyDP); a no-op for others."""
+        self.mechanism.flush()
+        if self.mechanism.owes_noise():
+            raise PrivacyContractError(
+                f"Mechanism {self.mechanism.name!r} still owes noise after flush(); refusing to "
+                "release the model."
+            )
+
+    def save_weights(self, *args, **kwargs):
+        self.flush()
+        return super().save_weights(*args, **kwargs)
+
+    def save(self, *args, **kwargs):
+        warnings.warn(
+            "DPModel.save saves the training wrapper; use tfdp_embed.export.export_saved_model "
+            "for serving (it flushes, drops mechanism state and writes the privacy report).",
+            stacklevel=2,
+        )
+        self.flush()
+        return super().save(*args, **kwargs)
