@@ -1,0 +1,18 @@
+"""Noise mechanisms, one module each, registered by name in `MECHANISMS`.
+
+Adding a mechanism: subclass `NoiseMechanism` in its own module, import it
+here and add one `name: class` line to `MECHANISMS`.
+"""
+
+from tfdp_embed.mechanisms.adafest import DPAdaFEST
+from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
+from tfdp_embed.mechanisms.dense import DenseDPSGD
+from tfdp_embed.mechanisms.none import NonPrivate
+
+MECHANISMS = {
+    "none": NonPrivate,
+    "dense": DenseDPSGD,
+    "adafest": DPAdaFEST,
+}
+
+__all__ = ["MECHANISMS", "ClippedGradients", "NoiseMechanism", "TableGradient"]

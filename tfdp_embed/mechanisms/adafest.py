@@ -1,0 +1,465 @@
+"""DP-AdaFEST: noise only the embedding rows a noisy, clipped contribution map selects.
+
+Per step and per table (Alg. 1 of Zhang et al. 2023):
+
+    V_t = sum_i [v_i]_{C1} + N(0, sigma1^2 C1^2 I_c)        (contribution map)
+    S_t = {j : V_t[j] >= tau}                                (surviving rows)
+    G_t = sum_i [g_i]_{C2} restricted to S_t + N(0, sigma2^2 C2^2) on S_t rows
+
+where v_i is example i's binary vector of touched rows. The map is never
+built over the vocabulary (App. B.2): touched rows get their clipped count
+plus one Gaussian draw each; an untouched row survives by noise alone with
+probability p = P(N(0, sigma1^2 C1^2) >= tau), independently, so the
+positions of those survivors are drawn directly with geometric gaps
+Geom(p). Time and memory are proportional to the number of survivors,
+never to the vocabulary. Non-embedding variables get dense DP-SGD with
+sigma2.
+
+Contribution clipping is joint over all tables: [v_i]_{C1} scales example
+i's vector by min(1, C1 / sqrt(n_i)), n_i = number of distinct rows it
+touches in *all* tables ("including those to other features", Fig. 2), so
+the whole map has sensitivity C1 and one sigma1 accounts for it.
+
+Accounting (§3.3): one step composes two Gaussian mechanisms, which is one
+Gaussian with sigma = (sigma1^-2 + sigma2^-2)^(-1/2) (App. C.4 prints the
+exponent as -2; that is a typo: the composition of N(1, s1^2) and
+N(1, s2^2) tests is the Gaussian with mu^2 = s1^-2 + s2^-2). App. B.2's
+survival probability Psi(tau / (sigma1^2 C1^2)) is likewise read as
+Psi(tau / (sigma1 C1)), the Gaussian tail at tau.
+
+Example:
+    >>> sigma1, sigma2 = split_noise_multiplier(1.0, ratio=2.0)
+    >>> mechanism = DPAdaFEST(l2_norm_clip=1.0, noise_multiplier=sigma2,
+    ...     contribution_clip=1.0, contribution_noise_multiplier=sigma1,
+    ...     threshold=5.0, seed=0)
+
+References: Zhang et al., "Sparsity-Preserving Differentially Private
+Training of Large Embedding Models", NeurIPS 2023: §3.2, Alg. 1, §3.3,
+App. B.2, App. C.4; Dong, Roth & Su 2019, Cor. 3.3 (Gaussian composition).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+import dp_accounting
+
+from tfdp_embed._keras import tf
+from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, check_positive
+
+# Above this survival probability of an untouched row, the "sparse" gradient
+# covers a sizeable fraction of every table each step: warn the user.
+_DENSE_WARNING_PROBABILITY = 0.05
+
+
+def effective_noise_multiplier(
+    contribution_noise_multiplier: float, noise_multiplier: float
+) -> float:
+    """The one Gaussian equivalent to one DP-AdaFEST step.
+
+        sigma = (sigma1^-2 + sigma2^-2)^(-1/2)
+
+    Args:
+      contribution_noise_multiplier: sigma1 (> 0), noise of the contribution map.
+      noise_multiplier: sigma2 (>= 0), noise of the gradient; 0 gives 0 (no privacy).
+
+    Returns:
+      sigma, the noise multiplier of the equivalent Gaussian mechanism.
+
+    Raises:
+      ValueError: if sigma1 <= 0 or sigma2 < 0.
+
+    References: DP-AdaFEST §3.3; Dong, Roth & Su 2019, Cor. 3.3.
+    """
+    sigma1 = check_positive("contribution_noise_multiplier", contribution_noise_multiplier)
+    sigma2 = check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    if sigma2 == 0.0:
+        return 0.0
+    return (sigma1**-2 + sigma2**-2) ** -0.5
+
+
+def split_noise_multiplier(sigma: float, *, ratio: float) -> tuple[float, float]:
+    """Splits a target noise multiplier into (sigma1, sigma2) with sigma1/sigma2 = ratio.
+
+        sigma2 = sigma * sqrt(1 + ratio^-2),  sigma1 = ratio * sigma2 = sigma * sqrt(1 + ratio^2)
+
+    so that (sigma1^-2 + sigma2^-2)^(-1/2) = sigma exactly: calibrate sigma
+    as for DP-SGD, then split it. The paper tunes ratio in [0.1, 10] (App. D.1).
+
+    Args:
+      sigma: the DP-SGD-equivalent noise multiplier (> 0).
+      ratio: sigma1 / sigma2 (> 0); larger spends less budget on the map.
+
+    Returns:
+      (contribution_noise_multiplier, noise_multiplier).
+
+    Raises:
+      ValueError: if `sigma` or `ratio` is not finite and > 0.
+
+    Example:
+        >>> split_noise_multiplier(1.0, ratio=1.0)   # (sqrt 2, sqrt 2)
+
+    References: DP-AdaFEST §3.3, App. D.1 (the ratio sigma1/sigma2).
+    """
+    sigma = check_positive("sigma", sigma)
+    ratio = check_positive("ratio", ratio)
+    sigma2 = sigma * math.sqrt(1.0 + ratio**-2)
+    sigma1 = sigma * math.sqrt(1.0 + ratio**2)
+    return sigma1, sigma2
+
+
+def noise_survival_probability(
+    *, threshold: float, contribution_clip: float, contribution_noise_multiplier: float
+) -> float:
+    """P(N(0, sigma1^2 C1^2) >= tau): the chance an untouched row survives by noise.
+
+    References: DP-AdaFEST App. B.2.
+    """
+    scale = contribution_noise_multiplier * contribution_clip
+    return 0.5 * math.erfc(threshold / (scale * math.sqrt(2.0)))
+
+
+def contribution_map(tables: Sequence, batch_size, contribution_clip: float, keep=None) -> list:
+    """The clipped contribution counts sum_i [v_i]_{C1}, on touched rows only.
+
+        count[t][j] = sum_{i touches row j of table t} min(1, C1 / sqrt(n_i)),
+        n_i = number of distinct (table, row) pairs example i touches.
+
+    Args:
+      tables: `TableGradient`s of one step (their `occurrences` are read).
+      batch_size: scalar int, number of examples.
+      contribution_clip: C1 (> 0).
+      keep: optional `keep(table_index, rows) -> bool mask` restricting the map
+        to some rows (DP-AdaFEST+ restricts it to the FEST-selected rows).
+
+    Returns:
+      One `(rows, counts)` pair per table: int64 `[m_t]` distinct touched rows
+      and float32 `[m_t]` their clipped counts.
+
+    References: DP-AdaFEST Alg. 1 line 6; App. B.2 (touched rows only).
+    """
+    pairs = []
+    for index, table in enumerate(tables):
+        rows, examples = _distinct_example_rows(table)
+        mask = None if keep is None else keep(index, rows)
+        if mask is not None:
+            rows, examples = tf.boolean_mask(rows, mask), tf.boolean_mask(examples, mask)
+        pairs.append((rows, examples))
+    batch_size = tf.cast(batch_size, tf.int32)
+    touched = tf.zeros([batch_size], tf.float32)
+    for _, examples in pairs:
+        touched += tf.math.unsorted_segment_sum(
+            tf.ones_like(examples, tf.float32), examples, batch_size
+        )
+    scale = tf.minimum(1.0, contribution_clip * tf.math.rsqrt(tf.maximum(touched, 1.0)))
+    out = []
+    for rows, examples in pairs:
+        unique_rows, position = tf.unique(rows, out_idx=tf.int32)
+        counts = tf.math.unsorted_segment_sum(
+            tf.gather(scale, examples), position, tf.size(unique_rows)
+        )
+        out.append((unique_rows, counts))
+    return out
+
+
+def _distinct_example_rows(table) -> tuple:
+    """Distinct (row, example) pairs of one table over all its calls this step."""
+    vocab = int(table.layer.vocabulary_size)
+    keys = []
+    for occ in table.occurrences:
+        examples = tf.cast(tf.gather(occ.segment_examples, occ.segments), tf.int64)
+        keys.append(examples * vocab + tf.cast(occ.ids, tf.int64))
+    if not keys:
+        return tf.zeros([0], tf.int64), tf.zeros([0], tf.int32)
+    keys, _ = tf.unique(tf.concat(keys, 0))
+    return keys % vocab, tf.cast(keys // vocab, tf.int32)
+
+
+def geometric_skip_positions(generator, size: int, probability: float) -> tf.Tensor:
+    """Positions of the ones of a Bernoulli(p)^size bit vector, in O(#ones) work.
+
+    The gap between consecutive ones is Geom(p) on {1, 2, ...}:
+    gap = floor(log U / log(1 - p)) + 1 with U uniform on (0, 1]. Gaps are
+    drawn in chunks (sized for the expected count plus 8 standard
+    deviations, so one chunk almost always suffices) until their running sum
+    passes `size`; positions are running sums minus one.
+
+    Args:
+      generator: a `tf.random.Generator`.
+      size: length of the bit vector (the number of candidate rows).
+      probability: p in [0, 1).
+
+    Returns:
+      int64 `[k]` sorted, distinct positions in `[0, size)`, k ~ Binomial(size, p).
+
+    References: DP-AdaFEST App. B.2.
+    """
+    if probability <= 0.0 or size <= 0:
+        return tf.zeros([0], tf.int64)
+    if probability >= 1.0:
+        return tf.range(size, dtype=tf.int64)
+    mean = size * probability
+    chunk = int(min(size + 1, mean + 8.0 * math.sqrt(mean) + 16))
+    log_q = math.log1p(-probability)
+    limit = float(size)
+
+    def gaps():
+        u = 1.0 - generator.uniform([chunk], dtype=tf.float64)  # (0, 1]
+        return tf.floor(tf.math.log(u) / log_q) + 1.0
+
+    def body(positions):
+        return (tf.concat([positions, positions[-1] + tf.cumsum(gaps())], 0),)
+
+    (positions,) = tf.while_loop(
+        lambda positions: positions[-1] < limit,
+        body,
+        (tf.cumsum(gaps()) - 1.0,),
+        shape_invariants=(tf.TensorShape([None]),),
+    )
+    return tf.cast(tf.boolean_mask(positions, positions < limit), tf.int64)
+
+
+def _not_in(values: tf.Tensor, reference: tf.Tensor, sentinel: int) -> tf.Tensor:
+    """Mask of `values` (int64) absent from `reference` (int64, any order)."""
+    ordered = tf.concat([tf.sort(reference), tf.constant([sentinel], tf.int64)], 0)
+    at = tf.searchsorted(ordered, values, side="left")
+    return tf.not_equal(tf.gather(ordered, at), values)
+
+
+class DPAdaFEST(NoiseMechanism):
+    """DP-AdaFEST: per-batch noisy thresholding of contributions, noise on survivors only.
+
+    Per table and step: touched rows j get
+    V[j] = sum_i min(1, C1/sqrt(n_i)) + N(0, sigma1^2 C1^2) and survive when
+    V[j] >= tau; untouched rows survive with p = P(N(0, sigma1^2 C1^2) >= tau),
+    drawn by geometric skips. The returned `tf.IndexedSlices` covers the
+    survivors only: (clipped gradient sum (0 for untouched survivors) +
+    N(0, sigma2^2 C2^2)) / B. Touched rows that do not survive are not
+    updated. Dense variables: DP-SGD with sigma2.
+
+    Args (keyword-only):
+      l2_norm_clip: C2 (> 0), per-example gradient clip norm.
+      noise_multiplier: sigma2 (>= 0), gradient noise on survivors and dense variables.
+      contribution_clip: C1 (> 0), per-example clip of the binary contribution vector.
+      contribution_noise_multiplier: sigma1 (> 0), noise of the contribution map.
+      threshold: tau (>= 0), survival threshold on the noisy count.
+      seed: int for reproducible noise (tests), None for OS entropy.
+
+    Raises:
+      ValueError: a hyperparameter outside its range (the message names it).
+
+    Example:
+        >>> mechanism = DPAdaFEST(l2_norm_clip=1.0, noise_multiplier=1.2,
+        ...     contribution_clip=1.0, contribution_noise_multiplier=2.0,
+        ...     threshold=5.0, seed=0)
+        >>> DPModel(model, mechanism=mechanism, expected_batch_size=1024)
+
+    References: DP-AdaFEST (Zhang et al. 2023) §3.2, Alg. 1, §3.3, App. B.2, C.4.
+    """
+
+    name = "adafest"
+
+    def __init__(
+        self,
+        *,
+        l2_norm_clip: float,
+        noise_multiplier: float,
+        contribution_clip: float,
+        contribution_noise_multiplier: float,
+        threshold: float,
+        seed: int | None = None,
+    ):
+        super().__init__(l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, seed=seed)
+        self.contribution_clip = check_positive("contribution_clip", contribution_clip)
+        self.contribution_noise_multiplier = check_positive(
+            "contribution_noise_multiplier", contribution_noise_multiplier
+        )
+        self.threshold = check_positive("threshold", threshold, allow_zero=True)
+        self.effective_noise_multiplier = effective_noise_multiplier(
+            self.contribution_noise_multiplier, self.noise_multiplier
+        )
+        self.noise_survival_probability = noise_survival_probability(
+            threshold=self.threshold,
+            contribution_clip=self.contribution_clip,
+            contribution_noise_multiplier=self.contribution_noise_multiplier,
+        )
+        if self.noise_survival_probability > _DENSE_WARNING_PROBABILITY:
+            warnings.warn(
+                f"DP-AdaFEST: `threshold`={self.threshold} with contribution noise std "
+                f"sigma1*C1={self.contribution_noise_multiplier * self.contribution_clip:g} lets "
+                f"each untouched row through with probability {self.noise_survival_probability:.3g} "
+                "per step, so that fraction of every table is noised each step. Raise `threshold` "
+                "or lower `contribution_noise_multiplier` for a sparse gradient.",
+                stacklevel=2,
+            )
+        self._stats_ready = False
+
+    # -- state --------------------------------------------------------------
+    def init(self, *, tables, dense_variables, optimizer) -> None:
+        """Creates the running gradient-size statistics (one entry per table)."""
+        super().init(tables=tables, dense_variables=dense_variables, optimizer=optimizer)
+        n = len(self._tables)
+
+        def counter(name):
+            return tf.Variable(tf.zeros([n], tf.int64), trainable=False, name=name)
+
+        self.rows_noised = counter("rows_noised")  # survivors (touched + noise-only)
+        self.noise_only_rows = counter("noise_only_rows")  # untouched survivors
+        self.touched_rows = counter("touched_rows")  # rows with a gradient or contribution
+        self.dropped_touched_rows = counter("dropped_touched_rows")  # touched, below tau
+        self._stats_ready = True
+
+    # -- the step -----------------------------------------------------------
+    def update(self, clipped: ClippedGradients) -> list:
+        if not self._stats_ready:
+            raise RuntimeError(
+                f"Mechanism {self.name!r} is not initialised: call `init(tables=..., "
+                "dense_variables=..., optimizer=...)` first (DPModel.fit does it)."
+            )
+        if len(clipped.tables) != len(self._tables):
+            raise ValueError(
+                f"Mechanism {self.name!r} was initialised with {len(self._tables)} tables; "
+                f"the step has {len(clipped.tables)}."
+            )
+        out = self._dense_noised(clipped, self.noise_multiplier)
+        maps = contribution_map(
+            clipped.tables, clipped.batch_size, self.contribution_clip, keep=self._keep_mask
+        )
+        stats = []
+        for index, (table, (rows, counts)) in enumerate(zip(clipped.tables, maps)):
+            slices, table_stats = self._noised_table(index, table, rows, counts)
+            out.append(
+                (
+                    tf.IndexedSlices(
+                        slices.values / clipped.expected_batch_size,
+                        slices.indices,
+                        slices.dense_shape,
+                    ),
+                    table.variable,
+                )
+            )
+            stats.append(table_stats)
+        if stats:
+            stats = tf.stack([tf.stack(s) for s in stats], axis=1)  # [4, tables]
+            self.rows_noised.assign_add(stats[0])
+            self.noise_only_rows.assign_add(stats[1])
+            self.touched_rows.assign_add(stats[2])
+            self.dropped_touched_rows.assign_add(stats[3])
+        self.steps.assign_add(1)
+        return out
+
+    def _noised_table(self, index: int, table, rows, counts) -> tuple:
+        """Thresholds one table's noisy map and noises its survivors."""
+        layer = table.layer
+        vocab, dim = int(layer.vocabulary_size), int(layer.output_dim)
+        grad = table.gradient
+        grad_rows = tf.cast(grad.indices, tf.int64)
+        num_grad = tf.size(grad_rows)
+        # Candidates: gradient rows first (unique, so they keep positions
+        # [0, num_grad)), then rows only the contribution map touched.
+        candidates, position = tf.unique(tf.concat([grad_rows, rows], 0), out_idx=tf.int32)
+        num_candidates = tf.size(candidates)
+        count = tf.math.unsorted_segment_sum(counts, position[num_grad:], num_candidates)
+        noisy = count + self._noise_like(
+            [num_candidates], self.contribution_noise_multiplier * self.contribution_clip
+        )
+        survive = noisy >= self.threshold
+        allowed = self._keep_mask(index, candidates)
+        if allowed is not None:  # AdaFEST+: rows outside the selection never update
+            survive = tf.logical_and(survive, allowed)
+        values = tf.pad(
+            tf.reshape(grad.values, [-1, dim]), [[0, num_candidates - num_grad], [0, 0]]
+        )
+        kept_rows = tf.boolean_mask(candidates, survive)
+        kept_values = tf.boolean_mask(values, survive)
+        extra = self._noise_only_rows(index, vocab, candidates)
+        rows_out = tf.concat([kept_rows, extra], 0)
+        values_out = tf.concat([kept_values, tf.zeros([tf.size(extra), dim], values.dtype)], 0)
+        std = self.noise_multiplier * self.l2_norm_clip
+        if std > 0:
+            values_out += tf.cast(self._noise_like(tf.shape(values_out), std), values_out.dtype)
+        slices = tf.IndexedSlices(values_out, rows_out, tf.constant([vocab, dim], tf.int64))
+        num_kept = tf.size(kept_rows, out_type=tf.int64)
+        num_extra = tf.size(extra, out_type=tf.int64)
+        touched = tf.cast(num_candidates, tf.int64)
+        return slices, (num_kept + num_extra, num_extra, touched, touched - num_kept)
+
+    # -- hooks for DP-AdaFEST+ ------------------------------------------------
+    def _keep_mask(self, index: int, rows: tf.Tensor):
+        """Rows of table `index` allowed to update; None means all (plain AdaFEST)."""
+        del index, rows
+        return None
+
+    def _noise_only_rows(self, index: int, vocab: int, candidates: tf.Tensor) -> tf.Tensor:
+        """Untouched rows that pass tau by noise alone, drawn by geometric skips."""
+        del index
+        drawn = geometric_skip_positions(self.generator, vocab, self.noise_survival_probability)
+        # Candidate rows had their own draw; the others are independent
+        # Bernoulli(p) bits, exactly the untouched rows' survival events.
+        return tf.boolean_mask(drawn, _not_in(drawn, candidates, vocab))
+
+    # -- accounting and reporting ------------------------------------------
+    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
+        """PoissonSampled(q, Gaussian(sigma)), sigma = (sigma1^-2 + sigma2^-2)^(-1/2) (§3.3)."""
+        return dp_accounting.PoissonSampledDpEvent(
+            sampling_probability, dp_accounting.GaussianDpEvent(self.effective_noise_multiplier)
+        )
+
+    def gradient_size_fraction(self) -> float:
+        """Mean embedding-gradient size per step relative to dense DP-SGD's (rows x dim)."""
+        steps = int(self.steps.numpy()) if self._stats_ready else 0
+        if steps == 0:
+            return float("nan")
+        noised = self.rows_noised.numpy()
+        dims = [int(t.output_dim) for t in self._tables]
+        vocabs = [int(t.vocabulary_size) for t in self._tables]
+        size = sum(int(n) * d for n, d in zip(noised, dims))
+        dense = sum(v * d for v, d in zip(vocabs, dims))
+        return size / (steps * dense) if dense else float("nan")
+
+    def gradient_size_reduction(self) -> float:
+        """Dense DP-SGD's embedding-gradient size over ours, averaged over steps (Fig. 3)."""
+        fraction = self.gradient_size_fraction()
+        if fraction != fraction:
+            return float("nan")
+        return float("inf") if fraction == 0 else 1.0 / fraction
+
+    def report(self) -> dict:
+        report = super().report()
+        steps = int(self.steps.numpy())
+        per_table = []
+        if self._stats_ready:
+            for i, table in enumerate(self._tables):
+                per_table.append(
+                    {
+                        "table": table.name,
+                        "vocabulary_size": int(table.vocabulary_size),
+                        "mean_rows_noised": float(self.rows_noised[i].numpy()) / max(steps, 1),
+                        "mean_noise_only_rows": float(self.noise_only_rows[i].numpy())
+                        / max(steps, 1),
+                        "expected_noise_only_rows": table.vocabulary_size
+                        * self.noise_survival_probability,
+                        "dropped_touched_fraction": float(self.dropped_touched_rows[i].numpy())
+                        / max(float(self.touched_rows[i].numpy()), 1.0),
+                    }
+                )
+        report.update(
+            contribution_clip=self.contribution_clip,
+            contribution_noise_multiplier=self.contribution_noise_multiplier,
+            threshold=self.threshold,
+            effective_noise_multiplier=self.effective_noise_multiplier,
+            noise_survival_probability=self.noise_survival_probability,
+            gradient_size_fraction=self.gradient_size_fraction(),
+            gradient_size_reduction=self.gradient_size_reduction(),
+            tables=per_table,
+        )
+        report["caveats"] = list(report["caveats"]) + [
+            "Accounting composes the contribution-map and gradient Gaussians into one Gaussian "
+            f"with sigma = (sigma1^-2 + sigma2^-2)^(-1/2) = {self.effective_noise_multiplier:.6g} "
+            "per step (DP-AdaFEST §3.3), under Poisson sampling.",
+            "Touched rows whose noisy count falls below the threshold are not updated this step "
+            "(a bias, reported as dropped_touched_fraction).",
+        ]
+        return report
