@@ -1,0 +1,51 @@
+"""Per-example clipping without per-example gradients.
+
+`record_taps` records each layer's inputs and outputs, `clipped_step` turns
+one backward pass into exact per-example norms and clip factors, and a
+`LayerRegistry` maps layer classes to the functions that do it per layer
+family (ghost norms for Dense and DPEmbedding, direct for LayerNorm);
+`vectorized_layer_gradients` is the slow exact fallback for anything else.
+
+Example:
+    >>> registry = default_registry()
+    >>> step = clipped_step(taps, loss, tape, registry=registry,
+    ...                     fallback=vectorized_layer_gradients, l2_norm_clip=1.0)
+
+References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping.
+"""
+
+from __future__ import annotations
+
+from tfdp_embed._keras import keras
+from tfdp_embed.clipping.dense import dense_layer_gradients
+from tfdp_embed.clipping.embedding import embedding_layer_gradients
+from tfdp_embed.clipping.fallback import vectorized_layer_gradients
+from tfdp_embed.clipping.layer_norm import layer_norm_layer_gradients
+from tfdp_embed.clipping.per_example import clipped_step
+from tfdp_embed.clipping.registry import LayerGradients, LayerRegistry
+from tfdp_embed.clipping.taps import record_taps
+from tfdp_embed.layers.embedding import DPEmbedding
+
+
+def default_registry() -> LayerRegistry:
+    """A new registry with the built-in rules: DPEmbedding, Dense, LayerNormalization."""
+    return LayerRegistry(
+        [
+            (DPEmbedding, embedding_layer_gradients),
+            (keras.layers.Dense, dense_layer_gradients),
+            (keras.layers.LayerNormalization, layer_norm_layer_gradients),
+        ]
+    )
+
+
+__all__ = [
+    "LayerGradients",
+    "LayerRegistry",
+    "clipped_step",
+    "default_registry",
+    "dense_layer_gradients",
+    "embedding_layer_gradients",
+    "layer_norm_layer_gradients",
+    "record_taps",
+    "vectorized_layer_gradients",
+]

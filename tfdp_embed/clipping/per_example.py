@@ -37,7 +37,11 @@ def layer_gradients(
     """Runs each tapped layer's registry function (or `fallback`)."""
     used = [t for t in taps if t.calls]
     outputs = [[c.outputs for c in t.calls] for t in used]
-    grads = tape.gradient(tf.reduce_sum(per_example_loss), outputs)
+    # d(sum_i loss_i)/d outputs via output_gradients=1: no new op has to be on the
+    # tape, so this is right whether or not the caller is still inside `with tape:`.
+    grads = tape.gradient(
+        per_example_loss, outputs, output_gradients=tf.ones_like(per_example_loss)
+    )
     result = []
     for tap, output_grads in zip(used, grads):
         output_grads = [

@@ -1,0 +1,108 @@
+"""Exact per-example norms and sparse clipped sums for `DPEmbedding` tables.
+
+The gradient of example i with respect to the table has one non-zero row
+per distinct row r that the example reads, across every call of the layer:
+
+    grad_i[r] = sum over occurrences k of example i with id_k = r of w_k * g[segment_k],
+
+where w_k is the combiner weight and g the output gradient of the segment
+(pooled output row, or sequence position) that occurrence k adds into. So
+an id repeated inside one example adds up *before* the square: occurrences
+are grouped by (example, row), the group sums squared, and the squares
+summed per example. The work is O(occurrences x dim); a `[batch, vocab,
+dim]` tensor is never built. The groups are exactly the non-zero rows of
+the per-example gradients, so the clipped sum sum_i c_i grad_i is one more
+segment sum of them into the unique touched rows: a `tf.IndexedSlices`.
+
+Example:
+    >>> registry = LayerRegistry([(DPEmbedding, embedding_layer_gradients)])
+
+References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping;
+tensorflow/privacy fast_gradient_clipping/registry_functions/embedding.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tfdp_embed._keras import tf
+from tfdp_embed.clipping.registry import LayerGradients
+from tfdp_embed.clipping.taps import LayerTaps
+from tfdp_embed.layers.embedding import DPEmbedding
+
+
+def embedding_layer_gradients(
+    layer: DPEmbedding, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
+) -> LayerGradients:
+    """Exact per-example squared norms and the sparse clipped sum of one table.
+
+    ||grad_i||^2 = sum_r ||sum_{k in i, id_k = r} w_k g_{segment_k}||^2, over all calls.
+
+    Args:
+      layer: a `DPEmbedding` (or subclass); each call's ids are read back through
+        `layer.occurrences`.
+      taps: the layer's recorded calls.
+      output_grads: d(sum_i loss_i)/d(output) for each call (`[B, dim]` pooled or
+        single id, `[B, n, dim]` for unpooled sequences).
+
+    Returns:
+      `LayerGradients` over `[layer.embeddings]`; `clipped_sum` returns a
+      `tf.IndexedSlices` with unique int64 row indices and the table's dense shape;
+      `occurrences` holds one `EmbeddingOccurrences` per call.
+
+    References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping.
+    """
+    table = layer.embeddings
+    dtype = table.dtype.base_dtype
+    dim = table.shape[-1]
+    occurrences, rows, examples, contributions = [], [], [], []
+    for call, grad in zip(taps.calls, output_grads):
+        occ = layer.occurrences(_ids_of(layer, call))
+        occurrences.append(occ)
+        grad = tf.reshape(tf.cast(grad, dtype), [-1, dim])  # [num_segments, dim]
+        segments = tf.cast(occ.segments, tf.int32)
+        rows.append(tf.cast(occ.ids, tf.int64))
+        examples.append(tf.cast(tf.gather(occ.segment_examples, segments), tf.int64))
+        weights = tf.cast(occ.weights, dtype)[:, None]
+        contributions.append(weights * tf.gather(grad, segments))
+    batch_size = tf.cast(occurrences[0].batch_size, tf.int64)
+    rows, examples = tf.concat(rows, 0), tf.concat(examples, 0)
+    contributions = tf.concat(contributions, 0)  # [n, dim], one per occurrence
+
+    # Group occurrences by (example, row): the non-zero rows of the per-example grads.
+    unique_rows, row_index = tf.unique(rows)
+    keys = tf.cast(row_index, tf.int64) * batch_size + examples
+    group_keys, group_index = tf.unique(keys)
+    num_groups = tf.size(group_keys)
+    group_rows = group_keys // batch_size  # positions in unique_rows
+    group_examples = group_keys % batch_size
+    per_example_rows = tf.math.unsorted_segment_sum(contributions, group_index, num_groups)
+    squared = tf.math.unsorted_segment_sum(
+        tf.reduce_sum(tf.square(per_example_rows), axis=1), group_examples, batch_size
+    )
+
+    def clipped_sum(clip_factors: tf.Tensor) -> list:
+        c = tf.gather(tf.cast(clip_factors, dtype), group_examples)
+        values = tf.math.unsorted_segment_sum(
+            c[:, None] * per_example_rows, group_rows, tf.size(unique_rows)
+        )
+        return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
+
+    return LayerGradients(
+        variables=[table],
+        squared_norms=tf.cast(squared, tf.float32),
+        clipped_sum=clipped_sum,
+        occurrences=occurrences,
+    )
+
+
+def _ids_of(layer, call):
+    if call.args:
+        return call.args[0]
+    for name in ("ids", "inputs"):
+        if name in call.kwargs:
+            return call.kwargs[name]
+    raise TypeError(
+        f"Per-example clipping of DPEmbedding {layer.name!r} could not find the ids among "
+        f"the call's arguments (keyword arguments: {sorted(call.kwargs)})."
+    )
