@@ -227,11 +227,12 @@ class DPModel(keras.Model):
         with record_taps(self._tapped_layers) as taps:
             with tf.GradientTape() as tape:
                 per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight)
-        per_example_loss = tf.debugging.assert_all_finite(
-            per_example_loss,
-            "The per-example loss is NaN or Inf: check the inputs and the learning rate "
-            "(training stopped rather than clip a non-finite gradient).",
-        )
+                # Inside the tape: the checked tensor is what the backward pass starts from.
+                per_example_loss = tf.debugging.assert_all_finite(
+                    per_example_loss,
+                    "The per-example loss is NaN or Inf: check the inputs and the learning "
+                    "rate (training stopped rather than clip a non-finite gradient).",
+                )
         step = clipped_step(
             taps,
             per_example_loss,

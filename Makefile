@@ -1,0 +1,29 @@
+# Two commands on a fresh machine (see README): `make run` and `make test`.
+# Both create/reuse the virtualenv at .venv and install the pinned stack first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test install bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip check
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m pipelines.criteo --out saved_models/criteo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --durations=15 tests
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.step_time --mechanisms none,dense,eana,lazy,fest,adafest,tfp_keras_sgd --vocab 100000,1000000,10000000 --dim 64 --batch 1024 --steps 30 --json benchmarks/step_time.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

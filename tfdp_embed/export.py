@@ -1,0 +1,86 @@
+"""Leaving training: flush owed noise, drop DP machinery, save for serving.
+
+`export_saved_model` is the one public way to release a model trained with
+`DPModel`: it flushes the mechanism (LazyDP adds every row's owed noise),
+refuses if any noise is still owed, saves the *wrapped* model only (no
+optimizer, no mechanism state, no read hooks) as a SavedModel, and writes
+the privacy report beside it (`privacy_report.json`).
+
+Example:
+    >>> export_saved_model(dp_model, "saved_models/ctr", report=report)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Mapping
+
+from tfdp_embed._keras import tf
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.layers.embedding import DPEmbedding
+
+REPORT_FILENAME = "privacy_report.json"
+
+
+@contextlib.contextmanager
+def _without_read_hooks(model):
+    """Temporarily removes DPEmbedding read hooks so no mechanism op is traced."""
+    layers = [m for m in [model, *model.submodules] if isinstance(m, DPEmbedding)]
+    hooks = [layer.read_hook for layer in layers]
+    try:
+        for layer in layers:
+            layer.set_read_hook(None)
+        yield
+    finally:
+        for layer, hook in zip(layers, hooks):
+            layer.set_read_hook(hook)
+
+
+def release_ready(dp_model) -> None:
+    """Flushes `dp_model`'s mechanism; raises PrivacyContractError if noise is still owed."""
+    mechanism = getattr(dp_model, "mechanism", None)
+    if mechanism is None:
+        raise TypeError(f"Expected a DPModel; received {type(dp_model).__name__}.")
+    mechanism.flush()
+    if mechanism.owes_noise():
+        raise PrivacyContractError(
+            f"Mechanism {mechanism.name!r} still owes noise to some embedding rows after flush(); "
+            "releasing the weights now would leave those rows less noisy than DP-SGD requires."
+        )
+
+
+def export_saved_model(
+    dp_model,
+    path: str,
+    *,
+    signatures: Mapping[str, object] | None = None,
+    serving_module: tf.Module | None = None,
+    report: Mapping | None = None,
+) -> str:
+    """Flushes and saves `dp_model.inner` (or `serving_module`) as a SavedModel.
+
+    Args:
+      dp_model: a trained `DPModel`.
+      path: output directory.
+      signatures: optional serving signatures (e.g. a `tf.function` taking raw
+        fields), passed to `tf.saved_model.save`.
+      serving_module: optional `tf.Module` to save instead of the wrapped
+        model (it must only reference the wrapped model's variables).
+      report: the privacy report; written to `path/privacy_report.json`.
+
+    Returns:
+      `path`.
+
+    Raises:
+      PrivacyContractError: if the mechanism still owes noise after flushing.
+    """
+    release_ready(dp_model)
+    target = serving_module if serving_module is not None else dp_model.inner
+    with _without_read_hooks(dp_model.inner):
+        tf.saved_model.save(target, path, signatures=signatures)
+    if report is not None:
+        with open(os.path.join(path, REPORT_FILENAME), "w") as f:
+            json.dump(dict(report), f, indent=2, sort_keys=True, default=str)
+    return path
