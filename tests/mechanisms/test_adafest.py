@@ -109,21 +109,7 @@ def test_zero_noise_huge_clip_reproduces_sgd_sum():
         np.testing.assert_allclose(got[row], want[row], rtol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "run_eagerly",
-    [
-        True,
-        pytest.param(
-            False,
-            marks=pytest.mark.xfail(
-                reason="DPModel at 6ba80c7: in graph mode the taps' output gradients are None "
-                "and are replaced by zeros, so every clipped gradient is 0 (not AdaFEST-specific: "
-                "DenseDPSGD shows the same).",
-                strict=False,
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("run_eagerly", [True, False])
 def test_end_to_end_dpmodel_zero_noise_matches_sgd(run_eagerly):
     from tfdp_embed.training import DPModel
 

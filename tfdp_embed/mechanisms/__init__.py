@@ -5,6 +5,7 @@ here and add one `name: class` line to `MECHANISMS`.
 """
 
 from tfdp_embed.mechanisms.adafest import DPAdaFEST
+from tfdp_embed.mechanisms.adafest_plus import DPAdaFESTPlus
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.none import NonPrivate
@@ -13,6 +14,7 @@ MECHANISMS = {
     "none": NonPrivate,
     "dense": DenseDPSGD,
     "adafest": DPAdaFEST,
+    "adafest+": DPAdaFESTPlus,
 }
 
 __all__ = ["MECHANISMS", "ClippedGradients", "NoiseMechanism", "TableGradient"]

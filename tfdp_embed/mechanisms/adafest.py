@@ -221,11 +221,22 @@ def geometric_skip_positions(generator, size: int, probability: float) -> tf.Ten
     return tf.cast(tf.boolean_mask(positions, positions < limit), tf.int64)
 
 
-def _not_in(values: tf.Tensor, reference: tf.Tensor, sentinel: int) -> tf.Tensor:
-    """Mask of `values` (int64) absent from `reference` (int64, any order)."""
-    ordered = tf.concat([tf.sort(reference), tf.constant([sentinel], tf.int64)], 0)
+def is_member(values: tf.Tensor, ordered: tf.Tensor) -> tf.Tensor:
+    """Mask of `values` present in `ordered`, in O(n log k).
+
+    Args:
+      values: int64 `[n]`.
+      ordered: int64 `[k + 1]`, sorted, ending with a sentinel larger than
+        every value (so every searchsorted position can be gathered).
+    """
     at = tf.searchsorted(ordered, values, side="left")
-    return tf.not_equal(tf.gather(ordered, at), values)
+    return tf.equal(tf.gather(ordered, at), values)
+
+
+def _not_in(values: tf.Tensor, reference: tf.Tensor, sentinel: int) -> tf.Tensor:
+    """Mask of `values` (int64) absent from `reference` (int64, any order, all < sentinel)."""
+    ordered = tf.concat([tf.sort(reference), tf.constant([sentinel], tf.int64)], 0)
+    return tf.logical_not(is_member(values, ordered))
 
 
 class DPAdaFEST(NoiseMechanism):
