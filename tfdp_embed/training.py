@@ -151,20 +151,19 @@ class DPModel(keras.Model):
         """Builds the wrapped model (from one batch of `data` if needed) and inits the mechanism."""
         if self._prepared:
             return
-        if not self.inner.built or not self.inner.trainable_variables:
-            if not isinstance(data, tf.data.Dataset):
-                raise ValueError(
-                    f"Model {self.inner.name!r} is not built; build it (call it once) or pass a "
-                    "tf.data.Dataset to `fit` so it can be built from the first batch."
-                )
+        if isinstance(data, tf.data.Dataset):
             first = next(iter(data.take(1)), None)
             if first is None:
                 raise ValueError("The training dataset is empty: it yielded no batch.")
-            features = self._unpack(first)[0]
-            if hasattr(self.inner, "compute_loss") and self._loss_fn is None:
-                self.inner.compute_loss(features, training=False)
-            else:
-                self.inner(features, training=False)
+            # One eager forward pass builds the model and checks the loss is per example,
+            # so a wrong loss fails here with a plain error, not inside the traced step.
+            x, y, sample_weight, _ = self._unpack(first)
+            self._per_example_loss(x, y, sample_weight, training=False)
+        elif not self.inner.built or not self.inner.trainable_variables:
+            raise ValueError(
+                f"Model {self.inner.name!r} is not built; build it (call it once) or pass a "
+                "tf.data.Dataset to `fit` so it can be built from the first batch."
+            )
         self._tapped_layers = layers_owning_weights(self.inner)
         self._tables = [
             layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)

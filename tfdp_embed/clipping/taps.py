@@ -69,12 +69,22 @@ def record_taps(layers: Sequence[keras.layers.Layer]) -> Iterator[list]:
     structure raises `TypeError` naming the layer.
     """
     taps = [LayerTaps(layer=layer, call_fn=layer.call) for layer in layers]
+    # Keras sometimes runs layers symbolically in a scratch graph (e.g. a Sequential
+    # model inferring its shape): only calls in the graph of this block are taps.
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+    def in_this_graph(outputs) -> bool:
+        if graph is None:
+            return isinstance(outputs, tf.__internal__.EagerTensor)
+        return getattr(outputs, "graph", None) is graph
 
     def make_wrapper(tap: LayerTaps):
         original = tap.call_fn
 
         def recording_call(*args, **kwargs):
             outputs = original(*args, **kwargs)
+            if not in_this_graph(outputs):
+                return outputs
             if not isinstance(outputs, tf.Tensor):
                 raise TypeError(
                     f"Per-example clipping needs layer {tap.layer.name!r} "
