@@ -1,0 +1,133 @@
+"""DPEmbedding: input kinds, combiners, hashing, range errors, config, sparse gradient."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfdp_embed._keras import keras, tf
+from tfdp_embed.layers.embedding import DPEmbedding
+
+
+def _layer(**kwargs):
+    layer = DPEmbedding(10, 3, embeddings_initializer="glorot_uniform", **kwargs)
+    layer.build(None)
+    return layer
+
+
+def test_single_and_multi_id_lookups():
+    layer = _layer()
+    table = layer.embeddings.numpy()
+    np.testing.assert_allclose(layer(tf.constant([2, 5])), table[[2, 5]])
+    np.testing.assert_allclose(layer(tf.constant([[1, 2], [3, 3]])), table[[[1, 2], [3, 3]]])
+
+
+@pytest.mark.parametrize(
+    "combiner, reduce",
+    [
+        ("sum", lambda rows: rows.sum(0)),
+        ("mean", lambda rows: rows.mean(0)),
+        ("sqrtn", lambda rows: rows.sum(0) / np.sqrt(len(rows))),
+    ],
+)
+def test_combiners_dense_ragged_sparse(combiner, reduce):
+    layer = _layer(combiner=combiner)
+    table = layer.embeddings.numpy()
+    rows = [[1, 2, 2], [7]]
+    expected = np.stack([reduce(table[r]) for r in rows])
+    ragged = tf.ragged.constant(rows)
+    np.testing.assert_allclose(layer(ragged), expected, rtol=1e-6)
+    np.testing.assert_allclose(layer(ragged.to_sparse()), expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        layer(tf.constant([[1, 2, 2]])), expected[:1], rtol=1e-6
+    )
+
+
+def test_ragged_without_combiner_is_rejected():
+    with pytest.raises(ValueError, match="need a `combiner`"):
+        _layer()(tf.ragged.constant([[1, 2], [3]]))
+
+
+def test_out_of_range_id_names_layer_id_and_range():
+    layer = DPEmbedding(10, 3, name="country")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'country'.*\[0, 10\)") as info:
+        layer(tf.constant([3, 12]))
+    assert "12" in str(info.value)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="country"):
+        layer(tf.constant([-1]))
+
+
+def test_hashing_strings_and_large_ints_is_deterministic_and_in_range():
+    layer = _layer(hash_ids=True, combiner="sum")
+    a = layer(tf.constant([["68fd1e64", "unknown"]]))
+    b = layer(tf.constant([["68fd1e64", "unknown"]]))
+    np.testing.assert_array_equal(a, b)
+    ids = layer.bucket_ids(tf.constant([10**12, -5], tf.int64)).numpy()
+    assert ((ids >= 0) & (ids < 10)).all()
+
+
+def test_float_ids_are_rejected():
+    with pytest.raises(TypeError, match="integer ids"):
+        _layer()(tf.constant([1.0]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(vocabulary_size=0, output_dim=2), "`vocabulary_size`"),
+        (dict(vocabulary_size=5, output_dim=-1), "`output_dim`"),
+        (dict(vocabulary_size=5, output_dim=2, combiner="max"), "`combiner`"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DPEmbedding(**kwargs)
+
+
+def test_gradient_is_indexed_slices_over_touched_rows():
+    layer = _layer(combiner="mean")
+    with tf.GradientTape() as tape:
+        out = layer(tf.constant([[1, 2], [2, 9]]))
+        loss = tf.reduce_sum(out)
+    grad = tape.gradient(loss, layer.embeddings)
+    assert isinstance(grad, tf.IndexedSlices)
+    assert set(grad.indices.numpy().tolist()) == {1, 2, 9}
+
+
+def test_config_round_trip_and_subclass():
+    class MyEmbedding(DPEmbedding):
+        pass
+
+    layer = MyEmbedding(10, 3, combiner="sqrtn", hash_ids=True, name="x")
+    clone = MyEmbedding.from_config(layer.get_config())
+    assert (clone.vocabulary_size, clone.output_dim, clone.combiner, clone.hash_ids) == (10, 3, "sqrtn", True)
+    inp = keras.Input((2,), dtype="int32")
+    model = keras.Model(inp, DPEmbedding(10, 3, combiner="sum")(inp))
+    rebuilt = keras.Model.from_config(model.get_config(), custom_objects={"DPEmbedding": DPEmbedding})
+    assert isinstance(rebuilt.layers[1], DPEmbedding)
+
+
+def test_read_hook_sees_bucket_ids_before_lookup():
+    layer = _layer(combiner="sum")
+    seen = []
+    layer.set_read_hook(lambda ids: seen.append(ids.numpy().tolist()))
+    layer(tf.ragged.constant([[4, 4], [1]]))
+    assert seen == [[4, 4, 1]]
+
+
+def test_keras3_in_process_is_refused_with_a_clear_message():
+    code = (
+        "import os; os.environ['TF_USE_LEGACY_KERAS']='0'\n"
+        "import tfdp_embed\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "needs Keras 2" in result.stderr
+
+
+def test_keras3_already_loaded_is_refused_with_a_clear_message():
+    code = "import tensorflow as tf\ntf.keras.layers.Dense\nimport tfdp_embed\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "already Keras 3" in result.stderr
