@@ -1,5 +1,6 @@
 """DPEmbedding: input kinds, combiners, hashing, range errors, config, sparse gradient."""
 
+import os
 import subprocess
 import sys
 
@@ -128,6 +129,9 @@ def test_keras3_in_process_is_refused_with_a_clear_message():
 
 def test_keras3_already_loaded_is_refused_with_a_clear_message():
     code = "import tensorflow as tf\ntf.keras.layers.Dense\nimport tfdp_embed\n"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
     assert result.returncode != 0
     assert "already Keras 3" in result.stderr
