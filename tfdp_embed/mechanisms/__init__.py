@@ -8,6 +8,8 @@ from tfdp_embed.mechanisms.adafest import DPAdaFEST
 from tfdp_embed.mechanisms.adafest_plus import DPAdaFESTPlus
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
 from tfdp_embed.mechanisms.dense import DenseDPSGD
+from tfdp_embed.mechanisms.eana import EANA
+from tfdp_embed.mechanisms.fest import DPFEST
 from tfdp_embed.mechanisms.none import NonPrivate
 
 MECHANISMS = {
@@ -15,6 +17,8 @@ MECHANISMS = {
     "dense": DenseDPSGD,
     "adafest": DPAdaFEST,
     "adafest+": DPAdaFESTPlus,
+    "eana": EANA,
+    "fest": DPFEST,
 }
 
 __all__ = ["MECHANISMS", "ClippedGradients", "NoiseMechanism", "TableGradient"]
