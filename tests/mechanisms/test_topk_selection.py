@@ -188,3 +188,20 @@ def test_counts_feed_selection_end_to_end():
     sel = select_top_k(counts, top_k={"f": 5}, epsilon=1e9, rng=np.random.default_rng(0))
     assert set(sel.rows["f"].tolist()) == set(np.argsort(-exact, kind="stable")[:5].tolist())
     assert stats.spearmanr(counts["f"], exact).statistic == pytest.approx(1.0)
+
+
+def test_paper_scale_would_not_be_eps_dp_but_ours_is():
+    # Why the Gumbel scale is k/eps and not the paper's 1/eps. Counts (0, 0, h), k = 2: the
+    # set that leaves out the big bucket 2 has Plackett-Luce probability
+    #   P = w0/W * w1/(w1 + w2) + w1/W * w0/(w0 + w2),  w_i = exp(h_i / scale), W = sum w.
+    # Adding one example to bucket 2 (h -> h + 1) divides P by ~exp(k / scale) for large h.
+    def leave_out_big(h, scale):
+        w = np.exp(np.array([0.0, 0.0, h]) / scale)
+        total = w.sum()
+        return w[0] / total * w[1] / (w[1] + w[2]) + w[1] / total * w[0] / (w[0] + w[2])
+
+    eps, k, h = 0.5, 2, 200.0
+    paper = math.log(leave_out_big(h, 1 / eps) / leave_out_big(h + 1, 1 / eps))
+    ours = math.log(leave_out_big(h, k / eps) / leave_out_big(h + 1, k / eps))
+    assert paper == pytest.approx(k * eps, rel=1e-6)  # k * eps: not eps-DP
+    assert ours == pytest.approx(eps, rel=1e-6)  # eps: as stated
