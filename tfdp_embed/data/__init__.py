@@ -1,0 +1,20 @@
+"""Data pipelines: streaming readers, synthetic generators, TFDS builders.
+
+The TFDS builders (e.g. `tfdp_embed.data.criteo_tfds`) are not imported
+here, so that `tensorflow_datasets` is only loaded when asked for.
+"""
+
+# Criteo display ads (streaming reader, schema, helpers).
+from tfdp_embed.data.criteo import (  # noqa: F401
+    CRITEO_VOCAB_SIZES,
+    CriteoFormatError,
+    CriteoReadStats,
+    criteo_dataset,
+    day_files,
+    embedding_dim,
+    parse_raw_fields,
+    running_counts,
+    streaming_periods,
+    table_sizes,
+)
+from tfdp_embed.data.criteo_synthetic import write_synthetic_criteo  # noqa: F401
