@@ -17,12 +17,31 @@ import dp_accounting
 
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
+from tfdp_embed.mechanisms.row_noise import check_row_noise, stateless_row_normals
 
 
 class DenseDPSGD(NoiseMechanism):
-    """DP-SGD with noise on every coordinate of every trainable variable."""
+    """DP-SGD with noise on every coordinate of every trainable variable.
+
+    Args (keyword-only, besides `NoiseMechanism`'s):
+      row_noise: "generator" (default) draws table noise from the seeded
+        `tf.random.Generator`; "stateless" (test mode, needs an int `seed`)
+        keys row r's noise at step t by (seed, t, r), see
+        `tfdp_embed.mechanisms.row_noise`, so LazyDP can reproduce it.
+    """
 
     name = "dense"
+
+    def __init__(
+        self,
+        *,
+        l2_norm_clip: float,
+        noise_multiplier: float,
+        seed: int | None = None,
+        row_noise: str = "generator",
+    ):
+        super().__init__(l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, seed=seed)
+        self.row_noise = check_row_noise(row_noise, self.seed)
 
     def update(self, clipped: ClippedGradients) -> list:
         std = self.noise_multiplier * self.l2_norm_clip
@@ -30,7 +49,13 @@ class DenseDPSGD(NoiseMechanism):
         for table in clipped.tables:
             var = table.variable
             grad = tf.convert_to_tensor(table.gradient)  # densify: every row gets noise
-            if std > 0:
+            if std > 0 and self.row_noise == "stateless":
+                rows = tf.range(tf.shape(var)[0])
+                noise = stateless_row_normals(
+                    seed=self.seed, steps=self.steps + 1, rows=rows, shape=var.shape[1:]
+                )
+                grad = grad + std * noise
+            elif std > 0:
                 grad = grad + self._noise_like(tf.shape(var), std)
             out.append((grad / clipped.expected_batch_size, var))
         self.steps.assign_add(1)
