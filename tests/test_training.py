@@ -264,3 +264,17 @@ def test_batch_normalization_is_rejected():
 def test_mechanism_type_is_checked():
     with pytest.raises(TypeError, match="NoiseMechanism"):
         DPModel(functional_model(), mechanism="dense", expected_batch_size=8)
+
+
+def test_step_counter_counts_only_real_batches():
+    # Keras runs the step function once more at the end of each epoch; nothing
+    # that does not depend on the batch may run then (4 batches x 3 epochs = 12).
+    mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)
+    _train(functional_model(), mechanism, epochs=3)
+    assert int(mechanism.steps.numpy()) == 12
+
+
+def test_neighbouring_seeds_give_unrelated_noise_streams():
+    a = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=1).generator.normal([64]).numpy()
+    b = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=2).generator.normal([64]).numpy()
+    assert not np.intersect1d(np.round(a, 6), np.round(b, 6)).size

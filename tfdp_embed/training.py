@@ -241,9 +241,13 @@ class DPModel(keras.Model):
             l2_norm_clip=self.mechanism.l2_norm_clip,
         )
         clipped = self._assemble(step, taps, tf.shape(per_example_loss)[0])
-        pairs = self.mechanism.update(clipped)
-        self.optimizer.apply_gradients(pairs)
-        self.mechanism.after_apply(lookahead)
+        # Keras runs the step function once more when the dataset is exhausted; state
+        # updates that do not depend on the batch (step counters, RNG draws) would run
+        # in that phantom step unless they wait for the batch's loss.
+        with tf.control_dependencies([per_example_loss]):
+            pairs = self.mechanism.update(clipped)
+            self.optimizer.apply_gradients(pairs)
+            self.mechanism.after_apply(lookahead)
         return self._update_metrics(per_example_loss, y, y_pred, sample_weight)
 
     def _non_private_step(self, x, y, sample_weight):

@@ -10,6 +10,7 @@ from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGr
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.eana import EANA
 from tfdp_embed.mechanisms.fest import DPFEST
+from tfdp_embed.mechanisms.lazy import LazyDP
 from tfdp_embed.mechanisms.none import NonPrivate
 
 MECHANISMS = {
@@ -19,6 +20,19 @@ MECHANISMS = {
     "adafest+": DPAdaFESTPlus,
     "eana": EANA,
     "fest": DPFEST,
+    "lazy": LazyDP,
 }
 
-__all__ = ["MECHANISMS", "ClippedGradients", "NoiseMechanism", "TableGradient"]
+__all__ = [
+    "DPAdaFEST",
+    "DPAdaFESTPlus",
+    "DPFEST",
+    "EANA",
+    "MECHANISMS",
+    "ClippedGradients",
+    "DenseDPSGD",
+    "LazyDP",
+    "NoiseMechanism",
+    "NonPrivate",
+    "TableGradient",
+]

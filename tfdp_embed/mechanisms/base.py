@@ -72,7 +72,9 @@ def make_generator(seed: int | None) -> tf.random.Generator:
         return tf.random.Generator.from_non_deterministic_state()
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"`seed` must be an int or None (OS entropy); received {seed!r}.")
-    return tf.random.Generator.from_seed(seed)
+    # from_seed(s) and from_seed(s + 1) are the same Philox stream shifted by a few
+    # numbers; using the seed as the Philox *key* gives independent streams.
+    return tf.random.Generator.from_key_counter(key=seed, counter=[0, 0], alg="philox")
 
 
 def check_positive(name: str, value, *, allow_zero: bool = False) -> float:
@@ -130,6 +132,7 @@ class NoiseMechanism(tf.Module, abc.ABC):
 
     def after_apply(self, lookahead: dict | None) -> None:
         """Runs after the optimizer step; `lookahead` maps table name -> next batch's unique ids."""
+        return None
 
     def flush(self) -> None:
         """Adds every owed noise term now; the model is then a DP-SGD model."""
