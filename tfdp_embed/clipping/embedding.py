@@ -53,11 +53,14 @@ def embedding_layer_gradients(
     References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping.
     """
     table = layer.embeddings
+    if len(taps.calls) == 1 and _is_pooled(layer, taps.calls[0]):
+        return _pooled_layer_gradients(layer, taps.calls[0], output_grads[0])
     dtype = table.dtype.base_dtype
     dim = table.shape[-1]
     occurrences, rows, examples, contributions = [], [], [], []
     for call, grad in zip(taps.calls, output_grads):
-        occ = layer.occurrences(_ids_of(layer, call))
+        # `call` already range-checked these ids in this step.
+        occ = layer.occurrences(_ids_of(layer, call), check_range=False)
         occurrences.append(occ)
         grad = tf.reshape(tf.cast(grad, dtype), [-1, dim])  # [num_segments, dim]
         segments = tf.cast(occ.segments, tf.int32)
@@ -93,6 +96,48 @@ def embedding_layer_gradients(
         squared_norms=tf.cast(squared, tf.float32),
         clipped_sum=clipped_sum,
         occurrences=occurrences,
+    )
+
+
+def _is_pooled(layer, call) -> bool:
+    """One output row per example: a combiner, or a single id per example."""
+    ids = _ids_of(layer, call)
+    return layer.combiner is not None or (isinstance(ids, tf.Tensor) and ids.shape.rank == 1)
+
+
+def _pooled_layer_gradients(layer, call, grad) -> LayerGradients:
+    """The one-call pooled case: every occurrence of example i shares g_i.
+
+    ||grad_i||^2 = ||g_i||^2 * sum_r (sum_{k in i, id_k = r} w_k)^2, so the grouping
+    by (example, row) works on scalar weights, not `[n, dim]` vectors.
+    """
+    table = layer.embeddings
+    dtype = table.dtype.base_dtype
+    occ = layer.occurrences(_ids_of(layer, call), check_range=False)
+    grad = tf.reshape(tf.cast(grad, dtype), [-1, table.shape[-1]])  # [batch, dim]
+    batch_size = tf.cast(occ.batch_size, tf.int64)
+    examples = tf.cast(occ.segments, tf.int64)  # pooled: segment == example
+    weights = tf.cast(occ.weights, dtype)
+    unique_rows, row_index = tf.unique(tf.cast(occ.ids, tf.int64))
+    group_keys, group_index = tf.unique(tf.cast(row_index, tf.int64) * batch_size + examples)
+    group_weights = tf.math.unsorted_segment_sum(weights, group_index, tf.size(group_keys))
+    weight_sq = tf.math.unsorted_segment_sum(
+        tf.square(group_weights), group_keys % batch_size, batch_size
+    )
+    squared = weight_sq * tf.reduce_sum(tf.square(grad), axis=1)
+
+    def clipped_sum(clip_factors: tf.Tensor) -> list:
+        scale = tf.gather(tf.cast(clip_factors, dtype), examples) * weights
+        values = tf.math.unsorted_segment_sum(
+            scale[:, None] * tf.gather(grad, examples), row_index, tf.size(unique_rows)
+        )
+        return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
+
+    return LayerGradients(
+        variables=[table],
+        squared_norms=tf.cast(squared, tf.float32),
+        clipped_sum=clipped_sum,
+        occurrences=[occ],
     )
 
 

@@ -120,12 +120,18 @@ class DPEmbedding(keras.layers.Layer):
         return self._read_hook
 
     # -- ids ----------------------------------------------------------------
-    def bucket_ids(self, ids):
-        """Maps raw ids to table rows (hashing or range check); keeps structure."""
+    def bucket_ids(self, ids, *, check_range: bool = True):
+        """Maps raw ids to table rows (hashing or range check); keeps structure.
+
+        `check_range=False` skips the range assertion, for ids that already went
+        through `call` (which always checks) in the same step.
+        """
         if isinstance(ids, tf.RaggedTensor):
-            return ids.with_flat_values(self.bucket_ids(ids.flat_values))
+            return ids.with_flat_values(self.bucket_ids(ids.flat_values, check_range=check_range))
         if isinstance(ids, tf.SparseTensor):
-            return tf.SparseTensor(ids.indices, self.bucket_ids(ids.values), ids.dense_shape)
+            return tf.SparseTensor(
+                ids.indices, self.bucket_ids(ids.values, check_range=check_range), ids.dense_shape
+            )
         ids = tf.convert_to_tensor(ids)
         if self.hash_ids:
             if ids.dtype != tf.string:
@@ -136,23 +142,27 @@ class DPEmbedding(keras.layers.Layer):
                 f"DPEmbedding {self.name!r} needs integer ids (or `hash_ids=True` for "
                 f"strings); received dtype {ids.dtype.name}."
             )
+        if not check_range:
+            return ids
+        # Two reductions, not a mask: the smallest and largest id are the ones that
+        # can be out of range, and they are what the message shows.
         flat = tf.reshape(ids, [-1])
-        bad = tf.logical_or(flat < 0, flat >= self.vocabulary_size)
+        smallest, largest = tf.reduce_min(flat), tf.reduce_max(flat)  # empty: +inf/-inf, passes
         check = tf.debugging.Assert(
-            tf.logical_not(tf.reduce_any(bad)),
+            tf.logical_and(smallest >= 0, largest < self.vocabulary_size),
             [
                 f"DPEmbedding {self.name!r}: ids must lie in [0, {self.vocabulary_size}) "
-                "(or construct it with hash_ids=True); first offending ids:",
-                tf.boolean_mask(flat, bad)[:5],
+                "(or construct it with hash_ids=True); smallest and largest id received:",
+                smallest,
+                largest,
             ],
-            summarize=5,
         )
         with tf.control_dependencies([check]):
             return tf.identity(ids)
 
-    def occurrences(self, ids) -> EmbeddingOccurrences:
+    def occurrences(self, ids, *, check_range: bool = True) -> EmbeddingOccurrences:
         """Flattens a batch of raw ids into `EmbeddingOccurrences`."""
-        ids = self.bucket_ids(ids)
+        ids = self.bucket_ids(ids, check_range=check_range)
         if isinstance(ids, tf.SparseTensor):
             ids = tf.RaggedTensor.from_sparse(ids)
         if isinstance(ids, tf.RaggedTensor):
