@@ -18,3 +18,12 @@ from tfdp_embed.data.criteo import (  # noqa: F401
     table_sizes,
 )
 from tfdp_embed.data.criteo_synthetic import write_synthetic_criteo  # noqa: F401
+
+# Poisson-sampled batches (honest accounting) and the one-batch lookahead (LazyDP).
+from tfdp_embed.data.lookahead import with_lookahead  # noqa: F401
+from tfdp_embed.data.poisson import (  # noqa: F401
+    BatchingInfo,
+    fixed_size_batches,
+    poisson_batches,
+    streaming_poisson_batches,
+)

@@ -1,0 +1,372 @@
+"""`PrivacyBudget`: a Keras callback that stops training before epsilon exceeds the target.
+
+At train begin it finds, with the accountant, the largest number of further
+steps k such that
+
+    eps(ledger + setup_event + k * step_event, delta) <= target_epsilon
+
+(everything already in the ledger counts: a resumed run spends only what is
+left). It then records one step per batch in the ledger and sets
+`model.stop_training = True` after the last allowed step, so the step that
+would exceed the budget never runs. Epsilon is computed at epoch end (and
+put into the epoch logs, so `History` and `TensorBoard` see it) and at
+train end, never per step: one PLD evaluation costs ~0.1-2 s.
+
+Non-DP mechanisms (`mechanism.is_dp` False, e.g. EANA) have no epsilon. The
+callback still caps training at the step count DP-SGD with the same noise
+multiplier would be allowed (a *nominal* number, useful to compare runs),
+but logs it under `epsilon_not_dp` and says in every message that it is not
+a differential-privacy guarantee.
+
+Example:
+    >>> budget = PrivacyBudget(mechanism, sampling_probability=q, target_epsilon=3.0,
+    ...     target_delta=1e-5)
+    >>> model.fit(poisson_ds, epochs=100, callbacks=[budget])  # stops at budget.max_steps
+    >>> open("ledger.json", "w").write(budget.ledger.to_json())
+
+References: Abadi et al. 2016 §3.1 (privacy accounting during training);
+`dp_accounting` (PLD and RDP accountants).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import dp_accounting
+
+from tfdp_embed._keras import keras
+from tfdp_embed.accounting.calibration import (
+    check_accountant,
+    check_delta,
+    check_epsilon,
+    check_sampling_probability,
+    check_steps,
+    compute_epsilon,
+    make_accountant,
+)
+from tfdp_embed.accounting.ledger import PrivacyLedger
+from tfdp_embed.errors import PrivacyBudgetExceededError
+from tfdp_embed.mechanisms.base import NoiseMechanism
+
+_LOG = logging.getLogger(__name__)
+
+# Upper end of the step search: a budget that allows more steps than this is
+# treated as allowing exactly this many (2**40 steps is far beyond any run).
+MAX_STEPS = 2**40
+
+
+class PrivacyBudget(keras.callbacks.Callback):
+    """Stops `model.fit` at the last step that keeps epsilon within `target_epsilon`.
+
+    Args:
+      mechanism: the `NoiseMechanism` that noises the training steps; its
+        `step_event(q)` is one step's cost and `setup_event()` a one-off cost
+        (for a mechanism with `selection_events`, e.g. DP-FEST with
+        re-selections, every one of those, counted with multiplicity).
+      sampling_probability: Poisson sampling rate q in (0, 1].
+      target_epsilon: epsilon budget > 0 for the whole run (all `fit` calls).
+      target_delta: delta in (0, 1).
+      accountant: "pld" (default) or "rdp".
+      ledger: a `PrivacyLedger` to record into; pass the one saved by a
+        previous run to resume (its steps and setup events count). A new
+        empty ledger if None.
+      initial_steps: steps taken before this run that the ledger does not
+        hold (e.g. resuming from a checkpoint without a ledger). Defaults to
+        `mechanism.steps`. The larger of the ledger's count and this is used.
+      value_discretization_interval: PLD grid step (PLD only).
+
+    Attributes:
+      ledger: the `PrivacyLedger` (save it next to the model).
+      max_steps: total steps (ledger count) allowed; set at train begin.
+      epsilon: the last epsilon computed (nominal for non-DP mechanisms).
+      log_key: "epsilon", or "epsilon_not_dp" for non-DP mechanisms.
+      stopped_by_budget: True once the callback stopped training.
+
+    Raises:
+      ValueError: bad arguments (at construction).
+      PrivacyBudgetExceededError: at train begin, when the ledger already
+        exceeds the budget or not even one more step fits.
+    """
+
+    def __init__(
+        self,
+        mechanism: NoiseMechanism,
+        *,
+        sampling_probability: float,
+        target_epsilon: float,
+        target_delta: float,
+        accountant: str = "pld",
+        ledger: PrivacyLedger | None = None,
+        initial_steps: int | None = None,
+        value_discretization_interval: float | None = None,
+    ):
+        super().__init__()
+        if not isinstance(mechanism, NoiseMechanism):
+            raise TypeError(f"`mechanism` must be a `NoiseMechanism`; received {type(mechanism).__name__}.")
+        if ledger is not None and not isinstance(ledger, PrivacyLedger):
+            raise TypeError(f"`ledger` must be a `PrivacyLedger` or None; received {type(ledger).__name__}.")
+        self.mechanism = mechanism
+        self.sampling_probability = check_sampling_probability(sampling_probability)
+        self.target_epsilon = check_epsilon(target_epsilon)
+        self.target_delta = check_delta(target_delta)
+        self.accountant = check_accountant(accountant)
+        self.initial_steps = (
+            None if initial_steps is None else check_steps(initial_steps, "initial_steps", allow_zero=True)
+        )
+        self.value_discretization_interval = value_discretization_interval
+        self.ledger = PrivacyLedger() if ledger is None else ledger
+        self.is_dp = bool(mechanism.is_dp)
+        self.log_key = "epsilon" if self.is_dp else "epsilon_not_dp"
+        self.max_steps: int | None = None
+        self.epsilon: float | None = None
+        self.stopped_by_budget = False
+        self._step_event: dp_accounting.DpEvent | None = None
+        self._batch_begin = 0
+        self._epsilon_steps = -1  # ledger step count at which `epsilon` was computed
+        self._support = make_accountant(self.accountant, value_discretization_interval=value_discretization_interval)
+
+    # -- public helpers -----------------------------------------------------------
+    def spent_epsilon(self) -> float:
+        """Epsilon of everything in the ledger now (nominal for non-DP mechanisms)."""
+        return self._epsilon_after(0)
+
+    @property
+    def remaining_steps(self) -> int | None:
+        """Steps still allowed (None before train begin)."""
+        return None if self.max_steps is None else self.max_steps - self.ledger.steps
+
+    # -- Keras hooks --------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        self.stopped_by_budget = False
+        self._step_event = self.mechanism.step_event(self.sampling_probability)
+        self._record_history()
+        what = "epsilon" if self.is_dp else "NOMINAL epsilon (NOT a DP guarantee)"
+        if not self.is_dp:
+            _LOG.warning(
+                "PrivacyBudget: mechanism %r is NOT differentially private. The budget below is the "
+                "epsilon DP-SGD with the same noise multiplier would spend; it is logged as %r and "
+                "is not a privacy guarantee for this model.",
+                self.mechanism.name,
+                self.log_key,
+            )
+        spent = self._epsilon_after(0)
+        if spent > self.target_epsilon:
+            raise PrivacyBudgetExceededError(
+                f"The ledger already spent {what} {spent:.6g} > `target_epsilon`={self.target_epsilon:g} "
+                f"at delta={self.target_delta:g} ({self.ledger.steps} steps, {self.accountant} accountant): "
+                "any further training step would release more than the budget allows. Allowed: a larger "
+                "`target_epsilon`, or stop training."
+            )
+        remaining = self._max_extra_steps(spent)
+        if remaining == 0:
+            raise PrivacyBudgetExceededError(
+                f"Not even one more step fits the budget: {what} is {spent:.6g} now and one more step "
+                f"would exceed `target_epsilon`={self.target_epsilon:g} at delta={self.target_delta:g} "
+                f"({self.ledger.steps} steps taken, {self.accountant} accountant)."
+            )
+        self.max_steps = self.ledger.steps + remaining
+        self.epsilon, self._epsilon_steps = spent, self.ledger.steps
+        _LOG.info(
+            "PrivacyBudget: %d more steps allowed (%d in total) within %s %g at delta=%g "
+            "(q=%g, %s accountant); %s spent so far: %.6g.",
+            remaining,
+            self.max_steps,
+            what,
+            self.target_epsilon,
+            self.target_delta,
+            self.sampling_probability,
+            self.accountant,
+            what,
+            spent,
+        )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # A one-off event added during training (e.g. a DP-FEST re-selection for a
+        # new streaming period) shrinks what is left: recount before the epoch runs.
+        if self.max_steps is not None and self._record_setup_events():
+            spent = self._epsilon_after(0)
+            remaining = self._max_extra_steps(spent) if spent <= self.target_epsilon else 0
+            self.max_steps = self.ledger.steps + remaining
+            if remaining == 0:
+                raise PrivacyBudgetExceededError(
+                    f"A new one-off event (e.g. a re-selection) used up the budget: epsilon is {spent:.6g} "
+                    f"and not one more step fits `target_epsilon`={self.target_epsilon:g}."
+                )
+            _LOG.info("PrivacyBudget: a new one-off event was recorded; %d more steps allowed.", remaining)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._batch_begin = int(batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        # tf-keras calls on_train_batch_end(begin + steps_per_execution - 1).
+        taken = max(1, int(batch) - self._batch_begin + 1)
+        self.ledger.record_steps(self._step_event, taken)
+        steps = self.ledger.steps
+        if self.max_steps is None:
+            return
+        if steps > self.max_steps:
+            raise PrivacyBudgetExceededError(
+                f"{steps} steps were taken but only {self.max_steps} fit the budget "
+                f"`target_epsilon`={self.target_epsilon:g}: a multi-step execution "
+                f"(`steps_per_execution`={taken}) crossed the limit. Do not release this model; use "
+                "`steps_per_execution=1` with PrivacyBudget."
+            )
+        if self.max_steps - steps < taken and not self.model.stop_training:
+            self.model.stop_training = True
+            self.stopped_by_budget = True
+            _LOG.warning(
+                "PrivacyBudget: stopping training after step %d: one more step would exceed %s %g at "
+                "delta=%g (%s accountant).",
+                steps,
+                "epsilon" if self.is_dp else "the NOMINAL (not DP) epsilon",
+                self.target_epsilon,
+                self.target_delta,
+                self.accountant,
+            )
+
+    def on_epoch_end(self, epoch, logs=None):
+        epsilon = self._current_epsilon()
+        if logs is not None:
+            logs[self.log_key] = epsilon
+
+    def on_train_end(self, logs=None):
+        epsilon = self._current_epsilon()
+        _LOG.info(
+            "PrivacyBudget: training ended after %d steps; %s %.6g at delta=%g (%s accountant)%s.",
+            self.ledger.steps,
+            "epsilon" if self.is_dp else "NOMINAL epsilon (NOT a DP guarantee)",
+            epsilon,
+            self.target_delta,
+            self.accountant,
+            ", stopped by the privacy budget" if self.stopped_by_budget else "",
+        )
+
+    # -- internals ----------------------------------------------------------------
+    def _one_off_events(self) -> list:
+        """The mechanism's one-off events: DP-FEST's `selection_events` (one per
+        (re-)selection) when it has them, else `[setup_event()]`."""
+        events = getattr(self.mechanism, "selection_events", None)
+        if events is None:
+            setup = self.mechanism.setup_event()
+            events = [] if setup is None else [setup]
+        return list(events)
+
+    def _record_setup_events(self) -> bool:
+        """Records one-off events the ledger lacks (by multiplicity); True if any was new."""
+        events = self._one_off_events()
+        recorded = [e.event for e in self.ledger.entries if e.kind == "setup"]
+        new = False
+        for event in {id(e): e for e in events}.values():
+            missing = sum(e == event for e in events) - sum(e == event for e in recorded)
+            for _ in range(max(0, missing)):
+                self.ledger.record_setup(event)
+                new = True
+            recorded.extend([event] * max(0, missing))
+        return new
+
+    def _record_history(self) -> None:
+        """Adds one-off events (once) and steps taken before this run to the ledger."""
+        self._record_setup_events()
+        known = self.ledger.steps
+        sources = {"mechanism.steps": int(self.mechanism.steps.numpy())}
+        if self.initial_steps is not None:
+            sources["initial_steps"] = self.initial_steps
+        source, claimed = max(sources.items(), key=lambda kv: kv[1])
+        if claimed > known:
+            _LOG.info(
+                "PrivacyBudget: counting %d steps taken before this run (%s=%d; the ledger held %d).",
+                claimed - known,
+                source,
+                claimed,
+                known,
+            )
+            self.ledger.record_steps(self._step_event, claimed - known)
+        elif self.initial_steps is not None and self.initial_steps < known:
+            _LOG.warning(
+                "PrivacyBudget: `initial_steps`=%d is below the ledger's %d steps; the ledger's count is used.",
+                self.initial_steps,
+                known,
+            )
+
+    def _current_epsilon(self) -> float:
+        if self._epsilon_steps != self.ledger.steps or self.epsilon is None:
+            self.epsilon = self._epsilon_after(0)
+            self._epsilon_steps = self.ledger.steps
+        return self.epsilon
+
+    def _epsilon_after(self, extra_steps: int) -> float:
+        """epsilon of the ledger plus `extra_steps` more steps (nominal events for non-DP)."""
+        step_event = self._accounting_event(self._step_event or self.mechanism.step_event(self.sampling_probability))
+        events = [
+            dp_accounting.SelfComposedDpEvent(self._accounting_event(e.event), e.count) for e in self.ledger.entries
+        ]
+        if extra_steps:
+            events.append(dp_accounting.SelfComposedDpEvent(step_event, int(extra_steps)))
+        return compute_epsilon(
+            events,
+            target_delta=self.target_delta,
+            accountant=self.accountant,
+            value_discretization_interval=self.value_discretization_interval,
+        )
+
+    def _accounting_event(self, event: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
+        """The event as is for DP mechanisms; for non-DP ones, DP-SGD's event if unsupported."""
+        if self.is_dp or self._support.supports(event):
+            return event
+        return dp_accounting.PoissonSampledDpEvent(
+            self.sampling_probability, dp_accounting.GaussianDpEvent(self.mechanism.noise_multiplier)
+        )
+
+    def _max_extra_steps(self, spent: float) -> int:
+        """Largest k >= 0 with eps(ledger + k steps) <= target; eps(0) = `spent` <= target.
+
+        Bracketing by extrapolation (eps grows at least like sqrt(k), so
+        k * (target / eps_k)^2 tends to overshoot), then interpolation in
+        eps^2 with bisection as a safeguard; every probe is one accountant
+        call, memoised.
+        """
+        target = self.target_epsilon
+        cache = {0: spent}
+
+        def eps(k: int) -> float:
+            if k not in cache:
+                cache[k] = self._epsilon_after(k)
+            return cache[k]
+
+        lo, hi = 0, None
+        k = max(1, round(1.0 / self.sampling_probability))
+        while hi is None:
+            k = min(k, MAX_STEPS)
+            if eps(k) > target:
+                hi = k
+                break
+            lo = k
+            if k == MAX_STEPS:
+                _LOG.warning("PrivacyBudget: the budget allows more than %d steps; capping there.", MAX_STEPS)
+                return MAX_STEPS
+            ratio = (target / cache[k]) ** 2 if cache[k] > 0 else math.inf
+            k = int(min(k * max(2.0, 1.1 * ratio), k * 1024.0, float(MAX_STEPS)))
+        bisect = False
+        while hi - lo > 1:
+            width = hi - lo
+            if bisect:
+                guess = (lo + hi) // 2
+            else:
+                e_lo, e_hi = cache[lo] ** 2, cache[hi] ** 2
+                frac = (target**2 - e_lo) / (e_hi - e_lo) if math.isfinite(e_hi) and e_hi > e_lo else 0.5
+                guess = lo + int(round(frac * width))
+            guess = min(max(guess, lo + 1), hi - 1)
+            # Probe a little beyond the guess too: an accurate guess then leaves a
+            # bracket of width ~width/256 (or ends the search when it is 1).
+            offset = max(1, width // 256)
+            if eps(guess) <= target:
+                lo = guess
+                if guess + offset < hi and eps(guess + offset) > target:
+                    hi = guess + offset
+            else:
+                hi = guess
+                if guess - offset > lo and eps(guess - offset) <= target:
+                    lo = guess - offset
+            bisect = (hi - lo) > width / 2
+        return lo

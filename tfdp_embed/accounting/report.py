@@ -1,0 +1,303 @@
+"""The privacy report: what was guaranteed, under which assumptions, in JSON.
+
+One dict (written as JSON next to every exported model) with epsilon, delta,
+accountant, mechanism, noise multiplier(s), clip norm, sampling rate, steps,
+dataset size, batching, `is_dp`, the ledger and a list of caveats in plain
+words. Two situations are never dressed up as a guarantee:
+
+* a mechanism with `is_dp` False (EANA, non-private training): `epsilon` is
+  null and `guarantee` says it is NOT a differential-privacy guarantee;
+* batches that were not Poisson-sampled (`batching="fixed_shuffled"`): a
+  caveat says the epsilon assumes Poisson sampling and does not hold as
+  stated for shuffled fixed-size batches.
+
+Truncated Poisson batches (`max_batch_size`) are accounted for as
+delta' = delta + (1 + e^eps) * T * P[Binomial(N + 1, q) > max_batch_size]
+(`truncation_delta`): the truncated run differs from the untruncated one
+only when a batch overflows.
+
+Example:
+    >>> report = privacy_report(mechanism=mechanism, ledger=budget.ledger, delta=1e-5,
+    ...     sampling_probability=q, dataset_size=N, batching=info)
+    >>> write_privacy_report("model/privacy_report.json", report)
+
+References: Abadi et al. 2016 §3.1; Ponomareva et al., "How to DP-fy ML",
+JAIR 2023, §5.3 (what a privacy statement must report); Chua et al. 2024
+(shuffling vs Poisson; truncated Poisson batches).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping
+
+import dp_accounting
+from scipy import stats
+
+from tfdp_embed.accounting.calibration import (
+    check_accountant,
+    check_delta,
+    check_sampling_probability,
+    check_steps,
+    compute_epsilon,
+)
+from tfdp_embed.accounting.ledger import PrivacyLedger, event_to_dict
+
+BATCHINGS = ("poisson", "fixed_shuffled")
+
+NOT_POISSON_CAVEAT = (
+    "The epsilon assumes Poisson sampling (each example in each batch independently with "
+    "probability q), but the batches were fixed-size shuffled batches, not Poisson-sampled. "
+    "The accounting does not describe this run exactly; shuffled batches can be much less "
+    "private than the Poisson number suggests (Chua et al. 2024)."
+)
+NOT_DP_GUARANTEE = (
+    "NONE: mechanism {name!r} is NOT differentially private. This report is NOT a "
+    "differential-privacy guarantee and no epsilon is reported."
+)
+ADJACENCY = "add-or-remove-one-example"
+
+
+def truncation_delta(
+    *, dataset_size: int, sampling_probability: float, max_batch_size: int, steps: int, epsilon: float
+) -> float:
+    """Extra delta of truncating Poisson batches at `max_batch_size`.
+
+    delta_trunc = (1 + e^eps) * T * P[Binomial(N + 1, q) > B]
+
+    Args:
+      dataset_size: N.
+      sampling_probability: q.
+      max_batch_size: B.
+      steps: T.
+      epsilon: the epsilon the delta goes with.
+
+    Returns:
+      The term to add to delta (capped at 1).
+
+    References: Chua et al. 2024 (truncated Poisson batches); the coupling
+    argument in `tfdp_embed.data.poisson`.
+    """
+    tail = float(stats.binom.sf(max_batch_size, dataset_size + 1, sampling_probability))
+    if tail == 0.0:
+        return 0.0
+    return min(1.0, (1.0 + math.exp(min(epsilon, 700.0))) * steps * tail)
+
+
+def privacy_report(
+    *,
+    mechanism,
+    delta: float,
+    sampling_probability: float,
+    dataset_size: int,
+    ledger: PrivacyLedger | None = None,
+    epsilon: float | None = None,
+    accountant: str = "pld",
+    steps: int | None = None,
+    batching: str | Any = "poisson",
+    extra: Mapping | None = None,
+) -> dict:
+    """The privacy report of a training run as a JSON-able dict.
+
+    epsilon = eps(ledger, delta) for DP mechanisms; null for non-DP ones.
+
+    Args:
+      mechanism: the `NoiseMechanism` used (its `report()` fields are included).
+      delta: delta in (0, 1).
+      sampling_probability: q in (0, 1].
+      dataset_size: N (examples, or users for user-level DP).
+      ledger: the run's `PrivacyLedger`; epsilon is computed from it.
+      epsilon: an epsilon computed elsewhere (instead of `ledger`).
+      accountant: "pld" or "rdp" (how epsilon was / is computed).
+      steps: training steps (default: `ledger.steps`). With neither `ledger`
+        nor `epsilon`, epsilon is computed from the mechanism's setup event
+        plus `steps` step events.
+      batching: "poisson", "fixed_shuffled", or a `BatchingInfo` (from
+        `tfdp_embed.data`), whose counters and cap go into the report.
+      extra: more JSON-able fields, stored under "extra".
+
+    Returns:
+      dict with keys epsilon, delta, accountant, mechanism, is_dp, guarantee,
+      noise_multiplier, noise_multipliers, l2_norm_clip, sampling_probability,
+      expected_batch_size, steps, epochs, dataset_size, batching, adjacency,
+      caveats, mechanism_report, (ledger, batching_details, delta_with_truncation, extra).
+
+    Raises:
+      ValueError: bad or contradictory arguments (both `ledger` and
+        `epsilon`, `steps` disagreeing with the ledger, unknown batching).
+    """
+    delta = check_delta(delta, "delta")
+    q = check_sampling_probability(sampling_probability)
+    accountant = check_accountant(accountant)
+    if isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1:
+        raise ValueError(f"`dataset_size` must be an int >= 1; received {dataset_size!r}.")
+    if ledger is not None and epsilon is not None:
+        raise ValueError("Pass either `ledger` (epsilon is computed from it) or `epsilon`, not both.")
+    if ledger is not None:
+        if steps is not None and check_steps(steps, allow_zero=True) != ledger.steps:
+            raise ValueError(f"`steps`={steps!r} but the ledger records {ledger.steps} steps.")
+        steps = ledger.steps
+    elif steps is None:
+        raise ValueError("`steps` is required when no `ledger` is given.")
+    steps = check_steps(steps, allow_zero=True)
+    batching_name, batching_details = _batching(batching)
+    if batching_details is not None:
+        n_info, q_info = batching_details.get("num_examples"), batching_details.get("sampling_probability")
+        if n_info is not None and n_info != dataset_size:
+            raise ValueError(f"`dataset_size`={dataset_size} but the batching info has {n_info} examples.")
+        if q_info is not None and not math.isclose(q_info, q, rel_tol=1e-9):
+            raise ValueError(f"`sampling_probability`={q!r} but the batches were sampled with q={q_info!r}.")
+
+    mech = dict(mechanism.report())
+    is_dp = bool(mechanism.is_dp) and bool(mech.get("is_dp", True))
+    caveats = [str(c) for c in mech.pop("caveats", [])]
+    report: dict = {
+        "mechanism": mech.pop("mechanism", mechanism.name),
+        "is_dp": is_dp,
+    }
+    mech.pop("is_dp", None)
+
+    if is_dp:
+        if epsilon is None:
+            source = ledger if ledger is not None else _events(mechanism, q, steps)
+            epsilon = compute_epsilon(source, target_delta=delta, accountant=accountant)
+        report["epsilon"] = float(epsilon)
+        report["guarantee"] = (
+            f"({float(epsilon):.6g}, {delta:g})-differential privacy, {ADJACENCY} adjacency, "
+            f"for every model checkpoint released during the {steps} steps ({accountant.upper()} accountant)."
+        )
+    else:
+        report["epsilon"] = None
+        report["guarantee"] = NOT_DP_GUARANTEE.format(name=report["mechanism"])
+        caveats.insert(
+            0,
+            f"Mechanism {report['mechanism']!r} is NOT differentially private: epsilon is null because no "
+            "differential-privacy guarantee exists for this model.",
+        )
+        if epsilon is not None:
+            report["nominal_epsilon_not_dp"] = float(epsilon)
+            caveats.append(
+                "nominal_epsilon_not_dp is the epsilon DP-SGD with the same noise multiplier would have; "
+                "it is NOT a guarantee for this model."
+            )
+    report.update(
+        delta=delta,
+        accountant=accountant,
+        noise_multiplier=mech.pop("noise_multiplier", getattr(mechanism, "noise_multiplier", None)),
+        noise_multipliers=_noise_multipliers(mechanism, mech),
+        l2_norm_clip=mech.pop("l2_norm_clip", getattr(mechanism, "l2_norm_clip", None)),
+        sampling_probability=q,
+        expected_batch_size=q * dataset_size,
+        steps=steps,
+        epochs=steps * q,
+        dataset_size=dataset_size,
+        batching=batching_name,
+        adjacency=ADJACENCY,
+    )
+    if batching_name != "poisson":
+        caveats.append(NOT_POISSON_CAVEAT)
+    if batching_details is not None:
+        report["batching_details"] = batching_details
+        cap = batching_details.get("max_batch_size")
+        if batching_name == "poisson" and cap is not None:
+            extra_delta = truncation_delta(
+                dataset_size=dataset_size,
+                sampling_probability=q,
+                max_batch_size=int(cap),
+                steps=steps,
+                epsilon=report["epsilon"] if report["epsilon"] is not None else 0.0,
+            )
+            report["delta_with_truncation"] = min(1.0, delta + extra_delta)
+            caveats.append(
+                f"Poisson batches were truncated at max_batch_size={cap} "
+                f"({batching_details.get('truncated_batches', 0)} batches, "
+                f"{batching_details.get('truncated_examples', 0)} examples cut). The guarantee holds with "
+                f"delta + (1 + e^eps) * steps * P[Binomial(N + 1, q) > {cap}] = "
+                f"{report['delta_with_truncation']:.3g} (see delta_with_truncation)."
+            )
+    report["caveats"] = caveats
+    report["mechanism_report"] = _jsonable(mech)
+    if ledger is not None:
+        report["ledger"] = json.loads(ledger.to_json())
+    if extra is not None:
+        report["extra"] = _jsonable(dict(extra))
+    return report
+
+
+def write_privacy_report(path: str | os.PathLike, report: Mapping) -> str:
+    """Writes `report` as JSON (non-finite numbers as strings "inf"/"nan"); returns the path."""
+    path = os.fspath(path)
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(_jsonable(dict(report)), f, indent=2, sort_keys=False, allow_nan=False)
+        f.write("\n")
+    return path
+
+
+def read_privacy_report(path: str | os.PathLike) -> dict:
+    """Reads a report written by `write_privacy_report`."""
+    with open(os.fspath(path), encoding="utf-8") as f:
+        return json.load(f)
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def _events(mechanism, q: float, steps: int) -> list:
+    events = []
+    setup = mechanism.setup_event()
+    if setup is not None:
+        events.append(setup)
+    if steps:
+        events.append(dp_accounting.SelfComposedDpEvent(mechanism.step_event(q), steps))
+    return events
+
+
+def _batching(batching) -> tuple[str, dict | None]:
+    if isinstance(batching, str):
+        if batching not in BATCHINGS:
+            raise ValueError(f"`batching` must be one of {BATCHINGS} or a BatchingInfo; received {batching!r}.")
+        return batching, None
+    if hasattr(batching, "report") and callable(batching.report):
+        details = dict(batching.report())
+        name = details.get("batching")
+        if name not in BATCHINGS:
+            raise ValueError(f"`batching.report()['batching']` must be one of {BATCHINGS}; received {name!r}.")
+        return name, _jsonable(details)
+    raise ValueError(f"`batching` must be one of {BATCHINGS} or a BatchingInfo; received {batching!r}.")
+
+
+def _noise_multipliers(mechanism, mech: dict) -> dict:
+    """Every noise multiplier the mechanism reports (e.g. AdaFEST's sigma1, sigma2, effective)."""
+    out = {"noise_multiplier": getattr(mechanism, "noise_multiplier", None)}
+    for key, value in mech.items():
+        if "noise_multiplier" in key and isinstance(value, (int, float)):
+            out[key] = value
+    return out
+
+
+def _jsonable(value):
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else ("inf" if value > 0 else "-inf" if value < 0 else "nan")
+    if hasattr(value, "item") and callable(value.item):  # numpy / tf scalars
+        try:
+            return _jsonable(value.item())
+        except (TypeError, ValueError):
+            pass
+    if hasattr(value, "numpy"):
+        return _jsonable(value.numpy().tolist())
+    if isinstance(value, dp_accounting.DpEvent):
+        return event_to_dict(value)
+    return str(value)

@@ -1,0 +1,468 @@
+"""Poisson-sampled batches for `tf.data`, so that DP accounting is honest.
+
+DP-SGD's accounting (`PoissonSampled(q, Gaussian(sigma))`) assumes each of
+the N examples is in each batch independently with probability q:
+
+    P[x_i in batch t] = q, independently over i and t;  |batch t| ~ Binomial(N, q)
+
+Batch sizes vary, a batch can be empty (that step is noise only), and one
+"epoch" here is round(1/q) batches (about N examples in total).
+
+Two exact samplers:
+
+* `poisson_batches` (data that fits in memory): the examples are loaded once
+  into tensors; for each batch a fresh seed is drawn and the batch's index set
+  is sampled exactly: for q >= 0.25 a Bernoulli(q) mask over all N examples
+  (float64 uniforms, granularity 2^-53); below, a Binomial(N, q) count k (TF's
+  exact BTRS/inversion sampler) and k distinct uniform indices (the first k
+  distinct values of an i.i.d. uniform stream, O(k) instead of O(N); integer
+  uniforms are biased by at most N / 2^64). Given its size, a Poisson sample
+  is a uniformly random subset of that size, so both are exactly Poisson.
+* `streaming_poisson_batches` (data too large to hold): exact Poisson without
+  holding the data. A single pass cannot produce exact Poisson batches (batch
+  1 may need the last example of the stream), so each pass over the source
+  produces G = `batches_per_pass` batches at once: their G index sets over
+  the stream positions 0..N-1 are sampled first (exactly as above), the pass
+  keeps only the examples at those positions (about G q N examples in
+  memory) and then emits the G batches. An epoch reads the source
+  ceil(round(1/q) / G) times. The source may even change its order between
+  passes (e.g. a reshuffling reader): the index sets are independent of the
+  order, so inclusions stay independent Bernoulli(q); it must yield each of
+  its `num_examples` examples exactly once per pass (checked at run time).
+
+Oversized batches (`max_batch_size`): a batch larger than the cap is cut to
+a uniformly random subset of `max_batch_size` examples (which ones are cut
+does not depend on the data), and the counters `truncated_batches` /
+`truncated_examples` in `BatchingInfo` record it. This is accounted for, not
+hidden: the truncated run equals the untruncated one except on the event
+"some batch overflowed", so it is (eps, delta')-DP with
+delta' = delta + (1 + e^eps) * T * P[Binomial(N + 1, q) > max_batch_size]
+(`tfdp_embed.accounting.report.truncation_delta`; the report shows it).
+Resampling an oversized batch instead would have the same delta' but makes
+the batch distribution a conditioned one and costs time; truncation is
+simpler. Choose `max_batch_size` so that `truncation_delta` is far below
+delta (for qN = 100, T = 500: qN + 6 sqrt(qN) adds ~2e-5, qN + 8 sqrt(qN)
+adds ~3e-10).
+
+Fixed-size shuffled batches (`fixed_size_batches`) are offered only on
+explicit request; their `BatchingInfo.batching` is "fixed_shuffled" and the
+privacy report then says that the Poisson accounting does not describe them.
+
+Seeds: `seed=None` draws the sampling RNG's state from OS entropy; an int
+makes the batches reproducible (tests). The RNG is a `tf.random.Generator`
+whose state advances across epochs: every epoch gets fresh batches.
+
+Example:
+    >>> batches, info = poisson_batches(ds, sampling_probability=0.01)
+    >>> model.fit(batches, epochs=10)   # 100 Poisson batches per epoch
+    >>> privacy_report(..., batching=info)
+
+References: Abadi et al. 2016 §3.1 (Poisson "lots"); Chua et al., "Scalable
+DP-SGD: Shuffling vs. Poisson Subsampling", NeurIPS 2024 (truncated Poisson
+batches; why shuffled batches are not covered by Poisson accounting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+from tfdp_embed._keras import tf
+
+# Above this rate a Bernoulli mask over all N examples is cheaper than
+# drawing distinct indices.
+_MASK_THRESHOLD = 0.25
+
+
+@dataclasses.dataclass
+class BatchingInfo:
+    """How a batched dataset was sampled: what the privacy report needs.
+
+    Attributes:
+      batching: "poisson" or "fixed_shuffled".
+      num_examples: N.
+      sampling_probability: q (Poisson) or batch_size / N (fixed).
+      expected_batch_size: q N (the divisor of the noised gradient sum).
+      batches_per_epoch: round(1/q) (Poisson) or ceil(N / batch_size).
+      max_batch_size: the truncation cap, or None.
+      streaming: True for `streaming_poisson_batches`.
+      batches_per_pass: G for streaming, else None.
+      seeded: True if an explicit seed was given (reproducible batches).
+      truncated_batches: int64 `tf.Variable`, batches cut to the cap so far
+        (counts batches the pipeline produced, including prefetched ones).
+      truncated_examples: int64 `tf.Variable`, examples removed by the cap.
+    """
+
+    batching: str
+    num_examples: int
+    sampling_probability: float
+    expected_batch_size: float
+    batches_per_epoch: int
+    max_batch_size: int | None = None
+    streaming: bool = False
+    batches_per_pass: int | None = None
+    seeded: bool = False
+    truncated_batches: tf.Variable | None = None
+    truncated_examples: tf.Variable | None = None
+
+    def report(self) -> dict:
+        """Plain-Python fields for `privacy_report(batching=...)`."""
+        out = {
+            "batching": self.batching,
+            "num_examples": self.num_examples,
+            "sampling_probability": self.sampling_probability,
+            "expected_batch_size": self.expected_batch_size,
+            "batches_per_epoch": self.batches_per_epoch,
+            "max_batch_size": self.max_batch_size,
+            "streaming": self.streaming,
+            "batches_per_pass": self.batches_per_pass,
+            "seeded": self.seeded,
+        }
+        if self.truncated_batches is not None:
+            out["truncated_batches"] = int(self.truncated_batches.numpy())
+            out["truncated_examples"] = int(self.truncated_examples.numpy())
+        return out
+
+
+def poisson_batches(
+    dataset: tf.data.Dataset,
+    *,
+    sampling_probability: float,
+    seed: int | None = None,
+    max_batch_size: int | None = None,
+    num_examples: int | None = None,
+) -> tuple[tf.data.Dataset, BatchingInfo]:
+    """Exactly Poisson-sampled batches of an in-memory dataset.
+
+    P[example i in batch t] = q independently over i and t; round(1/q) batches per epoch.
+
+    Args:
+      dataset: unbatched examples (any nest of tensors; varying shapes are
+        batched as `tf.RaggedTensor`). Read once and held in memory.
+      sampling_probability: q in (0, 1].
+      seed: int for reproducible batches, None for OS entropy.
+      max_batch_size: optional cap; larger batches are truncated to a uniform
+        random subset and counted (see the module docstring for the delta cost).
+      num_examples: optional N, checked against the data.
+
+    Returns:
+      `(batches, info)`: a `tf.data.Dataset` of round(1/q) variable-size
+      batches (fresh ones on every iteration) and its `BatchingInfo`.
+
+    Raises:
+      ValueError: empty dataset, bad q / cap / N.
+
+    Example:
+        >>> batches, info = poisson_batches(ds, sampling_probability=0.01, seed=1)
+
+    References: Abadi et al. 2016 §3.1; Chua et al. 2024 (truncation).
+    """
+    q = _check_q(sampling_probability)
+    max_batch_size = _check_cap(max_batch_size)
+    data = _load_all(dataset)
+    n = int(_leading_dim(data))
+    if n == 0:
+        raise ValueError("`dataset` is empty: Poisson sampling needs at least one example.")
+    if num_examples is not None and int(num_examples) != n:
+        raise ValueError(f"`num_examples`={num_examples!r} but the dataset holds {n} examples.")
+    generator = _make_generator(seed)
+    info = _poisson_info(n, q, max_batch_size, seed, streaming=False, batches_per_pass=None)
+
+    def make_batch(_):
+        seed_ = generator.make_seeds(1)[:, 0]
+        indices = _poisson_indices(seed_, n, q)
+        if max_batch_size is not None:
+            indices = _truncate(indices, seed_, max_batch_size, info, ordered=q < _MASK_THRESHOLD)
+        return tf.nest.map_structure(lambda t: tf.gather(t, indices), data)
+
+    batches = tf.data.Dataset.range(info.batches_per_epoch).map(make_batch)  # sequential: RNG order fixed
+    return batches, info
+
+
+def streaming_poisson_batches(
+    dataset: tf.data.Dataset,
+    *,
+    sampling_probability: float,
+    num_examples: int,
+    batches_per_pass: int,
+    seed: int | None = None,
+    max_batch_size: int | None = None,
+    read_chunk_size: int = 4096,
+) -> tuple[tf.data.Dataset, BatchingInfo]:
+    """Exactly Poisson-sampled batches of a dataset too large to hold in memory.
+
+    Each pass over `dataset` yields G = `batches_per_pass` batches; memory ~ G q N examples.
+
+    Args:
+      dataset: unbatched examples with fully defined per-example shapes; each
+        iteration must yield all `num_examples` examples exactly once (any
+        order; checked at run time).
+      sampling_probability: q in (0, 1].
+      num_examples: N (> 0).
+      batches_per_pass: G >= 1; an epoch reads the source ceil(round(1/q) / G) times.
+      seed: int for reproducible batches, None for OS entropy.
+      max_batch_size: optional cap (truncation, counted; see module docstring).
+      read_chunk_size: examples per vectorised membership test while reading.
+
+    Returns:
+      `(batches, info)` as for `poisson_batches`.
+
+    Raises:
+      ValueError: bad arguments, or per-example shapes not fully defined.
+      tf.errors.InvalidArgumentError (while iterating): the source did not
+        yield exactly `num_examples` examples in a pass.
+
+    References: Abadi et al. 2016 §3.1; Chua et al. 2024 (massively parallel
+    Poisson batch construction).
+    """
+    q = _check_q(sampling_probability)
+    max_batch_size = _check_cap(max_batch_size)
+    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 0:
+        raise ValueError(f"`num_examples` must be an int > 0; received {num_examples!r}.")
+    if num_examples == 0:
+        raise ValueError("`num_examples` is 0: the dataset is empty; Poisson sampling needs at least one example.")
+    if isinstance(batches_per_pass, bool) or not isinstance(batches_per_pass, int) or batches_per_pass < 1:
+        raise ValueError(f"`batches_per_pass` must be an int >= 1; received {batches_per_pass!r}.")
+    for spec in tf.nest.flatten(dataset.element_spec):
+        if not isinstance(spec, tf.TensorSpec) or not spec.shape.is_fully_defined():
+            raise ValueError(
+                "`streaming_poisson_batches` needs examples with fully defined shapes (pad "
+                f"variable-length features first); received element spec {dataset.element_spec}."
+            )
+    n = num_examples
+    generator = _make_generator(seed)
+    info = _poisson_info(n, q, max_batch_size, seed, streaming=True, batches_per_pass=batches_per_pass)
+    total = info.batches_per_epoch
+    g_max = min(batches_per_pass, total)
+    passes = math.ceil(total / g_max)
+    specs = dataset.element_spec
+    chunks = dataset.batch(read_chunk_size).enumerate()
+
+    def one_pass(pass_index):
+        seeds = generator.make_seeds(g_max)  # [2, G]
+
+        def sample_set(seed_):
+            indices = _poisson_indices(seed_, n, q)
+            if max_batch_size is not None:
+                indices = _truncate(indices, seed_, max_batch_size, info, ordered=q < _MASK_THRESHOLD)
+            return tf.sort(indices)
+
+        sets = tf.map_fn(
+            sample_set, tf.transpose(seeds), fn_output_signature=tf.RaggedTensorSpec([None], tf.int64, ragged_rank=0)
+        )
+        wanted, _ = tf.unique(sets.flat_values)
+        wanted = tf.sort(wanted)
+
+        def keep(state, chunk):
+            rows, positions, seen = state
+            index, examples = chunk
+            size = tf.shape(tf.nest.flatten(examples)[0], out_type=tf.int64)[0]
+            pos = index * read_chunk_size + tf.range(size, dtype=tf.int64)
+            hit = _member(pos, wanted)
+            rows = tf.nest.map_structure(lambda r, e: tf.concat([r, tf.boolean_mask(e, hit)], 0), rows, examples)
+            return rows, tf.concat([positions, tf.boolean_mask(pos, hit)], 0), seen + size
+
+        empty = tf.nest.map_structure(lambda s: tf.zeros([0] + s.shape.as_list(), s.dtype), specs)
+        rows, positions, seen = chunks.reduce((empty, tf.zeros([0], tf.int64), tf.constant(0, tf.int64)), keep)
+        check = tf.debugging.assert_equal(
+            seen,
+            tf.constant(n, tf.int64),
+            message="streaming_poisson_batches: the source did not yield exactly `num_examples` examples in a pass",
+        )
+        with tf.control_dependencies([check]):
+            positions = tf.identity(positions)
+        in_pass = tf.minimum(tf.constant(g_max, tf.int64), total - pass_index * g_max)
+
+        def emit(j):
+            want = sets[j]
+            loc = tf.searchsorted(positions, want)
+            return tf.nest.map_structure(lambda r: tf.gather(r, loc), rows)
+
+        return tf.data.Dataset.range(in_pass).map(emit)
+
+    batches = tf.data.Dataset.range(passes).flat_map(one_pass)
+    return batches, info
+
+
+def fixed_size_batches(
+    dataset: tf.data.Dataset, *, batch_size: int, seed: int | None, num_examples: int | None = None
+) -> tuple[tf.data.Dataset, BatchingInfo]:
+    """Shuffled fixed-size batches: NOT Poisson; only when explicitly asked for.
+
+    Poisson accounting does not describe these batches (each example is used
+    exactly once per epoch); the returned info has batching="fixed_shuffled"
+    and the privacy report adds a caveat saying so.
+
+    Args:
+      dataset: unbatched examples (held in the shuffle buffer: full shuffle).
+      batch_size: examples per batch (the last, smaller batch is dropped).
+      seed: int or None (OS entropy); keyword required so the choice is explicit.
+      num_examples: N if known (else counted with one pass).
+
+    Returns:
+      `(batches, info)`.
+
+    Raises:
+      ValueError: empty dataset, bad batch size.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"`batch_size` must be an int >= 1; received {batch_size!r}.")
+    n = num_examples
+    if n is None:
+        n = int(dataset.cardinality())
+        if n < 0:
+            n = int(dataset.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+    if n == 0:
+        raise ValueError("`dataset` is empty: batching needs at least one example.")
+    if batch_size > n:
+        raise ValueError(f"`batch_size`={batch_size} exceeds the {n} examples of the dataset.")
+    batches = dataset.shuffle(n, seed=seed, reshuffle_each_iteration=True).batch(batch_size, drop_remainder=True)
+    info = BatchingInfo(
+        batching="fixed_shuffled",
+        num_examples=n,
+        sampling_probability=batch_size / n,
+        expected_batch_size=float(batch_size),
+        batches_per_epoch=n // batch_size,
+        seeded=seed is not None,
+    )
+    return batches, info
+
+
+# -- sampling ----------------------------------------------------------------------
+
+
+def _poisson_indices(seed, n: int, q: float) -> tf.Tensor:
+    """int64 indices of one exact Poisson(q) sample of range(n)."""
+    if q >= _MASK_THRESHOLD:
+        uniform = tf.random.stateless_uniform([n], seed=seed, dtype=tf.float64)
+        return tf.where(uniform < q)[:, 0]
+    count = tf.random.stateless_binomial(
+        [], seed=seed, counts=tf.constant(float(n), tf.float64), probs=tf.constant(q, tf.float64), output_dtype=tf.int64
+    )
+    return _distinct_uniform(tf.random.experimental.stateless_fold_in(seed, 1), count, n)
+
+
+def _distinct_uniform(seed, count, n: int) -> tf.Tensor:
+    """`count` distinct uniform ints in [0, n), in uniformly random order.
+
+    The first `count` distinct values of an i.i.d. uniform stream: each new
+    value is uniform over the values not seen yet (tf.unique keeps order).
+    """
+
+    def body(i, found):
+        missing = count - tf.size(found, out_type=tf.int64)
+        draw = missing + missing // 8 + 8
+        fresh = tf.random.stateless_uniform(
+            tf.reshape(draw, [1]),
+            seed=tf.random.experimental.stateless_fold_in(seed, i),
+            minval=0,
+            maxval=n,
+            dtype=tf.int64,
+        )
+        found, _ = tf.unique(tf.concat([found, fresh], 0))
+        return i + 1, found
+
+    _, found = tf.while_loop(
+        lambda i, found: tf.size(found, out_type=tf.int64) < count,
+        body,
+        (tf.constant(0, tf.int64), tf.zeros([0], tf.int64)),
+        shape_invariants=(tf.TensorShape([]), tf.TensorShape([None])),
+    )
+    return found[:count]
+
+
+def _truncate(indices, seed, cap: int, info: BatchingInfo, *, ordered: bool) -> tf.Tensor:
+    """Cuts a batch above `cap` to a uniformly random subset of size `cap`; counts it."""
+    size = tf.size(indices, out_type=tf.int64)
+    over = size > cap
+    info.truncated_batches.assign_add(tf.cast(over, tf.int64))
+    info.truncated_examples.assign_add(tf.maximum(size - cap, 0))
+    if not ordered:  # mask path: indices are sorted, shuffle before cutting
+
+        def shuffled():
+            seed_ = tf.random.experimental.stateless_fold_in(seed, 2)
+            keys = tf.random.stateless_uniform(tf.shape(indices), seed=seed_)
+            return tf.gather(indices, tf.argsort(keys))
+
+        indices = tf.cond(over, shuffled, lambda: indices)
+    return indices[:cap]
+
+
+def _member(values, sorted_set) -> tf.Tensor:
+    """Boolean mask: values[i] in sorted_set (vectorised binary search)."""
+    size = tf.size(sorted_set, out_type=tf.int64)
+    if_empty = tf.zeros_like(values, dtype=tf.bool)
+    where = tf.searchsorted(sorted_set, values, out_type=tf.int64)
+    found = tf.gather(sorted_set, tf.minimum(where, tf.maximum(size - 1, 0)))
+    return tf.cond(size > 0, lambda: tf.logical_and(where < size, tf.equal(found, values)), lambda: if_empty)
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def _poisson_info(n, q, cap, seed, *, streaming, batches_per_pass) -> BatchingInfo:
+    info = BatchingInfo(
+        batching="poisson",
+        num_examples=n,
+        sampling_probability=q,
+        expected_batch_size=q * n,
+        batches_per_epoch=max(1, round(1.0 / q)),
+        max_batch_size=cap,
+        streaming=streaming,
+        batches_per_pass=batches_per_pass,
+        seeded=seed is not None,
+    )
+    if cap is not None:
+        info.truncated_batches = tf.Variable(0, dtype=tf.int64, trainable=False, name="truncated_batches")
+        info.truncated_examples = tf.Variable(0, dtype=tf.int64, trainable=False, name="truncated_examples")
+    return info
+
+
+def _make_generator(seed: int | None) -> tf.random.Generator:
+    if seed is None:
+        return tf.random.Generator.from_non_deterministic_state()
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"`seed` must be an int or None (OS entropy); received {seed!r}.")
+    return tf.random.Generator.from_seed(seed)
+
+
+def _check_q(q) -> float:
+    if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 < q <= 1:
+        raise ValueError(f"`sampling_probability` must be a number in (0, 1]; received {q!r}.")
+    return float(q)
+
+
+def _check_cap(cap) -> int | None:
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Integral) or cap < 1:
+        raise ValueError(f"`max_batch_size` must be an int >= 1 or None; received {cap!r}.")
+    return cap
+
+
+def _load_all(dataset: tf.data.Dataset):
+    """The whole dataset as one nest of tensors with a leading example dimension."""
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"`dataset` must be a `tf.data.Dataset`; received {type(dataset).__name__}.")
+    for spec in tf.nest.flatten(dataset.element_spec):
+        if not isinstance(spec, (tf.TensorSpec, tf.RaggedTensorSpec)):
+            raise ValueError(
+                f"`dataset` elements must be tensors or ragged tensors; received a component {spec}."
+            )
+    n = int(dataset.cardinality())
+    if n == tf.data.INFINITE_CARDINALITY:
+        raise ValueError("`dataset` is infinite (e.g. `.repeat()`d); pass one pass over the examples.")
+    if n < 0:  # unknown: count with one pass (the data fits in memory anyway)
+        n = int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
+    if n == 0:
+        return tf.nest.map_structure(lambda s: tf.zeros([0], s.dtype), dataset.element_spec)
+    # Batching with the exact count: ragged batching preallocates per batch slot.
+    return next(iter(dataset.ragged_batch(n)))
+
+
+def _leading_dim(data) -> int:
+    first = tf.nest.flatten(data)[0]
+    if isinstance(first, tf.RaggedTensor):
+        return int(first.nrows())
+    return int(tf.shape(first)[0])
