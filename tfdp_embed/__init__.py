@@ -1,3 +1,39 @@
-"""tfdp_embed: differentially private training of large embedding models."""
+"""tfdp_embed: differentially private training of large embedding models, fast.
 
-from tfdp_embed import _keras  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF is used)
+Public API (everything else is internal):
+
+    from tfdp_embed import keras, tf                 # Keras 2 (tf-keras), selected here
+    from tfdp_embed import DPEmbedding, DPModel      # layer to subclass, staged DP train step
+    from tfdp_embed import mechanisms                # DenseDPSGD, LazyDP, EANA, DPFEST, DPAdaFEST(+)
+    from tfdp_embed import accounting, data, clipping
+    from tfdp_embed.export import export_saved_model
+
+Importing this package sets TF_USE_LEGACY_KERAS=1 before TensorFlow is
+imported and fails with a clear message if `tf.keras` is already Keras 3.
+"""
+
+from tfdp_embed._keras import keras, tf  # noqa: I001  (must come first)
+from tfdp_embed import accounting, clipping, data, mechanisms
+from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
+from tfdp_embed.export import export_saved_model
+from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.mechanisms import MECHANISMS, NoiseMechanism
+from tfdp_embed.training import DPModel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DPEmbedding",
+    "DPModel",
+    "MECHANISMS",
+    "NoiseMechanism",
+    "PrivacyBudgetExceededError",
+    "PrivacyContractError",
+    "accounting",
+    "clipping",
+    "data",
+    "export_saved_model",
+    "keras",
+    "mechanisms",
+    "tf",
+]
