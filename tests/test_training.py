@@ -278,3 +278,14 @@ def test_neighbouring_seeds_give_unrelated_noise_streams():
     a = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=1).generator.normal([64]).numpy()
     b = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=2).generator.normal([64]).numpy()
     assert not np.intersect1d(np.round(a, 6), np.round(b, 6)).size
+
+
+def test_a_variable_the_mechanism_leaves_out_is_an_error():
+    class DropsDense(DenseDPSGD):
+        def update(self, clipped):
+            return [(g, v) for g, v in super().update(clipped) if "embedding" in v.name]
+
+    dp = DPModel(functional_model(), mechanism=DropsDense(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0), expected_batch_size=BATCH)
+    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=BCE)
+    with pytest.raises(PrivacyContractError, match="not handled by mechanism"):
+        dp.fit(_dataset(), epochs=1, verbose=0)

@@ -122,6 +122,7 @@ class DPModel(keras.Model):
         self.lookahead = bool(lookahead)
         self._loss_fn = None
         self._prepared = False
+        self._trace_error = None
         self.loss_tracker = keras.metrics.Mean(name="loss")
 
     # -- Keras plumbing -----------------------------------------------------
@@ -144,7 +145,13 @@ class DPModel(keras.Model):
 
     def fit(self, x=None, *args, **kwargs):
         self.prepare(x)
-        return super().fit(x, *args, **kwargs)
+        self._trace_error = None
+        try:
+            return super().fit(x, *args, **kwargs)
+        except Exception:
+            if self._trace_error is not None:
+                raise self._trace_error from None
+            raise
 
     # -- setup ----------------------------------------------------------------
     def prepare(self, data=None) -> None:
@@ -218,6 +225,15 @@ class DPModel(keras.Model):
         return loss, y_pred
 
     def train_step(self, data):
+        try:
+            return self._train_step(data)
+        except PrivacyContractError as error:
+            # Errors raised while Keras traces the step reach `fit` re-wrapped by
+            # AutoGraph as a StagingError; keep the original to re-raise it there.
+            self._trace_error = error
+            raise
+
+    def _train_step(self, data):
         if not self._prepared:
             raise RuntimeError("Call `DPModel.prepare(dataset)` (fit does it) before stepping.")
         x, y, sample_weight, lookahead = self._unpack(data)
@@ -246,9 +262,22 @@ class DPModel(keras.Model):
         # in that phantom step unless they wait for the batch's loss.
         with tf.control_dependencies([per_example_loss]):
             pairs = self.mechanism.update(clipped)
+            self._check_every_variable_noised(pairs)
             self.optimizer.apply_gradients(pairs)
             self.mechanism.after_apply(lookahead)
         return self._update_metrics(per_example_loss, y, y_pred, sample_weight)
+
+    def _check_every_variable_noised(self, pairs) -> None:
+        """Trace-time check: the mechanism returned a noised gradient for every variable."""
+        returned = {variable.ref() for _, variable in pairs}
+        for variable in self.inner.trainable_variables:
+            if variable.ref() not in returned:
+                raise PrivacyContractError(
+                    f"Trainable variable {variable.name!r} is not handled by mechanism "
+                    f"{self.mechanism.name!r}: it would train without noise (or not at all, "
+                    "silently). Every trainable variable must be noised; freeze it with "
+                    "`trainable=False` if it should not train."
+                )
 
     def _non_private_step(self, x, y, sample_weight):
         with tf.GradientTape() as tape:
