@@ -1,0 +1,1 @@
+"""Command-line jobs built on tfdp_embed (`python -m pipelines.criteo ...`)."""

@@ -1,0 +1,529 @@
+"""Criteo pCTR training with differential privacy, from raw TSV to a served SavedModel.
+
+    python -m pipelines.criteo --train day_0 day_1 --eval day_2 --mechanism adafest \\
+        --epsilon 3 --epochs 1 --batch 1024 --out saved_models/criteo [--streaming-periods]
+
+With no `--train` it writes a small synthetic Criteo set (Table 3 vocabularies
+x 0.1, Zipf frequencies, a learnable click signal) under `OUT/data` and
+trains on it: `make run` runs exactly that and finishes in a few minutes on
+2 cores.
+
+What happens:
+  1. read and validate the files (bad rows: an error naming file and line, or
+     counted skips with `--skip-bad-rows`);
+  2. calibrate the noise for (epsilon, delta = 1/N by default), q = B / N and
+     T = epochs x round(N / B) steps with `dp_accounting` (PLD);
+  3. train the DP-FEST App. D.1 pCTR model (or DCN-v2) with `DPModel` on
+     Poisson-sampled batches (LazyDP: with the one-batch lookahead; DP-FEST and
+     DP-AdaFEST+: DP top-k selection from bucket counts, re-selected from
+     running counts each streaming period); training stops at the calibrated
+     step count;
+  4. with `--streaming-periods`, each training file is one period (a day):
+     train on it, evaluate on the next day (DP-FEST §4.3);
+  5. export `OUT/saved_model` (flushed, no optimizer or mechanism state;
+     `serving_default` takes the raw Criteo fields as strings, see
+     `tfdp_embed.models.ctr_serving`) with `privacy_report.json` beside it;
+  6. write `OUT/report.json` (AUC, log loss, privacy, rows read and skipped,
+     gradient-size reduction, median step time) and print the privacy report.
+
+References: DP-FEST (Ghazi et al., NeurIPS 2023) §4, App. D.1; LazyDP
+(ASPLOS 2024) §5; EANA (RecSys 2022) §3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from pipelines import (
+    criteo_data,
+    criteo_eval,
+    criteo_privacy,
+    criteo_report,
+    criteo_training,
+)
+from tfdp_embed._keras import keras
+from tfdp_embed.accounting import PrivacyBudget
+from tfdp_embed.data.criteo import (
+    CAT_FEATURES,
+    CriteoFormatError,
+    resolve_vocab_sizes,
+    running_counts,
+)
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.export import export_saved_model
+from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.models.ctr import ARCHITECTURES, CTRModelConfig, build_ctr_model
+from tfdp_embed.models.ctr_serving import CTRServingModule
+
+DEFAULT_MECHANISM = "adafest"
+DEFAULT_EPSILON = 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """Everything one run needs (the CLI flags, validated)."""
+
+    out: str
+    train: tuple = ()
+    eval: tuple = ()
+    mechanism: str = DEFAULT_MECHANISM
+    epsilon: float = DEFAULT_EPSILON
+    delta: float | None = None
+    epochs: int = 2
+    batch: int = 2048
+    streaming_periods: bool = False
+    model: str = "mlp"
+    seed: int | None = None
+    skip_bad_rows: bool = False
+    fixed_size_batches: bool = False
+    hash_size: int | None = None
+    hidden_units: tuple = (598, 598, 598, 598)
+    embedding_dim: int | None = None
+    learning_rate: float = 1.0
+    momentum: float = 0.9
+    privacy: criteo_privacy.PrivacySettings | None = None
+    synthetic: criteo_data.SyntheticSpec = criteo_data.SyntheticSpec()
+    verbose: int = 1
+
+
+# -- command line -------------------------------------------------------------------
+def _positive(kind):
+    def convert(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}; received {text!r}") from None
+        if not value > 0 or (kind is float and not math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0; received {text!r}")
+        return value
+
+    convert.__name__ = f"positive {kind.__name__}"
+    return convert
+
+
+def _units(text):
+    try:
+        units = tuple(int(u) for u in text.split(",") if u.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints like 598,598; received {text!r}") from None
+    if not units or min(units) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive ints like 598,598; received {text!r}")
+    return units
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.criteo",
+        description="Train the DP-FEST pCTR model on Criteo TSV with a DP mechanism; export a SavedModel.",
+    )
+    data = p.add_argument_group("data")
+    data.add_argument(
+        "--train",
+        nargs="+",
+        metavar="FILE",
+        help="training TSV files (.gz ok), in day order; default: generated synthetic data",
+    )
+    data.add_argument("--eval", nargs="+", metavar="FILE", help="evaluation TSV files (required with --train)")
+    data.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of failing")
+    data.add_argument(
+        "--streaming-periods",
+        action="store_true",
+        help="one period per --train file: train on it, evaluate on the next day (DP-FEST §4.3)",
+    )
+    data.add_argument(
+        "--hash-size",
+        type=_positive(int),
+        help="hash buckets per categorical feature (default: DP-FEST Table 3 vocabularies)",
+    )
+    data.add_argument(
+        "--synthetic-rows",
+        type=_positive(int),
+        default=criteo_data.SyntheticSpec.train_rows,
+        help="training rows of the default synthetic data",
+    )
+    data.add_argument(
+        "--synthetic-eval-rows",
+        type=_positive(int),
+        default=criteo_data.SyntheticSpec.eval_rows,
+        help="evaluation rows of the default synthetic data",
+    )
+    priv = p.add_argument_group("privacy")
+    priv.add_argument("--mechanism", choices=criteo_privacy.MECHANISM_NAMES, default=DEFAULT_MECHANISM)
+    priv.add_argument(
+        "--epsilon", type=_positive(float), default=DEFAULT_EPSILON, help=f"target epsilon (default {DEFAULT_EPSILON})"
+    )
+    priv.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1/N, N = training rows)")
+    priv.add_argument("--clip", type=_positive(float), default=1.0, help="per-example L2 clip norm C")
+    priv.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
+    priv.add_argument(
+        "--fixed-size-batches",
+        action="store_true",
+        help="shuffled fixed-size batches instead of Poisson sampling (the report says the guarantee assumes Poisson)",
+    )
+    priv.add_argument(
+        "--selection-fraction",
+        type=float,
+        default=0.1,
+        help="fest/adafest+: share of epsilon for the DP top-k selection, in (0, 1)",
+    )
+    priv.add_argument(
+        "--top-fraction",
+        type=float,
+        default=0.1,
+        help="fest/adafest+: fraction of each table kept by the selection, in (0, 1]",
+    )
+    priv.add_argument(
+        "--adafest-ratio",
+        type=_positive(float),
+        default=criteo_privacy.PrivacySettings.adafest_ratio,
+        help="adafest/adafest+: sigma1/sigma2 (App. D.1 tunes 0.1..10)",
+    )
+    priv.add_argument("--adafest-threshold", type=float, help="adafest/adafest+: tau (default 2 x sigma1 x C1)")
+    priv.add_argument("--contribution-clip", type=_positive(float), default=1.0, help="adafest/adafest+: C1")
+    train = p.add_argument_group("training")
+    train.add_argument("--epochs", type=_positive(int), default=PipelineConfig.epochs)
+    train.add_argument(
+        "--batch", type=_positive(int), default=PipelineConfig.batch, help="expected batch size B (q = B/N)"
+    )
+    train.add_argument("--learning-rate", type=_positive(float), default=PipelineConfig.learning_rate)
+    train.add_argument("--momentum", type=float, default=PipelineConfig.momentum, help="SGD momentum in [0, 1)")
+    train.add_argument(
+        "--model",
+        choices=ARCHITECTURES,
+        default="mlp",
+        help="mlp: DP-FEST App. D.1; dcn: DCN-v2 cross layers + the same tower",
+    )
+    train.add_argument(
+        "--hidden-units", type=_units, default=(598, 598, 598, 598), help="ReLU tower widths (default 598,598,598,598)"
+    )
+    train.add_argument(
+        "--embedding-dim", type=_positive(int), help="one width for every table instead of int(2 V^0.25)"
+    )
+    train.add_argument(
+        "--seed",
+        type=int,
+        help="seed for data sampling, init and noise (default: OS entropy; set it only for tests and reproductions)",
+    )
+    train.add_argument(
+        "--verbose",
+        type=int,
+        choices=(0, 1, 2),
+        default=1,
+        help="Keras progress bar (1), one line per epoch (2), silent (0)",
+    )
+    p.add_argument("--out", required=True, help="output directory (report.json, saved_model/)")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> PipelineConfig:
+    """Parses and validates the flags; exits with a message naming the bad flag."""
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.train and not a.eval:
+        parser.error("--eval is required with --train (the AUC is measured on it).")
+    if a.eval and not a.train:
+        parser.error("--eval needs --train (without --train the synthetic data brings its own evaluation day).")
+    for path in (a.train or []) + (a.eval or []):
+        if not os.path.exists(path):
+            parser.error(f"file not found: {path!r} (given to --train/--eval).")
+    if a.streaming_periods and a.train and len(a.train) < 2:
+        parser.error(
+            f"--streaming-periods needs at least 2 --train day files (one per period); received {len(a.train)}."
+        )
+    if a.delta is not None and not 0 < a.delta < 1:
+        parser.error(f"--delta must lie in (0, 1); received {a.delta!r}.")
+    if not 0 < a.selection_fraction < 1:
+        parser.error(f"--selection-fraction must lie in (0, 1); received {a.selection_fraction!r}.")
+    if not 0 < a.top_fraction <= 1:
+        parser.error(f"--top-fraction must lie in (0, 1]; received {a.top_fraction!r}.")
+    if not 0 <= a.momentum < 1:
+        parser.error(f"--momentum must lie in [0, 1); received {a.momentum!r}.")
+    if a.adafest_threshold is not None and not a.adafest_threshold >= 0:
+        parser.error(f"--adafest-threshold must be >= 0; received {a.adafest_threshold!r}.")
+    privacy = criteo_privacy.PrivacySettings(
+        mechanism=a.mechanism,
+        epsilon=a.epsilon,
+        delta=a.delta,
+        l2_norm_clip=a.clip,
+        accountant=a.accountant,
+        selection_fraction=a.selection_fraction,
+        top_fraction=a.top_fraction,
+        adafest_ratio=a.adafest_ratio,
+        adafest_threshold=a.adafest_threshold,
+        contribution_clip=a.contribution_clip,
+        seed=a.seed,
+    )
+    synthetic = criteo_data.SyntheticSpec(
+        train_rows=a.synthetic_rows,
+        eval_rows=a.synthetic_eval_rows,
+        days=3 if a.streaming_periods else 1,
+        seed=0 if a.seed is None else a.seed,
+    )
+    return PipelineConfig(
+        out=a.out,
+        train=tuple(a.train or ()),
+        eval=tuple(a.eval or ()),
+        mechanism=a.mechanism,
+        epsilon=a.epsilon,
+        delta=a.delta,
+        epochs=a.epochs,
+        batch=a.batch,
+        streaming_periods=a.streaming_periods,
+        model=a.model,
+        seed=a.seed,
+        skip_bad_rows=a.skip_bad_rows,
+        fixed_size_batches=a.fixed_size_batches,
+        hash_size=a.hash_size,
+        hidden_units=a.hidden_units,
+        embedding_dim=a.embedding_dim,
+        learning_rate=a.learning_rate,
+        momentum=a.momentum,
+        privacy=privacy,
+        synthetic=synthetic,
+        verbose=a.verbose,
+    )
+
+
+# -- the run ------------------------------------------------------------------------
+@dataclasses.dataclass
+class PipelineResult:
+    """What `run` produced: the report and, for in-process use, the trained objects.
+
+    Attributes:
+      report: the dict written to `report.json`.
+      model: the trained (flushed) Keras pCTR model.
+      model_config: its `CTRModelConfig`.
+      serving: the exported `CTRServingModule` (its `serve` was traced by the export).
+    """
+
+    report: dict
+    model: object
+    model_config: CTRModelConfig
+    serving: CTRServingModule
+
+
+def _log(config: PipelineConfig, message: str) -> None:
+    if config.verbose:
+        print(f"[criteo] {message}", flush=True)
+
+
+def _skipped(*periods) -> dict:
+    total: dict[str, int] = {}
+    for period in periods:
+        for reason, count in period.stats.as_dict()["skipped"].items():
+            total[reason] = total.get(reason, 0) + int(count)
+    return total
+
+
+def _layer_counts(counts: dict) -> dict:
+    return {f"embedding_{name}": counts[name] for name in CAT_FEATURES}
+
+
+def run(config: PipelineConfig) -> PipelineResult:
+    """Runs the pipeline; the report is also written to `config.out/report.json`.
+
+    Raises:
+      CriteoFormatError: unreadable input (names file and line).
+      ValueError: settings the data cannot support (e.g. batch larger than the data).
+      PrivacyBudgetExceededError: the budget allows no training step.
+    """
+    started = time.perf_counter()
+    os.makedirs(config.out, exist_ok=True)
+    train_files, eval_files, synthetic = list(config.train), list(config.eval), None
+    if not train_files:
+        synthetic = config.synthetic
+        _log(
+            config,
+            f"no --train given: writing synthetic Criteo data to {config.out}/data ({dataclasses.asdict(synthetic)})",
+        )
+        train_files, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
+    vocab = resolve_vocab_sizes(None, config.hash_size)
+    model_config = CTRModelConfig.from_vocab_sizes(
+        vocab,
+        hidden_units=config.hidden_units,
+        architecture=config.model,
+        embedding_dims=None if config.embedding_dim is None else (config.embedding_dim,) * len(CAT_FEATURES),
+    )
+
+    # 1. read and validate
+    read = dict(vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows)
+    groups = [[f] for f in train_files] if config.streaming_periods else [train_files]
+    periods = [criteo_data.read_period(files, **read) for files in groups]
+    final_eval = criteo_data.read_period(eval_files, **read)
+    rows = sum(p.size for p in periods)
+    _log(config, f"read {rows} training rows from {len(train_files)} file(s), {final_eval.size} evaluation rows")
+    for period in periods:
+        if config.batch > period.size:
+            raise ValueError(
+                f"`--batch` {config.batch} is larger than the {period.size} training rows of "
+                f"{period.files}; allowed: 1..{period.size}."
+            )
+
+    # 2. calibrate: all periods compose sequentially, at the largest q
+    q = max(config.batch / p.size for p in periods)
+    if config.fixed_size_batches:
+        per_epoch = [p.size // config.batch for p in periods]
+    else:
+        per_epoch = [max(1, round(p.size / config.batch)) for p in periods]
+    total_steps = config.epochs * sum(per_epoch)
+    settings = config.privacy or criteo_privacy.PrivacySettings(
+        mechanism=config.mechanism, epsilon=config.epsilon, delta=None
+    )
+    settings = dataclasses.replace(settings, delta=config.delta if config.delta is not None else 1.0 / rows)
+    fest_selections = len(periods) if settings.mechanism == "fest" else 1
+    calibration = criteo_privacy.calibrate(
+        settings, sampling_probability=q, steps=total_steps, num_selections=fest_selections
+    )
+    _log(
+        config,
+        f"mechanism {settings.mechanism}: noise multiplier {calibration.noise_multiplier:.4g} for "
+        f"epsilon {settings.epsilon:g}, delta {settings.delta:.3g}, q {q:.4g}, {total_steps} steps",
+    )
+
+    # 3. model, mechanism, budget
+    if config.seed is not None:
+        keras.utils.set_random_seed(config.seed)
+    model = build_ctr_model(model_config)
+    tables = [layer for layer in model.layers if isinstance(layer, DPEmbedding)]
+    table_sizes = {t.name: int(t.vocabulary_size) for t in tables}
+    counts = None
+    if settings.mechanism in criteo_privacy.SELECTING_MECHANISMS:
+        counts = running_counts(criteo_data.period_dataset(periods[0]), vocab_sizes=vocab)
+    mechanism = criteo_privacy.build_mechanism(
+        settings, calibration, counts=None if counts is None else _layer_counts(counts), table_sizes=table_sizes
+    )
+    lookahead = settings.mechanism == "lazy"
+    dp_model = criteo_training.make_dp_model(
+        model,
+        mechanism,
+        expected_batch_size=config.batch,
+        learning_rate=config.learning_rate,
+        momentum=config.momentum,
+        lookahead=lookahead,
+    )
+    budget = None
+    if settings.mechanism != "none":
+        budget = PrivacyBudget(
+            mechanism,
+            sampling_probability=q,
+            target_epsilon=settings.epsilon,
+            target_delta=settings.delta,
+            accountant=settings.accountant,
+        )
+
+    # 4. train, period by period
+    timer = criteo_training.StepTimer()
+    periods_out, infos, touched = [], [], []
+    dims = dict(zip(CAT_FEATURES, model_config.dims))
+    for index, period in enumerate(periods):
+        if index > 0 and settings.mechanism == "fest":
+            counts = running_counts(criteo_data.period_dataset(period), vocab_sizes=vocab, counts=counts)
+            selection = mechanism.reselect(_layer_counts(counts))
+            budget.ledger.record_setup(selection.event)
+        batches, info = criteo_data.train_batches(
+            period,
+            batch_size=config.batch,
+            poisson=not config.fixed_size_batches,
+            lookahead=lookahead,
+            seed=None if config.seed is None else config.seed * 1009 + index,
+        )
+        infos.append(info)
+        if len(periods) > 1:
+            _log(config, f"streaming period {index + 1}/{len(periods)}: {period.files[0]} ({period.size} rows)")
+        callbacks = [timer] + ([budget] if budget is not None else [])
+        with period.stats.python_errors():
+            dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
+        touched.append(criteo_data.touched_rows(batches, dims))
+        if len(periods) > 1:
+            following = periods[index + 1] if index + 1 < len(periods) else final_eval
+            metrics = criteo_eval.evaluate(model, criteo_data.eval_dataset(following))
+            periods_out.append(
+                {
+                    "period": index + 1,
+                    "train_files": period.files,
+                    "eval_files": following.files,
+                    "train_rows": period.size,
+                    **metrics,
+                }
+            )
+            _log(config, f"period {index + 1}: AUC {metrics['auc']:.4f} on {following.files}")
+    train_seconds = time.perf_counter() - started
+    steps = int(mechanism.steps.numpy()) if settings.mechanism != "none" else len(timer.durations)
+
+    # 5. privacy report, export (flushes first), evaluation of the released model
+    privacy = criteo_report.run_privacy_report(
+        mechanism=mechanism,
+        settings=settings,
+        calibration=calibration,
+        ledger=None if budget is None else budget.ledger,
+        sampling_probability=q,
+        dataset_size=rows,
+        batching=infos[0] if len(infos) == 1 else infos[0].batching,
+        steps=steps,
+        streaming_periods=len(periods),
+    )
+    serving = CTRServingModule(model, model_config)
+    saved_model = os.path.join(config.out, "saved_model")
+    export_saved_model(
+        dp_model, saved_model, serving_module=serving, signatures={"serving_default": serving.serve}, report=privacy
+    )
+    if hasattr(mechanism, "detach"):  # LazyDP: flushed and done; evaluate without read hooks
+        mechanism.detach()
+    final = criteo_eval.evaluate(model, criteo_data.eval_dataset(final_eval))
+
+    report = dict(privacy)
+    report.update(
+        auc=final["auc"],
+        logloss=final["logloss"],
+        eval_rows=final["examples"],
+        eval_click_rate=final["click_rate"],
+        rows_read=rows,
+        eval_rows_read=final_eval.size,
+        rows_skipped=_skipped(*periods, final_eval),
+        median_step_s=timer.median(),
+        train_seconds=train_seconds,
+        total_seconds=time.perf_counter() - started,
+        periods=periods_out,
+        model=model_config.get_config(),
+        training={
+            "epochs": config.epochs,
+            "batch": config.batch,
+            "learning_rate": config.learning_rate,
+            "momentum": config.momentum,
+            "optimizer": "keras.optimizers.legacy.SGD",
+            "seed": config.seed,
+        },
+        data={
+            "train_files": train_files,
+            "eval_files": eval_files,
+            "synthetic": None if synthetic is None else dataclasses.asdict(synthetic),
+            "vocabulary": f"hash size {config.hash_size}" if config.hash_size else "DP-FEST Table 3",
+        },
+        saved_model=saved_model,
+        **criteo_training.gradient_size(mechanism, tables, touched=float(sum(touched) / len(touched))),
+    )
+    criteo_report.write_report(os.path.join(config.out, "report.json"), report)
+    return PipelineResult(report=report, model=model, model_config=model_config, serving=serving)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (2 for bad flags, 1 for bad data)."""
+    config = parse_args(argv)
+    try:
+        report = run(config).report
+    except (CriteoFormatError, PrivacyContractError, ValueError) as error:
+        print(f"python -m pipelines.criteo: error: {error}", file=sys.stderr)
+        return 1
+    print(criteo_report.format_report(report))
+    print(f"report: {os.path.join(config.out, 'report.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
