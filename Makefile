@@ -11,6 +11,7 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m tfdp_embed.ops.build
 	$(PY) -m pip check
 	touch $(STAMP)
 

@@ -25,6 +25,7 @@ import dp_accounting
 
 from tfdp_embed._keras import tf
 from tfdp_embed.layers.embedding import DPEmbedding, EmbeddingOccurrences
+from tfdp_embed.ops import fast_normal
 
 
 @dataclasses.dataclass
@@ -162,7 +163,8 @@ class NoiseMechanism(tf.Module, abc.ABC):
 
     # -- helpers for subclasses ---------------------------------------------
     def _noise_like(self, shape, stddev) -> tf.Tensor:
-        return self.generator.normal(shape, stddev=stddev, dtype=tf.float32)
+        """float32 N(0, stddev^2) of `shape` from `self.generator` (fast op; falls back to generator.normal)."""
+        return fast_normal.normal(self.generator, shape, stddev)
 
     def _dense_noised(self, clipped: ClippedGradients, noise_multiplier: float) -> list:
         """Dense DP-SGD on the non-table variables: (sum + N(0, (sigma C)^2)) / B."""

@@ -463,7 +463,7 @@ class LazyDP(NoiseMechanism):
     def _normals(self, rows, steps, shape) -> tf.Tensor:
         if self.row_noise == "stateless":
             return stateless_row_normals(seed=self.seed, steps=steps, rows=rows, shape=shape)
-        return self.generator.normal(tf.concat([tf.shape(rows), shape], 0), dtype=tf.float32)
+        return self._noise_like(tf.concat([tf.shape(rows), shape], 0), 1.0)
 
     def _owed_noise(self, rows, noise_from, now, dim) -> tuple:
         """(M, Theta) `[n, dim]` float32 owed by `rows` for steps (noise_from, now]; M None without momentum."""
