@@ -1,0 +1,500 @@
+"""Step time of every mechanism on BENCHMARKS.md's reference workload, against the fast non-private step.
+
+    python -m benchmarks.step_time --mechanisms none,dense,tfp_keras_sgd,eana,lazy,fest,adafest \\
+        --vocab 100000,1000000,10000000 --dim 64 --batch 1024 --steps 30 --json benchmarks/step_time.json
+
+Workload: one `vocab x dim` float32 table, 4 ids per example mean-pooled
+(uniform ids, or Zipf with `--zipf A`), Dense(64, relu) -> Dense(1),
+logistic loss, batch 1024, legacy SGD (lr 0.1). Ids are pre-generated
+so input generation is not timed; by default no batch is used twice (the
+rows of a recently used batch would still be in cache), the plain step of
+`ratio_to_none` included: it draws from its own batches.
+
+Mechanisms:
+  none            plain tf.function step: tape.gradient, the table gradient
+                  stays `IndexedSlices`, `keras.optimizers.legacy.SGD`
+                  (keras Embedding + mean pooling). The baseline.
+  dpmodel_none    `DPModel` with `NonPrivate` (our wrapper's overhead).
+  tfp_keras_sgd   tensorflow-privacy 0.9's DPKerasSGDOptimizer; the number
+                  of microbatches is the largest power of two whose dense
+                  per-microbatch jacobian fits `--tfp-jacobian-gb` (recorded).
+  any name in tfdp_embed.mechanisms.MECHANISMS (dense, eana, lazy, fest,
+                  adafest, ...): `DPModel.train_step` under `tf.function`;
+                  lazy gets the next batch's ids as lookahead. Names not in
+                  MECHANISMS are recorded as "not measured".
+
+Timing: median, p10 and p90 of `--steps` steps after `--warmup` steps; a
+mechanism stops early, after at least one timed step, once its timed steps
+exceed `--max-seconds-per-mechanism` (the number timed is recorded). Every
+mechanism's process also times the plain step on the *same* model,
+alternating one mechanism step with one plain step: `ratio_to_none` is the
+mechanism's median over that interleaved plain median (same process, same
+load); `ratio_to_none_row` divides by the `none` row of the same vocabulary.
+
+Processes: `--isolation mechanism` (default) runs each (vocab, mechanism)
+in its own subprocess, so an OOM loses one row and `peak_rss_mb` is that
+mechanism's process peak (VmHWM; it includes TensorFlow itself, ~0.6 GB,
+and the table, which is written in 2^18-row chunks so that its creation
+adds no table-sized temporaries: TF's CPU allocator never returns those);
+`--isolation vocab` runs all mechanisms of one vocabulary in one process,
+one after the other (VmHWM is reset before each, but memory an earlier
+mechanism did not return counts). A watchdog kills a worker whose RSS passes
+`--max-rss-gb`, or when the machine's MemAvailable drops below
+`--min-available-gb`, or after `--worker-timeout-s`; its rows are
+"not measured" with that reason. Nothing is ever estimated.
+
+Outputs: a table on stdout, `--json` (results + machine + settings), a
+Markdown section appended to `--results-md`, and a log-log plot `--png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks import machine
+from benchmarks.plot_step_time import plot_step_time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_MECHANISMS = "none,dense,tfp_keras_sgd,eana,lazy,fest,adafest"
+# Fields every result row has (the JSON schema the smoke test checks; rows carry more).
+RESULT_KEYS = (
+    "mechanism", "vocab", "dim", "batch", "zipf", "median_step_s", "p10_step_s", "p90_step_s",
+    "steps_timed", "ratio_to_none", "peak_rss_mb", "notes",
+)  # fmt: skip
+
+
+def _ints(text: str) -> list[int]:
+    return [int(float(x)) for x in text.split(",") if x.strip()]
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    total_gb = (machine.meminfo_kb("MemTotal") or 8 * 2**20) / 2**20
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.step_time", description=__doc__.splitlines()[0])
+    parser.add_argument("--mechanisms", type=_names, default=_names(DEFAULT_MECHANISMS))
+    parser.add_argument("--vocab", type=_ints, default=_ints("100000,1000000,10000000"))
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per mechanism (>= 30 for results)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--zipf", type=float, default=None, help="Zipf exponent A (> 0); uniform ids when absent")
+    parser.add_argument("--json", default=os.path.join(REPO, "benchmarks", "step_time.json"))
+    parser.add_argument("--results-md", default=os.path.join(REPO, "benchmarks", "RESULTS.md"), help="'' to skip")
+    parser.add_argument("--png", default=os.path.join(REPO, "benchmarks", "step_time.png"), help="'' to skip")
+    parser.add_argument("--max-seconds-per-mechanism", type=float, default=120.0)
+    parser.add_argument("--isolation", choices=("mechanism", "vocab"), default="mechanism")
+    parser.add_argument("--max-rss-gb", type=float, default=round(max(1.0, total_gb - 3.0), 1))
+    parser.add_argument("--min-available-gb", type=float, default=1.0)
+    parser.add_argument("--worker-timeout-s", type=float, default=1800.0)
+    parser.add_argument(
+        "--num-batches", type=int, default=0, help="pre-generated batches, half per stream; 0: enough that none repeats"
+    )
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--l2-norm-clip", type=float, default=1.0)
+    parser.add_argument("--noise-multiplier", type=float, default=1.0)
+    parser.add_argument("--fest-top-k", type=int, default=4096, help="DP-FEST rows kept (min with vocab)")
+    parser.add_argument("--fest-selection-epsilon", type=float, default=0.1)
+    parser.add_argument("--adafest-ratio", type=float, default=5.0, help="sigma1/sigma2 (paper: 5 or 10 best)")
+    parser.add_argument("--adafest-contribution-clip", type=float, default=1.0)
+    parser.add_argument("--adafest-threshold", type=float, default=19.0)
+    parser.add_argument("--tfp-microbatches", default="auto")
+    parser.add_argument("--tfp-jacobian-gb", type=float, default=6.0)
+    parser.add_argument("--note", default="", help="free text added to the RESULTS.md section")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 1:
+        parser.error("--steps and --warmup must be >= 1")
+    if args.zipf is not None and args.zipf <= 0:
+        parser.error("--zipf must be > 0")
+    return args
+
+
+# -- running workers ------------------------------------------------------------
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _tail(path: str, lines: int = 3) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = [line.strip() for line in handle if line.strip() and "cuInit" not in line]
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])[:400]
+
+
+def run_worker(spec: dict, workdir: str, args: argparse.Namespace, tag: str) -> dict:
+    """Runs one worker process under the memory/time watchdog; returns its report plus process facts."""
+    spec_path = os.path.join(workdir, f"{tag}.spec.json")
+    out_path = os.path.join(workdir, f"{tag}.out.json")
+    log_path = os.path.join(workdir, f"{tag}.log")
+    with open(spec_path, "w", encoding="utf-8") as handle:
+        json.dump(spec, handle)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    library = machine.tree_digest(os.path.join(REPO, "tfdp_embed"))
+    start = time.monotonic()
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.step_time_worker", spec_path, out_path],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    killed, max_rss_kb, min_available_kb = None, 0, None
+    limit_kb, floor_kb = args.max_rss_gb * 2**20, args.min_available_gb * 2**20
+    while True:
+        pid, status, rusage = os.wait4(proc.pid, 0 if killed else os.WNOHANG)
+        if pid:
+            break
+        rss = _rss_kb(proc.pid)
+        max_rss_kb = max(max_rss_kb, rss)
+        available = machine.meminfo_kb("MemAvailable")
+        if available is not None:
+            min_available_kb = available if min_available_kb is None else min(min_available_kb, available)
+        if rss > limit_kb:
+            killed = f"killed by the memory guard: worker RSS {rss / 2**20:.2f} GB > --max-rss-gb {args.max_rss_gb:g}"
+        elif available is not None and available < floor_kb:
+            killed = (
+                f"killed by the memory guard: MemAvailable {available / 2**20:.2f} GB < --min-available-gb "
+                f"{args.min_available_gb:g} (worker RSS {rss / 2**20:.1f} GB)"
+            )
+        elif time.monotonic() - start > args.worker_timeout_s:
+            killed = f"killed after --worker-timeout-s {args.worker_timeout_s:g}"
+        if killed:
+            proc.kill()
+            continue
+        time.sleep(0.2)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    report = {"results": []}
+    if os.path.exists(out_path):
+        with open(out_path, encoding="utf-8") as handle:
+            report = json.load(handle)
+    report["process"] = {
+        "tag": tag,
+        "mechanisms": spec["mechanisms"],
+        "vocab": spec["vocab"],
+        "exit_code": proc.returncode,
+        "killed": killed,
+        "wall_s": round(time.monotonic() - start, 1),
+        "ru_maxrss_mb": round(rusage.ru_maxrss / 1024, 1),
+        "polled_max_rss_mb": round(max_rss_kb / 1024, 1),
+        "min_mem_available_gb": None if min_available_kb is None else round(min_available_kb / 2**20, 2),
+        "library_tree_sha1": library,
+        "load_average_before": load_before,
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "log_tail": _tail(log_path),
+        "tf_devices": report.get("tf_devices", []),
+        "registered_mechanisms": report.get("registered_mechanisms"),
+    }
+    done = {r["mechanism"] for r in report["results"]}
+    missing = [m for m in spec["mechanisms"] if m not in done]
+    if missing:
+        if killed:
+            reason = killed
+        elif proc.returncode < 0:
+            name = signal.Signals(-proc.returncode).name
+            reason = f"worker died with {name}" + (" (likely the kernel OOM killer)" if name == "SIGKILL" else "")
+        else:
+            reason = f"worker exited with code {proc.returncode}"
+        tail = report["process"]["log_tail"]
+        running = report.get("running")
+        for name in missing:
+            why = reason if name == running or running is None else f"not reached: {reason} while running {running}"
+            report["results"].append(
+                {
+                    "mechanism": name,
+                    "median_step_s": None,
+                    "p10_step_s": None,
+                    "p90_step_s": None,
+                    "steps_timed": 0,
+                    "peak_rss_mb": round(rusage.ru_maxrss / 1024, 1) if name == running or running is None else None,
+                    "not_measured": why,
+                    "notes": f"not measured: {why}" + (f" (log: {tail})" if tail and not killed else ""),
+                }
+            )
+    return report
+
+
+def tfp_microbatches(setting: str, *, vocab: int, dim: int, batch: int, jacobian_gb: float) -> int:
+    """`--tfp-microbatches`: an int, or "auto" = the largest power of two dividing the batch whose
+    dense per-microbatch table jacobian (m x vocab x dim float32) fits in `jacobian_gb`."""
+    if setting != "auto":
+        return int(setting)
+    per = vocab * dim * 4
+    m = 1
+    while m * 2 <= batch and batch % (m * 2) == 0 and m * 2 * per <= jacobian_gb * 2**30:
+        m *= 2
+    return m
+
+
+_MEMORY_FAILURES = ("memory guard", "SIGKILL", "out of memory", "ResourceExhausted", "MemoryError")
+
+
+def _run_group(spec: dict, workdir: str, args: argparse.Namespace, tag: str, processes: list) -> list:
+    """Runs one worker; with `--tfp-microbatches auto`, a lone tfp_keras_sgd that runs out of
+    memory is retried with half the microbatches, down to 1 (every attempt is recorded)."""
+    attempts = []
+    while True:
+        report = run_worker(spec, workdir, args, tag)
+        processes.append(report["process"])
+        results = report["results"]
+        retry = (
+            spec["mechanisms"] == ["tfp_keras_sgd"]
+            and args.tfp_microbatches == "auto"
+            and spec["tfp_microbatches"] > 1
+            and results
+            and any(word in (results[0].get("not_measured") or "") for word in _MEMORY_FAILURES)
+        )
+        if not retry:
+            break
+        attempts.append((spec["tfp_microbatches"], results[0]["not_measured"]))
+        spec = {**spec, "tfp_microbatches": spec["tfp_microbatches"] // 2}
+        tag = f"{tag}_m{spec['tfp_microbatches']}"
+        print(f"    (retrying tfp_keras_sgd with {spec['tfp_microbatches']} microbatches)", flush=True)
+    if attempts:
+        tried = ", ".join(str(m) for m, _ in attempts)
+        for result in results:
+            result["failed_attempts"] = [f"{m} microbatches: {why}" for m, why in attempts]
+            result["notes"] = "; ".join(filter(None, [result.get("notes", ""), f"auto: {tried} microbatches ran out of memory first"]))
+    return results
+
+
+def collect(args: argparse.Namespace, workdir: str) -> tuple[list, list]:
+    """Runs every (vocab, mechanism) and returns (result rows, worker process facts)."""
+    rows, processes = [], []
+    base_spec = {
+        "dim": args.dim,
+        "batch": args.batch,
+        "zipf": args.zipf,
+        "seed": args.seed,
+        "num_batches": args.num_batches,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "max_seconds_per_mechanism": args.max_seconds_per_mechanism,
+        "l2_norm_clip": args.l2_norm_clip,
+        "noise_multiplier": args.noise_multiplier,
+        "fest_top_k": args.fest_top_k,
+        "fest_selection_epsilon": args.fest_selection_epsilon,
+        "adafest_ratio": args.adafest_ratio,
+        "adafest_contribution_clip": args.adafest_contribution_clip,
+        "adafest_threshold": args.adafest_threshold,
+    }
+    for vocab in args.vocab:
+        groups = [[m] for m in args.mechanisms] if args.isolation == "mechanism" else [list(args.mechanisms)]
+        vocab_rows = []
+        for group in groups:
+            tag = f"v{vocab}_{'_'.join(group)}".replace("+", "plus")[:80]
+            print(f"[step_time] vocab {vocab:,}: {', '.join(group)} ...", flush=True)
+            spec = {**base_spec, "vocab": vocab, "mechanisms": group}
+            spec["tfp_microbatches"] = tfp_microbatches(
+                args.tfp_microbatches, vocab=vocab, dim=args.dim, batch=args.batch, jacobian_gb=args.tfp_jacobian_gb
+            )
+            for result in _run_group(spec, workdir, args, tag, processes):
+                result.update(vocab=vocab, dim=args.dim, batch=args.batch, zipf=args.zipf)
+                result["process_ru_maxrss_mb"] = processes[-1]["ru_maxrss_mb"]
+                vocab_rows.append(result)
+                print("    " + format_line(result), flush=True)
+        _add_ratios(vocab_rows)
+        for result in vocab_rows:
+            for key in RESULT_KEYS:
+                result.setdefault(key, None)
+        rows.extend(vocab_rows)
+    return rows, processes
+
+
+def _add_ratios(rows: list) -> None:
+    none_row = next((r for r in rows if r["mechanism"] == "none" and r.get("median_step_s")), None)
+    for r in rows:
+        median = r.get("median_step_s")
+        if r["mechanism"] == "none" and median:
+            r["ratio_to_none"] = 1.0
+        else:
+            base = r.get("none_in_process_median_s")
+            r["ratio_to_none"] = median / base if median and base else None
+        r["ratio_to_none_row"] = median / none_row["median_step_s"] if median and none_row else None
+
+
+# -- reporting ------------------------------------------------------------------
+def fmt_time(seconds) -> str:
+    if seconds is None:
+        return "not measured"
+    if seconds >= 1.0:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.2f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
+
+
+def fmt_ratio(ratio) -> str:
+    if ratio is None:
+        return "—"
+    return f"{ratio:.2f}×" if ratio < 10 else f"{ratio:,.0f}×"
+
+
+def format_line(r: dict) -> str:
+    ratio = r.get("ratio_to_none")
+    if ratio is None and r.get("median_step_s") and r.get("none_in_process_median_s"):
+        ratio = r["median_step_s"] / r["none_in_process_median_s"]
+    return (
+        f"{r['mechanism']:<14} {fmt_time(r.get('median_step_s')):>13}  steps {r.get('steps_timed', 0):>3}  "
+        f"ratio {fmt_ratio(ratio):>8}  rss {r.get('peak_rss_mb') or 0:>8.0f} MB  {r.get('notes', '')}"
+    )
+
+
+def markdown_table(rows: list) -> str:
+    lines = [
+        "| mechanism | vocab | median step | p10 – p90 | steps timed | × none (same process) | × `none` row | peak RSS | notes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        measured = r.get("median_step_s") is not None
+        spread = f"{fmt_time(r['p10_step_s'])} – {fmt_time(r['p90_step_s'])}" if measured else "—"
+        rss = f"{r['peak_rss_mb'] / 1024:.2f} GB" if r.get("peak_rss_mb") else "—"
+        notes = (r.get("notes") or "").replace("|", "/")
+        lines.append(
+            f"| {r['mechanism']} | {r['vocab']:,} | {fmt_time(r.get('median_step_s'))} | {spread} | "
+            f"{r.get('steps_timed', 0)} | {fmt_ratio(r.get('ratio_to_none'))} | "
+            f"{fmt_ratio(r.get('ratio_to_none_row'))} | {rss} | {notes} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown_section(document: dict) -> str:
+    m, s = document["machine"], document["settings"]
+    v = m["versions"]
+    ids = f"Zipf ids (a = {s['zipf']:g})" if s["zipf"] else "uniform ids"
+    gpu = ", ".join(m["gpus"]) if m["gpus"] else "none (CPU only)"
+    uncommitted = m["git"]["uncommitted_library_files"]
+    loads = [p["load_average_before"][0] for p in document["processes"]] + [m["load_average_at_start"][0]]
+    busy = m["busy_processes_at_start"]
+    trees = sorted({p.get("library_tree_sha1") for p in document["processes"]})
+    quiet = max(loads) < 0.5 * max(1, m["nproc"] or 1)
+    lines = [
+        f"## step_time — {m['date_utc']} — {ids}, dim {s['dim']}, batch {s['batch']}",
+        "",
+        f"- Command: `{document['command']}`",
+        f"- Machine: {m['cpu_model']}, nproc {m['nproc']}, {m['memory_total_gb']} GiB RAM, GPU: {gpu}.",
+        f"- Versions: Python {v['python']}, tensorflow {v['tensorflow']}, tf-keras {v['tf-keras']}, "
+        f"dp-accounting {v['dp-accounting']}, tensorflow-privacy {v['tensorflow-privacy']}, numpy {v['numpy']}.",
+        f"- Library: commit `{m['git']['commit'][:12]}`"
+        + (f"; uncommitted library files at start: {', '.join(uncommitted)}" if uncommitted else ", clean")
+        + (
+            f"; the library sources **changed during the run** ({len(trees)} versions of tfdp_embed/ "
+            "across the worker processes, see `library_tree_sha1` in the JSON)."
+            if len(trees) > 1
+            else "; unchanged during the run (one tfdp_embed/ source digest across all workers)."
+        ),
+        f"- Load: 1-min load average {m['load_average_at_start'][0]} at start, "
+        f"{min(loads):.2f}–{max(loads):.2f} before the workers, {document['load_average_at_end'][0]} at end"
+        + (
+            " — the machine was **not quiet**: other processes were running during this run"
+            + (f" (at start: {'; '.join(busy)})" if busy else "")
+            + ". Compare ratios, not absolute times."
+            if not quiet
+            else " (quiet)."
+        ),
+        f"- Protocol: median of up to {s['steps']} timed steps after {s['warmup']} warm-up steps, "
+        f"≤ {s['max_seconds_per_mechanism']:g} s of timed steps per mechanism; isolation: one process per "
+        f"{s['isolation']}; "
+        + (f"{s['num_batches']} pre-generated batches cycled" if s["num_batches"] else "pre-generated batches, none used twice")
+        + ". \"× none (same process)\" divides by "
+        "the plain step timed on the same model in the same process, alternating step by step; \"× `none` row\" "
+        "divides by the `none` row. Peak RSS is the process VmHWM: ~0.6 GB of TensorFlow + the table "
+        "(written in 2^18-row chunks, no table-sized init temporaries) + whatever the step allocates "
+        "(TF's CPU allocator keeps freed memory resident).",
+        "- Hyperparameters: "
+        + "; ".join(
+            [f"C = {s['l2_norm_clip']:g}, σ = {s['noise_multiplier']:g}, legacy SGD lr 0.1"]
+            + sorted(
+                {
+                    f"{r['mechanism']}: {r['hyperparameters']}"
+                    for r in document["results"]
+                    if r.get("hyperparameters") and r["mechanism"] in ("fest", "adafest")
+                }
+            )
+        )
+        + ".",
+    ]
+    lazy = [r for r in document["results"] if r.get("lazy_history_bytes_per_row")]
+    if lazy:
+        r = lazy[0]
+        lines.append(f"- LazyDP history: {r['lazy_history_dtype']}, {r['lazy_history_bytes_per_row']} bytes per row.")
+    if document.get("note"):
+        lines.append(f"- Note: {document['note']}")
+    lines += ["", markdown_table(document["results"]), ""]
+    if document.get("png"):
+        lines += [f"Plot: `{_shown_path(document['png'])}`.", ""]
+    return "\n".join(lines)
+
+
+def _shown_path(path: str) -> str:
+    relative = os.path.relpath(path, REPO)
+    return path if relative.startswith("..") else relative
+
+
+def append_results_md(path: str, section: str) -> None:
+    header = "" if os.path.exists(path) else (
+        "# Benchmark results\n\nProtocol: `../shared/BENCHMARKS.md`. Every section is one run; "
+        "\"not measured\" means exactly that (never an estimate).\n\n"
+    )
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(header + section + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    info = machine.machine_info(REPO)
+    document = {
+        "benchmark": "step_time",
+        "command": "python -m benchmarks.step_time " + shlex.join(argv),
+        "machine": info,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "results_md", "png", "note")},
+        "note": args.note,
+    }
+    with tempfile.TemporaryDirectory(prefix="step_time_") as workdir:
+        rows, processes = collect(args, workdir)
+    document["processes"] = processes
+    document["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    devices = sorted({d for p in processes for d in p.get("tf_devices", [])})
+    document["results"] = rows
+    document["png"] = os.path.abspath(args.png) if args.png else None
+    if devices:
+        info["tf_devices"] = devices
+    print()
+    print(markdown_table(rows))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)
+            handle.write("\n")
+    if args.png:
+        plot_step_time(rows, args.png, title=_plot_title(document))
+    if args.results_md:
+        append_results_md(args.results_md, markdown_section(document))
+    return 0
+
+
+def _plot_title(document: dict) -> str:
+    s, m = document["settings"], document["machine"]
+    ids = f"Zipf a={s['zipf']:g}" if s["zipf"] else "uniform ids"
+    return f"Step time, dim {s['dim']}, batch {s['batch']}, {ids} — {m['nproc']} cores, {m['date_utc'][:10]}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Smoke test of `python -m benchmarks.step_time` at a tiny size (one worker process, ~20 s).
+
+It checks the JSON schema, the Markdown section and the plot; it never
+touches benchmarks/RESULTS.md or benchmarks/step_time.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULT_KEYS = {
+    "mechanism",
+    "vocab",
+    "dim",
+    "batch",
+    "zipf",
+    "median_step_s",
+    "p10_step_s",
+    "p90_step_s",
+    "steps_timed",
+    "ratio_to_none",
+    "peak_rss_mb",
+    "notes",
+}
+
+
+def test_step_time_smoke(tmp_path):
+    out_json, results_md, png = tmp_path / "step_time.json", tmp_path / "RESULTS.md", tmp_path / "step_time.png"
+    command = [
+        sys.executable, "-m", "benchmarks.step_time",
+        "--mechanisms", "none,dense",
+        "--vocab", "1000",
+        "--steps", "3",
+        "--warmup", "1",
+        "--isolation", "vocab",
+        "--num-batches", "4",
+        "--json", str(out_json),
+        "--results-md", str(results_md),
+        "--png", str(png),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    document = json.loads(out_json.read_text())
+    assert document["command"].startswith("python -m benchmarks.step_time --mechanisms none,dense")
+    info = document["machine"]
+    for key in ("nproc", "memory_total_gb", "cpu_model", "gpus", "date_utc", "versions", "load_average_at_start"):
+        assert key in info, key
+    for package in ("tensorflow", "tf-keras", "dp-accounting", "tensorflow-privacy"):
+        assert info["versions"][package] != "not installed", package
+
+    rows = {r["mechanism"]: r for r in document["results"]}
+    assert set(rows) == {"none", "dense"}
+    for row in rows.values():
+        assert RESULT_KEYS <= set(row), RESULT_KEYS - set(row)
+        assert row["vocab"] == 1000 and row["dim"] == 64 and row["batch"] == 1024 and row["zipf"] is None
+        assert row["steps_timed"] == 3, row["notes"]
+        assert 0 < row["p10_step_s"] <= row["median_step_s"] <= row["p90_step_s"]
+        assert row["peak_rss_mb"] > 0
+    assert rows["none"]["ratio_to_none"] == 1.0
+    assert rows["none"]["table_gradient"] == "IndexedSlices"  # the fast path, never densified
+    assert rows["none"]["vocab_sized_ops"] == {}
+    assert rows["dense"]["ratio_to_none"] > 0
+    assert rows["dense"]["none_in_process_steps"] == 3
+    assert rows["dense"]["vocab_sized_ops"], "dense DP-SGD must show its [vocab, dim] noise"
+
+    section = results_md.read_text()
+    assert "## step_time" in section and document["command"] in section
+    assert "| none | 1,000 |" in section and "| dense | 1,000 |" in section
+    assert png.stat().st_size > 1000
