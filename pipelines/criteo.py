@@ -47,7 +47,7 @@ from pipelines import (
     criteo_report,
     criteo_training,
 )
-from tfdp_embed._keras import keras
+from tfdp_embed import DPEmbedding, PrivacyContractError, export_saved_model, keras
 from tfdp_embed.accounting import PrivacyBudget
 from tfdp_embed.data.criteo import (
     CAT_FEATURES,
@@ -55,14 +55,16 @@ from tfdp_embed.data.criteo import (
     resolve_vocab_sizes,
     running_counts,
 )
-from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.export import export_saved_model
-from tfdp_embed.layers.embedding import DPEmbedding
-from tfdp_embed.models.ctr import ARCHITECTURES, CTRModelConfig, build_ctr_model
-from tfdp_embed.models.ctr_serving import CTRServingModule
+from tfdp_embed.models import ARCHITECTURES, CTRModelConfig, CTRServingModule, build_ctr_model
 
 DEFAULT_MECHANISM = "adafest"
 DEFAULT_EPSILON = 3.0
+# SGD step sizes that train the default model on the default data (momentum
+# 0.9, batch 2048): a DP step moves by (sum of clipped gradients + noise) / B,
+# smaller than the non-private mean gradient, and takes a larger learning
+# rate; 1.0 makes the non-private run diverge, 0.3 leaves DP runs undertrained.
+DEFAULT_LEARNING_RATE = {"none": 0.3}
+DEFAULT_DP_LEARNING_RATE = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +87,7 @@ class PipelineConfig:
     hash_size: int | None = None
     hidden_units: tuple = (598, 598, 598, 598)
     embedding_dim: int | None = None
-    learning_rate: float = 1.0
+    learning_rate: float = DEFAULT_DP_LEARNING_RATE
     momentum: float = 0.9
     privacy: criteo_privacy.PrivacySettings | None = None
     synthetic: criteo_data.SyntheticSpec = criteo_data.SyntheticSpec()
@@ -191,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--batch", type=_positive(int), default=PipelineConfig.batch, help="expected batch size B (q = B/N)"
     )
-    train.add_argument("--learning-rate", type=_positive(float), default=PipelineConfig.learning_rate)
+    train.add_argument(
+        "--learning-rate",
+        type=_positive(float),
+        help=f"SGD learning rate (default {DEFAULT_DP_LEARNING_RATE} for DP mechanisms, 0.3 for none)",
+    )
     train.add_argument("--momentum", type=float, default=PipelineConfig.momentum, help="SGD momentum in [0, 1)")
     train.add_argument(
         "--model",
@@ -282,7 +288,9 @@ def parse_args(argv: Sequence[str] | None = None) -> PipelineConfig:
         hash_size=a.hash_size,
         hidden_units=a.hidden_units,
         embedding_dim=a.embedding_dim,
-        learning_rate=a.learning_rate,
+        learning_rate=a.learning_rate
+        if a.learning_rate is not None
+        else DEFAULT_LEARNING_RATE.get(a.mechanism, DEFAULT_DP_LEARNING_RATE),
         momentum=a.momentum,
         privacy=privacy,
         synthetic=synthetic,
@@ -477,8 +485,15 @@ def run(config: PipelineConfig) -> PipelineResult:
         mechanism.detach()
     final = criteo_eval.evaluate(model, criteo_data.eval_dataset(final_eval))
 
+    warnings = []
+    if not math.isfinite(final["logloss"]):
+        warnings.append(
+            "Training diverged: the released model gives non-finite predictions (AUC is meaningless). "
+            f"Lower --learning-rate (now {config.learning_rate:g}) or --momentum (now {config.momentum:g})."
+        )
     report = dict(privacy)
     report.update(
+        warnings=warnings,
         auc=final["auc"],
         logloss=final["logloss"],
         eval_rows=final["examples"],

@@ -29,15 +29,19 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tfdp_embed._keras import tf
+from tfdp_embed import tf
+from tfdp_embed.data import (
+    BatchingInfo,
+    fixed_size_batches,
+    poisson_batches,
+    with_lookahead,
+    write_synthetic_criteo,
+)
 from tfdp_embed.data.criteo import (
     CAT_FEATURES,
     CriteoReadStats,
     criteo_dataset,
 )
-from tfdp_embed.data.criteo_synthetic import write_synthetic_criteo
-from tfdp_embed.data.lookahead import with_lookahead
-from tfdp_embed.data.poisson import BatchingInfo, fixed_size_batches, poisson_batches
 
 _READ_BATCH = 8192
 

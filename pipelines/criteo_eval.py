@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from tfdp_embed._keras import tf
+from tfdp_embed import tf
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -59,7 +59,8 @@ def log_loss(labels: np.ndarray, logits: np.ndarray) -> float:
     logits = np.asarray(logits, dtype=np.float64).reshape(-1)
     if labels.size == 0:
         return float("nan")
-    return float(np.mean(np.logaddexp(0.0, logits) - labels * logits))
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN logits (a diverged model) give NaN
+        return float(np.mean(np.logaddexp(0.0, logits) - labels * logits))
 
 
 def predict_logits(model, dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from tfdp_embed.accounting.calibration import calibrate_noise_multiplier
+from tfdp_embed.accounting import calibrate_noise_multiplier
 from tfdp_embed.mechanisms import MECHANISMS
 from tfdp_embed.mechanisms.adafest import split_noise_multiplier
 from tfdp_embed.mechanisms.fest import remaining_budget_noise_multiplier
@@ -51,14 +51,10 @@ _calibrate_after_selection = functools.lru_cache(maxsize=256)(remaining_budget_n
 
 
 def mechanism_class(name: str):
-    """The `NoiseMechanism` class registered as `name` (LazyDP is imported directly if unregistered)."""
-    if name in MECHANISMS:
-        return MECHANISMS[name]
-    if name == "lazy":
-        from tfdp_embed.mechanisms.lazy import LazyDP
-
-        return LazyDP
-    raise ValueError(f"`mechanism` must be one of {MECHANISM_NAMES}; received {name!r}.")
+    """The `NoiseMechanism` class registered as `name` in `tfdp_embed.mechanisms.MECHANISMS`."""
+    if name not in MECHANISMS or name not in MECHANISM_NAMES:
+        raise ValueError(f"`mechanism` must be one of {MECHANISM_NAMES}; received {name!r}.")
+    return MECHANISMS[name]
 
 
 @dataclasses.dataclass(frozen=True)

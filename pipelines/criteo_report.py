@@ -16,7 +16,7 @@ import json
 import math
 import os
 
-from tfdp_embed.accounting.report import privacy_report, write_privacy_report
+from tfdp_embed.accounting import privacy_report, write_privacy_report
 
 REQUIRED_KEYS = (
     "auc",
@@ -135,6 +135,7 @@ def format_report(report: dict) -> str:
         f"saved model          {report['saved_model']} (privacy_report.json beside it)",
         "caveats:",
     ] + [f"  - {c}" for c in report.get("caveats", [])]
+    lines += [f"WARNING: {w}" for w in report.get("warnings", [])]
     return "\n".join(lines)
 
 

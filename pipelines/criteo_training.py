@@ -13,8 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from tfdp_embed._keras import keras
-from tfdp_embed.training import DPModel
+from tfdp_embed import DPModel, keras
 
 WARMUP_STEPS = 3  # first steps trace the train function; excluded from the median
 

@@ -5,7 +5,7 @@
 Criteo fields.
 """
 
-from tfdp_embed.models.ctr import CTRModelConfig, build_ctr_model, ctr_embedding_dims
+from tfdp_embed.models.ctr import ARCHITECTURES, CTRModelConfig, build_ctr_model, ctr_embedding_dims, table_names
 from tfdp_embed.models.ctr_serving import (
     RAW_FIELDS,
     CTRServingModule,
@@ -14,6 +14,7 @@ from tfdp_embed.models.ctr_serving import (
 )
 
 __all__ = [
+    "ARCHITECTURES",
     "CTRModelConfig",
     "CTRServingModule",
     "RAW_FIELDS",
@@ -21,4 +22,5 @@ __all__ = [
     "check_request",
     "ctr_embedding_dims",
     "serving_input_signature",
+    "table_names",
 ]

@@ -34,15 +34,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.data.criteo_schema import (
+from tfdp_embed import DPEmbedding, keras, tf
+from tfdp_embed.data.criteo import (
     CAT_FEATURES,
     INT_FEATURES,
     INT_MISSING,
     embedding_dim,
     resolve_vocab_sizes,
 )
-from tfdp_embed.layers.embedding import DPEmbedding
 
 ARCHITECTURES = ("mlp", "dcn")
 PAPER_HIDDEN_UNITS = (598, 598, 598, 598)

@@ -35,9 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.data.criteo import parse_raw_fields
-from tfdp_embed.data.criteo_schema import CAT_FEATURES, INT_FEATURES
+from tfdp_embed import keras, tf
+from tfdp_embed.data.criteo import CAT_FEATURES, INT_FEATURES, parse_raw_fields
 from tfdp_embed.models.ctr import CTRModelConfig
 
 RAW_FIELDS = INT_FEATURES + CAT_FEATURES

@@ -1,0 +1,342 @@
+"""Real-data privacy-utility check of the Criteo pipeline on the Kaggle sample (7,200 rows).
+
+    python -m benchmarks.criteo_realdata [--seeds 0,1] [--epsilons 1,3,8]
+
+For each mechanism (none, dense, lazy, eana, adafest, fest), each target
+epsilon (delta = 1/N, N = 7,200) and each seed, it runs the pipeline
+(`pipelines.criteo.run`, in this process) on `../shared/data/criteo/train.tsv`
+and evaluates on `dev.tsv` + `test.tsv` together (800 rows; no hyperparameter
+is tuned on them), then
+
+* appends a section to `benchmarks/RESULTS.md` (date, exact command,
+  machine, settings, table of AUC and gradient-size reduction, and what
+  7,200 rows can and cannot show);
+* writes `benchmarks/criteo_privacy_utility.png` (AUC vs epsilon, one line per
+  mechanism, the non-private AUC as a band) and `benchmarks/criteo_realdata.json`.
+
+Settings chosen for 7,200 rows (and said so in the results): 1,000 hash
+buckets per categorical feature (the Kaggle sample has up to a few thousand
+distinct values per feature; DP-FEST Table 3's vocabularies, 360k rows in
+all, would leave almost every row untouched), embedding widths int(2 * 1000^0.25) = 11 by
+the paper's rule, a 64-32 ReLU tower instead of 4 x 598 (1.3 M dense weights
+for 7,200 examples: non-private training over-fits and DP noise on 1.3 M
+coordinates swamps the signal), batch 512 (q = 0.071), 5 epochs (70 steps),
+SGD learning rate 0.3 with momentum 0.9, clip norm 1, PLD accounting.
+
+References: DP-FEST (Ghazi et al., NeurIPS 2023) §4.2, Fig. 3 (AUC and
+gradient-size reduction vs epsilon); Hanley & McNeil, Radiology 1982 (AUC
+standard error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "criteo")
+MECHANISMS = ("none", "dense", "lazy", "eana", "adafest", "fest")
+EPSILONS = (1.0, 3.0, 8.0)
+SETTINGS = [
+    "--hash-size", "1000", "--hidden-units", "64,32", "--batch", "512", "--epochs", "5",
+    "--learning-rate", "0.3", "--momentum", "0.9", "--clip", "1.0", "--accountant", "pld", "--verbose", "0",
+]  # fmt: skip
+
+
+def auc_standard_error(auc: float, positives: int, negatives: int) -> float:
+    """Hanley & McNeil (1982): SE of an AUC from n1 positives and n2 negatives.
+
+    SE^2 = (A(1-A) + (n1-1)(Q1 - A^2) + (n2-1)(Q2 - A^2)) / (n1 n2),  Q1 = A/(2-A), Q2 = 2A^2/(1+A)
+    """
+    q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
+    var = (auc * (1 - auc) + (positives - 1) * (q1 - auc**2) + (negatives - 1) * (q2 - auc**2)) / (
+        positives * negatives
+    )
+    return math.sqrt(max(var, 0.0))
+
+
+def _machine() -> str:
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as f:
+            mem = int(f.readline().split()[1]) / 2**20
+    except OSError:
+        mem = float("nan")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?", "?", "?")
+    return (
+        f"{model}, nproc {os.cpu_count()}, {mem:.1f} GiB RAM, no GPU used; Python {platform.python_version()}; "
+        f"load average at start {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f} (shared machine)"
+    )
+
+
+def _run_one(criteo, data: str, out: str, mechanism: str, epsilon: float, seed: int) -> dict:
+    argv = [
+        "--train", os.path.join(data, "train.tsv"),
+        "--eval", os.path.join(data, "dev.tsv"), os.path.join(data, "test.tsv"),
+        "--mechanism", mechanism, "--epsilon", str(epsilon), "--seed", str(seed),
+        "--out", os.path.join(out, f"{mechanism}_eps{epsilon:g}_seed{seed}"),
+        *SETTINGS,
+    ]  # fmt: skip
+    started = time.perf_counter()
+    report = criteo.run(criteo.parse_args(argv)).report
+    return {
+        "mechanism": mechanism,
+        "target_epsilon": None if mechanism == "none" else epsilon,
+        "seed": seed,
+        "auc": report["auc"],
+        "logloss": report["logloss"],
+        "epsilon": report["epsilon"],
+        "noise_multiplier": report["noise_multiplier"],
+        "gradient_size_reduction": report["gradient_size_reduction"],
+        "gradient_size_basis": report["gradient_size_basis"],
+        "median_step_s": report["median_step_s"],
+        "steps": report["steps"],
+        "eval_rows": report["eval_rows"],
+        "eval_click_rate": report["eval_click_rate"],
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def summarize(runs: list[dict]) -> dict:
+    """{(mechanism, target epsilon): aggregate over seeds}."""
+    groups: dict = {}
+    for run in runs:
+        groups.setdefault((run["mechanism"], run["target_epsilon"]), []).append(run)
+    out = {}
+    for key, group in groups.items():
+        aucs = [g["auc"] for g in group]
+        n = group[0]["eval_rows"]
+        positives = round(group[0]["eval_click_rate"] * n)
+        auc = _mean(aucs)
+        out[key] = {
+            "auc": auc,
+            "auc_min": min(aucs),
+            "auc_max": max(aucs),
+            "auc_se": auc_standard_error(auc, positives, n - positives),
+            "logloss": _mean([g["logloss"] for g in group]),
+            "gradient_size_reduction": _mean([g["gradient_size_reduction"] for g in group]),
+            "median_step_ms": 1000 * _mean([g["median_step_s"] for g in group]),
+            "noise_multiplier": _mean([g["noise_multiplier"] for g in group]),
+            "seeds": len(group),
+        }
+    return out
+
+
+def _cell(entry: dict | None) -> str:
+    if entry is None:
+        return "not measured"
+    spread = f" [{entry['auc_min']:.3f}–{entry['auc_max']:.3f}]" if entry["seeds"] > 1 else ""
+    return f"{entry['auc']:.3f}{spread}"
+
+
+def markdown(summary: dict, *, command: str, machine: str, epsilons, seeds, minutes: float, png: str) -> str:
+    """The RESULTS.md section."""
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    none = summary.get(("none", None))
+    lines = [
+        f"## criteo_realdata — {date} — Kaggle sample, 7,200 training rows: AUC vs epsilon",
+        "",
+        f"- Command: `{command}` ({minutes:.1f} min wall).",
+        f"- Machine: {machine}.",
+        "- Data: `../shared/data/criteo/train.tsv` (first 7,200 rows of the Kaggle train file) for training; AUC on "
+        f"`dev.tsv` + `test.tsv` together ({none['seeds'] if none else '?'} seed(s), 800 rows; nothing was tuned on "
+        "them).",
+        "- Settings (chosen for 7,200 rows): 1,000 hash buckets per categorical feature (26 tables x 1,001 rows), "
+        "embedding width int(2 x 1000^0.25) = 11 (the paper's rule), ReLU tower 64-32 instead of DP-FEST's 4 x 598 "
+        "(1.3 M dense weights for 7,200 examples), Poisson batches of expected size 512 (q = 0.071), 5 epochs = 70 "
+        "steps, SGD lr 0.3 momentum 0.9, clip norm 1, delta = 1/7,200, PLD accounting; adafest: sigma1/sigma2 = 1, "
+        "tau = 2 sigma1 C1, C1 = 1; fest: top 10% of each table, 10% of epsilon for the selection.",
+        f"- Seeds {', '.join(map(str, seeds))} (sampling, initialisation and noise); a cell is the mean AUC with the "
+        "[min–max] over seeds. Hanley-McNeil standard error of one AUC on these 800 rows: "
+        f"{none['auc_se']:.3f}."
+        if none
+        else "",
+        "",
+        "| mechanism | " + " | ".join(f"AUC, eps = {e:g}" for e in epsilons) + " | gradient-size reduction "
+        "(eps = 3) | median step |",
+        "|---|" + "---:|" * len(epsilons) + "---:|---:|",
+    ]
+    if none:
+        lines.append(
+            f"| none (non-private) | {_cell(none)} (any eps) |" + " |" * (len(epsilons) - 1) + " — | "
+            f"{none['median_step_ms']:.1f} ms |"
+        )
+    for mechanism in MECHANISMS[1:]:
+        row = [_cell(summary.get((mechanism, e))) for e in epsilons]
+        mid = summary.get((mechanism, 3.0)) or next(
+            (summary[(mechanism, e)] for e in epsilons if (mechanism, e) in summary), None
+        )
+        reduction = (
+            "—" if not mid or mid["gradient_size_reduction"] is None else f"{mid['gradient_size_reduction']:.3g}x"
+        )
+        step = "—" if not mid else f"{mid['median_step_ms']:.1f} ms"
+        label = "eana (NOT DP; sigma of dense at this eps)" if mechanism == "eana" else mechanism
+        lines.append(f"| {label} | " + " | ".join(row) + f" | {reduction} | {step} |")
+    lines += [
+        "",
+        "Gradient-size reduction = dense DP-SGD's embedding-gradient size (all 26,026 rows x width) over the "
+        "mechanism's, per step: adafest counts the rows that pass the noisy threshold (touched or by noise), fest "
+        "its selected rows (all noised every step), eana the rows a batch touches; for lazy it is the noise draws per "
+        "step (the rows the next batch reads) — the released, flushed LazyDP model carries dense DP-SGD noise on "
+        "every row. Dense is 1x by definition.",
+        "",
+        f"Plot: `{png}` (AUC vs eps per mechanism, seed range as error bars, non-private AUC as a band).",
+        "",
+        "**What 7,200 rows can and cannot show.** " + _limits(summary, epsilons),
+        "",
+    ]
+    return "\n".join(line for line in lines if line is not None)
+
+
+def _limits(summary: dict, epsilons) -> str:
+    """The plain-words paragraph, with this run's own numbers."""
+    none = summary.get(("none", None))
+    private = [v for (m, e), v in summary.items() if m not in ("none", "eana")]
+    spread = max((v["auc_max"] - v["auc_min"] for v in summary.values()), default=0.0)
+    se = none["auc_se"] if none else float("nan")
+    gap = max((abs(v["auc"] - none["auc"]) for v in private), default=float("nan")) if none else float("nan")
+    eps_range = [summary[k]["auc"] for k in summary if k[0] not in ("none", "eana")]
+    return (
+        "They show that every mechanism runs end to end on real Criteo rows (raw TSV, hashing, Poisson batches, "
+        "noise calibration, budget stop, flush, raw-field SavedModel) and how much smaller the noised embedding "
+        "gradient is on real id frequencies. They cannot rank the mechanisms, and cannot show a privacy-utility "
+        f"curve: one AUC on these 800 evaluation rows has a standard error of about {se:.3f} (Hanley-McNeil), the "
+        f"AUC of one configuration moves by up to {spread:.3f} between seeds, the largest gap between a DP "
+        f"mechanism and the non-private model in this table is {gap:.3f}, and all DP cells lie within "
+        f"{(max(eps_range) - min(eps_range)) if eps_range else float('nan'):.3f} of each other. Differences of that "
+        "size are noise here. With N = 7,200 the sampling rate q = B/N is large and delta = 1/N loose, unlike the "
+        "paper's 45 M-row Criteo Kaggle and 4 B-row Criteo-1TB runs, where DP-FEST reports its AUC numbers and its "
+        "ranking of mechanisms; reproducing those needs millions of rows. Scale and step-time comparisons belong to "
+        "the synthetic generator (`make run`, `tfdp_embed.data.criteo_synthetic`, `benchmarks/step_time.py`)."
+    )
+
+
+def plot(summary: dict, epsilons, path: str) -> None:
+    """AUC vs epsilon, one line per mechanism; the non-private AUC as a horizontal band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    none = summary.get(("none", None))
+    if none:
+        ax.axhspan(none["auc"] - none["auc_se"], none["auc"] + none["auc_se"], color="0.85", label="none ± 1 SE")
+        ax.axhline(none["auc"], color="0.4", lw=1)
+    for offset, mechanism in enumerate(MECHANISMS[1:]):
+        points = [(e, summary[(mechanism, e)]) for e in epsilons if (mechanism, e) in summary]
+        if not points:
+            continue
+        xs = [e * (1 + 0.03 * (offset - 2)) for e, _ in points]
+        ys = [p["auc"] for _, p in points]
+        err = [[p["auc"] - p["auc_min"] for _, p in points], [p["auc_max"] - p["auc"] for _, p in points]]
+        style = "--" if mechanism == "eana" else "-"
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=err,
+            marker="o",
+            ls=style,
+            capsize=3,
+            label=mechanism + (" (not DP)" if mechanism == "eana" else ""),
+        )
+    ax.set_xscale("log")
+    ax.set_xticks(list(epsilons))
+    ax.set_xticklabels([f"{e:g}" for e in epsilons])
+    ax.set_xlabel("target epsilon (delta = 1/7,200)")
+    ax.set_ylabel("AUC on dev+test (800 rows)")
+    ax.set_title("Criteo Kaggle sample, 7,200 training rows")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _floats(text: str) -> tuple:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def _ints(text: str) -> tuple:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.criteo_realdata", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default=DEFAULT_DATA, help="directory with train.tsv, dev.tsv, test.tsv")
+    parser.add_argument("--epsilons", type=_floats, default=EPSILONS)
+    parser.add_argument("--seeds", type=_ints, default=(0, 1))
+    parser.add_argument("--mechanisms", default=",".join(MECHANISMS))
+    parser.add_argument("--out", default=os.path.join(ROOT, "runs", "criteo_realdata"), help="run directories")
+    parser.add_argument("--results-md", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"), help="'' to skip")
+    parser.add_argument("--png", default=os.path.join(ROOT, "benchmarks", "criteo_privacy_utility.png"))
+    parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "criteo_realdata.json"))
+    args = parser.parse_args(argv)
+    missing = [f for f in ("train.tsv", "dev.tsv", "test.tsv") if not os.path.exists(os.path.join(args.data, f))]
+    if missing:
+        parser.error(f"the Criteo sample is not available: {args.data} lacks {missing} (it lives in ../shared/data).")
+    mechanisms = [m for m in args.mechanisms.split(",") if m]
+    unknown = sorted(set(mechanisms) - set(MECHANISMS))
+    if unknown:
+        parser.error(f"--mechanisms: unknown {unknown}; allowed: {', '.join(MECHANISMS)}.")
+
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from pipelines import criteo
+
+    command = "python -m benchmarks.criteo_realdata " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    machine = _machine()
+    started = time.perf_counter()
+    runs = []
+    for seed in args.seeds:
+        for mechanism in mechanisms:
+            for epsilon in [args.epsilons[0]] if mechanism == "none" else args.epsilons:
+                run = _run_one(criteo, args.data, args.out, mechanism, epsilon, seed)
+                runs.append(run)
+                print(
+                    f"[criteo_realdata] seed {seed} {mechanism:8} eps {epsilon:g}: AUC {run['auc']:.4f} "
+                    f"reduction {run['gradient_size_reduction']} ({run['seconds']:.0f} s)",
+                    flush=True,
+                )
+    minutes = (time.perf_counter() - started) / 60
+    summary = summarize(runs)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": command, "machine": machine, "runs": runs}, f, indent=2)
+    if args.png:
+        plot(summary, args.epsilons, args.png)
+    section = markdown(
+        summary,
+        command=command.strip(),
+        machine=machine,
+        epsilons=args.epsilons,
+        seeds=args.seeds,
+        minutes=minutes,
+        png=os.path.relpath(args.png, ROOT) if args.png else "not written",
+    )
+    if args.results_md:
+        with open(args.results_md, "a") as f:
+            f.write("\n" + section)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
