@@ -46,18 +46,24 @@ class DenseDPSGD(NoiseMechanism):
     def update(self, clipped: ClippedGradients) -> list:
         std = self.noise_multiplier * self.l2_norm_clip
         out = self._dense_noised(clipped, self.noise_multiplier)
+        batch = clipped.expected_batch_size
         for table in clipped.tables:
-            var = table.variable
-            grad = tf.convert_to_tensor(table.gradient)  # densify: every row gets noise
+            var, sparse = table.variable, table.gradient
             if std > 0 and self.row_noise == "stateless":
                 rows = tf.range(tf.shape(var)[0])
-                noise = stateless_row_normals(
+                noise = (std / batch) * stateless_row_normals(
                     seed=self.seed, steps=self.steps + 1, rows=rows, shape=var.shape[1:]
                 )
-                grad = grad + std * noise
             elif std > 0:
-                grad = grad + self._noise_like(tf.shape(var), std)
-            out.append((grad / clipped.expected_batch_size, var))
+                noise = self._noise_like(tf.shape(var), std / batch)
+            else:
+                noise = tf.zeros_like(var)
+            # One table-sized tensor (every row gets noise, drawn already divided by B);
+            # the touched rows of the clipped sum are scattered into it.
+            dense = tf.tensor_scatter_nd_add(
+                noise, tf.cast(sparse.indices, tf.int64)[:, None], sparse.values / batch
+            )
+            out.append((dense, var))
         self.steps.assign_add(1)
         return out
 
