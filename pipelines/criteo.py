@@ -333,8 +333,166 @@ def _layer_counts(counts: dict) -> dict:
     return {f"embedding_{name}": counts[name] for name in CAT_FEATURES}
 
 
+@dataclasses.dataclass
+class _Data:
+    """Stage 1's output: the files and their rows in memory."""
+
+    train_files: list
+    eval_files: list
+    synthetic: criteo_data.SyntheticSpec | None
+    vocab: dict
+    periods: list  # one `criteo_data.Period` per streaming period (one without streaming)
+    final_eval: criteo_data.Period
+
+    @property
+    def rows(self) -> int:
+        return sum(p.size for p in self.periods)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """Stage 2's output: how many steps at which rate, and the noise that pays for them."""
+
+    settings: criteo_privacy.PrivacySettings
+    calibration: criteo_privacy.Calibration
+    sampling_probability: float
+    steps: int
+
+
+@dataclasses.dataclass
+class _Training:
+    """Stage 3's output: the model, its tables, the mechanism, the DP wrapper and the budget."""
+
+    model: object
+    tables: list
+    mechanism: object
+    dp_model: object
+    budget: PrivacyBudget | None
+    counts: dict | None
+
+
+def _read(config: PipelineConfig) -> _Data:
+    """Stage 1: default data if needed, then read and validate every file."""
+    train_files, eval_files, synthetic = list(config.train), list(config.eval), None
+    if not train_files:
+        synthetic = config.synthetic
+        _log(
+            config, f"no --train: writing synthetic Criteo data to {config.out}/data ({dataclasses.asdict(synthetic)})"
+        )
+        train_files, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
+    vocab = resolve_vocab_sizes(None, config.hash_size)
+    read = dict(vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows)
+    groups = [[f] for f in train_files] if config.streaming_periods else [train_files]
+    periods = [criteo_data.read_period(files, **read) for files in groups]
+    data = _Data(train_files, eval_files, synthetic, vocab, periods, criteo_data.read_period(eval_files, **read))
+    _log(
+        config, f"read {data.rows} training rows from {len(train_files)} file(s), {data.final_eval.size} for evaluation"
+    )
+    for period in periods:
+        if config.batch > period.size:
+            raise ValueError(
+                f"`--batch` {config.batch} is larger than the {period.size} training rows of "
+                f"{period.files}; allowed: 1..{period.size}."
+            )
+    return data
+
+
+def _calibrate(config: PipelineConfig, data: _Data) -> _Plan:
+    """Stage 2: q = B/N, T steps (all periods compose sequentially, at the largest q), noise for (eps, delta)."""
+    q = max(config.batch / p.size for p in data.periods)
+    if config.fixed_size_batches:
+        per_epoch = [p.size // config.batch for p in data.periods]
+    else:
+        per_epoch = [max(1, round(p.size / config.batch)) for p in data.periods]
+    steps = config.epochs * sum(per_epoch)
+    settings = config.privacy or criteo_privacy.PrivacySettings(
+        mechanism=config.mechanism, epsilon=config.epsilon, delta=None
+    )
+    settings = dataclasses.replace(settings, delta=config.delta if config.delta is not None else 1.0 / data.rows)
+    selections = len(data.periods) if settings.mechanism == "fest" else 1
+    calibration = criteo_privacy.calibrate(settings, sampling_probability=q, steps=steps, num_selections=selections)
+    _log(
+        config,
+        f"mechanism {settings.mechanism}: noise multiplier {calibration.noise_multiplier:.4g} for "
+        f"epsilon {settings.epsilon:g}, delta {settings.delta:.3g}, q {q:.4g}, {steps} steps",
+    )
+    return _Plan(settings, calibration, q, steps)
+
+
+def _build(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, plan: _Plan) -> _Training:
+    """Stage 3: the pCTR model, the mechanism (DP selection from bucket counts if it selects), budget."""
+    if config.seed is not None:
+        keras.utils.set_random_seed(config.seed)
+    model = build_ctr_model(model_config)
+    tables = [layer for layer in model.layers if isinstance(layer, DPEmbedding)]
+    name = plan.settings.mechanism
+    counts = None
+    if name in criteo_privacy.SELECTING_MECHANISMS:
+        counts = running_counts(criteo_data.period_dataset(data.periods[0]), vocab_sizes=data.vocab)
+    mechanism = criteo_privacy.build_mechanism(
+        plan.settings,
+        plan.calibration,
+        counts=None if counts is None else _layer_counts(counts),
+        table_sizes={t.name: int(t.vocabulary_size) for t in tables},
+    )
+    dp_model = criteo_training.make_dp_model(
+        model,
+        mechanism,
+        expected_batch_size=config.batch,
+        learning_rate=config.learning_rate,
+        momentum=config.momentum,
+        lookahead=name == "lazy",
+    )
+    budget = None
+    if name != "none":
+        budget = PrivacyBudget(
+            mechanism,
+            sampling_probability=plan.sampling_probability,
+            target_epsilon=plan.settings.epsilon,
+            target_delta=plan.settings.delta,
+            accountant=plan.settings.accountant,
+        )
+    return _Training(model, tables, mechanism, dp_model, budget, counts)
+
+
+def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, training: _Training) -> dict:
+    """Stage 4: fit period by period (DP-FEST re-selects from running counts; each period evaluated on the next day)."""
+    timer = criteo_training.StepTimer()
+    periods_out, infos, touched = [], [], []
+    dims = dict(zip(CAT_FEATURES, model_config.dims))
+    counts = training.counts
+    for index, period in enumerate(data.periods):
+        if index > 0 and config.mechanism == "fest":
+            counts = running_counts(criteo_data.period_dataset(period), vocab_sizes=data.vocab, counts=counts)
+            selection = training.mechanism.reselect(_layer_counts(counts))
+            training.budget.ledger.record_setup(selection.event)
+        batches, info = criteo_data.train_batches(
+            period,
+            batch_size=config.batch,
+            poisson=not config.fixed_size_batches,
+            lookahead=config.mechanism == "lazy",
+            seed=None if config.seed is None else config.seed * 1009 + index,
+        )
+        infos.append(info)
+        if len(data.periods) > 1:
+            _log(config, f"streaming period {index + 1}/{len(data.periods)}: {period.files[0]} ({period.size} rows)")
+        callbacks = [timer] + ([training.budget] if training.budget is not None else [])
+        with period.stats.python_errors():
+            training.dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
+        touched.append(criteo_data.touched_rows(batches, dims))
+        if len(data.periods) > 1:
+            following = data.periods[index + 1] if index + 1 < len(data.periods) else data.final_eval
+            metrics = criteo_eval.evaluate(training.model, criteo_data.eval_dataset(following))
+            periods_out.append(
+                {"period": index + 1, "train_files": period.files, "eval_files": following.files}
+                | {"train_rows": period.size, **metrics}
+            )
+            _log(config, f"period {index + 1}: AUC {metrics['auc']:.4f} on {following.files}")
+    return {"timer": timer, "infos": infos, "touched": sum(touched) / len(touched), "periods": periods_out}
+
+
 def run(config: PipelineConfig) -> PipelineResult:
-    """Runs the pipeline; the report is also written to `config.out/report.json`.
+    """Runs the pipeline (read -> calibrate -> build -> train -> release); writes `config.out/report.json`.
 
     Raises:
       CriteoFormatError: unreadable input (names file and line).
@@ -343,147 +501,42 @@ def run(config: PipelineConfig) -> PipelineResult:
     """
     started = time.perf_counter()
     os.makedirs(config.out, exist_ok=True)
-    train_files, eval_files, synthetic = list(config.train), list(config.eval), None
-    if not train_files:
-        synthetic = config.synthetic
-        _log(
-            config,
-            f"no --train given: writing synthetic Criteo data to {config.out}/data ({dataclasses.asdict(synthetic)})",
-        )
-        train_files, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
-    vocab = resolve_vocab_sizes(None, config.hash_size)
+    data = _read(config)
     model_config = CTRModelConfig.from_vocab_sizes(
-        vocab,
+        data.vocab,
         hidden_units=config.hidden_units,
         architecture=config.model,
         embedding_dims=None if config.embedding_dim is None else (config.embedding_dim,) * len(CAT_FEATURES),
     )
-
-    # 1. read and validate
-    read = dict(vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows)
-    groups = [[f] for f in train_files] if config.streaming_periods else [train_files]
-    periods = [criteo_data.read_period(files, **read) for files in groups]
-    final_eval = criteo_data.read_period(eval_files, **read)
-    rows = sum(p.size for p in periods)
-    _log(config, f"read {rows} training rows from {len(train_files)} file(s), {final_eval.size} evaluation rows")
-    for period in periods:
-        if config.batch > period.size:
-            raise ValueError(
-                f"`--batch` {config.batch} is larger than the {period.size} training rows of "
-                f"{period.files}; allowed: 1..{period.size}."
-            )
-
-    # 2. calibrate: all periods compose sequentially, at the largest q
-    q = max(config.batch / p.size for p in periods)
-    if config.fixed_size_batches:
-        per_epoch = [p.size // config.batch for p in periods]
-    else:
-        per_epoch = [max(1, round(p.size / config.batch)) for p in periods]
-    total_steps = config.epochs * sum(per_epoch)
-    settings = config.privacy or criteo_privacy.PrivacySettings(
-        mechanism=config.mechanism, epsilon=config.epsilon, delta=None
-    )
-    settings = dataclasses.replace(settings, delta=config.delta if config.delta is not None else 1.0 / rows)
-    fest_selections = len(periods) if settings.mechanism == "fest" else 1
-    calibration = criteo_privacy.calibrate(
-        settings, sampling_probability=q, steps=total_steps, num_selections=fest_selections
-    )
-    _log(
-        config,
-        f"mechanism {settings.mechanism}: noise multiplier {calibration.noise_multiplier:.4g} for "
-        f"epsilon {settings.epsilon:g}, delta {settings.delta:.3g}, q {q:.4g}, {total_steps} steps",
-    )
-
-    # 3. model, mechanism, budget
-    if config.seed is not None:
-        keras.utils.set_random_seed(config.seed)
-    model = build_ctr_model(model_config)
-    tables = [layer for layer in model.layers if isinstance(layer, DPEmbedding)]
-    table_sizes = {t.name: int(t.vocabulary_size) for t in tables}
-    counts = None
-    if settings.mechanism in criteo_privacy.SELECTING_MECHANISMS:
-        counts = running_counts(criteo_data.period_dataset(periods[0]), vocab_sizes=vocab)
-    mechanism = criteo_privacy.build_mechanism(
-        settings, calibration, counts=None if counts is None else _layer_counts(counts), table_sizes=table_sizes
-    )
-    lookahead = settings.mechanism == "lazy"
-    dp_model = criteo_training.make_dp_model(
-        model,
-        mechanism,
-        expected_batch_size=config.batch,
-        learning_rate=config.learning_rate,
-        momentum=config.momentum,
-        lookahead=lookahead,
-    )
-    budget = None
-    if settings.mechanism != "none":
-        budget = PrivacyBudget(
-            mechanism,
-            sampling_probability=q,
-            target_epsilon=settings.epsilon,
-            target_delta=settings.delta,
-            accountant=settings.accountant,
-        )
-
-    # 4. train, period by period
-    timer = criteo_training.StepTimer()
-    periods_out, infos, touched = [], [], []
-    dims = dict(zip(CAT_FEATURES, model_config.dims))
-    for index, period in enumerate(periods):
-        if index > 0 and settings.mechanism == "fest":
-            counts = running_counts(criteo_data.period_dataset(period), vocab_sizes=vocab, counts=counts)
-            selection = mechanism.reselect(_layer_counts(counts))
-            budget.ledger.record_setup(selection.event)
-        batches, info = criteo_data.train_batches(
-            period,
-            batch_size=config.batch,
-            poisson=not config.fixed_size_batches,
-            lookahead=lookahead,
-            seed=None if config.seed is None else config.seed * 1009 + index,
-        )
-        infos.append(info)
-        if len(periods) > 1:
-            _log(config, f"streaming period {index + 1}/{len(periods)}: {period.files[0]} ({period.size} rows)")
-        callbacks = [timer] + ([budget] if budget is not None else [])
-        with period.stats.python_errors():
-            dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
-        touched.append(criteo_data.touched_rows(batches, dims))
-        if len(periods) > 1:
-            following = periods[index + 1] if index + 1 < len(periods) else final_eval
-            metrics = criteo_eval.evaluate(model, criteo_data.eval_dataset(following))
-            periods_out.append(
-                {
-                    "period": index + 1,
-                    "train_files": period.files,
-                    "eval_files": following.files,
-                    "train_rows": period.size,
-                    **metrics,
-                }
-            )
-            _log(config, f"period {index + 1}: AUC {metrics['auc']:.4f} on {following.files}")
+    plan = _calibrate(config, data)
+    training = _build(config, data, model_config, plan)
+    trained = _train(config, data, model_config, training)
     train_seconds = time.perf_counter() - started
-    steps = int(mechanism.steps.numpy()) if settings.mechanism != "none" else len(timer.durations)
 
-    # 5. privacy report, export (flushes first), evaluation of the released model
+    # Stage 5, release: privacy report, export (flushes owed noise first), evaluate the released model.
+    mechanism, model = training.mechanism, training.model
+    steps = int(mechanism.steps.numpy()) if config.mechanism != "none" else len(trained["timer"].durations)
+    infos = trained["infos"]
     privacy = criteo_report.run_privacy_report(
         mechanism=mechanism,
-        settings=settings,
-        calibration=calibration,
-        ledger=None if budget is None else budget.ledger,
-        sampling_probability=q,
-        dataset_size=rows,
+        settings=plan.settings,
+        calibration=plan.calibration,
+        ledger=None if training.budget is None else training.budget.ledger,
+        sampling_probability=plan.sampling_probability,
+        dataset_size=data.rows,
         batching=infos[0] if len(infos) == 1 else infos[0].batching,
         steps=steps,
-        streaming_periods=len(periods),
+        streaming_periods=len(data.periods),
     )
     serving = CTRServingModule(model, model_config)
     saved_model = os.path.join(config.out, "saved_model")
     export_saved_model(
-        dp_model, saved_model, serving_module=serving, signatures={"serving_default": serving.serve}, report=privacy
-    )
+        training.dp_model, saved_model, serving_module=serving, signatures={"serving_default": serving.serve},
+        report=privacy,
+    )  # fmt: skip
     if hasattr(mechanism, "detach"):  # LazyDP: flushed and done; evaluate without read hooks
         mechanism.detach()
-    final = criteo_eval.evaluate(model, criteo_data.eval_dataset(final_eval))
+    final = criteo_eval.evaluate(model, criteo_data.eval_dataset(data.final_eval))
 
     warnings = []
     if not math.isfinite(final["logloss"]):
@@ -498,13 +551,13 @@ def run(config: PipelineConfig) -> PipelineResult:
         logloss=final["logloss"],
         eval_rows=final["examples"],
         eval_click_rate=final["click_rate"],
-        rows_read=rows,
-        eval_rows_read=final_eval.size,
-        rows_skipped=_skipped(*periods, final_eval),
-        median_step_s=timer.median(),
+        rows_read=data.rows,
+        eval_rows_read=data.final_eval.size,
+        rows_skipped=_skipped(*data.periods, data.final_eval),
+        median_step_s=trained["timer"].median(),
         train_seconds=train_seconds,
         total_seconds=time.perf_counter() - started,
-        periods=periods_out,
+        periods=trained["periods"],
         model=model_config.get_config(),
         training={
             "epochs": config.epochs,
@@ -515,13 +568,13 @@ def run(config: PipelineConfig) -> PipelineResult:
             "seed": config.seed,
         },
         data={
-            "train_files": train_files,
-            "eval_files": eval_files,
-            "synthetic": None if synthetic is None else dataclasses.asdict(synthetic),
+            "train_files": data.train_files,
+            "eval_files": data.eval_files,
+            "synthetic": None if data.synthetic is None else dataclasses.asdict(data.synthetic),
             "vocabulary": f"hash size {config.hash_size}" if config.hash_size else "DP-FEST Table 3",
         },
         saved_model=saved_model,
-        **criteo_training.gradient_size(mechanism, tables, touched=float(sum(touched) / len(touched))),
+        **criteo_training.gradient_size(mechanism, training.tables, touched=trained["touched"]),
     )
     criteo_report.write_report(os.path.join(config.out, "report.json"), report)
     return PipelineResult(report=report, model=model, model_config=model_config, serving=serving)
