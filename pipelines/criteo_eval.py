@@ -12,6 +12,7 @@ References: DP-FEST §4.1 (AUC is the reported metric).
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -63,13 +64,21 @@ def log_loss(labels: np.ndarray, logits: np.ndarray) -> float:
         return float(np.mean(np.logaddexp(0.0, logits) - labels * logits))
 
 
+_FORWARD = weakref.WeakKeyDictionary()  # model -> its traced forward pass (one trace per model)
+
+
+def _forward(model):
+    if model not in _FORWARD:
+        signature = tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), model.input)
+        _FORWARD[model] = tf.function(
+            lambda features: tf.reshape(model(features, training=False), [-1]), input_signature=[signature]
+        )
+    return _FORWARD[model]
+
+
 def predict_logits(model, dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """(labels, logits) over a batched `(features, labels)` dataset, with one traced call."""
-
-    @tf.function(reduce_retracing=True)
-    def forward(features):
-        return tf.reshape(model(features, training=False), [-1])
-
+    """(labels, logits) over a batched `(features, labels)` dataset; the forward pass is traced once per model."""
+    forward = _forward(model)
     labels, logits = [], []
     for features, y in dataset:
         logits.append(forward(features).numpy())
