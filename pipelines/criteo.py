@@ -156,12 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluation rows of the default synthetic data",
     )
     priv = p.add_argument_group("privacy")
-    priv.add_argument("--mechanism", choices=criteo_privacy.MECHANISM_NAMES, default=DEFAULT_MECHANISM)
+    priv.add_argument(
+        "--mechanism",
+        choices=criteo_privacy.MECHANISM_NAMES,
+        default=DEFAULT_MECHANISM,
+        help="noise mechanism (default %(default)s; eana is NOT DP, none is non-private)",
+    )
     priv.add_argument(
         "--epsilon", type=_positive(float), default=DEFAULT_EPSILON, help=f"target epsilon (default {DEFAULT_EPSILON})"
     )
     priv.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1/N, N = training rows)")
-    priv.add_argument("--clip", type=_positive(float), default=1.0, help="per-example L2 clip norm C")
+    priv.add_argument(
+        "--clip", type=_positive(float), default=1.0, help="per-example L2 clip norm C (default %(default)s)"
+    )
     priv.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
     priv.add_argument(
         "--fixed-size-batches",
@@ -189,16 +196,26 @@ def build_parser() -> argparse.ArgumentParser:
     priv.add_argument("--adafest-threshold", type=float, help="adafest/adafest+: tau (default 2 x sigma1 x C1)")
     priv.add_argument("--contribution-clip", type=_positive(float), default=1.0, help="adafest/adafest+: C1")
     train = p.add_argument_group("training")
-    train.add_argument("--epochs", type=_positive(int), default=PipelineConfig.epochs)
     train.add_argument(
-        "--batch", type=_positive(int), default=PipelineConfig.batch, help="expected batch size B (q = B/N)"
+        "--epochs",
+        type=_positive(int),
+        default=PipelineConfig.epochs,
+        help="passes over each period (default %(default)s)",
+    )
+    train.add_argument(
+        "--batch",
+        type=_positive(int),
+        default=PipelineConfig.batch,
+        help="expected batch size B, q = B/N (default %(default)s)",
     )
     train.add_argument(
         "--learning-rate",
         type=_positive(float),
         help=f"SGD learning rate (default {DEFAULT_DP_LEARNING_RATE} for DP mechanisms, 0.3 for none)",
     )
-    train.add_argument("--momentum", type=float, default=PipelineConfig.momentum, help="SGD momentum in [0, 1)")
+    train.add_argument(
+        "--momentum", type=float, default=PipelineConfig.momentum, help="SGD momentum in [0, 1) (default %(default)s)"
+    )
     train.add_argument(
         "--model",
         choices=ARCHITECTURES,
