@@ -35,7 +35,7 @@ import warnings
 
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
-from tfdp_embed.clipping.taps import layers_owning_weights, own_trainable_variables, record_taps
+from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
@@ -175,15 +175,6 @@ class DPModel(keras.Model):
         self._tables = [
             layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)
         ]
-        covered = set()
-        for layer in self._tapped_layers:
-            covered.update(v.ref() for v in own_trainable_variables(layer, self._tapped_layers))
-        for variable in self.inner.trainable_variables:
-            if variable.ref() not in covered:  # pragma: no cover - layers_owning_weights covers all
-                raise PrivacyContractError(
-                    f"Trainable variable {variable.name!r} is not owned by any layer, so no "
-                    "mechanism would noise it."
-                )
         table_vars = {layer.embeddings.ref() for layer in self._tables}
         dense = [v for v in self.inner.trainable_variables if v.ref() not in table_vars]
         self.mechanism.init(tables=self._tables, dense_variables=dense, optimizer=self.optimizer)

@@ -57,7 +57,7 @@ def vectorized_layer_gradients(
     References: Agarwal et al. 2019 (pfor per-example gradients); Bu et al. 2022 book-keeping.
     """
     _warn_once(layer)
-    variables = own_trainable_variables(layer, ())
+    variables = own_trainable_variables(layer)
     batch_size = tf.shape(output_grads[0])[0]
     if not variables:
         return LayerGradients([], tf.zeros([batch_size], tf.float32), lambda c: [])

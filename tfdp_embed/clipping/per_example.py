@@ -14,7 +14,7 @@ import dataclasses
 from typing import Sequence
 
 from tfdp_embed._keras import tf
-from tfdp_embed.clipping.registry import LayerGradients, LayerRegistry
+from tfdp_embed.clipping.registry import LayerRegistry
 from tfdp_embed.clipping.taps import LayerTaps
 
 

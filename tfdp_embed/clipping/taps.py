@@ -39,7 +39,7 @@ class LayerTaps:
     calls: list = dataclasses.field(default_factory=list)
 
 
-def own_trainable_variables(layer, all_layers) -> list:
+def own_trainable_variables(layer) -> list:
     """Trainable variables of `layer` that none of its sub-layers owns."""
     sub = set()
     for other in getattr(layer, "submodules", ()):
@@ -56,7 +56,7 @@ def layers_owning_weights(model) -> list:
         if id(layer) in seen:
             continue
         seen.add(id(layer))
-        if own_trainable_variables(layer, candidates):
+        if own_trainable_variables(layer):
             out.append(layer)
     return out
 
