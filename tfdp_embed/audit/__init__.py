@@ -1,0 +1,56 @@
+"""Empirical privacy audits: the secret sharer test (Carlini et al. 2019) as EANA §4.1 runs it.
+
+Modules:
+  canaries: random (context, label) canaries with insertion counts, their
+    repeated training examples, and non-inserted candidates.
+  exposure: rank exposure log2(n) - log2(m), the fitted-distribution
+    (extrapolated) exposure.
+  secret_sharer: scores canaries and candidates with any scoring callable and
+    summarises exposure per insertion count (JSON-able).
+
+Numpy and scipy only: the model is a callable returning log-probabilities.
+"""
+
+from tfdp_embed.audit.canaries import (
+    DEFAULT_INSERTION_COUNTS,
+    EANA_CANARIES_PER_COUNT,
+    EANA_NUM_CANDIDATES,
+    CanarySet,
+    RandomSequences,
+    generate_canaries,
+    sample_candidates,
+)
+from tfdp_embed.audit.exposure import (
+    ScoreDistribution,
+    canary_ranks,
+    extrapolated_exposure,
+    fit_score_distribution,
+    rank_exposure,
+)
+from tfdp_embed.audit.secret_sharer import (
+    CHANCE_EXPOSURE_BITS,
+    SecretSharerAudit,
+    score_sequences,
+    secret_sharer_audit,
+    summarize_exposure,
+)
+
+__all__ = [
+    "CHANCE_EXPOSURE_BITS",
+    "DEFAULT_INSERTION_COUNTS",
+    "EANA_CANARIES_PER_COUNT",
+    "EANA_NUM_CANDIDATES",
+    "CanarySet",
+    "RandomSequences",
+    "ScoreDistribution",
+    "SecretSharerAudit",
+    "canary_ranks",
+    "extrapolated_exposure",
+    "fit_score_distribution",
+    "generate_canaries",
+    "rank_exposure",
+    "sample_candidates",
+    "score_sequences",
+    "secret_sharer_audit",
+    "summarize_exposure",
+]
