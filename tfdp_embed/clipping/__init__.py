@@ -3,7 +3,8 @@
 `record_taps` records each layer's inputs and outputs, `clipped_step` turns
 one backward pass into exact per-example norms and clip factors, and a
 `LayerRegistry` maps layer classes to the functions that do it per layer
-family (ghost norms for Dense and DPEmbedding, direct for LayerNorm);
+family (ghost norms for Dense and DPEmbedding, Phantom Clipping for a
+`SharedEmbedding` used as input and output embedding, direct for LayerNorm);
 `vectorized_layer_gradients` is the slow exact fallback for anything else.
 
 Example:
@@ -22,15 +23,21 @@ from tfdp_embed.clipping.embedding import embedding_layer_gradients
 from tfdp_embed.clipping.fallback import vectorized_layer_gradients
 from tfdp_embed.clipping.layer_norm import layer_norm_layer_gradients
 from tfdp_embed.clipping.per_example import clipped_step
+from tfdp_embed.clipping.phantom import phantom_layer_gradients
 from tfdp_embed.clipping.registry import LayerGradients, LayerRegistry
 from tfdp_embed.clipping.taps import record_taps
 from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.layers.shared_embedding import SharedEmbedding
 
 
 def default_registry() -> LayerRegistry:
-    """A new registry with the built-in rules: DPEmbedding, Dense, LayerNormalization."""
+    """A new registry with the built-in rules: SharedEmbedding, DPEmbedding, Dense, LayerNormalization.
+
+    SharedEmbedding comes before its base class DPEmbedding so that it wins the lookup.
+    """
     return LayerRegistry(
         [
+            (SharedEmbedding, phantom_layer_gradients),
             (DPEmbedding, embedding_layer_gradients),
             (keras.layers.Dense, dense_layer_gradients),
             (keras.layers.LayerNormalization, layer_norm_layer_gradients),
@@ -46,6 +53,7 @@ __all__ = [
     "dense_layer_gradients",
     "embedding_layer_gradients",
     "layer_norm_layer_gradients",
+    "phantom_layer_gradients",
     "record_taps",
     "vectorized_layer_gradients",
 ]
