@@ -1,0 +1,32 @@
+"""Attention for DP Transformers: weight-free causal attention and Re-Attention (DPFormer §4).
+
+Modules: `causal_attention` (the layer), `re_attention` (effective errors,
+variance propagation, the score correction), `item_frequencies` (public or
+privately released item frequencies p_i, with the release's DP event).
+"""
+
+from tfdp_embed.attention.causal_attention import CausalSelfAttention
+from tfdp_embed.attention.item_frequencies import ItemFrequencies, private_item_frequencies, public_item_frequencies
+from tfdp_embed.attention.re_attention import (
+    attention_output_variance,
+    dense_output_variance,
+    effective_errors,
+    layer_norm_output_variance,
+    product_variance,
+    re_attention_correction,
+    relu_moments,
+)
+
+__all__ = [
+    "CausalSelfAttention",
+    "ItemFrequencies",
+    "attention_output_variance",
+    "dense_output_variance",
+    "effective_errors",
+    "layer_norm_output_variance",
+    "private_item_frequencies",
+    "product_variance",
+    "public_item_frequencies",
+    "re_attention_correction",
+    "relu_moments",
+]
