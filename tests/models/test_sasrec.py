@@ -1,0 +1,102 @@
+"""SASRec / DPFormer model: exact per-example clipping (no fallback), loss, Re-Attention, serving."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from tfdp_embed import DPModel, keras, tf
+from tfdp_embed.clipping import clipped_step, default_registry, vectorized_layer_gradients
+from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.mechanisms import MECHANISMS
+from tfdp_embed.models.sasrec import SASRec, SASRecConfig, SASRecServing
+
+V, L, D = 12, 5, 8
+IDS = np.array([[0, 0, 3, 5, 3], [1, 2, 3, 4, 5], [0, 0, 0, 0, 7], [0, 0, 0, 0, 0], [9, 9, 9, 9, 9]], np.int32)
+TARGETS = np.array([[0, 0, 5, 3, 6], [2, 3, 4, 5, 6], [0, 0, 0, 0, 8], [0, 0, 0, 0, 0], [9, 9, 9, 9, 1]], np.int32)
+
+
+def _model(re_attention=False, dropout=0.0, seed=0):
+    keras.utils.set_random_seed(seed)
+    model = SASRec(SASRecConfig(num_items=V, max_len=L, dim=D, blocks=2, dropout=dropout, re_attention=re_attention))
+    model(IDS)
+    if re_attention:
+        errors = np.linspace(0.0, 0.5, V + 1).astype(np.float32)
+        model.set_effective_errors(errors, 0.05)
+    return model
+
+
+@pytest.mark.parametrize("re_attention", [False, True])
+def test_per_example_norms_are_exact_and_no_layer_falls_back(re_attention):
+    model = _model(re_attention)
+    layers = layers_owning_weights(model)
+    covered = default_registry()
+    assert all(covered.lookup(layer) is not None for layer in layers), [
+        layer.name for layer in layers if covered.lookup(layer) is None
+    ]
+    with tf.GradientTape(persistent=True) as tape:
+        with record_taps(layers) as taps:
+            loss = model.compute_loss((IDS, TARGETS), training=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the vectorized fallback warns
+        step = clipped_step(
+            taps, loss, tape, registry=default_registry(), fallback=vectorized_layer_gradients, l2_norm_clip=1.0
+        )
+    jac = tape.jacobian(loss, model.trainable_variables, experimental_use_pfor=False)
+    brute = sum(np.sum(np.square(np.reshape(tf.convert_to_tensor(j), [len(IDS), -1])), axis=1) for j in jac)
+    norms = step.norms.numpy() ** 2
+    np.testing.assert_allclose(norms, brute, rtol=2e-4, atol=1e-9)
+    assert norms[3] == 0.0  # the user with no target has no gradient
+
+
+def test_loss_is_one_mean_cross_entropy_per_user():
+    model = _model()
+    loss = model.compute_loss((IDS, TARGETS)).numpy()
+    logits = model.logits(model(IDS)).numpy()
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    user0 = -np.mean([log_softmax[0, t, TARGETS[0, t]] for t in (2, 3, 4)])
+    assert loss.shape == (5,) and loss[0] == pytest.approx(user0, rel=1e-5)
+    assert logits.shape == (5, L, V + 1) and loss[3] == 0.0
+
+
+def test_re_attention_with_zero_errors_equals_vanilla():
+    vanilla, corrected = _model(False), _model(True)
+    corrected.set_effective_errors(np.zeros(V + 1), 0.0)
+    np.testing.assert_allclose(corrected(IDS).numpy(), vanilla(IDS).numpy(), rtol=1e-6, atol=1e-7)
+    corrected.set_effective_errors(np.full(V + 1, 3.0), 0.1)
+    assert not np.allclose(corrected(IDS).numpy(), vanilla(IDS).numpy(), atol=1e-4)
+
+
+def test_dp_fit_zero_noise_huge_clip_equals_non_private():
+    """DenseDPSGD with sigma = 0 and a huge clip takes the non-private step."""
+    ds = tf.data.Dataset.from_tensor_slices((IDS, TARGETS)).batch(5)
+    weights = []
+    for name, kwargs in (("dense", dict(l2_norm_clip=1e6, noise_multiplier=0.0, seed=0)), ("none", dict(seed=0))):
+        model = _model()
+        dp = DPModel(model, mechanism=MECHANISMS[name](**kwargs), expected_batch_size=5)
+        dp.compile(optimizer=keras.optimizers.legacy.SGD(0.5))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            dp.fit(ds, epochs=1, verbose=0)
+        weights.append([v.numpy() for v in model.trainable_variables])
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_serving_top_k_and_bad_input(tmp_path):
+    model = _model()
+    serving = SASRecServing(model, k=3)
+    out = serving.serve(tf.constant(IDS[:2]))
+    assert out["items"].shape == (2, 3) and np.all(out["items"].numpy() >= 1)  # padding id never returned
+    expected = np.argsort(-model.scores(IDS[:2]).numpy()[:, 1:], axis=1)[:, :3] + 1
+    np.testing.assert_array_equal(out["items"].numpy(), expected)
+    with pytest.raises(ValueError, match=r"shape \[batch, 5\]"):
+        model(np.zeros((2, 4), np.int32))
+    with pytest.raises(ValueError, match="`k` must be"):
+        SASRecServing(model, k=0)
+    with pytest.raises(ValueError, match="`dropout`"):
+        SASRecConfig(num_items=3, dropout=1.0)
+    with pytest.raises(ValueError, match="`item_errors`"):
+        model.set_effective_errors(np.zeros(3), 0.0)

@@ -1,0 +1,262 @@
+"""SASRec-style next-item Transformer with a shared item embedding, and DPFormer (Re-Attention).
+
+    x_0 = E[s_t] + P[t]  (masked at padding)                  shared E: SharedEmbedding, P: DPEmbedding
+    per block:  h = LN(x);  x += W_o Attn(W_q h, W_k h, W_v h);  x += W_2 ReLU(W_1 LN(x))
+    hidden = LN(x);  logits_t = hidden_t E^T over ALL items   (the same E: tied input/output)
+    loss_u = mean over u's non-padded positions t of CE(logits_t, s_{t+1})   (ONE value per user)
+
+Every trainable weight lives in a layer the clipping registry covers exactly
+(SharedEmbedding, DPEmbedding, Dense, LayerNormalization); attention has no
+weights of its own (`CausalSelfAttention`), so DPModel never falls back to
+`tf.vectorized_map`. Pre-LN blocks, one head, model dim 64, 2 blocks and a
+learned positional embedding follow DPFormer App. A.9.2.
+
+With `re_attention=True` (DPFormer), the model tracks each token's
+activation variance from the effective errors (`set_effective_errors`)
+through every layer (`tfdp_embed.attention.re_attention`) and subtracts
+C_i sigma_j^2 / 2 from the attention logits. The tracking is wrapped in
+`tf.stop_gradient`: a constant of the backward pass, so per-example
+clipping stays exact.
+
+Example:
+    >>> model = SASRec(SASRecConfig(num_items=23715, max_len=50, re_attention=True))
+    >>> model.set_effective_errors(item_errors, weight_error)
+    >>> per_user_loss = model.compute_loss((inputs, targets), training=True)   # [B]
+
+References: Kang & McAuley 2018 (SASRec); DPFormer App. A.9.2 (model), §4 and
+Alg. 1 (Re-Attention), §3 (shared embedding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tfdp_embed._keras import keras, tf
+from tfdp_embed.attention import re_attention as ra
+from tfdp_embed.attention.causal_attention import CausalSelfAttention
+from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.layers.shared_embedding import SharedEmbedding
+
+
+@dataclasses.dataclass(frozen=True)
+class SASRecConfig:
+    """Static model settings.
+
+    Attributes:
+      num_items: V; item ids are 1..V, 0 pads (the table has V + 1 rows).
+      max_len: L, the input length.
+      dim: model dimension d (64 in DPFormer).
+      blocks: Transformer blocks (2).
+      dropout: dropout rate on embeddings, attention weights and block outputs.
+      re_attention: DPFormer's Re-Attention correction on.
+      layer_norm_epsilon: LayerNormalization epsilon.
+    """
+
+    num_items: int
+    max_len: int = 50
+    dim: int = 64
+    blocks: int = 2
+    dropout: float = 0.5
+    re_attention: bool = False
+    layer_norm_epsilon: float = 1e-6
+
+    def __post_init__(self):
+        for name in ("num_items", "max_len", "dim", "blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be an int >= 1; received {value!r}.")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"`dropout` must lie in [0, 1); received {self.dropout!r}.")
+
+    def get_config(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_config(cls, config: dict) -> "SASRecConfig":
+        return cls(**config)
+
+
+class _Block:
+    """The layers of one pre-LN block (held by the model so Keras tracks them)."""
+
+    def __init__(self, model: keras.Model, index: int, config: SASRecConfig):
+        d, eps = config.dim, config.layer_norm_epsilon
+        self.attn_norm = keras.layers.LayerNormalization(epsilon=eps, name=f"block{index}_attn_norm")
+        self.query = keras.layers.Dense(d, name=f"block{index}_query")
+        self.key = keras.layers.Dense(d, name=f"block{index}_key")
+        self.value = keras.layers.Dense(d, name=f"block{index}_value")
+        self.output = keras.layers.Dense(d, name=f"block{index}_attn_output")
+        self.attention = CausalSelfAttention(dropout=config.dropout, name=f"block{index}_attention")
+        self.ffn_norm = keras.layers.LayerNormalization(epsilon=eps, name=f"block{index}_ffn_norm")
+        self.ffn_in = keras.layers.Dense(d, activation="relu", name=f"block{index}_ffn_in")
+        self.ffn_out = keras.layers.Dense(d, name=f"block{index}_ffn_out")
+        self.dropout = keras.layers.Dropout(config.dropout)
+        for name, layer in vars(self).items():
+            setattr(model, f"_block{index}_{name}", layer)
+
+
+class SASRec(keras.Model):
+    """Next-item Transformer over left-padded item sequences `[B, L]` (0 = padding).
+
+    `call(ids)` returns the hidden states `[B, L, d]`; `logits(hidden)` scores
+    them against all V + 1 rows of the shared table (column 0 is padding and
+    never a target); `compute_loss((ids, targets))` is the per-user loss
+    DPModel clips; `scores(histories)` gives `[B, V + 1]` for the next item.
+
+    Args:
+      config: `SASRecConfig`.
+
+    Raises:
+      ValueError: ids not of shape `[B, max_len]`.
+    """
+
+    def __init__(self, config: SASRecConfig, **kwargs):
+        super().__init__(name=kwargs.pop("name", "dpformer" if config.re_attention else "sasrec"), **kwargs)
+        self.config = config
+        self.items = SharedEmbedding(
+            config.num_items + 1,
+            config.dim,
+            padding_id=0,
+            embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            name="items",
+        )
+        self.positions = DPEmbedding(
+            config.max_len, config.dim, embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            name="positions",
+        )  # fmt: skip
+        self.embedding_dropout = keras.layers.Dropout(config.dropout)
+        self.blocks = [_Block(self, i, config) for i in range(config.blocks)]
+        self.final_norm = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="final_norm")
+        # Re-Attention's effective errors: data, not trainable (DPFormer Claims 4.3-4.4).
+        self.item_errors = tf.Variable(
+            tf.zeros([config.num_items + 1]), trainable=False, name="item_effective_errors"
+        )
+        self.weight_error = tf.Variable(0.0, trainable=False, name="weight_effective_error")
+
+    # -- Re-Attention setup -----------------------------------------------------------
+    def set_effective_errors(self, item_errors, weight_error: float) -> None:
+        """Sets sigma_eff per item `[V + 1]` and for every other weight (`effective_errors`)."""
+        item_errors = np.asarray(item_errors, np.float32)
+        if item_errors.shape != (self.config.num_items + 1,) or np.any(~np.isfinite(item_errors)) or item_errors.min() < 0:
+            raise ValueError(
+                f"`item_errors` must be finite, >= 0 and of shape ({self.config.num_items + 1},); "
+                f"received shape {item_errors.shape}."
+            )
+        if not weight_error >= 0:
+            raise ValueError(f"`weight_error` must be >= 0; received {weight_error!r}.")
+        self.item_errors.assign(item_errors)
+        self.weight_error.assign(float(weight_error))
+
+    # -- forward ---------------------------------------------------------------------
+    def _check_ids(self, ids):
+        ids = tf.convert_to_tensor(ids)
+        if ids.shape.rank != 2 or (ids.shape[1] is not None and ids.shape[1] != self.config.max_len):
+            raise ValueError(
+                f"SASRec takes left-padded item ids of shape [batch, {self.config.max_len}]; received shape "
+                f"{ids.shape}."
+            )
+        return ids
+
+    def call(self, ids, training=None):
+        ids = self._check_ids(ids)
+        mask = tf.cast(ids > 0, tf.float32)
+        positions = tf.broadcast_to(tf.range(self.config.max_len)[None], tf.shape(ids))
+        x = (self.items(ids) + self.positions(positions)) * mask[..., None]
+        var = None
+        if self.config.re_attention:
+            var = (tf.square(tf.gather(self.item_errors, ids)) + tf.square(self.weight_error)) * mask
+        x = self.embedding_dropout(x, training=training)
+        for block in self.blocks:
+            x, var = self._block(block, x, var, mask, training)
+        return self.final_norm(x) * mask[..., None]
+
+    def _block(self, block: _Block, x, var, mask, training):
+        h = block.attn_norm(x)
+        q, k, v = block.query(h), block.key(h), block.value(h)
+        correction = None
+        if var is not None:
+            s_w = tf.square(self.weight_error)
+            h_var = ra.layer_norm_output_variance(x, var, block.attn_norm.gamma, block.attn_norm.epsilon)
+            key_var = ra.dense_output_variance(h, h_var, block.key.kernel, s_w)
+            correction = tf.stop_gradient(ra.re_attention_correction(q, key_var))
+        out, weights = block.attention(q, k, v, key_mask=mask, correction=correction, training=training, return_weights=True)
+        x = x + block.dropout(block.output(out), training=training)
+        x = x * mask[..., None]
+        if var is not None:
+            value_var = ra.dense_output_variance(h, h_var, block.value.kernel, s_w)
+            out_var = ra.attention_output_variance(weights, value_var)
+            var = var + ra.dense_output_variance(out, out_var, block.output.kernel, s_w)
+        h2 = block.ffn_norm(x)
+        f = block.ffn_in(h2)
+        x = x + block.dropout(block.ffn_out(block.dropout(f, training=training)), training=training)
+        x = x * mask[..., None]
+        if var is not None:
+            h2_var = ra.layer_norm_output_variance(x, var, block.ffn_norm.gamma, block.ffn_norm.epsilon)
+            pre = tf.tensordot(h2, block.ffn_in.kernel, 1) + block.ffn_in.bias
+            pre_var = ra.dense_output_variance(h2, h2_var, block.ffn_in.kernel, s_w)
+            _, relu_var = ra.relu_moments(pre, pre_var[..., None])
+            f_var = tf.reduce_mean(relu_var, axis=-1)
+            var = tf.stop_gradient((var + ra.dense_output_variance(f, f_var, block.ffn_out.kernel, s_w)) * mask)
+        return x, var
+
+    def logits(self, hidden):
+        """`hidden [..., d] @ E^T` -> `[..., V + 1]` over every item (shared table)."""
+        return self.items(hidden, mode="logits")
+
+    def compute_loss(self, data, training=None):
+        """Per-user loss `[B]`: mean cross-entropy over all items at the user's non-padded positions.
+
+        Args:
+          data: `(ids [B, L], targets [B, L])`, targets 0 where there is no next item.
+          training: dropout on.
+
+        Returns:
+          float32 `[B]`; a user without targets contributes 0.
+        """
+        ids, targets = data
+        targets = tf.cast(targets, tf.int32)
+        logits = self.logits(self(ids, training=training))
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+        weight = tf.cast(targets > 0, ce.dtype)
+        return tf.reduce_sum(ce * weight, axis=1) / tf.maximum(tf.reduce_sum(weight, axis=1), 1.0)
+
+    def scores(self, histories, training=False):
+        """`[B, V + 1]` next-item scores after each history (the last position's hidden state)."""
+        hidden = self(histories, training=training)
+        return self.logits(hidden[:, -1])
+
+    def get_config(self):
+        return {"config": self.config.get_config()}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(SASRecConfig.from_config(config["config"]))
+
+
+class SASRecServing(tf.Module):
+    """Serving module: history `[B, L]` int32 -> the top-k next items (padding id never returned).
+
+    `serve(history)` returns `{"items": [B, k] int32, "scores": [B, k] float32}`.
+    It only references the trained model's variables (for `export_saved_model`).
+    """
+
+    def __init__(self, model: SASRec, *, k: int = 10):
+        super().__init__(name="sasrec_serving")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= model.config.num_items:
+            raise ValueError(f"`k` must be an int in [1, {model.config.num_items}]; received {k!r}.")
+        self.model = model
+        self.k = k
+        self.serve = tf.function(
+            self._serve, input_signature=[tf.TensorSpec([None, model.config.max_len], tf.int32, name="history")]
+        )
+
+    def _serve(self, history):
+        scores = self.model.scores(history, training=False)
+        scores = tf.concat([tf.fill([tf.shape(scores)[0], 1], tf.constant(-np.inf, scores.dtype)), scores[:, 1:]], 1)
+        top = tf.math.top_k(scores, k=self.k)
+        return {"items": tf.cast(top.indices, tf.int32), "scores": top.values}
+
+
+__all__ = ["SASRec", "SASRecConfig", "SASRecServing"]
