@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import warnings
 
+from tfdp_embed import distribute
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
@@ -112,6 +113,8 @@ class DPModel(keras.Model):
         if expected_batch_size is not None and not float(expected_batch_size) > 0:
             raise ValueError(f"`expected_batch_size` must be > 0; received {expected_batch_size!r}.")
         _reject_non_per_example(model)
+        # Unsupported mechanism/strategy pairs fail here, not deep in a traced step.
+        distribute.check_supported(mechanism)
         from tfdp_embed import clipping  # registry functions live in the clipping package
 
         self.inner = model
@@ -177,7 +180,11 @@ class DPModel(keras.Model):
         ]
         table_vars = {layer.embeddings.ref() for layer in self._tables}
         dense = [v for v in self.inner.trainable_variables if v.ref() not in table_vars]
-        self.mechanism.init(tables=self._tables, dense_variables=dense, optimizer=self.optimizer)
+        strategy = self.distribute_strategy
+        distribute.check_supported(self.mechanism, strategy)
+        with distribute.mechanism_state_scope(strategy, self._tables):
+            self.mechanism.init(tables=self._tables, dense_variables=dense, optimizer=self.optimizer)
+        distribute.synchronize_generator(self.mechanism, strategy)
         self._prepared = True
 
     # -- the step -------------------------------------------------------------
@@ -252,9 +259,10 @@ class DPModel(keras.Model):
         # updates that do not depend on the batch (step counters, RNG draws) would run
         # in that phantom step unless they wait for the batch's loss.
         with tf.control_dependencies([per_example_loss]):
-            pairs = self.mechanism.update(clipped)
+            # One device: mechanism.update(clipped). Mirrored strategies: all-reduce, noise once.
+            pairs = distribute.noised_gradients(self.mechanism, clipped)
             self._check_every_variable_noised(pairs)
-            self.optimizer.apply_gradients(pairs)
+            distribute.apply_gradients(self.optimizer, pairs)
             self.mechanism.after_apply(lookahead)
         return self._update_metrics(per_example_loss, y, y_pred, sample_weight)
 
@@ -273,7 +281,7 @@ class DPModel(keras.Model):
     def _non_private_step(self, x, y, sample_weight):
         with tf.GradientTape() as tape:
             per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight)
-            loss = tf.reduce_mean(per_example_loss)
+            loss = distribute.mean_loss(per_example_loss)  # the global-batch mean under replicas
         variables = self.inner.trainable_variables
         grads = tape.gradient(loss, variables)
         self.optimizer.apply_gradients(

@@ -1,0 +1,182 @@
+"""MirroredStrategy cases on 2 logical CPUs, run in a subprocess by test_mirrored.py.
+
+The logical-device split must happen before TensorFlow initialises its
+devices, and it must not leak into other tests: this script configures it in
+its own process, runs the cases named on the command line and prints one
+JSON object (case -> measured numbers) as its last line.
+
+    python tests/distributed/mirrored_cases.py exact noise_eana noise_dense unsupported
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tfdp_embed._keras import keras, tf  # noqa: E402
+
+_CPU = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import numpy as np  # noqa: E402
+
+from tfdp_embed import distribute  # noqa: E402
+from tfdp_embed.layers.embedding import DPEmbedding  # noqa: E402
+from tfdp_embed.mechanisms import DPAdaFEST, DPFEST, EANA, DenseDPSGD, LazyDP, NonPrivate  # noqa: E402
+from tfdp_embed.training import DPModel  # noqa: E402
+
+VOCAB, IDS, BATCH = 30, 3, 8
+BCE = keras.losses.BinaryCrossentropy(from_logits=True)
+
+
+_STRATEGY = []
+
+
+def _strategy():
+    """One MirroredStrategy per process: two of them can reuse collective instance keys."""
+    if not _STRATEGY:
+        _STRATEGY.append(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+    return _STRATEGY[0]
+
+
+def _model(dim, seed=3):
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((IDS,), dtype="int32")
+    x = DPEmbedding(VOCAB, dim, combiner="mean", name="table")(inp)
+    x = keras.layers.Dense(4, activation="tanh")(x)
+    return keras.Model(inp, keras.layers.Dense(1)(x))
+
+
+def _exact_data():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, VOCAB, (4 * BATCH, IDS)).astype("int32")
+    ids[:, 1] = ids[:, 0]
+    y = rng.integers(0, 2, (4 * BATCH, 1)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((ids, y)).batch(BATCH)
+
+
+def _train(mechanism, strategy, data, *, dim=4, lr=0.5, epochs=1, callbacks=()):
+    with strategy.scope():
+        dp = DPModel(_model(dim), mechanism=mechanism, expected_batch_size=BATCH)
+        dp.compile(optimizer=keras.optimizers.legacy.SGD(lr), loss=BCE)
+    dp.fit(data, epochs=epochs, verbose=0, callbacks=list(callbacks))
+    return dp
+
+
+def _replica_spread(dp) -> float:
+    """Largest difference between two replicas' copies of any variable."""
+    spread = 0.0
+    for var in dp.inner.trainable_variables:
+        copies = [v.numpy() for v in var.values]
+        spread = max(spread, max(float(np.abs(c - copies[0]).max()) for c in copies))
+    return spread
+
+
+def case_exact() -> dict:
+    """Zero noise, huge clip on 2 replicas vs one-device non-private SGD on the global batch."""
+    reference = _train(NonPrivate(), tf.distribute.get_strategy(), _exact_data())
+    want = reference.inner.get_weights()
+    out = {}
+    mechanisms = {
+        "none": NonPrivate(),
+        "dense": DenseDPSGD(l2_norm_clip=1e6, noise_multiplier=0.0, seed=1),
+        "eana": EANA(l2_norm_clip=1e6, noise_multiplier=0.0, seed=1),
+        # threshold 0 with a tiny map noise keeps every touched row (and about half of the
+        # untouched ones, which get a zero gradient): the update equals plain SGD.
+        "adafest": DPAdaFEST(
+            l2_norm_clip=1e6, noise_multiplier=0.0, contribution_clip=1.0,
+            contribution_noise_multiplier=1e-3, threshold=0.0, seed=1,
+        ),
+    }
+    for name, mechanism in mechanisms.items():
+        dp = _train(mechanism, _strategy(), _exact_data())
+        got = dp.inner.get_weights()
+        out[name] = {
+            "max_abs_diff": max(float(np.abs(a - b).max()) for a, b in zip(want, got)),
+            "replica_spread": _replica_spread(dp),
+            "steps": int(mechanism.steps.numpy()) if name != "none" else None,
+        }
+    return out
+
+
+class _Snapshots(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.weights = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.weights.append([w.copy() for w in self.model.inner.get_weights()])
+
+
+def _zero_gradient_data(steps):
+    """Replica 0's half of each batch reads rows 0-3 only, replica 1's half rows 10-13 only.
+
+    Sample weights are 0, so every clipped gradient is 0 and each step's
+    update is the noise alone: -lr * noise / B.
+    """
+    first = np.array([[0, 1, 2], [1, 2, 3], [3, 0, 0], [2, 2, 1]], "int32")
+    ids = np.concatenate([first, first + 10])  # 8 examples = one global batch
+    ids = np.tile(ids, (steps, 1))
+    y = np.ones([len(ids), 1], "float32")
+    w = np.zeros([len(ids)], "float32")
+    return tf.data.Dataset.from_tensor_slices((ids, y, w)).batch(BATCH)
+
+
+def _noise_case(mechanism, steps=40, dim=16, lr=1.0) -> dict:
+    snapshots = _Snapshots()
+    dp = _train(mechanism, _strategy(), _zero_gradient_data(steps), dim=dim, lr=lr, callbacks=[snapshots])
+    table = np.stack([s[0] for s in snapshots.weights])  # [steps, vocab, dim]
+    deltas = np.diff(table, axis=0) * BATCH / lr  # = -noise per step
+    other = [np.diff(np.stack([s[i] for s in snapshots.weights]), axis=0) * BATCH / lr
+             for i in range(1, len(snapshots.weights[0]))]
+    rows_replica0, rows_replica1 = [0, 1, 2, 3], [10, 11, 12, 13]
+    untouched = [r for r in range(VOCAB) if r not in rows_replica0 + rows_replica1]
+    return {
+        "expected_std": mechanism.noise_multiplier * mechanism.l2_norm_clip,
+        "std_rows_replica0": float(deltas[:, rows_replica0].std()),
+        "std_rows_replica1": float(deltas[:, rows_replica1].std()),
+        "samples_per_half": int(deltas[:, rows_replica0].size),
+        "std_untouched_rows": float(deltas[:, untouched].std()),
+        "std_dense_variables": float(np.concatenate([o.ravel() for o in other]).std()),
+        "samples_dense": int(sum(o.size for o in other)),
+        "replica_spread": _replica_spread(dp),
+        "steps": int(mechanism.steps.numpy()),
+    }
+
+
+def case_noise_eana() -> dict:
+    return _noise_case(EANA(l2_norm_clip=0.5, noise_multiplier=2.0, seed=7))
+
+
+def case_noise_dense() -> dict:
+    return _noise_case(DenseDPSGD(l2_norm_clip=0.5, noise_multiplier=2.0, seed=7))
+
+
+def case_unsupported() -> dict:
+    with _strategy().scope():
+        model = _model(4)
+        try:
+            DPModel(model, mechanism=LazyDP(l2_norm_clip=1.0, noise_multiplier=1.0), expected_batch_size=BATCH)
+        except distribute.DistributionNotSupportedError as error:
+            lazy = f"{type(error).__name__}: {error}"
+        else:
+            lazy = "no error"
+        try:
+            DPModel(model, mechanism=DPFEST(l2_norm_clip=1.0, noise_multiplier=1.0, selection_epsilon=1.0, top_k=4),
+                    expected_batch_size=BATCH)
+            fest = "accepted"
+        except Exception as error:  # noqa: BLE001 - reported to the test
+            fest = f"{type(error).__name__}: {error}"
+    return {"lazy": lazy, "fest": fest, "kind": distribute.strategy_kind(_strategy())}
+
+
+def main(names):
+    results = {name: globals()[f"case_{name}"]() for name in names}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

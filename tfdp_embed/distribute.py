@@ -1,0 +1,416 @@
+"""Every `tf.distribute` and TPU branch of tfdp_embed lives here; `DPModel` calls into it.
+
+One DP step under a synchronous strategy (`MirroredStrategy`,
+`MultiWorkerMirroredStrategy`) on R replicas is the single-device step on
+the global batch:
+
+    per replica r:  clip each of its examples once -> clipped sums S_r
+    all replicas:   S = sum_r S_r  (all-reduce; sparse tables: union of touched rows)
+    once:           g = mechanism.update(S)   (noise drawn once, in cross-replica context)
+    every replica:  apply g to its copy of the mirrored variables (identical g)
+
+`S` is gathered with collectives in replica context (`all_reduce` of the
+dense sums and of the tables' `IndexedSlices`, whose duplicate rows are then
+summed, so a row touched on one replica only is still one row of the union
+and gets the full noise variance; `all_gather` of clip factors and lookups
+for mechanisms that read them). The mechanism then runs once, inside
+`ReplicaContext.merge_call`: in-process replicas share one draw of noise.
+Under `MultiWorkerMirroredStrategy` each worker runs that merge once on the
+same `S` with a generator whose state was copied from worker 0 at
+`prepare` (`synchronize_generator`), so every worker draws the same noise
+and the mirrored variables stay identical everywhere.
+
+Under `ParameterServerStrategy` each worker is one replica that steps
+asynchronously: the step runs as on one device, the tables live on the
+parameter servers (created in the strategy scope) and the mechanism's state
+is created next to its table (`mechanism_state_scope`): LazyDP's history
+table is colocated with the table it tracks. Sparse mechanisms send
+`IndexedSlices` (touched or selected rows) to the servers, dense DP-SGD a
+whole table per step (`benchmarks/traffic.py` measures it).
+
+Support (`SUPPORT`; anything else raises `DistributionNotSupportedError` at
+`DPModel` construction and again at `prepare`, naming the strategy and why):
+
+    mechanism  | one device | Mirrored | MultiWorkerMirrored | ParameterServer        | TPU
+    none       | yes        | yes      | yes                 | yes                    | no (1)
+    dense      | yes        | yes      | yes                 | yes                    | no (1)
+    eana       | yes        | yes      | yes                 | yes                    | no (1)
+    fest       | yes        | yes      | yes                 | yes                    | no (1)
+    adafest    | yes        | yes      | yes                 | yes                    | no (1)
+    adafest+   | yes        | yes      | yes                 | yes                    | no (1)
+    lazy       | yes        | no (2)   | no (2)              | yes, one worker (3)    | no (1)
+
+    (1) Keras `fit` on `TPUStrategy` with `DPEmbedding` is not implemented:
+        tables on SparseCore are updated through `TPUEmbedding`, see
+        docs/tpu_sparsecore.md and `tpu_embedding_plan` below.
+    (2) LazyDP's read hook catches rows up (adds owed noise) inside each
+        replica's forward pass for the ids that replica reads; replicas would
+        add different noise to their copies of a mirrored table.
+    (3) Concurrent workers would race on the history table and step counter.
+
+References: TensorFlow `tf.distribute` guide (merge_call, all_reduce,
+ClusterCoordinator); EANA (RecSys 2022) §3 (parameter-server traffic);
+LazyDP (ASPLOS 2024) §5.2 (history table next to its table).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+from tfdp_embed._keras import tf
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.layers.embedding import EmbeddingOccurrences
+from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
+
+DEFAULT = "default"
+MIRRORED = "mirrored"
+MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+PARAMETER_SERVER = "parameter_server"
+TPU = "tpu"
+OTHER = "other"
+
+_LAZY_SYNC_REASON = (
+    "LazyDP adds each row's owed noise in its read hook, inside every replica's forward pass, "
+    "for the ids that replica reads: the replicas of a synchronous strategy would add different "
+    "noise to their copies of the mirrored table (and a row read on two replicas would get its "
+    "owed noise twice). Use ParameterServerStrategy with one worker, one device, or a mechanism "
+    "without deferred noise ('dense', 'fest', 'adafest', 'adafest+')."
+)
+_TPU_REASON = (
+    "Keras fit on TPUStrategy with DPEmbedding tables is not implemented: tables on TPU "
+    "SparseCore are only updated through TPUEmbedding's gradient path. docs/tpu_sparsecore.md "
+    "says what each mechanism needs and which are possible (tfdp_embed.distribute."
+    "tpu_embedding_plan)."
+)
+
+# mechanism name -> {strategy kind: None (supported) or the reason it is not}.
+SUPPORT = {
+    name: {DEFAULT: None, MIRRORED: None, MULTI_WORKER_MIRRORED: None, PARAMETER_SERVER: None, TPU: _TPU_REASON}
+    for name in ("none", "dense", "eana", "fest", "adafest", "adafest+", "lazy")
+}
+SUPPORT["lazy"][MIRRORED] = _LAZY_SYNC_REASON
+SUPPORT["lazy"][MULTI_WORKER_MIRRORED] = _LAZY_SYNC_REASON
+
+# Mechanisms known not to read `TableGradient.occurrences` / `clip_factors`: their
+# lookups are not all-gathered across replicas. Unknown mechanisms get them.
+_NO_LOOKUPS_NEEDED = ("none", "dense", "eana", "fest", "lazy")
+
+
+class DistributionNotSupportedError(ValueError):
+    """A mechanism cannot run under the active `tf.distribute` strategy (the message says why)."""
+
+
+# -- which strategy ---------------------------------------------------------------
+def strategy_kind(strategy: tf.distribute.Strategy | None = None) -> str:
+    """Names the kind of `strategy` (default: the active one).
+
+    Returns:
+      One of "default" (no strategy, the default one or `OneDeviceStrategy`),
+      "mirrored", "multi_worker_mirrored", "parameter_server", "tpu", "other".
+    """
+    if strategy is None:
+        strategy = tf.distribute.get_strategy()
+    if strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
+        return DEFAULT
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        return DEFAULT
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return MULTI_WORKER_MIRRORED
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        return MIRRORED
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return PARAMETER_SERVER
+    if isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)):
+        return TPU
+    if type(strategy).__name__ == "_DefaultDistributionStrategy":
+        return DEFAULT
+    return OTHER
+
+
+def check_supported(mechanism: NoiseMechanism, strategy: tf.distribute.Strategy | None = None) -> str:
+    """Raises unless `mechanism` runs under `strategy`; returns the strategy kind.
+
+    Raises:
+      DistributionNotSupportedError: the mechanism does not support the
+        strategy (the message names both and says why), or the strategy is
+        one tfdp_embed does not know (e.g. `CentralStorageStrategy`).
+    """
+    if strategy is None:
+        strategy = tf.distribute.get_strategy()
+    kind = strategy_kind(strategy)
+    if kind == OTHER:
+        raise DistributionNotSupportedError(
+            f"tfdp_embed does not support {type(strategy).__name__}: DP training runs on one "
+            "device, MirroredStrategy, MultiWorkerMirroredStrategy or ParameterServerStrategy."
+        )
+    table = SUPPORT.get(mechanism.name)
+    reason = None if table is None else table.get(kind)
+    if table is None and kind == TPU:
+        reason = _TPU_REASON
+    if reason is not None:
+        raise DistributionNotSupportedError(
+            f"Mechanism {mechanism.name!r} does not support {type(strategy).__name__} "
+            f"({kind}): {reason}"
+        )
+    if kind == PARAMETER_SERVER and mechanism.name == "lazy":
+        workers = _parameter_server_workers(strategy)
+        if workers != 1:
+            raise DistributionNotSupportedError(
+                f"Mechanism 'lazy' supports ParameterServerStrategy with exactly one worker; this "
+                f"cluster has {workers}. Asynchronous workers would race on LazyDP's history table "
+                "and step counter (a row could be caught up twice or read before its noise)."
+            )
+    return kind
+
+
+def _parameter_server_workers(strategy) -> int:
+    resolver = strategy.cluster_resolver
+    return len(resolver.cluster_spec().as_dict().get("worker", []))
+
+
+def is_synchronous_replicated(strategy: tf.distribute.Strategy | None = None) -> bool:
+    """True under Mirrored / MultiWorkerMirrored strategies (the all-reduce + merge path)."""
+    return strategy_kind(strategy) in (MIRRORED, MULTI_WORKER_MIRRORED)
+
+
+# -- state placement --------------------------------------------------------------
+@contextlib.contextmanager
+def mechanism_state_scope(strategy: tf.distribute.Strategy, tables) -> None:
+    """Scope in which `mechanism.init` creates its state.
+
+    Under a strategy, inside its scope (parameter servers hold the state;
+    mirrored state is identical on every replica). Under
+    `ParameterServerStrategy`, a variable whose name starts with a prefix
+    ending in a table layer's name (LazyDP's `history_<table>`, DP-FEST's
+    `<table>/fest_*`) is colocated with that table: a table's per-row state
+    lives on the same parameter server.
+    """
+    kind = strategy_kind(strategy)
+    if kind == DEFAULT:
+        yield
+        return
+    with strategy.scope():
+        if kind != PARAMETER_SERVER:
+            yield
+            return
+        by_name = {layer.name: layer.embeddings for layer in tables}
+
+        def colocate(next_creator, **kwargs):
+            name = str(kwargs.get("name") or "")
+            table = _table_for_state(name, by_name)
+            if table is not None and not isinstance(table, tf.__internal__.distribute.ShardedVariable):
+                kwargs["colocate_with"] = table
+            return next_creator(**kwargs)
+
+        with tf.variable_creator_scope(colocate):
+            yield
+
+
+def _table_for_state(name: str, by_name: dict):
+    for table_name, table in by_name.items():
+        if name == f"history_{table_name}" or name.startswith(f"{table_name}/") or name.endswith(f"_{table_name}"):
+            return table
+    return None
+
+
+def synchronize_generator(mechanism: NoiseMechanism, strategy: tf.distribute.Strategy) -> None:
+    """Copies worker 0's noise-generator state to every worker (MultiWorkerMirrored only).
+
+    Each worker then draws the same noise in its merge step, so the mirrored
+    variables stay identical. A no-op under every other strategy.
+
+    Raises:
+      PrivacyContractError: when the states still differ afterwards.
+    """
+    if strategy_kind(strategy) != MULTI_WORKER_MIRRORED:
+        return
+    state = mechanism.generator.state
+
+    def broadcast():
+        ctx = tf.distribute.get_replica_context()
+        mine = tf.convert_to_tensor(state)
+        # Collectives reduce floats exactly for 31-bit pieces: split int64 into 31-bit chunks.
+        mask = tf.constant((1 << 31) - 1, tf.int64)
+        pieces = tf.stack([mine & mask, (mine >> 31) & mask, (mine >> 62) & 3], 0)
+        first = tf.cast(tf.equal(ctx.replica_id_in_sync_group, 0), tf.float64)
+        summed = ctx.all_reduce("sum", tf.cast(pieces, tf.float64) * first)
+        parts = tf.cast(tf.round(summed), tf.int64)
+        return parts[0] | (parts[1] << 31) | (parts[2] << 62)
+
+    synced = strategy.run(tf.function(broadcast, autograph=False))
+    value = strategy.experimental_local_results(synced)[0]
+    state.assign(value)
+    if not bool(tf.reduce_all(tf.equal(tf.convert_to_tensor(state), value))):
+        raise PrivacyContractError("Could not synchronise the noise generator across workers.")
+
+
+# -- the synchronous step -----------------------------------------------------------
+def mean_loss(per_example_loss: tf.Tensor) -> tf.Tensor:
+    """The loss whose gradient, summed over replicas, is the global-batch mean's.
+
+        single device: mean_i loss_i;  R replicas: sum_{i in replica} loss_i / (global batch size)
+
+    The global batch size is all-reduced (replicas may hold different counts).
+    """
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1 or not is_synchronous_replicated():
+        return tf.reduce_mean(per_example_loss)
+    local = tf.cast(tf.shape(per_example_loss)[0], per_example_loss.dtype)
+    total = ctx.all_reduce("sum", local)
+    return tf.reduce_sum(per_example_loss) / tf.maximum(total, 1.0)
+
+
+def noised_gradients(mechanism: NoiseMechanism, clipped: ClippedGradients) -> list:
+    """`mechanism.update` on the global batch's clipped sums; `(gradient, variable)` pairs.
+
+    On one device (and under ParameterServerStrategy) this is exactly
+    `mechanism.update(clipped)`. Under synchronous replication the clipped
+    sums are all-reduced first and the mechanism runs once in cross-replica
+    context; every replica receives the same noised gradients.
+    """
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or not is_synchronous_replicated():
+        return mechanism.update(clipped)
+    total = all_reduce_clipped(clipped, ctx, with_lookups=mechanism.name not in _NO_LOOKUPS_NEEDED)
+    variables = [t.variable for t in total.tables] + [v for v, _ in total.dense]
+    order = {v.ref(): i for i, v in enumerate(variables)}
+    flat, rebuild = _flatten(total)
+
+    def merged(strategy, *per_replica):
+        local = [strategy.experimental_local_results(x)[0] for x in per_replica]
+        pairs = mechanism.update(rebuild(local))
+        grads = [None] * len(variables)
+        for grad, var in pairs:
+            grads[order[var.ref()]] = grad
+        # Plain tensors (not IndexedSlices) cross back from the merge.
+        return [_encode_grad(g) for g in grads]
+
+    encoded = ctx.merge_call(merged, args=tuple(flat))
+    return [(_decode_grad(g), v) for g, v in zip(encoded, variables) if g is not None]
+
+
+def apply_gradients(optimizer, pairs) -> None:
+    """Applies `pairs`; under synchronous replication they are already summed and noised."""
+    if is_synchronous_replicated() and tf.distribute.get_replica_context() is not None:
+        optimizer.apply_gradients(pairs, experimental_aggregate_gradients=False)
+    else:
+        optimizer.apply_gradients(pairs)
+
+
+def all_reduce_clipped(clipped: ClippedGradients, ctx, *, with_lookups: bool) -> ClippedGradients:
+    """The global batch's `ClippedGradients` from each replica's, with collectives.
+
+        dense: sum_r S_r;  tables: IndexedSlices over the union of touched rows,
+        values summed per row;  batch_size: sum_r B_r;  with_lookups: clip
+        factors and lookups concatenated in replica order (example and
+        segment ids offset by the replicas before).
+
+    Every replica receives the same result.
+
+    Args:
+      clipped: this replica's clipped sums.
+      ctx: the `tf.distribute.ReplicaContext`.
+      with_lookups: also gather `clip_factors` and `occurrences` (DP-AdaFEST
+        builds its contribution map from them).
+    """
+    dense_sums = ctx.all_reduce("sum", [g for _, g in clipped.dense]) if clipped.dense else []
+    batch = tf.cast(clipped.batch_size, tf.int32)
+    batches = ctx.all_gather(tf.reshape(batch, [1]), axis=0)
+    example_offset = _offset(batches, ctx)
+    tables = []
+    for table in clipped.tables:
+        summed = union_of_rows(ctx.all_reduce("sum", table.gradient))
+        occurrences, factors = [], table.clip_factors
+        if with_lookups:
+            factors = ctx.all_gather(table.clip_factors, axis=0)
+            occurrences = [_gather_occurrences(o, ctx, example_offset) for o in table.occurrences]
+        tables.append(dataclasses.replace(table, gradient=summed, occurrences=occurrences, clip_factors=factors))
+    return ClippedGradients(
+        tables=tables,
+        dense=[(v, g) for (v, _), g in zip(clipped.dense, dense_sums)],
+        expected_batch_size=clipped.expected_batch_size,
+        batch_size=tf.reduce_sum(batches),
+    )
+
+
+def union_of_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
+    """Sums the values of repeated indices: one row per distinct index (first-seen order)."""
+    rows, position = tf.unique(tf.cast(slices.indices, tf.int64), out_idx=tf.int32)
+    values = tf.math.unsorted_segment_sum(slices.values, position, tf.size(rows))
+    return tf.IndexedSlices(values, rows, slices.dense_shape)
+
+
+def _offset(sizes: tf.Tensor, ctx) -> tf.Tensor:
+    """Sum of `sizes` of the replicas before this one (exclusive prefix sum)."""
+    before = tf.range(tf.size(sizes)) < ctx.replica_id_in_sync_group
+    return tf.reduce_sum(tf.where(before, sizes, tf.zeros_like(sizes)))
+
+
+def _gather_occurrences(occ: EmbeddingOccurrences, ctx, example_offset) -> EmbeddingOccurrences:
+    num_segments = tf.cast(occ.num_segments, tf.int32)
+    segment_offset = _offset(ctx.all_gather(tf.reshape(num_segments, [1]), axis=0), ctx)
+    batch = tf.cast(occ.batch_size, tf.int32)
+    return EmbeddingOccurrences(
+        ids=ctx.all_gather(occ.ids, axis=0),
+        segments=ctx.all_gather(tf.cast(occ.segments, tf.int32) + segment_offset, axis=0),
+        weights=ctx.all_gather(occ.weights, axis=0),
+        num_segments=ctx.all_reduce("sum", num_segments),
+        segment_examples=ctx.all_gather(tf.cast(occ.segment_examples, tf.int32) + example_offset, axis=0),
+        batch_size=ctx.all_reduce("sum", batch),
+    )
+
+
+def _flatten(clipped: ClippedGradients):
+    """Tensors of `clipped` as a flat list, and a function rebuilding it from such a list."""
+    flat = []
+
+    def push(x):
+        flat.append(tf.convert_to_tensor(x))
+        return len(flat) - 1
+
+    plan = []
+    for table in clipped.tables:
+        g = table.gradient
+        slots = (push(g.values), push(g.indices), push(g.dense_shape), push(table.clip_factors))
+        occ_slots = [
+            tuple(push(getattr(o, f.name)) for f in dataclasses.fields(EmbeddingOccurrences))
+            for o in table.occurrences
+        ]
+        plan.append((table, slots, occ_slots))
+    dense_slots = [push(g) for _, g in clipped.dense]
+    batch_slot = push(clipped.batch_size)
+
+    def rebuild(values) -> ClippedGradients:
+        tables = []
+        for table, (vs, ix, shape, factors), occ_slots in plan:
+            occurrences = [EmbeddingOccurrences(*(values[i] for i in slots)) for slots in occ_slots]
+            tables.append(
+                TableGradient(
+                    layer=table.layer,
+                    variable=table.variable,
+                    gradient=tf.IndexedSlices(values[vs], values[ix], values[shape]),
+                    occurrences=occurrences,
+                    clip_factors=values[factors],
+                )
+            )
+        return ClippedGradients(
+            tables=tables,
+            dense=[(v, values[i]) for (v, _), i in zip(clipped.dense, dense_slots)],
+            expected_batch_size=clipped.expected_batch_size,
+            batch_size=values[batch_slot],
+        )
+
+    return flat, rebuild
+
+
+def _encode_grad(grad):
+    if isinstance(grad, tf.IndexedSlices):
+        return (grad.values, grad.indices, grad.dense_shape)
+    return grad
+
+
+def _decode_grad(grad):
+    if isinstance(grad, (tuple, list)):
+        return tf.IndexedSlices(*grad)
+    return grad
