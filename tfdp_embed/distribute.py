@@ -165,7 +165,9 @@ def check_supported(mechanism: NoiseMechanism, strategy: tf.distribute.Strategy 
 
 
 def _parameter_server_workers(strategy) -> int:
-    resolver = strategy.cluster_resolver
+    # ParameterServerStrategy has no public accessor for its worker count (TF 2.21); it
+    # stores the resolver it was built from.
+    resolver = getattr(strategy, "_cluster_resolver", None) or strategy.cluster_resolver
     return len(resolver.cluster_spec().as_dict().get("worker", []))
 
 
@@ -201,10 +203,32 @@ def mechanism_state_scope(strategy: tf.distribute.Strategy, tables) -> None:
             table = _table_for_state(name, by_name)
             if table is not None and not isinstance(table, tf.__internal__.distribute.ShardedVariable):
                 kwargs["colocate_with"] = table
-            return next_creator(**kwargs)
+            return next_creator(**_fixed_shape(kwargs))
 
         with tf.variable_creator_scope(colocate):
             yield
+
+
+# TF 2.21 aborts the process (CHECK failure in tensor_shape.cc) when a function scheduled
+# on a worker reads a parameter-server variable whose shape has an unknown dimension.
+# Growable state (LazyDP's per-step sums, shape [None], doubled when full) is therefore
+# created under ParameterServerStrategy with this fixed first dimension (steps); growing
+# beyond it fails with TensorFlow's shape error.
+PS_GROWABLE_CAPACITY = 1 << 20
+
+
+def _fixed_shape(kwargs: dict) -> dict:
+    """Gives a rank-1 variable declared with shape [None] the fixed shape [PS_GROWABLE_CAPACITY]."""
+    shape = kwargs.get("shape")
+    if shape is None:
+        return kwargs
+    shape = tf.TensorShape(shape)
+    if shape.rank != 1 or shape[0] is not None:
+        return kwargs
+    initial = kwargs["initial_value"]
+    initial = tf.convert_to_tensor(initial() if callable(initial) else initial)
+    padding = tf.maximum(PS_GROWABLE_CAPACITY - tf.shape(initial)[0], 0)
+    return {**kwargs, "initial_value": tf.pad(initial, [[0, padding]]), "shape": None}
 
 
 def _table_for_state(name: str, by_name: dict):
