@@ -30,7 +30,12 @@ SEQUENCES = [[0, 0, 5, 2, 5], [3, 3, 1, 3, 7], [0, 8, 8, 8, 8], [4, 6, 2, 1, 5]]
 def _table(padding_id=0, seed=0):
     keras.utils.set_random_seed(seed)
     return SharedEmbedding(
-        VOCAB, DIM, padding_id=padding_id, embeddings_initializer="glorot_uniform", dtype=F64, name="items"
+        VOCAB,
+        DIM,
+        padding_id=padding_id,
+        embeddings_initializer="glorot_uniform",
+        dtype=F64,
+        name="items",
     )
 
 
@@ -103,7 +108,16 @@ def test_lookup_only_stays_sparse():
     model = keras.Model(ids, keras.layers.Dense(2, "tanh", dtype=F64)(table(ids)))
     result = check_against_brute_force(model, tf.constant(SEQUENCES, tf.int64))
     (grad,) = infos_by_layer(result)[table.name].clipped_sum(tf.ones([4]))
-    assert sorted(grad.indices.numpy()) == [1, 2, 3, 4, 5, 6, 7, 8]  # touched, padding 0 not
+    assert sorted(grad.indices.numpy()) == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        8,
+    ]  # touched, padding 0 not
 
 
 def test_hand_computed_cross_term():
@@ -117,7 +131,10 @@ def test_hand_computed_cross_term():
         with record_taps([table]) as taps:
             table(tf.constant([[2, 2]]))
             table(tf.constant(h, tf.float64), mode="logits")
-        grads = [tf.constant([[[1.0, 0.0], [1.0, 0.0]]], tf.float64), tf.constant([[0.0, 0.0, 1.0]], tf.float64)]
+        grads = [
+            tf.constant([[[1.0, 0.0], [1.0, 0.0]]], tf.float64),
+            tf.constant([[0.0, 0.0, 1.0]], tf.float64),
+        ]
         info = phantom_layer_gradients(table, taps[0], grads)
         np.testing.assert_allclose(info.squared_norms.numpy(), [expected])
 
@@ -142,7 +159,9 @@ def test_no_per_example_table_sized_tensor_is_built():
         tf.TensorSpec([batch, length, vocab]),
     ).graph
     largest = max(
-        out.shape.num_elements() or 0 for op in graph.get_operations() for out in op.outputs
+        out.shape.num_elements() or 0
+        for op in graph.get_operations()
+        for out in op.outputs
     )
     # The logits gradient [B, L, V] (48,000) is the largest; B * V * d would be 64,000.
     assert largest <= batch * length * vocab < batch * vocab * dim
@@ -160,9 +179,15 @@ def test_registry_routes_shared_embedding_before_dp_embedding():
 def test_bad_mode_in_a_recorded_call_is_rejected():
     table = _table()
     table.build(None)
-    call = LayerCall(args=(tf.zeros([1, DIM], tf.float64),), kwargs={"mode": "score"}, outputs=None)
-    with pytest.raises(ValueError, match=r"`mode`='score'; allowed: \('embed', 'logits'\)"):
-        phantom_layer_gradients(table, LayerTaps(table, table.call, [call]), [tf.zeros([1, VOCAB])])
+    call = LayerCall(
+        args=(tf.zeros([1, DIM], tf.float64),), kwargs={"mode": "score"}, outputs=None
+    )
+    with pytest.raises(
+        ValueError, match=r"`mode`='score'; allowed: \('embed', 'logits'\)"
+    ):
+        phantom_layer_gradients(
+            table, LayerTaps(table, table.call, [call]), [tf.zeros([1, VOCAB])]
+        )
 
 
 # -- inside DPModel ------------------------------------------------------------------
@@ -214,15 +239,20 @@ def test_dpmodel_routes_the_table_to_phantom_clipping():
     _fit(dense, registry=registry)
     assert calls and set(calls) == {"items"}  # at trace time (Keras may trace twice)
     model, _ = _sasrec32()
-    assert DPModel(model, mechanism=dense, expected_batch_size=B).registry.lookup(
-        model.get_layer("items")
-    ) is phantom_layer_gradients
+    assert (
+        DPModel(model, mechanism=dense, expected_batch_size=B).registry.lookup(
+            model.get_layer("items")
+        )
+        is phantom_layer_gradients
+    )
 
 
 def test_zero_noise_huge_clip_reproduces_non_private_sgd():
     reference, _, _ = _fit(NonPrivate(), epochs=2, n=2 * B)
     private, _, history = _fit(
-        MECHANISMS["dense"](l2_norm_clip=1e6, noise_multiplier=0.0, seed=0), epochs=2, n=2 * B
+        MECHANISMS["dense"](l2_norm_clip=1e6, noise_multiplier=0.0, seed=0),
+        epochs=2,
+        n=2 * B,
     )
     untrained, _ = _sasrec32()
     np.testing.assert_allclose(_weights(private), _weights(reference), atol=1e-5)
@@ -235,7 +265,9 @@ def test_noise_reaches_every_row_of_the_shared_table_with_the_formula_std():
     sigma, clip = 2.0, 0.5
     tables = []
     for noise_multiplier in (sigma, 0.0):
-        dense = MECHANISMS["dense"](l2_norm_clip=clip, noise_multiplier=noise_multiplier, seed=7)
+        dense = MECHANISMS["dense"](
+            l2_norm_clip=clip, noise_multiplier=noise_multiplier, seed=7
+        )
         _, table, _ = _fit(dense, lr=1.0)
         tables.append(table.embeddings.numpy())
     noise = (tables[1] - tables[0]) * B
@@ -248,10 +280,49 @@ def test_noise_reaches_every_row_of_the_shared_table_with_the_formula_std():
 def test_clipping_is_active_and_bounds_the_update():
     # Tiny clip, no noise: the table moves by at most lr * C per step (sum of B clipped / B).
     clip, lr = 1e-3, 1.0
-    model, table, _ = _fit(MECHANISMS["dense"](l2_norm_clip=clip, noise_multiplier=0.0, seed=0), lr=lr)
+    _, table, _ = _fit(
+        MECHANISMS["dense"](l2_norm_clip=clip, noise_multiplier=0.0, seed=0), lr=lr
+    )
     before, _ = _sasrec32()
-    moved = np.linalg.norm(table.embeddings.numpy() - before.get_layer("items").embeddings.numpy())
+    moved = np.linalg.norm(
+        table.embeddings.numpy() - before.get_layer("items").embeddings.numpy()
+    )
     assert 0 < moved <= lr * clip * (1 + 1e-5)
+
+
+def test_lazy_dp_on_the_shared_table_replays_dense_dp_sgd():
+    # Logits read every row, so the read hook brings the whole table up to date each step;
+    # with per-step stateless row noise LazyDP must reproduce dense DP-SGD exactly.
+    from tfdp_embed.data import with_lookahead
+
+    kwargs = {
+        "l2_norm_clip": 1.0,
+        "noise_multiplier": 1.0,
+        "seed": 5,
+        "row_noise": "stateless",
+    }
+    tables = []
+    for name, lookahead in (("dense", False), ("lazy", True)):
+        extra = {"aggregate": False} if name == "lazy" else {}
+        model, table = _sasrec32()
+        dp = DPModel(
+            model,
+            mechanism=MECHANISMS[name](**kwargs, **extra),
+            expected_batch_size=B,
+            lookahead=lookahead,
+        )
+        dp.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss=SCCE)
+        ds = tf.data.Dataset.from_tensor_slices(_next_item_data(2 * B)).batch(B)
+        dp.fit(
+            with_lookahead(ds, lambda x: {"items": x}) if lookahead else ds,
+            epochs=2,
+            verbose=0,
+        )
+        dp.flush()
+        tables.append(table.embeddings.numpy())
+    untrained = _sasrec32()[1].embeddings.numpy()
+    np.testing.assert_allclose(tables[1], tables[0], rtol=1e-5, atol=1e-6)
+    assert np.abs(tables[0] - untrained).max() > 1e-2
 
 
 def test_sasrec_like_model_trains_with_dp_sgd():

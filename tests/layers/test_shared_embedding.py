@@ -59,7 +59,9 @@ def test_padding_reads_zeros_and_gets_no_lookup_gradient():
 def test_padding_row_still_scores_in_logits_mode():
     layer = _layer(padding_id=0)
     logits = layer(tf.ones([1, 3]), mode="logits").numpy()
-    np.testing.assert_allclose(logits[0, 0], layer.embeddings.numpy()[0].sum(), rtol=1e-6)
+    np.testing.assert_allclose(
+        logits[0, 0], layer.embeddings.numpy()[0].sum(), rtol=1e-6
+    )
 
 
 def test_read_hook_sees_looked_up_ids_and_every_row_for_logits():
@@ -86,14 +88,38 @@ def test_functional_model_with_both_modes_and_config_round_trip():
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (lambda l: l(tf.constant([[1]]), mode="score"), ValueError, "`mode` must be one of"),
-        (lambda l: l(tf.constant([[1]]), mode=None), ValueError, "`mode` must be one of"),
+        (
+            lambda l: l(tf.constant([[1]]), mode="score"),
+            ValueError,
+            "`mode` must be one of",
+        ),
+        (
+            lambda l: l(tf.constant([[1]]), mode=None),
+            ValueError,
+            "`mode` must be one of",
+        ),
         (lambda l: l(tf.constant([[1.0, 2.0]])), TypeError, "needs integer ids"),
-        (lambda l: l(tf.constant([[1, 2, 3]]), mode="logits"), TypeError, "needs float hidden"),
-        (lambda l: l(tf.zeros([2, 5]), mode="logits"), ValueError, "must equal `output_dim`=3"),
-        (lambda l: l(tf.zeros([3]), mode="logits"), ValueError, "hidden states of shape"),
+        (
+            lambda l: l(tf.constant([[1, 2, 3]]), mode="logits"),
+            TypeError,
+            "needs float hidden",
+        ),
+        (
+            lambda l: l(tf.zeros([2, 5]), mode="logits"),
+            ValueError,
+            "must equal `output_dim`=3",
+        ),
+        (
+            lambda l: l(tf.zeros([3]), mode="logits"),
+            ValueError,
+            "hidden states of shape",
+        ),
         (lambda l: l(tf.ragged.constant([[1, 2], [3]])), TypeError, "dense ids"),
-        (lambda l: l(tf.constant([[1, 7]])), tf.errors.InvalidArgumentError, r"\[0, 7\)"),
+        (
+            lambda l: l(tf.constant([[1, 7]])),
+            tf.errors.InvalidArgumentError,
+            r"\[0, 7\)",
+        ),
     ],
 )
 def test_bad_input_is_rejected_clearly(call, error, match):

@@ -132,7 +132,7 @@ class SharedEmbedding(DPEmbedding):
             raise TypeError(
                 f"SharedEmbedding {self.name!r} in mode 'embed' needs integer ids; received "
                 f"dtype {dtype.name}. To score hidden states against all items call it "
-                "with `mode=\"logits\"`."
+                'with `mode="logits"`.'
             )
 
     # -- forward ------------------------------------------------------------
@@ -172,7 +172,7 @@ class SharedEmbedding(DPEmbedding):
             raise TypeError(
                 f"SharedEmbedding {self.name!r} in mode 'logits' needs float hidden states "
                 f"[..., {self.output_dim}]; received dtype {hidden.dtype.name}. To look ids "
-                "up call it with `mode=\"embed\"` (the default)."
+                'up call it with `mode="embed"` (the default).'
             )
         if hidden.shape.rank is not None and hidden.shape.rank < 2:
             raise ValueError(
