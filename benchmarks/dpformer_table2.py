@@ -1,0 +1,229 @@
+"""DPFormer Table 2 on Amazon Games: vanilla Transformer vs DPFormer at epsilon 5, 8, 10 (+ non-private).
+
+    python -m benchmarks.dpformer_table2 --data ../shared/data/sasrec/amazon_games.txt \\
+        --work /tmp/dpformer_table2 --epochs 1 --batch 256 --max-len 20 --lr 3e-3 --dropout 0.2
+
+Each (model, epsilon) is one `python -m pipelines.sequential` run in its own
+process, one after the other (the shared machine gets one process), with
+the same settings; its `report.json` is kept under `--work`, so an
+interrupted benchmark resumes where it stopped and `--summarize` rebuilds
+the table from whatever finished. The summary goes to
+`benchmarks/dpformer_table2.json`, a PNG of NDCG@10 vs epsilon
+(`benchmarks/dpformer_table2.png`) and, with `--results-md`, one appended
+section of `benchmarks/RESULTS.md`. Runs that did not finish are listed as
+missing, never filled in.
+
+Paper (DPFormer Table 2, NDCG@10 / HIT@10 in %, 100 epochs, tuned lr and batch):
+    eps 5: Transformer 1.37 / 2.47, DPFormer 1.64 / 3.01
+    eps 8: Transformer 1.54 / 2.77, DPFormer 1.98 / 3.70
+    eps 10: Transformer 1.57 / 2.83, DPFormer 1.99 / 3.73
+
+References: DPFormer §5, Table 2, App. A.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from benchmarks.machine import machine_info
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAPER = {  # epsilon -> model -> (NDCG@10 %, HIT@10 %)
+    5.0: {"transformer": (1.37, 2.47), "dpformer": (1.64, 3.01)},
+    8.0: {"transformer": (1.54, 2.77), "dpformer": (1.98, 3.70)},
+    10.0: {"transformer": (1.57, 2.83), "dpformer": (1.99, 3.73)},
+}
+MODELS = ("transformer", "dpformer")
+
+
+def _runs(epsilons):
+    runs = [(model, eps) for eps in epsilons for model in MODELS]
+    return runs + [("transformer", float("inf"))]
+
+
+def _run_dir(work, model, eps):
+    return os.path.join(work, f"{model}_eps{'inf' if eps == float('inf') else f'{eps:g}'}")
+
+
+def _pipeline_args(a, model, eps, out):
+    args = [
+        "--data", a.data, "--model", model, "--epsilon", "inf" if eps == float("inf") else f"{eps:g}",
+        "--epochs", str(a.epochs), "--batch", str(a.batch), "--max-len", str(a.max_len), "--lr", str(a.lr),
+        "--dropout", str(a.dropout), "--out", out, "--verbose", "1",
+    ]  # fmt: skip
+    if a.delta is not None:
+        args += ["--delta", str(a.delta)]
+    if a.seed is not None:
+        args += ["--seed", str(a.seed)]
+    return args
+
+
+def run_one(a, model, eps) -> dict | None:
+    """Runs one configuration in a child process (progress bar to its log); returns its report or None."""
+    out = _run_dir(a.work, model, eps)
+    report_path = os.path.join(out, "report.json")
+    if os.path.exists(report_path):
+        print(f"[table2] {model} eps={eps:g}: already done ({report_path})", flush=True)
+    else:
+        os.makedirs(out, exist_ok=True)
+        cmd = [sys.executable, "-m", "pipelines.sequential", *_pipeline_args(a, model, eps, out)]
+        print(f"[table2] {model} eps={eps:g}: {shlex.join(cmd)}  (log: {out}/log.txt)", flush=True)
+        start = time.time()
+        with open(os.path.join(out, "log.txt"), "w") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        with open(os.path.join(out, "peak_rss_mb.txt"), "w") as f:
+            f.write(f"{usage.ru_maxrss / 1024:.0f}\n")
+        print(f"[table2] {model} eps={eps:g}: exit {proc.returncode} after {time.time() - start:.0f} s", flush=True)
+        if proc.returncode != 0:
+            return None
+    return _load(out)
+
+
+def _load(out) -> dict | None:
+    path = os.path.join(out, "report.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        report = json.load(f)
+    rss = os.path.join(out, "peak_rss_mb.txt")
+    report["peak_rss_mb"] = float(open(rss).read()) if os.path.exists(rss) else None
+    return report
+
+
+def summarize(a, reports: dict) -> dict:
+    rows, missing = [], []
+    for model, eps in _runs(a.epsilons):
+        r = reports.get((model, eps))
+        label = "non-private" if eps == float("inf") else f"{eps:g}"
+        if r is None:
+            missing.append(f"{model} eps={label}")
+            continue
+        rows.append(
+            {
+                "model": model,
+                "epsilon_target": label,
+                "epsilon_spent": r.get("epsilon"),
+                "delta": r.get("delta"),
+                "noise_multiplier": r.get("noise_multiplier"),
+                "steps": r.get("steps"),
+                "ndcg@10_pct": 100 * r["ndcg@10"],
+                "hit@10_pct": 100 * r["hit@10"],
+                "valid_ndcg@10_pct": 100 * r["validation"]["ndcg@10"],
+                "valid_hit@10_pct": 100 * r["validation"]["hit@10"],
+                "test_users": r["test"]["users"],
+                "paper_ndcg@10_pct": PAPER.get(eps, {}).get(model, (None, None))[0],
+                "paper_hit@10_pct": PAPER.get(eps, {}).get(model, (None, None))[1],
+                "wall_seconds": r.get("wall_seconds"),
+                "median_step_s": r.get("median_step_s"),
+                "peak_rss_mb": r.get("peak_rss_mb"),
+                "loss_per_epoch": r.get("loss_per_epoch"),
+            }
+        )
+    return {"rows": rows, "missing": missing}
+
+
+def plot(summary, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for model, color in (("transformer", "tab:blue"), ("dpformer", "tab:red")):
+        ours = [(float(r["epsilon_target"]), r["ndcg@10_pct"]) for r in summary["rows"]
+                if r["model"] == model and r["epsilon_target"] != "non-private"]  # fmt: skip
+        if ours:
+            ax.plot(*zip(*sorted(ours)), "o-", color=color, label=f"{model} (ours)")
+        paper = sorted((eps, PAPER[eps][model][0]) for eps in PAPER)
+        ax.plot(*zip(*paper), "s--", color=color, alpha=0.5, label=f"{model} (paper Table 2)")
+    ref = [r for r in summary["rows"] if r["epsilon_target"] == "non-private"]
+    if ref:
+        ax.axhline(ref[0]["ndcg@10_pct"], color="gray", ls=":", label="non-private (ours)")
+    ax.set_xlabel("epsilon")
+    ax.set_ylabel("NDCG@10 (%), all items ranked")
+    ax.set_title("Amazon Games, next-item prediction")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def markdown(a, summary, info, command) -> str:
+    lines = [
+        "",
+        "## dpformer_table2: DPFormer Table 2 (Amazon Games), vanilla Transformer vs DPFormer",
+        "",
+        f"Date: {info['date_utc']}. Command: `{command}`",
+        f"Machine: {info['nproc']} cores ({info['cpu_model']}), {info['memory_total_gb']} GB; load average at start "
+        f"{info['load_average_at_start']} (shared by 8 engineers). Versions: {info['versions']}.",
+        f"Settings (same for every run): {a.epochs} epoch(s), expected batch {a.batch} (Poisson over users), max length "
+        f"{a.max_len}, peak lr {a.lr} (Adam, weight decay 1e-5, 20% warm-up then linear decay), dropout {a.dropout}, "
+        "clip 1.0, d=64, 1 head, 2 blocks, shared input/output item table, delta = 1/N (N = 31,013 users), PLD "
+        "accountant, user-level DP, item frequencies public (DPFormer Remark A.2), effective-error scale 1. "
+        "Metrics: test users (last item), ALL 23,715 items ranked, history items kept, pessimistic ties; one seed.",
+        "",
+        "| model | eps target | eps spent | sigma | steps | NDCG@10 % | HIT@10 % | paper NDCG/HIT % | valid NDCG/HIT % "
+        "| wall s | median step s | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary["rows"]:
+        paper = "-" if r["paper_ndcg@10_pct"] is None else f"{r['paper_ndcg@10_pct']:.2f} / {r['paper_hit@10_pct']:.2f}"
+        spent = "n/a" if r["epsilon_spent"] is None else f"{r['epsilon_spent']:.3f}"
+        lines.append(
+            f"| {r['model']} | {r['epsilon_target']} | {spent} | {r['noise_multiplier']:.4g} | {r['steps']} "
+            f"| {r['ndcg@10_pct']:.2f} | {r['hit@10_pct']:.2f} | {paper} "
+            f"| {r['valid_ndcg@10_pct']:.2f} / {r['valid_hit@10_pct']:.2f} | {r['wall_seconds']:.0f} "
+            f"| {r['median_step_s']:.2f} | {r['peak_rss_mb'] if r['peak_rss_mb'] is not None else 'not measured'} |"
+        )
+    if summary["missing"]:
+        lines += ["", f"Missing (did not finish in the time available; not estimated): {', '.join(summary['missing'])}."]
+    lines += ["", "Plot: `benchmarks/dpformer_table2.png`; data: `benchmarks/dpformer_table2.json`.", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.dpformer_table2", description=__doc__.split("\n")[0])
+    p.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "sasrec", "amazon_games.txt"))
+    p.add_argument("--work", default="/tmp/dpformer_table2", help="one run directory per configuration")
+    p.add_argument("--epsilons", type=lambda s: [float(x) for x in s.split(",")], default=[8.0, 5.0, 10.0])
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--max-len", type=int, default=20)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--dropout", type=float, default=0.2)
+    p.add_argument("--delta", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--summarize", action="store_true", help="only rebuild the table from finished runs")
+    p.add_argument("--results-md", default="", help="append the section to this RESULTS.md ('' to skip)")
+    p.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "dpformer_table2.json"))
+    p.add_argument("--png", default=os.path.join(ROOT, "benchmarks", "dpformer_table2.png"))
+    a = p.parse_args(argv)
+    if not os.path.exists(a.data):
+        print(f"data file not found: {a.data} (../shared/data is needed for this benchmark)", file=sys.stderr)
+        return 2
+    info = machine_info(ROOT)
+    reports = {}
+    for model, eps in _runs(a.epsilons):
+        reports[(model, eps)] = _load(_run_dir(a.work, model, eps)) if a.summarize else run_one(a, model, eps)
+    summary = summarize(a, reports)
+    command = "python -m benchmarks.dpformer_table2 " + shlex.join(argv if argv is not None else sys.argv[1:])
+    with open(a.json, "w") as f:
+        json.dump({"command": command, "machine": info, "settings": vars(a), **summary}, f, indent=2, default=str)
+    plot(summary, a.png)
+    text = markdown(a, summary, info, command)
+    print(text)
+    if a.results_md:
+        with open(a.results_md, "a") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
