@@ -59,7 +59,6 @@ import contextlib
 import dataclasses
 
 from tfdp_embed._keras import tf
-from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import EmbeddingOccurrences
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
 
@@ -242,10 +241,8 @@ def synchronize_generator(mechanism: NoiseMechanism, strategy: tf.distribute.Str
     """Copies worker 0's noise-generator state to every worker (MultiWorkerMirrored only).
 
     Each worker then draws the same noise in its merge step, so the mirrored
-    variables stay identical. A no-op under every other strategy.
-
-    Raises:
-      PrivacyContractError: when the states still differ afterwards.
+    variables stay identical. A no-op under every other strategy. (Worker 0's
+    state is still OS entropy when `seed=None`; the noise stays secret.)
     """
     if strategy_kind(strategy) != MULTI_WORKER_MIRRORED:
         return
@@ -253,20 +250,15 @@ def synchronize_generator(mechanism: NoiseMechanism, strategy: tf.distribute.Str
 
     def broadcast():
         ctx = tf.distribute.get_replica_context()
-        mine = tf.convert_to_tensor(state)
-        # Collectives reduce floats exactly for 31-bit pieces: split int64 into 31-bit chunks.
-        mask = tf.constant((1 << 31) - 1, tf.int64)
-        pieces = tf.stack([mine & mask, (mine >> 31) & mask, (mine >> 62) & 3], 0)
+        # Collectives sum floats: send the state as 32-bit halves (exact in float64).
+        halves = tf.cast(tf.bitcast(tf.convert_to_tensor(state), tf.uint32), tf.float64)
         first = tf.cast(tf.equal(ctx.replica_id_in_sync_group, 0), tf.float64)
-        summed = ctx.all_reduce("sum", tf.cast(pieces, tf.float64) * first)
-        parts = tf.cast(tf.round(summed), tf.int64)
-        return parts[0] | (parts[1] << 31) | (parts[2] << 62)
+        summed = ctx.all_reduce("sum", halves * first)
+        return tf.bitcast(tf.cast(tf.round(summed), tf.uint32), tf.int64)
 
     synced = strategy.run(tf.function(broadcast, autograph=False))
     value = strategy.experimental_local_results(synced)[0]
     state.assign(value)
-    if not bool(tf.reduce_all(tf.equal(tf.convert_to_tensor(state), value))):
-        raise PrivacyContractError("Could not synchronise the noise generator across workers.")
 
 
 # -- the synchronous step -----------------------------------------------------------

@@ -16,17 +16,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tfdp_embed._keras import keras, tf  # noqa: E402
+from tfdp_embed._keras import keras, tf
 
 _CPU = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from tfdp_embed import distribute  # noqa: E402
-from tfdp_embed.layers.embedding import DPEmbedding  # noqa: E402
-from tfdp_embed.mechanisms import DPAdaFEST, DPFEST, EANA, DenseDPSGD, LazyDP, NonPrivate  # noqa: E402
-from tfdp_embed.training import DPModel  # noqa: E402
+from tfdp_embed import distribute
+from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.mechanisms import (
+    DPFEST,
+    EANA,
+    DenseDPSGD,
+    DPAdaFEST,
+    LazyDP,
+    NonPrivate,
+)
+from tfdp_embed.training import DPModel
 
 VOCAB, IDS, BATCH = 30, 3, 8
 BCE = keras.losses.BinaryCrossentropy(from_logits=True)

@@ -18,13 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from tfdp_embed._keras import keras, tf  # noqa: E402
-from tfdp_embed import distribute  # noqa: E402
-from tfdp_embed.layers.embedding import DPEmbedding  # noqa: E402
-from tfdp_embed.mechanisms import EANA, LazyDP, NonPrivate  # noqa: E402
-from tfdp_embed.training import DPModel  # noqa: E402
+from tfdp_embed import distribute
+from tfdp_embed._keras import keras, tf
+from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.mechanisms import EANA, LazyDP, NonPrivate
+from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, BATCH, STEPS = 50, 4, 3, 8, 4
 BCE = keras.losses.BinaryCrossentropy(from_logits=True)

@@ -1,0 +1,77 @@
+"""One worker of a 2-process MultiWorkerMirroredStrategy run (TF_CONFIG from the environment).
+
+Started twice by test_multi_worker.py on loopback ports. Trains the same
+small model twice under the strategy (EANA with zero noise and a huge clip;
+EANA with noise from OS entropy, `seed=None`) and, on one device, the
+non-private reference on the global batches. Prints one JSON line: the
+final weights of each run, so the test can check that both workers agree
+and that the zero-noise run equals one-device SGD.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tfdp_embed._keras import keras, tf
+
+# Must exist before any other TensorFlow op runs in this process.
+STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()
+
+import numpy as np
+
+from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.mechanisms import EANA, NonPrivate
+from tfdp_embed.training import DPModel
+
+VOCAB, DIM, IDS, BATCH, STEPS = 30, 4, 3, 8, 3
+BCE = keras.losses.BinaryCrossentropy(from_logits=True)
+
+
+def _dataset():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, VOCAB, (STEPS * BATCH, IDS)).astype("int32")
+    y = rng.integers(0, 2, (STEPS * BATCH, 1)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((ids, y)).batch(BATCH)
+
+
+def _model():
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((IDS,), dtype="int32")
+    x = DPEmbedding(VOCAB, DIM, combiner="mean", name="table")(inp)
+    x = keras.layers.Dense(4, activation="tanh")(x)
+    return keras.Model(inp, keras.layers.Dense(1)(x))
+
+
+def _train(mechanism, strategy=None):
+    scope = strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope()
+    with scope:
+        dp = DPModel(_model(), mechanism=mechanism, expected_batch_size=BATCH)
+        dp.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss=BCE)
+    dp.fit(_dataset(), epochs=1, verbose=0)
+    return [w.tolist() for w in dp.inner.get_weights()], int(mechanism.steps.numpy())
+
+
+def main():
+    exact, exact_steps = _train(EANA(l2_norm_clip=1e6, noise_multiplier=0.0, seed=1), STRATEGY)
+    noisy, noisy_steps = _train(EANA(l2_norm_clip=1.0, noise_multiplier=1.0), STRATEGY)  # OS entropy
+    reference, _ = _train(NonPrivate())
+    print(
+        json.dumps(
+            {
+                "replicas": STRATEGY.num_replicas_in_sync,
+                "exact": exact,
+                "exact_steps": exact_steps,
+                "noisy": noisy,
+                "noisy_steps": noisy_steps,
+                "reference": reference,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
