@@ -6,6 +6,7 @@ step is found independently by brute force with the same accountant.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import dp_accounting
@@ -227,3 +228,81 @@ def test_bad_arguments():
         PrivacyBudget(mechanism, sampling_probability=Q, target_epsilon=1.0, target_delta=DELTA, accountant="x")
     with pytest.raises(TypeError, match="`mechanism`"):
         PrivacyBudget("dense", sampling_probability=Q, target_epsilon=1.0, target_delta=DELTA)
+
+
+# -- resuming from a checkpointed ledger; the report the budget writes --------------------------
+
+
+def test_resume_from_checkpointed_ledger_stops_at_the_uninterrupted_step_and_writes_report(tmp_path):
+    k_max = 23  # third epoch, fourth batch
+    target = _target_between(k_max, setup=SETUP_SIGMA)
+    mechanism = FakeMechanism(noise_multiplier=SIGMA, setup_noise_multiplier=SETUP_SIGMA)
+
+    def budget(**kwargs):
+        return PrivacyBudget(
+            mechanism, sampling_probability=Q, target_epsilon=target, target_delta=DELTA, accountant="rdp",
+            dataset_size=N, **kwargs,
+        )
+
+    class StopAt(keras.callbacks.Callback):
+        def __init__(self, steps):
+            super().__init__()
+            self.steps, self.seen = steps, 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+            if self.seen == self.steps:
+                self.model.stop_training = True
+
+    first = budget()
+    _model().fit(_data(), epochs=10, callbacks=[first, StopAt(17)], verbose=0)  # "killed" after 17 steps
+    checkpointed = first.ledger.to_json()
+    resumed = budget(report_path=str(tmp_path / "report.json"))
+    resumed.resume_from(PrivacyLedger.from_json(checkpointed))
+    model = _model()
+    model.fit(_data(), epochs=10, callbacks=[resumed], verbose=0)
+    # The resumed run stops after the 6 steps that were left: 23 in total, as uninterrupted.
+    assert int(model.optimizer.iterations.numpy()) == k_max - 17
+    assert resumed.ledger.steps == k_max and resumed.stopped_by_budget
+    assert [e.kind for e in resumed.ledger.entries] == ["setup", "step"]  # setup counted once
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["steps"] == k_max and report["extra"]["budget"]["stopped_by_budget"] is True
+    assert report["epsilon"] == pytest.approx(_eps(k_max, setup=SETUP_SIGMA), rel=1e-6)
+    assert report["epsilon"] <= target
+
+
+def test_budget_refusing_to_start_says_so_and_writes_report(tmp_path):
+    k_max = 13
+    target = _target_between(k_max)
+    mechanism = FakeMechanism(noise_multiplier=SIGMA)
+    spent = PrivacyLedger()
+    spent.record_steps(mechanism.step_event(Q), k_max)
+    budget = PrivacyBudget(
+        mechanism, sampling_probability=Q, target_epsilon=target, target_delta=DELTA, accountant="rdp",
+        report_path=str(tmp_path / "report.json"), dataset_size=N,
+    )
+    budget.resume_from(spent)
+    with pytest.raises(PrivacyBudgetExceededError, match="Not even one more step"):
+        _model().fit(_data(), epochs=1, callbacks=[budget], verbose=0)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["extra"]["budget"]["refused_to_start"] is True and report["steps"] == k_max
+
+
+def test_resume_from_refuses_to_drop_or_double_count_entries():
+    mechanism = FakeMechanism(noise_multiplier=SIGMA)
+    step = mechanism.step_event(Q)
+    saved = PrivacyLedger()
+    saved.record_setup(dp_accounting.GaussianDpEvent(SETUP_SIGMA))
+    saved.record_steps(step, 7)
+    fresh = PrivacyLedger()
+    fresh.record_setup(dp_accounting.GaussianDpEvent(SETUP_SIGMA))  # a new process records its setup again
+    fresh.resume_from(saved)
+    assert fresh == saved and fresh.steps == 7
+    other = PrivacyLedger()
+    other.record_steps(step, 3)  # steps the checkpointed ledger does not start with
+    with pytest.raises(ValueError, match="drop or double-count"):
+        other.resume_from(saved)
+    with pytest.raises(TypeError, match="PrivacyLedger"):
+        PrivacyBudget(mechanism, sampling_probability=Q, target_epsilon=1.0, target_delta=DELTA).resume_from({})
+    with pytest.raises(ValueError, match="dataset_size"):
+        PrivacyBudget(mechanism, sampling_probability=Q, target_epsilon=1.0, target_delta=DELTA, report_path="r.json")

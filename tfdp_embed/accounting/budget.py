@@ -12,6 +12,14 @@ would exceed the budget never runs. Epsilon is computed at epoch end (and
 put into the epoch logs, so `History` and `TensorBoard` see it) and at
 train end, never per step: one PLD evaluation costs ~0.1-2 s.
 
+Resuming (`resume_from(ledger)`, done by `tfdp_embed.checkpointing`): the
+checkpointed ledger replaces the empty one, so a resumed run's budget counts
+every step of every earlier run once, and stops at the same step an
+uninterrupted run would. With `report_path` the callback writes the privacy
+report (`privacy_report`, plus `extra.budget`: target, whether the budget
+stopped training, allowed steps) when training ends, and also when it
+refuses to start because not one more step fits.
+
 Non-DP mechanisms (`mechanism.is_dp` False, e.g. EANA) have no epsilon. The
 callback still caps training at the step count DP-SGD with the same noise
 multiplier would be allowed (a *nominal* number, useful to compare runs),
@@ -75,6 +83,10 @@ class PrivacyBudget(keras.callbacks.Callback):
         hold (e.g. resuming from a checkpoint without a ledger). Defaults to
         `mechanism.steps`. The larger of the ledger's count and this is used.
       value_discretization_interval: PLD grid step (PLD only).
+      report_path: where to write the privacy report JSON at train end (and
+        when the budget refuses to start); None writes nothing.
+      dataset_size: N, required with `report_path`.
+      batching: "poisson", "fixed_shuffled" or a `BatchingInfo`, for the report.
 
     Attributes:
       ledger: the `PrivacyLedger` (save it next to the model).
@@ -100,8 +112,17 @@ class PrivacyBudget(keras.callbacks.Callback):
         ledger: PrivacyLedger | None = None,
         initial_steps: int | None = None,
         value_discretization_interval: float | None = None,
+        report_path: str | None = None,
+        dataset_size: int | None = None,
+        batching="poisson",
     ):
         super().__init__()
+        if report_path is not None and (
+            isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1
+        ):
+            raise ValueError(
+                f"`dataset_size` (an int >= 1) is required with `report_path`; received {dataset_size!r}."
+            )
         if not isinstance(mechanism, NoiseMechanism):
             raise TypeError(f"`mechanism` must be a `NoiseMechanism`; received {type(mechanism).__name__}.")
         if ledger is not None and not isinstance(ledger, PrivacyLedger):
@@ -115,6 +136,9 @@ class PrivacyBudget(keras.callbacks.Callback):
             None if initial_steps is None else check_steps(initial_steps, "initial_steps", allow_zero=True)
         )
         self.value_discretization_interval = value_discretization_interval
+        self.report_path = None if report_path is None else str(report_path)
+        self.dataset_size = dataset_size
+        self.batching = batching
         self.ledger = PrivacyLedger() if ledger is None else ledger
         self.is_dp = bool(mechanism.is_dp)
         self.log_key = "epsilon" if self.is_dp else "epsilon_not_dp"
@@ -130,6 +154,32 @@ class PrivacyBudget(keras.callbacks.Callback):
     def spent_epsilon(self) -> float:
         """Epsilon of everything in the ledger now (nominal for non-DP mechanisms)."""
         return self._epsilon_after(0)
+
+    def resume_from(self, ledger: PrivacyLedger) -> None:
+        """Continues from a checkpointed ledger: its steps and one-off events count, once.
+
+        Call before `fit` (the checkpoint restore does). This budget's ledger
+        must be empty or a prefix of `ledger` (see `PrivacyLedger.resume_from`).
+
+        Raises:
+          TypeError: not a PrivacyLedger. ValueError: this budget already
+            recorded entries the checkpointed ledger lacks.
+        """
+        if not isinstance(ledger, PrivacyLedger):
+            raise TypeError(f"`ledger` must be a `PrivacyLedger`; received {type(ledger).__name__}.")
+        step_event = self.mechanism.step_event(self.sampling_probability)
+        foreign = [e for e in ledger.entries if e.kind == "step" and e.event != step_event]
+        if foreign:
+            _LOG.warning(
+                "PrivacyBudget.resume_from: %d checkpointed step entries have another event than this run's "
+                "(%s); they are accounted as recorded.",
+                len(foreign),
+                step_event,
+            )
+        self.ledger.resume_from(ledger)
+        self.max_steps = None
+        self.epsilon, self._epsilon_steps = None, -1
+        _LOG.info("PrivacyBudget: resumed from a ledger of %d steps.", self.ledger.steps)
 
     @property
     def remaining_steps(self) -> int | None:
@@ -152,6 +202,8 @@ class PrivacyBudget(keras.callbacks.Callback):
             )
         spent = self._epsilon_after(0)
         if spent > self.target_epsilon:
+            self.epsilon, self._epsilon_steps = spent, self.ledger.steps
+            self._write_report(stopped=True, refused_to_start=True)
             raise PrivacyBudgetExceededError(
                 f"The ledger already spent {what} {spent:.6g} > `target_epsilon`={self.target_epsilon:g} "
                 f"at delta={self.target_delta:g} ({self.ledger.steps} steps, {self.accountant} accountant): "
@@ -160,6 +212,9 @@ class PrivacyBudget(keras.callbacks.Callback):
             )
         remaining = self._max_extra_steps(spent)
         if remaining == 0:
+            self.epsilon, self._epsilon_steps = spent, self.ledger.steps
+            self.max_steps = self.ledger.steps
+            self._write_report(stopped=True, refused_to_start=True)
             raise PrivacyBudgetExceededError(
                 f"Not even one more step fits the budget: {what} is {spent:.6g} now and one more step "
                 f"would exceed `target_epsilon`={self.target_epsilon:g} at delta={self.target_delta:g} "
@@ -241,6 +296,43 @@ class PrivacyBudget(keras.callbacks.Callback):
             self.accountant,
             ", stopped by the privacy budget" if self.stopped_by_budget else "",
         )
+        self._write_report(stopped=self.stopped_by_budget, refused_to_start=False)
+
+    def _write_report(self, *, stopped: bool, refused_to_start: bool) -> None:
+        """Writes the privacy report to `report_path` (if set), with the budget's outcome."""
+        if self.report_path is None:
+            return
+        from tfdp_embed.accounting.report import privacy_report, write_privacy_report
+
+        budget = {
+            "target_epsilon": self.target_epsilon,
+            "target_delta": self.target_delta,
+            "max_steps": self.max_steps,
+            "steps": self.ledger.steps,
+            "stopped_by_budget": bool(stopped),
+            "refused_to_start": bool(refused_to_start),
+            "message": (
+                "Not one more step fits the budget: training did not start."
+                if refused_to_start
+                else "Training stopped because one more step would exceed the budget."
+                if stopped
+                else "Training ended within the budget."
+            ),
+        }
+        report = privacy_report(
+            mechanism=self.mechanism,
+            delta=self.target_delta,
+            sampling_probability=self.sampling_probability,
+            dataset_size=self.dataset_size,
+            ledger=self.ledger if self.is_dp else None,
+            epsilon=None if self.is_dp else self.epsilon,
+            steps=None if self.is_dp else self.ledger.steps,
+            accountant=self.accountant,
+            batching=self.batching,
+            extra={"budget": budget},
+        )
+        write_privacy_report(self.report_path, report)
+        _LOG.info("PrivacyBudget: privacy report written to %s.", self.report_path)
 
     # -- internals ----------------------------------------------------------------
     def _one_off_events(self) -> list:

@@ -138,6 +138,41 @@ class PrivacyLedger:
             self, target_delta=delta, accountant=accountant, value_discretization_interval=value_discretization_interval
         )
 
+    def resume_from(self, saved: PrivacyLedger) -> None:
+        """Takes over the entries of `saved` (a checkpointed ledger) to continue a run.
+
+        This ledger must be empty or hold a prefix of `saved` (e.g. the same
+        setup event recorded again by a fresh process): nothing already
+        accounted is dropped, nothing is counted twice.
+
+        Raises:
+          TypeError: `saved` is not a PrivacyLedger.
+          ValueError: this ledger holds entries `saved` does not start with
+            (they would be lost or counted twice).
+        """
+        if not isinstance(saved, PrivacyLedger):
+            raise TypeError(f"`saved` must be a PrivacyLedger; received {type(saved).__name__}.")
+        mine, theirs = self._entries, saved._entries
+        prefix_ok = len(mine) <= len(theirs) and all(
+            a.kind == b.kind and a.event == b.event and (a.count == b.count or (i == len(mine) - 1 and a.count <= b.count))
+            for i, (a, b) in enumerate(zip(mine, theirs))
+        )
+        if not prefix_ok:
+            raise ValueError(
+                f"Cannot resume: this ledger ({self!r}) holds entries the checkpointed ledger ({saved!r}) "
+                "does not start with; resuming would drop or double-count them. Resume into an empty ledger."
+            )
+        self._entries = [dataclasses.replace(e) for e in theirs]
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, PrivacyLedger):
+            return NotImplemented
+        return [(e.kind, e.event, e.count) for e in self._entries] == [
+            (e.kind, e.event, e.count) for e in other._entries
+        ]
+
+    __hash__ = None
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -160,7 +195,7 @@ class PrivacyLedger:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "PrivacyLedger":
+    def from_json(cls, text: str) -> PrivacyLedger:
         """Reads `to_json` output.
 
         Raises:
