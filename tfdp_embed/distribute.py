@@ -143,10 +143,7 @@ def check_supported(mechanism: NoiseMechanism, strategy: tf.distribute.Strategy 
             f"tfdp_embed does not support {type(strategy).__name__}: DP training runs on one "
             "device, MirroredStrategy, MultiWorkerMirroredStrategy or ParameterServerStrategy."
         )
-    table = SUPPORT.get(mechanism.name)
-    reason = None if table is None else table.get(kind)
-    if table is None and kind == TPU:
-        reason = _TPU_REASON
+    reason = unsupported_reason(mechanism.name, kind)
     if reason is not None:
         raise DistributionNotSupportedError(
             f"Mechanism {mechanism.name!r} does not support {type(strategy).__name__} "
@@ -163,6 +160,17 @@ def check_supported(mechanism: NoiseMechanism, strategy: tf.distribute.Strategy 
     return kind
 
 
+def unsupported_reason(mechanism_name: str, kind: str) -> str | None:
+    """Why mechanism `mechanism_name` cannot run under strategy kind `kind`; None when it can.
+
+    Mechanisms missing from `SUPPORT` (added later) are allowed everywhere but on TPU.
+    """
+    table = SUPPORT.get(mechanism_name)
+    if table is None:
+        return _TPU_REASON if kind == TPU else None
+    return table.get(kind)
+
+
 def _parameter_server_workers(strategy) -> int:
     # ParameterServerStrategy has no public accessor for its worker count (TF 2.21); it
     # stores the resolver it was built from.
@@ -173,6 +181,39 @@ def _parameter_server_workers(strategy) -> int:
 def is_synchronous_replicated(strategy: tf.distribute.Strategy | None = None) -> bool:
     """True under Mirrored / MultiWorkerMirrored strategies (the all-reduce + merge path)."""
     return strategy_kind(strategy) in (MIRRORED, MULTI_WORKER_MIRRORED)
+
+
+# -- cluster processes --------------------------------------------------------------
+def start_server(cluster, *, job_name: str, task_index: int, config=None) -> tf.distribute.Server:
+    """Starts a `tf.distribute.Server` able to run tfdp_embed's steps.
+
+    Parameter-server and worker processes execute the functions the
+    coordinator sends them, which contain tfdp_embed's custom ops (the fast
+    Gaussian sampler and the fused sparse-row ops): the op library must be
+    loaded in *their* process too, or the first step fails with "Op type not
+    registered". This loads it (building it if needed; when it cannot be
+    built the coordinator falls back to TensorFlow's sampler as well) and
+    starts the server.
+
+    Args:
+      cluster: a `tf.train.ClusterSpec` or its dict form.
+      job_name: "worker" or "ps" (or "chief").
+      task_index: index of this task in its job.
+      config: optional `tf.compat.v1.ConfigProto`.
+
+    Returns:
+      The started server (call `.join()` to serve until killed).
+
+    Example:
+        >>> server = start_server(cluster, job_name="ps", task_index=0)
+        >>> server.join()
+    """
+    from tfdp_embed.ops import fast_normal
+
+    fast_normal.available()  # loads (or builds) the op library; False means the fallback is used
+    return tf.distribute.Server(
+        tf.train.ClusterSpec(cluster), job_name=job_name, task_index=task_index, config=config, protocol="grpc"
+    )
 
 
 # -- state placement --------------------------------------------------------------
@@ -430,3 +471,160 @@ def _decode_grad(grad):
     if isinstance(grad, (tuple, list)):
         return tf.IndexedSlices(*grad)
     return grad
+
+
+# -- TPU SparseCore (TPUEmbeddingV2): the gradient path ------------------------------
+@dataclasses.dataclass(frozen=True)
+class TpuEmbeddingPlan:
+    """What one mechanism needs from the TPU embedding engine (docs/tpu_sparsecore.md).
+
+    Attributes:
+      mechanism: mechanism name.
+      possible: True when the mechanism can run with tables on SparseCore today.
+      path: how (the gradient-path recipe), or why not.
+      needs: engine features the recipe relies on.
+    """
+
+    mechanism: str
+    possible: bool
+    path: str
+    needs: tuple
+
+
+_CLIP = "per-example clip factors c_i scale the activation gradients before apply_gradients"
+_NOISE_FEATURE = (
+    "a 'noise feature' on the same table whose ids are the global union of touched rows, each row "
+    "owned by one replica (noise_feature_rows) and whose activation gradients are the noise "
+    "(noise_feature_gradients): the engine sums all features' gradients per row, so each row gets "
+    "exactly one draw"
+)
+
+TPU_PLANS = {
+    "none": TpuEmbeddingPlan("none", True, "plain TPUEmbedding training (no clipping, no noise)", ()),
+    "eana": TpuEmbeddingPlan(
+        "eana", True, f"{_CLIP}; {_NOISE_FEATURE}.",
+        ("TPUEmbeddingV2.apply_gradients with explicit activation gradients", "extra FeatureConfig on the table",
+         "ids of the batch on the TensorCore (ghost norms, union of rows)"),
+    ),
+    "fest": TpuEmbeddingPlan(
+        "fest", True,
+        f"{_CLIP}; unselected rows must get no gradient: ids as sequence features "
+        "(max_sequence_length > 0, pooling on the TensorCore) so each occurrence's gradient can be "
+        "masked; noise feature over the k selected rows every step.",
+        ("sequence features (per-id activations)", "extra FeatureConfig with k ids per step"),
+    ),
+    "adafest": TpuEmbeddingPlan(
+        "adafest", True,
+        f"{_CLIP}; contribution map and thresholding on the TensorCore from the ids; touched rows "
+        "below tau masked per occurrence (sequence features); noise feature over the survivors "
+        "(touched survivors plus noise-only rows, a variable count padded to a static maximum).",
+        ("sequence features (per-id activations)", "static maximum of survivors per step"),
+    ),
+    "adafest+": TpuEmbeddingPlan(
+        "adafest+", True, "as adafest, restricted to the DP-FEST selection.",
+        ("sequence features (per-id activations)", "static maximum of survivors per step"),
+    ),
+    "dense": TpuEmbeddingPlan(
+        "dense", False,
+        "dense DP-SGD adds noise to every row every step; SparseCore updates only rows that appear in "
+        "the step's features, so it would need all vocabulary ids as a feature each step (a "
+        "table-sized activation gradient): not feasible beyond small tables.",
+        (),
+    ),
+    "lazy": TpuEmbeddingPlan(
+        "lazy", False,
+        "LazyDP must add a row's owed noise before the row is read; TPUEmbedding reads rows inside "
+        "the engine with no read hook. Plain SGD could be served by the lookahead (owed noise of the "
+        "next batch's rows sent through the noise feature as gradient -owed/lr, history table on the "
+        "TensorCore host), but momentum's deferred drift m <- beta^k m has no gradient-path form and "
+        "the SparseCore optimizers apply to rows in the batch only; not implemented.",
+        ("read hook or lookahead feature", "history table", "SGD without momentum"),
+    ),
+}
+
+
+def tpu_embedding_plan(mechanism: NoiseMechanism | str) -> TpuEmbeddingPlan:
+    """The TPU SparseCore plan of `mechanism` (a mechanism or its name).
+
+    Raises:
+      KeyError: for a mechanism with no plan (a new mechanism must add one).
+    """
+    name = mechanism if isinstance(mechanism, str) else mechanism.name
+    if name not in TPU_PLANS:
+        raise KeyError(f"No TPU SparseCore plan for mechanism {name!r}; plans exist for {sorted(TPU_PLANS)}.")
+    return TPU_PLANS[name]
+
+
+def noise_feature_rows(touched_rows: tf.Tensor, *, max_rows: int, ctx=None) -> tuple:
+    """Rows this replica noises so that every row touched by any replica is noised exactly once.
+
+        union = unique(all_gather(touched rows of every replica));  replica r owns union[j] for j % R == r
+
+    Args:
+      touched_rows: int `[n]` rows this replica's batch touched (repeats allowed).
+      max_rows: static size of the returned ids (TPU shapes are static):
+        padding rows are 0 with weight 0.
+      ctx: the replica context (default: the current one; None or one replica
+        means this replica owns the whole union).
+
+    Returns:
+      (ids int32 `[max_rows]`, weights float32 `[max_rows]` (1 for owned rows, 0
+      for padding), count of owned rows). Feed ids/weights as the noise
+      feature; give its activation gradients from `noise_feature_gradients`.
+
+    Raises:
+      tf.errors.InvalidArgumentError: when more than `max_rows` rows are owned.
+
+    References: EANA §3 (noise on the rows of the batch); docs/tpu_sparsecore.md.
+    """
+    rows = tf.reshape(tf.cast(touched_rows, tf.int32), [-1])
+    ctx = ctx or tf.distribute.get_replica_context()
+    replicas, me = 1, 0
+    if ctx is not None and ctx.num_replicas_in_sync > 1:
+        rows = ctx.all_gather(rows, axis=0)
+        replicas, me = ctx.num_replicas_in_sync, ctx.replica_id_in_sync_group
+    union = tf.sort(tf.unique(rows).y)  # the same order on every replica
+    owned = tf.boolean_mask(union, tf.equal(tf.range(tf.size(union)) % replicas, me))
+    count = tf.size(owned)
+    check = tf.debugging.assert_less_equal(
+        count, max_rows, message=f"noise_feature_rows: more owned rows than max_rows={max_rows}; raise it."
+    )
+    with tf.control_dependencies([check]):
+        padding = max_rows - count
+        ids = tf.pad(owned, [[0, padding]])
+        weights = tf.pad(tf.ones([count], tf.float32), [[0, padding]])
+    return ids, weights, count
+
+
+def noise_feature_gradients(generator, weights: tf.Tensor, *, dim: int, stddev: float) -> tf.Tensor:
+    """Activation gradients of the noise feature: N(0, stddev^2) per owned row, 0 on padding.
+
+    With `stddev = sigma C / B` and SGD on the engine, row j moves by
+    -lr (clipped sum_j + N(0, sigma^2 C^2)) / B, EANA's update.
+
+    Args:
+      generator: a `tf.random.Generator` created inside the strategy scope:
+        in replica context each replica then draws from its own stream, as
+        its rows need independent noise.
+      weights: `[max_rows]` from `noise_feature_rows`.
+      dim: embedding dimension.
+      stddev: per-coordinate standard deviation (>= 0).
+    """
+    from tfdp_embed.ops import fast_normal
+
+    size = tf.shape(weights)[0]
+    return fast_normal.normal(generator, [size, dim], stddev) * weights[:, None]
+
+
+def clipped_activation_gradients(activation_gradients: tf.Tensor, clip_factors: tf.Tensor, *, expected_batch_size: float):
+    """Per-example activation gradients scaled by c_i / B: the engine's per-row sum is then the clipped sum / B.
+
+    Args:
+      activation_gradients: `[batch, ...]` gradients of the loss *sum* w.r.t.
+        one feature's activations (row i belongs to example i).
+      clip_factors: `[batch]` c_i = C / max(||g_i||, C).
+      expected_batch_size: B.
+    """
+    factors = tf.cast(clip_factors, activation_gradients.dtype) / expected_batch_size
+    shape = tf.concat([tf.shape(factors), tf.ones([tf.rank(activation_gradients) - 1], tf.int32)], 0)
+    return activation_gradients * tf.reshape(factors, shape)

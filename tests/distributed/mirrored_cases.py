@@ -180,6 +180,53 @@ def case_unsupported() -> dict:
     return {"lazy": lazy, "fest": fest, "kind": distribute.strategy_kind(_strategy())}
 
 
+def case_tpu_noise_feature(draws=300, dim=8, stddev=0.5) -> dict:
+    """The TPU gradient-path noise on 2 replicas, with the engine's per-row sum done in numpy.
+
+    Replica 0 touches rows {0, 1, 2, 3, 5}, replica 1 rows {3, 5, 10, 11}
+    (3 and 5 on both). Each replica feeds `noise_feature_rows` ids with
+    `noise_feature_gradients` as their activation gradients; SparseCore sums
+    every gradient per row, emulated with np.add.at.
+    """
+    strategy = _strategy()
+    with strategy.scope():
+        generator = tf.random.Generator.from_seed(11)
+    touched = tf.constant([[0, 1, 2, 3, 5, 5], [3, 5, 10, 11, 11, 10]], tf.int32)
+
+    @tf.function
+    def step():
+        def replica_fn():
+            ctx = tf.distribute.get_replica_context()
+            rows = tf.gather(touched, ctx.replica_id_in_sync_group)
+            ids, weights, count = distribute.noise_feature_rows(rows, max_rows=8)
+            grads = distribute.noise_feature_gradients(generator, weights, dim=dim, stddev=stddev)
+            return ids, weights, grads, count
+
+        return strategy.run(replica_fn)
+
+    owned, deltas = [], []
+    for _ in range(draws):
+        ids, weights, grads, counts = (strategy.experimental_local_results(x) for x in step())
+        delta = np.zeros([VOCAB, dim], np.float64)
+        rows_this_step = []
+        for i, w, g in zip(ids, weights, grads):
+            np.add.at(delta, i.numpy(), g.numpy())
+            rows_this_step.append(sorted(int(r) for r, keep in zip(i.numpy(), w.numpy()) if keep))
+        owned.append(rows_this_step)
+        deltas.append(delta)
+    deltas = np.stack(deltas)
+    union = [0, 1, 2, 3, 5, 10, 11]
+    others = [r for r in range(VOCAB) if r not in union]
+    return {
+        "owned_first_step": owned[0],
+        "owned_always_same": all(o == owned[0] for o in owned),
+        "std_per_union_row": [float(deltas[:, r].std()) for r in union],
+        "max_abs_other_rows": float(np.abs(deltas[:, others]).max()),
+        "expected_std": stddev,
+        "samples_per_row": draws * dim,
+    }
+
+
 def main(names):
     results = {name: globals()[f"case_{name}"]() for name in names}
     print(json.dumps(results))

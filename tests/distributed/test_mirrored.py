@@ -11,7 +11,7 @@ import pytest
 # RUN_SLOW_DISTRIBUTED=1 adds the dense DP-SGD noise scenario.
 SLOW = os.environ.get("RUN_SLOW_DISTRIBUTED", "") not in ("", "0")
 
-_CASES = ["exact", "noise_eana", "unsupported"] + (["noise_dense"] if SLOW else [])
+_CASES = ["exact", "noise_eana", "unsupported", "tpu_noise_feature"] + (["noise_dense"] if SLOW else [])
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +57,16 @@ def test_lazy_is_refused_under_mirrored_strategy_and_fest_is_accepted(results):
     assert row["lazy"].startswith("DistributionNotSupportedError: Mechanism 'lazy' does not support MirroredStrategy")
     assert "read hook" in row["lazy"]
     assert row["fest"] == "accepted"
+
+
+def test_tpu_noise_feature_noises_each_row_of_the_union_once_across_replicas(results):
+    # Rows 3 and 5 are touched on both replicas: one owner each, so std sigma, not sigma * sqrt(2).
+    row = results["tpu_noise_feature"]
+    owned = row["owned_first_step"]
+    assert sorted(owned[0] + owned[1]) == [0, 1, 2, 3, 5, 10, 11]
+    assert not set(owned[0]) & set(owned[1])
+    assert row["owned_always_same"]
+    # 2,400 samples per row: relative sd of the sample std 1.4%; allow 6% (sqrt(2) would be +41%).
+    for std in row["std_per_union_row"]:
+        assert abs(std / row["expected_std"] - 1) < 0.06, row
+    assert row["max_abs_other_rows"] == 0.0
