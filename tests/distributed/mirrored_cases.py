@@ -206,7 +206,7 @@ def case_tpu_noise_feature(draws=300, dim=8, stddev=0.5) -> dict:
 
     owned, deltas = [], []
     for _ in range(draws):
-        ids, weights, grads, counts = (strategy.experimental_local_results(x) for x in step())
+        ids, weights, grads, _counts = (strategy.experimental_local_results(x) for x in step())
         delta = np.zeros([VOCAB, dim], np.float64)
         rows_this_step = []
         for i, w, g in zip(ids, weights, grads):
