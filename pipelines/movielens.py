@@ -1,0 +1,523 @@
+"""MovieLens next-movie retrieval (EANA §4.1) with DP-SGD, EANA, LazyDP or no privacy.
+
+    python -m pipelines.movielens --mechanism eana --noise-multiplier 0.01 --epochs 5 --out runs/eana
+    python -m pipelines.movielens --mechanism dense --epsilon 3 --epochs 5 --out runs/dense
+
+What happens:
+  1. read `u.data` (default ../shared/data/movielens/ml-100k/u.data), build
+     per-user timelines, split users 80/20 (seeded), build every (context,
+     label) pair of the training users (the privacy units; see
+     `tfdp_embed.data.movielens` for what an example is and what epsilon
+     protects) plus any extra fixed examples (secret-sharer canaries);
+  2. q = batch_size / N, T = epochs x round(1/q) steps; sigma given, or
+     calibrated for (epsilon, delta = 1/N by default) with `dp_accounting` (PLD);
+  3. train the two-tower model (`tfdp_embed.models.two_tower`: bag-of-words
+     context tower, item lookup label tower, full softmax over all items)
+     with `DPModel` on Poisson-sampled batches (LazyDP with the one-batch
+     lookahead), a privacy budget stopping DP runs at the target epsilon;
+  4. flush (LazyDP's owed noise), evaluate precision@k / recall@k for
+     k in {1, 5, 10, 20} ranking all items for every test position;
+  5. with an output directory: export `DIR/retrieval_saved_model/` (history ->
+     top-k ids and scores, privacy report beside it) and write `DIR/report.json`.
+
+Public API (used by the secret-sharer audit): `MovieLensConfig`,
+`load_movielens`, `train_and_evaluate`, `MovieLensResult` (`.model`,
+`.report`, `.log_probs(contexts, labels)`).
+
+References: Berlowitz et al., "EANA", RecSys 2022, §4.1; Lim et al.,
+"LazyDP", ASPLOS 2024, §5; Abadi et al. 2016 (DP-SGD, Poisson sampling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from pipelines import movielens_privacy
+from pipelines.criteo_training import StepTimer
+from tfdp_embed import DPModel, keras, tf
+from tfdp_embed.accounting import PrivacyBudget, privacy_report, write_privacy_report
+from tfdp_embed.data import poisson_batches, with_lookahead
+from tfdp_embed.data.movielens import PADDING_ID, MovieLensData, MovieLensFormatError, load_movielens_data
+from tfdp_embed.export import export_saved_model, release_ready
+from tfdp_embed.metrics.retrieval import DEFAULT_KS, precision_recall_at_k
+from tfdp_embed.models.two_tower import TwoTowerModel, two_tower_registry
+from tfdp_embed.models.two_tower_serving import RetrievalServingModule
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_DATA_PATH = os.path.join(ROOT, "..", "shared", "data", "movielens", "ml-100k", "u.data")
+# SGD step sizes (momentum 0.9, batch 256, dim 32) measured to train on ml-100k; a DP step
+# divides the clipped sum by the expected batch, so clipped runs take a larger rate.
+DEFAULT_LEARNING_RATES = {"none": 0.05, "dense": 0.5, "eana": 0.5, "lazy": 0.5}
+SMALL_SIGMA_FOR_PLD = 0.3
+"""Below this noise multiplier epsilon is reported with the RDP accountant (PLD needs too much memory)."""
+PRIVACY_UNIT = (
+    "one (context, label) example: a position of a training user's timeline (example-level, as in EANA "
+    "§4.1). A user contributes one example per rated movie after the first, so a user's whole history "
+    "is protected only by group privacy over all of them; this is not user-level DP."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MovieLensConfig:
+    """One run's settings (CLI flags map onto these).
+
+    Attributes:
+      data_path: ml-100k `u.data`.
+      mechanism: "none", "dense" (DP-SGD), "eana" (not DP) or "lazy" (LazyDP).
+      noise_multiplier: sigma; or None with `epsilon` set (calibrated).
+      epsilon: target epsilon for dense/lazy (sigma calibrated; a nominal sigma for eana).
+      delta: delta; None = 1 / N (N training examples including extra ones).
+      l2_norm_clip: per-example clip norm C.
+      epochs: passes (each round(1/q) Poisson batches).
+      batch_size: expected Poisson batch size q N.
+      learning_rate: SGD rate; None = `DEFAULT_LEARNING_RATES[mechanism]`.
+      momentum: SGD momentum (legacy SGD; LazyDP defers it exactly).
+      embedding_dim: d of both towers.
+      hidden_units: ReLU widths of the context tower after pooling.
+      context_length: L, previous movies in a context.
+      test_fraction: share of users held out.
+      split_seed: seed of the user split (part of the dataset definition).
+      seed: seed of initialisation, batches and noise (None: OS entropy; tests and
+        benchmarks set it).
+      accountant: "pld" or "rdp".
+      max_test_examples: evaluate on the first N test examples only (None: all).
+      k: top-k of the exported retrieval signature.
+      eana_bound_examples: training examples to compute EANA's per-instance bound for.
+      verbose: Keras progress bar (1) or silent (0).
+    """
+
+    data_path: str = DEFAULT_DATA_PATH
+    mechanism: str = "eana"
+    noise_multiplier: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    l2_norm_clip: float = 1.0
+    epochs: int = 5
+    batch_size: int = 256
+    learning_rate: float | None = None
+    momentum: float = 0.9
+    embedding_dim: int = 32
+    hidden_units: tuple = (64,)
+    context_length: int = 20
+    test_fraction: float = 0.2
+    split_seed: int = 0
+    seed: int | None = None
+    accountant: str = "pld"
+    max_test_examples: int | None = None
+    k: int = 10
+    eana_bound_examples: int = 3
+    verbose: int = 1
+
+    def __post_init__(self):
+        if self.mechanism not in movielens_privacy.MECHANISM_NAMES:
+            raise ValueError(
+                f"`mechanism` must be one of {movielens_privacy.MECHANISM_NAMES}; received {self.mechanism!r}."
+            )
+        for name in ("epochs", "batch_size", "embedding_dim", "context_length", "k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be an int >= 1; received {value!r}.")
+        for name in ("l2_norm_clip",) + (("learning_rate",) if self.learning_rate is not None else ()):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+                raise ValueError(f"`{name}` must be a finite number > 0; received {value!r}.")
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise ValueError(f"`delta` must lie in (0, 1); received {self.delta!r}.")
+
+    @property
+    def resolved_learning_rate(self) -> float:
+        return self.learning_rate if self.learning_rate is not None else DEFAULT_LEARNING_RATES[self.mechanism]
+
+
+def load_movielens(config: MovieLensConfig) -> MovieLensData:
+    """Reads and splits the ratings of `config.data_path` (see `tfdp_embed.data.movielens`).
+
+    Raises:
+      FileNotFoundError, MovieLensFormatError: unreadable input (file and line named).
+    """
+    return load_movielens_data(
+        config.data_path,
+        context_length=config.context_length,
+        test_fraction=config.test_fraction,
+        split_seed=config.split_seed,
+    )
+
+
+@dataclasses.dataclass
+class MovieLensResult:
+    """A trained, flushed two-tower model and its report.
+
+    Attributes:
+      model: the `TwoTowerModel` (flushed: LazyDP's owed noise added; read hooks removed).
+      report: the run's report (what `DIR/report.json` holds).
+      data: the `MovieLensData` used.
+    """
+
+    model: TwoTowerModel
+    report: dict
+    data: MovieLensData
+
+    def log_probs(self, contexts, labels, *, batch_size: int = 4096) -> np.ndarray:
+        """log P(label | context) under the trained model, float64 `[n]` (full softmax over all items).
+
+        Args:
+          contexts: int `[n, context_length]`, 0-padded, at least one id per row.
+          labels: int `[n]` item ids in [1, num_items].
+
+        Raises:
+          ValueError: shapes that do not match; `tf.errors.InvalidArgumentError` for ids out of range.
+        """
+        contexts, labels = _check_examples(contexts, labels, self.model.num_items, "log_probs")
+        out = [
+            self.model.log_probs(contexts[i : i + batch_size], labels[i : i + batch_size]).numpy()
+            for i in range(0, len(labels), batch_size)
+        ]
+        return np.concatenate(out).astype(np.float64) if out else np.zeros([0])
+
+
+def _check_examples(contexts, labels, num_items: int, what: str) -> tuple:
+    contexts, labels = np.asarray(contexts), np.asarray(labels)
+    if contexts.ndim != 2 or labels.ndim != 1 or contexts.shape[0] != labels.shape[0]:
+        raise ValueError(
+            f"`{what}` takes contexts [n, context_length] and labels [n]; received shapes {contexts.shape} "
+            f"and {labels.shape}."
+        )
+    if contexts.dtype.kind not in "iu" or labels.dtype.kind not in "iu":
+        raise ValueError(f"`{what}`: contexts and labels must be integer item ids (0 = padding in contexts).")
+    if contexts.size and (contexts.min() < 0 or contexts.max() > num_items):
+        raise ValueError(f"`{what}`: context ids must lie in [0, {num_items}] (0 = padding).")
+    if labels.size and (labels.min() < 1 or labels.max() > num_items):
+        raise ValueError(f"`{what}`: labels must be item ids in [1, {num_items}].")
+    if contexts.size and not np.all(np.any(contexts != PADDING_ID, axis=1)):
+        raise ValueError(f"`{what}`: every context needs at least one item id (a row holds only padding).")
+    return contexts.astype(np.int32), labels.astype(np.int32)
+
+
+def _training_pool(data: MovieLensData, extra) -> tuple:
+    contexts, labels = data.train_contexts, data.train_labels
+    if extra is None:
+        return contexts, labels, 0
+    if not isinstance(extra, (tuple, list)) or len(extra) != 2:
+        raise ValueError("`extra_train_examples` must be a pair (contexts [n, context_length], labels [n]).")
+    extra_contexts, extra_labels = _check_examples(extra[0], extra[1], data.num_items, "extra_train_examples")
+    if extra_contexts.shape[1] != data.context_length:
+        raise ValueError(
+            f"`extra_train_examples` contexts must have context_length {data.context_length} columns; "
+            f"received {extra_contexts.shape[1]}."
+        )
+    return (np.concatenate([contexts, extra_contexts]), np.concatenate([labels, extra_labels]), len(extra_labels))
+
+
+def _batches(contexts, labels, *, q, seed, lookahead: bool, counter, table_name: str):
+    """Poisson batches; each batch the model trains on is recorded in `counter` (per epoch)."""
+    pool = tf.data.Dataset.from_tensor_slices((contexts, labels))
+    batches, info = poisson_batches(pool, sampling_probability=q, seed=seed, num_examples=len(labels))
+    length = contexts.shape[1]
+
+    def generate():  # one call per epoch: fresh Poisson batches every time
+        counter.start_epoch()
+        for batch_contexts, batch_labels in batches:
+            batch_contexts = batch_contexts.numpy()
+            counter.record(batch_contexts)
+            yield batch_contexts, batch_labels.numpy()
+
+    dataset = tf.data.Dataset.from_generator(
+        generate,
+        output_signature=(tf.TensorSpec([None, length], tf.int32), tf.TensorSpec([None], tf.int32)),
+    )
+    if lookahead:
+        dataset = with_lookahead(dataset, lambda features: {table_name: features})
+    return dataset, info
+
+
+def evaluate(model: TwoTowerModel, contexts, labels, *, ks=DEFAULT_KS, batch_size: int = 2048) -> dict:
+    """precision@k / recall@k ranking all items for every (context, label) pair."""
+    queries = np.concatenate(
+        [model.query(contexts[i : i + batch_size]).numpy() for i in range(0, len(labels), batch_size)]
+    )
+    candidates = model.item_embedding.candidates().numpy()
+    return precision_recall_at_k(
+        queries, candidates, labels, candidate_ids=np.arange(1, model.num_items + 1), ks=ks, batch_size=batch_size
+    )
+
+
+def train_and_evaluate(
+    config: MovieLensConfig,
+    *,
+    data: MovieLensData | None = None,
+    extra_train_examples=None,
+    out_dir: str | None = None,
+) -> MovieLensResult:
+    """Trains, flushes, evaluates (and with `out_dir` exports) one MovieLens two-tower model.
+
+    Args:
+      config: the run's settings.
+      data: a `load_movielens(config)` result to reuse (None: read it).
+      extra_train_examples: optional `(contexts int32 [n, L] 0-padded, labels int32 [n])`
+        fixed examples ADDED to the training pool (secret-sharer canaries); each row is
+        one example of the Poisson pool (insert a canary r times by repeating its row).
+      out_dir: where to write `report.json` and `retrieval_saved_model/` (None: nothing written).
+
+    Returns:
+      `MovieLensResult`.
+
+    Raises:
+      ValueError: bad settings or extra examples; PrivacyContractError if the model
+        cannot be released (owed noise).
+    """
+    started = time.perf_counter()
+    data = data if data is not None else load_movielens(config)
+    contexts, labels, num_extra = _training_pool(data, extra_train_examples)
+    n = len(labels)
+    if config.batch_size > n:
+        raise ValueError(f"`batch_size` {config.batch_size} exceeds the {n} training examples.")
+    q = config.batch_size / n
+    steps_per_epoch = max(1, round(1 / q))
+    steps = config.epochs * steps_per_epoch
+    delta = config.delta if config.delta is not None else 1.0 / n
+    noise = movielens_privacy.resolve_noise(
+        mechanism=config.mechanism, noise_multiplier=config.noise_multiplier, epsilon=config.epsilon,
+        delta=delta, sampling_probability=q, steps=steps, accountant=config.accountant,
+    )  # fmt: skip
+    sigma = noise["noise_multiplier"]
+    if config.verbose:
+        print(
+            f"movielens: {config.mechanism}, sigma {sigma:.4g} ({noise['source']}), N {n} "
+            f"({num_extra} extra), q {q:.4g}, {steps} steps, delta {delta:.3g}",
+            flush=True,
+        )
+
+    # Build: model, mechanism, DP wrapper, budget.
+    if config.seed is not None:
+        keras.utils.set_random_seed(config.seed)
+    model = TwoTowerModel(
+        num_items=data.num_items, embedding_dim=config.embedding_dim, hidden_units=tuple(config.hidden_units)
+    )
+    mechanism = movielens_privacy.build_mechanism(
+        config.mechanism, l2_norm_clip=config.l2_norm_clip, noise_multiplier=sigma, seed=config.seed
+    )
+    lazy = config.mechanism == "lazy"
+    dp_model = DPModel(
+        model, mechanism=mechanism, expected_batch_size=q * n, registry=two_tower_registry(), lookahead=lazy
+    )
+    dp_model.compile(
+        optimizer=keras.optimizers.legacy.SGD(learning_rate=config.resolved_learning_rate, momentum=config.momentum)
+    )
+    budget = None
+    if mechanism.is_dp and noise["target_epsilon"] is not None:
+        budget = PrivacyBudget(
+            mechanism, sampling_probability=q, target_epsilon=noise["target_epsilon"], target_delta=delta,
+            accountant=config.accountant,
+        )  # fmt: skip
+
+    # Train.
+    counter = movielens_privacy.TouchCounter(data.num_items + 1)
+    batches, batching = _batches(
+        contexts, labels, q=q, seed=config.seed, lookahead=lazy, counter=counter,
+        table_name=model.history_embedding.name,
+    )  # fmt: skip
+    # Build the model and init the mechanism from a separate probe batch, so that `fit`'s own
+    # first-batch probe does not draw (and count) a Poisson batch the model never trains on.
+    probe = tf.data.Dataset.from_tensors((contexts[:1], labels[:1]))
+    if lazy:
+        probe = with_lookahead(probe, lambda features: {model.history_embedding.name: features})
+    dp_model.prepare(probe)
+    timer = StepTimer()
+    callbacks = [timer] + ([budget] if budget is not None else [])
+    history = dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
+    train_seconds = time.perf_counter() - started
+
+    # Release: flush owed noise (LazyDP), detach read hooks, evaluate the released model.
+    release_ready(dp_model)
+    if hasattr(mechanism, "detach"):
+        mechanism.detach()
+    test_contexts, test_labels = data.test_contexts, data.test_labels
+    if config.max_test_examples is not None:
+        test_contexts, test_labels = test_contexts[: config.max_test_examples], test_labels[: config.max_test_examples]
+    metrics = evaluate(model, test_contexts, test_labels)
+
+    steps_run = counter.steps
+    # PLD's privacy-loss grid grows without bound as sigma -> 0 (sigma = 0.01 took > 4 GB here);
+    # RDP is cheap there, and over-states epsilon slightly (never under-states it).
+    accountant = config.accountant if sigma >= SMALL_SIGMA_FOR_PLD else "rdp"
+    privacy = privacy_report(
+        mechanism=mechanism,
+        delta=delta,
+        sampling_probability=q,
+        dataset_size=n,
+        ledger=budget.ledger if budget is not None else None,
+        steps=None if budget is not None else steps_run,
+        accountant=accountant,
+        batching=batching,
+        epsilon=(
+            movielens_privacy.nominal_epsilon(noise_multiplier=sigma, sampling_probability=q, steps=steps_run,
+                                              delta=delta, accountant=accountant)
+            if config.mechanism == "eana" else None
+        ),
+    )  # fmt: skip
+    report = dict(privacy)
+    report.update(
+        privacy_unit=PRIVACY_UNIT,
+        noise_source=noise["source"],
+        target_epsilon=noise["target_epsilon"],
+        **metrics,
+        train_examples=n,
+        extra_train_examples=num_extra,
+        test_examples=int(len(test_labels)),
+        planned_steps=steps,
+        steps_run=steps_run,
+        final_train_loss=float(history.history["loss"][-1]) if history.history.get("loss") else None,
+        mean_history_rows_per_step=float(np.mean(counter.rows_per_step)) if counter.rows_per_step else None,
+        median_step_s=timer.median(),
+        train_seconds=train_seconds,
+        data=data.summary(),
+        model={"embedding_dim": config.embedding_dim, "hidden_units": list(config.hidden_units),
+               "num_items": data.num_items, "loss": "full softmax cross-entropy over all items"},
+        training={"epochs": config.epochs, "batch_size": config.batch_size,
+                  "learning_rate": config.resolved_learning_rate, "momentum": config.momentum,
+                  "optimizer": "keras.optimizers.legacy.SGD", "seed": config.seed},
+    )  # fmt: skip
+    if config.mechanism == "eana" and sigma > 0 and steps_run > 0:
+        report["eana_bound"] = movielens_privacy.eana_theorem_bound(
+            model=model, counter=counter, noise_multiplier=sigma, context_length=data.context_length, delta=delta
+        )
+        k = min(config.eana_bound_examples, n)
+        report["eana_per_instance_bounds"] = movielens_privacy.eana_per_instance_bounds(
+            model=model, counter=counter, contexts=contexts[:k], labels=labels[:k], noise_multiplier=sigma,
+            l2_norm_clip=config.l2_norm_clip, delta=delta,
+        )  # fmt: skip
+
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        serving = RetrievalServingModule(model, k=config.k)
+        path = os.path.join(out_dir, "retrieval_saved_model")
+        export_saved_model(
+            dp_model, path, serving_module=serving, signatures={"serving_default": serving.serve}, report=privacy
+        )
+        report["saved_model"] = path
+    report["wall_seconds"] = time.perf_counter() - started
+    if out_dir is not None:
+        write_privacy_report(os.path.join(out_dir, "report.json"), report)
+    return MovieLensResult(model=model, report=report, data=data)
+
+
+# -- command line -------------------------------------------------------------------------
+def _positive(kind):
+    def convert(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}; received {text!r}") from None
+        if not value > 0 or (kind is float and not math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0; received {text!r}")
+        return value
+
+    return convert
+
+
+def _non_negative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number; received {text!r}") from None
+    if not value >= 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0; received {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.movielens",
+        description="Train the EANA two-tower next-movie model on MovieLens with DP-SGD, EANA, LazyDP or no "
+        "privacy; report precision@k/recall@k (k = 1, 5, 10, 20 over all items) and export a retrieval SavedModel.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--mechanism", choices=movielens_privacy.MECHANISM_NAMES, required=True)
+    noise = p.add_mutually_exclusive_group()
+    noise.add_argument("--noise-multiplier", type=_non_negative_float, help="sigma (e.g. EANA's 0.01 or 0.001)")
+    noise.add_argument("--epsilon", type=_positive(float), help="target epsilon (sigma calibrated; nominal for eana)")
+    p.add_argument("--delta", type=_positive(float), help="delta (default 1/N, N training examples)")
+    p.add_argument("--epochs", type=_positive(int), required=True)
+    p.add_argument("--out", required=True, metavar="DIR", help="writes DIR/report.json and DIR/retrieval_saved_model/")
+    p.add_argument("--data", default=DEFAULT_DATA_PATH, metavar="PATH", help="ml-100k u.data")
+    p.add_argument("--batch-size", type=_positive(int), default=256, help="expected Poisson batch size")
+    p.add_argument("--learning-rate", type=_positive(float), help=f"SGD rate (default {DEFAULT_LEARNING_RATES})")
+    p.add_argument("--momentum", type=_non_negative_float, default=0.9)
+    p.add_argument("--l2-norm-clip", type=_positive(float), default=1.0)
+    p.add_argument("--embedding-dim", type=_positive(int), default=32)
+    p.add_argument("--context-length", type=_positive(int), default=20)
+    p.add_argument("--seed", type=int, help="seed for init, batches and noise (default: OS entropy)")
+    p.add_argument("--k", type=_positive(int), default=10, help="top-k of the exported signature")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple:
+    """(MovieLensConfig, out_dir) from command-line flags; exits with status 2 on bad flags."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.mechanism != "none" and args.noise_multiplier is None and args.epsilon is None:
+        parser.error(f"--mechanism {args.mechanism} needs --noise-multiplier or --epsilon")
+    if args.mechanism == "none" and (args.noise_multiplier is not None or args.epsilon is not None):
+        parser.error("--mechanism none takes neither --noise-multiplier nor --epsilon")
+    if args.delta is not None and args.delta >= 1:
+        parser.error(f"--delta must lie in (0, 1); received {args.delta}")
+    config = MovieLensConfig(
+        data_path=args.data, mechanism=args.mechanism, noise_multiplier=args.noise_multiplier,
+        epsilon=args.epsilon, delta=args.delta, l2_norm_clip=args.l2_norm_clip, epochs=args.epochs,
+        batch_size=args.batch_size, learning_rate=args.learning_rate, momentum=args.momentum,
+        embedding_dim=args.embedding_dim, context_length=args.context_length, seed=args.seed, k=args.k,
+        verbose=0 if args.quiet else 1,
+    )  # fmt: skip
+    return config, args.out
+
+
+def format_report(report: dict) -> str:
+    """The summary printed at the end of a run."""
+    eps = report.get("epsilon")
+    lines = [
+        "== movielens two-tower report ==",
+        f"mechanism        {report['mechanism']} ({'DP' if report['is_dp'] else 'NOT differentially private'})",
+        f"guarantee        {report.get('guarantee')}",
+        f"epsilon / delta  {'n/a' if eps is None else f'{eps:.4g}'} / {report['delta']:.3g}",
+        f"noise multiplier {report.get('noise_multiplier')} ({report.get('noise_source')})",
+        f"steps, q         {report['steps_run']}, {report['sampling_probability']:.4g}",
+        "precision@k      " + ", ".join(f"@{k} {report[f'precision@{k}']:.4f}" for k in DEFAULT_KS),
+        "recall@k         " + ", ".join(f"@{k} {report[f'recall@{k}']:.4f}" for k in DEFAULT_KS),
+        f"test examples    {report['test_examples']}",
+        f"median step      {_milliseconds(report.get('median_step_s'))}",
+    ]
+    if "eana_bound" in report:
+        bound = report["eana_bound"]
+        lines.append(f"EANA bound       data-dependent eps {bound['data_dependent_epsilon']:.4g} (NOT DP: {bound['label']})")
+    lines += ["caveats:"] + [f"  - {c}" for c in report.get("caveats", [])]
+    return "\n".join(lines)
+
+
+def _milliseconds(seconds) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (2 for bad flags, 1 for bad data or settings)."""
+    config, out = parse_args(argv)
+    try:
+        result = train_and_evaluate(config, out_dir=out)
+    except (FileNotFoundError, MovieLensFormatError, ValueError) as error:
+        print(f"python -m pipelines.movielens: error: {error}", file=sys.stderr)
+        return 1
+    print(format_report(result.report))
+    print(f"report: {os.path.join(out, 'report.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""Privacy side of the MovieLens pipeline: noise calibration, the mechanism, touch counts, EANA's bound.
+
+    dense, lazy:  sigma = calibrate_noise_multiplier(eps, delta, q, T)   (or given; eps then computed)
+    eana:         sigma given (the paper's 0.01 / 0.001), or the DP-SGD sigma for a nominal eps
+                  (EANA has NO epsilon: the report says so and gives the data-dependent bound)
+    none:         no clipping, no noise
+
+EANA's data-dependent bound (Theorem 3.1) and per-instance bound (Remark 2,
+eq. 9) come from `tfdp_embed.accounting.eana_bound` with the run's *real*
+per-row counts: C_j = the number of steps in which row j was noised.
+`TouchCounter` records them from the very batches the model trained on. In
+this model an example's gradient is non-zero on its context rows of the
+history table, on **every** item row (full softmax) and on every dense
+parameter, so those are the coordinates of x_*; item rows and dense
+parameters are noised at every step (C_j = steps). The theorem covers one
+pass; Poisson epochs are treated as passes and their RDP curves added
+(adaptive composition), as `eana_bound` prescribes.
+
+References: EANA (RecSys 2022) §3.1, Theorem 3.1, Remark 2; Abadi et al.
+2016 (calibration); Mironov 2017 (RDP composition and conversion).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from tfdp_embed import mechanisms, tf
+from tfdp_embed.accounting import calibrate_noise_multiplier, compute_epsilon, dpsgd_event
+from tfdp_embed.accounting.eana_bound import (
+    DEFAULT_ORDERS,
+    NOT_DP_LABEL,
+    eana_per_instance_rdp_bound,
+    eana_rdp_bound,
+)
+
+MECHANISM_NAMES = ("none", "dense", "eana", "lazy")
+
+
+def resolve_noise(
+    *, mechanism: str, noise_multiplier, epsilon, delta: float, sampling_probability: float, steps: int,
+    accountant: str = "pld",
+) -> dict:  # fmt: skip
+    """Chooses sigma for the run and says where it came from.
+
+    Returns:
+      `{"noise_multiplier", "target_epsilon", "source"}`; for "none" sigma is 0.
+
+    Raises:
+      ValueError: both or neither of `noise_multiplier` / `epsilon` for a noised
+        mechanism, or either for "none"; an unknown mechanism.
+    """
+    if mechanism not in MECHANISM_NAMES:
+        raise ValueError(f"`mechanism` must be one of {MECHANISM_NAMES}; received {mechanism!r}.")
+    if mechanism == "none":
+        if noise_multiplier is not None or epsilon is not None:
+            raise ValueError(
+                "mechanism 'none' trains without clipping or noise; do not pass `noise_multiplier` or "
+                f"`epsilon` (received {noise_multiplier!r}, {epsilon!r})."
+            )
+        return {"noise_multiplier": 0.0, "target_epsilon": None, "source": "non-private"}
+    if (noise_multiplier is None) == (epsilon is None):
+        raise ValueError(
+            f"mechanism {mechanism!r} needs exactly one of `noise_multiplier` (sigma) or `epsilon` (sigma is "
+            f"then calibrated); received noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}."
+        )
+    if noise_multiplier is not None:
+        sigma = float(noise_multiplier)
+        if not sigma >= 0 or not math.isfinite(sigma):
+            raise ValueError(f"`noise_multiplier` must be finite and >= 0; received {noise_multiplier!r}.")
+        return {"noise_multiplier": sigma, "target_epsilon": None, "source": "given"}
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=float(epsilon), target_delta=delta, sampling_probability=sampling_probability,
+        steps=steps, accountant=accountant,
+    )  # fmt: skip
+    source = "calibrated for dense DP-SGD" + (" (nominal: EANA has no epsilon)" if mechanism == "eana" else "")
+    return {"noise_multiplier": float(sigma), "target_epsilon": float(epsilon), "source": source}
+
+
+def build_mechanism(name: str, *, l2_norm_clip: float, noise_multiplier: float, seed: int | None):
+    """The `NoiseMechanism` for `name` (seed None: noise from OS entropy)."""
+    if name == "none":
+        return mechanisms.NonPrivate(seed=seed)
+    cls = mechanisms.MECHANISMS[name]
+    return cls(l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, seed=seed)
+
+
+def nominal_epsilon(*, noise_multiplier: float, sampling_probability: float, steps: int, delta: float,
+                    accountant: str = "pld") -> float | None:  # fmt: skip
+    """Epsilon that dense DP-SGD with this sigma would have (None for sigma = 0)."""
+    if not noise_multiplier > 0 or steps < 1:
+        return None
+    event = dpsgd_event(sampling_probability=sampling_probability, noise_multiplier=noise_multiplier, steps=steps)
+    return float(compute_epsilon(event, target_delta=delta, accountant=accountant))
+
+
+class TouchCounter:
+    """Per-epoch counts of the steps in which each history-table row was touched.
+
+    `record(contexts)` is called once per training batch (the batch the model
+    trains on); `start_epoch()` at the start of every pass.
+    """
+
+    def __init__(self, num_rows: int, padding_id: int = 0):
+        self.num_rows = int(num_rows)
+        self.padding_id = padding_id
+        self.epochs: list[np.ndarray] = []
+        self.steps_per_epoch: list[int] = []
+        self.rows_per_step: list[int] = []
+
+    def start_epoch(self) -> None:
+        self.epochs.append(np.zeros(self.num_rows, np.int64))
+        self.steps_per_epoch.append(0)
+
+    def record(self, contexts: np.ndarray) -> None:
+        if not self.epochs:
+            self.start_epoch()
+        rows = np.unique(contexts)
+        rows = rows[rows != self.padding_id]
+        self.epochs[-1][rows] += 1
+        self.steps_per_epoch[-1] += 1
+        self.rows_per_step.append(int(rows.size))
+
+    @property
+    def steps(self) -> int:
+        return int(sum(self.steps_per_epoch))
+
+    def total(self) -> np.ndarray:
+        return np.sum(self.epochs, axis=0) if self.epochs else np.zeros(self.num_rows, np.int64)
+
+
+def _dense_coordinates(model) -> int:
+    tables = {model.history_embedding.embeddings.ref(), model.item_embedding.embeddings.ref()}
+    return int(sum(int(np.prod(v.shape)) for v in model.trainable_variables if v.ref() not in tables))
+
+
+def _sum_and_convert(kind: str, bounds: list, delta: float, source: str) -> dict:
+    orders = np.asarray(bounds[0].orders)
+    rdp = np.sum([np.asarray(b.rdp) for b in bounds], axis=0)
+    rdp = np.where(np.isfinite(rdp), rdp, np.inf)
+    eps, order = rdp_privacy_accountant.compute_epsilon(orders.tolist(), rdp.tolist(), delta)
+    return {
+        "kind": kind,
+        "is_dp": False,
+        "label": NOT_DP_LABEL.format(source=source),
+        "data_dependent_epsilon": float(eps),
+        "optimal_order": float(order) if math.isfinite(float(eps)) else None,
+        "delta": delta,
+        "passes_composed": len(bounds),
+    }
+
+
+def eana_theorem_bound(*, model, counter: TouchCounter, noise_multiplier: float, context_length: int,
+                       delta: float) -> dict:  # fmt: skip
+    """Theorem 3.1 from the real counts: per pass C_0 = min over every coordinate an example can touch.
+
+    Coordinates: history rows 1..n (counts as recorded), item rows 1..n and dense
+    parameters (noised every step of the pass). d_0 = L * d + n * d + dense parameters.
+    """
+    dim, num_items = model.embedding_dim, model.num_items
+    d0 = context_length * dim + num_items * dim + _dense_coordinates(model)
+    bounds = []
+    for counts, steps in zip(counter.epochs, counter.steps_per_epoch):
+        touch = np.concatenate([counts[1:], [steps]])  # item rows / dense: `steps` draws in this pass
+        bounds.append(
+            eana_rdp_bound(noise_multiplier=noise_multiplier, touch_counts=touch,
+                           max_coordinates_per_example=d0, delta=delta)
+        )  # fmt: skip
+    out = _sum_and_convert("theorem_3_1", bounds, delta, "Theorem 3.1, eq. 1, summed over passes")
+    total = counter.total()[1:]
+    out.update(
+        d0=d0,
+        min_history_row_count_per_pass=[int(c[1:].min()) for c in counter.epochs],
+        history_rows_never_touched=int(np.sum(total == 0)),
+        history_rows=int(total.size),
+        note=(
+            "C_0 is the smallest count over every coordinate an example can touch (every item id can be "
+            "in a context); a history row that no training batch touched has C_0 = 0 and makes the bound "
+            "infinite: its value reveals that no example used it."
+        ),
+    )
+    return out
+
+
+def _per_row_squared_norms(model, context: np.ndarray, label: np.ndarray, l2_norm_clip: float) -> tuple:
+    """Per-row squared (clipped) gradient norms of one example: history rows, item rows, dense total."""
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss((context[None], label[None]))[0]
+    variables = model.trainable_variables
+    grads = tape.gradient(loss, variables)
+    hist_var, item_var = model.history_embedding.embeddings, model.item_embedding.embeddings
+    hist = item = None
+    dense_sq = 0.0
+    for v, g in zip(variables, grads):
+        g = tf.convert_to_tensor(g).numpy()
+        if v is hist_var:
+            hist = np.sum(np.square(g), axis=1)
+        elif v is item_var:
+            item = np.sum(np.square(g), axis=1)
+        else:
+            dense_sq += float(np.sum(np.square(g)))
+    total = float(hist.sum() + item.sum() + dense_sq)
+    scale = min(1.0, l2_norm_clip**2 / total) if total > 0 else 1.0
+    return hist * scale, item * scale, dense_sq * scale
+
+
+def eana_per_instance_bounds(*, model, counter: TouchCounter, contexts: np.ndarray, labels: np.ndarray,
+                             noise_multiplier: float, l2_norm_clip: float, delta: float) -> list:  # fmt: skip
+    """Remark 2 (eq. 9) for each given example x_*, from its clipped per-row gradient and the real counts.
+
+    s_j is x_*'s clipped squared gradient norm on row j at the released model (the theorem's
+    linear loss has one fixed gradient; here it stands in for the gradient at each use). Each
+    Poisson pass is one pass of the theorem; the passes' RDP curves are added.
+    """
+    out = []
+    for context, label in zip(contexts, labels):
+        hist_sq, item_sq, dense_sq = _per_row_squared_norms(model, context, label, l2_norm_clip)
+        rows = np.unique(context[context != 0])
+        bounds = []
+        for counts, steps in zip(counter.epochs, counter.steps_per_epoch):
+            touch = np.concatenate([counts[rows], np.full(model.num_items, steps), [steps]])
+            norms = np.concatenate([hist_sq[rows], item_sq[1:], [dense_sq]])
+            dims = np.concatenate(
+                [np.full(rows.size + model.num_items, model.embedding_dim), [max(1, _dense_coordinates(model))]]
+            )
+            bounds.append(
+                eana_per_instance_rdp_bound(noise_multiplier=noise_multiplier, touch_counts=touch,
+                                            row_squared_norms=norms, row_dims=dims, delta=delta,
+                                            l2_norm_clip=l2_norm_clip, orders=DEFAULT_ORDERS)
+            )  # fmt: skip
+        record = _sum_and_convert("remark_2_eq_9", bounds, delta, "Remark 2, eq. 9, summed over passes")
+        record.update(
+            label_item=int(label),
+            context_rows=rows.tolist(),
+            min_context_row_count=int(counter.total()[rows].min()) if rows.size else None,
+        )
+        out.append(record)
+    return out
+
+
+__all__ = [
+    "MECHANISM_NAMES",
+    "TouchCounter",
+    "build_mechanism",
+    "eana_per_instance_bounds",
+    "eana_theorem_bound",
+    "nominal_epsilon",
+    "resolve_noise",
+]
