@@ -32,7 +32,7 @@ from tfdp_embed import DPEmbedding, DPModel, keras, tf
 from tfdp_embed.accounting import PrivacyBudget
 from tfdp_embed.checkpointing import DPCheckpoint, rest_of_epoch
 from tfdp_embed.data import poisson_batches, with_lookahead
-from tfdp_embed.mechanisms import DenseDPSGD, LazyDP
+from tfdp_embed.mechanisms import DPFEST, DenseDPSGD, DPAdaFEST, LazyDP
 
 VOCAB, DIM, N, Q, EPOCHS = 50, 4, 200, 0.025, 5  # 40 batches per epoch, 200 steps
 EVERY, HANG_AFTER = (
@@ -70,7 +70,22 @@ def build(
         "seed": NOISE_SEED,
     }
     lazy = mechanism_name == "lazy"
-    mechanism = LazyDP(**kwargs) if lazy else DenseDPSGD(**kwargs)
+    if (
+        mechanism_name == "fest"
+    ):  # DP top-k selection from the label-independent id counts
+        counts = np.bincount(ids.ravel(), minlength=vocab)
+        mechanism = DPFEST(
+            **kwargs, selection_epsilon=1.0, top_k=10, counts={"emb": counts}
+        )
+    elif mechanism_name == "adafest":
+        mechanism = DPAdaFEST(
+            **kwargs,
+            contribution_clip=1.0,
+            contribution_noise_multiplier=1.0,
+            threshold=0.5,
+        )
+    else:
+        mechanism = LazyDP(**kwargs) if lazy else DenseDPSGD(**kwargs)
     dp = DPModel(
         model,
         mechanism=mechanism,

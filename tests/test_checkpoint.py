@@ -141,11 +141,11 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tmp_path):
 
 def _variables(dp):
     """Every variable a checkpoint holds (model, optimizer, mechanism, noise RNG)."""
-    variables = (
-        list(dp.inner.weights)
-        + list(dp.optimizer.variables())
-        + list(dp.mechanism.variables)
+    # Creation order (and the name scope of `iterations`) varies with what created them first.
+    optimizer = sorted(
+        dp.optimizer.variables(), key=lambda v: v.name.removeprefix("SGD/")
     )
+    variables = list(dp.inner.weights) + optimizer + list(dp.mechanism.variables)
     return variables + [dp.mechanism.generator.state]
 
 
@@ -423,3 +423,72 @@ def test_rest_of_epoch_continues_the_poisson_stream():
     assert rest_of_epoch(batches, at_boundary) is None
     with pytest.raises(ValueError, match="batches per epoch"):
         rest_of_epoch(batches.take(5), position)
+
+
+# -- other mechanisms' state; the budget across a resume ---------------------------------------------
+
+
+@pytest.mark.parametrize("mechanism", ["fest", "adafest"])
+def test_selection_and_counter_state_round_trips(tmp_path, mechanism):
+    trained, _, ckpt = _train(tmp_path, mechanism, steps=6, every=3)
+    assert os.path.basename(ckpt.last_saved) == "ckpt-6"
+    dp, budget, fresh, _ = _fresh(tmp_path, mechanism)
+    fresh.restore_or_initialize()
+    _assert_same_state(
+        _state(trained), dp
+    )  # DP-FEST rows/positions, AdaFEST counters, RNG
+    # DP-FEST's selection (a one-off event) is in the restored ledger once, not again.
+    kinds = [e.kind for e in budget.ledger.entries]
+    assert kinds == (["setup", "step"] if mechanism == "fest" else ["step"])
+    budget.on_train_begin()
+    assert [e.kind for e in budget.ledger.entries] == kinds and budget.ledger.steps == 6
+
+
+def test_resumed_run_with_nearly_spent_budget_stops_at_the_uninterrupted_step(tmp_path):
+    import dp_accounting
+
+    from tfdp_embed.accounting import compute_epsilon
+
+    step = dp_accounting.PoissonSampledDpEvent(
+        worker.Q, dp_accounting.GaussianDpEvent(1.0)
+    )
+
+    def eps(k):
+        return compute_epsilon(
+            [dp_accounting.SelfComposedDpEvent(step, k)],
+            target_delta=worker.DELTA,
+            accountant="rdp",
+        )
+
+    allowed = 21  # the target sits between eps(21) and eps(22): exactly 21 steps fit
+    target = 0.5 * (eps(allowed) + eps(allowed + 1))
+    _train(tmp_path, "dense", steps=12, every=4)  # interrupted after 12 steps (ckpt-12)
+    dp, batches, budget, _, info = worker.build("dense", target_epsilon=target)
+    budget.report_path, budget.dataset_size = str(tmp_path / "report.json"), worker.N
+    ckpt = DPCheckpoint(
+        str(tmp_path),
+        dp_model=dp,
+        budget=budget,
+        every_n_steps=4,
+        batches_per_epoch=info.batches_per_epoch,
+        sampler_seed=worker.SAMPLER_SEED,
+    )
+    position = ckpt.restore_or_initialize().position
+    dp.fit(
+        rest_of_epoch(batches, position), epochs=1, callbacks=[budget, ckpt], verbose=0
+    )
+    # Stopped after 9 more steps, at step 21: the step that would exceed the target never ran.
+    assert int(dp.mechanism.steps.numpy()) == budget.ledger.steps == allowed
+    assert budget.stopped_by_budget and budget.max_steps == allowed
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (
+        report["steps"] == allowed
+        and report["extra"]["budget"]["stopped_by_budget"] is True
+    )
+    assert (
+        report["epsilon"] == pytest.approx(eps(allowed), rel=1e-9)
+        and report["epsilon"] <= target
+    )
+    assert (
+        os.path.basename(ckpt.last_saved) == f"ckpt-{allowed}"
+    )  # the final state is checkpointed
