@@ -82,7 +82,7 @@ def build(
             **kwargs,
             contribution_clip=1.0,
             contribution_noise_multiplier=1.0,
-            threshold=0.5,
+            threshold=3.0,
         )
     else:
         mechanism = LazyDP(**kwargs) if lazy else DenseDPSGD(**kwargs)
