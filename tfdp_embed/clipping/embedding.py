@@ -29,6 +29,7 @@ from tfdp_embed._keras import tf
 from tfdp_embed.clipping.registry import LayerGradients
 from tfdp_embed.clipping.taps import LayerTaps
 from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.ops import sparse_rows
 
 
 def embedding_layer_gradients(
@@ -109,28 +110,29 @@ def _pooled_layer_gradients(layer, call, grad) -> LayerGradients:
     """The one-call pooled case: every occurrence of example i shares g_i.
 
     ||grad_i||^2 = ||g_i||^2 * sum_r (sum_{k in i, id_k = r} w_k)^2, so the grouping
-    by (example, row) works on scalar weights, not `[n, dim]` vectors.
+    by (example, row) works on scalar weights, not `[n, dim]` vectors. Both the
+    weight squares and the clipped sum run as one fused op each
+    (`tfdp_embed.ops.sparse_rows`; bit-identical TensorFlow fallback).
     """
     table = layer.embeddings
     dtype = table.dtype.base_dtype
     occ = layer.occurrences(_ids_of(layer, call), check_range=False)
     grad = tf.reshape(tf.cast(grad, dtype), [-1, table.shape[-1]])  # [batch, dim]
-    batch_size = tf.cast(occ.batch_size, tf.int64)
-    examples = tf.cast(occ.segments, tf.int64)  # pooled: segment == example
+    examples = tf.cast(occ.segments, tf.int32)  # pooled: segment == example
     weights = tf.cast(occ.weights, dtype)
-    unique_rows, row_index = tf.unique(tf.cast(occ.ids, tf.int64))
-    group_keys, group_index = tf.unique(tf.cast(row_index, tf.int64) * batch_size + examples)
-    group_weights = tf.math.unsorted_segment_sum(weights, group_index, tf.size(group_keys))
-    weight_sq = tf.math.unsorted_segment_sum(
-        tf.square(group_weights), group_keys % batch_size, batch_size
-    )
+    unique_rows, row_index = tf.unique(tf.cast(occ.ids, tf.int64), out_idx=tf.int32)
+    if dtype == tf.float32:
+        weight_sq = sparse_rows.pooled_weight_squares(row_index, examples, weights, occ.batch_size)
+    else:
+        weight_sq = sparse_rows.pooled_weight_squares_reference(row_index, examples, weights, occ.batch_size)
     squared = weight_sq * tf.reduce_sum(tf.square(grad), axis=1)
 
     def clipped_sum(clip_factors: tf.Tensor) -> list:
-        scale = tf.gather(tf.cast(clip_factors, dtype), examples) * weights
-        values = tf.math.unsorted_segment_sum(
-            scale[:, None] * tf.gather(grad, examples), row_index, tf.size(unique_rows)
-        )
+        args = (grad, examples, row_index, weights, tf.cast(clip_factors, dtype), tf.size(unique_rows))
+        if dtype == tf.float32:
+            values = sparse_rows.scaled_segment_sum(*args)
+        else:
+            values = sparse_rows.scaled_segment_sum_reference(*args)
         return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
 
     return LayerGradients(

@@ -340,17 +340,10 @@ class DPAdaFEST(NoiseMechanism):
         )
         stats = []
         for index, (table, (rows, counts)) in enumerate(zip(clipped.tables, maps)):
-            slices, table_stats = self._noised_table(index, table, rows, counts)
-            out.append(
-                (
-                    tf.IndexedSlices(
-                        slices.values / clipped.expected_batch_size,
-                        slices.indices,
-                        slices.dense_shape,
-                    ),
-                    table.variable,
-                )
+            slices, table_stats = self._noised_table(
+                index, table, rows, counts, clipped.expected_batch_size
             )
+            out.append((slices, table.variable))
             stats.append(table_stats)
         if stats:
             stats = tf.stack([tf.stack(s) for s in stats], axis=1)  # [4, tables]
@@ -361,8 +354,8 @@ class DPAdaFEST(NoiseMechanism):
         self.steps.assign_add(1)
         return out
 
-    def _noised_table(self, index: int, table, rows, counts) -> tuple:
-        """Thresholds one table's noisy map and noises its survivors."""
+    def _noised_table(self, index: int, table, rows, counts, divisor: float) -> tuple:
+        """Thresholds one table's noisy map; (survivors' sum + noise) / divisor as IndexedSlices."""
         layer = table.layer
         vocab, dim = int(layer.vocabulary_size), int(layer.output_dim)
         grad = table.gradient
@@ -388,9 +381,7 @@ class DPAdaFEST(NoiseMechanism):
         extra = self._noise_only_rows(index, vocab, candidates)
         rows_out = tf.concat([kept_rows, extra], 0)
         values_out = tf.concat([kept_values, tf.zeros([tf.size(extra), dim], values.dtype)], 0)
-        std = self.noise_multiplier * self.l2_norm_clip
-        if std > 0:
-            values_out += tf.cast(self._noise_like(tf.shape(values_out), std), values_out.dtype)
+        values_out = self._noised_sum(values_out, self.noise_multiplier * self.l2_norm_clip, divisor)
         slices = tf.IndexedSlices(values_out, rows_out, tf.constant([vocab, dim], tf.int64))
         num_kept = tf.size(kept_rows, out_type=tf.int64)
         num_extra = tf.size(extra, out_type=tf.int64)

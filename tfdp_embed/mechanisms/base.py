@@ -25,7 +25,7 @@ import dp_accounting
 
 from tfdp_embed._keras import tf
 from tfdp_embed.layers.embedding import DPEmbedding, EmbeddingOccurrences
-from tfdp_embed.ops import fast_normal
+from tfdp_embed.ops import fast_normal, sparse_rows
 
 
 @dataclasses.dataclass
@@ -171,6 +171,11 @@ class NoiseMechanism(tf.Module, abc.ABC):
         std = noise_multiplier * self.l2_norm_clip
         out = []
         for variable, grad in clipped.dense:
-            noised = grad + self._noise_like(tf.shape(grad), std) if std > 0 else grad
-            out.append((noised / clipped.expected_batch_size, variable))
+            out.append((self._noised_sum(grad, std, clipped.expected_batch_size), variable))
         return out
+
+    def _noised_sum(self, values, stddev: float, divisor: float) -> tf.Tensor:
+        """(values + N(0, stddev^2)) / divisor; one fused pass (same bits as the two-op form)."""
+        if stddev > 0:
+            return sparse_rows.noised_values(self.generator, values, stddev=stddev, divisor=divisor)
+        return values / divisor

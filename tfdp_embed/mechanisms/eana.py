@@ -71,12 +71,8 @@ class EANA(NoiseMechanism):
         out = self._dense_noised(clipped, self.noise_multiplier)
         for table in clipped.tables:
             grad = table.gradient  # unique indices = rows touched this step
-            values = grad.values
-            if std > 0:
-                values = values + self._noise_like(tf.shape(values), std)
-            noised = tf.IndexedSlices(
-                values / clipped.expected_batch_size, grad.indices, grad.dense_shape
-            )
+            values = self._noised_sum(grad.values, std, clipped.expected_batch_size)
+            noised = tf.IndexedSlices(values, grad.indices, grad.dense_shape)
             out.append((noised, table.variable))
         self.steps.assign_add(1)
         return out

@@ -58,6 +58,7 @@ from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms import lazy_math
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.row_noise import check_row_noise, stateless_row_normals
+from tfdp_embed.ops import sparse_rows
 
 # History entries are (step << 1) | flag in an int32.
 _MAX_STEPS = (1 << 30) - 1
@@ -149,8 +150,17 @@ class _StepSums(tf.Module):
             return tf.constant(0)
 
         tf.cond(step >= capacity, grow, lambda: tf.constant(0))
-        new = lazy_math.advance_running_sums(self.at(step - 1), weight, beta=beta)
-        for var, value in zip(self.sums, new):
+        if beta == 0:
+            # Plain SGD reads only P (S1, S2 feed the momentum moments): A and Q stay 0.
+            zero = tf.zeros([], tf.float64)
+            previous = lazy_math.RunningSums(
+                tf.gather(self.sums.p_hi, step - 1), tf.gather(self.sums.p_lo, step - 1), zero, zero
+            )
+            new = lazy_math.advance_running_sums(previous, weight, beta=0.0)
+            updated = zip(self.sums[:2], new[:2])
+        else:
+            updated = zip(self.sums, lazy_math.advance_running_sums(self.at(step - 1), weight, beta=beta))
+        for var, value in updated:
             var.scatter_update(tf.IndexedSlices(value[None], step[None]))
 
     def at(self, steps) -> lazy_math.RunningSums:
@@ -286,10 +296,7 @@ class LazyDP(NoiseMechanism):
                 index = self._table_index(table)
                 grad = table.gradient
                 rows = tf.cast(grad.indices, tf.int64)
-                self._bring_current(index, rows, unique=True)
-                self._histories[index].scatter_update(
-                    tf.IndexedSlices(tf.fill(tf.shape(rows), 2 * now + 1), rows)
-                )
+                self._bring_current(index, rows, unique=True, stamp=2 * now + 1)
                 scaled = tf.IndexedSlices(grad.values / clipped.expected_batch_size, grad.indices, grad.dense_shape)
                 out.append((scaled, table.variable))
             self.steps.assign_add(1)
@@ -317,8 +324,11 @@ class LazyDP(NoiseMechanism):
                 rows = rows.flat_values
             elif isinstance(rows, tf.SparseTensor):
                 rows = rows.values
-            rows = tf.unique(tf.reshape(tf.cast(rows, tf.int64), [-1])).y
-            self._bring_current(index, rows, unique=True)
+            rows = tf.reshape(tf.cast(rows, tf.int64), [-1])
+            if self._fused(index):  # the op deduplicates (same rows, same order)
+                self._bring_current(index, rows)
+            else:
+                self._bring_current(index, tf.unique(rows).y, unique=True)
 
     # -- leaving training -----------------------------------------------------
     def flush(self) -> None:
@@ -418,12 +428,49 @@ class LazyDP(NoiseMechanism):
             lr = lr / (1.0 + tf.cast(self._decay, tf.float32) * step)
         return lr
 
+    def _fused(self, index: int) -> bool:
+        """True when the one-op catch-up applies (plain SGD, aggregated, generator noise, op built)."""
+        var = self._tables[index].embeddings
+        return (
+            self._beta == 0
+            and self.aggregate
+            and self.row_noise == "generator"
+            and self._step_sums is not None
+            and var.dtype.base_dtype == tf.float32
+            and hasattr(var, "handle")
+            and not tf.distribute.has_strategy()
+            and sparse_rows.available()
+        )
+
     @_plain_python
-    def _bring_current(self, index: int, ids, *, unique: bool = False) -> tf.Tensor:
-        """Catches up the rows among `ids` that are behind the current step; returns whether any were."""
+    def _bring_current(self, index: int, ids, *, unique: bool = False, stamp=None) -> tf.Tensor:
+        """Catches up the rows among `ids` that are behind the current step; returns whether any were.
+
+        `stamp` (default: current) is then written to the history of every row
+        among `ids` (update() flags the rows the optimizer steps with 2 now + 1).
+        Plain SGD with aggregated generator noise runs as one fused op
+        (`tfdp_embed.ops.sparse_rows.lazy_catch_up`), which adds exactly the
+        noise the TensorFlow path below adds (tests/ops/test_sparse_rows.py).
+        """
         rows = tf.reshape(tf.cast(ids, tf.int64), [-1])
         now = self._now()
-        behind = tf.not_equal(tf.gather(self._histories[index], rows), 2 * now)
+        history = self._histories[index]
+        if self._fused(index):
+            key = self.generator.uniform_full_int([2], dtype=tf.int64)
+            sums = self._step_sums.sums
+            caught_up = sparse_rows.lazy_catch_up(
+                self._tables[index].embeddings,
+                history,
+                rows,
+                sums.p_hi.read_value(),
+                sums.p_lo.read_value(),
+                now,
+                2 * now if stamp is None else stamp,
+                key,
+                unique=unique,
+            )
+            return caught_up > 0
+        behind = tf.not_equal(tf.gather(history, rows), 2 * now)
 
         def catch_up():
             stale = tf.boolean_mask(rows, behind)
@@ -432,7 +479,11 @@ class LazyDP(NoiseMechanism):
             self._catch_up(index, stale, now)
             return tf.constant(True)
 
-        return tf.cond(tf.reduce_any(behind), catch_up, lambda: tf.constant(False))
+        result = tf.cond(tf.reduce_any(behind), catch_up, lambda: tf.constant(False))
+        if stamp is not None:
+            with tf.control_dependencies([result]):
+                history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), stamp), rows))
+        return result
 
     def _catch_up(self, index: int, rows: tf.Tensor, now: tf.Tensor) -> None:
         """Adds owed drift and noise to unique `rows` and marks them current at `now`."""

@@ -45,6 +45,16 @@ from tfdp_embed._keras import tf
 
 OP_NAME = "TfdpEmbedFastNormal"
 SOURCE = Path(__file__).with_name("fast_normal.cc")
+# Compiled together into one library: the sampler and the fused sparse-row ops
+# (sparse_rows.cc, which includes the sampler; wrappers in sparse_rows.py).
+SOURCES = (SOURCE, SOURCE.with_name("sparse_rows.cc"))
+OP_NAMES = (
+    OP_NAME,
+    "TfdpEmbedScaledSegmentSum",
+    "TfdpEmbedPooledWeightSquares",
+    "TfdpEmbedNoisedValues",
+    "TfdpEmbedLazyCatchUp",
+)
 LIBRARY_NAME = "_fast_normal_op.so"
 ENV_SWITCH = "TFDP_EMBED_FAST_NORMAL"
 ENV_CACHE = "TFDP_EMBED_CACHE"
@@ -85,13 +95,14 @@ def _compiler_version(cxx: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else "unknown"
 
 
-def compile_command(cxx: str, source: Path, output: Path) -> list:
-    """The full compiler command line for the op library."""
+def compile_command(cxx: str, sources, output: Path) -> list:
+    """The full compiler command line for the op library (`sources`: one path or several)."""
+    sources = [sources] if isinstance(sources, (str, Path)) else list(sources)
     return [
         cxx,
         *CXXFLAGS,
         *tf.sysconfig.get_compile_flags(),
-        str(source),
+        *(str(source) for source in sources),
         "-o",
         str(output),
         *tf.sysconfig.get_link_flags(),
@@ -110,7 +121,8 @@ def build_dir(cxx: str | None = None) -> Path:
     """`<cache_root>/<tf-version>-<hash of source, flags, compiler, python>`."""
     cxx = cxx or compiler() or "c++"
     digest = hashlib.sha256()
-    digest.update(SOURCE.read_bytes())
+    for source in SOURCES:
+        digest.update(source.read_bytes())
     digest.update(repr((CXXFLAGS, tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags())).encode())
     digest.update(_compiler_version(cxx).encode())
     digest.update(f"{sys.platform}-{sys.version_info[:2]}".encode())
@@ -167,7 +179,7 @@ def build(force: bool = False, verbose: bool = False) -> Path:
         fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=directory)
         os.close(fd)
         tmp = Path(tmp_name)
-        command = compile_command(cxx, SOURCE, tmp)
+        command = compile_command(cxx, SOURCES, tmp)
         if verbose:
             print(" ".join(command), flush=True)
         try:
@@ -180,7 +192,8 @@ def build(force: bool = False, verbose: bool = False) -> Path:
             log = directory / "build-error.log"
             log.write_text(" ".join(command) + "\n\n" + result.stdout + result.stderr)
             tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-            raise BuildError(f"compiling {SOURCE.name} failed (full log: {log}):\n{tail}")
+            names = " + ".join(source.name for source in SOURCES)
+            raise BuildError(f"compiling {names} failed (full log: {log}):\n{tail}")
         os.replace(tmp, library)  # atomic: other processes never see a partial file
     return library
 
@@ -221,7 +234,8 @@ def _load():
                 module = tf.load_op_library(str(library))
             except Exception as err:  # noqa: BLE001 (TF raises NotFoundError, OSError, ...)
                 raise BuildError(f"loading {library} failed: {err}") from err
-            tf.no_gradient(OP_NAME)
+            for name in OP_NAMES:
+                tf.no_gradient(name)
             _known_answer_test(module)
         except BuildError as err:
             _error = str(err)

@@ -1,0 +1,430 @@
+// Fused sparse-row ops for the DP step: fewer TensorFlow ops, no [n, dim] temporaries.
+//
+// Each op computes exactly what a short chain of stock TensorFlow ops computes
+// (the "reference", in tfdp_embed/ops/sparse_rows.py), in the same floating-point
+// order, so the results are bit-identical to it; tests/ops/test_sparse_rows.py
+// checks every op against its reference.
+//
+//   TfdpEmbedScaledSegmentSum   out[row_index[k]] += (c[examples[k]] * w[k]) * grad[examples[k]]
+//       = unsorted_segment_sum((gather(c, ex) * w)[:, None] * gather(grad, ex), row_index)
+//       (the clipped sum of a pooled embedding table; DPEmbedding, one call).
+//   TfdpEmbedPooledWeightSquares  out[i] = sum_r (sum_{k in i, row_k = r} w_k)^2
+//       (per-example squared norm factor of a pooled table; groups summed in
+//       first-appearance order, like unique + unsorted_segment_sum).
+//   TfdpEmbedNoisedValues       out = (values + stddev * z) / divisor, z the
+//       TfdpEmbedFastNormal stream of `key` (one pass, no noise tensor).
+//   TfdpEmbedLazyCatchUp        LazyDP's aggregated catch-up of plain-SGD rows,
+//       in place on the table and history variables (see the op doc).
+//
+// The Gaussian stream is fast_normal.cc's, included here without its op.
+
+#define TFDP_FAST_NORMAL_STANDALONE
+#include "fast_normal.cc"
+#undef TFDP_FAST_NORMAL_STANDALONE
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace tensorflow {
+namespace {
+
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+// Open-addressing map int64 key -> dense id in first-appearance order.
+class FirstAppearance {
+ public:
+  explicit FirstAppearance(int64_t n) {
+    int64_t cap = 16;
+    while (cap < 2 * n) cap <<= 1;
+    keys_.assign(cap, 0);
+    ids_.assign(cap, -1);
+    mask_ = cap - 1;
+  }
+  // Returns (id, inserted).
+  std::pair<int64_t, bool> Insert(int64_t key) {
+    uint64_t h = static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull;
+    int64_t slot = static_cast<int64_t>(h >> 17) & mask_;
+    while (ids_[slot] >= 0) {
+      if (keys_[slot] == key) return {ids_[slot], false};
+      slot = (slot + 1) & mask_;
+    }
+    keys_[slot] = key;
+    ids_[slot] = size_;
+    return {size_++, true};
+  }
+  int64_t size() const { return size_; }
+
+ private:
+  std::vector<int64_t> keys_;
+  std::vector<int64_t> ids_;
+  int64_t mask_ = 0;
+  int64_t size_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+REGISTER_OP("TfdpEmbedScaledSegmentSum")
+    .Input("grad: float")
+    .Input("examples: int32")
+    .Input("row_index: int32")
+    .Input("weights: float")
+    .Input("clip_factors: float")
+    .Input("num_rows: int32")
+    .Output("output: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle grad;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
+      c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(grad, 1)));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+out[row_index[k]] += (clip_factors[examples[k]] * weights[k]) * grad[examples[k]],
+summed over k in order from zeros: bit-identical to
+unsorted_segment_sum((gather(clip_factors, examples) * weights)[:, None] *
+gather(grad, examples), row_index, num_rows).
+)doc");
+
+class ScaledSegmentSumOp : public OpKernel {
+ public:
+  explicit ScaledSegmentSumOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad_t = ctx->input(0);
+    const Tensor& ex_t = ctx->input(1);
+    const Tensor& row_t = ctx->input(2);
+    const Tensor& w_t = ctx->input(3);
+    const Tensor& c_t = ctx->input(4);
+    const Tensor& num_t = ctx->input(5);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(grad_t.shape()),
+                errors::InvalidArgument("TfdpEmbedScaledSegmentSum: `grad` must be [batch, dim]; received ",
+                                        grad_t.shape().DebugString(), "."));
+    const int64_t n = ex_t.NumElements();
+    OP_REQUIRES(ctx, row_t.NumElements() == n && w_t.NumElements() == n,
+                errors::InvalidArgument("TfdpEmbedScaledSegmentSum: `examples`, `row_index` and `weights` must "
+                                        "have the same length; received ",
+                                        n, ", ", row_t.NumElements(), ", ", w_t.NumElements(), "."));
+    const int64_t batch = grad_t.dim_size(0);
+    const int64_t dim = grad_t.dim_size(1);
+    OP_REQUIRES(ctx, c_t.NumElements() == batch,
+                errors::InvalidArgument("TfdpEmbedScaledSegmentSum: `clip_factors` must have ", batch,
+                                        " entries (one per example); received ", c_t.NumElements(), "."));
+    const int32_t num_rows = num_t.scalar<int32_t>()();
+    OP_REQUIRES(ctx, num_rows >= 0,
+                errors::InvalidArgument("TfdpEmbedScaledSegmentSum: `num_rows` must be >= 0; received ",
+                                        num_rows, "."));
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_rows, dim}), &out_t));
+    float* out = out_t->flat<float>().data();
+    std::fill(out, out + static_cast<int64_t>(num_rows) * dim, 0.0f);
+    const float* grad = grad_t.flat<float>().data();
+    const int32_t* ex = ex_t.flat<int32_t>().data();
+    const int32_t* row = row_t.flat<int32_t>().data();
+    const float* w = w_t.flat<float>().data();
+    const float* c = c_t.flat<float>().data();
+    for (int64_t k = 0; k < n; ++k) {
+      OP_REQUIRES(ctx, ex[k] >= 0 && ex[k] < batch && row[k] >= 0 && row[k] < num_rows,
+                  errors::InvalidArgument("TfdpEmbedScaledSegmentSum: entry ", k, " has example ", ex[k],
+                                          " (allowed [0, ", batch, ")) and row index ", row[k], " (allowed [0, ",
+                                          num_rows, "))."));
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      const float s = c[ex[k]] * w[k];
+      const float* g = grad + static_cast<int64_t>(ex[k]) * dim;
+      float* o = out + static_cast<int64_t>(row[k]) * dim;
+      for (int64_t j = 0; j < dim; ++j) o[j] += s * g[j];
+    }
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedScaledSegmentSum").Device(DEVICE_CPU), ScaledSegmentSumOp);
+
+// ---------------------------------------------------------------------------
+REGISTER_OP("TfdpEmbedPooledWeightSquares")
+    .Input("row_index: int32")
+    .Input("examples: int32")
+    .Input("weights: float")
+    .Input("batch_size: int32")
+    .Output("output: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+out[i] = sum over distinct rows r of example i of (sum_{k in i, row_index[k] = r} weights[k])^2.
+Groups (example, row) are numbered by first appearance; each group's weights
+are summed in order, and the squares added into out[example] in group order:
+bit-identical to unique + unsorted_segment_sum + square + unsorted_segment_sum.
+)doc");
+
+class PooledWeightSquaresOp : public OpKernel {
+ public:
+  explicit PooledWeightSquaresOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& row_t = ctx->input(0);
+    const Tensor& ex_t = ctx->input(1);
+    const Tensor& w_t = ctx->input(2);
+    const int32_t batch = ctx->input(3).scalar<int32_t>()();
+    const int64_t n = row_t.NumElements();
+    OP_REQUIRES(ctx, ex_t.NumElements() == n && w_t.NumElements() == n,
+                errors::InvalidArgument("TfdpEmbedPooledWeightSquares: `row_index`, `examples` and `weights` "
+                                        "must have the same length; received ",
+                                        n, ", ", ex_t.NumElements(), ", ", w_t.NumElements(), "."));
+    OP_REQUIRES(ctx, batch >= 0,
+                errors::InvalidArgument("TfdpEmbedPooledWeightSquares: `batch_size` must be >= 0; received ",
+                                        batch, "."));
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch}), &out_t));
+    float* out = out_t->flat<float>().data();
+    std::fill(out, out + batch, 0.0f);
+    const int32_t* row = row_t.flat<int32_t>().data();
+    const int32_t* ex = ex_t.flat<int32_t>().data();
+    const float* w = w_t.flat<float>().data();
+    FirstAppearance groups(n);
+    std::vector<float> group_weight;
+    std::vector<int32_t> group_example;
+    group_weight.reserve(n);
+    group_example.reserve(n);
+    for (int64_t k = 0; k < n; ++k) {
+      OP_REQUIRES(ctx, ex[k] >= 0 && ex[k] < batch && row[k] >= 0,
+                  errors::InvalidArgument("TfdpEmbedPooledWeightSquares: entry ", k, " has example ", ex[k],
+                                          " (allowed [0, ", batch, ")) and row index ", row[k], " (must be >= 0)."));
+      const auto [id, inserted] = groups.Insert(static_cast<int64_t>(row[k]) * batch + ex[k]);
+      if (inserted) {
+        group_weight.push_back(0.0f);
+        group_example.push_back(ex[k]);
+      }
+      group_weight[id] += w[k];
+    }
+    for (size_t g = 0; g < group_weight.size(); ++g) {
+      out[group_example[g]] += group_weight[g] * group_weight[g];
+    }
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedPooledWeightSquares").Device(DEVICE_CPU), PooledWeightSquaresOp);
+
+// ---------------------------------------------------------------------------
+REGISTER_OP("TfdpEmbedNoisedValues")
+    .Input("values: float")
+    .Input("key: int64")
+    .Input("stddev: float")
+    .Input("divisor: float")
+    .Output("output: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+(values + TfdpEmbedFastNormal(shape(values), key, stddev)) / divisor, in one pass.
+)doc");
+
+class NoisedValuesOp : public OpKernel {
+ public:
+  explicit NoisedValuesOp(OpKernelConstruction* ctx) : OpKernel(ctx), isa_(tfdp_fast_normal::BestIsa()) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& values_t = ctx->input(0);
+    const Tensor& key_t = ctx->input(1);
+    OP_REQUIRES(ctx, key_t.NumElements() == 2,
+                errors::InvalidArgument("TfdpEmbedNoisedValues: `key` must have shape [2]; received ",
+                                        key_t.shape().DebugString(), "."));
+    const float stddev = ctx->input(2).scalar<float>()();
+    const float divisor = ctx->input(3).scalar<float>()();
+    OP_REQUIRES(ctx, std::isfinite(stddev) && stddev >= 0.0f,
+                errors::InvalidArgument("TfdpEmbedNoisedValues: `stddev` must be finite and >= 0; received ",
+                                        stddev, "."));
+    OP_REQUIRES(ctx, std::isfinite(divisor) && divisor > 0.0f,
+                errors::InvalidArgument("TfdpEmbedNoisedValues: `divisor` must be finite and > 0; received ",
+                                        divisor, "."));
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, values_t.shape(), &out_t));
+    const uint64_t n = static_cast<uint64_t>(values_t.NumElements());
+    if (n == 0) return;
+    const auto key = key_t.flat<int64_t>();
+    const tfdp_fast_normal::StreamKey stream =
+        tfdp_fast_normal::MakeStreamKey(static_cast<uint64_t>(key(0)), static_cast<uint64_t>(key(1)));
+    const float* values = values_t.flat<float>().data();
+    float* out = out_t->flat<float>().data();
+    const tfdp_fast_normal::Isa isa = isa_;
+    const int64_t chunks = static_cast<int64_t>((n + tfdp_fast_normal::kChunkFloats - 1) /
+                                                tfdp_fast_normal::kChunkFloats);
+    auto work = [&stream, isa, n, stddev, divisor, values, out](int64_t begin, int64_t end) {
+      tfdp_fast_normal::GenerateChunks(isa, stream, static_cast<uint64_t>(begin), static_cast<uint64_t>(end), n,
+                                       stddev, out);
+      const uint64_t first = static_cast<uint64_t>(begin) * tfdp_fast_normal::kChunkFloats;
+      const uint64_t last = std::min(n, static_cast<uint64_t>(end) * tfdp_fast_normal::kChunkFloats);
+      for (uint64_t i = first; i < last; ++i) out[i] = (values[i] + out[i]) / divisor;
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, chunks, 350, work);
+  }
+
+ private:
+  tfdp_fast_normal::Isa isa_;
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedNoisedValues").Device(DEVICE_CPU), NoisedValuesOp);
+
+// ---------------------------------------------------------------------------
+// LazyDP (plain SGD, aggregated noise sampling), in place.
+absl::Status SparseAccess(OpKernelContext* ctx, Var* var) {
+  // As TensorFlow's EnsureSparseVariableAccess: before the first in-place
+  // sparse write, make sure no other tensor aliases the buffer (copy if one
+  // does) and switch the variable to copy-on-read.
+  if (var->copy_on_read_mode.load()) return absl::OkStatus();
+  mutex_lock ml(*var->mu());
+  if (var->copy_on_read_mode.load()) return absl::OkStatus();
+  if (!var->tensor()->RefCountIsOne()) {
+    Tensor copy;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(var->tensor()->dtype(), var->tensor()->shape(), &copy));
+    std::memcpy(const_cast<char*>(copy.tensor_data().data()), var->tensor()->tensor_data().data(),
+                var->tensor()->tensor_data().size());
+    *var->tensor() = copy;
+  }
+  var->copy_on_read_mode.store(true);
+  return absl::OkStatus();
+}
+
+REGISTER_OP("TfdpEmbedLazyCatchUp")
+    .Input("table: resource")
+    .Input("history: resource")
+    .Input("rows: int64")
+    .Input("p_hi: float64")
+    .Input("p_lo: float64")
+    .Input("now: int32")
+    .Input("stamp: int32")
+    .Input("key: int64")
+    .Attr("unique: bool = false")
+    .Output("caught_up: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+LazyDP's catch-up for plain SGD with aggregated noise sampling, in place.
+
+A row r among `rows` is behind when history[r] != 2 now. The behind rows,
+deduplicated in first-appearance order (unless `unique`), numbered j = 0, 1, ...,
+each get, with h = history[r] >> 1,
+  s0 = max((p_hi[now] - p_hi[h]) + (p_lo[now] - p_lo[h]), 0)       (float64)
+  table[r, :] += float(sqrt(s0)) * z[j, :]
+where z is the TfdpEmbedFastNormal stream of `key` shaped [behind rows, dim].
+Then history[r] = `stamp` for every row among `rows`. Returns the number of
+rows caught up. Bit-identical to the TensorFlow ops of LazyDP._catch_up.
+)doc");
+
+class LazyCatchUpOp : public OpKernel {
+ public:
+  explicit LazyCatchUpOp(OpKernelConstruction* ctx) : OpKernel(ctx), isa_(tfdp_fast_normal::BestIsa()) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("unique", &unique_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<Var> table, history;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &table));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &history));
+    const Tensor& rows_t = ctx->input(2);
+    const Tensor& p_hi_t = ctx->input(3);
+    const Tensor& p_lo_t = ctx->input(4);
+    const int32_t now = ctx->input(5).scalar<int32_t>()();
+    const int32_t stamp = ctx->input(6).scalar<int32_t>()();
+    const Tensor& key_t = ctx->input(7);
+    OP_REQUIRES(ctx, key_t.NumElements() == 2,
+                errors::InvalidArgument("TfdpEmbedLazyCatchUp: `key` must have shape [2]."));
+    OP_REQUIRES(ctx, now >= 0 && now < p_hi_t.NumElements() && p_lo_t.NumElements() == p_hi_t.NumElements(),
+                errors::InvalidArgument("TfdpEmbedLazyCatchUp: `now` = ", now, " must index the step sums (",
+                                        p_hi_t.NumElements(), " entries)."));
+    OP_REQUIRES_OK(ctx, SparseAccess(ctx, table.get()));
+    OP_REQUIRES_OK(ctx, SparseAccess(ctx, history.get()));
+    Var* first = table.get() < history.get() ? table.get() : history.get();
+    Var* second = table.get() < history.get() ? history.get() : table.get();
+    mutex_lock lock_first(*first->mu());
+    mutex_lock lock_second(*second->mu());
+    Tensor* tab_t = table->tensor();
+    Tensor* hist_t = history->tensor();
+    OP_REQUIRES(ctx, tab_t->dtype() == DT_FLOAT && tab_t->dims() == 2,
+                errors::InvalidArgument("TfdpEmbedLazyCatchUp: the table must be a float32 matrix."));
+    OP_REQUIRES(ctx, hist_t->dtype() == DT_INT32 && hist_t->dims() == 1 && hist_t->dim_size(0) == tab_t->dim_size(0),
+                errors::InvalidArgument("TfdpEmbedLazyCatchUp: the history must be int32 with one entry per row."));
+    const int64_t vocab = tab_t->dim_size(0);
+    const int64_t dim = tab_t->dim_size(1);
+    float* tab = tab_t->flat<float>().data();
+    int32_t* hist = hist_t->flat<int32_t>().data();
+    const double* p_hi = p_hi_t.flat<double>().data();
+    const double* p_lo = p_lo_t.flat<double>().data();
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    const int64_t n = rows_t.NumElements();
+    const int32_t current = 2 * now;
+    for (int64_t k = 0; k < n; ++k) {
+      OP_REQUIRES(ctx, rows[k] >= 0 && rows[k] < vocab,
+                  errors::InvalidArgument("TfdpEmbedLazyCatchUp: row ", rows[k], " outside [0, ", vocab, ")."));
+    }
+    std::vector<int64_t> stale;
+    if (unique_) {
+      for (int64_t k = 0; k < n; ++k)
+        if (hist[rows[k]] != current) stale.push_back(rows[k]);
+    } else {
+      FirstAppearance seen(n);
+      for (int64_t k = 0; k < n; ++k)
+        if (hist[rows[k]] != current && seen.Insert(rows[k]).second) stale.push_back(rows[k]);
+    }
+    const int64_t m = static_cast<int64_t>(stale.size());
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out_t));
+    out_t->scalar<int64_t>()() = m;
+    if (m > 0) {
+      std::vector<float> stddev(m);
+      for (int64_t j = 0; j < m; ++j) {
+        const int32_t from = hist[stale[j]] >> 1;
+        OP_REQUIRES(ctx, from >= 0 && from <= now,
+                    errors::InvalidArgument("TfdpEmbedLazyCatchUp: history of row ", stale[j], " is ", from,
+                                            ", outside [0, now = ", now, "]."));
+        const double s0 = std::max((p_hi[now] - p_hi[from]) + (p_lo[now] - p_lo[from]), 0.0);
+        stddev[j] = static_cast<float>(std::sqrt(s0));
+      }
+      const uint64_t total = static_cast<uint64_t>(m) * static_cast<uint64_t>(dim);
+      Tensor noise_t;
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({static_cast<int64_t>(total)}), &noise_t));
+      float* noise = noise_t.flat<float>().data();
+      const auto key = key_t.flat<int64_t>();
+      const tfdp_fast_normal::StreamKey stream =
+          tfdp_fast_normal::MakeStreamKey(static_cast<uint64_t>(key(0)), static_cast<uint64_t>(key(1)));
+      const tfdp_fast_normal::Isa isa = isa_;
+      const int64_t chunks = static_cast<int64_t>((total + tfdp_fast_normal::kChunkFloats - 1) /
+                                                  tfdp_fast_normal::kChunkFloats);
+      auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+      Shard(workers->num_threads, workers->workers, chunks, 300, [&](int64_t begin, int64_t end) {
+        tfdp_fast_normal::GenerateChunks(isa, stream, static_cast<uint64_t>(begin), static_cast<uint64_t>(end), total,
+                                         1.0f, noise);
+      });
+      Shard(workers->num_threads, workers->workers, m, 40 * dim, [&](int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) {
+          float* dst = tab + stale[j] * dim;
+          const float* z = noise + j * dim;
+          const float s = stddev[j];
+          for (int64_t i = 0; i < dim; ++i) dst[i] += s * z[i];
+        }
+      });
+    }
+    for (int64_t k = 0; k < n; ++k) hist[rows[k]] = stamp;
+  }
+
+ private:
+  tfdp_fast_normal::Isa isa_;
+  bool unique_ = false;
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyCatchUp").Device(DEVICE_CPU).HostMemory("now").HostMemory("stamp"),
+                        LazyCatchUpOp);
+
+}  // namespace
+}  // namespace tensorflow
