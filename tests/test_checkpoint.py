@@ -335,6 +335,9 @@ def test_incomplete_checkpoint_without_manifest_is_never_picked_up(
     os.remove(
         directory / "ckpt-12.manifest.json"
     )  # the writer was killed before the manifest
+    (directory / "checkpoint").write_text(
+        "garbled {{"
+    )  # TensorFlow's state file is not needed
     _, budget, ckpt, _ = _fresh(directory)
     with caplog.at_level("WARNING"):
         info = ckpt.restore_or_initialize()

@@ -2,7 +2,8 @@
 
     ckpt = DPCheckpoint(directory, dp_model=dp, budget=budget, every_n_steps=100,
                         batches_per_epoch=info.batches_per_epoch, sampler_seed=7)
-    resumed = ckpt.restore_or_initialize(batches)       # None on a fresh start
+    dp.prepare(build_batches)       # build from fixed batches, not from the seeded sampler
+    resumed = ckpt.restore_or_initialize()               # None on a fresh start
     if resumed is None:
         dp.fit(batches, epochs=E, callbacks=[budget, ckpt])
     else:

@@ -18,9 +18,19 @@ exactly where the uninterrupted run's was, and `fit(batches,
 initial_epoch=e + 1)` continues the stream. With `sampler_seed=None` (OS
 entropy) there is nothing to reproduce: fresh batches are as private.
 
+The sampler must not be read before training in one process and not in the
+other. `DPModel.prepare` / `fit` build an unbuilt model from the first batch
+of the dataset they get, and a partial read of a `with_lookahead` pipeline
+draws a timing-dependent number of batch seeds (tf.data prefetches): build
+the model from other data (`dp.prepare(small_fixed_batches)`) in every
+process, as tests/checkpoint_worker.py does, and the resumed stream is
+exactly the uninterrupted one (the SIGKILL test checks it batch for batch
+through the weights).
+
 Example:
     >>> batches, info = poisson_batches(ds, sampling_probability=q, seed=7)
-    >>> resumed = checkpoint.restore_or_initialize(batches)
+    >>> dp.prepare(build_batches)                     # not the sampler (see above)
+    >>> resumed = checkpoint.restore_or_initialize()
     >>> rest = rest_of_epoch(batches, resumed.position)
     >>> if rest is not None:
     ...     dp.fit(rest, epochs=resumed.position.epoch + 1, initial_epoch=resumed.position.epoch)

@@ -253,6 +253,13 @@ class TrainingCheckpoint:
         self._progress.batches_consumed.assign(position.batches_consumed)
         self._progress.epoch.assign(position.epoch)
         self._progress.batch_in_epoch.assign(position.batch_in_epoch)
+        # A manifest left by an earlier checkpoint with this number (e.g. after restoring an
+        # older one) must not vouch for the files about to be written.
+        stale = manifest_lib.manifest_path(
+            os.path.join(self.directory, f"{CHECKPOINT_NAME}-{step}")
+        )
+        if os.path.exists(stale):
+            os.remove(stale)
         prefix = self._manager.save(checkpoint_number=step)
         owes = bool(mechanism.owes_noise())
         manifest = {
@@ -299,9 +306,16 @@ class TrainingCheckpoint:
     def restore_or_initialize(self, data=None) -> ResumeInfo | None:
         """Restores the newest complete checkpoint; None (nothing touched) when there is none.
 
+        Checkpoint files without a manifest (the writer died before finishing)
+        are logged and ignored; TensorFlow's `checkpoint` state file is not
+        needed (a garbled one is ignored too).
+
         Args:
-          data: a `tf.data.Dataset` of training batches, used only to build an
-            unbuilt model (`DPModel.prepare`).
+          data: a `tf.data.Dataset` of batches, used only to build an unbuilt
+            model (`DPModel.prepare` reads its first batch). Do not pass the
+            seeded Poisson sampler you will continue with `rest_of_epoch`:
+            a partial read of it (with `with_lookahead`, tf.data prefetches)
+            advances its seed stream by a timing-dependent number of batches.
 
         Raises:
           CheckpointCorruptedError, CheckpointMismatchError: see `restore`.
