@@ -221,21 +221,21 @@ def start_server(cluster, *, job_name: str, task_index: int, config=None) -> tf.
 def mechanism_state_scope(strategy: tf.distribute.Strategy, tables) -> None:
     """Scope in which `mechanism.init` creates its state.
 
-    Under a strategy, inside its scope (parameter servers hold the state;
-    mirrored state is identical on every replica). Under
-    `ParameterServerStrategy`, a variable whose name starts with a prefix
-    ending in a table layer's name (LazyDP's `history_<table>`, DP-FEST's
-    `<table>/fest_*`) is colocated with that table: a table's per-row state
-    lives on the same parameter server.
+    One device and synchronous strategies: no scope. The mechanism only runs
+    in cross-replica context there (`noised_gradients`' merge step), once per
+    worker on identical inputs, so plain variables stay identical on every
+    worker; mirrored variables would refuse some of the updates mechanisms
+    make (`scatter_nd_update`, used by DP-FEST's selection).
+    `ParameterServerStrategy`: inside its scope, so the servers hold the
+    state, and a variable whose name starts with a prefix ending in a table
+    layer's name (LazyDP's `history_<table>`, DP-FEST's `<table>/fest_*`) is
+    colocated with that table: a table's per-row state lives on the same
+    parameter server.
     """
-    kind = strategy_kind(strategy)
-    if kind == DEFAULT:
+    if strategy_kind(strategy) != PARAMETER_SERVER:
         yield
         return
     with strategy.scope():
-        if kind != PARAMETER_SERVER:
-            yield
-            return
         by_name = {layer.name: layer.embeddings for layer in tables}
 
         def colocate(next_creator, **kwargs):

@@ -30,6 +30,7 @@ from tfdp_embed.mechanisms import (
     EANA,
     DenseDPSGD,
     DPAdaFEST,
+    DPAdaFESTPlus,
     LazyDP,
     NonPrivate,
 )
@@ -84,10 +85,7 @@ def _replica_spread(dp) -> float:
 
 def case_exact() -> dict:
     """Zero noise, huge clip on 2 replicas vs one-device non-private SGD on the global batch."""
-    reference = _train(NonPrivate(), tf.distribute.get_strategy(), _exact_data())
-    want = reference.inner.get_weights()
-    out = {}
-    mechanisms = {
+    return _exact({
         "none": NonPrivate(),
         "dense": DenseDPSGD(l2_norm_clip=1e6, noise_multiplier=0.0, seed=1),
         "eana": EANA(l2_norm_clip=1e6, noise_multiplier=0.0, seed=1),
@@ -97,7 +95,28 @@ def case_exact() -> dict:
             l2_norm_clip=1e6, noise_multiplier=0.0, contribution_clip=1.0,
             contribution_noise_multiplier=1e-3, threshold=0.0, seed=1,
         ),
-    }
+    })
+
+
+def case_exact_more() -> dict:
+    """As `exact` for DP-FEST and DP-AdaFEST+ with every row selected."""
+    import dp_accounting
+
+    return _exact({
+        "fest": DPFEST(l2_norm_clip=1e6, noise_multiplier=0.0, selection_epsilon=1.0, top_k=VOCAB,
+                       counts={"table": np.arange(VOCAB)}, seed=1),
+        "adafest+": DPAdaFESTPlus(
+            selected_rows={"table": range(VOCAB)}, selection_event=dp_accounting.NoOpDpEvent(),
+            l2_norm_clip=1e6, noise_multiplier=0.0, contribution_clip=1.0,
+            contribution_noise_multiplier=1e-3, threshold=0.0, seed=1,
+        ),
+    })
+
+
+def _exact(mechanisms: dict) -> dict:
+    reference = _train(NonPrivate(), tf.distribute.get_strategy(), _exact_data())
+    want = reference.inner.get_weights()
+    out = {}
     for name, mechanism in mechanisms.items():
         dp = _train(mechanism, _strategy(), _exact_data())
         got = dp.inner.get_weights()

@@ -23,7 +23,15 @@ import numpy as np
 from tfdp_embed import distribute
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.layers.embedding import DPEmbedding
-from tfdp_embed.mechanisms import EANA, LazyDP, NonPrivate
+from tfdp_embed.mechanisms import (
+    DPFEST,
+    EANA,
+    DenseDPSGD,
+    DPAdaFEST,
+    DPAdaFESTPlus,
+    LazyDP,
+    NonPrivate,
+)
 from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, BATCH, STEPS = 50, 4, 3, 8, 4
@@ -129,6 +137,31 @@ def case_lazy(strategy) -> dict:
         "applied": dp.optimizer.applied,
         "finite": bool(all(np.isfinite(w).all() for w in dp.inner.get_weights())),
     }
+
+
+def case_mechanisms(strategy) -> dict:
+    """dense, fest, adafest, adafest+ train under PS: gradient types applied to the tables, finite weights."""
+    import dp_accounting
+
+    common = {"l2_norm_clip": 1.0, "noise_multiplier": 0.5, "seed": 4}
+    adafest = {"contribution_clip": 1.0, "contribution_noise_multiplier": 1.0, "threshold": 0.5}
+    mechanisms = {
+        "dense": DenseDPSGD(**common),
+        "fest": DPFEST(**common, selection_epsilon=1.0, top_k=10,
+                       counts={"table_a": np.arange(VOCAB), "table_b": np.arange(VOCAB)}),
+        "adafest": DPAdaFEST(**common, **adafest),
+        "adafest+": DPAdaFESTPlus(**common, **adafest, selected_rows={"table_a": range(0, 50, 2), "table_b": range(10)},
+                                  selection_event=dp_accounting.NoOpDpEvent()),
+    }
+    out = {}
+    for name, mechanism in mechanisms.items():
+        dp = _fit(strategy, mechanism, lr=0.1)
+        out[name] = {
+            "applied": {k: v for k, v in dp.optimizer.applied.items() if k.startswith("table_")},
+            "steps": int(mechanism.steps.numpy()),
+            "finite": bool(all(np.isfinite(w).all() for w in dp.inner.get_weights())),
+        }
+    return out
 
 
 def case_lazy_refused(strategy) -> dict:

@@ -11,7 +11,7 @@ import pytest
 # RUN_SLOW_DISTRIBUTED=1 adds the dense DP-SGD noise scenario.
 SLOW = os.environ.get("RUN_SLOW_DISTRIBUTED", "") not in ("", "0")
 
-_CASES = ["exact", "noise_eana", "unsupported", "tpu_noise_feature"] + (["noise_dense"] if SLOW else [])
+_CASES = ["exact", "noise_eana", "unsupported", "tpu_noise_feature"] + (["noise_dense", "exact_more"] if SLOW else [])
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,13 @@ def test_dense_noise_covers_every_row_once(results):
     for key in ("std_rows_replica0", "std_rows_replica1", "std_untouched_rows", "std_dense_variables"):
         assert abs(row[key] / row["expected_std"] - 1) < 0.06, (key, row)
     assert row["replica_spread"] == 0.0
+
+
+@pytest.mark.skipif(not SLOW, reason="set RUN_SLOW_DISTRIBUTED=1 (DP-FEST, DP-AdaFEST+ under MirroredStrategy)")
+def test_zero_noise_huge_clip_fest_and_adafest_plus(results):
+    for name, row in results["exact_more"].items():
+        assert row["max_abs_diff"] < 1e-5 and row["replica_spread"] == 0.0, (name, row)
+        assert row["steps"] == 4, (name, row)
 
 
 def test_lazy_is_refused_under_mirrored_strategy_and_fest_is_accepted(results):

@@ -4,6 +4,8 @@ Keras `fit` with a `DatasetCreator` drives the steps (ClusterCoordinator
 underneath). Scenarios run in subprocesses (tests/distributed/ps_cases.py).
 """
 
+import os
+
 import pytest
 
 PS = "/job:ps/"
@@ -44,3 +46,15 @@ def test_lazy_history_lives_next_to_its_table_and_flush_clears_the_debt(one_work
 def test_lazy_with_two_asynchronous_workers_is_refused(script_runner):
     row = script_runner("ps_cases.py", "--workers", "2", "--ps", "1", "lazy_refused")["lazy_refused"]
     assert row["error"].startswith("DistributionNotSupportedError: Mechanism 'lazy' supports ParameterServerStrategy with exactly one worker")
+
+
+@pytest.mark.skipif(
+    os.environ.get("RUN_SLOW_DISTRIBUTED", "") in ("", "0"),
+    reason="set RUN_SLOW_DISTRIBUTED=1 (dense, fest, adafest, adafest+ under ParameterServerStrategy)",
+)
+def test_other_mechanisms_train_under_parameter_server_strategy(script_runner):
+    rows = script_runner("ps_cases.py", "--workers", "1", "--ps", "2", "mechanisms")["mechanisms"]
+    for name, row in rows.items():
+        assert row["steps"] == 4 and row["finite"], (name, row)
+        expected = "SymbolicTensor" if name == "dense" else "IndexedSlices"  # dense ships the whole table
+        assert set(row["applied"].values()) == {expected}, (name, row)
