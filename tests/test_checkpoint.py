@@ -356,14 +356,22 @@ def test_incomplete_checkpoint_without_manifest_is_never_picked_up(
         ({"mechanism": "dense"}, "mechanism.class"),
         ({"noise_multiplier": 2.0}, "mechanism.hyperparameters"),
         ({"sampling_probability": 0.1}, "accounting.sampling_probability"),
+        ({"optimizer": "adam"}, "optimizer.class"),
     ],
 )
 def test_mismatched_checkpoint_is_refused_before_loading(
     trained_lazy, tmp_path, kwargs, difference
 ):
     directory = _copy(trained_lazy[0], tmp_path)
+    kwargs = dict(kwargs)
     mechanism = kwargs.pop("mechanism", "lazy")
+    optimizer = kwargs.pop("optimizer", None)
     dp, _, ckpt, _ = _fresh(directory, mechanism, **kwargs)
+    if optimizer == "adam":  # the same model compiled with another optimizer
+        dp.compile(
+            optimizer=keras.optimizers.legacy.Adam(0.01),
+            loss=keras.losses.BinaryCrossentropy(from_logits=True),
+        )
     dp.prepare(None)
     before = _state(dp)
     with pytest.raises(CheckpointMismatchError, match="nothing was loaded") as error:

@@ -33,6 +33,8 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+
 from tfdp_embed._keras import tf
 
 FORMAT = "tfdp_embed.Checkpoint"
@@ -52,6 +54,27 @@ def variable_descriptor(variable, *, with_name: bool = True) -> list:
         return [shape, dtype]
     short = variable.name.split(":")[0].rsplit("/", 1)[-1]
     return [short, shape, dtype]
+
+
+def _config_value(value):
+    """Optimizer config values as plain JSON; floats at float32 precision.
+
+    A legacy Keras optimizer reports `momentum` as the Python float it was
+    given before its first step and as the float32 variable's value after.
+    """
+    if isinstance(value, dict):
+        return {str(k): _config_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_config_value(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) or (
+        isinstance(value, np.ndarray) and value.shape == ()
+    ):
+        return float(np.float32(value))
+    return _jsonable(value)
 
 
 def _jsonable(value):
@@ -103,7 +126,7 @@ def describe_training_state(
     """
     model_vars = list(dp_model.inner.weights)
     optimizer = dp_model.optimizer
-    optimizer_vars = list(optimizer.variables())
+    optimizer_vars = optimizer_variables(optimizer)
     owned = {v.ref() for v in model_vars} | {v.ref() for v in optimizer_vars}
     mechanism = dp_model.mechanism
     mechanism_vars = [v for v in mechanism.variables if v.ref() not in owned]
@@ -128,11 +151,11 @@ def describe_training_state(
         "model": {"variables": [variable_descriptor(v) for v in model_vars]},
         "optimizer": {
             "class": type(optimizer).__module__ + "." + type(optimizer).__qualname__,
-            "config": _jsonable(config),
+            "config": _config_value(config),
             "variables": sorted(
                 (variable_descriptor(v) for v in optimizer_vars), key=json.dumps
             ),
-            "learning_rate_at_save": _jsonable(learning_rate),
+            "learning_rate_at_save": _config_value(learning_rate),
         },
         "mechanism": {
             "name": mechanism.name,
@@ -149,15 +172,28 @@ def describe_training_state(
     }
 
 
+def optimizer_variables(optimizer) -> list:
+    """The optimizer's variables (legacy `variables()` or new-style `variables` property)."""
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
 # Keys whose values are information, not requirements.
 _INFO_ONLY = {("optimizer", "learning_rate_at_save")}
 
 
-def signature_differences(saved: dict, current: dict) -> list[str]:
+def signature_differences(
+    saved: dict,
+    current: dict,
+    *,
+    only: tuple[str, str] | None = None,
+    skip: tuple[str, str] | None = None,
+) -> list[str]:
     """Human-readable differences between two `describe_training_state` results.
 
     `None` on either side of `accounting` or a `data` field means "unknown"
-    and is not a difference.
+    and is not a difference. `only` / `skip`: one (section, key) to compare
+    alone / to leave out.
     """
     problems = []
     for section in ("model", "optimizer", "mechanism", "accounting", "data"):
@@ -165,7 +201,11 @@ def signature_differences(saved: dict, current: dict) -> list[str]:
         if section in ("accounting", "data") and (old is None or new is None):
             continue
         for key in sorted(set(old or {}) | set(new or {})):
-            if (section, key) in _INFO_ONLY:
+            if (
+                (section, key) in _INFO_ONLY
+                or (section, key) == skip
+                or (only and (section, key) != only)
+            ):
                 continue
             a, b = (old or {}).get(key), (new or {}).get(key)
             if section == "data" and (a is None or b is None):

@@ -344,33 +344,28 @@ class TrainingCheckpoint:
             prefix = complete[-1]
         manifest = manifest_lib.read_manifest(manifest_lib.manifest_path(prefix))
         self.dp_model.prepare(data)
+        slots = (
+            "optimizer",
+            "variables",
+        )  # compared once the optimizer has created its slots
+        self._refuse_if_different(prefix, manifest, skip=slots)
+        broken = manifest_lib.file_problems(prefix, manifest["files"])
+        if broken:
+            older = [p for p in self.complete_checkpoints() if p != prefix]
+            raise CheckpointCorruptedError(
+                f"Checkpoint {prefix} is corrupted; nothing was loaded:\n  - "
+                + "\n  - ".join(broken)
+                + (
+                    f"\nOlder complete checkpoints: {older} (restore one with `restore(prefix)`)."
+                    if older
+                    else ""
+                )
+            )
         optimizer = self.dp_model.optimizer
         iterations_before = int(optimizer.iterations.numpy())
         self._create_optimizer_variables()
         try:
-            problems = manifest_lib.signature_differences(
-                manifest["signature"], self._signature()
-            )
-            if problems:
-                raise CheckpointMismatchError(
-                    f"Checkpoint {prefix} was written by a different training setup; nothing was loaded. "
-                    "Differences:\n  - "
-                    + "\n  - ".join(problems)
-                    + "\nResume with the same model, optimizer, "
-                    "mechanism and hyperparameters, or start in a new directory."
-                )
-            broken = manifest_lib.file_problems(prefix, manifest["files"])
-            if broken:
-                older = [p for p in self.complete_checkpoints() if p != prefix]
-                raise CheckpointCorruptedError(
-                    f"Checkpoint {prefix} is corrupted; nothing was loaded:\n  - "
-                    + "\n  - ".join(broken)
-                    + (
-                        f"\nOlder complete checkpoints: {older} (restore one with `restore(prefix)`)."
-                        if older
-                        else ""
-                    )
-                )
+            self._refuse_if_different(prefix, manifest, only=slots)
         except CheckpointError:
             optimizer.iterations.assign(
                 iterations_before
@@ -387,6 +382,19 @@ class TrainingCheckpoint:
                 "is inconsistent, do not continue from it."
             ) from None
         return self._resume_info(prefix, manifest)
+
+    def _refuse_if_different(self, prefix: str, manifest: dict, **which) -> None:
+        problems = manifest_lib.signature_differences(
+            manifest["signature"], self._signature(), **which
+        )
+        if problems:
+            raise CheckpointMismatchError(
+                f"Checkpoint {prefix} was written by a different training setup; nothing was loaded. "
+                "Differences:\n  - "
+                + "\n  - ".join(problems)
+                + "\nResume with the same model, optimizer, "
+                "mechanism and hyperparameters, or start in a new directory."
+            )
 
     def _resume_info(self, prefix: str, manifest: dict) -> ResumeInfo:
         mechanism = self.dp_model.mechanism
@@ -428,9 +436,11 @@ class TrainingCheckpoint:
 
         A fresh optimizer creates its slots at its first step; restoring before
         that would leave them to TensorFlow's deferred restoration, i.e. load
-        part of the checkpoint now and part later. Legacy SGD / momentum /
-        Adam / Adagrad leave every weight unchanged on a zero gradient; the
-        iteration counter (and every slot) is overwritten by the restore.
+        part of the checkpoint now and part later. It runs only after the
+        model, mechanism, optimizer config and files were checked. SGD (with
+        momentum), Adam, Adagrad and RMSprop leave every weight unchanged on a
+        zero gradient; whatever it changes (the iteration counter, fresh
+        slots; an FTRL optimizer's weights) is overwritten by the restore.
         """
         dp = self.dp_model
         tables = {
