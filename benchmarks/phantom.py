@@ -23,15 +23,19 @@ Protocol: one worker process per (positions, V), batch sizes ascending.
 At each batch size (fresh models and steps), a memory phase
 runs each method's warm-up steps (tracing included) in the order above
 with the process's VmHWM reset before each (`peak RSS`; `step extra` =
-peak minus the RSS just before), then a timing phase runs `--steps`
+peak minus the RSS just before: for phantom and brute_force, the memory
+beyond what the non-private step, run first, left resident; TF keeps freed
+memory), then a timing phase runs `--steps`
 rounds, each round one step of every method in turn (side by side, same
 load): medians, p10-p90, and ratios to the non-private median of the
 same process. A method whose memory estimate (below) exceeds `--max-gb`
 is not run and says what it would need; a watchdog kills a worker whose
 RSS passes `--max-gb` + 1.5 GB. Estimates are used only to skip:
 
-    model methods: 4 x B x Q x V float32 (logits, softmax, their gradients; Q scored positions)
-    brute force:   that + 2 x B x V x 64 float32 (per-example table gradients, their squares)
+    model methods: 0.7 GB + 4 x B x Q x V float32 (logits, softmax, gradients; Q scored positions)
+    brute force:   0.7 GB + 2 x B x Q x V + 3.5 x B x V x d float32 (per-example table gradients
+                   and temporaries; 3.5 is the largest peak / (B V d) seen in the first run,
+                   where 2 let B = 256, V = 24,000 reach the watchdog)
 
 Outputs: a table on stdout, `--json`, a section appended to `--results-md`,
 and a PNG (`--png`) of step time and peak memory against batch size.
@@ -66,9 +70,10 @@ def scored_positions(positions: str, length: int) -> int:
 def estimate_gb(
     method: str, *, vocab: int, batch: int, length: int, dim: int, positions: str
 ) -> float:
-    logits = 4.0 * batch * scored_positions(positions, length) * vocab * 4 / 2**30
-    extra = 2.0 * batch * vocab * dim * 4 / 2**30 if method == "brute_force" else 0.0
-    return _BASE_GB + logits + extra
+    logits = batch * scored_positions(positions, length) * vocab * 4 / 2**30
+    if method == "brute_force":
+        return _BASE_GB + 2.0 * logits + 3.5 * batch * vocab * dim * 4 / 2**30
+    return _BASE_GB + 4.0 * logits
 
 
 # -- worker: builds the three steps and measures them ----------------------------------
@@ -536,7 +541,9 @@ def markdown_section(document: dict) -> str:
         (
             "- Protocol: one process per (scored, V), batch sizes ascending, fresh models per B; "
             f"{s['warmup']} warm-up steps per method with VmHWM reset before each (peak RSS; "
-            f'"step extra" = peak − RSS before the method), then up to {s["steps"]} rounds of one '
+            f'"step extra" = peak − RSS just before the method: methods run non_private, phantom, '
+            "brute_force in that order, so for the last two it is what they needed beyond what the "
+            f"non-private step left resident), then up to {s['steps']} rounds of one "
             f"step per method in turn (≤ {s['max_seconds']:g} s per B); medians, ratios to the "
             "non-private median of the same process. Methods whose estimate exceeds "
             f"{s['max_gb']:g} GB were not run (estimate formula in benchmarks/phantom.py; used only "
