@@ -340,9 +340,12 @@ def _finish(result) -> None:
         np.asarray(result)
 
 
-def _timed(fn, i: int) -> float:
-    start = time.perf_counter()
+def _timed(fn, i: int, cpu: list | None = None) -> float:
+    """Wall seconds of step i; appends the process CPU seconds (all threads) to `cpu`."""
+    start, cpu_start = time.perf_counter(), time.process_time()
     _finish(fn(i))
+    if cpu is not None:
+        cpu.append(time.process_time() - cpu_start)
     return time.perf_counter() - start
 
 
@@ -402,21 +405,24 @@ def measure(name: str, spec: dict, batches: list) -> dict:
         census = vocab_sized_ops(setup.concrete(), spec["vocab"])
     except Exception as error:  # noqa: BLE001 - diagnostics only
         census = {"census failed": f"{type(error).__name__}: {error}"[:200]}
-    times, base_times = [], []
+    times, base_times, cpu, base_cpu = [], [], [], []
     budget, start = spec["max_seconds_per_mechanism"], time.perf_counter()
     capped = False
     while len(times) < spec["steps"]:
         if times and time.perf_counter() - start > budget:
             capped = True
             break
-        times.append(_timed(setup.step, i))
+        times.append(_timed(setup.step, i, cpu))
         if setup.baseline:
-            base_times.append(_timed(setup.baseline, i))
+            base_times.append(_timed(setup.baseline, i, base_cpu))
         i += 1
     while setup.baseline and len(base_times) < spec["steps"]:
-        base_times.append(_timed(setup.baseline, i))
+        base_times.append(_timed(setup.baseline, i, base_cpu))
         i += 1
     result = {"mechanism": name, **_stats(times)}
+    # Process CPU time per step (all threads): steadier than wall time on a shared machine.
+    result["cpu_median_step_s"] = float(np.median(cpu)) if cpu else None
+    result["none_in_process_cpu_median_s"] = float(np.median(base_cpu)) if base_cpu else None
     notes = list(setup.notes)
     if capped:
         notes.append(f"capped by --max-seconds-per-mechanism={budget:g}: {len(times)} of {spec['steps']} steps timed")
@@ -470,9 +476,12 @@ def run(spec: dict, out_path: str) -> None:
     batches = [(tf.constant(ids), tf.constant(labels)) for ids, labels in batches]
     from tfdp_embed.mechanisms import MECHANISMS
 
+    from tfdp_embed.ops import fast_normal
+
     report = {
         "vocab": spec["vocab"],
         "pid": os.getpid(),
+        "fused_ops": "available" if fast_normal.available() else f"unavailable: {fast_normal.unavailable_reason()}",
         "tf_devices": [d.name for d in tf.config.list_physical_devices()],
         "registered_mechanisms": sorted(MECHANISMS),
         "results": [],

@@ -67,8 +67,11 @@ def test_step_time_smoke(tmp_path):
     assert rows["dense"]["ratio_to_none"] > 0
     assert rows["dense"]["none_in_process_steps"] == 3
     assert rows["dense"]["vocab_sized_ops"], "dense DP-SGD must show its [vocab, dim] noise"
+    assert rows["none"]["cpu_ratio_to_none"] == 1.0 and rows["dense"]["cpu_ratio_to_none"] > 0
+    assert rows["dense"]["cpu_median_step_s"] > 0 and rows["dense"]["none_in_process_cpu_median_s"] > 0
 
     section = results_md.read_text()
     assert "## step_time" in section and document["command"] in section
     assert "| none | 1,000 |" in section and "| dense | 1,000 |" in section
+    assert "× none, CPU time (same process)" in section and "- Fused ops (tfdp_embed.ops, sparse_rows): " in section
     assert png.stat().st_size > 1000

@@ -218,3 +218,16 @@ def test_fallback_runs_the_references_and_training_still_works(tmp_path):
         assert runs["op"][field] == runs["fallback"][field], field
     assert runs["op"]["wsq"] == "[1.5625, 0.0]"
     assert runs["fallback"]["lazy_finite"] == "True" and runs["op"]["lazy_finite"] == "True"
+
+
+def test_noised_values_streams_are_the_offset_keys(op):
+    values = [tf.constant(np.arange(10, dtype=np.float32)), tf.ones([3, 70])]
+    gen = tf.random.Generator.from_key_counter(key=5, counter=[0, 0], alg="philox")
+    many = sparse_rows.noised_values_many(gen, values, stddev=2.0, divisor=4.0)
+    gen.reset_from_key_counter(key=5, counter=[0, 0])
+    key = gen.uniform_full_int([2], dtype=tf.int64)
+    for stream, (got, v) in enumerate(zip(many, values)):
+        np.testing.assert_array_equal(got.numpy(), sparse_rows.noised_values_reference(v, key, 2.0, 4.0, stream).numpy())
+    # Different streams of one key are different noise.
+    a, b = sparse_rows.noised_values_many(gen, [tf.zeros([256]), tf.zeros([256])], stddev=1.0, divisor=1.0)
+    assert abs(np.corrcoef(a.numpy(), b.numpy())[0, 1]) < 5 / np.sqrt(256)

@@ -169,10 +169,14 @@ class NoiseMechanism(tf.Module, abc.ABC):
     def _dense_noised(self, clipped: ClippedGradients, noise_multiplier: float) -> list:
         """Dense DP-SGD on the non-table variables: (sum + N(0, (sigma C)^2)) / B."""
         std = noise_multiplier * self.l2_norm_clip
-        out = []
-        for variable, grad in clipped.dense:
-            out.append((self._noised_sum(grad, std, clipped.expected_batch_size), variable))
-        return out
+        grads = self._noised_sums([grad for _, grad in clipped.dense], std, clipped.expected_batch_size)
+        return [(grad, variable) for grad, (variable, _) in zip(grads, clipped.dense)]
+
+    def _noised_sums(self, values_list, stddev: float, divisor: float) -> list:
+        """`_noised_sum` of several tensors from one generator draw (independent streams)."""
+        if stddev > 0:
+            return sparse_rows.noised_values_many(self.generator, values_list, stddev=stddev, divisor=divisor)
+        return [values / divisor for values in values_list]
 
     def _noised_sum(self, values, stddev: float, divisor: float) -> tf.Tensor:
         """(values + N(0, stddev^2)) / divisor; one fused pass (same bits as the two-op form)."""

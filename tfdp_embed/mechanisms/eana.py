@@ -68,12 +68,15 @@ class EANA(NoiseMechanism):
     def update(self, clipped: ClippedGradients) -> list:
         """Noises the touched rows (IndexedSlices) and the dense variables; divides by B."""
         std = self.noise_multiplier * self.l2_norm_clip
-        out = self._dense_noised(clipped, self.noise_multiplier)
-        for table in clipped.tables:
-            grad = table.gradient  # unique indices = rows touched this step
-            values = self._noised_sum(grad.values, std, clipped.expected_batch_size)
-            noised = tf.IndexedSlices(values, grad.indices, grad.dense_shape)
-            out.append((noised, table.variable))
+        # One generator draw for the step: dense variables and touched rows (unique
+        # indices) are noised as independent streams of one key.
+        dense = [grad for _, grad in clipped.dense]
+        touched = [table.gradient.values for table in clipped.tables]
+        noised = self._noised_sums(dense + touched, std, clipped.expected_batch_size)
+        out = [(grad, variable) for grad, (variable, _) in zip(noised, clipped.dense)]
+        for table, values in zip(clipped.tables, noised[len(dense):]):
+            grad = table.gradient
+            out.append((tf.IndexedSlices(values, grad.indices, grad.dense_shape), table.variable))
         self.steps.assign_add(1)
         return out
 

@@ -219,18 +219,23 @@ REGISTER_OP("TfdpEmbedNoisedValues")
     .Input("key: int64")
     .Input("stddev: float")
     .Input("divisor: float")
+    .Attr("stream: int = 0")
     .Output("output: float")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(0));
       return absl::OkStatus();
     })
     .Doc(R"doc(
-(values + TfdpEmbedFastNormal(shape(values), key, stddev)) / divisor, in one pass.
+(values + TfdpEmbedFastNormal(shape(values), key + [0, stream], stddev)) / divisor,
+in one pass. `stream` offsets the high counter word: tensors noised with one
+key and different streams use disjoint Philox counter ranges (independent).
 )doc");
 
 class NoisedValuesOp : public OpKernel {
  public:
-  explicit NoisedValuesOp(OpKernelConstruction* ctx) : OpKernel(ctx), isa_(tfdp_fast_normal::BestIsa()) {}
+  explicit NoisedValuesOp(OpKernelConstruction* ctx) : OpKernel(ctx), isa_(tfdp_fast_normal::BestIsa()) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("stream", &stream_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& values_t = ctx->input(0);
@@ -252,7 +257,8 @@ class NoisedValuesOp : public OpKernel {
     if (n == 0) return;
     const auto key = key_t.flat<int64_t>();
     const tfdp_fast_normal::StreamKey stream =
-        tfdp_fast_normal::MakeStreamKey(static_cast<uint64_t>(key(0)), static_cast<uint64_t>(key(1)));
+        tfdp_fast_normal::MakeStreamKey(static_cast<uint64_t>(key(0)),
+                                        static_cast<uint64_t>(key(1)) + static_cast<uint64_t>(stream_));
     const float* values = values_t.flat<float>().data();
     float* out = out_t->flat<float>().data();
     const tfdp_fast_normal::Isa isa = isa_;
@@ -271,6 +277,7 @@ class NoisedValuesOp : public OpKernel {
 
  private:
   tfdp_fast_normal::Isa isa_;
+  int64_t stream_ = 0;
 };
 REGISTER_KERNEL_BUILDER(Name("TfdpEmbedNoisedValues").Device(DEVICE_CPU), NoisedValuesOp);
 

@@ -111,8 +111,37 @@ def pooled_weight_squares(row_index, examples, weights, batch_size) -> tf.Tensor
 
 
 # -- mechanisms -----------------------------------------------------------------
-def noised_values_reference(values, key, stddev, divisor) -> tf.Tensor:
-    """(values + fast_normal(shape(values), key, stddev)) / divisor."""
+def noised_values_many(generator: tf.random.Generator, values_list, *, stddev, divisor) -> list:
+    """`noised_values` of several tensors from ONE key draw (stream i for tensor i).
+
+    Tensor i gets the Gaussian stream of (k0, k1 + i): disjoint Philox
+    counter ranges, so the noises are independent, and one generator draw
+    (a handful of ops) serves the whole step. Without the op, each tensor
+    falls back to its own `fast_normal.normal` draw.
+
+    Args:
+      generator: the mechanism's `tf.random.Generator`.
+      values_list: float32 tensors.
+      stddev: Python float or float32 scalar, >= 0 (the same for all).
+      divisor: Python float or float32 scalar, > 0.
+
+    Returns:
+      list of float32 tensors, (values_i + N(0, stddev^2)) / divisor.
+    """
+    values_list = [tf.convert_to_tensor(v) for v in values_list]
+    op = _op() if all(v.dtype == tf.float32 for v in values_list) else None
+    if op is None or not values_list:
+        return [noised_values(generator, v, stddev=stddev, divisor=divisor) for v in values_list]
+    key = generator.uniform_full_int([2], dtype=tf.int64)
+    stddev, divisor = tf.cast(stddev, tf.float32), tf.cast(divisor, tf.float32)
+    return [
+        op.tfdp_embed_noised_values(v, key, stddev, divisor, stream=i) for i, v in enumerate(values_list)
+    ]
+
+
+def noised_values_reference(values, key, stddev, divisor, stream: int = 0) -> tf.Tensor:
+    """(values + fast_normal(shape(values), key + [0, stream], stddev)) / divisor."""
+    key = tf.convert_to_tensor(key, tf.int64) + tf.constant([0, stream], tf.int64)
     noise = fast_normal.fast_normal(tf.shape(values, out_type=tf.int64), key, stddev)
     return (values + noise) / divisor
 
