@@ -38,7 +38,8 @@ RSS passes `--max-gb` + 1.5 GB. Estimates are used only to skip:
                    where 2 let B = 256, V = 24,000 reach the watchdog)
 
 Outputs: a table on stdout, `--json`, a section appended to `--results-md`,
-and a PNG (`--png`) of step time and peak memory against batch size.
+and a PNG (`--png`) of step time, and of the memory each DP method adds over
+the non-private step, against batch size.
 
 References: DPFormer (Zhao et al.) §3.2, Fig. 3 and App. A.2 (Phantom Clipping;
 "DP at 0.68x non-private throughput"); BENCHMARKS.md (protocol).
@@ -579,7 +580,11 @@ def plot(rows: list, path: str, title: str) -> None:
         for method in METHODS:
             for vocab in vocabs:
                 points = sorted(
-                    (r["batch"], r["median_step_s"], r["peak_rss_mb"] / 1024)
+                    (
+                        r["batch"],
+                        r["median_step_s"],
+                        (r["peak_rss_mb"] - r["rss_before_mb"]) / 1024,
+                    )
                     for r in rows
                     if r["positions"] == positions
                     and r["method"] == method
@@ -596,7 +601,10 @@ def plot(rows: list, path: str, title: str) -> None:
                     "label": f"{method}, V={vocab:,}",
                 }
                 row_axes[0].plot(b, t, **kw)
-                row_axes[1].plot(b, mem, **kw)
+                if (
+                    method != "non_private"
+                ):  # its "extra" is over the previous batch size's leftovers
+                    row_axes[1].plot(b, mem, **kw)
         label = (
             "every position scored" if positions == "all" else "last position scored"
         )
@@ -608,7 +616,10 @@ def plot(rows: list, path: str, title: str) -> None:
             title=label,
         )
         row_axes[1].set(
-            xscale="log", xlabel="batch size", ylabel="peak RSS (GB)", title=label
+            xscale="log",
+            xlabel="batch size",
+            ylabel="GB beyond the non-private step's memory",
+            title=f"{label}: memory added (peak − RSS before)",
         )
         for ax in row_axes:
             ax.grid(True, which="both", alpha=0.3)
