@@ -41,6 +41,7 @@ import time
 from collections.abc import Sequence
 
 from pipelines import (
+    criteo_calibration,
     criteo_data,
     criteo_eval,
     criteo_privacy,
@@ -53,9 +54,14 @@ from tfdp_embed.data.criteo import (
     CAT_FEATURES,
     CriteoFormatError,
     resolve_vocab_sizes,
-    running_counts,
 )
-from tfdp_embed.models import ARCHITECTURES, CTRModelConfig, CTRServingModule, build_ctr_model
+from tfdp_embed.export import release_ready
+from tfdp_embed.models import (
+    ARCHITECTURES,
+    CTRModelConfig,
+    CTRServingModule,
+    build_ctr_model,
+)
 
 DEFAULT_MECHANISM = "adafest"
 DEFAULT_EPSILON = 3.0
@@ -65,6 +71,7 @@ DEFAULT_EPSILON = 3.0
 # rate; 1.0 makes the non-private run diverge, 0.3 leaves DP runs undertrained.
 DEFAULT_LEARNING_RATE = {"none": 0.3}
 DEFAULT_DP_LEARNING_RATE = 1.0
+DEFAULT_CALIBRATION_FRACTION = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +87,9 @@ class PipelineConfig:
     epochs: int = 2
     batch: int = 2048
     streaming_periods: bool = False
+    streaming: str = "auto"
+    stream_buffer_rows: int = criteo_data.DEFAULT_STREAM_BUFFER_ROWS
+    max_steps: int | None = None
     model: str = "mlp"
     seed: int | None = None
     skip_bad_rows: bool = False
@@ -139,6 +149,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="one period per --train file: train on it, evaluate on the next day (DP-FEST §4.3)",
     )
     data.add_argument(
+        "--streaming",
+        choices=criteo_data.STREAMING_MODES,
+        default="auto",
+        help="keep a period's rows in memory (off), stream them from the files with exact Poisson batches (on: memory "
+        f"independent of the rows, the files are read once per group of batches), or stream periods above "
+        f"{criteo_data.STREAMING_ROW_THRESHOLD:,} rows (auto, default)",
+    )
+    data.add_argument(
+        "--stream-buffer-rows",
+        type=_positive(int),
+        default=criteo_data.DEFAULT_STREAM_BUFFER_ROWS,
+        help="streaming: rows of training batches held at once; G = this // batch batches per pass "
+        "(default %(default)s, ~170 MB)",
+    )
+    data.add_argument(
         "--hash-size",
         type=_positive(int),
         help="hash buckets per categorical feature (default: DP-FEST Table 3 vocabularies)",
@@ -195,6 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     priv.add_argument("--adafest-threshold", type=float, help="adafest/adafest+: tau (default 2 x sigma1 x C1)")
     priv.add_argument("--contribution-clip", type=_positive(float), default=1.0, help="adafest/adafest+: C1")
+    priv.add_argument(
+        "--calibration-fraction",
+        type=float,
+        default=DEFAULT_CALIBRATION_FRACTION,
+        help="share of epsilon for the DP output calibration after training (Laplace histogram of logits; fixes "
+        "the clipping bias of the mean prediction, see pipelines/criteo_calibration.py); 0 turns it off "
+        "(default %(default)s)",
+    )
     train = p.add_argument_group("training")
     train.add_argument(
         "--epochs",
@@ -207,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive(int),
         default=PipelineConfig.batch,
         help="expected batch size B, q = B/N (default %(default)s)",
+    )
+    train.add_argument(
+        "--max-steps",
+        type=_positive(int),
+        help="at most this many steps per period (the noise is calibrated for the steps that run; for quick runs)",
     )
     train.add_argument(
         "--learning-rate",
@@ -259,10 +297,16 @@ def parse_args(argv: Sequence[str] | None = None) -> PipelineConfig:
         parser.error(
             f"--streaming-periods needs at least 2 --train day files (one per period); received {len(a.train)}."
         )
+    if a.fixed_size_batches and a.streaming == "on" and a.stream_buffer_rows < a.batch:
+        parser.error("--fixed-size-batches with --streaming on needs --stream-buffer-rows >= --batch (shuffle buffer).")
     if a.delta is not None and not 0 < a.delta < 1:
         parser.error(f"--delta must lie in (0, 1); received {a.delta!r}.")
     if not 0 < a.selection_fraction < 1:
         parser.error(f"--selection-fraction must lie in (0, 1); received {a.selection_fraction!r}.")
+    if not 0 <= a.calibration_fraction < 0.5:
+        parser.error(f"--calibration-fraction must lie in [0, 0.5); received {a.calibration_fraction!r}.")
+    if a.mechanism in criteo_privacy.SELECTING_MECHANISMS and a.selection_fraction + a.calibration_fraction >= 1:
+        parser.error("--selection-fraction + --calibration-fraction must be < 1 (the rest of epsilon pays for training).")
     if not 0 < a.top_fraction <= 1:
         parser.error(f"--top-fraction must lie in (0, 1]; received {a.top_fraction!r}.")
     if not 0 <= a.momentum < 1:
@@ -280,6 +324,7 @@ def parse_args(argv: Sequence[str] | None = None) -> PipelineConfig:
         adafest_ratio=a.adafest_ratio,
         adafest_threshold=a.adafest_threshold,
         contribution_clip=a.contribution_clip,
+        calibration_fraction=a.calibration_fraction,
         seed=a.seed,
     )
     synthetic = criteo_data.SyntheticSpec(
@@ -298,6 +343,9 @@ def parse_args(argv: Sequence[str] | None = None) -> PipelineConfig:
         epochs=a.epochs,
         batch=a.batch,
         streaming_periods=a.streaming_periods,
+        streaming=a.streaming,
+        stream_buffer_rows=a.stream_buffer_rows,
+        max_steps=a.max_steps,
         model=a.model,
         seed=a.seed,
         skip_bad_rows=a.skip_bad_rows,
@@ -352,7 +400,7 @@ def _layer_counts(counts: dict) -> dict:
 
 @dataclasses.dataclass
 class _Data:
-    """Stage 1's output: the files and their rows in memory."""
+    """Stage 1's output: the files and their periods (in memory or streaming)."""
 
     train_files: list
     eval_files: list
@@ -368,12 +416,20 @@ class _Data:
 
 @dataclasses.dataclass
 class _Plan:
-    """Stage 2's output: how many steps at which rate, and the noise that pays for them."""
+    """Stage 2's output: each period's rate and steps, and the noise that pays for them."""
 
     settings: criteo_privacy.PrivacySettings
     calibration: criteo_privacy.Calibration
-    sampling_probability: float
-    steps: int
+    periods: list  # one `criteo_privacy.PeriodPlan` per period
+
+    @property
+    def sampling_probability(self) -> float:
+        """The largest q over periods."""
+        return max(p.sampling_probability for p in self.periods)
+
+    @property
+    def steps(self) -> int:
+        return sum(p.steps for p in self.periods)
 
 
 @dataclasses.dataclass
@@ -384,12 +440,12 @@ class _Training:
     tables: list
     mechanism: object
     dp_model: object
-    budget: PrivacyBudget | None
+    budget: PrivacyBudget | None  # one period: the sequential budget; several: None (one PeriodBudget each)
     counts: dict | None
 
 
 def _read(config: PipelineConfig) -> _Data:
-    """Stage 1: default data if needed, then read and validate every file."""
+    """Stage 1: default data if needed, then read (or scan, when streaming) and validate every file."""
     train_files, eval_files, synthetic = list(config.train), list(config.eval), None
     if not train_files:
         synthetic = config.synthetic
@@ -398,12 +454,16 @@ def _read(config: PipelineConfig) -> _Data:
         )
         train_files, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
     vocab = resolve_vocab_sizes(None, config.hash_size)
-    read = dict(vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows)
+    read = dict(vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming)
+    selecting = config.mechanism in criteo_privacy.SELECTING_MECHANISMS
     groups = [[f] for f in train_files] if config.streaming_periods else [train_files]
-    periods = [criteo_data.read_period(files, **read) for files in groups]
-    data = _Data(train_files, eval_files, synthetic, vocab, periods, criteo_data.read_period(eval_files, **read))
+    periods = [criteo_data.open_period(files, **read, count_buckets=selecting) for files in groups]
+    data = _Data(train_files, eval_files, synthetic, vocab, periods, criteo_data.open_period(eval_files, **read))
+    streamed = sum(p.streaming for p in periods)
     _log(
-        config, f"read {data.rows} training rows from {len(train_files)} file(s), {data.final_eval.size} for evaluation"
+        config,
+        f"read {data.rows} training rows from {len(train_files)} file(s) ({streamed} of {len(periods)} period(s) "
+        f"streamed), {data.final_eval.size} for evaluation",
     )
     for period in periods:
         if config.batch > period.size:
@@ -415,25 +475,34 @@ def _read(config: PipelineConfig) -> _Data:
 
 
 def _calibrate(config: PipelineConfig, data: _Data) -> _Plan:
-    """Stage 2: q = B/N, T steps (all periods compose sequentially, at the largest q), noise for (eps, delta)."""
-    q = max(config.batch / p.size for p in data.periods)
-    if config.fixed_size_batches:
-        per_epoch = [p.size // config.batch for p in data.periods]
-    else:
-        per_epoch = [max(1, round(p.size / config.batch)) for p in data.periods]
-    steps = config.epochs * sum(per_epoch)
+    """Stage 2: per period q_p = B / N_p and T_p steps; the noise for (eps, delta).
+
+    One period: sequential accounting of its T steps. Several: parallel
+    composition over periods (`criteo_privacy` module docstring), sigma =
+    max_p sigma(q_p, T_p), every DP selection charged to every period.
+    """
+    plans = []
+    for period in data.periods:
+        per_epoch = period.size // config.batch if config.fixed_size_batches else max(1, round(period.size / config.batch))
+        steps = config.epochs * per_epoch
+        if config.max_steps is not None:
+            steps = min(steps, config.max_steps)
+        plans.append(criteo_privacy.PeriodPlan(config.batch / period.size, steps))
     settings = config.privacy or criteo_privacy.PrivacySettings(
         mechanism=config.mechanism, epsilon=config.epsilon, delta=None
     )
     settings = dataclasses.replace(settings, delta=config.delta if config.delta is not None else 1.0 / data.rows)
     selections = len(data.periods) if settings.mechanism == "fest" else 1
-    calibration = criteo_privacy.calibrate(settings, sampling_probability=q, steps=steps, num_selections=selections)
+    calibration = criteo_privacy.calibrate_periods(settings, periods=plans, num_selections=selections)
+    plan = _Plan(settings, calibration, plans)
+    composition = "parallel over periods, " if len(plans) > 1 else ""
     _log(
         config,
         f"mechanism {settings.mechanism}: noise multiplier {calibration.noise_multiplier:.4g} for "
-        f"epsilon {settings.epsilon:g}, delta {settings.delta:.3g}, q {q:.4g}, {steps} steps",
+        f"epsilon {settings.epsilon:g}, delta {settings.delta:.3g}, {composition}q {plan.sampling_probability:.4g}, "
+        f"{plan.steps} steps",
     )
-    return _Plan(settings, calibration, q, steps)
+    return plan
 
 
 def _build(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, plan: _Plan) -> _Training:
@@ -445,7 +514,7 @@ def _build(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, pl
     name = plan.settings.mechanism
     counts = None
     if name in criteo_privacy.SELECTING_MECHANISMS:
-        counts = running_counts(criteo_data.period_dataset(data.periods[0]), vocab_sizes=data.vocab)
+        counts = criteo_data.bucket_counts(data.periods[0])
     mechanism = criteo_privacy.build_mechanism(
         plan.settings,
         plan.calibration,
@@ -461,7 +530,7 @@ def _build(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, pl
         lookahead=name == "lazy",
     )
     budget = None
-    if name != "none":
+    if name != "none" and len(data.periods) == 1:
         budget = PrivacyBudget(
             mechanism,
             sampling_probability=plan.sampling_probability,
@@ -469,43 +538,154 @@ def _build(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, pl
             target_delta=plan.settings.delta,
             accountant=plan.settings.accountant,
         )
+        for event in _one_off_events(plan):  # reserved before training: the budget stops with room for them
+            budget.ledger.record_setup(event)
     return _Training(model, tables, mechanism, dp_model, budget, counts)
 
 
-def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, training: _Training) -> dict:
+def _one_off_events(plan: _Plan) -> list:
+    """Events over all training rows spent after training: the DP output calibration, if on."""
+    eps_c = plan.calibration.calibration_epsilon
+    return [criteo_calibration.calibration_event(eps_c)] if eps_c > 0 else []
+
+
+class _StopAfter(keras.callbacks.Callback):
+    """Stops `fit` after `steps` batches (`--max-steps`; the calibration counted exactly these)."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps, self.seen = int(steps), 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen >= self.steps:
+            self.model.stop_training = True
+
+
+def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, plan: _Plan, training: _Training) -> dict:
     """Stage 4: fit period by period (DP-FEST re-selects from running counts; each period evaluated on the next day)."""
     timer = criteo_training.StepTimer()
-    periods_out, infos, touched = [], [], []
-    dims = dict(zip(CAT_FEATURES, model_config.dims))
+    periods_out, infos, period_budgets = [], [], []
+    touched = criteo_data.TouchedRows(dict(zip(CAT_FEATURES, model_config.dims)))
     counts = training.counts
-    for index, period in enumerate(data.periods):
+    several = len(data.periods) > 1
+    for index, (period, period_plan) in enumerate(zip(data.periods, plan.periods)):
         if index > 0 and config.mechanism == "fest":
-            counts = running_counts(criteo_data.period_dataset(period), vocab_sizes=data.vocab, counts=counts)
-            selection = training.mechanism.reselect(_layer_counts(counts))
-            training.budget.ledger.record_setup(selection.event)
+            counts = criteo_data.bucket_counts(period, counts=counts)
+            training.mechanism.reselect(_layer_counts(counts))
+            if training.budget is not None:
+                training.budget.ledger.record_setup(training.mechanism.selection_events[-1])
         batches, info = criteo_data.train_batches(
             period,
             batch_size=config.batch,
             poisson=not config.fixed_size_batches,
             lookahead=config.mechanism == "lazy",
             seed=None if config.seed is None else config.seed * 1009 + index,
+            stream_buffer_rows=config.stream_buffer_rows,
         )
         infos.append(info)
-        if len(data.periods) > 1:
+        if several:
             _log(config, f"streaming period {index + 1}/{len(data.periods)}: {period.files[0]} ({period.size} rows)")
-        callbacks = [timer] + ([training.budget] if training.budget is not None else [])
+        callbacks = [timer, _StopAfter(period_plan.steps)]
+        if training.budget is not None:
+            callbacks.append(training.budget)
+        elif several and config.mechanism != "none":
+            reserved = len(data.periods) - 1 - index if config.mechanism == "fest" else 0
+            period_budgets.append(
+                criteo_privacy.PeriodBudget(
+                    training.mechanism,
+                    sampling_probability=period_plan.sampling_probability,
+                    planned_steps=period_plan.steps,
+                    target_epsilon=plan.settings.epsilon,
+                    target_delta=plan.settings.delta,
+                    accountant=plan.settings.accountant,
+                    reserved_selections=reserved,
+                    extra_events=_one_off_events(plan),
+                )
+            )
+            callbacks.append(period_budgets[-1])
+        epochs = math.ceil(period_plan.steps / info.batches_per_epoch)
         with period.stats.python_errors():
-            training.dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
-        touched.append(criteo_data.touched_rows(batches, dims))
-        if len(data.periods) > 1:
+            training.dp_model.fit(touched.wrap(batches), epochs=epochs, callbacks=callbacks, verbose=config.verbose)
+        if several:
             following = data.periods[index + 1] if index + 1 < len(data.periods) else data.final_eval
             metrics = criteo_eval.evaluate(training.model, criteo_data.eval_dataset(following))
             periods_out.append(
                 {"period": index + 1, "train_files": period.files, "eval_files": following.files}
-                | {"train_rows": period.size, **metrics}
+                | {"train_rows": period.size, "streamed": period.streaming, "steps": len(timer.durations), **metrics}
             )
             _log(config, f"period {index + 1}: AUC {metrics['auc']:.4f} on {following.files}")
-    return {"timer": timer, "infos": infos, "touched": sum(touched) / len(touched), "periods": periods_out}
+    steps_by_period = [p["steps"] for p in periods_out]
+    steps_by_period = [b - a for a, b in zip([0] + steps_by_period[:-1], steps_by_period)]
+    return {
+        "timer": timer,
+        "infos": infos,
+        "touched": touched.mean(),
+        "periods": periods_out,
+        "steps_by_period": steps_by_period,
+        "period_budgets": period_budgets,
+    }
+
+
+def _sampler(data: _Data, infos: list) -> dict:
+    """How the training batches were drawn (in the report: which sampler, and what streaming cost)."""
+    streamed = [p.streaming for p in data.periods]
+    poisson = infos[0].batching == "poisson"
+    if not poisson:
+        kind = "shuffled fixed-size batches (NOT Poisson)"
+    elif all(streamed):
+        kind = "streaming exact Poisson (tfdp_embed.data.streaming_poisson_batches)"
+    elif not any(streamed):
+        kind = "in-memory exact Poisson (tfdp_embed.data.poisson_batches)"
+    else:
+        kind = "exact Poisson: in memory for small periods, streaming for large ones"
+    return {
+        "sampler": kind,
+        "streaming": [bool(s) for s in streamed],
+        "streaming_mode": None,  # filled by run()
+        "batches_per_pass": [i.batches_per_pass if i.streaming else None for i in infos],
+        "passes_per_epoch": [criteo_data.passes_per_epoch(i) for i in infos],
+    }
+
+
+def _privacy(config: PipelineConfig, data: _Data, plan: _Plan, training: _Training, trained: dict) -> dict:
+    """The privacy report: sequential (one period) or parallel composition over periods (worst period's ledger)."""
+    mechanism, infos = training.mechanism, trained["infos"]
+    steps = int(mechanism.steps.numpy()) if config.mechanism != "none" else len(trained["timer"].durations)
+    common = dict(
+        mechanism=mechanism,
+        settings=plan.settings,
+        calibration=plan.calibration,
+        dataset_size=data.rows,
+        streaming_periods=len(data.periods),
+    )
+    if len(data.periods) == 1 or config.mechanism == "none":
+        return criteo_report.run_privacy_report(
+            **common,
+            ledger=None if training.budget is None else training.budget.ledger,
+            sampling_probability=plan.sampling_probability,
+            batching=infos[0] if len(infos) == 1 else infos[0].batching,
+            steps=steps,
+        )
+    rates = [p.sampling_probability for p in plan.periods]
+    ledgers = criteo_privacy.period_ledgers(
+        mechanism, list(zip(rates, trained["steps_by_period"])), extra_events=_one_off_events(plan)
+    )
+    epsilons = [
+        ledger.epsilon(plan.settings.delta, plan.settings.accountant) if mechanism.is_dp else None for ledger in ledgers
+    ]
+    worst = max(range(len(ledgers)), key=lambda i: -1.0 if epsilons[i] is None else epsilons[i])
+    return criteo_report.run_privacy_report(
+        **common,
+        ledger=None,
+        epsilon=epsilons[worst],
+        sampling_probability=rates[worst],
+        batching=infos[worst].batching,
+        steps=steps,
+        period_ledgers=ledgers,
+        period_epsilons=epsilons,
+        worst_period=worst,
+    )
 
 
 def run(config: PipelineConfig) -> PipelineResult:
@@ -527,24 +707,22 @@ def run(config: PipelineConfig) -> PipelineResult:
     )
     plan = _calibrate(config, data)
     training = _build(config, data, model_config, plan)
-    trained = _train(config, data, model_config, training)
+    trained = _train(config, data, model_config, plan, training)
     train_seconds = time.perf_counter() - started
 
-    # Stage 5, release: privacy report, export (flushes owed noise first), evaluate the released model.
+    # Stage 5, release: flush owed noise, DP output calibration, privacy report, export, evaluate.
     mechanism, model = training.mechanism, training.model
-    steps = int(mechanism.steps.numpy()) if config.mechanism != "none" else len(trained["timer"].durations)
-    infos = trained["infos"]
-    privacy = criteo_report.run_privacy_report(
-        mechanism=mechanism,
-        settings=plan.settings,
-        calibration=plan.calibration,
-        ledger=None if training.budget is None else training.budget.ledger,
-        sampling_probability=plan.sampling_probability,
-        dataset_size=data.rows,
-        batching=infos[0] if len(infos) == 1 else infos[0].batching,
-        steps=steps,
-        streaming_periods=len(data.periods),
-    )
+    release_ready(training.dp_model)
+    output_calibration = None
+    if plan.calibration.calibration_epsilon > 0:
+        output_calibration = criteo_calibration.calibrate_output(
+            model,
+            [criteo_data.eval_dataset(period) for period in data.periods],
+            epsilon=plan.calibration.calibration_epsilon,
+            seed=None if config.seed is None else config.seed * 7919 + 1,
+        )
+        _log(config, f"output calibration: bias shifted by {output_calibration.shift:+.3f} (eps_c {output_calibration.epsilon:g})")
+    privacy = _privacy(config, data, plan, training, trained)
     serving = CTRServingModule(model, model_config)
     saved_model = os.path.join(config.out, "saved_model")
     export_saved_model(
@@ -561,6 +739,7 @@ def run(config: PipelineConfig) -> PipelineResult:
             "Training diverged: the released model gives non-finite predictions (AUC is meaningless). "
             f"Lower --learning-rate (now {config.learning_rate:g}) or --momentum (now {config.momentum:g})."
         )
+    sampler = _sampler(data, trained["infos"]) | {"streaming_mode": config.streaming}
     report = dict(privacy)
     report.update(
         warnings=warnings,
@@ -568,6 +747,7 @@ def run(config: PipelineConfig) -> PipelineResult:
         logloss=final["logloss"],
         eval_rows=final["examples"],
         eval_click_rate=final["click_rate"],
+        eval_mean_prediction=final["mean_prediction"],
         rows_read=data.rows,
         eval_rows_read=data.final_eval.size,
         rows_skipped=_skipped(*data.periods, data.final_eval),
@@ -578,6 +758,7 @@ def run(config: PipelineConfig) -> PipelineResult:
         model=model_config.get_config(),
         training={
             "epochs": config.epochs,
+            "max_steps": config.max_steps,
             "batch": config.batch,
             "learning_rate": config.learning_rate,
             "momentum": config.momentum,
@@ -589,7 +770,11 @@ def run(config: PipelineConfig) -> PipelineResult:
             "eval_files": data.eval_files,
             "synthetic": None if data.synthetic is None else dataclasses.asdict(data.synthetic),
             "vocabulary": f"hash size {config.hash_size}" if config.hash_size else "DP-FEST Table 3",
+            **sampler,
+            "stream_buffer_rows": config.stream_buffer_rows,
         },
+        sampler=sampler["sampler"],
+        output_calibration=None if output_calibration is None else output_calibration.report(),
         saved_model=saved_model,
         **criteo_training.gradient_size(mechanism, training.tables, touched=trained["touched"]),
     )

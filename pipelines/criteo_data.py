@@ -1,29 +1,50 @@
 """Data side of the Criteo pipeline: default synthetic data, reading, batching.
 
-A training period's files are read once with `tfdp_embed.data.criteo_dataset`
-(which validates every row: bad rows raise a `CriteoFormatError` naming file
-and line, or are skipped and counted with `--skip-bad-rows`) into numpy
-arrays of model features; batches come from `tfdp_embed.data`:
+Every file of a period is read and validated with
+`tfdp_embed.data.criteo_dataset` (bad rows raise a `CriteoFormatError`
+naming file and line, or are skipped and counted with `--skip-bad-rows`).
+A period then lives in one of two forms (`--streaming {auto,on,off}`):
 
-* `poisson_batches` (default): at every step each of the N rows is included
+* **in memory** (`read_period`): its rows as numpy arrays of model features
+  (~320 bytes per row, plus TensorFlow's copy for sampling): fastest, one
+  read of the files in all.
+* **streaming** (`scan_period`): one pass counts the valid rows (N, needed
+  for q = B / N and for the pass check) and, when a mechanism selects rows,
+  the per-bucket counts; no row is kept. Training batches are then drawn by
+  `tfdp_embed.data.streaming_poisson_batches`, which reads the files once per
+  group of G batches and holds only the rows of those G batches, so memory
+  is bounded by G x B rows (`stream_buffer_rows`), independent of N. The
+  price is reading: an epoch of round(N / B) batches reads the files
+  ceil(round(N / B) / G) times (`BatchingInfo.batches_per_pass`; the report
+  says `passes_per_epoch`). Evaluation data is streamed in batches.
+
+`--streaming auto` (default) keeps a period in memory up to
+`STREAMING_ROW_THRESHOLD` rows (10^6, ~0.7 GB with TensorFlow's copy) and
+streams larger ones: the in-memory read stops at the threshold and the
+period is scanned instead.
+
+Batches (both forms) come from `tfdp_embed.data`:
+
+* Poisson (default): at every step each of the N rows is included
   independently with probability q = B / N, so batch sizes vary around B;
-  round(N / B) batches per epoch. This is the sampling the accounting assumes.
-* `fixed_size_batches` (only with `--fixed-size-batches`): shuffled batches of
-  exactly B; the privacy report then says the Poisson accounting does not
-  describe them.
+  round(N / B) batches per epoch. This is the sampling the accounting
+  assumes; both samplers are exact.
+* fixed-size shuffled batches (only with `--fixed-size-batches`): batches of
+  exactly B, each row once per epoch (in memory: a full shuffle; streaming:
+  a shuffle buffer of `stream_buffer_rows` rows); the privacy report then
+  says the Poisson accounting does not describe them.
 * `with_lookahead` (LazyDP): every batch carries, per embedding table, the
   distinct rows the *next* batch reads.
 
-A period must fit in memory (~320 bytes per row); split huge days into
-several periods (or use `tfdp_embed.data.streaming_poisson_batches`).
-
 References: Abadi et al. 2016 (Poisson sampling in DP-SGD accounting);
-LazyDP §5 (one-batch lookahead); DP-FEST §4.3 (day files as streaming periods).
+Chua et al., NeurIPS 2024 (Poisson batches at scale); LazyDP §5 (one-batch
+lookahead); DP-FEST §4.3 (day files as streaming periods, running counts).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping, Sequence
 
@@ -34,6 +55,7 @@ from tfdp_embed.data import (
     BatchingInfo,
     fixed_size_batches,
     poisson_batches,
+    streaming_poisson_batches,
     with_lookahead,
     write_synthetic_criteo,
 )
@@ -41,9 +63,15 @@ from tfdp_embed.data.criteo import (
     CAT_FEATURES,
     CriteoReadStats,
     criteo_dataset,
+    table_sizes,
 )
 
 _READ_BATCH = 8192
+STREAMING_MODES = ("auto", "on", "off")
+STREAMING_ROW_THRESHOLD = 1_000_000
+"""`--streaming auto`: periods with more valid rows than this are streamed."""
+DEFAULT_STREAM_BUFFER_ROWS = 1 << 19
+"""Streaming: rows of training batches held at once (G = this // B batches per pass)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,23 +115,56 @@ def write_default_data(directory: str, spec: SyntheticSpec) -> tuple[list[str], 
 
 @dataclasses.dataclass
 class Period:
-    """One training or evaluation stream, read into memory.
+    """One training or evaluation stream: its files, how to read them, and (in memory) its rows.
 
     Attributes:
       files: the files, in order.
-      features: `{name: numpy array}` as `criteo_dataset` yields them, stacked.
-      labels: float32 `[n]`.
-      stats: the reader's `CriteoReadStats` (rows, skipped per reason).
+      vocab_sizes: per-feature vocabulary sizes the ids are hashed with.
+      skip_bad_rows: skip and count malformed rows (else they raise).
+      stats: the reader's `CriteoReadStats` of the validating read (rows,
+        skipped per reason); later streaming passes do not add to it.
+      size: valid rows N.
+      features: `{name: numpy array}` as `criteo_dataset` yields them,
+        stacked; None for a streaming period.
+      labels: float32 `[n]`; None for a streaming period.
+      counts: `{Ck: int64 [V + 1]}` bucket counts of this period's rows when
+        the scan was asked for them (streaming), else None. NON-private:
+        only for a DP selection.
     """
 
     files: list
-    features: dict
-    labels: np.ndarray
+    vocab_sizes: dict
+    skip_bad_rows: bool
     stats: CriteoReadStats
+    size: int
+    features: dict | None = None
+    labels: np.ndarray | None = None
+    counts: dict | None = None
 
     @property
-    def size(self) -> int:
-        return int(self.labels.size)
+    def streaming(self) -> bool:
+        """True when the rows are not held in memory (read from the files on every pass)."""
+        return self.features is None
+
+    def source(self, batch_size: int = _READ_BATCH) -> tf.data.Dataset:
+        """A fresh read of the files: batches of consecutive `(features, labels)`.
+
+        Rows were validated by the first read; a later read uses its own
+        `CriteoReadStats`, so the period's counts are not inflated by passes.
+        """
+        return criteo_dataset(
+            list(self.files),
+            vocab_sizes=dict(self.vocab_sizes),
+            skip_bad_rows=self.skip_bad_rows,
+            stats=CriteoReadStats(),
+            batch_size=batch_size,
+        )
+
+
+def _reader(files, vocab_sizes, skip_bad_rows, stats) -> tf.data.Dataset:
+    return criteo_dataset(
+        list(files), vocab_sizes=dict(vocab_sizes), skip_bad_rows=skip_bad_rows, stats=stats, batch_size=_READ_BATCH
+    )
 
 
 def read_period(
@@ -111,36 +172,133 @@ def read_period(
     *,
     vocab_sizes: Mapping[str, int],
     skip_bad_rows: bool,
-) -> Period:
-    """Reads and validates `files` into a `Period`.
+    max_rows: int | None = None,
+) -> Period | None:
+    """Reads and validates `files` into an in-memory `Period`.
+
+    Args:
+      files: the period's files, in order.
+      vocab_sizes: per-feature vocabulary sizes.
+      skip_bad_rows: skip and count malformed rows.
+      max_rows: stop and return None as soon as more than this many valid
+        rows were read (`--streaming auto`); None reads everything.
 
     Raises:
       CriteoFormatError: a file or (without `skip_bad_rows`) row fault, naming file and line.
     """
     stats = CriteoReadStats()
-    dataset = criteo_dataset(
-        list(files), vocab_sizes=dict(vocab_sizes), skip_bad_rows=skip_bad_rows, stats=stats
-    ).batch(_READ_BATCH)
     parts: dict[str, list] = {}
-    labels = []
+    labels, rows = [], 0
     with stats.python_errors():
-        for features, label in dataset.as_numpy_iterator():
+        for features, label in _reader(files, vocab_sizes, skip_bad_rows, stats).as_numpy_iterator():
+            rows += label.size
+            if max_rows is not None and rows > max_rows:
+                return None
             for name, value in features.items():
                 parts.setdefault(name, []).append(value)
             labels.append(label)
     stats.raise_if_failed()
     features = {name: np.concatenate(values) for name, values in parts.items()}
-    return Period(files=list(files), features=features, labels=np.concatenate(labels), stats=stats)
+    labels = np.concatenate(labels) if labels else np.zeros([0], np.float32)
+    return Period(list(files), dict(vocab_sizes), skip_bad_rows, stats, int(labels.size), features, labels)
+
+
+def scan_period(
+    files: Sequence[str],
+    *,
+    vocab_sizes: Mapping[str, int],
+    skip_bad_rows: bool,
+    count_buckets: bool = False,
+) -> Period:
+    """One validating pass over `files` that keeps no row: a streaming `Period`.
+
+    Counts the valid rows (N) and, with `count_buckets`, the per-bucket
+    counts of every categorical feature (memory: the count vectors, i.e. the
+    vocabulary; independent of N).
+
+    Raises:
+      CriteoFormatError: a file or (without `skip_bad_rows`) row fault, naming file and line.
+    """
+    stats = CriteoReadStats()
+    sizes = table_sizes(dict(vocab_sizes))
+    counts = {name: np.zeros(sizes[name], np.int64) for name in CAT_FEATURES} if count_buckets else None
+    rows = 0
+    with stats.python_errors():
+        for features, label in _reader(files, vocab_sizes, skip_bad_rows, stats).as_numpy_iterator():
+            rows += label.size
+            if counts is not None:
+                for name in CAT_FEATURES:
+                    counts[name] += np.bincount(features[name], minlength=sizes[name])
+    stats.raise_if_failed()
+    return Period(list(files), dict(vocab_sizes), skip_bad_rows, stats, rows, counts=counts)
+
+
+def open_period(
+    files: Sequence[str],
+    *,
+    streaming: str,
+    vocab_sizes: Mapping[str, int],
+    skip_bad_rows: bool,
+    count_buckets: bool = False,
+    threshold: int = STREAMING_ROW_THRESHOLD,
+) -> Period:
+    """Reads a period in memory (`streaming="off"`), scans it (`"on"`), or picks by size (`"auto"`).
+
+    `"auto"` reads into memory and falls back to a scan as soon as the
+    period has more than `threshold` valid rows.
+
+    Raises:
+      ValueError: an unknown `streaming` mode.
+      CriteoFormatError: bad input (names file and line).
+    """
+    if streaming not in STREAMING_MODES:
+        raise ValueError(f"`streaming` must be one of {STREAMING_MODES}; received {streaming!r}.")
+    read = dict(vocab_sizes=vocab_sizes, skip_bad_rows=skip_bad_rows)
+    if streaming != "on":
+        period = read_period(files, **read, max_rows=threshold if streaming == "auto" else None)
+        if period is not None:
+            return period
+    return scan_period(files, **read, count_buckets=count_buckets)
+
+
+def bucket_counts(period: Period, *, counts: Mapping[str, np.ndarray] | None = None) -> dict:
+    """`{Ck: int64 [V + 1]}` bucket counts of the period's rows, added to `counts` (running sums).
+
+    In memory: counted from the arrays; streaming: the scan's counts (or one
+    more pass over the files if the scan did not count). NON-private: only
+    for a DP selection (DP-FEST §4.3: running sum per streaming period).
+    """
+    sizes = table_sizes(dict(period.vocab_sizes))
+    if period.features is not None:
+        own = {name: np.bincount(period.features[name], minlength=sizes[name]) for name in CAT_FEATURES}
+    elif period.counts is not None:
+        own = period.counts
+    else:
+        own = scan_period(
+            period.files, vocab_sizes=period.vocab_sizes, skip_bad_rows=period.skip_bad_rows, count_buckets=True
+        ).counts
+    result = {name: own[name].astype(np.int64) for name in CAT_FEATURES}
+    if counts is not None:
+        for name in CAT_FEATURES:
+            result[name] = result[name] + np.asarray(counts[name], np.int64)
+    return result
 
 
 def examples(period: Period) -> tf.data.Dataset:
     """Unbatched `(features, label[1])` examples of an in-memory period."""
+    if period.features is None:
+        raise ValueError(f"Period {period.files} is streamed: its rows are not in memory; use `period.source()`.")
     return tf.data.Dataset.from_tensor_slices((period.features, period.labels[:, None]))
 
 
 def table_ids(features) -> dict:
     """`{DPEmbedding layer name: bucket ids}` of a batch (what LazyDP's lookahead needs)."""
     return {f"embedding_{name}": features[name] for name in CAT_FEATURES}
+
+
+def batches_per_pass(batch_size: int, buffer_rows: int) -> int:
+    """G for streaming: how many batches of expected size B fit `buffer_rows` rows (at least 1)."""
+    return max(1, int(buffer_rows) // int(batch_size))
 
 
 def train_batches(
@@ -150,18 +308,22 @@ def train_batches(
     poisson: bool,
     lookahead: bool,
     seed: int | None,
+    stream_buffer_rows: int = DEFAULT_STREAM_BUFFER_ROWS,
 ) -> tuple[tf.data.Dataset, BatchingInfo]:
     """Training batches of one period: Poisson (q = B / N) or, on request, fixed-size shuffled.
 
     One iteration of the returned dataset is one epoch: round(N / B) Poisson
     batches (fresh ones on every iteration), or floor(N / B) shuffled ones.
+    In memory: `poisson_batches`; streaming: `streaming_poisson_batches` with
+    G = `stream_buffer_rows` // B batches per pass over the files.
 
     Args:
-      period: the in-memory training data.
+      period: the training data (in memory or streaming).
       batch_size: B, the expected (Poisson) or exact (fixed) batch size.
       poisson: Poisson sampling; False for fixed-size shuffled batches.
       lookahead: append `{layer name: next batch's distinct rows}` (LazyDP).
       seed: sampling seed (None: OS entropy).
+      stream_buffer_rows: streaming only: rows of batches held at once.
 
     Returns:
       `(dataset, BatchingInfo)` from `tfdp_embed.data`.
@@ -174,10 +336,37 @@ def train_batches(
             f"`--batch` {batch_size} is larger than the {period.size} training rows of "
             f"{period.files}; allowed: 1..{period.size}."
         )
-    if poisson:
-        batches, info = poisson_batches(
-            examples(period), sampling_probability=batch_size / period.size, seed=seed, num_examples=period.size
+    q = batch_size / period.size
+    if period.streaming and poisson:
+        source = period.source().map(lambda features, labels: (features, labels[:, None]))
+        batches, info = streaming_poisson_batches(
+            source,
+            sampling_probability=q,
+            num_examples=period.size,
+            batches_per_pass=batches_per_pass(batch_size, stream_buffer_rows),
+            seed=seed,
+            source_batched=True,
         )
+    elif period.streaming:
+        buffer = max(int(stream_buffer_rows), batch_size)
+        batches = (
+            period.source()
+            .unbatch()
+            .shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+            .batch(batch_size, drop_remainder=True)
+            .map(lambda features, labels: (features, labels[:, None]))
+        )
+        info = BatchingInfo(
+            batching="fixed_shuffled",
+            num_examples=period.size,
+            sampling_probability=q,
+            expected_batch_size=float(batch_size),
+            batches_per_epoch=period.size // batch_size,
+            streaming=True,
+            seeded=seed is not None,
+        )
+    elif poisson:
+        batches, info = poisson_batches(examples(period), sampling_probability=q, seed=seed, num_examples=period.size)
     else:
         batches, info = fixed_size_batches(examples(period), batch_size=batch_size, seed=seed, num_examples=period.size)
     if lookahead:
@@ -185,37 +374,67 @@ def train_batches(
     return batches.prefetch(2), info
 
 
-def touched_rows(batches: tf.data.Dataset, dims: Mapping[str, int], *, max_batches: int = 20) -> float:
-    """Mean dim-weighted count of distinct rows a batch reads: sum_f |unique(ids_f)| dim_f.
+def passes_per_epoch(info: BatchingInfo) -> int:
+    """Reads of the training files per epoch: 0 in memory (read once, before training); streaming:
+    ceil(batches / G) for Poisson batches, 1 for shuffled ones."""
+    if not info.streaming:
+        return 0
+    if not info.batches_per_pass:
+        return 1
+    return math.ceil(info.batches_per_epoch / min(info.batches_per_pass, info.batches_per_epoch))
 
-    Measured on up to `max_batches` batches of a fresh iteration of `batches`.
+
+class TouchedRows:
+    """Mean dim-weighted count of distinct rows a training batch reads: sum_f |unique(ids_f)| dim_f.
+
+    `wrap(batches)` measures every batch the training pipeline produces (no
+    extra pass over the data; prefetched batches count too).
     """
-    totals = []
-    for element in batches.take(max_batches):
-        features = element[0]
-        totals.append(sum(int(tf.size(tf.unique(features[f]).y)) * int(dims[f]) for f in CAT_FEATURES))
-    return float(np.mean(totals)) if totals else float("nan")
+
+    def __init__(self, dims: Mapping[str, int]):
+        self.dims = dict(dims)
+        self.total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.batches = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def wrap(self, batches: tf.data.Dataset) -> tf.data.Dataset:
+        def measure(*element):
+            features = element[0]
+            rows = tf.add_n(
+                [tf.cast(tf.size(tf.unique(features[f]).y) * int(self.dims[f]), tf.float64) for f in CAT_FEATURES]
+            )
+            with tf.control_dependencies([self.total.assign_add(rows), self.batches.assign_add(1)]):
+                return tf.nest.map_structure(tf.identity, element)
+
+        return batches.map(measure)
+
+    def mean(self) -> float:
+        batches = int(self.batches.numpy())
+        return float(self.total.numpy()) / batches if batches else float("nan")
 
 
 def eval_dataset(period: Period, batch_size: int = 4096) -> tf.data.Dataset:
-    """Batched `(features, labels)` of an in-memory evaluation period."""
+    """Batched `(features, labels)` of an evaluation period (from memory, or streamed from the files)."""
+    if period.streaming:
+        return period.source(batch_size)
     return tf.data.Dataset.from_tensor_slices((period.features, period.labels)).batch(batch_size)
 
 
-def period_dataset(period: Period, batch_size: int = 4096) -> tf.data.Dataset:
-    """Batched features only (for bucket counting)."""
-    return tf.data.Dataset.from_tensor_slices(period.features).batch(batch_size)
-
-
 __all__ = [
+    "DEFAULT_STREAM_BUFFER_ROWS",
+    "STREAMING_MODES",
+    "STREAMING_ROW_THRESHOLD",
     "Period",
     "SyntheticSpec",
+    "TouchedRows",
+    "batches_per_pass",
+    "bucket_counts",
     "eval_dataset",
     "examples",
-    "period_dataset",
+    "open_period",
+    "passes_per_epoch",
     "read_period",
+    "scan_period",
     "table_ids",
-    "touched_rows",
     "train_batches",
     "write_default_data",
 ]

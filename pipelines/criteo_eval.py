@@ -89,13 +89,21 @@ def predict_logits(model, dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndar
 
 
 def evaluate(model, dataset: tf.data.Dataset) -> dict:
-    """`{"auc", "logloss", "examples", "click_rate"}` of `model` on `dataset`."""
+    """`{"auc", "logloss", "examples", "click_rate", "mean_prediction"}` of `model` on `dataset`.
+
+    `mean_prediction` (mean predicted click probability) next to `click_rate`
+    shows calibration-in-the-large: a model can rank well (AUC) and still
+    predict far too few or too many clicks (log loss).
+    """
     labels, logits = predict_logits(model, dataset)
+    with np.errstate(over="ignore"):
+        probabilities = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
     return {
         "auc": roc_auc(labels, logits),
         "logloss": log_loss(labels, logits),
         "examples": int(labels.size),
         "click_rate": float(labels.mean()) if labels.size else math.nan,
+        "mean_prediction": float(probabilities.mean()) if labels.size else math.nan,
     }
 
 

@@ -88,6 +88,29 @@ def test_streaming_batches_are_poisson_and_read_the_source_once_per_pass():
     _check_poisson(m, q)
 
 
+def test_streaming_reads_a_batched_source_of_uneven_chunks():
+    # A source of consecutive batches of any sizes (e.g. the Criteo reader's chunks) is used as is.
+    source = _ids().batch(37)
+    q = 0.1
+    batches, info = streaming_poisson_batches(
+        source, sampling_probability=q, num_examples=N, batches_per_pass=10, seed=5, source_batched=True
+    )
+    assert info.streaming and info.batches_per_epoch == 10
+    m = _membership(batches, epochs=15)
+    assert m.shape == (150, N)
+    _check_poisson(m, q)
+    short, _ = streaming_poisson_batches(
+        source, sampling_probability=q, num_examples=N + 3, batches_per_pass=10, seed=5, source_batched=True
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="exactly `num_examples`"):
+        list(short)
+    with pytest.raises(ValueError, match="first dimension may vary"):
+        streaming_poisson_batches(
+            tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[[1]], [[2, 3]]])),
+            sampling_probability=0.5, num_examples=2, batches_per_pass=1, source_batched=True,
+        )
+
+
 def test_seeds_are_reproducible_and_epochs_differ():
     def first_epoch(seed):
         return [b.numpy().tolist() for b in poisson_batches(_ids(), sampling_probability=0.1, seed=seed)[0]]

@@ -6,6 +6,13 @@ Poisson steps per run). Day 0 carries a header line, a bad label and a bad
 integer: every run uses --skip-bad-rows and must count exactly those three.
 Runs use the RDP accountant (PLD calibration at q = 0.25 takes tens of
 seconds; the PLD path has its own tests in tests/accounting).
+
+fest (two streaming periods) and adafest run with `--streaming on` (exact
+Poisson batches streamed from the files; adafest with 2 batches per pass),
+the others in memory (`--streaming auto` on 400 rows), so both samplers and
+parallel composition over periods run end to end. Smaller unit tests below
+cover the period reader, parallel-composition accounting and the DP output
+calibration without training.
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines import criteo
+from pipelines import criteo, criteo_calibration, criteo_data, criteo_eval, criteo_privacy
 from pipelines.criteo_report import REQUIRED_KEYS
+from tfdp_embed import PrivacyBudgetExceededError
 from tfdp_embed._keras import tf
-from tfdp_embed.data.criteo import criteo_dataset
+from tfdp_embed.accounting import PrivacyLedger
+from tfdp_embed.data.criteo import CAT_FEATURES, criteo_dataset, resolve_vocab_sizes
 from tfdp_embed.data.criteo_synthetic import write_synthetic_criteo
 from tfdp_embed.export import REPORT_FILENAME
 from tfdp_embed.models.ctr_serving import RAW_FIELDS, check_request
@@ -39,8 +48,8 @@ EXTRA = {  # cheap variety: each mechanism also exercises one option
     "dense": ["--fixed-size-batches"],
     "eana": ["--model", "dcn"],
     "lazy": ["--momentum", "0.5"],
-    "fest": ["--streaming-periods"],
-    "adafest": [],
+    "fest": ["--streaming-periods", "--streaming", "on"],
+    "adafest": ["--streaming", "on", "--stream-buffer-rows", "200"],
     "adafest+": [],
 }
 _RESULTS: dict = {}
@@ -130,11 +139,43 @@ def test_end_to_end_report_and_saved_model(mechanism, days, tmp_path_factory, ca
     if mechanism in ("adafest", "adafest+"):
         assert report["noise_multipliers"]["contribution_noise_multiplier"] > 0
         assert report["gradient_size_reduction"] > 1.0
+    # Which sampler ran: streaming where asked for, in memory otherwise (auto on 400 rows).
+    streamed = "--streaming" in EXTRA[mechanism]
+    assert report["data"]["streaming"] == [streamed] * (2 if streaming else 1)
+    assert report["data"]["streaming_mode"] == ("on" if streamed else "auto")
+    if mechanism not in ("none", "dense"):
+        assert report["sampler"].startswith("streaming exact Poisson" if streamed else "in-memory exact Poisson")
+    if mechanism == "adafest":  # 4 batches per epoch, G = 200 // 100 = 2 per pass
+        assert report["data"]["batches_per_pass"] == [2] and report["data"]["passes_per_epoch"] == [2]
+
+    # DP output calibration: 5% of epsilon, a Laplace event in the ledger; none skips it.
+    if mechanism == "none":
+        assert report["output_calibration"] is None
+    else:
+        assert report["output_calibration"]["epsilon"] == pytest.approx(0.05 * 3.0)
+        assert abs(report["output_calibration"]["shift"]) < criteo_calibration.MAX_SHIFT
+    if report["is_dp"]:
+        laplace = [e for e in report["ledger"]["entries"] if "Laplace" in json.dumps(e)]
+        assert len(laplace) == 1 and laplace[0]["kind"] == "setup"
+
     if streaming:  # one period per day, evaluated on the next day; one DP selection per period
         assert [p["period"] for p in report["periods"]] == [1, 2]
         assert report["periods"][0]["eval_files"] == [days[1]]
         assert len(report["mechanism_report"]["selections"]) == 2
-        assert sum(e["kind"] == "setup" for e in report["ledger"]["entries"]) == 2
+        # Parallel composition: every period carries both selections and the calibration, then its own steps.
+        assert report["composition"] == "parallel over streaming periods"
+        accounts = report["period_accounting"]
+        assert [a["steps"] for a in accounts] == [4, 4]
+        assert report["epsilon"] == pytest.approx(max(a["epsilon"] for a in accounts))
+        for account in accounts:
+            assert sum(e["kind"] == "setup" for e in account["ledger"]["entries"]) == 3
+        # Tight but honest: below the sequential composition of everything, within the target.
+        sequential = PrivacyLedger.from_json(json.dumps(accounts[0]["ledger"]))
+        second = PrivacyLedger.from_json(json.dumps(accounts[1]["ledger"]))
+        for entry in second.entries:
+            if entry.kind == "step":
+                sequential.record_steps(entry.event, entry.count)
+        assert report["epsilon"] < sequential.epsilon(report["delta"], "rdp")
 
 
 # -- serving -------------------------------------------------------------------------------
@@ -233,6 +274,9 @@ def test_saved_model_holds_model_weights_only(days, tmp_path_factory):
         (["--train", "/no/such/file", "--eval", "{day2}"], "file not found: '/no/such/file'"),
         (["--streaming-periods", "--train", "{day0}", "--eval", "{day2}"], "needs at least 2 --train day files"),
         (["--top-fraction", "0"], "--top-fraction must lie in (0, 1]"),
+        (["--streaming", "sometimes"], "invalid choice: 'sometimes'"),
+        (["--calibration-fraction", "0.7"], "--calibration-fraction must lie in [0, 0.5)"),
+        (["--mechanism", "fest", "--selection-fraction", "0.6", "--calibration-fraction", "0.45"], "must be < 1"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(argv, message, days, tmp_path, capsys):
@@ -261,3 +305,119 @@ def test_batch_larger_than_the_data_is_refused(days, tmp_path, capsys):
     argv = ["--train", days[1], "--eval", days[2], "--out", str(tmp_path), "--batch", "5000", "--verbose", "0"]
     assert criteo.main(argv) == 1
     assert "`--batch` 5000 is larger than the 400 training rows" in capsys.readouterr().err
+
+
+# -- periods: in memory vs streaming -----------------------------------------------------------
+def _row_keys(features, labels):
+    ids = np.stack([np.asarray(features[f]) for f in CAT_FEATURES], 1)
+    ints = np.round(np.asarray(features["I1"]), 5)[:, None]
+    return {tuple(r) for r in np.concatenate([ids, ints, np.asarray(labels).reshape(-1, 1)], 1).tolist()}
+
+
+def test_streaming_and_in_memory_periods_hold_the_same_rows(days):
+    vocab = resolve_vocab_sizes(None, 20)
+    read = dict(vocab_sizes=vocab, skip_bad_rows=False)
+    memory = criteo_data.open_period([days[1]], streaming="off", **read)
+    stream = criteo_data.open_period([days[1]], streaming="on", count_buckets=True, **read)
+    auto_small = criteo_data.open_period([days[1]], streaming="auto", **read)
+    auto_large = criteo_data.open_period([days[1]], streaming="auto", threshold=100, **read)
+    assert not memory.streaming and stream.streaming and not auto_small.streaming and auto_large.streaming
+    assert memory.size == stream.size == auto_large.size == ROWS_PER_DAY
+    assert stream.features is None and auto_large.counts is None  # nothing per row is held
+    # Bucket counts: from the scan, from the arrays, and from a fresh pass agree; running sums add.
+    counts = criteo_data.bucket_counts(stream)
+    for name in CAT_FEATURES:
+        np.testing.assert_array_equal(counts[name], criteo_data.bucket_counts(memory)[name])
+        np.testing.assert_array_equal(counts[name], criteo_data.bucket_counts(auto_large)[name])
+    running = criteo_data.bucket_counts(memory, counts=counts)
+    assert int(running["C1"].sum()) == 2 * ROWS_PER_DAY
+    # Evaluation data: identical rows, streamed or not.
+    streamed_eval = [(f, y) for f, y in criteo_data.eval_dataset(stream, 128)]
+    memory_eval = [(f, y) for f, y in criteo_data.eval_dataset(memory, 128)]
+    for (fs, ys), (fm, ym) in zip(streamed_eval, memory_eval):
+        np.testing.assert_array_equal(ys, ym)
+        for name in fm:
+            np.testing.assert_array_equal(fs[name], fm[name])
+    # Streaming Poisson batches: round(N / B) per epoch, G per pass, real rows, none twice in a batch.
+    all_rows = _row_keys(memory.features, memory.labels)
+    batches, info = criteo_data.train_batches(
+        stream, batch_size=50, poisson=True, lookahead=False, seed=1, stream_buffer_rows=150
+    )
+    assert info.streaming and info.batches_per_epoch == 8 and info.batches_per_pass == 3
+    assert criteo_data.passes_per_epoch(info) == 3
+    epoch = list(batches)
+    assert len(epoch) == 8
+    sizes = [int(y.shape[0]) for _, y in epoch]
+    assert 0 < sum(sizes) and len(set(sizes)) > 1  # Poisson: sizes vary
+    for features, labels in epoch:
+        keys = _row_keys(features, labels.numpy()[:, 0])
+        assert len(keys) == int(labels.shape[0]) and keys <= all_rows
+    with pytest.raises(ValueError, match="`streaming` must be one of"):
+        criteo_data.open_period([days[1]], streaming="sometimes", **read)
+    with pytest.raises(ValueError, match="is streamed"):
+        criteo_data.examples(stream)
+
+
+# -- parallel composition over streaming periods ------------------------------------------------
+def test_parallel_composition_charges_each_period_its_steps_and_every_selection():
+    settings = criteo_privacy.PrivacySettings(mechanism="dense", epsilon=2.0, delta=1e-5, accountant="rdp")
+    small, large = criteo_privacy.PeriodPlan(0.02, 100), criteo_privacy.PeriodPlan(0.05, 100)
+    both = criteo_privacy.calibrate_periods(settings, periods=[small, large])
+    alone = criteo_privacy.calibrate(settings, sampling_probability=0.05, steps=100)
+    assert both.noise_multiplier == pytest.approx(alone.noise_multiplier)  # the noisier period decides
+    mechanism = criteo_privacy.build_mechanism(settings, both)
+    extra = [criteo_calibration.calibration_event(0.1)]
+    ledger = criteo_privacy.period_ledger(mechanism, sampling_probability=0.05, steps=100, extra_events=extra)
+    assert ledger.steps == 100 and [e.kind for e in ledger.entries] == ["setup", "step"]
+    per_period = ledger.epsilon(1e-5, "rdp")
+    assert per_period <= 2.0 + 0.1 + 1e-6  # training calibrated for 2.0, plus the 0.1-DP calibration
+    sequential = criteo_privacy.period_ledger(mechanism, sampling_probability=0.05, steps=200, extra_events=extra)
+    assert sequential.epsilon(1e-5, "rdp") > per_period  # what sequential composition would have charged
+
+    def budget(steps):
+        return criteo_privacy.PeriodBudget(
+            mechanism, sampling_probability=0.05, planned_steps=steps, target_epsilon=2.0,
+            target_delta=1e-5, accountant="rdp",
+        )  # fmt: skip
+
+    budget(100).on_train_begin()  # the calibrated plan fits
+    with pytest.raises(PrivacyBudgetExceededError, match="does not cover it"):
+        budget(400).on_train_begin()
+    with pytest.raises(ValueError, match="at least one period"):
+        criteo_privacy.calibrate_periods(settings, periods=[])
+
+
+# -- DP output calibration ------------------------------------------------------------------------
+def test_output_calibration_solves_the_shift_and_adds_laplace_noise_of_the_stated_scale():
+    counts = np.zeros(criteo_calibration.BINS)
+    counts[criteo_calibration.BINS // 2] = 1000  # logits in [0, 0.5): centre 0.25
+    shift = criteo_calibration.solve_shift(counts, 200.0)  # sigmoid(0.25 + s) = 0.2
+    assert 0.25 + shift == pytest.approx(math.log(0.2 / 0.8), abs=1e-9)
+    # Noise: Laplace(2 / eps) on every count: sd sqrt(2) x 2 / eps (5 sd tolerance on the sample sd).
+    rng = np.random.default_rng(0)
+    draws = np.array([criteo_calibration.noisy_release(counts, 200.0, epsilon=0.5, rng=rng)[1] for _ in range(4000)])
+    sd = math.sqrt(2) * 2 / 0.5
+    assert abs(draws.mean() - 200.0) < 5 * sd / math.sqrt(4000)
+    assert abs(draws.std() / sd - 1) < 5 * math.sqrt(1.25 / 4000)  # Laplace: var of sample var ~ 5 sd^4 / n
+    assert criteo_calibration.calibration_event(0.5).noise_multiplier == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="must be > 0"):
+        criteo_calibration.calibration_event(0.0)
+
+
+def test_output_calibration_moves_the_mean_prediction_to_the_click_rate(days):
+    from tfdp_embed.models import CTRModelConfig, build_ctr_model
+
+    vocab = resolve_vocab_sizes(None, 20)
+    period = criteo_data.read_period([days[1]], vocab_sizes=vocab, skip_bad_rows=False)
+    model = build_ctr_model(CTRModelConfig.from_vocab_sizes(vocab, hidden_units=(8,), embedding_dims=(2,) * 26))
+    bias = model.get_layer("click_logit").bias
+    bias.assign([-4.0])  # a clipping-biased model: predicts ~2% clicks
+    before = criteo_eval.evaluate(model, criteo_data.eval_dataset(period))
+    # Huge eps: (almost) no noise, so only the histogram's binning limits the match.
+    result = criteo_calibration.calibrate_output(model, [criteo_data.eval_dataset(period)], epsilon=1e9, seed=0)
+    labels, logits = criteo_eval.predict_logits(model, criteo_data.eval_dataset(period))
+    mean_p = float(np.mean(1 / (1 + np.exp(-logits))))
+    assert mean_p == pytest.approx(labels.mean(), abs=0.01)
+    assert float(bias.numpy()[0]) == pytest.approx(-4.0 + result.shift)
+    after = criteo_eval.evaluate(model, criteo_data.eval_dataset(period))
+    assert after["auc"] == pytest.approx(before["auc"], abs=1e-12) and after["logloss"] < before["logloss"]

@@ -189,21 +189,35 @@ def streaming_poisson_batches(
     seed: int | None = None,
     max_batch_size: int | None = None,
     read_chunk_size: int = 4096,
+    source_batched: bool = False,
 ) -> tuple[tf.data.Dataset, BatchingInfo]:
     """Exactly Poisson-sampled batches of a dataset too large to hold in memory.
 
-    Each pass over `dataset` yields G = `batches_per_pass` batches; memory ~ G q N examples.
+    Each pass over `dataset` yields G = `batches_per_pass` batches; memory ~ G q N
+    examples (G x the expected batch size), independent of N.
+
+    One pass: the G index sets are sampled first; the source is read once,
+    chunk by chunk, keeping only the rows at wanted positions (a vectorised
+    binary search per chunk); the kept rows are collected with one
+    `Dataset.rebatch` (O(kept rows), no per-example work, no re-copying of the
+    growing buffer) and the G batches are gathered from them. A sentinel
+    chunk at the end of the pass carries the number of rows read, which is
+    checked against `num_examples` before any batch of the pass is emitted.
 
     Args:
-      dataset: unbatched examples with fully defined per-example shapes; each
-        iteration must yield all `num_examples` examples exactly once (any
-        order; checked at run time).
+      dataset: examples with fully defined per-example shapes; unbatched, or
+        (`source_batched=True`) batches of consecutive examples of any sizes
+        (e.g. `criteo_dataset(files, batch_size=8192)`, much faster than
+        unbatching). Each iteration must yield all `num_examples` examples
+        exactly once, in any order (checked at run time).
       sampling_probability: q in (0, 1].
       num_examples: N (> 0).
       batches_per_pass: G >= 1; an epoch reads the source ceil(round(1/q) / G) times.
       seed: int for reproducible batches, None for OS entropy.
       max_batch_size: optional cap (truncation, counted; see module docstring).
-      read_chunk_size: examples per vectorised membership test while reading.
+      read_chunk_size: examples per vectorised membership test while reading
+        an unbatched source (ignored with `source_batched=True`).
+      source_batched: the source yields batches of examples, not examples.
 
     Returns:
       `(batches, info)` as for `poisson_batches`.
@@ -224,20 +238,33 @@ def streaming_poisson_batches(
         raise ValueError("`num_examples` is 0: the dataset is empty; Poisson sampling needs at least one example.")
     if isinstance(batches_per_pass, bool) or not isinstance(batches_per_pass, int) or batches_per_pass < 1:
         raise ValueError(f"`batches_per_pass` must be an int >= 1; received {batches_per_pass!r}.")
-    for spec in tf.nest.flatten(dataset.element_spec):
-        if not isinstance(spec, tf.TensorSpec) or not spec.shape.is_fully_defined():
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"`dataset` must be a `tf.data.Dataset`; received {type(dataset).__name__}.")
+    specs = dataset.element_spec
+    for spec in tf.nest.flatten(specs):
+        shape = spec.shape[1:] if source_batched and isinstance(spec, tf.TensorSpec) else getattr(spec, "shape", None)
+        if not isinstance(spec, tf.TensorSpec) or not shape.is_fully_defined():
             raise ValueError(
                 "`streaming_poisson_batches` needs examples with fully defined shapes (pad "
-                f"variable-length features first); received element spec {dataset.element_spec}."
+                f"variable-length features first); received element spec {dataset.element_spec}"
+                + (" (batches: the first dimension may vary)." if source_batched else ".")
             )
+    if source_batched:
+        specs = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), specs)
+        chunks = dataset
+    else:
+        chunks = dataset.batch(read_chunk_size)
     n = num_examples
     generator = _make_generator(seed)
     info = _poisson_info(n, q, max_batch_size, seed, streaming=True, batches_per_pass=batches_per_pass)
     total = info.batches_per_epoch
     g_max = min(batches_per_pass, total)
     passes = math.ceil(total / g_max)
-    specs = dataset.element_spec
-    chunks = dataset.batch(read_chunk_size).enumerate()
+    # The pass ends with a sentinel chunk (one zero row, flagged) that reports the rows read.
+    sentinel = tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape.as_list(), s.dtype), specs)
+    flagged = chunks.map(lambda *e: (e[0] if len(e) == 1 else e, False)).concatenate(
+        tf.data.Dataset.from_tensors((sentinel, True))
+    )
 
     def one_pass(pass_index):
         seeds = generator.make_seeds(g_max)  # [2, G]
@@ -254,24 +281,27 @@ def streaming_poisson_batches(
         wanted, _ = tf.unique(sets.flat_values)
         wanted = tf.sort(wanted)
 
-        def keep(state, chunk):
-            rows, positions, seen = state
-            index, examples = chunk
+        def keep(offset, chunk):
+            examples, is_end = chunk
             size = tf.shape(tf.nest.flatten(examples)[0], out_type=tf.int64)[0]
-            pos = index * read_chunk_size + tf.range(size, dtype=tf.int64)
-            hit = _member(pos, wanted)
-            rows = tf.nest.map_structure(lambda r, e: tf.concat([r, tf.boolean_mask(e, hit)], 0), rows, examples)
-            return rows, tf.concat([positions, tf.boolean_mask(pos, hit)], 0), seen + size
+            pos = offset + tf.range(size, dtype=tf.int64)
+            hit = tf.logical_or(is_end, _member(pos, wanted))
+            pos = tf.where(is_end, -offset - 1, pos)  # the sentinel's position encodes the rows read
+            kept = tf.nest.map_structure(lambda e: tf.boolean_mask(e, hit), examples)
+            return offset + tf.where(is_end, tf.constant(0, tf.int64), size), (kept, tf.boolean_mask(pos, hit))
 
-        empty = tf.nest.map_structure(lambda s: tf.zeros([0] + s.shape.as_list(), s.dtype), specs)
-        rows, positions, seen = chunks.reduce((empty, tf.zeros([0], tf.int64), tf.constant(0, tf.int64)), keep)
+        # Positions are distinct, so at most |wanted| + 1 rows are kept: one rebatch element.
+        kept = flagged.scan(tf.constant(0, tf.int64), keep).rebatch(tf.size(wanted, out_type=tf.int64) + 1)
+        rows, positions = kept.get_single_element()
+        seen = -positions[-1] - 1
         check = tf.debugging.assert_equal(
             seen,
             tf.constant(n, tf.int64),
             message="streaming_poisson_batches: the source did not yield exactly `num_examples` examples in a pass",
         )
         with tf.control_dependencies([check]):
-            positions = tf.identity(positions)
+            positions = tf.identity(positions[:-1])
+        rows = tf.nest.map_structure(lambda r: r[:-1], rows)
         in_pass = tf.minimum(tf.constant(g_max, tf.int64), total - pass_index * g_max)
 
         def emit(j):
