@@ -22,11 +22,33 @@ and the mirrored variables stay identical everywhere.
 
 Under `ParameterServerStrategy` each worker is one replica that steps
 asynchronously: the step runs as on one device, the tables live on the
-parameter servers (created in the strategy scope) and the mechanism's state
-is created next to its table (`mechanism_state_scope`): LazyDP's history
-table is colocated with the table it tracks. Sparse mechanisms send
-`IndexedSlices` (touched or selected rows) to the servers, dense DP-SGD a
-whole table per step (`benchmarks/traffic.py` measures it).
+parameter servers (created in the strategy scope; whole tables, spread
+round-robin — tables split by a `variable_partitioner` are refused) and the
+mechanism's state is created next to its table (`mechanism_state_scope`):
+LazyDP's history table is colocated with the table it tracks. Sparse
+mechanisms send `IndexedSlices` (touched or selected rows) to the servers,
+dense DP-SGD a whole table per step (`benchmarks/traffic.py` measures it).
+Keras `fit` drives it with a `DatasetCreator` and `steps_per_epoch`
+(`ClusterCoordinator` underneath); server processes must be started with
+`start_server`, which loads tfdp_embed's custom ops there.
+
+Example (synchronous; the same code runs under MultiWorkerMirroredStrategy):
+    >>> strategy = tf.distribute.MirroredStrategy()
+    >>> with strategy.scope():
+    ...     dp = DPModel(build_model(), mechanism=EANA(l2_norm_clip=1.0,
+    ...                  noise_multiplier=1.0), expected_batch_size=1024)  # global batch
+    ...     dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=loss)
+    >>> dp.fit(dataset.batch(1024))
+
+Example (parameter servers; each server process runs
+`start_server(cluster, job_name="ps", task_index=i).join()`):
+    >>> strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    >>> with strategy.scope():
+    ...     dp = DPModel(build_model(), mechanism=LazyDP(l2_norm_clip=1.0,
+    ...                  noise_multiplier=1.0), expected_batch_size=1024)
+    ...     dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=loss)
+    >>> dp.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1,
+    ...        steps_per_epoch=100)
 
 Support (`SUPPORT`; anything else raises `DistributionNotSupportedError` at
 `DPModel` construction and again at `prepare`, naming the strategy and why):
@@ -158,6 +180,31 @@ def check_supported(mechanism: NoiseMechanism, strategy: tf.distribute.Strategy 
                 "and step counter (a row could be caught up twice or read before its noise)."
             )
     return kind
+
+
+def check_tables(model) -> None:
+    """Refuses `DPEmbedding` tables split into shards by a `variable_partitioner`.
+
+    `tf.gather` on a `ShardedVariable` takes 1-D ids only (a `[batch, n]`
+    lookup fails inside the layer), and per-example clipping and every
+    mechanism address a table as one variable (one `IndexedSlices`, one
+    history per table).
+
+    Raises:
+      DistributionNotSupportedError: naming the sharded table.
+    """
+    from tfdp_embed.layers.embedding import DPEmbedding
+
+    sharded = tf.__internal__.distribute.ShardedVariable
+    for layer in [model, *getattr(model, "submodules", ())]:
+        if isinstance(layer, DPEmbedding) and isinstance(getattr(layer, "embeddings", None), sharded):
+            raise DistributionNotSupportedError(
+                f"DPEmbedding {layer.name!r} is split into {len(layer.embeddings.variables)} shards by "
+                "ParameterServerStrategy's variable_partitioner; sharded tables are not supported "
+                "(per-example clipping and the noise mechanisms treat a table as one variable). Build "
+                "the strategy without a variable_partitioner (whole tables, spread round-robin over "
+                "the servers) or with one that returns one shard for tables."
+            )
 
 
 def unsupported_reason(mechanism_name: str, kind: str) -> str | None:

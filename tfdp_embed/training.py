@@ -115,6 +115,7 @@ class DPModel(keras.Model):
         _reject_non_per_example(model)
         # Unsupported mechanism/strategy pairs fail here, not deep in a traced step.
         distribute.check_supported(mechanism)
+        distribute.check_tables(model)
         from tfdp_embed import clipping  # registry functions live in the clipping package
 
         self.inner = model
@@ -182,6 +183,7 @@ class DPModel(keras.Model):
         dense = [v for v in self.inner.trainable_variables if v.ref() not in table_vars]
         strategy = self.distribute_strategy
         distribute.check_supported(self.mechanism, strategy)
+        distribute.check_tables(self.inner)
         with distribute.mechanism_state_scope(strategy, self._tables):
             self.mechanism.init(tables=self._tables, dense_variables=dense, optimizer=self.optimizer)
         distribute.synchronize_generator(self.mechanism, strategy)

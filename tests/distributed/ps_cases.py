@@ -173,6 +173,27 @@ def case_lazy_refused(strategy) -> dict:
     return {"error": None}
 
 
+def case_sharded_refused(strategy) -> dict:
+    """Under a partitioner that splits the table (800 bytes) in two, DPModel refuses it."""
+    del strategy
+    sharded = tf.distribute.experimental.ParameterServerStrategy(
+        _RESOLVER[0],
+        variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=256, max_shards=2),
+    )
+    with sharded.scope():
+        keras.utils.set_random_seed(3)
+        inp = keras.Input((), dtype="int32")  # 1-D ids: the only lookup tf.gather allows on shards
+        model = keras.Model(inp, keras.layers.Dense(1)(DPEmbedding(VOCAB, DIM, name="table_a")(inp)))
+        try:
+            DPModel(model, mechanism=EANA(l2_norm_clip=1.0, noise_multiplier=1.0), expected_batch_size=BATCH)
+        except distribute.DistributionNotSupportedError as error:
+            return {"error": f"{type(error).__name__}: {error}"}
+    return {"error": None}
+
+
+_RESOLVER = []
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=1)
@@ -184,6 +205,7 @@ def main():
     except (OSError, tf.errors.OpError) as error:
         print(json.dumps({"skip": f"cannot start loopback gRPC servers in this sandbox: {error}"}))
         return
+    _RESOLVER.append(resolver)
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     results = {"kind": distribute.strategy_kind(strategy)}
     results.update({name: globals()[f"case_{name}"](strategy) for name in args.cases})

@@ -43,9 +43,12 @@ def test_lazy_history_lives_next_to_its_table_and_flush_clears_the_debt(one_work
     assert row["steps"] == 4 and row["finite"]
 
 
-def test_lazy_with_two_asynchronous_workers_is_refused(script_runner):
-    row = script_runner("ps_cases.py", "--workers", "2", "--ps", "1", "lazy_refused")["lazy_refused"]
-    assert row["error"].startswith("DistributionNotSupportedError: Mechanism 'lazy' supports ParameterServerStrategy with exactly one worker")
+def test_lazy_with_two_workers_and_sharded_tables_are_refused(script_runner):
+    rows = script_runner("ps_cases.py", "--workers", "2", "--ps", "2", "lazy_refused", "sharded_refused")
+    lazy = rows["lazy_refused"]["error"]
+    assert lazy.startswith("DistributionNotSupportedError: Mechanism 'lazy' supports ParameterServerStrategy with exactly one worker")
+    sharded = rows["sharded_refused"]["error"]
+    assert sharded.startswith("DistributionNotSupportedError: DPEmbedding 'table_a' is split into 2 shards")
 
 
 @pytest.mark.skipif(
