@@ -17,6 +17,7 @@ from tfdp_embed import accounting, clipping, data, mechanisms
 from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
 from tfdp_embed.export import export_saved_model
 from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.layers.shared_embedding import SharedEmbedding
 from tfdp_embed.mechanisms import MECHANISMS, NoiseMechanism
 from tfdp_embed.training import DPModel
 
@@ -29,6 +30,7 @@ __all__ = [
     "NoiseMechanism",
     "PrivacyBudgetExceededError",
     "PrivacyContractError",
+    "SharedEmbedding",
     "accounting",
     "clipping",
     "data",
