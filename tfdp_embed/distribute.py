@@ -349,6 +349,50 @@ def synchronize_generator(mechanism: NoiseMechanism, strategy: tf.distribute.Str
     state.assign(value)
 
 
+def check_identical_state(mechanism: NoiseMechanism, strategy: tf.distribute.Strategy) -> None:
+    """Refuses to train when the mechanism's state differs between workers (MultiWorkerMirrored only).
+
+    Every worker runs the mechanism on the same inputs and must hold the same
+    state (step counter, RNG state, DP-FEST / DP-AdaFEST+ selections, ...):
+    a selection drawn with OS entropy on each worker would make the workers'
+    models diverge silently. Compares, across workers, a fingerprint of every
+    mechanism variable (count, sum and position-weighted sum of its bytes;
+    exact in float64 up to ~10^8 bytes per variable).
+
+    Raises:
+      DistributionNotSupportedError: naming the differing variables.
+    """
+    if strategy_kind(strategy) != MULTI_WORKER_MIRRORED:
+        return
+    variables = sorted(mechanism.variables, key=lambda v: v.name)
+    if not variables:
+        return
+
+    def fingerprint(var):
+        raw = tf.convert_to_tensor(var)
+        raw = tf.cast(raw, tf.uint8) if raw.dtype == tf.bool else tf.bitcast(raw, tf.uint8)
+        words = tf.cast(tf.reshape(raw, [-1]), tf.float64)
+        position = tf.cast(tf.range(tf.size(words)) % 65521 + 1, tf.float64)
+        return tf.stack([tf.cast(tf.size(words), tf.float64), tf.reduce_sum(words), tf.reduce_sum(words * position)])
+
+    def compare():
+        ctx = tf.distribute.get_replica_context()
+        mine = tf.stack([fingerprint(v) for v in variables])
+        total = ctx.all_reduce("sum", mine)
+        return tf.reduce_any(tf.not_equal(total, mine * ctx.num_replicas_in_sync), axis=1)
+
+    differs = strategy.experimental_local_results(strategy.run(tf.function(compare, autograph=False)))[0]
+    names = [v.name for v, d in zip(variables, differs.numpy()) if d]
+    if names:
+        raise DistributionNotSupportedError(
+            f"Mechanism {mechanism.name!r} holds different state on different workers ({', '.join(names)}); "
+            "under MultiWorkerMirroredStrategy every worker must hold the same state or the mirrored "
+            "models diverge. A DP selection (DP-FEST, DP-AdaFEST+) drawn with OS entropy on each "
+            "worker does this: draw it once (e.g. on worker 0), save it, and build every worker's "
+            "mechanism from the saved rows, or seed it identically."
+        )
+
+
 # -- the synchronous step -----------------------------------------------------------
 def mean_loss(per_example_loss: tf.Tensor) -> tf.Tensor:
     """The loss whose gradient, summed over replicas, is the global-batch mean's.

@@ -184,9 +184,11 @@ class DPModel(keras.Model):
         strategy = self.distribute_strategy
         distribute.check_supported(self.mechanism, strategy)
         distribute.check_tables(self.inner)
+        # Workers share worker 0's noise stream before init draws anything (DP-FEST selects there).
+        distribute.synchronize_generator(self.mechanism, strategy)
         with distribute.mechanism_state_scope(strategy, self._tables):
             self.mechanism.init(tables=self._tables, dense_variables=dense, optimizer=self.optimizer)
-        distribute.synchronize_generator(self.mechanism, strategy)
+        distribute.check_identical_state(self.mechanism, strategy)
         self._prepared = True
 
     # -- the step -------------------------------------------------------------

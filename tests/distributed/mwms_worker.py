@@ -23,8 +23,9 @@ STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()
 
 import numpy as np
 
+from tfdp_embed import distribute
 from tfdp_embed.layers.embedding import DPEmbedding
-from tfdp_embed.mechanisms import EANA, NonPrivate
+from tfdp_embed.mechanisms import DPFEST, EANA, DPAdaFESTPlus, NonPrivate
 from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, BATCH, STEPS = 30, 4, 3, 8, 3
@@ -59,6 +60,22 @@ def main():
     exact, exact_steps = _train(EANA(l2_norm_clip=1e6, noise_multiplier=0.0, seed=1), STRATEGY)
     noisy, noisy_steps = _train(EANA(l2_norm_clip=1.0, noise_multiplier=1.0), STRATEGY)  # OS entropy
     reference, _ = _train(NonPrivate())
+    # DP-FEST selects its rows in init with the (synchronised) OS-entropy generator.
+    fest, _ = _train(
+        DPFEST(l2_norm_clip=1.0, noise_multiplier=1.0, selection_epsilon=1.0, top_k=8,
+               counts={"table": np.arange(VOCAB)}),
+        STRATEGY,
+    )
+    # A DP-AdaFEST+ selection drawn with OS entropy on each worker differs: refused at prepare.
+    plus = DPAdaFESTPlus.from_counts(
+        {"table": np.arange(VOCAB)}, top_k={"table": 8}, selection_epsilon=0.5, l2_norm_clip=1.0,
+        noise_multiplier=1.0, contribution_clip=1.0, contribution_noise_multiplier=1.0, threshold=3.0,
+    )
+    try:
+        _train(plus, STRATEGY)
+        mismatch = "accepted"
+    except distribute.DistributionNotSupportedError as error:
+        mismatch = f"{type(error).__name__}: {error}"
     print(
         json.dumps(
             {
@@ -68,6 +85,8 @@ def main():
                 "noisy": noisy,
                 "noisy_steps": noisy_steps,
                 "reference": reference,
+                "fest": fest,
+                "adafest_plus_os_entropy_selection": mismatch,
             }
         )
     )

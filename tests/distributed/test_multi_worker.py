@@ -107,3 +107,15 @@ def test_noisy_weights_are_identical_on_both_workers(workers):
     assert _max_diff(first["noisy"], second["noisy"]) == 0.0
     # ... and noise was added (sigma C / B = 1/8 per coordinate and step).
     assert _max_diff(first["noisy"], first["exact"]) > 0.05
+
+
+def test_selection_drawn_in_init_is_identical_and_per_worker_selections_are_refused(workers):
+    first, second = workers
+    # DP-FEST selects rows from the synchronised OS-entropy generator: same rows, same weights.
+    assert _max_diff(first["fest"], second["fest"]) == 0.0
+    # DP-AdaFEST+ rows selected per worker with OS entropy (from_counts, seed=None): refused.
+    # (Both workers drawing the same 8 of 30 rows under Gumbel noise of scale 16 would make this
+    # "accepted"; that chance is tiny but not zero.)
+    for worker in workers:
+        message = worker["adafest_plus_os_entropy_selection"]
+        assert message.startswith("DistributionNotSupportedError: Mechanism 'adafest+' holds different state"), message
