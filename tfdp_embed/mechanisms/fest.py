@@ -330,7 +330,7 @@ class DPFEST(NoiseMechanism):
             "`select(counts)` after `init`, before training.",
         )
         std = self.noise_multiplier * self.l2_norm_clip
-        out = self._dense_noised(clipped, self.noise_multiplier)
+        blocks, rows_out = [], []
         for table in clipped.tables:
             name = table.layer.name
             if name not in self._positions:
@@ -341,19 +341,20 @@ class DPFEST(NoiseMechanism):
             keep = positions >= 0
             kept_values = tf.boolean_mask(grad.values, keep)
             if std > 0:  # DP-SGD on the selected subspace: all k rows, every step
-                values = self._noise_like([self._config.resolved_k[name], tf.shape(grad.values)[1]], std)
-                values = tf.tensor_scatter_nd_add(
-                    values, tf.boolean_mask(positions, keep)[:, None], tf.cast(kept_values, values.dtype)
-                )
-                rows = self._rows[name].read_value()
+                # Touched selected rows hold their clipped sum, the others 0 (positions are
+                # unique: one write per row); the noise is added with the division below.
+                shape = tf.stack([self._config.resolved_k[name], tf.shape(grad.values)[1]])
+                blocks.append(tf.scatter_nd(tf.boolean_mask(positions, keep)[:, None], kept_values, shape))
+                rows_out.append(self._rows[name].read_value())
             else:  # no noise: only the touched selected rows change
-                values, rows = kept_values, tf.boolean_mask(indices, keep)
-            out.append(
-                (
-                    tf.IndexedSlices(values / clipped.expected_batch_size, rows, grad.dense_shape),
-                    table.variable,
-                )
-            )
+                blocks.append(kept_values)
+                rows_out.append(tf.boolean_mask(indices, keep))
+        # One generator draw: dense variables and every table's k rows as independent streams.
+        dense = [grad for _, grad in clipped.dense]
+        noised = self._noised_sums(dense + blocks, std, clipped.expected_batch_size)
+        out = [(grad, variable) for grad, (variable, _) in zip(noised, clipped.dense)]
+        for table, values, rows in zip(clipped.tables, noised[len(dense):], rows_out):
+            out.append((tf.IndexedSlices(values, rows, table.gradient.dense_shape), table.variable))
         self.steps.assign_add(1)
         return out
 
