@@ -17,8 +17,13 @@ for mechanisms that read them). The mechanism then runs once, inside
 `ReplicaContext.merge_call`: in-process replicas share one draw of noise.
 Under `MultiWorkerMirroredStrategy` each worker runs that merge once on the
 same `S` with a generator whose state was copied from worker 0 at
-`prepare` (`synchronize_generator`), so every worker draws the same noise
-and the mirrored variables stay identical everywhere.
+`prepare`, before `mechanism.init` (`synchronize_generator`), so every
+worker draws the same noise (and DP-FEST the same selection) and the
+mirrored variables stay identical everywhere; `check_identical_state` then
+refuses mechanism state that still differs between workers. Mechanism state
+is made of plain (not mirrored) variables under these strategies: it is
+only touched in the merge step. `after_apply` (the lookahead hook) runs in
+replica context; it is a no-op for every mechanism supported there.
 
 Under `ParameterServerStrategy` each worker is one replica that steps
 asynchronously: the step runs as on one device, the tables live on the
@@ -69,6 +74,8 @@ Support (`SUPPORT`; anything else raises `DistributionNotSupportedError` at
         replica's forward pass for the ids that replica reads; replicas would
         add different noise to their copies of a mirrored table.
     (3) Concurrent workers would race on the history table and step counter.
+    Other strategies (e.g. `CentralStorageStrategy`) are refused for every
+    mechanism; so are tables sharded by a `variable_partitioner`.
 
 References: TensorFlow `tf.distribute` guide (merge_call, all_reduce,
 ClusterCoordinator); EANA (RecSys 2022) §3 (parameter-server traffic);
