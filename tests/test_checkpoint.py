@@ -381,6 +381,18 @@ def test_mismatched_checkpoint_is_refused_before_loading(
     assert int(dp.optimizer.iterations.numpy()) == 0
 
 
+def test_a_new_run_does_not_mix_its_checkpoints_with_an_earlier_runs(
+    trained_lazy, tmp_path
+):
+    directory = _copy(trained_lazy[0], tmp_path)
+    _, _, ckpt, _ = _fresh(directory)  # forgot restore_or_initialize()
+    with pytest.raises(
+        CheckpointError,
+        match="earlier run .ckpt-12 the newest.; call `restore_or_initialize",
+    ):
+        ckpt.save()
+
+
 def test_save_refuses_a_ledger_that_lags_the_mechanism(tmp_path):
     dp, batches, _, _, _ = worker.build("dense")
     ckpt = DPCheckpoint(

@@ -25,9 +25,11 @@ LazyDP (un-flushed tables). A checkpoint is training state, not a release:
 it stores LazyDP's table together with its per-row history (the noise each
 row still owes), under `training_state`, and the manifest says
 `progress.owes_noise`. It is NOT flushed before writing: a flush draws the
-owed noise early, which is exact (same distribution) but costs O(vocabulary)
-per checkpoint and changes which generator numbers later rows receive, so
-a resumed run would no longer reproduce the uninterrupted one. Restoring
+owed noise early, which is exact (catching a row up early gives it the same
+Gaussian), but costs O(vocabulary) per checkpoint (1.65 s against a 5.3 s
+save at 10^6 x 64 rows, benchmarks/RESULTS.md "checkpoint_time") and makes
+the realised noise depend on when checkpoints are taken, so a resumed run
+would no longer reproduce a run that was never interrupted. Restoring
 re-attaches table and history together (the mechanism's `steps` and
 `flushed_at` are restored too, so `owes_noise()` is true again), and the
 only ways out of training, `tfdp_embed.export.export_saved_model` and
@@ -195,6 +197,7 @@ class TrainingCheckpoint:
         self._ledger = ledger
         self.batches_per_epoch = batches_per_epoch
         self.sampler_seed = sampler_seed
+        self._adopted = False  # True once this run restored from, or started, the directory
         self._progress = _Progress()
         self._root = tf.train.Checkpoint(
             training_state=_TrainingState(dp_model), progress=self._progress
@@ -232,8 +235,16 @@ class TrainingCheckpoint:
 
         Raises:
           CheckpointError: the ledger disagrees with the mechanism's step count
-            (a step would be accounted twice or not at all after a resume).
+            (a step would be accounted twice or not at all after a resume), or
+            the directory holds another run's checkpoints and this run neither
+            restored from it nor started it (its higher-numbered checkpoints
+            would later be taken for this run's).
         """
+        if not self._adopted and self.complete_checkpoints():
+            raise CheckpointError(
+                f"{self.directory} holds checkpoints of an earlier run ({os.path.basename(self.complete_checkpoints()[-1])} "
+                "the newest); call `restore_or_initialize()` first to continue it, or use a new directory."
+            )
         mechanism = self.dp_model.mechanism
         step = (
             int(mechanism.steps.numpy())
@@ -282,6 +293,7 @@ class TrainingCheckpoint:
             "tensorflow_version": manifest_lib.tensorflow_version(),
         }
         manifest_lib.write_manifest(prefix, manifest)
+        self._adopted = True
         self._remove_stale_manifests()
         return prefix
 
@@ -322,6 +334,7 @@ class TrainingCheckpoint:
         """
         self._log_incomplete()
         if not self.complete_checkpoints():
+            self._adopted = True
             return None
         return self.restore(data=data)
 
@@ -381,6 +394,7 @@ class TrainingCheckpoint:
                 f"Checkpoint {prefix} held values no variable of this run took ({error}); training state "
                 "is inconsistent, do not continue from it."
             ) from None
+        self._adopted = True
         return self._resume_info(prefix, manifest)
 
     def _refuse_if_different(self, prefix: str, manifest: dict, **which) -> None:
