@@ -13,7 +13,9 @@ MODE
 after `flush()` (what export releases), the noise generator's state, the
 step counters, the ledger JSON, the final epsilon and the restored position.
 The model: ids [batch, 2] -> DPEmbedding(VOCAB, 4, mean) -> Dense(1); SGD
-with momentum 0.9; Poisson batches (q = 0.05, 20 batches per epoch).
+with momentum 0.9; Poisson batches (q = 0.025: 40 batches per epoch, 5 epochs);
+a PrivacyBudget (RDP) records every step. `build` also makes DP-FEST and
+DP-AdaFEST runs for the in-process tests.
 """
 
 from __future__ import annotations
@@ -35,10 +37,8 @@ from tfdp_embed.data import poisson_batches, with_lookahead
 from tfdp_embed.mechanisms import DPFEST, DenseDPSGD, DPAdaFEST, LazyDP
 
 VOCAB, DIM, N, Q, EPOCHS = 50, 4, 200, 0.025, 5  # 40 batches per epoch, 200 steps
-EVERY, HANG_AFTER = (
-    7,
-    65,
-)  # checkpoints at 7, 14, ..., 63; killed at step 65 (epoch 1, batch 25)
+# Checkpoints at steps 7, 14, ..., 63; the crash run hangs after step 65 (epoch 1, batch 25).
+EVERY, HANG_AFTER = 7, 65
 SAMPLER_SEED, NOISE_SEED = 11, 5
 TARGET_EPSILON, DELTA = 8.0, 1e-5
 
