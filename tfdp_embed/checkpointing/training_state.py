@@ -18,7 +18,8 @@ Restoring is all-or-nothing: the manifest is compared with the current
 model, optimizer, mechanism and accounting setup, and the files with their
 checksums, BEFORE anything is read; any difference raises
 `CheckpointMismatchError` / `CheckpointCorruptedError` and leaves every
-variable as it was. Then every value of the checkpoint must find its
+variable's value as it was (only the optimizer's fresh slots may have been
+created, by a zero-gradient step whose counter increment is undone). Then every value of the checkpoint must find its
 variable (`assert_consumed`).
 
 LazyDP (un-flushed tables). A checkpoint is training state, not a release:
@@ -34,12 +35,12 @@ re-attaches table and history together (the mechanism's `steps` and
 `flushed_at` are restored too, so `owes_noise()` is true again), and the
 only ways out of training, `tfdp_embed.export.export_saved_model` and
 `DPModel.save_weights`, flush first. A plain `model.load_weights(<checkpoint>)`
-finds no `model` at the root (it is under `training_state`) and loads
-nothing. The table stored here is therefore never "the model".
+finds no model at the root (it is under `training_state`): Keras refuses
+("Nothing except the root object matched") and loads nothing. The table stored here is therefore never "the model".
 
 Example:
     >>> ckpt = TrainingCheckpoint("/tmp/run", dp_model=dp, budget=budget)
-    >>> resumed = ckpt.restore_or_initialize(batches)   # None on a fresh start
+    >>> resumed = ckpt.restore_or_initialize()   # None on a fresh start
     >>> ...train...; ckpt.save(position=...)
 
 References: `tf.train.Checkpoint`, `tf.train.CheckpointManager`; LazyDP
@@ -197,7 +198,9 @@ class TrainingCheckpoint:
         self._ledger = ledger
         self.batches_per_epoch = batches_per_epoch
         self.sampler_seed = sampler_seed
-        self._adopted = False  # True once this run restored from, or started, the directory
+        self._adopted = (
+            False  # True once this run restored from, or started, the directory
+        )
         self._progress = _Progress()
         self._root = tf.train.Checkpoint(
             training_state=_TrainingState(dp_model), progress=self._progress
