@@ -55,7 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA_PATH = os.path.join(ROOT, "..", "shared", "data", "movielens", "ml-100k", "u.data")
 # SGD step sizes (momentum 0.9, batch 256, dim 32) measured to train on ml-100k; a DP step
 # divides the clipped sum by the expected batch, so clipped runs take a larger rate.
-DEFAULT_LEARNING_RATES = {"none": 0.05, "dense": 0.5, "eana": 0.5, "lazy": 0.5}
+DEFAULT_LEARNING_RATES = {"none": 0.3, "dense": 0.5, "eana": 0.5, "lazy": 0.5}
 SMALL_SIGMA_FOR_PLD = 0.3
 """Below this noise multiplier epsilon is reported with the RDP accountant (PLD needs too much memory)."""
 PRIVACY_UNIT = (
@@ -363,8 +363,16 @@ def train_and_evaluate(
             if config.mechanism == "eana" else None
         ),
     )  # fmt: skip
+    warnings = []
+    final_loss = float(history.history["loss"][-1]) if history.history.get("loss") else None
+    if final_loss is not None and not math.isfinite(final_loss):
+        warnings.append(
+            f"Training diverged (final loss {final_loss}): the metrics are meaningless. Lower the learning "
+            f"rate (now {config.resolved_learning_rate:g}) or the momentum (now {config.momentum:g})."
+        )
     report = dict(privacy)
     report.update(
+        warnings=warnings,
         privacy_unit=PRIVACY_UNIT,
         noise_source=noise["source"],
         target_epsilon=noise["target_epsilon"],
@@ -374,7 +382,7 @@ def train_and_evaluate(
         test_examples=int(len(test_labels)),
         planned_steps=steps,
         steps_run=steps_run,
-        final_train_loss=float(history.history["loss"][-1]) if history.history.get("loss") else None,
+        final_train_loss=final_loss,
         mean_history_rows_per_step=float(np.mean(counter.rows_per_step)) if counter.rows_per_step else None,
         median_step_s=timer.median(),
         train_seconds=train_seconds,
@@ -455,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-dim", type=_positive(int), default=32)
     p.add_argument("--context-length", type=_positive(int), default=20)
     p.add_argument("--seed", type=int, help="seed for init, batches and noise (default: OS entropy)")
+    p.add_argument("--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant")
     p.add_argument("--k", type=_positive(int), default=10, help="top-k of the exported signature")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -475,6 +484,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
         epsilon=args.epsilon, delta=args.delta, l2_norm_clip=args.l2_norm_clip, epochs=args.epochs,
         batch_size=args.batch_size, learning_rate=args.learning_rate, momentum=args.momentum,
         embedding_dim=args.embedding_dim, context_length=args.context_length, seed=args.seed, k=args.k,
+        accountant=args.accountant,
         verbose=0 if args.quiet else 1,
     )  # fmt: skip
     return config, args.out
@@ -499,6 +509,7 @@ def format_report(report: dict) -> str:
         bound = report["eana_bound"]
         lines.append(f"EANA bound       data-dependent eps {bound['data_dependent_epsilon']:.4g} (NOT DP: {bound['label']})")
     lines += ["caveats:"] + [f"  - {c}" for c in report.get("caveats", [])]
+    lines += [f"WARNING: {w}" for w in report.get("warnings", [])]
     return "\n".join(lines)
 
 
