@@ -14,8 +14,8 @@ after `flush()` (what export releases), the noise generator's state, the
 step counters, the ledger JSON, the final epsilon and the restored position.
 The model: ids [batch, 2] -> DPEmbedding(VOCAB, 4, mean) -> Dense(1); SGD
 with momentum 0.9; Poisson batches (q = 0.025: 40 batches per epoch, 5 epochs);
-a PrivacyBudget (RDP) records every step. `build` also makes DP-FEST and
-DP-AdaFEST runs for the in-process tests.
+a PrivacyBudget (RDP) records every step. `build` also makes DP-FEST,
+DP-AdaFEST and EANA runs for the in-process tests.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tfdp_embed import DPEmbedding, DPModel, keras, tf
 from tfdp_embed.accounting import PrivacyBudget
 from tfdp_embed.checkpointing import DPCheckpoint, rest_of_epoch
 from tfdp_embed.data import poisson_batches, with_lookahead
-from tfdp_embed.mechanisms import DPFEST, DenseDPSGD, DPAdaFEST, LazyDP
+from tfdp_embed.mechanisms import DPFEST, EANA, DenseDPSGD, DPAdaFEST, LazyDP
 
 VOCAB, DIM, N, Q, EPOCHS = 50, 4, 200, 0.025, 5  # 40 batches per epoch, 200 steps
 # Checkpoints at steps 7, 14, ..., 63; the crash run hangs after step 65 (epoch 1, batch 25).
@@ -77,6 +77,8 @@ def build(
         mechanism = DPFEST(
             **kwargs, selection_epsilon=1.0, top_k=10, counts={"emb": counts}
         )
+    elif mechanism_name == "eana":  # not DP: the budget logs a nominal epsilon
+        mechanism = EANA(**kwargs)
     elif mechanism_name == "adafest":
         mechanism = DPAdaFEST(
             **kwargs,

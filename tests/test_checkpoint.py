@@ -451,7 +451,7 @@ def test_rest_of_epoch_continues_the_poisson_stream():
 # -- other mechanisms' state; the budget across a resume ---------------------------------------------
 
 
-@pytest.mark.parametrize("mechanism", ["fest", "adafest"])
+@pytest.mark.parametrize("mechanism", ["fest", "adafest", "eana"])
 def test_selection_and_counter_state_round_trips(tmp_path, mechanism):
     trained, _, ckpt = _train(tmp_path, mechanism, steps=6, every=3)
     assert os.path.basename(ckpt.last_saved) == "ckpt-6"
@@ -465,6 +465,11 @@ def test_selection_and_counter_state_round_trips(tmp_path, mechanism):
     assert kinds == (["setup", "step"] if mechanism == "fest" else ["step"])
     budget.on_train_begin()
     assert [e.kind for e in budget.ledger.entries] == kinds and budget.ledger.steps == 6
+    if (
+        mechanism == "eana"
+    ):  # not DP: its ledger keeps dp_accounting's UnsupportedDpEvent
+        assert budget.ledger.entries[0].event == dp.mechanism.step_event(worker.Q)
+        assert budget.log_key == "epsilon_not_dp"
 
 
 def test_resumed_run_with_nearly_spent_budget_stops_at_the_uninterrupted_step(tmp_path):
