@@ -11,7 +11,7 @@ import pytest
 # RUN_SLOW_DISTRIBUTED=1 adds the dense DP-SGD noise scenario.
 SLOW = os.environ.get("RUN_SLOW_DISTRIBUTED", "") not in ("", "0")
 
-_CASES = ["exact", "noise_eana", "unsupported", "tpu_noise_feature"] + (["noise_dense", "exact_more"] if SLOW else [])
+_CASES = ["exact", "uneven", "noise_eana", "unsupported", "tpu_noise_feature"] + (["noise_dense", "exact_more"] if SLOW else [])
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,22 @@ def test_dense_noise_covers_every_row_once(results):
     assert row["replica_spread"] == 0.0
 
 
-@pytest.mark.skipif(not SLOW, reason="set RUN_SLOW_DISTRIBUTED=1 (DP-FEST, DP-AdaFEST+ under MirroredStrategy)")
-def test_zero_noise_huge_clip_fest_and_adafest_plus(results):
+def test_uneven_replica_batches_match_one_device(results):
+    # Contribution counts use every example's distinct rows across replicas (offsets), the
+    # threshold drops some touched rows and keeps others: same survivors, same update.
+    row = results["uneven"]
+    two, one = row["rows_noised"]
+    assert two == one and two[0] > 0, row  # survivors (rows noised), 2 replicas vs one device
+    two, one = row["dropped_touched_rows"]
+    assert two == one and two[0] > 0, row  # touched rows below the threshold
+    assert row["max_abs_diff"] < 1e-5, row
+    assert row["table_moved"] > 1e-2, row  # training changed the table
+    assert row["replica_spread"] == 0.0
+    assert row["steps"] == 5
+
+
+@pytest.mark.skipif(not SLOW, reason="set RUN_SLOW_DISTRIBUTED=1 (dense, DP-FEST, DP-AdaFEST+ under MirroredStrategy)")
+def test_zero_noise_huge_clip_dense_fest_and_adafest_plus(results):
     for name, row in results["exact_more"].items():
         assert row["max_abs_diff"] < 1e-5 and row["replica_spread"] == 0.0, (name, row)
         assert row["steps"] == 4, (name, row)
