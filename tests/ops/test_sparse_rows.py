@@ -231,3 +231,17 @@ def test_noised_values_streams_are_the_offset_keys(op):
     # Different streams of one key are different noise.
     a, b = sparse_rows.noised_values_many(gen, [tf.zeros([256]), tf.zeros([256])], stddev=1.0, divisor=1.0)
     assert abs(np.corrcoef(a.numpy(), b.numpy())[0, 1]) < 5 / np.sqrt(256)
+
+
+def test_lazy_lookahead_with_out_of_range_ids_is_refused(op):
+    from tfdp_embed._keras import keras
+    from tfdp_embed.layers.embedding import DPEmbedding
+    from tfdp_embed.mechanisms import LazyDP
+
+    layer = DPEmbedding(10, 2, combiner="mean", name="t")
+    layer.build(None)
+    mech = LazyDP(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)
+    mech.init(tables=[layer], dense_variables=[], optimizer=keras.optimizers.legacy.SGD(0.1))
+    assert mech._fused(0)  # noqa: SLF001 - this test is about the fused path
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row 12 outside \\[0, 10\\).*lookahead"):
+        mech.after_apply({"t": tf.constant([[1, 12]], tf.int64)})

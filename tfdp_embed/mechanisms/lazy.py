@@ -319,7 +319,8 @@ class LazyDP(NoiseMechanism):
                     f"`lookahead` names table {name!r}; LazyDP's tables are {sorted(self._by_name)}."
                 )
             index = self._by_name[name]
-            rows = self._tables[index].bucket_ids(ids)
+            # The fused op checks the range itself (one op instead of min, max and an assert).
+            rows = self._tables[index].bucket_ids(ids, check_range=not self._fused(index))
             if isinstance(rows, tf.RaggedTensor):
                 rows = rows.flat_values
             elif isinstance(rows, tf.SparseTensor):

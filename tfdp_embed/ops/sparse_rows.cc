@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -374,16 +375,22 @@ class LazyCatchUpOp : public OpKernel {
     const int32_t current = 2 * now;
     for (int64_t k = 0; k < n; ++k) {
       OP_REQUIRES(ctx, rows[k] >= 0 && rows[k] < vocab,
-                  errors::InvalidArgument("TfdpEmbedLazyCatchUp: row ", rows[k], " outside [0, ", vocab, ")."));
+                  errors::InvalidArgument("TfdpEmbedLazyCatchUp: row ", rows[k], " outside [0, ", vocab,
+                                          "): LazyDP catches up the rows a batch (or its lookahead) will "
+                                          "read, and ids must lie in [0, vocabulary_size) unless the "
+                                          "table hashes them (hash_ids=True)."));
     }
     std::vector<int64_t> stale;
     if (unique_) {
       for (int64_t k = 0; k < n; ++k)
         if (hist[rows[k]] != current) stale.push_back(rows[k]);
     } else {
-      FirstAppearance seen(n);
-      for (int64_t k = 0; k < n; ++k)
-        if (hist[rows[k]] != current && seen.Insert(rows[k]).second) stale.push_back(rows[k]);
+      std::unique_ptr<FirstAppearance> seen;  // built only when some row is behind (rare in the read hook)
+      for (int64_t k = 0; k < n; ++k) {
+        if (hist[rows[k]] == current) continue;
+        if (!seen) seen = std::make_unique<FirstAppearance>(n);
+        if (seen->Insert(rows[k]).second) stale.push_back(rows[k]);
+      }
     }
     const int64_t m = static_cast<int64_t>(stale.size());
     Tensor* out_t = nullptr;
