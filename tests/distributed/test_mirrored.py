@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-# RUN_SLOW_DISTRIBUTED=1 adds the dense DP-SGD noise scenario.
+# RUN_SLOW_DISTRIBUTED=1 adds dense DP-SGD's noise and dense / DP-FEST / DP-AdaFEST+ exactness.
 SLOW = os.environ.get("RUN_SLOW_DISTRIBUTED", "") not in ("", "0")
 
 _CASES = ["exact", "uneven", "noise_eana", "unsupported", "tpu_noise_feature"] + (["noise_dense", "exact_more"] if SLOW else [])
@@ -32,7 +32,8 @@ def test_noise_is_added_once_with_the_single_device_variance(results):
     # Every clipped gradient is 0 (sample weights 0), so each step's update is -lr * noise / B.
     # Per coordinate std must be sigma * C = 1.0: noise drawn per replica and summed would give
     # sqrt(2); independent shares of variance 1/2 would give 0.71 on rows touched by one replica.
-    # 2,496 samples per half: the sample std has relative sd 1/sqrt(2n) = 1.4%; allow 6%.
+    # Samples are 39 consecutive steps (fresh draws each step, as over seeds) x 4 rows x 16 dims:
+    # 2,496 per half; the sample std has relative sd 1/sqrt(2n) = 1.4%; allow 6%.
     row = results["noise_eana"]
     expected = row["expected_std"]
     assert row["samples_per_half"] > 2000
