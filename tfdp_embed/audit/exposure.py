@@ -30,9 +30,9 @@ computed in log space (log density at the canary plus the log of the
 integral of the density ratio over the tail), so they do not underflow.
 
 Example:
-    >>> exposure = rank_exposure(canary_scores, candidate_scores)             # <= log2(n)
-    >>> fit = fit_score_distribution(candidate_scores, distribution="skewnorm")
-    >>> fit.exposure(canary_scores)                                           # may exceed log2(n)
+    >>> candidates = np.random.default_rng(0).normal(size=4096)      # n = 4096: ceiling 12 bits
+    >>> rank_exposure([0.0, 3.0, 6.0], candidates)                    # 1.04, 10.4, 12 (capped)
+    >>> fit_score_distribution(candidates).exposure([0.0, 3.0, 6.0])  # 1.02, 9.45, 28.6 bits
 
 References: Carlini et al., "The Secret Sharer", USENIX Security 2019, §4
 (Definition 4 exposure; §4.2-4.3 estimation by sampling and by

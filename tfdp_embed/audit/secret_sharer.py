@@ -7,12 +7,13 @@ Model-agnostic: the model enters only through a scoring callable
 (higher = likelier; for a two-tower softmax model, log p(label | context)).
 Nothing here imports TensorFlow.
 
-Example:
+Example (ml-100k: items 1..1682; `pipelines.movielens` trains the model):
+    >>> items = np.arange(1, 1683)
     >>> canaries = generate_canaries(item_ids=items, context_length=20, seed=0)
-    >>> # ... train with canaries.training_examples() added to the training data ...
+    >>> result = movielens.train_and_evaluate(config, extra_train_examples=canaries.training_examples())
     >>> candidates = sample_candidates(item_ids=items, context_length=20,
     ...                                num_candidates=16384, seed=1, exclude=canaries)
-    >>> audit = secret_sharer_audit(model_log_probs, canaries=canaries, candidates=candidates)
+    >>> audit = secret_sharer_audit(result.log_probs, canaries=canaries, candidates=candidates)
     >>> audit.summary()["by_insertion_count"]["100"]["mean_exposure"]
 
 References: Carlini et al., "The Secret Sharer", USENIX Security 2019, §4;
