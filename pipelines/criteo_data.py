@@ -284,11 +284,16 @@ def bucket_counts(period: Period, *, counts: Mapping[str, np.ndarray] | None = N
     return result
 
 
-def examples(period: Period) -> tf.data.Dataset:
-    """Unbatched `(features, label[1])` examples of an in-memory period."""
+def examples(period: Period) -> tuple:
+    """`(features, labels [n, 1])` arrays of an in-memory period (what `poisson_batches` samples from).
+
+    Passed as arrays, not as a `tf.data.Dataset` of examples: loading 40
+    per-example tensors per row through `tf.data` peaked at ~5.9 KB per row
+    (measured at 10^5 rows), the arrays take ~0.3 KB.
+    """
     if period.features is None:
         raise ValueError(f"Period {period.files} is streamed: its rows are not in memory; use `period.source()`.")
-    return tf.data.Dataset.from_tensor_slices((period.features, period.labels[:, None]))
+    return period.features, period.labels[:, None]
 
 
 def table_ids(features) -> dict:

@@ -88,6 +88,23 @@ def test_streaming_batches_are_poisson_and_read_the_source_once_per_pass():
     _check_poisson(m, q)
 
 
+def test_in_memory_arrays_give_the_same_batches_as_a_dataset():
+    x = np.arange(N, dtype=np.float32)[:, None] * [1.0, 2.0]
+    arrays = ({"x": x}, np.arange(N, dtype=np.int64))
+    from_arrays, info = poisson_batches(arrays, sampling_probability=0.1, seed=9)
+    from_dataset, _ = poisson_batches(tf.data.Dataset.from_tensor_slices(arrays), sampling_probability=0.1, seed=9)
+    assert info.num_examples == N
+    for (fa, la), (fd, ld) in zip(from_arrays, from_dataset):
+        np.testing.assert_array_equal(la, ld)
+        np.testing.assert_array_equal(fa["x"], fd["x"])
+    shuffled, info = fixed_size_batches(arrays, batch_size=50, seed=0)
+    epoch = [labels.numpy() for _, labels in shuffled]
+    assert info.batching == "fixed_shuffled" and [len(b) for b in epoch] == [50] * 4
+    assert sorted(np.concatenate(epoch).tolist()) == list(range(N))
+    with pytest.raises(ValueError, match="share one leading"):
+        poisson_batches((np.zeros([3, 2]), np.zeros([4])), sampling_probability=0.5)
+
+
 def test_streaming_reads_a_batched_source_of_uneven_chunks():
     # A source of consecutive batches of any sizes (e.g. the Criteo reader's chunks) is used as is.
     source = _ids().batch(37)

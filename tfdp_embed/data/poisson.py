@@ -11,7 +11,8 @@ Batch sizes vary, a batch can be empty (that step is noise only), and one
 Two exact samplers:
 
 * `poisson_batches` (data that fits in memory): the examples are loaded once
-  into tensors; for each batch a fresh seed is drawn and the batch's index set
+  into tensors (or given as arrays: no copy through `tf.data`, whose
+  per-example tensors cost kilobytes per example); for each batch a fresh seed is drawn and the batch's index set
   is sampled exactly: for q >= 0.25 a Bernoulli(q) mask over all N examples
   (float64 uniforms, granularity 2^-53); below, a Binomial(N, q) count k (TF's
   exact BTRS/inversion sampler) and k distinct uniform indices (the first k
@@ -138,8 +139,12 @@ def poisson_batches(
     P[example i in batch t] = q independently over i and t; round(1/q) batches per epoch.
 
     Args:
-      dataset: unbatched examples (any nest of tensors; varying shapes are
-        batched as `tf.RaggedTensor`). Read once and held in memory.
+      dataset: unbatched examples as a `tf.data.Dataset` (any nest of
+        tensors; varying shapes are batched as `tf.RaggedTensor`), read once
+        and held in memory; or the examples already in memory: a nest of
+        arrays / tensors whose leading dimension indexes the examples (held
+        as one tensor per component: ~1x their size, where loading a
+        `Dataset` of many small components peaks at several times it).
       sampling_probability: q in (0, 1].
       seed: int for reproducible batches, None for OS entropy.
       max_batch_size: optional cap; larger batches are truncated to a uniform
@@ -325,7 +330,10 @@ def fixed_size_batches(
     and the privacy report adds a caveat saying so.
 
     Args:
-      dataset: unbatched examples (held in the shuffle buffer: full shuffle).
+      dataset: unbatched examples (held in the shuffle buffer: full
+        shuffle), or a nest of arrays / tensors with the examples along the
+        leading dimension (then the example indices are shuffled and
+        gathered: ~1x the data in memory).
       batch_size: examples per batch (the last, smaller batch is dropped).
       seed: int or None (OS entropy); keyword required so the choice is explicit.
       num_examples: N if known (else counted with one pass).
@@ -338,6 +346,28 @@ def fixed_size_batches(
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"`batch_size` must be an int >= 1; received {batch_size!r}.")
+    if not isinstance(dataset, tf.data.Dataset):
+        data = _load_all(dataset)
+        n = int(_leading_dim(data))
+        if num_examples is not None and int(num_examples) != n:
+            raise ValueError(f"`num_examples`={num_examples!r} but the data holds {n} examples.")
+        if n == 0:
+            raise ValueError("`dataset` is empty: batching needs at least one example.")
+        if batch_size > n:
+            raise ValueError(f"`batch_size`={batch_size} exceeds the {n} examples of the dataset.")
+        order = tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True)
+        batches = order.batch(batch_size, drop_remainder=True).map(
+            lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), data)
+        )
+        info = BatchingInfo(
+            batching="fixed_shuffled",
+            num_examples=n,
+            sampling_probability=batch_size / n,
+            expected_batch_size=float(batch_size),
+            batches_per_epoch=n // batch_size,
+            seeded=seed is not None,
+        )
+        return batches, info
     n = num_examples
     if n is None:
         n = int(dataset.cardinality())
@@ -471,10 +501,27 @@ def _check_cap(cap) -> int | None:
     return cap
 
 
-def _load_all(dataset: tf.data.Dataset):
-    """The whole dataset as one nest of tensors with a leading example dimension."""
+def _load_all(dataset):
+    """The whole dataset as one nest of tensors with a leading example dimension.
+
+    A nest of arrays / tensors (already in memory) is converted component by
+    component; their leading dimensions must agree.
+    """
     if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(f"`dataset` must be a `tf.data.Dataset`; received {type(dataset).__name__}.")
+        try:
+            data = tf.nest.map_structure(tf.convert_to_tensor, dataset)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                "`dataset` must be a `tf.data.Dataset` or a nest of arrays / tensors with the examples along the "
+                f"leading dimension; received {type(dataset).__name__} ({error})."
+            ) from None
+        leading = {int(t.shape[0]) if t.shape.rank else None for t in tf.nest.flatten(data)}
+        if len(leading) != 1 or None in leading:
+            raise ValueError(
+                "In-memory `dataset` components must share one leading (example) dimension; received leading "
+                f"sizes {sorted(leading, key=str)}."
+            )
+        return data
     for spec in tf.nest.flatten(dataset.element_spec):
         if not isinstance(spec, (tf.TensorSpec, tf.RaggedTensorSpec)):
             raise ValueError(
