@@ -45,14 +45,21 @@ from pipelines.criteo_training import StepTimer
 from tfdp_embed import DPModel, keras, tf
 from tfdp_embed.accounting import PrivacyBudget, privacy_report, write_privacy_report
 from tfdp_embed.data import poisson_batches, with_lookahead
-from tfdp_embed.data.movielens import PADDING_ID, MovieLensData, MovieLensFormatError, load_movielens_data
+from tfdp_embed.data.movielens import (
+    PADDING_ID,
+    MovieLensData,
+    MovieLensFormatError,
+    load_movielens_data,
+)
 from tfdp_embed.export import export_saved_model, release_ready
 from tfdp_embed.metrics.retrieval import DEFAULT_KS, precision_recall_at_k
 from tfdp_embed.models.two_tower import TwoTowerModel, two_tower_registry
 from tfdp_embed.models.two_tower_serving import RetrievalServingModule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_DATA_PATH = os.path.join(ROOT, "..", "shared", "data", "movielens", "ml-100k", "u.data")
+DEFAULT_DATA_PATH = os.path.join(
+    ROOT, "..", "shared", "data", "movielens", "ml-100k", "u.data"
+)
 # SGD step sizes (momentum 0.9, batch 256, dim 32), from 2-epoch runs on ml-100k (seed 0):
 # none: lr 0.2 / 1.0 / 3.0 gave recall@10 0.080 / 0.087 / 0.032; EANA at sigma 0.01: lr 0.5 / 2.0 /
 # 5.0 gave 0.047 / 0.095 / 0.037. A DP step divides the clipped sum by the expected batch, so clipped
@@ -127,16 +134,28 @@ class MovieLensConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be an int >= 1; received {value!r}.")
-        for name in ("l2_norm_clip",) + (("learning_rate",) if self.learning_rate is not None else ()):
+        for name in ("l2_norm_clip",) + (
+            ("learning_rate",) if self.learning_rate is not None else ()
+        ):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-                raise ValueError(f"`{name}` must be a finite number > 0; received {value!r}.")
+            if (
+                not isinstance(value, (int, float))
+                or not value > 0
+                or not math.isfinite(value)
+            ):
+                raise ValueError(
+                    f"`{name}` must be a finite number > 0; received {value!r}."
+                )
         if self.delta is not None and not 0 < self.delta < 1:
             raise ValueError(f"`delta` must lie in (0, 1); received {self.delta!r}.")
 
     @property
     def resolved_learning_rate(self) -> float:
-        return self.learning_rate if self.learning_rate is not None else DEFAULT_LEARNING_RATES[self.mechanism]
+        return (
+            self.learning_rate
+            if self.learning_rate is not None
+            else DEFAULT_LEARNING_RATES[self.mechanism]
+        )
 
 
 def load_movielens(config: MovieLensConfig) -> MovieLensData:
@@ -177,9 +196,13 @@ class MovieLensResult:
         Raises:
           ValueError: shapes that do not match; `tf.errors.InvalidArgumentError` for ids out of range.
         """
-        contexts, labels = _check_examples(contexts, labels, self.model.num_items, "log_probs")
+        contexts, labels = _check_examples(
+            contexts, labels, self.model.num_items, "log_probs"
+        )
         out = [
-            self.model.log_probs(contexts[i : i + batch_size], labels[i : i + batch_size]).numpy()
+            self.model.log_probs(
+                contexts[i : i + batch_size], labels[i : i + batch_size]
+            ).numpy()
             for i in range(0, len(labels), batch_size)
         ]
         return np.concatenate(out).astype(np.float64) if out else np.zeros([0])
@@ -193,13 +216,19 @@ def _check_examples(contexts, labels, num_items: int, what: str) -> tuple:
             f"and {labels.shape}."
         )
     if contexts.dtype.kind not in "iu" or labels.dtype.kind not in "iu":
-        raise ValueError(f"`{what}`: contexts and labels must be integer item ids (0 = padding in contexts).")
+        raise ValueError(
+            f"`{what}`: contexts and labels must be integer item ids (0 = padding in contexts)."
+        )
     if contexts.size and (contexts.min() < 0 or contexts.max() > num_items):
-        raise ValueError(f"`{what}`: context ids must lie in [0, {num_items}] (0 = padding).")
+        raise ValueError(
+            f"`{what}`: context ids must lie in [0, {num_items}] (0 = padding)."
+        )
     if labels.size and (labels.min() < 1 or labels.max() > num_items):
         raise ValueError(f"`{what}`: labels must be item ids in [1, {num_items}].")
     if contexts.size and not np.all(np.any(contexts != PADDING_ID, axis=1)):
-        raise ValueError(f"`{what}`: every context needs at least one item id (a row holds only padding).")
+        raise ValueError(
+            f"`{what}`: every context needs at least one item id (a row holds only padding)."
+        )
     return contexts.astype(np.int32), labels.astype(np.int32)
 
 
@@ -208,20 +237,30 @@ def _training_pool(data: MovieLensData, extra) -> tuple:
     if extra is None:
         return contexts, labels, 0
     if not isinstance(extra, (tuple, list)) or len(extra) != 2:
-        raise ValueError("`extra_train_examples` must be a pair (contexts [n, context_length], labels [n]).")
-    extra_contexts, extra_labels = _check_examples(extra[0], extra[1], data.num_items, "extra_train_examples")
+        raise ValueError(
+            "`extra_train_examples` must be a pair (contexts [n, context_length], labels [n])."
+        )
+    extra_contexts, extra_labels = _check_examples(
+        extra[0], extra[1], data.num_items, "extra_train_examples"
+    )
     if extra_contexts.shape[1] != data.context_length:
         raise ValueError(
             f"`extra_train_examples` contexts must have context_length {data.context_length} columns; "
             f"received {extra_contexts.shape[1]}."
         )
-    return (np.concatenate([contexts, extra_contexts]), np.concatenate([labels, extra_labels]), len(extra_labels))
+    return (
+        np.concatenate([contexts, extra_contexts]),
+        np.concatenate([labels, extra_labels]),
+        len(extra_labels),
+    )
 
 
 def _batches(contexts, labels, *, q, seed, lookahead: bool, counter, table_name: str):
     """Poisson batches; each batch the model trains on is recorded in `counter` (per epoch)."""
     pool = tf.data.Dataset.from_tensor_slices((contexts, labels))
-    batches, info = poisson_batches(pool, sampling_probability=q, seed=seed, num_examples=len(labels))
+    batches, info = poisson_batches(
+        pool, sampling_probability=q, seed=seed, num_examples=len(labels)
+    )
     length = contexts.shape[1]
 
     def generate():  # one call per epoch: fresh Poisson batches every time
@@ -233,21 +272,34 @@ def _batches(contexts, labels, *, q, seed, lookahead: bool, counter, table_name:
 
     dataset = tf.data.Dataset.from_generator(
         generate,
-        output_signature=(tf.TensorSpec([None, length], tf.int32), tf.TensorSpec([None], tf.int32)),
+        output_signature=(
+            tf.TensorSpec([None, length], tf.int32),
+            tf.TensorSpec([None], tf.int32),
+        ),
     )
     if lookahead:
         dataset = with_lookahead(dataset, lambda features: {table_name: features})
     return dataset, info
 
 
-def evaluate(model: TwoTowerModel, contexts, labels, *, ks=DEFAULT_KS, batch_size: int = 2048) -> dict:
+def evaluate(
+    model: TwoTowerModel, contexts, labels, *, ks=DEFAULT_KS, batch_size: int = 2048
+) -> dict:
     """precision@k / recall@k ranking all items for every (context, label) pair."""
     queries = np.concatenate(
-        [model.query(contexts[i : i + batch_size]).numpy() for i in range(0, len(labels), batch_size)]
+        [
+            model.query(contexts[i : i + batch_size]).numpy()
+            for i in range(0, len(labels), batch_size)
+        ]
     )
     candidates = model.item_embedding.candidates().numpy()
     return precision_recall_at_k(
-        queries, candidates, labels, candidate_ids=np.arange(1, model.num_items + 1), ks=ks, batch_size=batch_size
+        queries,
+        candidates,
+        labels,
+        candidate_ids=np.arange(1, model.num_items + 1),
+        ks=ks,
+        batch_size=batch_size,
     )
 
 
@@ -280,7 +332,9 @@ def train_and_evaluate(
     contexts, labels, num_extra = _training_pool(data, extra_train_examples)
     n = len(labels)
     if config.batch_size > n:
-        raise ValueError(f"`batch_size` {config.batch_size} exceeds the {n} training examples.")
+        raise ValueError(
+            f"`batch_size` {config.batch_size} exceeds the {n} training examples."
+        )
     q = config.batch_size / n
     steps_per_epoch = max(1, round(1 / q))
     steps = config.epochs * steps_per_epoch
@@ -301,17 +355,28 @@ def train_and_evaluate(
     if config.seed is not None:
         keras.utils.set_random_seed(config.seed)
     model = TwoTowerModel(
-        num_items=data.num_items, embedding_dim=config.embedding_dim, hidden_units=tuple(config.hidden_units)
+        num_items=data.num_items,
+        embedding_dim=config.embedding_dim,
+        hidden_units=tuple(config.hidden_units),
     )
     mechanism = movielens_privacy.build_mechanism(
-        config.mechanism, l2_norm_clip=config.l2_norm_clip, noise_multiplier=sigma, seed=config.seed
+        config.mechanism,
+        l2_norm_clip=config.l2_norm_clip,
+        noise_multiplier=sigma,
+        seed=config.seed,
     )
     lazy = config.mechanism == "lazy"
     dp_model = DPModel(
-        model, mechanism=mechanism, expected_batch_size=q * n, registry=two_tower_registry(), lookahead=lazy
+        model,
+        mechanism=mechanism,
+        expected_batch_size=q * n,
+        registry=two_tower_registry(),
+        lookahead=lazy,
     )
     dp_model.compile(
-        optimizer=keras.optimizers.legacy.SGD(learning_rate=config.resolved_learning_rate, momentum=config.momentum)
+        optimizer=keras.optimizers.legacy.SGD(
+            learning_rate=config.resolved_learning_rate, momentum=config.momentum
+        )
     )
     budget = None
     if mechanism.is_dp and noise["target_epsilon"] is not None:
@@ -330,11 +395,15 @@ def train_and_evaluate(
     # first-batch probe does not draw (and count) a Poisson batch the model never trains on.
     probe = tf.data.Dataset.from_tensors((contexts[:1], labels[:1]))
     if lazy:
-        probe = with_lookahead(probe, lambda features: {model.history_embedding.name: features})
+        probe = with_lookahead(
+            probe, lambda features: {model.history_embedding.name: features}
+        )
     dp_model.prepare(probe)
     timer = StepTimer()
     callbacks = [timer] + ([budget] if budget is not None else [])
-    history = dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
+    history = dp_model.fit(
+        batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose
+    )
     train_seconds = time.perf_counter() - started
 
     # Release: flush owed noise (LazyDP), detach read hooks, evaluate the released model.
@@ -343,7 +412,10 @@ def train_and_evaluate(
         mechanism.detach()
     test_contexts, test_labels = data.test_contexts, data.test_labels
     if config.max_test_examples is not None:
-        test_contexts, test_labels = test_contexts[: config.max_test_examples], test_labels[: config.max_test_examples]
+        test_contexts, test_labels = (
+            test_contexts[: config.max_test_examples],
+            test_labels[: config.max_test_examples],
+        )
     metrics = evaluate(model, test_contexts, test_labels)
 
     steps_run = counter.steps
@@ -366,7 +438,9 @@ def train_and_evaluate(
         ),
     )  # fmt: skip
     warnings = []
-    final_loss = float(history.history["loss"][-1]) if history.history.get("loss") else None
+    final_loss = (
+        float(history.history["loss"][-1]) if history.history.get("loss") else None
+    )
     if final_loss is not None and not math.isfinite(final_loss):
         warnings.append(
             f"Training diverged (final loss {final_loss}): the metrics are meaningless. Lower the learning "
@@ -381,7 +455,7 @@ def train_and_evaluate(
         **metrics,
         train_examples=n,
         extra_train_examples=num_extra,
-        test_examples=int(len(test_labels)),
+        test_examples=len(test_labels),
         planned_steps=steps,
         steps_run=steps_run,
         final_train_loss=final_loss,
@@ -397,7 +471,11 @@ def train_and_evaluate(
     )  # fmt: skip
     if config.mechanism == "eana" and sigma > 0 and steps_run > 0:
         report["eana_bound"] = movielens_privacy.eana_theorem_bound(
-            model=model, counter=counter, noise_multiplier=sigma, context_length=data.context_length, delta=delta
+            model=model,
+            counter=counter,
+            noise_multiplier=sigma,
+            context_length=data.context_length,
+            delta=delta,
         )
         k = min(config.eana_bound_examples, n)
         report["eana_per_instance_bounds"] = movielens_privacy.eana_per_instance_bounds(
@@ -410,7 +488,11 @@ def train_and_evaluate(
         serving = RetrievalServingModule(model, k=config.k)
         path = os.path.join(out_dir, "retrieval_saved_model")
         export_saved_model(
-            dp_model, path, serving_module=serving, signatures={"serving_default": serving.serve}, report=privacy
+            dp_model,
+            path,
+            serving_module=serving,
+            signatures={"serving_default": serving.serve},
+            report=privacy,
         )
         report["saved_model"] = path
     report["wall_seconds"] = time.perf_counter() - started
@@ -425,9 +507,13 @@ def _positive(kind):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}; received {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected a {kind.__name__}; received {text!r}"
+            ) from None
         if not value > 0 or (kind is float and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be a finite number > 0; received {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number > 0; received {text!r}"
+            )
         return value
 
     return convert
@@ -437,9 +523,13 @@ def _non_negative_float(text):
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number; received {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a number; received {text!r}"
+        ) from None
     if not value >= 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0; received {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number >= 0; received {text!r}"
+        )
     return value
 
 
@@ -450,23 +540,61 @@ def build_parser() -> argparse.ArgumentParser:
         "privacy; report precision@k/recall@k (k = 1, 5, 10, 20 over all items) and export a retrieval SavedModel.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--mechanism", choices=movielens_privacy.MECHANISM_NAMES, required=True)
+    p.add_argument(
+        "--mechanism", choices=movielens_privacy.MECHANISM_NAMES, required=True
+    )
     noise = p.add_mutually_exclusive_group()
-    noise.add_argument("--noise-multiplier", type=_non_negative_float, help="sigma (e.g. EANA's 0.01 or 0.001)")
-    noise.add_argument("--epsilon", type=_positive(float), help="target epsilon (sigma calibrated; nominal for eana)")
-    p.add_argument("--delta", type=_positive(float), help="delta (default 1/N, N training examples)")
+    noise.add_argument(
+        "--noise-multiplier",
+        type=_non_negative_float,
+        help="sigma (e.g. EANA's 0.01 or 0.001)",
+    )
+    noise.add_argument(
+        "--epsilon",
+        type=_positive(float),
+        help="target epsilon (sigma calibrated; nominal for eana)",
+    )
+    p.add_argument(
+        "--delta",
+        type=_positive(float),
+        help="delta (default 1/N, N training examples)",
+    )
     p.add_argument("--epochs", type=_positive(int), required=True)
-    p.add_argument("--out", required=True, metavar="DIR", help="writes DIR/report.json and DIR/retrieval_saved_model/")
-    p.add_argument("--data", default=DEFAULT_DATA_PATH, metavar="PATH", help="ml-100k u.data")
-    p.add_argument("--batch-size", type=_positive(int), default=256, help="expected Poisson batch size")
-    p.add_argument("--learning-rate", type=_positive(float), help=f"SGD rate (default {DEFAULT_LEARNING_RATES})")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="writes DIR/report.json and DIR/retrieval_saved_model/",
+    )
+    p.add_argument(
+        "--data", default=DEFAULT_DATA_PATH, metavar="PATH", help="ml-100k u.data"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_positive(int),
+        default=256,
+        help="expected Poisson batch size",
+    )
+    p.add_argument(
+        "--learning-rate",
+        type=_positive(float),
+        help=f"SGD rate (default {DEFAULT_LEARNING_RATES})",
+    )
     p.add_argument("--momentum", type=_non_negative_float, default=0.9)
     p.add_argument("--l2-norm-clip", type=_positive(float), default=1.0)
     p.add_argument("--embedding-dim", type=_positive(int), default=32)
     p.add_argument("--context-length", type=_positive(int), default=20)
-    p.add_argument("--seed", type=int, help="seed for init, batches and noise (default: OS entropy)")
-    p.add_argument("--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant")
-    p.add_argument("--k", type=_positive(int), default=10, help="top-k of the exported signature")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="seed for init, batches and noise (default: OS entropy)",
+    )
+    p.add_argument(
+        "--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant"
+    )
+    p.add_argument(
+        "--k", type=_positive(int), default=10, help="top-k of the exported signature"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -475,9 +603,17 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
     """(MovieLensConfig, out_dir) from command-line flags; exits with status 2 on bad flags."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.mechanism != "none" and args.noise_multiplier is None and args.epsilon is None:
-        parser.error(f"--mechanism {args.mechanism} needs --noise-multiplier or --epsilon")
-    if args.mechanism == "none" and (args.noise_multiplier is not None or args.epsilon is not None):
+    if (
+        args.mechanism != "none"
+        and args.noise_multiplier is None
+        and args.epsilon is None
+    ):
+        parser.error(
+            f"--mechanism {args.mechanism} needs --noise-multiplier or --epsilon"
+        )
+    if args.mechanism == "none" and (
+        args.noise_multiplier is not None or args.epsilon is not None
+    ):
         parser.error("--mechanism none takes neither --noise-multiplier nor --epsilon")
     if args.delta is not None and args.delta >= 1:
         parser.error(f"--delta must lie in (0, 1); received {args.delta}")
@@ -502,14 +638,18 @@ def format_report(report: dict) -> str:
         f"epsilon / delta  {'n/a' if eps is None else f'{eps:.4g}'} / {report['delta']:.3g}",
         f"noise multiplier {report.get('noise_multiplier')} ({report.get('noise_source')})",
         f"steps, q         {report['steps_run']}, {report['sampling_probability']:.4g}",
-        "precision@k      " + ", ".join(f"@{k} {report[f'precision@{k}']:.4f}" for k in DEFAULT_KS),
-        "recall@k         " + ", ".join(f"@{k} {report[f'recall@{k}']:.4f}" for k in DEFAULT_KS),
+        "precision@k      "
+        + ", ".join(f"@{k} {report[f'precision@{k}']:.4f}" for k in DEFAULT_KS),
+        "recall@k         "
+        + ", ".join(f"@{k} {report[f'recall@{k}']:.4f}" for k in DEFAULT_KS),
         f"test examples    {report['test_examples']}",
         f"median step      {_milliseconds(report.get('median_step_s'))}",
     ]
     if "eana_bound" in report:
         bound = report["eana_bound"]
-        lines.append(f"EANA bound       data-dependent eps {bound['data_dependent_epsilon']:.4g} (NOT DP: {bound['label']})")
+        lines.append(
+            f"EANA bound       data-dependent eps {bound['data_dependent_epsilon']:.4g} (NOT DP: {bound['label']})"
+        )
     lines += ["caveats:"] + [f"  - {c}" for c in report.get("caveats", [])]
     lines += [f"WARNING: {w}" for w in report.get("warnings", [])]
     return "\n".join(lines)

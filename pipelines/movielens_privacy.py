@@ -28,7 +28,11 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from tfdp_embed import mechanisms, tf
-from tfdp_embed.accounting import calibrate_noise_multiplier, compute_epsilon, dpsgd_event
+from tfdp_embed.accounting import (
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    dpsgd_event,
+)
 from tfdp_embed.accounting.eana_bound import (
     DEFAULT_ORDERS,
     NOT_DP_LABEL,
@@ -53,14 +57,20 @@ def resolve_noise(
         mechanism, or either for "none"; an unknown mechanism.
     """
     if mechanism not in MECHANISM_NAMES:
-        raise ValueError(f"`mechanism` must be one of {MECHANISM_NAMES}; received {mechanism!r}.")
+        raise ValueError(
+            f"`mechanism` must be one of {MECHANISM_NAMES}; received {mechanism!r}."
+        )
     if mechanism == "none":
         if noise_multiplier is not None or epsilon is not None:
             raise ValueError(
                 "mechanism 'none' trains without clipping or noise; do not pass `noise_multiplier` or "
                 f"`epsilon` (received {noise_multiplier!r}, {epsilon!r})."
             )
-        return {"noise_multiplier": 0.0, "target_epsilon": None, "source": "non-private"}
+        return {
+            "noise_multiplier": 0.0,
+            "target_epsilon": None,
+            "source": "non-private",
+        }
     if (noise_multiplier is None) == (epsilon is None):
         raise ValueError(
             f"mechanism {mechanism!r} needs exactly one of `noise_multiplier` (sigma) or `epsilon` (sigma is "
@@ -69,17 +79,27 @@ def resolve_noise(
     if noise_multiplier is not None:
         sigma = float(noise_multiplier)
         if not sigma >= 0 or not math.isfinite(sigma):
-            raise ValueError(f"`noise_multiplier` must be finite and >= 0; received {noise_multiplier!r}.")
+            raise ValueError(
+                f"`noise_multiplier` must be finite and >= 0; received {noise_multiplier!r}."
+            )
         return {"noise_multiplier": sigma, "target_epsilon": None, "source": "given"}
     sigma = calibrate_noise_multiplier(
         target_epsilon=float(epsilon), target_delta=delta, sampling_probability=sampling_probability,
         steps=steps, accountant=accountant,
     )  # fmt: skip
-    source = "calibrated for dense DP-SGD" + (" (nominal: EANA has no epsilon)" if mechanism == "eana" else "")
-    return {"noise_multiplier": float(sigma), "target_epsilon": float(epsilon), "source": source}
+    source = "calibrated for dense DP-SGD" + (
+        " (nominal: EANA has no epsilon)" if mechanism == "eana" else ""
+    )
+    return {
+        "noise_multiplier": float(sigma),
+        "target_epsilon": float(epsilon),
+        "source": source,
+    }
 
 
-def build_mechanism(name: str, *, l2_norm_clip: float, noise_multiplier: float, seed: int | None):
+def build_mechanism(
+    name: str, *, l2_norm_clip: float, noise_multiplier: float, seed: int | None
+):
     """The `NoiseMechanism` for `name` (seed None: noise from OS entropy)."""
     if name == "none":
         return mechanisms.NonPrivate(seed=seed)
@@ -92,7 +112,11 @@ def nominal_epsilon(*, noise_multiplier: float, sampling_probability: float, ste
     """Epsilon that dense DP-SGD with this sigma would have (None for sigma = 0)."""
     if not noise_multiplier > 0 or steps < 1:
         return None
-    event = dpsgd_event(sampling_probability=sampling_probability, noise_multiplier=noise_multiplier, steps=steps)
+    event = dpsgd_event(
+        sampling_probability=sampling_probability,
+        noise_multiplier=noise_multiplier,
+        steps=steps,
+    )
     return float(compute_epsilon(event, target_delta=delta, accountant=accountant))
 
 
@@ -128,19 +152,34 @@ class TouchCounter:
         return int(sum(self.steps_per_epoch))
 
     def total(self) -> np.ndarray:
-        return np.sum(self.epochs, axis=0) if self.epochs else np.zeros(self.num_rows, np.int64)
+        return (
+            np.sum(self.epochs, axis=0)
+            if self.epochs
+            else np.zeros(self.num_rows, np.int64)
+        )
 
 
 def _dense_coordinates(model) -> int:
-    tables = {model.history_embedding.embeddings.ref(), model.item_embedding.embeddings.ref()}
-    return int(sum(int(np.prod(v.shape)) for v in model.trainable_variables if v.ref() not in tables))
+    tables = {
+        model.history_embedding.embeddings.ref(),
+        model.item_embedding.embeddings.ref(),
+    }
+    return int(
+        sum(
+            int(np.prod(v.shape))
+            for v in model.trainable_variables
+            if v.ref() not in tables
+        )
+    )
 
 
 def _sum_and_convert(kind: str, bounds: list, delta: float, source: str) -> dict:
     orders = np.asarray(bounds[0].orders)
     rdp = np.sum([np.asarray(b.rdp) for b in bounds], axis=0)
     rdp = np.where(np.isfinite(rdp), rdp, np.inf)
-    eps, order = rdp_privacy_accountant.compute_epsilon(orders.tolist(), rdp.tolist(), delta)
+    eps, order = rdp_privacy_accountant.compute_epsilon(
+        orders.tolist(), rdp.tolist(), delta
+    )
     return {
         "kind": kind,
         "is_dp": False,
@@ -163,12 +202,16 @@ def eana_theorem_bound(*, model, counter: TouchCounter, noise_multiplier: float,
     d0 = context_length * dim + num_items * dim + _dense_coordinates(model)
     bounds = []
     for counts, steps in zip(counter.epochs, counter.steps_per_epoch):
-        touch = np.concatenate([counts[1:], [steps]])  # item rows / dense: `steps` draws in this pass
+        touch = np.concatenate(
+            [counts[1:], [steps]]
+        )  # item rows / dense: `steps` draws in this pass
         bounds.append(
             eana_rdp_bound(noise_multiplier=noise_multiplier, touch_counts=touch,
                            max_coordinates_per_example=d0, delta=delta)
         )  # fmt: skip
-    out = _sum_and_convert("theorem_3_1", bounds, delta, "Theorem 3.1, eq. 1, summed over passes")
+    out = _sum_and_convert(
+        "theorem_3_1", bounds, delta, "Theorem 3.1, eq. 1, summed over passes"
+    )
     total = counter.total()[1:]
     out.update(
         d0=d0,
@@ -184,13 +227,18 @@ def eana_theorem_bound(*, model, counter: TouchCounter, noise_multiplier: float,
     return out
 
 
-def _per_row_squared_norms(model, context: np.ndarray, label: np.ndarray, l2_norm_clip: float) -> tuple:
+def _per_row_squared_norms(
+    model, context: np.ndarray, label: np.ndarray, l2_norm_clip: float
+) -> tuple:
     """Per-row squared (clipped) gradient norms of one example: history rows, item rows, dense total."""
     with tf.GradientTape() as tape:
         loss = model.compute_loss((context[None], label[None]))[0]
     variables = model.trainable_variables
     grads = tape.gradient(loss, variables)
-    hist_var, item_var = model.history_embedding.embeddings, model.item_embedding.embeddings
+    hist_var, item_var = (
+        model.history_embedding.embeddings,
+        model.item_embedding.embeddings,
+    )
     hist = item = None
     dense_sq = 0.0
     for v, g in zip(variables, grads):
@@ -216,25 +264,36 @@ def eana_per_instance_bounds(*, model, counter: TouchCounter, contexts: np.ndarr
     """
     out = []
     for context, label in zip(contexts, labels):
-        hist_sq, item_sq, dense_sq = _per_row_squared_norms(model, context, label, l2_norm_clip)
+        hist_sq, item_sq, dense_sq = _per_row_squared_norms(
+            model, context, label, l2_norm_clip
+        )
         rows = np.unique(context[context != 0])
         bounds = []
         for counts, steps in zip(counter.epochs, counter.steps_per_epoch):
-            touch = np.concatenate([counts[rows], np.full(model.num_items, steps), [steps]])
+            touch = np.concatenate(
+                [counts[rows], np.full(model.num_items, steps), [steps]]
+            )
             norms = np.concatenate([hist_sq[rows], item_sq[1:], [dense_sq]])
             dims = np.concatenate(
-                [np.full(rows.size + model.num_items, model.embedding_dim), [max(1, _dense_coordinates(model))]]
+                [
+                    np.full(rows.size + model.num_items, model.embedding_dim),
+                    [max(1, _dense_coordinates(model))],
+                ]
             )
             bounds.append(
                 eana_per_instance_rdp_bound(noise_multiplier=noise_multiplier, touch_counts=touch,
                                             row_squared_norms=norms, row_dims=dims, delta=delta,
                                             l2_norm_clip=l2_norm_clip, orders=DEFAULT_ORDERS)
             )  # fmt: skip
-        record = _sum_and_convert("remark_2_eq_9", bounds, delta, "Remark 2, eq. 9, summed over passes")
+        record = _sum_and_convert(
+            "remark_2_eq_9", bounds, delta, "Remark 2, eq. 9, summed over passes"
+        )
         record.update(
             label_item=int(label),
             context_rows=rows.tolist(),
-            min_context_row_count=int(counter.total()[rows].min()) if rows.size else None,
+            min_context_row_count=int(counter.total()[rows].min())
+            if rows.size
+            else None,
         )
         out.append(record)
     return out

@@ -28,7 +28,16 @@ def _write(tmp_path, lines, name="u.data"):
 
 
 def test_timelines_sorted_by_time_with_stable_ties(tmp_path):
-    path = _write(tmp_path, ["1\t10\t5\t300", "1\t11\t3\t100", "2\t12\t4\t50", "1\t13\t4\t100", "1\t14\t4\t200"])
+    path = _write(
+        tmp_path,
+        [
+            "1\t10\t5\t300",
+            "1\t11\t3\t100",
+            "2\t12\t4\t50",
+            "1\t13\t4\t100",
+            "1\t14\t4\t200",
+        ],
+    )
     timelines = user_timelines(read_ratings(path))
     # user 1: t=100 (11, then 13: file order on the tie), t=200 (14), t=300 (10).
     assert timelines[1].tolist() == [11, 13, 14, 10]
@@ -39,7 +48,9 @@ def test_contexts_are_previous_items_left_aligned_and_zero_padded():
     timeline = np.array([5, 6, 7, 8, 9], np.int32)
     windows = context_windows(timeline, np.array([1, 2, 4]), context_length=3)
     assert windows.tolist() == [[5, 0, 0], [5, 6, 0], [6, 7, 8]]
-    contexts, labels = timeline_examples([timeline, np.array([3], np.int32)], context_length=2)
+    contexts, labels = timeline_examples(
+        [timeline, np.array([3], np.int32)], context_length=2
+    )
     # Positions 1..4 of the first timeline; a one-item timeline has no example.
     assert labels.tolist() == [6, 7, 8, 9]
     assert contexts.tolist() == [[5, 0], [5, 6], [6, 7], [7, 8]]
@@ -82,11 +93,21 @@ def test_missing_and_empty_files(tmp_path):
 
 def test_load_builds_every_position_of_both_splits(tmp_path):
     rng = np.random.default_rng(0)
-    lines = [f"{u}\t{rng.integers(1, 30)}\t3\t{t}" for u in range(1, 11) for t in range(u + 1)]
-    data = load_movielens_data(_write(tmp_path, lines), context_length=4, test_fraction=0.3, split_seed=1)
+    lines = [
+        f"{u}\t{rng.integers(1, 30)}\t3\t{t}"
+        for u in range(1, 11)
+        for t in range(u + 1)
+    ]
+    data = load_movielens_data(
+        _write(tmp_path, lines), context_length=4, test_fraction=0.3, split_seed=1
+    )
     assert len(data.test_timelines) == 3 and len(data.train_timelines) == 7
-    assert data.num_train_examples == sum(len(t) - 1 for t in data.train_timelines.values())
-    assert data.num_test_examples == sum(len(t) - 1 for t in data.test_timelines.values())
+    assert data.num_train_examples == sum(
+        len(t) - 1 for t in data.train_timelines.values()
+    )
+    assert data.num_test_examples == sum(
+        len(t) - 1 for t in data.test_timelines.values()
+    )
     assert np.all(np.any(data.train_contexts != 0, axis=1))  # no empty context
     assert data.num_items == max(int(line.split("\t")[1]) for line in lines)
 

@@ -6,16 +6,26 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPModel, keras, mechanisms, tf
-from tfdp_embed.clipping import clipped_step, default_registry, vectorized_layer_gradients
+from tfdp_embed.clipping import (
+    clipped_step,
+    default_registry,
+    vectorized_layer_gradients,
+)
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
-from tfdp_embed.models.two_tower import HistoryEmbedding, ItemEmbedding, TwoTowerModel, two_tower_registry
+from tfdp_embed.models.two_tower import (
+    ItemEmbedding,
+    TwoTowerModel,
+    two_tower_registry,
+)
 
 NUM_ITEMS, DIM, L = 7, 3, 4
 
 
 def _batch():
     # Padding (0) anywhere, repeated ids inside one history, one label also in its own context.
-    contexts = np.array([[1, 2, 2, 0], [3, 0, 0, 0], [7, 6, 5, 4], [0, 2, 0, 6], [5, 5, 5, 5]], np.int32)
+    contexts = np.array(
+        [[1, 2, 2, 0], [3, 0, 0, 0], [7, 6, 5, 4], [0, 2, 0, 6], [5, 5, 5, 5]], np.int32
+    )
     labels = np.array([3, 3, 1, 2, 5], np.int32)
     return contexts, labels
 
@@ -33,10 +43,16 @@ class _LookupAndSoftmax(TwoTowerModel):
 def _registry_vs_jacobian(model, contexts, labels, *, registry):
     model(contexts)
     layers = layers_owning_weights(model)
-    with tf.GradientTape(persistent=True) as tape:
-        with record_taps(layers) as taps:
-            loss = model.compute_loss((contexts, labels))
-    step = clipped_step(taps, loss, tape, registry=registry, fallback=vectorized_layer_gradients, l2_norm_clip=0.05)
+    with tf.GradientTape(persistent=True) as tape, record_taps(layers) as taps:
+        loss = model.compute_loss((contexts, labels))
+    step = clipped_step(
+        taps,
+        loss,
+        tape,
+        registry=registry,
+        fallback=vectorized_layer_gradients,
+        l2_norm_clip=0.05,
+    )
     variables = model.trainable_variables
     jac = tape.jacobian(loss, variables, experimental_use_pfor=False)
     jac = [np.asarray(tf.convert_to_tensor(j)) for j in jac]
@@ -49,9 +65,17 @@ def _registry_vs_jacobian(model, contexts, labels, *, registry):
     for _, info in step.layers:
         for v, g in zip(info.variables, info.clipped_sum(step.clip_factors)):
             grads[v.ref()] = tf.convert_to_tensor(g).numpy()
-    assert set(grads) == {v.ref() for v in variables}, "every trainable variable must be covered"
+    assert set(grads) == {v.ref() for v in variables}, (
+        "every trainable variable must be covered"
+    )
     for v, j in zip(variables, jac):
-        np.testing.assert_allclose(grads[v.ref()], np.tensordot(c, j, axes=1), rtol=2e-4, atol=1e-7, err_msg=v.name)
+        np.testing.assert_allclose(
+            grads[v.ref()],
+            np.tensordot(c, j, axes=1),
+            rtol=2e-4,
+            atol=1e-7,
+            err_msg=v.name,
+        )
     return step
 
 
@@ -82,24 +106,34 @@ def test_shapes_log_probs_and_padding():
     log_p = model.log_probs(contexts, labels).numpy()
     expected = tf.nn.log_softmax(logits).numpy()[np.arange(5), labels - 1]
     np.testing.assert_allclose(log_p, expected, rtol=1e-6)
-    np.testing.assert_allclose(np.exp(tf.nn.log_softmax(logits).numpy()).sum(1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.exp(tf.nn.log_softmax(logits).numpy()).sum(1), 1.0, rtol=1e-5
+    )
     # Padding is ignored: [1, 2, 2, 0] pools like the mean of rows 1, 2, 2.
     table = model.history_embedding.embeddings.numpy()
     pooled = model.history_embedding(contexts[:1]).numpy()
     np.testing.assert_allclose(pooled[0], table[[1, 2, 2]].mean(0), rtol=1e-6)
     # Score = dot product of the towers = the logit of that item.
     np.testing.assert_allclose(
-        model.score(contexts, labels).numpy(), logits.numpy()[np.arange(5), labels - 1], rtol=1e-5
+        model.score(contexts, labels).numpy(),
+        logits.numpy()[np.arange(5), labels - 1],
+        rtol=1e-5,
     )
 
 
 def test_bad_inputs_are_rejected_with_messages():
     model = TwoTowerModel(num_items=NUM_ITEMS, embedding_dim=DIM, hidden_units=())
-    with pytest.raises(tf.errors.InvalidArgumentError, match="at least one id other than the padding"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match="at least one id other than the padding"
+    ):
         model(np.array([[1, 2], [0, 0]], np.int32))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids must lie in \[0, 8\)"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"ids must lie in \[0, 8\)"
+    ):
         model(np.array([[1, 9]], np.int32))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"labels must be item ids in \[1, 7\]"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"labels must be item ids in \[1, 7\]"
+    ):
         model.compute_loss((np.array([[1, 2]], np.int32), np.array([0], np.int32)))
     with pytest.raises(ValueError, match="padded histories of shape"):
         model(np.array([1, 2], np.int32))
@@ -112,7 +146,12 @@ def test_bad_inputs_are_rejected_with_messages():
 def _fit(mechanism, *, contexts, labels, lr=0.5, steps=4):
     keras.utils.set_random_seed(0)
     model = TwoTowerModel(num_items=NUM_ITEMS, embedding_dim=DIM, hidden_units=(4,))
-    dp = DPModel(model, mechanism=mechanism, expected_batch_size=len(labels), registry=two_tower_registry())
+    dp = DPModel(
+        model,
+        mechanism=mechanism,
+        expected_batch_size=len(labels),
+        registry=two_tower_registry(),
+    )
     dp.compile(optimizer=keras.optimizers.legacy.SGD(lr))
     ds = tf.data.Dataset.from_tensors((contexts, labels)).repeat(steps)
     dp.fit(ds, epochs=1, verbose=0)
@@ -121,10 +160,16 @@ def _fit(mechanism, *, contexts, labels, lr=0.5, steps=4):
 
 def test_zero_noise_huge_clip_equals_non_private_training():
     contexts, labels = _batch()
-    private = _fit(mechanisms.DenseDPSGD(l2_norm_clip=1e6, noise_multiplier=0.0, seed=0), contexts=contexts, labels=labels)
+    private = _fit(
+        mechanisms.DenseDPSGD(l2_norm_clip=1e6, noise_multiplier=0.0, seed=0),
+        contexts=contexts,
+        labels=labels,
+    )
     baseline = _fit(mechanisms.NonPrivate(), contexts=contexts, labels=labels)
     for a, b in zip(private.trainable_variables, baseline.trainable_variables):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6, err_msg=a.name)
+        np.testing.assert_allclose(
+            a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6, err_msg=a.name
+        )
 
 
 def test_eana_noises_every_item_row_but_only_touched_history_rows():
@@ -140,8 +185,14 @@ def test_eana_noises_every_item_row_but_only_touched_history_rows():
                  expected_batch_size=1.0, registry=two_tower_registry())  # fmt: skip
     dp.compile(optimizer=keras.optimizers.legacy.SGD(1.0))
     dp.fit(tf.data.Dataset.from_tensors((contexts, labels)), epochs=1, verbose=0)
-    history = model.history_embedding.embeddings.numpy() - before[model.history_embedding.embeddings.name]
-    items = model.item_embedding.embeddings.numpy() - before[model.item_embedding.embeddings.name]
+    history = (
+        model.history_embedding.embeddings.numpy()
+        - before[model.history_embedding.embeddings.name]
+    )
+    items = (
+        model.item_embedding.embeddings.numpy()
+        - before[model.item_embedding.embeddings.name]
+    )
     untouched = [0, 3, 4, 5, 6, 7]
     assert np.all(history[untouched] == 0)
     assert np.all(np.abs(history[[1, 2]]) > 0)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -110,7 +110,9 @@ def read_ratings(path: str | os.PathLike) -> Ratings:
                     continue
                 rows.append(_parse_line(line, path, number))
         except UnicodeDecodeError as error:
-            raise MovieLensFormatError(f"{path}: not a UTF-8 text file ({error}).") from None
+            raise MovieLensFormatError(
+                f"{path}: not a UTF-8 text file ({error})."
+            ) from None
     if not rows:
         raise MovieLensFormatError(f"{path}: no ratings (the file is empty).")
     table = np.asarray(rows, dtype=np.int64)
@@ -153,7 +155,9 @@ def user_timelines(ratings: Ratings) -> dict:
     return {int(users[s]): items[s:e] for s, e in zip(starts, ends)}
 
 
-def split_users(user_ids: Sequence[int], *, test_fraction: float = 0.2, seed: int = 0) -> tuple:
+def split_users(
+    user_ids: Sequence[int], *, test_fraction: float = 0.2, seed: int = 0
+) -> tuple:
     """A seeded split of users into (train, test), each a sorted int array.
 
     Args:
@@ -168,10 +172,14 @@ def split_users(user_ids: Sequence[int], *, test_fraction: float = 0.2, seed: in
       ValueError: a fraction outside (0, 1), fewer than 2 users, or duplicate ids.
     """
     if not isinstance(test_fraction, (int, float)) or not 0 < test_fraction < 1:
-        raise ValueError(f"`test_fraction` must be a number in (0, 1); received {test_fraction!r}.")
+        raise ValueError(
+            f"`test_fraction` must be a number in (0, 1); received {test_fraction!r}."
+        )
     users = np.asarray(sorted(user_ids), dtype=np.int64)
     if users.size < 2:
-        raise ValueError(f"Splitting users needs at least 2 users; received {users.size}.")
+        raise ValueError(
+            f"Splitting users needs at least 2 users; received {users.size}."
+        )
     if np.unique(users).size != users.size:
         raise ValueError("`user_ids` must be distinct.")
     n_test = min(users.size - 1, max(1, round(test_fraction * users.size)))
@@ -179,7 +187,9 @@ def split_users(user_ids: Sequence[int], *, test_fraction: float = 0.2, seed: in
     return np.sort(permuted[n_test:]), np.sort(permuted[:n_test])
 
 
-def context_windows(timeline: np.ndarray, positions: np.ndarray, *, context_length: int) -> np.ndarray:
+def context_windows(
+    timeline: np.ndarray, positions: np.ndarray, *, context_length: int
+) -> np.ndarray:
     """The contexts of `positions` in one timeline: int32 `[len(positions), context_length]`.
 
     Row j holds timeline[max(0, p - L) : p] for p = positions[j], left-aligned, 0-padded.
@@ -190,7 +200,9 @@ def context_windows(timeline: np.ndarray, positions: np.ndarray, *, context_leng
     starts = np.maximum(positions - context_length, 0)
     index = starts[:, None] + offsets[None, :]
     valid = index < positions[:, None]
-    out = np.where(valid, timeline[np.minimum(index, max(len(timeline) - 1, 0))], PADDING_ID)
+    out = np.where(
+        valid, timeline[np.minimum(index, max(len(timeline) - 1, 0))], PADDING_ID
+    )
     return out.astype(np.int32)
 
 
@@ -208,15 +220,23 @@ def timeline_examples(timelines: Sequence[np.ndarray], *, context_length: int) -
     Raises:
       ValueError: L < 1.
     """
-    if isinstance(context_length, bool) or not isinstance(context_length, int) or context_length < 1:
-        raise ValueError(f"`context_length` must be an int >= 1; received {context_length!r}.")
+    if (
+        isinstance(context_length, bool)
+        or not isinstance(context_length, int)
+        or context_length < 1
+    ):
+        raise ValueError(
+            f"`context_length` must be an int >= 1; received {context_length!r}."
+        )
     contexts, labels = [], []
     for timeline in timelines:
         timeline = np.asarray(timeline, dtype=np.int32)
         if len(timeline) < 2:
             continue
         positions = np.arange(1, len(timeline))
-        contexts.append(context_windows(timeline, positions, context_length=context_length))
+        contexts.append(
+            context_windows(timeline, positions, context_length=context_length)
+        )
         labels.append(timeline[1:])
     if not contexts:
         return np.zeros([0, context_length], np.int32), np.zeros([0], np.int32)
@@ -271,7 +291,11 @@ class MovieLensData:
 
 
 def load_movielens_data(
-    path: str | os.PathLike, *, context_length: int = 20, test_fraction: float = 0.2, split_seed: int = 0
+    path: str | os.PathLike,
+    *,
+    context_length: int = 20,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
 ) -> MovieLensData:
     """Reads `u.data`, builds timelines, splits users, and builds every example.
 
@@ -290,13 +314,21 @@ def load_movielens_data(
     """
     ratings = read_ratings(path)
     timelines = user_timelines(ratings)
-    train_users, test_users = split_users(list(timelines), test_fraction=test_fraction, seed=split_seed)
+    train_users, test_users = split_users(
+        list(timelines), test_fraction=test_fraction, seed=split_seed
+    )
     train = {int(u): timelines[int(u)] for u in train_users}
     test = {int(u): timelines[int(u)] for u in test_users}
-    train_contexts, train_labels = timeline_examples(list(train.values()), context_length=context_length)
-    test_contexts, test_labels = timeline_examples(list(test.values()), context_length=context_length)
+    train_contexts, train_labels = timeline_examples(
+        list(train.values()), context_length=context_length
+    )
+    test_contexts, test_labels = timeline_examples(
+        list(test.values()), context_length=context_length
+    )
     if train_labels.size == 0:
-        raise ValueError(f"{os.fspath(path)}: no training example (every training user has fewer than 2 ratings).")
+        raise ValueError(
+            f"{os.fspath(path)}: no training example (every training user has fewer than 2 ratings)."
+        )
     return MovieLensData(
         train_timelines=train,
         test_timelines=test,

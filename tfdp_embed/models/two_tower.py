@@ -86,7 +86,14 @@ class HistoryEmbedding(DPEmbedding):
       tf.errors.InvalidArgumentError (at call time): a history with no real id.
     """
 
-    def __init__(self, vocabulary_size: int, output_dim: int, *, padding_id: int = PADDING_ID, **kwargs):
+    def __init__(
+        self,
+        vocabulary_size: int,
+        output_dim: int,
+        *,
+        padding_id: int = PADDING_ID,
+        **kwargs,
+    ):
         kwargs.pop("combiner", None)
         super().__init__(vocabulary_size, output_dim, combiner="mean", **kwargs)
         self.padding_id = int(padding_id)
@@ -102,8 +109,10 @@ class HistoryEmbedding(DPEmbedding):
         check = tf.debugging.Assert(
             tf.reduce_all(tf.reduce_any(real, axis=1)),
             [
-                f"HistoryEmbedding {self.name!r}: every history needs at least one id other than the "
-                f"padding id {self.padding_id}; rows without one:",
+                (
+                    f"HistoryEmbedding {self.name!r}: every history needs at least one id other than the "
+                    f"padding id {self.padding_id}; rows without one:"
+                ),
                 tf.where(tf.logical_not(tf.reduce_any(real, axis=1)))[:5, 0],
             ],
         )
@@ -141,11 +150,19 @@ class ItemEmbedding(DPEmbedding):
     """
 
     def __init__(self, num_items: int, output_dim: int, **kwargs):
-        if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
-            raise ValueError(f"`num_items` must be an int >= 1; received {num_items!r}.")
+        if (
+            isinstance(num_items, bool)
+            or not isinstance(num_items, int)
+            or num_items < 1
+        ):
+            raise ValueError(
+                f"`num_items` must be an int >= 1; received {num_items!r}."
+            )
         kwargs.pop("combiner", None)
         kwargs.pop("vocabulary_size", None)
-        super().__init__(num_items + 1, output_dim, combiner=None, hash_ids=False, **kwargs)
+        super().__init__(
+            num_items + 1, output_dim, combiner=None, hash_ids=False, **kwargs
+        )
         self.num_items = num_items
 
     def candidates(self) -> tf.Tensor:
@@ -159,17 +176,25 @@ class ItemEmbedding(DPEmbedding):
         return super().call(inputs)
 
     def _all_item_logits(self, queries):
-        if queries.shape.rank != 2 or (queries.shape[-1] is not None and queries.shape[-1] != self.output_dim):
+        if queries.shape.rank != 2 or (
+            queries.shape[-1] is not None and queries.shape[-1] != self.output_dim
+        ):
             raise ValueError(
                 f"ItemEmbedding {self.name!r} scores float queries of shape [batch, {self.output_dim}]; "
                 f"received shape {queries.shape}."
             )
         if self.read_hook is not None:  # every item row is read
             self.read_hook(tf.range(1, self.vocabulary_size, dtype=tf.int64))
-        return tf.matmul(queries, tf.cast(self.candidates(), queries.dtype), transpose_b=True)
+        return tf.matmul(
+            queries, tf.cast(self.candidates(), queries.dtype), transpose_b=True
+        )
 
     def occurrences(self, ids, *, check_range: bool = True):
-        ids_tensor = ids if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else tf.convert_to_tensor(ids)
+        ids_tensor = (
+            ids
+            if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor))
+            else tf.convert_to_tensor(ids)
+        )
         if ids_tensor.dtype.is_floating:
             raise TypeError(
                 f"ItemEmbedding {self.name!r} was called with float queries (the full softmax over all "
@@ -212,14 +237,26 @@ def item_embedding_gradients(
 
     References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping; EANA §4.1.2.
     """
-    scoring = [(c, g) for c, g in zip(taps.calls, output_grads) if _is_scoring_call(layer, c)]
+    scoring = [
+        (c, g) for c, g in zip(taps.calls, output_grads) if _is_scoring_call(layer, c)
+    ]
     if not scoring:
         return embedding_layer_gradients(layer, taps, output_grads)
-    lookups = [(c, g) for c, g in zip(taps.calls, output_grads) if not _is_scoring_call(layer, c)]
+    lookups = [
+        (c, g)
+        for c, g in zip(taps.calls, output_grads)
+        if not _is_scoring_call(layer, c)
+    ]
     table = layer.embeddings
     dtype = table.dtype.base_dtype
     dim, rows = layer.output_dim, layer.vocabulary_size
-    queries = tf.stack([tf.cast(c.args[0] if c.args else c.kwargs["inputs"], dtype) for c, _ in scoring], 1)
+    queries = tf.stack(
+        [
+            tf.cast(c.args[0] if c.args else c.kwargs["inputs"], dtype)
+            for c, _ in scoring
+        ],
+        1,
+    )
     logit_grads = tf.stack([tf.cast(g, dtype) for _, g in scoring], 1)  # [B, A, n]
     qq = tf.matmul(queries, queries, transpose_b=True)  # [B, A, A]
     gg = tf.matmul(logit_grads, logit_grads, transpose_b=True)
@@ -231,13 +268,27 @@ def item_embedding_gradients(
     lookup_vectors = tf.zeros([0, dim], dtype)
     occurrences = []
     for call, grad in lookups:
-        occ = layer.occurrences(call.args[0] if call.args else call.kwargs["inputs"], check_range=False)
+        occ = layer.occurrences(
+            call.args[0] if call.args else call.kwargs["inputs"], check_range=False
+        )
         occurrences.append(occ)
         grad = tf.reshape(tf.cast(grad, dtype), [-1, dim])
         segments = tf.cast(occ.segments, tf.int32)
         lookup_rows = tf.concat([lookup_rows, tf.cast(occ.ids, tf.int64)], 0)
-        lookup_examples = tf.concat([lookup_examples, tf.cast(tf.gather(occ.segment_examples, segments), tf.int64)], 0)
-        lookup_vectors = tf.concat([lookup_vectors, tf.cast(occ.weights, dtype)[:, None] * tf.gather(grad, segments)], 0)
+        lookup_examples = tf.concat(
+            [
+                lookup_examples,
+                tf.cast(tf.gather(occ.segment_examples, segments), tf.int64),
+            ],
+            0,
+        )
+        lookup_vectors = tf.concat(
+            [
+                lookup_vectors,
+                tf.cast(occ.weights, dtype)[:, None] * tf.gather(grad, segments),
+            ],
+            0,
+        )
     if lookups:
         # Cross term 2 <G_i^T q_i, L_i>: occurrence k on row r >= 1 meets column r - 1 of every scoring call.
         is_item = lookup_rows > 0
@@ -246,18 +297,28 @@ def item_embedding_gradients(
             tf.transpose(logit_grads, [0, 2, 1]), tf.stack([lookup_examples, column], 1)
         )  # [k, A]
         q_at = tf.gather(queries, lookup_examples)  # [k, A, dim]
-        cross = tf.reduce_sum(g_at[:, :, None] * q_at * lookup_vectors[:, None, :], axis=[1, 2])
+        cross = tf.reduce_sum(
+            g_at[:, :, None] * q_at * lookup_vectors[:, None, :], axis=[1, 2]
+        )
         cross = tf.where(is_item, cross, tf.zeros_like(cross))
-        squared += 2.0 * tf.math.unsorted_segment_sum(cross, lookup_examples, batch_size)
+        squared += 2.0 * tf.math.unsorted_segment_sum(
+            cross, lookup_examples, batch_size
+        )
         # ||L_i||^2: group occurrences by (example, row) before squaring.
-        unique_rows, row_index = tf.unique(lookup_rows)
+        _, row_index = tf.unique(lookup_rows)
         keys = tf.cast(row_index, tf.int64) * batch_size + lookup_examples
         group_keys, group_index = tf.unique(keys)
-        per_group = tf.math.unsorted_segment_sum(lookup_vectors, group_index, tf.size(group_keys))
-        squared += tf.math.unsorted_segment_sum(
-            tf.reduce_sum(tf.square(per_group), axis=1), group_keys % batch_size, batch_size
+        per_group = tf.math.unsorted_segment_sum(
+            lookup_vectors, group_index, tf.size(group_keys)
         )
-    extra_rows = tf.unique(tf.boolean_mask(lookup_rows, tf.equal(lookup_rows, 0))).y  # [] or [0]
+        squared += tf.math.unsorted_segment_sum(
+            tf.reduce_sum(tf.square(per_group), axis=1),
+            group_keys % batch_size,
+            batch_size,
+        )
+    extra_rows = tf.unique(
+        tf.boolean_mask(lookup_rows, tf.equal(lookup_rows, 0))
+    ).y  # [] or [0]
     indices = tf.concat([extra_rows, tf.range(1, rows, dtype=tf.int64)], 0)
 
     def clipped_sum(clip_factors: tf.Tensor) -> list:
@@ -267,9 +328,17 @@ def item_embedding_gradients(
         full = tf.concat([tf.zeros([1, dim], dtype), item_part], 0)
         if lookups:
             full = tf.tensor_scatter_nd_add(
-                full, lookup_rows[:, None], tf.gather(c, lookup_examples)[:, None] * lookup_vectors
+                full,
+                lookup_rows[:, None],
+                tf.gather(c, lookup_examples)[:, None] * lookup_vectors,
             )
-        return [tf.IndexedSlices(tf.gather(full, indices), indices, dense_shape=tf.shape(table, out_type=tf.int64))]
+        return [
+            tf.IndexedSlices(
+                tf.gather(full, indices),
+                indices,
+                dense_shape=tf.shape(table, out_type=tf.int64),
+            )
+        ]
 
     return LayerGradients(
         variables=[table],
@@ -281,7 +350,9 @@ def item_embedding_gradients(
 
 def two_tower_registry() -> LayerRegistry:
     """The default clipping registry with `ItemEmbedding`'s rule first (it must win over DPEmbedding's)."""
-    return LayerRegistry([(ItemEmbedding, item_embedding_gradients), *default_registry()])
+    return LayerRegistry(
+        [(ItemEmbedding, item_embedding_gradients), *default_registry()]
+    )
 
 
 class TwoTowerModel(tfrs.Model):
@@ -308,21 +379,37 @@ class TwoTowerModel(tfrs.Model):
         name: str = "two_tower",
     ):
         super().__init__(name=name)
-        if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, int) or embedding_dim < 1:
-            raise ValueError(f"`embedding_dim` must be an int >= 1; received {embedding_dim!r}.")
+        if (
+            isinstance(embedding_dim, bool)
+            or not isinstance(embedding_dim, int)
+            or embedding_dim < 1
+        ):
+            raise ValueError(
+                f"`embedding_dim` must be an int >= 1; received {embedding_dim!r}."
+            )
         hidden_units = tuple(hidden_units)
-        if any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in hidden_units):
-            raise ValueError(f"`hidden_units` must be ints >= 1; received {hidden_units!r}.")
+        if any(
+            isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in hidden_units
+        ):
+            raise ValueError(
+                f"`hidden_units` must be ints >= 1; received {hidden_units!r}."
+            )
         self.num_items = num_items
         self.embedding_dim = embedding_dim
         self.hidden_units = hidden_units
-        self.history_embedding = HistoryEmbedding(num_items + 1, embedding_dim, name="history_embedding")
+        self.history_embedding = HistoryEmbedding(
+            num_items + 1, embedding_dim, name="history_embedding"
+        )
         self.hidden_layers = [
             keras.layers.Dense(units, activation="relu", name=f"context_hidden_{i}")
             for i, units in enumerate(hidden_units)
         ]
-        self.query_projection = keras.layers.Dense(embedding_dim, name="query_projection")
-        self.item_embedding = ItemEmbedding(num_items, embedding_dim, name="item_embedding")
+        self.query_projection = keras.layers.Dense(
+            embedding_dim, name="query_projection"
+        )
+        self.item_embedding = ItemEmbedding(
+            num_items, embedding_dim, name="item_embedding"
+        )
 
     # -- towers ---------------------------------------------------------------
     def query(self, contexts, training=False) -> tf.Tensor:
@@ -342,16 +429,23 @@ class TwoTowerModel(tfrs.Model):
 
     def score(self, contexts, item_ids) -> tf.Tensor:
         """Dot-product score of (context, item) pairs, `[batch]`."""
-        return tf.reduce_sum(self.query(contexts) * self.item_vectors(item_ids), axis=-1)
+        return tf.reduce_sum(
+            self.query(contexts) * self.item_vectors(item_ids), axis=-1
+        )
 
     # -- loss ----------------------------------------------------------------
     def _checked_labels(self, labels) -> tf.Tensor:
         labels = tf.reshape(tf.cast(labels, tf.int64), [-1])
         check = tf.debugging.Assert(
-            tf.logical_and(tf.reduce_all(labels >= 1), tf.reduce_all(labels <= self.num_items)),
-            [f"TwoTowerModel: labels must be item ids in [1, {self.num_items}]; min and max received:",
-             tf.reduce_min(labels), tf.reduce_max(labels)],
-        )  # fmt: skip
+            tf.logical_and(
+                tf.reduce_all(labels >= 1), tf.reduce_all(labels <= self.num_items)
+            ),
+            [
+                f"TwoTowerModel: labels must be item ids in [1, {self.num_items}]; min and max received:",
+                tf.reduce_min(labels),
+                tf.reduce_max(labels),
+            ],
+        )
         with tf.control_dependencies([check]):
             return tf.identity(labels)
 
@@ -366,7 +460,9 @@ class TwoTowerModel(tfrs.Model):
         contexts, labels = inputs
         labels = self._checked_labels(labels)
         logits = self(contexts, training=training)
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels - 1, logits=logits)
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels - 1, logits=logits
+        )
 
 
 __all__ = [

@@ -50,12 +50,22 @@ class RetrievalServingModule(tf.Module):
       ValueError: `k` outside 1..num_items.
     """
 
-    def __init__(self, model: TwoTowerModel, *, k: int = 10, name: str = "two_tower_retrieval"):
+    def __init__(
+        self, model: TwoTowerModel, *, k: int = 10, name: str = "two_tower_retrieval"
+    ):
         super().__init__(name=name)
         if not isinstance(model, TwoTowerModel):
-            raise TypeError(f"`model` must be a TwoTowerModel; received {type(model).__name__}.")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= model.num_items:
-            raise ValueError(f"`k` must be an int in [1, {model.num_items}]; received {k!r}.")
+            raise TypeError(
+                f"`model` must be a TwoTowerModel; received {type(model).__name__}."
+            )
+        if (
+            isinstance(k, bool)
+            or not isinstance(k, int)
+            or not 1 <= k <= model.num_items
+        ):
+            raise ValueError(
+                f"`k` must be an int in [1, {model.num_items}]; received {k!r}."
+            )
         self.k = k
         self.num_items = model.num_items
         # Tracked: the query tower's variables (not the item table: the index holds a copy).
@@ -71,16 +81,26 @@ class RetrievalServingModule(tf.Module):
             tf.range(1, model.num_items + 1, dtype=tf.int32),
         )
         self.serve = tf.function(
-            self._serve, input_signature=[tf.TensorSpec([None, None], tf.int32, name="history")]
+            self._serve,
+            input_signature=[tf.TensorSpec([None, None], tf.int32, name="history")],
         )
 
     def _serve(self, history):
         checks = [
             tf.debugging.Assert(
-                tf.logical_and(tf.reduce_all(history >= 0), tf.reduce_all(history <= self.num_items)),
-                [f"Two-tower serving input: `history` ids must be movie ids in [1, {self.num_items}] or 0 "
-                 "(padding); smallest and largest received:", tf.reduce_min(history), tf.reduce_max(history)],
-            )  # fmt: skip
+                tf.logical_and(
+                    tf.reduce_all(history >= 0),
+                    tf.reduce_all(history <= self.num_items),
+                ),
+                [
+                    (
+                        f"Two-tower serving input: `history` ids must be movie ids in [1, {self.num_items}] "
+                        "or 0 (padding); smallest and largest received:"
+                    ),
+                    tf.reduce_min(history),
+                    tf.reduce_max(history),
+                ],
+            )
         ]
         with tf.control_dependencies(checks):
             queries = self._model.query(tf.identity(history))
@@ -89,7 +109,9 @@ class RetrievalServingModule(tf.Module):
 
     def top_k(self, history) -> dict:
         """In-process retrieval with the same index (for comparison with the SavedModel)."""
-        return self._serve(tf.constant(check_history(history, num_items=self.num_items)))
+        return self._serve(
+            tf.constant(check_history(history, num_items=self.num_items))
+        )
 
 
 def check_history(history, *, num_items: int) -> np.ndarray:
