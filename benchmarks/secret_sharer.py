@@ -229,6 +229,14 @@ def markdown(document: dict) -> str:
             f"{_fmt(p['10'], 4)} | {_fmt(p['20'], 4)} | {_fmt(r['10'], 4)} | {_fmt(r['20'], 4)} | "
             f"{_fmt(run['final_train_loss'])} | {run['train_seconds']:.0f} |"
         )
+    popular = document.get("popularity_baseline")
+    if popular:
+        p, r = popular["precision"], popular["recall"]
+        lines.append(
+            f"| popularity (no model: the k most-rated training labels) | — | — | — | {_fmt(p['1'], 4)} | "
+            f"{_fmt(p['5'], 4)} | {_fmt(p['10'], 4)} | {_fmt(p['20'], 4)} | {_fmt(r['10'], 4)} | "
+            f"{_fmt(r['20'], 4)} | — | — |"
+        )
     extrapolated = "mean_extrapolated_exposure"
     for title, key in (
         ("Mean rank exposure (bits) per insertion count", "mean_exposure"),
@@ -318,7 +326,7 @@ def limits_paragraph(runs: list, params: dict) -> str:
         "model has not memorised them, and run-to-run variation (initialisation, batches, noise) is not measured. "
         f"Rank exposure is capped at log2({n}) = {math.log2(n):.1f} bits, so settings that all reach the cap cannot "
         "be ordered by it; the extrapolated column orders them only as far as a skew-normal describes the tail of "
-        "the candidates' scores, which nothing here verifies beyond the bulk fit (KS distance in the JSON). The "
+        "the candidates' scores, which nothing here verifies beyond the bulk fit (KS distance in the last column of that table). The "
         f"control sequences' mean rank exposure ranged over {min(controls):.2f}-{max(controls):.2f} bits across runs "
         "(chance: 1.44). Mean exposure of the x"
         f"{top} canaries per run: "
@@ -353,7 +361,10 @@ def plot_exposure(runs: list, params: dict, path: str) -> None:
         for run in runs:
             by = run["exposure"]["by_insertion_count"]
             style = {"none": "-", "dense": "--", "eana": ":", "lazy": "-."}[run["mechanism"]]
-            ax.plot(counts, [by[str(c)][key] for c in counts], style, marker="o", ms=3, label=run["setting"])
+            poor = key != "mean_exposure" and run["exposure"]["fit"]["ks_statistic"] > POOR_FIT_KS
+            label = run["setting"] + (" (poor fit)" if poor else "")
+            values = [by[str(c)][key] for c in counts]
+            ax.plot(counts, values, style, marker="o", ms=3, label=label, alpha=0.35 if poor else 1.0)
         ax.axhline(1 / math.log(2), color="0.6", lw=0.8, ls="--")
         if key == "mean_exposure":
             ax.axhline(math.log2(params["num_candidates"]), color="0.3", lw=0.8, ls=":")
@@ -364,6 +375,7 @@ def plot_exposure(runs: list, params: dict, path: str) -> None:
         ax.set_ylabel("mean exposure (bits)")
         ax.set_title(title, fontsize=10)
     axes[0].legend(fontsize=7, loc="upper left")
+    axes[1].legend(fontsize=7, loc="upper left")
     fig.suptitle(
         f"Secret sharer on ml-100k: {params['canaries_per_count']} canaries/count, n = {params['num_candidates']} "
         f"candidates (dotted: log2 n; dashed grey: chance 1.44 bits)",
@@ -458,12 +470,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--note", action="append", default=[], help="a sentence added under the tables")
     parser.add_argument(
-        "--from-json", default="", help="re-render tables, plots and section from a saved JSON"
+        "--from-json",
+        action="append",
+        default=[],
+        help="re-render tables, plots and section from a saved JSON; repeat to combine runs of several "
+        "invocations made with the same canaries and candidates (each command is listed)",
     )
     args = parser.parse_args(argv)
     if args.from_json:
-        if not os.path.isfile(args.from_json):
-            parser.error(f"--from-json: {args.from_json} does not exist.")
+        missing = [path for path in args.from_json if not os.path.isfile(path)]
+        if missing:
+            parser.error(f"--from-json: {missing} do(es) not exist.")
         return args
     mechanisms = [m for m in args.mechanisms.split(",") if m]
     unknown = sorted(set(mechanisms) - set(MECHANISMS))
@@ -480,6 +497,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def popularity_baseline(data) -> dict:
+    """precision@k / recall@k of recommending the k most frequent training labels (canaries excluded) to all.
+
+    One relevant item per test example, so recall@k is the hit rate and precision@k = recall@k / k, as in
+    `tfdp_embed.metrics.retrieval`; ties in the counts go to the lower item id.
+    """
+    counts = np.bincount(data.train_labels, minlength=data.num_items + 1)[1:]
+    ranked = np.argsort(-counts, kind="stable") + 1
+    hits = {k: float(np.isin(data.test_labels, ranked[:k]).mean()) for k in KS}
+    return {"precision": {str(k): hits[k] / k for k in KS}, "recall": {str(k): hits[k] for k in KS}}
+
+
 def _shown_path(path: str) -> str:
     """Paths inside the project's parent directory relative to the repository; others absolute."""
     relative = os.path.relpath(os.path.abspath(path), ROOT)
@@ -491,11 +520,35 @@ def render_from_json(args) -> int:
 
     Notes given with --note replace the saved ones (the JSON is rewritten with them when --json is set).
     """
-    with open(args.from_json) as f:
-        document = json.load(f)
+    documents = []
+    for path in args.from_json:
+        with open(path) as f:
+            documents.append(json.load(f))
+    document = documents[0]
+    for other in documents[1:]:
+        same = ("insertion_counts", "canaries_per_count", "num_candidates", "num_controls", "seed", "data")
+        if other["canaries"] != document["canaries"] or any(
+            other["parameters"][key] != document["parameters"][key] for key in same
+        ):
+            raise SystemExit(
+                f"--from-json: {args.from_json[0]} and another file were made with different canaries, "
+                f"candidates or data ({', '.join(same)} must match); they cannot share one table."
+            )
+        document["runs"] = document["runs"] + other["runs"]
+        document["command"] = document["command"] + "`, then `" + other["command"]
+        document["wall_minutes"] += other["wall_minutes"]
+        document["peak_rss_mb"] = max(document["peak_rss_mb"], other["peak_rss_mb"])
     if args.note:
         document["notes"] = list(args.note)
     document["limits"] = limits_paragraph(document["runs"], document["parameters"])  # current wording
+    if "popularity_baseline" not in document:  # runs saved before the baseline existed: same data, same split
+        if ROOT not in sys.path:
+            sys.path.insert(0, ROOT)
+        from pipelines import movielens
+
+        path = os.path.join(ROOT, document["parameters"]["data"])
+        data = movielens.load_movielens(movielens.MovieLensConfig(data_path=path, mechanism="none"))
+        document["popularity_baseline"] = popularity_baseline(data)
     document["parameters"]["png_exposure"] = (
         _shown_path(args.png_exposure) if args.png_exposure else "not written"
     )
@@ -616,6 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "peak_rss_mb": _peak_rss_mb(),
         "runs": runs,
         "canaries": canaries.as_dict(),
+        "popularity_baseline": popularity_baseline(data),
     }
     document["limits"] = limits_paragraph(runs, params)
     document["notes"] = list(args.note)
