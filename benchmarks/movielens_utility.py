@@ -185,6 +185,12 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--accountant", choices=("pld", "rdp"), default="rdp")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--dp-learning-rate",
+        type=float,
+        default=None,
+        help="SGD rate of the noised runs (default: pipeline's)",
+    )
     p.add_argument("--data", default=None)
     p.add_argument(
         "--json", default=os.path.join(ROOT, "benchmarks", "movielens_utility.json")
@@ -213,8 +219,13 @@ def main(argv=None) -> int:
     rows = []
     settings = _settings(sigmas, args.epsilon)
     for index, (mechanism, sigma, epsilon) in enumerate(settings, start=1):
+        rate = args.dp_learning_rate if mechanism != "none" else None
         config = dataclasses.replace(
-            base, mechanism=mechanism, noise_multiplier=sigma, epsilon=epsilon
+            base,
+            mechanism=mechanism,
+            noise_multiplier=sigma,
+            epsilon=epsilon,
+            learning_rate=rate,
         )
         started = time.perf_counter()
         report = movielens.train_and_evaluate(config, data=data).report
@@ -230,7 +241,11 @@ def main(argv=None) -> int:
     config = {
         "epochs": args.epochs, "batch_size": args.batch_size, "embedding_dim": base.embedding_dim,
         "hidden_units": list(base.hidden_units), "momentum": base.momentum, "l2_norm_clip": base.l2_norm_clip,
-        "learning_rates": movielens.DEFAULT_LEARNING_RATES, "seed": args.seed, "accountant": args.accountant,
+        "learning_rates": {
+            name: (args.dp_learning_rate if args.dp_learning_rate and name != "none" else rate)
+            for name, rate in movielens.DEFAULT_LEARNING_RATES.items()
+        },
+        "seed": args.seed, "accountant": args.accountant,
         "epsilon": args.epsilon, "noise_multipliers": sigmas,
     }  # fmt: skip
     result = {"command": command, "machine": info, "config": config, "data": data.summary(), "runs": rows,
