@@ -19,6 +19,14 @@ from tfdp_embed.data.criteo import (  # noqa: F401
 )
 from tfdp_embed.data.criteo_synthetic import write_synthetic_criteo  # noqa: F401
 
+# MovieLens ml-100k timelines and (context, label) examples.
+from tfdp_embed.data.movielens import (  # noqa: F401
+    MovieLensData,
+    MovieLensFormatError,
+    load_movielens_data,
+    read_ratings,
+)
+
 # Poisson-sampled batches (honest accounting) and the one-batch lookahead (LazyDP).
 from tfdp_embed.data.lookahead import with_lookahead  # noqa: F401
 from tfdp_embed.data.poisson import (  # noqa: F401

@@ -2,7 +2,9 @@
 
 `ctr` is the pCTR model of DP-FEST App. D.1 (with a DCN-v2 option);
 `ctr_serving` wraps a trained one in a SavedModel module that takes raw
-Criteo fields.
+Criteo fields. `two_tower` is the MovieLens retrieval two-tower (full
+softmax over all items, exact per-example norms); `two_tower_serving`
+exports its query tower with a top-k retrieval signature.
 """
 
 from tfdp_embed.models.ctr import ARCHITECTURES, CTRModelConfig, build_ctr_model, ctr_embedding_dims, table_names
@@ -12,15 +14,23 @@ from tfdp_embed.models.ctr_serving import (
     check_request,
     serving_input_signature,
 )
+from tfdp_embed.models.two_tower import HistoryEmbedding, ItemEmbedding, TwoTowerModel, two_tower_registry
+from tfdp_embed.models.two_tower_serving import RetrievalServingModule, check_history
 
 __all__ = [
     "ARCHITECTURES",
     "CTRModelConfig",
     "CTRServingModule",
+    "HistoryEmbedding",
+    "ItemEmbedding",
     "RAW_FIELDS",
+    "RetrievalServingModule",
+    "TwoTowerModel",
     "build_ctr_model",
+    "check_history",
     "check_request",
     "ctr_embedding_dims",
     "serving_input_signature",
     "table_names",
+    "two_tower_registry",
 ]
