@@ -187,7 +187,10 @@ def markdown(document: dict) -> str:
     n = params["num_candidates"]
     versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items())
     lines = [
-        f"## secret_sharer — {machine['date_utc']} — MovieLens ml-100k, canary exposure and precision@k",
+        (
+            f"## secret_sharer — {machine['date_utc']} — MovieLens ml-100k, canary exposure and precision@k "
+            f"(SGD learning rate {json.loads(params['training']).get('learning_rate')})"
+        ),
         "",
         f"- Command: `{document['command']}` ({document['wall_minutes']:.1f} min wall).",
         (
@@ -353,18 +356,22 @@ def plot_exposure(runs: list, params: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     counts = [int(c) for c in params["insertion_counts"]]
+    colors = plt.get_cmap("tab20").colors
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     for ax, key, title in (
         (axes[0], "mean_exposure", "(a) rank exposure (interpolation)"),
         (axes[1], "mean_extrapolated_exposure", "(b) extrapolated exposure (skew-normal)"),
     ):
-        for run in runs:
+        for index, run in enumerate(runs):
             by = run["exposure"]["by_insertion_count"]
             style = {"none": "-", "dense": "--", "eana": ":", "lazy": "-."}[run["mechanism"]]
             poor = key != "mean_exposure" and run["exposure"]["fit"]["ks_statistic"] > POOR_FIT_KS
             label = run["setting"] + (" (poor fit)" if poor else "")
             values = [by[str(c)][key] for c in counts]
-            ax.plot(counts, values, style, marker="o", ms=3, label=label, alpha=0.35 if poor else 1.0)
+            ax.plot(
+                counts, values, style, marker="o", ms=3, label=label, alpha=0.35 if poor else 1.0,
+                color=colors[(2 * index) % 20 + (index // 10) % 2],
+            )  # fmt: skip
         ax.axhline(1 / math.log(2), color="0.6", lw=0.8, ls="--")
         if key == "mean_exposure":
             ax.axhline(math.log2(params["num_candidates"]), color="0.3", lw=0.8, ls=":")
@@ -393,13 +400,22 @@ def plot_precision(runs: list, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colors = plt.get_cmap("tab20").colors
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for run in runs:
+    for index, run in enumerate(runs):
         ys = [run["precision"][str(k)] for k in KS]
         if any(y is None for y in ys):
             continue
         style = {"none": "-", "dense": "--", "eana": ":", "lazy": "-."}[run["mechanism"]]
-        ax.plot(KS, ys, style, marker="o", ms=3, label=run["setting"])
+        ax.plot(
+            KS,
+            ys,
+            style,
+            marker="o",
+            ms=3,
+            label=run["setting"],
+            color=colors[(2 * index) % 20 + (index // 10) % 2],
+        )
     ax.set_xticks(KS)
     ax.set_xlabel("k")
     ax.set_ylabel("precision@k (test users, all items)")
