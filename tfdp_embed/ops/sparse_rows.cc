@@ -380,17 +380,26 @@ class LazyCatchUpOp : public OpKernel {
                                           "read, and ids must lie in [0, vocabulary_size) unless the "
                                           "table hashes them (hash_ids=True)."));
     }
+    // Behind rows in first-appearance order. Each is marked current as it is
+    // found, so a later repeat of it in `rows` is not behind: deduplication
+    // without a hash table (`unique` only documents the caller's promise).
+    // Its packed history is kept to compute the owed variance (and to undo
+    // the marks if a history entry is invalid).
     std::vector<int64_t> stale;
-    if (unique_) {
-      for (int64_t k = 0; k < n; ++k)
-        if (hist[rows[k]] != current) stale.push_back(rows[k]);
-    } else {
-      std::unique_ptr<FirstAppearance> seen;  // built only when some row is behind (rare in the read hook)
-      for (int64_t k = 0; k < n; ++k) {
-        if (hist[rows[k]] == current) continue;
-        if (!seen) seen = std::make_unique<FirstAppearance>(n);
-        if (seen->Insert(rows[k]).second) stale.push_back(rows[k]);
+    std::vector<int32_t> packed;
+    for (int64_t k = 0; k < n; ++k) {
+      int32_t& entry = hist[rows[k]];
+      if (entry == current) continue;
+      const int32_t from = entry >> 1;
+      if (from < 0 || from > now) {
+        for (size_t j = 0; j < stale.size(); ++j) hist[stale[j]] = packed[j];
+        ctx->CtxFailure(errors::InvalidArgument("TfdpEmbedLazyCatchUp: history of row ", rows[k], " is ", from,
+                                                ", outside [0, now = ", now, "]."));
+        return;
       }
+      stale.push_back(rows[k]);
+      packed.push_back(entry);
+      entry = current;
     }
     const int64_t m = static_cast<int64_t>(stale.size());
     Tensor* out_t = nullptr;
@@ -399,10 +408,7 @@ class LazyCatchUpOp : public OpKernel {
     if (m > 0) {
       std::vector<float> stddev(m);
       for (int64_t j = 0; j < m; ++j) {
-        const int32_t from = hist[stale[j]] >> 1;
-        OP_REQUIRES(ctx, from >= 0 && from <= now,
-                    errors::InvalidArgument("TfdpEmbedLazyCatchUp: history of row ", stale[j], " is ", from,
-                                            ", outside [0, now = ", now, "]."));
+        const int32_t from = packed[j] >> 1;
         const double s0 = std::max((p_hi[now] - p_hi[from]) + (p_lo[now] - p_lo[from]), 0.0);
         stddev[j] = static_cast<float>(std::sqrt(s0));
       }
