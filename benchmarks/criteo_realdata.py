@@ -149,7 +149,8 @@ def diagnosis_markdown(runs: list[dict], none: dict | None) -> str:
             f"| none (non-private, from the table) | {none['auc']:.3f} | {none['logloss']:.3f} | "
             f"{none['mean_prediction']:.3f} | {none['click_rate']:.3f} |"
         )
-    for (label, _), run in zip(DIAGNOSIS, runs):
+    for run in runs:
+        label = run["diagnosis"]
         lines.append(
             f"| {label} | {run['auc']:.3f} | {run['logloss']:.3f} | {run['eval_mean_prediction']:.3f} | "
             f"{run['eval_click_rate']:.3f} |"
@@ -356,6 +357,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "criteo_realdata.json"))
     parser.add_argument("--from-json", help="re-render the table and plot from a previous run's JSON (no training)")
     parser.add_argument(
+        "--deadline-minutes",
+        type=float,
+        help="start no new run after this many minutes; cells not reached are reported as not measured",
+    )
+    parser.add_argument(
         "--diagnose",
         action="store_true",
         help="also run the log-loss diagnosis (dense, eps 3, first seed: calibration off, clip x10, lr / 6, "
@@ -379,33 +385,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python -m benchmarks.criteo_realdata " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     machine = _machine()
     started = time.perf_counter()
-    runs = []
+    # Order: eps = 3 for every mechanism first (with the diagnosis baseline), then the other epsilons, then the
+    # rest of the diagnosis; with --deadline-minutes, what is not reached is reported as not measured.
+    middle = 3.0 if 3.0 in args.epsilons else args.epsilons[0]
+    order = sorted(args.epsilons, key=lambda e: (e != middle, e))
+    jobs = []
     for seed in args.seeds:
-        for mechanism in mechanisms:
-            for epsilon in [args.epsilons[0]] if mechanism == "none" else args.epsilons:
-                run = _run_one(criteo, args.data, args.out, mechanism, epsilon, seed)
-                runs.append(run)
-                print(
-                    f"[criteo_realdata] seed {seed} {mechanism:8} eps {epsilon:g}: AUC {run['auc']:.4f} "
-                    f"log loss {run['logloss']:.4f} reduction {run['gradient_size_reduction']} ({run['seconds']:.0f} s)",
-                    flush=True,
-                )
-    diagnosis_runs = []
+        for epsilon in order:
+            for mechanism in mechanisms:
+                if mechanism == "none" and epsilon != middle:
+                    continue
+                jobs.append(("main", mechanism, epsilon, seed, (), None))
+                if args.diagnose and seed == args.seeds[0] and epsilon == middle and mechanism == "none":
+                    label, extra = DIAGNOSIS[0]
+                    jobs.append(("diagnosis", "dense", 3.0, seed, extra, label))
     if args.diagnose:
-        for label, extra in DIAGNOSIS:
-            run = _run_one(criteo, args.data, args.out, "dense", 3.0, args.seeds[0], extra)
+        jobs += [("diagnosis", "dense", 3.0, args.seeds[0], extra, label) for label, extra in DIAGNOSIS[1:]]
+    runs, diagnosis_runs, skipped = [], [], []
+    for kind, mechanism, epsilon, seed, extra, label in jobs:
+        if args.deadline_minutes is not None and time.perf_counter() - started > 60 * args.deadline_minutes:
+            skipped.append(f"{kind} {mechanism} eps {epsilon:g} seed {seed} {label or ''}".strip())
+            continue
+        run = _run_one(criteo, args.data, args.out, mechanism, epsilon, seed, extra)
+        if kind == "diagnosis":
+            run["diagnosis"] = label
             diagnosis_runs.append(run)
-            print(
-                f"[criteo_realdata] diagnosis {label}: AUC {run['auc']:.4f} log loss {run['logloss']:.4f} "
-                f"mean prediction {run['eval_mean_prediction']:.4f} ({run['seconds']:.0f} s)",
-                flush=True,
-            )
+        else:
+            runs.append(run)
+        print(
+            f"[criteo_realdata] {label or ''} seed {seed} {mechanism:8} eps {epsilon:g}: AUC {run['auc']:.4f} "
+            f"log loss {run['logloss']:.4f} mean prediction {run['eval_mean_prediction']:.4f} reduction "
+            f"{run['gradient_size_reduction']} ({run['seconds']:.0f} s)",
+            flush=True,
+        )
+    if skipped:
+        print(f"[criteo_realdata] not measured (past --deadline-minutes): {skipped}", flush=True)
     minutes = (time.perf_counter() - started) / 60
     summary = summarize(runs)
     diagnosis = diagnosis_markdown(diagnosis_runs, summary.get(("none", None))) if diagnosis_runs else ""
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": command, "machine": machine, "runs": runs, "diagnosis": diagnosis_runs}, f, indent=2)
+            json.dump(
+                {"command": command, "machine": machine, "runs": runs, "diagnosis": diagnosis_runs, "not_measured": skipped},
+                f,
+                indent=2,
+            )
     if args.png:
         plot(summary, args.epsilons, args.png)
     section = markdown(
@@ -418,6 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         png=os.path.relpath(args.png, ROOT) if args.png else "not written",
         diagnosis=diagnosis,
     )
+    if skipped:
+        section += "\nNot measured (no new run was started after --deadline-minutes): " + ", ".join(skipped) + ".\n"
     if args.results_md:
         with open(args.results_md, "a") as f:
             f.write("\n" + section)
