@@ -94,7 +94,10 @@ def _load(out) -> dict | None:
     with open(path) as f:
         report = json.load(f)
     rss = os.path.join(out, "peak_rss_mb.txt")
-    report["peak_rss_mb"] = float(open(rss).read()) if os.path.exists(rss) else None
+    report["peak_rss_mb"] = None
+    if os.path.exists(rss):
+        with open(rss) as f:
+            report["peak_rss_mb"] = float(f.read())
     return report
 
 

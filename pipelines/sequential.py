@@ -46,7 +46,11 @@ from tfdp_embed import DPModel, export_saved_model, keras, tf
 from tfdp_embed.accounting import PrivacyBudget, privacy_report
 from tfdp_embed.attention import effective_errors
 from tfdp_embed.data import poisson_batches
-from tfdp_embed.data.sequences import SequenceFormatError, load_sequences, training_dataset
+from tfdp_embed.data.sequences import (
+    SequenceFormatError,
+    load_sequences,
+    training_dataset,
+)
 from tfdp_embed.mechanisms import MECHANISMS
 from tfdp_embed.models.sasrec import SASRec, SASRecConfig, SASRecServing
 
@@ -93,7 +97,7 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, peak: float, total_steps: int, warmup_fraction: float):
         super().__init__()
         self.peak, self.total = float(peak), max(1, int(total_steps))
-        self.warmup = max(1, int(round(warmup_fraction * self.total)))
+        self.warmup = max(1, round(warmup_fraction * self.total))
 
     def __call__(self, step):
         t = tf.cast(step, tf.float32) + 1.0

@@ -24,8 +24,17 @@ import math
 
 import dp_accounting
 
-from tfdp_embed.accounting import PrivacyLedger, calibrate_noise_multiplier, dpsgd_event, make_accountant
-from tfdp_embed.attention import ItemFrequencies, private_item_frequencies, public_item_frequencies
+from tfdp_embed.accounting import (
+    PrivacyLedger,
+    calibrate_noise_multiplier,
+    dpsgd_event,
+    make_accountant,
+)
+from tfdp_embed.attention import (
+    ItemFrequencies,
+    private_item_frequencies,
+    public_item_frequencies,
+)
 from tfdp_embed.data.sequences import SequenceData
 
 

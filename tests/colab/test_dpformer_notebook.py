@@ -31,6 +31,7 @@ def test_dpformer_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
         "DPF_NB_BATCH": "50",
         "DPF_NB_MAX_LEN": "6",
         "DPF_NB_DIM": "8",
+        "DPF_NB_BLOCKS": "1",
         "DPF_NB_ACCOUNTANT": "rdp",
         "DPF_NB_OUT": str(tmp_path / "out"),
         "TF_CPP_MIN_LOG_LEVEL": "2",

@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed.metrics.ranking import hit_at_k, ndcg_at_k, ranking_metrics, target_ranks
+from tfdp_embed.metrics.ranking import (
+    hit_at_k,
+    ndcg_at_k,
+    ranking_metrics,
+    target_ranks,
+)
 
 
 def _brute_force(scores, targets, k):

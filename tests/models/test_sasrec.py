@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPModel, keras, tf
-from tfdp_embed.clipping import clipped_step, default_registry, vectorized_layer_gradients
+from tfdp_embed.clipping import (
+    clipped_step,
+    default_registry,
+    vectorized_layer_gradients,
+)
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.mechanisms import MECHANISMS
 from tfdp_embed.models.sasrec import SASRec, SASRecConfig, SASRecServing
@@ -36,9 +40,8 @@ def test_per_example_norms_are_exact_and_no_layer_falls_back(re_attention):
     assert all(covered.lookup(layer) is not None for layer in layers), [
         layer.name for layer in layers if covered.lookup(layer) is None
     ]
-    with tf.GradientTape(persistent=True) as tape:
-        with record_taps(layers) as taps:
-            loss = model.compute_loss((IDS, TARGETS), training=False)
+    with tf.GradientTape(persistent=True) as tape, record_taps(layers) as taps:
+        loss = model.compute_loss((IDS, TARGETS), training=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # the vectorized fallback warns
         step = clipped_step(

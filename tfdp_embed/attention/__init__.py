@@ -6,7 +6,11 @@ privately released item frequencies p_i, with the release's DP event).
 """
 
 from tfdp_embed.attention.causal_attention import CausalSelfAttention
-from tfdp_embed.attention.item_frequencies import ItemFrequencies, private_item_frequencies, public_item_frequencies
+from tfdp_embed.attention.item_frequencies import (
+    ItemFrequencies,
+    private_item_frequencies,
+    public_item_frequencies,
+)
 from tfdp_embed.attention.re_attention import (
     attention_output_variance,
     dense_output_variance,

@@ -81,7 +81,7 @@ class SequenceData:
             "users": self.num_users,
             "items": self.num_items,
             "max_len": self.max_len,
-            "eval_users": int(len(self.eval_users)),
+            "eval_users": len(self.eval_users),
             "train_targets": int((self.train_targets > 0).sum()),
             "mean_train_length": float(lengths.mean()),
             "truncated_users": self.truncated_users,
@@ -182,7 +182,7 @@ def split_sequences(users: dict[int, list[int]], *, max_len: int) -> SequenceDat
             test_h.append(left_pad(items[:-1], max_len))
             test_t.append(items[-1])
             eval_users.append(user)
-    as_matrix = lambda rows: np.stack(rows).astype(np.int32) if rows else np.zeros((0, max_len), np.int32)  # noqa: E731
+    as_matrix = lambda rows: np.stack(rows).astype(np.int32) if rows else np.zeros((0, max_len), np.int32)
     return SequenceData(
         num_users=len(order),
         num_items=int(num_items),
@@ -231,8 +231,7 @@ def write_synthetic_sequences(
         for user in range(1, num_users + 1):
             start = int(rng.choice(num_items, p=weights))
             length = int(rng.integers(min_length, max_length + 1))
-            for t in range(length):
-                f.write(f"{user} {(start + t) % num_items + 1}\n")
+            f.writelines(f"{user} {(start + t) % num_items + 1}\n" for t in range(length))
     return path
 
 

@@ -74,7 +74,7 @@ class SASRecConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_config(cls, config: dict) -> "SASRecConfig":
+    def from_config(cls, config: dict) -> SASRecConfig:
         return cls(**config)
 
 
