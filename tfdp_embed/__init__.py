@@ -13,7 +13,7 @@ imported and fails with a clear message if `tf.keras` is already Keras 3.
 """
 
 from tfdp_embed._keras import keras, tf  # noqa: I001  (must come first)
-from tfdp_embed import accounting, audit, checkpointing, clipping, data, distribute, mechanisms
+from tfdp_embed import accounting, attention, audit, checkpointing, clipping, data, distribute, mechanisms
 from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
 from tfdp_embed.export import export_saved_model
 from tfdp_embed.layers.embedding import DPEmbedding
@@ -32,6 +32,7 @@ __all__ = [
     "PrivacyContractError",
     "SharedEmbedding",
     "accounting",
+    "attention",
     "audit",
     "checkpointing",
     "clipping",

@@ -27,6 +27,9 @@ from tfdp_embed.data.movielens import (  # noqa: F401
     read_ratings,
 )
 
+# SASRec-format "user item" sequences, leave-one-out split (user-level examples).
+from tfdp_embed.data.sequences import SequenceData, SequenceFormatError, load_sequences  # noqa: F401
+
 # Poisson-sampled batches (honest accounting) and the one-batch lookahead (LazyDP).
 from tfdp_embed.data.lookahead import with_lookahead  # noqa: F401
 from tfdp_embed.data.poisson import (  # noqa: F401

@@ -4,7 +4,8 @@
 `ctr_serving` wraps a trained one in a SavedModel module that takes raw
 Criteo fields. `two_tower` is the MovieLens retrieval two-tower (full
 softmax over all items, exact per-example norms); `two_tower_serving`
-exports its query tower with a top-k retrieval signature.
+exports its query tower with a top-k retrieval signature. `sasrec` is the
+next-item Transformer (vanilla or DPFormer) with a shared input/output table.
 """
 
 from tfdp_embed.models.ctr import ARCHITECTURES, CTRModelConfig, build_ctr_model, ctr_embedding_dims, table_names
@@ -14,6 +15,7 @@ from tfdp_embed.models.ctr_serving import (
     check_request,
     serving_input_signature,
 )
+from tfdp_embed.models.sasrec import SASRec, SASRecConfig, SASRecServing
 from tfdp_embed.models.two_tower import HistoryEmbedding, ItemEmbedding, TwoTowerModel, two_tower_registry
 from tfdp_embed.models.two_tower_serving import RetrievalServingModule, check_history
 
@@ -25,6 +27,9 @@ __all__ = [
     "ItemEmbedding",
     "RAW_FIELDS",
     "RetrievalServingModule",
+    "SASRec",
+    "SASRecConfig",
+    "SASRecServing",
     "TwoTowerModel",
     "build_ctr_model",
     "check_history",
