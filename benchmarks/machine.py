@@ -144,3 +144,26 @@ def machine_info(repo: str) -> dict:
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "busy_processes_at_start": busy_processes(exclude={os.getpid()}),
     }
+
+
+# -- process memory (Linux /proc; 0 / NaN where unreadable) ------------------------
+def status_kb(field: str, pid: int | str = "self") -> int:
+    """A `/proc/<pid>/status` field in kB (e.g. "VmRSS", "VmHWM"); 0 if unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def reset_peak_rss() -> bool:
+    """Resets this process's VmHWM (Linux >= 4.0: write 5 to clear_refs) so peaks are per phase."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="utf-8") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False

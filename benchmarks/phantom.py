@@ -57,6 +57,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks import machine
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("non_private", "phantom", "brute_force")
 LEARNING_RATE = 0.1
@@ -220,11 +222,11 @@ def _measure_batch(
         name
     ) in steps:  # memory phase: warm-up (tracing included), VmHWM reset per method
         gc.collect()
-        reset = _reset_peak_rss()
-        before = _status_mb("VmRSS")
+        reset = machine.reset_peak_rss()
+        before = machine.status_kb("VmRSS") / 1024
         warm = [run(name, i) for i in range(spec["warmup"])]
         results[name] = {
-            "peak_rss_mb": round(_status_mb("VmHWM"), 1),
+            "peak_rss_mb": round(machine.status_kb("VmHWM") / 1024, 1),
             "rss_before_mb": round(before, 1),
             "peak_scope": "method (VmHWM reset)"
             if reset
@@ -251,21 +253,8 @@ def _measure_batch(
     return results
 
 
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status", encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
-def _reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="utf-8") as handle:
-            handle.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def _write(path: str, report: dict) -> None:
@@ -389,7 +378,7 @@ def run_vocab(args, *, positions: str, vocab: int, workdir: str) -> list:
         )  # fmt: skip
         killed = None
         while proc.poll() is None:
-            rss = _rss_kb(proc.pid)
+            rss = machine.status_kb("VmRSS", proc.pid)
             if rss > limit_kb:
                 killed = f"killed by the memory guard at {rss / 2**20:.1f} GB RSS"
                 proc.kill()
@@ -436,15 +425,6 @@ def run_vocab(args, *, positions: str, vocab: int, workdir: str) -> list:
     return rows
 
 
-def _rss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def _tail(path: str) -> str:
@@ -635,7 +615,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return _worker(*args.worker)
-    from benchmarks import machine
 
     try:
         from tqdm import tqdm

@@ -120,15 +120,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 # -- running workers ------------------------------------------------------------
-def _rss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def _tail(path: str, lines: int = 3) -> str:
@@ -163,7 +154,7 @@ def run_worker(spec: dict, workdir: str, args: argparse.Namespace, tag: str) -> 
         pid, status, rusage = os.wait4(proc.pid, 0 if killed else os.WNOHANG)
         if pid:
             break
-        rss = _rss_kb(proc.pid)
+        rss = machine.status_kb("VmRSS", proc.pid)
         max_rss_kb = max(max_rss_kb, rss)
         available = machine.meminfo_kb("MemAvailable")
         if available is not None:

@@ -30,6 +30,8 @@ import numpy as np
 
 from tfdp_embed._keras import keras, tf  # noqa: I001  (sets TF_USE_LEGACY_KERAS first)
 
+from benchmarks import machine
+
 TABLE_NAME = "table"
 IDS_PER_EXAMPLE = 4
 LEARNING_RATE = 0.1
@@ -349,22 +351,8 @@ def _timed(fn, i: int, cpu: list | None = None) -> float:
     return time.perf_counter() - start
 
 
-def current_rss_mb() -> float:
-    with open("/proc/self/status", encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
-def _reset_peak_rss() -> bool:
-    """Resets this process's VmHWM (Linux >= 4.0: write 5 to clear_refs) so peaks are per mechanism."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="utf-8") as handle:
-            handle.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def _peak_rss_mb() -> float:
@@ -392,7 +380,7 @@ def measure(name: str, spec: dict, batches: list) -> dict:
     build_start = time.perf_counter()
     setup = Setup(name, spec, batches)
     build_s = time.perf_counter() - build_start
-    rss_after_build = current_rss_mb()
+    rss_after_build = machine.status_kb("VmRSS") / 1024
     warmup_start = time.perf_counter()
     i = 0
     for _ in range(spec["warmup"]):
@@ -487,8 +475,8 @@ def run(spec: dict, out_path: str) -> None:
         "results": [],
     }
     for name in spec["mechanisms"]:
-        per_mechanism_peak = _reset_peak_rss()
-        rss_before = current_rss_mb()
+        per_mechanism_peak = machine.reset_peak_rss()
+        rss_before = machine.status_kb("VmRSS") / 1024
         report["running"] = name
         _write(out_path, report)
         if name not in (PLAIN, DPMODEL_NONE, TFP_KERAS_SGD) and name not in MECHANISMS:
