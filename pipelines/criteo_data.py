@@ -6,7 +6,8 @@ naming file and line, or are skipped and counted with `--skip-bad-rows`).
 A period then lives in one of two forms (`--streaming {auto,on,off}`):
 
 * **in memory** (`read_period`): its rows as numpy arrays of model features
-  (~320 bytes per row, plus TensorFlow's copy for sampling): fastest, one
+  (312 bytes of features per row; the read, TensorFlow's copy for sampling
+  and the evaluation pass bring the peak to ~1.5 KB per row): fastest, one
   read of the files in all.
 * **streaming** (`scan_period`): one pass counts the valid rows (N, needed
   for q = B / N and for the pass check) and, when a mechanism selects rows,
@@ -19,7 +20,8 @@ A period then lives in one of two forms (`--streaming {auto,on,off}`):
   says `passes_per_epoch`). Evaluation data is streamed in batches.
 
 `--streaming auto` (default) keeps a period in memory up to
-`STREAMING_ROW_THRESHOLD` rows (10^6, ~0.7 GB with TensorFlow's copy) and
+`STREAMING_ROW_THRESHOLD` rows (10^6: measured +1.4 GiB of peak memory over
+streaming, `benchmarks/RESULTS.md` criteo_memory; +2.9 GiB at 2 x 10^6) and
 streams larger ones: the in-memory read stops at the threshold and the
 period is scanned instead.
 
