@@ -43,6 +43,8 @@ from collections.abc import Sequence
 
 from benchmarks.machine import machine_info
 
+from benchmarks import cli_args
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTINGS = [
     "--hash-size", "1000", "--embedding-dim", "4", "--hidden-units", "16", "--batch", "1024", "--epochs", "1",
@@ -200,13 +202,9 @@ def markdown(results: list[dict], *, command: str, info: dict, args, minutes: fl
     return "\n".join(lines)
 
 
-def _ints(text: str) -> tuple:
-    return tuple(int(float(x)) for x in text.split(",") if x.strip())
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.criteo_memory", description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=_ints, default=(100_000, 1_000_000, 4_000_000), help="training rows per file")
+    parser.add_argument("--rows", type=cli_args.ints, default=(100_000, 1_000_000, 4_000_000), help="training rows per file")
     parser.add_argument("--mechanisms", default="adafest,lazy")
     parser.add_argument("--modes", default="off,on", help="--streaming values to compare")
     parser.add_argument("--max-steps", type=int, default=3)

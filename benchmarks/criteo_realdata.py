@@ -41,6 +41,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from benchmarks import cli_args
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "criteo")
 MECHANISMS = ("none", "dense", "lazy", "eana", "adafest", "fest")
@@ -337,19 +339,11 @@ def plot(summary: dict, epsilons, path: str) -> None:
     plt.close(fig)
 
 
-def _floats(text: str) -> tuple:
-    return tuple(float(x) for x in text.split(",") if x.strip())
-
-
-def _ints(text: str) -> tuple:
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.criteo_realdata", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=DEFAULT_DATA, help="directory with train.tsv, dev.tsv, test.tsv")
-    parser.add_argument("--epsilons", type=_floats, default=EPSILONS)
-    parser.add_argument("--seeds", type=_ints, default=(0, 1))
+    parser.add_argument("--epsilons", type=cli_args.floats, default=EPSILONS)
+    parser.add_argument("--seeds", type=cli_args.ints, default=(0, 1))
     parser.add_argument("--mechanisms", default=",".join(MECHANISMS))
     parser.add_argument("--out", default=os.path.join(ROOT, "runs", "criteo_realdata"), help="run directories")
     parser.add_argument("--results-md", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"), help="'' to skip")

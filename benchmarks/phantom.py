@@ -57,7 +57,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import machine
+from benchmarks import cli_args, machine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("non_private", "phantom", "brute_force")
@@ -253,10 +253,6 @@ def _measure_batch(
     return results
 
 
-
-
-
-
 def _write(path: str, report: dict) -> None:
     with open(path + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(report, handle)
@@ -264,16 +260,13 @@ def _write(path: str, report: dict) -> None:
 
 
 # -- driver ----------------------------------------------------------------------------
-def _ints(text: str) -> list[int]:
-    return [int(float(x)) for x in text.split(",") if x.strip()]
-
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.phantom", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--vocab", type=_ints, default=_ints("1000,10000,24000"))
-    parser.add_argument("--batch", type=_ints, default=_ints("32,128,256"))
+    parser.add_argument("--vocab", type=cli_args.ints, default=cli_args.ints("1000,10000,24000"))
+    parser.add_argument("--batch", type=cli_args.ints, default=cli_args.ints("32,128,256"))
     parser.add_argument(
         "--positions", default="all,last", help="'all', 'last' or both, comma-separated"
     )
@@ -423,8 +416,6 @@ def run_vocab(args, *, positions: str, vocab: int, workdir: str) -> list:
                     row["median_step_s"] / base["median_step_s"]
                 )
     return rows
-
-
 
 
 def _tail(path: str) -> str:

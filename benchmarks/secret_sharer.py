@@ -42,6 +42,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from benchmarks import cli_args
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "movielens", "ml-100k", "u.data")
 MECHANISMS = ("none", "dense", "eana", "lazy")
@@ -426,14 +428,6 @@ def plot_precision(runs: list, path: str) -> None:
     plt.close(fig)
 
 
-def _floats(text: str) -> tuple:
-    return tuple(float(x) for x in text.split(",") if x.strip())
-
-
-def _ints(text: str) -> tuple:
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.secret_sharer",
@@ -444,7 +438,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--mechanisms", default=",".join(MECHANISMS), help=f"subset of {','.join(MECHANISMS)}"
     )
-    parser.add_argument("--noise-multipliers", type=_floats, default=(0.01, 0.001), help="EANA's settings")
+    parser.add_argument("--noise-multipliers", type=cli_args.floats, default=(0.01, 0.001), help="EANA's settings")
     parser.add_argument("--epsilon", type=float, default=8.0, help="calibrated target epsilon; <= 0 skips")
     parser.add_argument("--delta", type=float, default=None, help="delta; default: the pipeline's default")
     parser.add_argument("--epochs", type=int, default=5)
@@ -457,7 +451,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="SGD rate of every run (momentum 0.9); <= 0: the pipeline's per-mechanism default. At 0.5 the "
         "eps = 8 runs diverged (RESULTS.md)",
     )
-    parser.add_argument("--insertion-counts", type=_ints, default=(1, 2, 3, 4, 5, 10, 20, 50, 100))
+    parser.add_argument("--insertion-counts", type=cli_args.ints, default=(1, 2, 3, 4, 5, 10, 20, 50, 100))
     parser.add_argument("--canaries-per-count", type=int, default=20, help="EANA: 50")
     parser.add_argument("--num-candidates", type=int, default=16384)
     parser.add_argument(

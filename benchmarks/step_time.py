@@ -59,7 +59,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import machine
+from benchmarks import cli_args, machine
 from benchmarks.plot_step_time import plot_step_time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,10 +71,6 @@ RESULT_KEYS = (
 )  # fmt: skip
 
 
-def _ints(text: str) -> list[int]:
-    return [int(float(x)) for x in text.split(",") if x.strip()]
-
-
 def _names(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -83,7 +79,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     total_gb = (machine.meminfo_kb("MemTotal") or 8 * 2**20) / 2**20
     parser = argparse.ArgumentParser(prog="python -m benchmarks.step_time", description=__doc__.splitlines()[0])
     parser.add_argument("--mechanisms", type=_names, default=_names(DEFAULT_MECHANISMS))
-    parser.add_argument("--vocab", type=_ints, default=_ints("100000,1000000,10000000"))
+    parser.add_argument("--vocab", type=cli_args.ints, default=cli_args.ints("100000,1000000,10000000"))
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=30, help="timed steps per mechanism (>= 30 for results)")
