@@ -216,7 +216,7 @@ def main(argv=None) -> int:
         **({"data_path": args.data} if args.data else {}),
     )  # fmt: skip
     data = movielens.load_movielens(base)
-    rows = []
+    rows, rates_used = [], {}
     settings = _settings(sigmas, args.epsilon)
     for index, (mechanism, sigma, epsilon) in enumerate(settings, start=1):
         rate = args.dp_learning_rate if mechanism != "none" else None
@@ -227,6 +227,7 @@ def main(argv=None) -> int:
             epsilon=epsilon,
             learning_rate=rate,
         )
+        rates_used.setdefault(mechanism, set()).add(config.resolved_learning_rate)
         started = time.perf_counter()
         report = movielens.train_and_evaluate(config, data=data).report
         rows.append(_row(report, time.perf_counter() - started))
@@ -241,10 +242,7 @@ def main(argv=None) -> int:
     config = {
         "epochs": args.epochs, "batch_size": args.batch_size, "embedding_dim": base.embedding_dim,
         "hidden_units": list(base.hidden_units), "momentum": base.momentum, "l2_norm_clip": base.l2_norm_clip,
-        "learning_rates": {
-            name: (args.dp_learning_rate if args.dp_learning_rate and name != "none" else rate)
-            for name, rate in movielens.DEFAULT_LEARNING_RATES.items()
-        },
+        "learning_rates": {name: sorted(rates) if len(rates) > 1 else rates.pop() for name, rates in rates_used.items()},
         "seed": args.seed, "accountant": args.accountant,
         "epsilon": args.epsilon, "noise_multipliers": sigmas,
     }  # fmt: skip

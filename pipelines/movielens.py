@@ -65,8 +65,10 @@ DEFAULT_DATA_PATH = os.path.join(
 # 5.0 gave 0.047 / 0.095 / 0.037. A DP step divides the clipped sum by the expected batch, so clipped
 # runs take a larger rate. DP-SGD and LazyDP use EANA's rate (not tuned separately). These
 # rates suit small sigma only: DP-SGD at sigma 0.6723 (epsilon 3, 5 epochs) gave recall@10
-# 0.074 / 0.082 / 0.022 at lr 0.25 / 0.5 / 2.0, so pass --learning-rate 0.5 for calibrated runs.
+# 0.074 / 0.082 / 0.022 at lr 0.25 / 0.5 / 2.0: calibrated runs default to 0.5.
 DEFAULT_LEARNING_RATES = {"none": 1.0, "dense": 2.0, "eana": 2.0, "lazy": 2.0}
+LARGE_NOISE_LEARNING_RATE = 0.5
+"""Default SGD rate of noised runs with `epsilon` set or sigma >= SMALL_SIGMA_FOR_PLD (measured above)."""
 SMALL_SIGMA_FOR_PLD = 0.3
 """Below this noise multiplier epsilon is reported with the RDP accountant (PLD needs too much memory)."""
 PRIVACY_UNIT = (
@@ -89,7 +91,8 @@ class MovieLensConfig:
       l2_norm_clip: per-example clip norm C.
       epochs: passes (each round(1/q) Poisson batches).
       batch_size: expected Poisson batch size q N.
-      learning_rate: SGD rate; None = `DEFAULT_LEARNING_RATES[mechanism]`.
+      learning_rate: SGD rate; None = `LARGE_NOISE_LEARNING_RATE` for noised runs with
+        `epsilon` set or sigma >= `SMALL_SIGMA_FOR_PLD`, else `DEFAULT_LEARNING_RATES[mechanism]`.
       momentum: SGD momentum (legacy SGD; LazyDP defers it exactly).
       embedding_dim: d of both towers.
       hidden_units: ReLU widths of the context tower after pooling.
@@ -153,11 +156,12 @@ class MovieLensConfig:
 
     @property
     def resolved_learning_rate(self) -> float:
-        return (
-            self.learning_rate
-            if self.learning_rate is not None
-            else DEFAULT_LEARNING_RATES[self.mechanism]
-        )
+        if self.learning_rate is not None:
+            return self.learning_rate
+        large_noise = self.epsilon is not None or (self.noise_multiplier or 0.0) >= SMALL_SIGMA_FOR_PLD
+        if self.mechanism != "none" and large_noise:
+            return LARGE_NOISE_LEARNING_RATE
+        return DEFAULT_LEARNING_RATES[self.mechanism]
 
 
 def load_movielens(config: MovieLensConfig) -> MovieLensData:
@@ -580,7 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--learning-rate",
         type=_positive(float),
-        help=f"SGD rate (default {DEFAULT_LEARNING_RATES})",
+        help=f"SGD rate (default {DEFAULT_LEARNING_RATES}; {LARGE_NOISE_LEARNING_RATE} for noised runs "
+        f"with --epsilon or a noise multiplier >= {SMALL_SIGMA_FOR_PLD})",
     )
     p.add_argument("--momentum", type=_non_negative_float, default=0.9)
     p.add_argument("--l2-norm-clip", type=_positive(float), default=1.0)
