@@ -351,21 +351,10 @@ def fixed_size_batches(
         n = int(_leading_dim(data))
         if num_examples is not None and int(num_examples) != n:
             raise ValueError(f"`num_examples`={num_examples!r} but the data holds {n} examples.")
-        if n == 0:
-            raise ValueError("`dataset` is empty: batching needs at least one example.")
-        if batch_size > n:
-            raise ValueError(f"`batch_size`={batch_size} exceeds the {n} examples of the dataset.")
+        info = _fixed_size_info(n, batch_size, seed)
         order = tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True)
         batches = order.batch(batch_size, drop_remainder=True).map(
             lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), data)
-        )
-        info = BatchingInfo(
-            batching="fixed_shuffled",
-            num_examples=n,
-            sampling_probability=batch_size / n,
-            expected_batch_size=float(batch_size),
-            batches_per_epoch=n // batch_size,
-            seeded=seed is not None,
         )
         return batches, info
     n = num_examples
@@ -373,12 +362,18 @@ def fixed_size_batches(
         n = int(dataset.cardinality())
         if n < 0:
             n = int(dataset.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+    info = _fixed_size_info(n, batch_size, seed)
+    batches = dataset.shuffle(n, seed=seed, reshuffle_each_iteration=True).batch(batch_size, drop_remainder=True)
+    return batches, info
+
+
+def _fixed_size_info(n: int, batch_size: int, seed) -> BatchingInfo:
+    """Checks N against the batch size; the `BatchingInfo` of shuffled fixed-size batches."""
     if n == 0:
         raise ValueError("`dataset` is empty: batching needs at least one example.")
     if batch_size > n:
         raise ValueError(f"`batch_size`={batch_size} exceeds the {n} examples of the dataset.")
-    batches = dataset.shuffle(n, seed=seed, reshuffle_each_iteration=True).batch(batch_size, drop_remainder=True)
-    info = BatchingInfo(
+    return BatchingInfo(
         batching="fixed_shuffled",
         num_examples=n,
         sampling_probability=batch_size / n,
@@ -386,7 +381,6 @@ def fixed_size_batches(
         batches_per_epoch=n // batch_size,
         seeded=seed is not None,
     )
-    return batches, info
 
 
 # -- sampling ----------------------------------------------------------------------
