@@ -53,6 +53,7 @@ import time
 from collections.abc import Sequence
 
 from pipelines import (
+    cli_types,
     criteo_calibration,
     criteo_data,
     criteo_eval,
@@ -117,20 +118,6 @@ class PipelineConfig:
 
 
 # -- command line -------------------------------------------------------------------
-def _positive(kind):
-    def convert(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}; received {text!r}") from None
-        if not value > 0 or (kind is float and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be a finite number > 0; received {text!r}")
-        return value
-
-    convert.__name__ = f"positive {kind.__name__}"
-    return convert
-
-
 def _units(text):
     try:
         units = tuple(int(u) for u in text.split(",") if u.strip())
@@ -170,25 +157,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data.add_argument(
         "--stream-buffer-rows",
-        type=_positive(int),
+        type=cli_types.positive(int),
         default=criteo_data.DEFAULT_STREAM_BUFFER_ROWS,
         help="streaming: rows of training batches held at once; G = this // batch batches per pass "
         "(default %(default)s, ~170 MB)",
     )
     data.add_argument(
         "--hash-size",
-        type=_positive(int),
+        type=cli_types.positive(int),
         help="hash buckets per categorical feature (default: DP-FEST Table 3 vocabularies)",
     )
     data.add_argument(
         "--synthetic-rows",
-        type=_positive(int),
+        type=cli_types.positive(int),
         default=criteo_data.SyntheticSpec.train_rows,
         help="training rows of the default synthetic data",
     )
     data.add_argument(
         "--synthetic-eval-rows",
-        type=_positive(int),
+        type=cli_types.positive(int),
         default=criteo_data.SyntheticSpec.eval_rows,
         help="evaluation rows of the default synthetic data",
     )
@@ -200,11 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="noise mechanism (default %(default)s; eana is NOT DP, none is non-private)",
     )
     priv.add_argument(
-        "--epsilon", type=_positive(float), default=DEFAULT_EPSILON, help=f"target epsilon (default {DEFAULT_EPSILON})"
+        "--epsilon", type=cli_types.positive(float), default=DEFAULT_EPSILON, help=f"target epsilon (default {DEFAULT_EPSILON})"
     )
     priv.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1/N, N = training rows)")
     priv.add_argument(
-        "--clip", type=_positive(float), default=1.0, help="per-example L2 clip norm C (default %(default)s)"
+        "--clip", type=cli_types.positive(float), default=1.0, help="per-example L2 clip norm C (default %(default)s)"
     )
     priv.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
     priv.add_argument(
@@ -226,12 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     priv.add_argument(
         "--adafest-ratio",
-        type=_positive(float),
+        type=cli_types.positive(float),
         default=criteo_privacy.PrivacySettings.adafest_ratio,
         help="adafest/adafest+: sigma1/sigma2 (App. D.1 tunes 0.1..10)",
     )
     priv.add_argument("--adafest-threshold", type=float, help="adafest/adafest+: tau (default 2 x sigma1 x C1)")
-    priv.add_argument("--contribution-clip", type=_positive(float), default=1.0, help="adafest/adafest+: C1")
+    priv.add_argument("--contribution-clip", type=cli_types.positive(float), default=1.0, help="adafest/adafest+: C1")
     priv.add_argument(
         "--calibration-fraction",
         type=float,
@@ -243,24 +230,24 @@ def build_parser() -> argparse.ArgumentParser:
     train = p.add_argument_group("training")
     train.add_argument(
         "--epochs",
-        type=_positive(int),
+        type=cli_types.positive(int),
         default=PipelineConfig.epochs,
         help="passes over each period (default %(default)s)",
     )
     train.add_argument(
         "--batch",
-        type=_positive(int),
+        type=cli_types.positive(int),
         default=PipelineConfig.batch,
         help="expected batch size B, q = B/N (default %(default)s)",
     )
     train.add_argument(
         "--max-steps",
-        type=_positive(int),
+        type=cli_types.positive(int),
         help="at most this many steps per period (the noise is calibrated for the steps that run; for quick runs)",
     )
     train.add_argument(
         "--learning-rate",
-        type=_positive(float),
+        type=cli_types.positive(float),
         help=f"SGD learning rate (default {DEFAULT_DP_LEARNING_RATE} for DP mechanisms, 0.3 for none)",
     )
     train.add_argument(
@@ -276,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--hidden-units", type=_units, default=(598, 598, 598, 598), help="ReLU tower widths (default 598,598,598,598)"
     )
     train.add_argument(
-        "--embedding-dim", type=_positive(int), help="one width for every table instead of int(2 V^0.25)"
+        "--embedding-dim", type=cli_types.positive(int), help="one width for every table instead of int(2 V^0.25)"
     )
     train.add_argument(
         "--seed",

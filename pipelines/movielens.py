@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipelines import movielens_privacy
+from pipelines import cli_types, movielens_privacy
 from pipelines.criteo_training import StepTimer
 from tfdp_embed import DPModel, keras, tf
 from tfdp_embed.accounting import PrivacyBudget, privacy_report, write_privacy_report
@@ -508,37 +508,6 @@ def train_and_evaluate(
 
 
 # -- command line -------------------------------------------------------------------------
-def _positive(kind):
-    def convert(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a {kind.__name__}; received {text!r}"
-            ) from None
-        if not value > 0 or (kind is float and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(
-                f"must be a finite number > 0; received {text!r}"
-            )
-        return value
-
-    return convert
-
-
-def _non_negative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number; received {text!r}"
-        ) from None
-    if not value >= 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number >= 0; received {text!r}"
-        )
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m pipelines.movielens",
@@ -552,20 +521,20 @@ def build_parser() -> argparse.ArgumentParser:
     noise = p.add_mutually_exclusive_group()
     noise.add_argument(
         "--noise-multiplier",
-        type=_non_negative_float,
+        type=cli_types.non_negative_float,
         help="sigma (e.g. EANA's 0.01 or 0.001)",
     )
     noise.add_argument(
         "--epsilon",
-        type=_positive(float),
+        type=cli_types.positive(float),
         help="target epsilon (sigma calibrated; nominal for eana)",
     )
     p.add_argument(
         "--delta",
-        type=_positive(float),
+        type=cli_types.positive(float),
         help="delta (default 1/N, N training examples)",
     )
-    p.add_argument("--epochs", type=_positive(int), required=True)
+    p.add_argument("--epochs", type=cli_types.positive(int), required=True)
     p.add_argument(
         "--out",
         required=True,
@@ -577,20 +546,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--batch-size",
-        type=_positive(int),
+        type=cli_types.positive(int),
         default=256,
         help="expected Poisson batch size",
     )
     p.add_argument(
         "--learning-rate",
-        type=_positive(float),
+        type=cli_types.positive(float),
         help=f"SGD rate (default {DEFAULT_LEARNING_RATES}; {LARGE_NOISE_LEARNING_RATE} for noised runs "
         f"with --epsilon or a noise multiplier >= {SMALL_SIGMA_FOR_PLD})",
     )
-    p.add_argument("--momentum", type=_non_negative_float, default=0.9)
-    p.add_argument("--l2-norm-clip", type=_positive(float), default=1.0)
-    p.add_argument("--embedding-dim", type=_positive(int), default=32)
-    p.add_argument("--context-length", type=_positive(int), default=20)
+    p.add_argument("--momentum", type=cli_types.non_negative_float, default=0.9)
+    p.add_argument("--l2-norm-clip", type=cli_types.positive(float), default=1.0)
+    p.add_argument("--embedding-dim", type=cli_types.positive(int), default=32)
+    p.add_argument("--context-length", type=cli_types.positive(int), default=20)
     p.add_argument(
         "--seed",
         type=int,
@@ -600,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant"
     )
     p.add_argument(
-        "--k", type=_positive(int), default=10, help="top-k of the exported signature"
+        "--k", type=cli_types.positive(int), default=10, help="top-k of the exported signature"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p

@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import sys
 import time
 from collections.abc import Sequence
 
-from pipelines import sequential_eval, sequential_privacy
+from pipelines import cli_types, sequential_eval, sequential_privacy
 from pipelines.criteo_report import write_report
 from pipelines.criteo_training import StepTimer
 from tfdp_embed import DPModel, export_saved_model, keras, tf
@@ -110,20 +109,6 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
 
 
 # -- command line ---------------------------------------------------------------------
-def _positive(kind, allow_inf=False):
-    def convert(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}; received {text!r}") from None
-        if not value > 0 or (not allow_inf and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be a number > 0; received {text!r}")
-        return value
-
-    convert.__name__ = f"positive {kind.__name__}"
-    return convert
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m pipelines.sequential",
@@ -134,18 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (report.json, saved_model/)")
     p.add_argument("--model", choices=MODELS, default="dpformer", help="transformer: vanilla; dpformer: + Re-Attention")
     p.add_argument("--mechanism", choices=MECHANISM_NAMES, default="dense", help="dense: DP-SGD; none: non-private")
-    p.add_argument("--epsilon", type=_positive(float, allow_inf=True), default=8.0, help="target epsilon (inf: non-private)")
+    p.add_argument("--epsilon", type=cli_types.positive(float, allow_inf=True), default=8.0, help="target epsilon (inf: non-private)")
     p.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1/N, N = users)")
-    p.add_argument("--epochs", type=_positive(int), default=5)
-    p.add_argument("--batch", type=_positive(int), default=256, help="expected (Poisson) batch size B = qN")
-    p.add_argument("--lr", type=_positive(float), default=3e-3, help="peak Adam learning rate")
+    p.add_argument("--epochs", type=cli_types.positive(int), default=5)
+    p.add_argument("--batch", type=cli_types.positive(int), default=256, help="expected (Poisson) batch size B = qN")
+    p.add_argument("--lr", type=cli_types.positive(float), default=3e-3, help="peak Adam learning rate")
     p.add_argument("--weight-decay", type=float, default=1e-5, help="Adam weight decay (DPFormer: 1e-5)")
     p.add_argument("--warmup-fraction", type=float, default=0.2, help="share of steps with linear warm-up")
-    p.add_argument("--max-len", type=_positive(int), default=50, help="sequence length L (most recent items kept)")
-    p.add_argument("--dim", type=_positive(int), default=64)
-    p.add_argument("--blocks", type=_positive(int), default=2)
+    p.add_argument("--max-len", type=cli_types.positive(int), default=50, help="sequence length L (most recent items kept)")
+    p.add_argument("--dim", type=cli_types.positive(int), default=64)
+    p.add_argument("--blocks", type=cli_types.positive(int), default=2)
     p.add_argument("--dropout", type=float, default=0.5, help="dropout rate (DPFormer: 0.5 on Amazon)")
-    p.add_argument("--clip", type=_positive(float), default=1.0, help="per-user L2 clip norm C")
+    p.add_argument("--clip", type=cli_types.positive(float), default=1.0, help="per-user L2 clip norm C")
     p.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
     p.add_argument(
         "--frequencies",
@@ -153,11 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="public",
         help="item frequencies for Re-Attention: public by assumption, or released with DP (accounted)",
     )
-    p.add_argument("--frequency-noise-multiplier", type=_positive(float), default=50.0, help="z of the count release")
+    p.add_argument("--frequency-noise-multiplier", type=cli_types.positive(float), default=50.0, help="z of the count release")
     p.add_argument("--frequency-mechanism", choices=("gaussian", "laplace"), default="gaussian")
-    p.add_argument("--error-scale", type=_positive(float), default=1.0, help="multiplies every effective error")
-    p.add_argument("--eval-batch", type=_positive(int), default=512)
-    p.add_argument("--max-eval-users", type=_positive(int), help="evaluate only the first N users (quick runs)")
+    p.add_argument("--error-scale", type=cli_types.positive(float), default=1.0, help="multiplies every effective error")
+    p.add_argument("--eval-batch", type=cli_types.positive(int), default=512)
+    p.add_argument("--max-eval-users", type=cli_types.positive(int), help="evaluate only the first N users (quick runs)")
     p.add_argument("--seed", type=int, help="seed for sampling, init and noise (tests/reproductions only)")
     p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1, help="Keras progress bar (1), per epoch (2)")
     return p
