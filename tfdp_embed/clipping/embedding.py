@@ -61,7 +61,7 @@ def embedding_layer_gradients(
     occurrences, rows, examples, contributions = [], [], [], []
     for call, grad in zip(taps.calls, output_grads):
         # `call` already range-checked these ids in this step.
-        occ = layer.occurrences(_ids_of(layer, call), check_range=False)
+        occ = layer.occurrences(call_inputs(layer, call), check_range=False)
         occurrences.append(occ)
         grad = tf.reshape(tf.cast(grad, dtype), [-1, dim])  # [num_segments, dim]
         segments = tf.cast(occ.segments, tf.int32)
@@ -102,7 +102,7 @@ def embedding_layer_gradients(
 
 def _is_pooled(layer, call) -> bool:
     """One output row per example: a combiner, or a single id per example."""
-    ids = _ids_of(layer, call)
+    ids = call_inputs(layer, call)
     return layer.combiner is not None or (isinstance(ids, tf.Tensor) and ids.shape.rank == 1)
 
 
@@ -116,7 +116,7 @@ def _pooled_layer_gradients(layer, call, grad) -> LayerGradients:
     """
     table = layer.embeddings
     dtype = table.dtype.base_dtype
-    occ = layer.occurrences(_ids_of(layer, call), check_range=False)
+    occ = layer.occurrences(call_inputs(layer, call), check_range=False)
     grad = tf.reshape(tf.cast(grad, dtype), [-1, table.shape[-1]])  # [batch, dim]
     examples = tf.cast(occ.segments, tf.int32)  # pooled: segment == example
     weights = tf.cast(occ.weights, dtype)
@@ -143,13 +143,14 @@ def _pooled_layer_gradients(layer, call, grad) -> LayerGradients:
     )
 
 
-def _ids_of(layer, call):
+def call_inputs(layer, call):
+    """The first argument of a recorded `DPEmbedding` call (ids, or hidden states for logits)."""
     if call.args:
         return call.args[0]
     for name in ("ids", "inputs"):
         if name in call.kwargs:
             return call.kwargs[name]
     raise TypeError(
-        f"Per-example clipping of DPEmbedding {layer.name!r} could not find the ids among "
-        f"the call's arguments (keyword arguments: {sorted(call.kwargs)})."
+        f"Per-example clipping of {type(layer).__name__} {layer.name!r} could not find the call's "
+        f"inputs among its arguments (keyword arguments: {sorted(call.kwargs)})."
     )

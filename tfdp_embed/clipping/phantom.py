@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tfdp_embed._keras import tf
-from tfdp_embed.clipping.embedding import embedding_layer_gradients
+from tfdp_embed.clipping.embedding import call_inputs, embedding_layer_gradients
 from tfdp_embed.clipping.registry import LayerGradients
 from tfdp_embed.clipping.taps import LayerCall, LayerTaps
 from tfdp_embed.layers.shared_embedding import MODES, SharedEmbedding
@@ -87,7 +87,7 @@ def phantom_layer_gradients(
 
     ids, lookup_grads, hidden, logit_grads, occurrences = [], [], [], [], []
     for call, mode, grad in zip(taps.calls, modes, output_grads):
-        inputs = _inputs_of(layer, call)
+        inputs = call_inputs(layer, call)
         if mode == "embed":
             occurrences.append(layer.occurrences(inputs, check_range=False))
             x = tf.reshape(tf.cast(inputs, tf.int64), [batch_size, -1])  # [B, P_k]
@@ -164,15 +164,3 @@ def _mode_of(layer, call: LayerCall) -> str:
             f"allowed: {MODES}."
         )
     return mode
-
-
-def _inputs_of(layer, call: LayerCall):
-    if call.args:
-        return call.args[0]
-    for name in ("inputs", "ids"):
-        if name in call.kwargs:
-            return call.kwargs[name]
-    raise TypeError(
-        f"Phantom Clipping of SharedEmbedding {layer.name!r} could not find the call's inputs "
-        f"among its arguments (keyword arguments: {sorted(call.kwargs)})."
-    )
