@@ -23,6 +23,12 @@ Mechanisms:
                   lazy gets the next batch's ids as lookahead. Names not in
                   MECHANISMS are recorded as "not measured".
 
+  adafest@R       DP-AdaFEST with tau chosen per vocabulary so that R rows are
+                  expected to survive by noise alone (`--adafest-noise-rows R`,
+                  `adafest.threshold_for_noise_rows`), run whenever `adafest`
+                  is: with the fixed `--adafest-threshold` the noise-only rows
+                  grow as p V, and so does the step; both rows are recorded.
+
 Timing: median, p10 and p90 of `--steps` steps after `--warmup` steps; a
 mechanism stops early, after at least one timed step, once its timed steps
 exceed `--max-seconds-per-mechanism` (the number timed is recorded). Every
@@ -42,6 +48,12 @@ mechanism did not return counts). A watchdog kills a worker whose RSS passes
 `--max-rss-gb`, or when the machine's MemAvailable drops below
 `--min-available-gb`, or after `--worker-timeout-s`; its rows are
 "not measured" with that reason. Nothing is ever estimated.
+
+Speed-up vs dense: for every sparse mechanism and vocabulary, the median
+`dense` step (our DP-SGD, with the fast Gaussian op) and the median
+`tfp_keras_sgd` step (tensorflow-privacy's DPKerasSGDOptimizer, the peer
+dense DP-SGD) over the mechanism's median, when those rows were measured in
+the same run; "not measured" otherwise.
 
 Outputs: a table on stdout, `--json` (results + machine + settings), a
 Markdown section appended to `--results-md`, and a log-log plot `--png`.
@@ -104,6 +116,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--adafest-ratio", type=float, default=5.0, help="sigma1/sigma2 (paper: 5 or 10 best)")
     parser.add_argument("--adafest-contribution-clip", type=float, default=1.0)
     parser.add_argument("--adafest-threshold", type=float, default=19.0)
+    parser.add_argument(
+        "--adafest-noise-rows", type=float, default=1000.0,
+        help="also time adafest@R: tau per vocabulary with R expected noise-only rows (0: off)",
+    )
     parser.add_argument("--tfp-microbatches", default="auto")
     parser.add_argument("--tfp-jacobian-gb", type=float, default=6.0)
     parser.add_argument("--note", default="", help="free text added to the RESULTS.md section")
@@ -112,6 +128,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--steps and --warmup must be >= 1")
     if args.zipf is not None and args.zipf <= 0:
         parser.error("--zipf must be > 0")
+    if args.adafest_noise_rows < 0:
+        parser.error("--adafest-noise-rows must be >= 0 (0 turns the adafest@R rows off)")
     return args
 
 
@@ -299,12 +317,100 @@ def collect(args: argparse.Namespace, workdir: str) -> tuple[list, list]:
                 result["process_ru_maxrss_mb"] = processes[-1]["ru_maxrss_mb"]
                 vocab_rows.append(result)
                 print("    " + format_line(result), flush=True)
+            if "adafest" in group and args.adafest_noise_rows > 0:
+                vocab_rows.extend(_run_adafest_budget(base_spec, vocab, workdir, args, processes))
         _add_ratios(vocab_rows)
         for result in vocab_rows:
             for key in RESULT_KEYS:
                 result.setdefault(key, None)
         rows.extend(vocab_rows)
     return rows, processes
+
+
+def adafest_budget_name(rows: float) -> str:
+    """Row label of DP-AdaFEST with tau set for `rows` expected noise-only rows."""
+    return f"adafest@{rows:g}"
+
+
+def adafest_budget_threshold(args: argparse.Namespace, vocab: int) -> float:
+    """tau for `--adafest-noise-rows` at this vocabulary (sigma1 from the benchmark's sigma and ratio)."""
+    from tfdp_embed.mechanisms.adafest import (
+        split_noise_multiplier,
+        threshold_for_noise_rows,
+    )
+
+    sigma1, _ = split_noise_multiplier(args.noise_multiplier, ratio=args.adafest_ratio)
+    return threshold_for_noise_rows(
+        vocabulary_size=vocab,
+        expected_noise_rows=args.adafest_noise_rows,
+        contribution_clip=args.adafest_contribution_clip,
+        contribution_noise_multiplier=sigma1,
+    )
+
+
+def _run_adafest_budget(base_spec: dict, vocab: int, workdir: str, args: argparse.Namespace, processes: list) -> list:
+    """DP-AdaFEST with tau from `adafest_budget_threshold`, in its own worker, relabelled adafest@R."""
+    name = adafest_budget_name(args.adafest_noise_rows)
+    if args.adafest_noise_rows > vocab / 2:
+        why = f"--adafest-noise-rows {args.adafest_noise_rows:g} is more than half of the {vocab:,} rows (tau would be < 0)"
+        row = {"mechanism": name, "median_step_s": None, "p10_step_s": None, "p90_step_s": None, "steps_timed": 0,
+               "peak_rss_mb": None, "not_measured": why, "notes": f"not measured: {why}"}
+        row.update(vocab=vocab, dim=args.dim, batch=args.batch, zipf=args.zipf)
+        print("    " + format_line(row), flush=True)
+        return [row]
+    tau = adafest_budget_threshold(args, vocab)
+    print(f"[step_time] vocab {vocab:,}: {name} (tau {tau:.4g}) ...", flush=True)
+    spec = {**base_spec, "vocab": vocab, "mechanisms": ["adafest"], "adafest_threshold": tau, "tfp_microbatches": 1}
+    rows = _run_group(spec, workdir, args, f"v{vocab}_adafest_at_{args.adafest_noise_rows:g}", processes)
+    for result in rows:
+        result.update(vocab=vocab, dim=args.dim, batch=args.batch, zipf=args.zipf, mechanism=name)
+        result["adafest_threshold"] = tau
+        result["adafest_expected_noise_rows"] = args.adafest_noise_rows
+        result["process_ru_maxrss_mb"] = processes[-1]["ru_maxrss_mb"]
+        result["notes"] = "; ".join(filter(None, [f"tau={tau:.4g} for {args.adafest_noise_rows:g} expected noise-only rows", result.get("notes")]))
+        print("    " + format_line(result), flush=True)
+    return rows
+
+
+# Rows that are not sparse mechanisms (no speed-up vs dense is computed for them).
+_NOT_SPARSE = ("none", "dpmodel_none", "dense", "tfp_keras_sgd")
+
+
+def speedups_vs_dense(rows: list) -> list:
+    """Per vocabulary and sparse mechanism: median dense step / median step, and the same for tfp_keras_sgd.
+
+    Returns:
+      dicts with mechanism, vocab, median_step_s, dense_over_mechanism and
+      tfp_keras_sgd_over_mechanism (None when either median was not measured
+      in this run), in the order of `rows`.
+    """
+    medians = {(r["vocab"], r["mechanism"]): r.get("median_step_s") for r in rows}
+    out = []
+    for r in rows:
+        if r["mechanism"] in _NOT_SPARSE:
+            continue
+        median = r.get("median_step_s")
+        entry = {"mechanism": r["mechanism"], "vocab": r["vocab"], "median_step_s": median}
+        for peer in ("dense", "tfp_keras_sgd"):
+            base = medians.get((r["vocab"], peer))
+            entry[f"{peer}_over_mechanism"] = base / median if base and median else None
+        out.append(entry)
+    return out
+
+
+def speedup_table(rows: list) -> str:
+    """Markdown table of `speedups_vs_dense(rows)` ("not measured" where a median is missing)."""
+    lines = [
+        "| mechanism | vocab | median step | dense ÷ mechanism | tfp_keras_sgd ÷ mechanism |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for e in speedups_vs_dense(rows):
+        cells = [
+            "not measured" if e[f"{peer}_over_mechanism"] is None else fmt_ratio(e[f"{peer}_over_mechanism"])
+            for peer in ("dense", "tfp_keras_sgd")
+        ]
+        lines.append(f"| {e['mechanism']} | {e['vocab']:,} | {fmt_time(e['median_step_s'])} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
 
 
 def _add_ratios(rows: list) -> None:
@@ -423,7 +529,7 @@ def markdown_section(document: dict) -> str:
                 {
                     f"{r['mechanism']}: {r['hyperparameters']}"
                     for r in document["results"]
-                    if r.get("hyperparameters") and r["mechanism"] in ("fest", "adafest")
+                    if r.get("hyperparameters") and (r["mechanism"] in ("fest", "adafest") or r["mechanism"].startswith("adafest@"))
                 }
             )
         )
@@ -439,6 +545,16 @@ def markdown_section(document: dict) -> str:
     if document.get("note"):
         lines.append(f"- Note: {document['note']}")
     lines += ["", markdown_table(document["results"]), ""]
+    if speedups_vs_dense(document["results"]):
+        lines += [
+            (
+                "Speed-up vs dense DP-SGD (median dense step ÷ median mechanism step, same run; `dense` is ours, "
+                "with the fast Gaussian op; `tfp_keras_sgd` is tensorflow-privacy's DPKerasSGDOptimizer):"
+            ),
+            "",
+            speedup_table(document["results"]),
+            "",
+        ]
     if document.get("png"):
         lines += [f"Plot: `{_shown_path(document['png'])}`.", ""]
     return "\n".join(lines)
@@ -478,8 +594,12 @@ def main(argv: list[str] | None = None) -> int:
     document["png"] = os.path.abspath(args.png) if args.png else None
     if devices:
         info["tf_devices"] = devices
+    document["speedups_vs_dense"] = speedups_vs_dense(rows)
     print()
     print(markdown_table(rows))
+    if document["speedups_vs_dense"]:
+        print()
+        print(speedup_table(rows))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as handle:

@@ -27,13 +27,15 @@ from tfdp_embed._keras import keras, tf  # noqa: I001
 _WRAPPERS = ("__inference", "Run", "Process", "Executor", "Record", "StartRegion", "StopRegion")
 
 
-def _step_function(name: str, spec: dict, batches: list):
-    model = worker.build_model(vocab=spec["vocab"], dim=spec["dim"], dp_embedding=name != "plain", seed=0)
-    if name == "plain":
-        fn = worker.plain_step(model)
-        return lambda i: fn(*batches[i % len(batches)])
+def _step_functions(name: str, spec: dict, batches: list) -> tuple:
+    """(plain step, mechanism step) on ONE model: a 5e7 x 64 table (12.8 GB) exists once.
+
+    The plain step is `step_time_worker.plain_step` on the mechanism's model,
+    traced with the read hooks removed (as the worker's in-process baseline).
+    """
     from tfdp_embed.training import DPModel
 
+    model = worker.build_model(vocab=spec["vocab"], dim=spec["dim"], dp_embedding=True, seed=0)
     counts = np.ones(spec["vocab"], np.int64) if name == "fest" else None
     mechanism = worker.make_mechanism(name, spec, counts)
     dp = DPModel(model, mechanism=mechanism, expected_batch_size=spec["batch"], lookahead=name == "lazy")
@@ -42,8 +44,59 @@ def _step_function(name: str, spec: dict, batches: list):
     dp.prepare()
     fn = tf.function(dp.train_step)
     if name == "lazy":
-        return lambda i: fn(batches[i % len(batches)] + ({worker.TABLE_NAME: batches[(i + 1) % len(batches)][0]},))
-    return lambda i: fn(batches[i % len(batches)])
+        step = lambda i: fn(batches[i % len(batches)] + ({worker.TABLE_NAME: batches[(i + 1) % len(batches)][0]},))
+    else:
+        step = lambda i: fn(batches[i % len(batches)])
+    plain = worker.plain_step(model)
+    layers = [layer for layer in model.layers if hasattr(layer, "set_read_hook")]
+    hooks = [layer.read_hook for layer in layers]
+    for layer in layers:
+        layer.set_read_hook(None)
+    try:
+        plain(*batches[0])  # traced without hooks; later calls reuse the trace
+    finally:
+        for layer, hook in zip(layers, hooks):
+            layer.set_read_hook(hook)
+    return (lambda i: plain(*batches[i % len(batches)])), step, mechanism
+
+
+def untouched_rows_floor(spec: dict, batches: list, rows: int, steps: int) -> tuple:
+    """Median (plain step, plain step + scatter-add of `rows` random rows), interleaved, one model.
+
+    The second step is the plain step followed by `table.scatter_add` of
+    `rows` uniformly drawn rows (fresh each step; constant values, no noise draw): what
+    any mechanism must pay to update that many rows the batch did not touch
+    (cold rows: TLB and cache misses in a large table). A lower bound for
+    DP-AdaFEST's step when `rows` rows survive by noise alone.
+
+    Returns:
+      (plain median s, plain + scatter median s), wall time.
+    """
+    model = worker.build_model(vocab=spec["vocab"], dim=spec["dim"], dp_embedding=True, seed=0)
+    plain = worker.plain_step(model)
+    table = model.get_layer(worker.TABLE_NAME).embeddings
+    generator = tf.random.Generator.from_seed(1)
+
+    @tf.function
+    def both_step(ids, labels):
+        loss = plain(ids, labels)  # inlined: one call, as a mechanism's step
+        rows_drawn = generator.uniform([rows], 0, spec["vocab"], dtype=tf.int64)
+        table.scatter_add(tf.IndexedSlices(tf.fill([rows, spec["dim"]], 1e-6), rows_drawn))
+        return loss
+
+    def both(i):
+        return both_step(*batches[i % len(batches)])
+
+    times = {"plain": [], "plain+scatter": []}
+    for i in range(5):
+        _finish(plain(*batches[i % len(batches)]))
+        _finish(both(i))
+    for i in range(steps):
+        for name, fn in (("plain", lambda j: plain(*batches[j % len(batches)])), ("plain+scatter", both)):
+            start = time.perf_counter()
+            _finish(fn(i))
+            times[name].append(time.perf_counter() - start)
+    return float(np.median(times["plain"])), float(np.median(times["plain+scatter"]))
 
 
 def _finish(result) -> None:
@@ -91,21 +144,32 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--adafest-threshold", type=float, default=19.0, help="tau (step_time's default)")
+    parser.add_argument("--untouched-rows", type=int, default=0,
+                        help="instead: time the plain step with and without a scatter-add of this many random rows")
     args = parser.parse_args(argv)
     spec = dict(vocab=args.vocab, dim=args.dim, batch=args.batch, l2_norm_clip=1.0, noise_multiplier=1.0, seed=0,
                 fest_top_k=4096, fest_selection_epsilon=0.1, adafest_ratio=5.0, adafest_contribution_clip=1.0,
-                adafest_threshold=19.0)
+                adafest_threshold=args.adafest_threshold)
     batches = worker.make_batches(vocab=args.vocab, batch=args.batch, count=40, zipf=None, seed=0)
     batches = [(tf.constant(ids), tf.constant(labels)) for ids, labels in batches]
-    results = {}
-    for name in ("plain", args.mechanism):
-        results[name] = profile(_step_function(name, spec, batches), args.steps)
+    if args.untouched_rows:
+        plain_s, both_s = untouched_rows_floor(spec, batches, args.untouched_rows, args.steps)
+        print(f"vocab {args.vocab:,}, dim {args.dim}, batch {args.batch}, {args.steps} interleaved steps: "
+              f"plain {plain_s * 1e3:.2f} ms, plain + scatter-add of {args.untouched_rows} random rows "
+              f"{both_s * 1e3:.2f} ms ({both_s / plain_s:.2f}x)")
+        return 0
+    plain_fn, mechanism_fn, mechanism = _step_functions(args.mechanism, spec, batches)
+    results = {"plain": profile(plain_fn, args.steps), args.mechanism: profile(mechanism_fn, args.steps)}
     (pw, pc, plain), (mw, mc, mech) = results["plain"], results[args.mechanism]
     print(f"vocab {args.vocab:,}, dim {args.dim}, batch {args.batch}, {args.steps} steps")
     print(f"wall/step: plain {pw * 1e3:.2f} ms, {args.mechanism} {mw * 1e3:.2f} ms ({mw / pw:.2f}x); "
           f"process CPU/step: {pc * 1e3:.2f} ms, {mc * 1e3:.2f} ms ({mc / pc:.2f}x)")
     print(f"summed op time/step: plain {sum(v[0] for v in plain.values()) / 1e3:.2f} ms, "
           f"{args.mechanism} {sum(v[0] for v in mech.values()) / 1e3:.2f} ms")
+    if hasattr(mechanism, "rows_noised"):
+        steps = max(1, int(mechanism.steps.numpy()))
+        print(f"rows noised/step: {float(mechanism.rows_noised.numpy()[0]) / steps:.0f}")
     print(f"{'op type':34s} {args.mechanism + ' us/step':>16s} {'execs':>6s} {'plain us/step':>14s} {'execs':>6s}")
     for op_type, (us, n) in sorted(mech.items(), key=lambda kv: -kv[1][0])[: args.top]:
         p_us, p_n = plain.get(op_type, (0.0, 0.0))

@@ -41,6 +41,7 @@ App. B.2, App. C.4; Dong, Roth & Su 2019, Cor. 3.3 (Gaussian composition).
 from __future__ import annotations
 
 import math
+import statistics
 import warnings
 from typing import Sequence
 
@@ -121,6 +122,60 @@ def noise_survival_probability(
     return 0.5 * math.erfc(threshold / (scale * math.sqrt(2.0)))
 
 
+def threshold_for_noise_rows(
+    *,
+    vocabulary_size: int,
+    expected_noise_rows: float,
+    contribution_clip: float,
+    contribution_noise_multiplier: float,
+) -> float:
+    """The threshold tau at which `expected_noise_rows` untouched rows survive per step on average.
+
+        tau = sigma1 C1 * Phi^-1(1 - r / V),   so that   V * P(N(0, sigma1^2 C1^2) >= tau) = r
+
+    With a fixed tau the rows that pass by noise alone grow as p V, and so
+    does the step (they are noised and written like any update); the paper
+    tunes tau per setting (App. D.1). This is the rule that keeps that
+    number, and the step's cost, fixed as the vocabulary grows: pick the
+    number r of noise-only rows per step you accept (e.g. a fraction of the
+    rows a batch touches) and derive tau from V, sigma1 and C1. tau is a
+    hyperparameter, not data: choosing it from V costs no privacy.
+
+    Args:
+      vocabulary_size: V (>= 1), rows in the table (for DP-AdaFEST+: the
+        number of selected rows, over which the noise-only draw runs).
+      expected_noise_rows: r, in (0, V / 2]; r = V / 2 gives tau = 0.
+      contribution_clip: C1 (> 0).
+      contribution_noise_multiplier: sigma1 (> 0).
+
+    Returns:
+      tau (>= 0). `noise_survival_probability(threshold=tau, ...) * V` equals
+      r to about 1e-12 relative.
+
+    Raises:
+      ValueError: V < 1, r outside (0, V / 2], or C1, sigma1 not > 0.
+
+    Example:
+        >>> tau = threshold_for_noise_rows(vocabulary_size=10**7, expected_noise_rows=1000,
+        ...     contribution_clip=1.0, contribution_noise_multiplier=5.1)   # ~19.0
+
+    References: DP-AdaFEST App. B.2 (noise-only survivors), App. D.1 (tau tuned).
+    """
+    if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or vocabulary_size < 1:
+        raise ValueError(f"`vocabulary_size` must be an int >= 1; received {vocabulary_size!r}.")
+    rows = check_positive("expected_noise_rows", expected_noise_rows)
+    if rows > vocabulary_size / 2:
+        raise ValueError(
+            f"`expected_noise_rows` must be in (0, vocabulary_size / 2] = (0, {vocabulary_size / 2:g}] "
+            f"(more than half the rows would need a negative threshold); received {rows!r}."
+        )
+    scale = check_positive("contribution_clip", contribution_clip) * check_positive(
+        "contribution_noise_multiplier", contribution_noise_multiplier
+    )
+    # -Phi^-1(q) = Phi^-1(1 - q), computed in the lower tail (no 1 - q rounding).
+    return max(0.0, -scale * statistics.NormalDist().inv_cdf(rows / vocabulary_size))
+
+
 def contribution_map(tables: Sequence, batch_size, contribution_clip: float, keep=None) -> list:
     """The clipped contribution counts sum_i [v_i]_{C1}, on touched rows only.
 
@@ -140,6 +195,30 @@ def contribution_map(tables: Sequence, batch_size, contribution_clip: float, kee
 
     References: DP-AdaFEST Alg. 1 line 6; App. B.2 (touched rows only).
     """
+    out = []
+    for rows, weights in contribution_pairs(tables, batch_size, contribution_clip, keep=keep):
+        unique_rows, position = tf.unique(rows, out_idx=tf.int32)
+        out.append((unique_rows, tf.math.unsorted_segment_sum(weights, position, tf.size(unique_rows))))
+    return out
+
+
+def contribution_pairs(tables: Sequence, batch_size, contribution_clip: float, keep=None) -> list:
+    """The contribution map before summing: one `(row, weight)` per distinct (example, row).
+
+    `contribution_map` sums these weights per row; the mechanism sums them
+    itself, inside the one deduplication that also merges the gradient rows
+    and the noise-only survivors (one `Unique` per table and step).
+
+    Args:
+      tables, batch_size, contribution_clip, keep: as `contribution_map`.
+
+    Returns:
+      One `(rows, weights)` pair per table: int64 `[n_t]` rows (a row appears
+      once per distinct example touching it) and float32 `[n_t]` weights
+      min(1, C1 / sqrt(n_i)) of those examples.
+
+    References: DP-AdaFEST Alg. 1 line 6 (per-example clipping to C1).
+    """
     pairs = []
     for index, table in enumerate(tables):
         rows, examples = _distinct_example_rows(table)
@@ -154,27 +233,30 @@ def contribution_map(tables: Sequence, batch_size, contribution_clip: float, kee
             tf.ones_like(examples, tf.float32), examples, batch_size
         )
     scale = tf.minimum(1.0, contribution_clip * tf.math.rsqrt(tf.maximum(touched, 1.0)))
-    out = []
-    for rows, examples in pairs:
-        unique_rows, position = tf.unique(rows, out_idx=tf.int32)
-        counts = tf.math.unsorted_segment_sum(
-            tf.gather(scale, examples), position, tf.size(unique_rows)
-        )
-        out.append((unique_rows, counts))
-    return out
+    return [(rows, tf.gather(scale, examples)) for rows, examples in pairs]
 
 
 def _distinct_example_rows(table) -> tuple:
-    """Distinct (row, example) pairs of one table over all its calls this step."""
+    """Distinct (row, example) pairs of one table over all its calls this step.
+
+    Deduplicates the keys example * vocab + row, then reads each pair's row
+    and example back at its first occurrence (no int64 division).
+    """
     vocab = int(table.layer.vocabulary_size)
-    keys = []
+    ids, examples = [], []
     for occ in table.occurrences:
-        examples = tf.cast(tf.gather(occ.segment_examples, occ.segments), tf.int64)
-        keys.append(examples * vocab + tf.cast(occ.ids, tf.int64))
-    if not keys:
+        examples.append(tf.cast(tf.gather(occ.segment_examples, occ.segments), tf.int32))
+        ids.append(tf.cast(occ.ids, tf.int64))
+    if not ids:
         return tf.zeros([0], tf.int64), tf.zeros([0], tf.int32)
-    keys, _ = tf.unique(tf.concat(keys, 0))
-    return keys % vocab, tf.cast(keys // vocab, tf.int32)
+    ids = ids[0] if len(ids) == 1 else tf.concat(ids, 0)
+    examples = examples[0] if len(examples) == 1 else tf.concat(examples, 0)
+    keys = tf.cast(examples, tf.int64) * vocab + ids
+    distinct, position = tf.unique(keys, out_idx=tf.int32)
+    first = tf.math.unsorted_segment_min(
+        tf.range(tf.size(keys)), position, tf.size(distinct)
+    )
+    return tf.gather(ids, first), tf.gather(examples, first)
 
 
 def geometric_skip_positions(generator, size: int, probability: float) -> tf.Tensor:
@@ -231,12 +313,6 @@ def is_member(values: tf.Tensor, ordered: tf.Tensor) -> tf.Tensor:
     """
     at = tf.searchsorted(ordered, values, side="left")
     return tf.equal(tf.gather(ordered, at), values)
-
-
-def _not_in(values: tf.Tensor, reference: tf.Tensor, sentinel: int) -> tf.Tensor:
-    """Mask of `values` (int64) absent from `reference` (int64, any order, all < sentinel)."""
-    ordered = tf.concat([tf.sort(reference), tf.constant([sentinel], tf.int64)], 0)
-    return tf.logical_not(is_member(values, ordered))
 
 
 class DPAdaFEST(NoiseMechanism):
@@ -335,13 +411,13 @@ class DPAdaFEST(NoiseMechanism):
                 f"the step has {len(clipped.tables)}."
             )
         out = self._dense_noised(clipped, self.noise_multiplier)
-        maps = contribution_map(
+        pairs = contribution_pairs(
             clipped.tables, clipped.batch_size, self.contribution_clip, keep=self._keep_mask
         )
         stats = []
-        for index, (table, (rows, counts)) in enumerate(zip(clipped.tables, maps)):
+        for index, (table, (rows, weights)) in enumerate(zip(clipped.tables, pairs)):
             slices, table_stats = self._noised_table(
-                index, table, rows, counts, clipped.expected_batch_size
+                index, table, rows, weights, clipped.expected_batch_size
             )
             out.append((slices, table.variable))
             stats.append(table_stats)
@@ -354,39 +430,51 @@ class DPAdaFEST(NoiseMechanism):
         self.steps.assign_add(1)
         return out
 
-    def _noised_table(self, index: int, table, rows, counts, divisor: float) -> tuple:
-        """Thresholds one table's noisy map; (survivors' sum + noise) / divisor as IndexedSlices."""
-        layer = table.layer
-        vocab, dim = int(layer.vocabulary_size), int(layer.output_dim)
+    def _noised_table(self, index: int, table, pair_rows, pair_weights, divisor: float) -> tuple:
+        """Thresholds one table's noisy map; (survivors' sum + noise) / divisor as IndexedSlices.
+
+        One `Unique` over [gradient rows, contribution rows, noise draw]
+        numbers the rows: the gradient rows (unique) keep positions
+        [0, g), every touched row gets a position below m (the number of
+        distinct touched rows), and drawn rows that nobody touched get
+        positions >= m. Touched rows take the noisy-count test; a drawn
+        row that was touched is ignored (its test is its own count's), so
+        the untouched survivors are exactly the untouched rows' Bernoulli(p)
+        events. Surviving gradient rows come first in the output, so their
+        values are one boolean mask of the gradient, and the rest are zero
+        rows (padding) before the one fused noise pass.
+        """
+        vocab, dim = int(table.layer.vocabulary_size), int(table.layer.output_dim)
         grad = table.gradient
         grad_rows = tf.cast(grad.indices, tf.int64)
         num_grad = tf.size(grad_rows)
-        # Candidates: gradient rows first (unique, so they keep positions
-        # [0, num_grad)), then rows only the contribution map touched.
-        candidates, position = tf.unique(tf.concat([grad_rows, rows], 0), out_idx=tf.int32)
-        num_candidates = tf.size(candidates)
-        count = tf.math.unsorted_segment_sum(counts, position[num_grad:], num_candidates)
+        num_touched_entries = num_grad + tf.size(pair_rows)
+        drawn = self._noise_draw(index, vocab)
+        rows, position = tf.unique(tf.concat([grad_rows, pair_rows, drawn], 0), out_idx=tf.int32)
+        num_rows = tf.size(rows)
+        # First-appearance numbering: the touched entries' positions are exactly [0, m).
+        num_touched = tf.maximum(tf.reduce_max(position[:num_touched_entries]), -1) + 1
+        count = tf.math.unsorted_segment_sum(
+            pair_weights, position[num_grad:num_touched_entries], num_touched
+        )
         noisy = count + self._noise_like(
-            [num_candidates], self.contribution_noise_multiplier * self.contribution_clip
+            [num_touched], self.contribution_noise_multiplier * self.contribution_clip
         )
-        survive = noisy >= self.threshold
-        allowed = self._keep_mask(index, candidates)
+        survive_touched = noisy >= self.threshold
+        allowed = self._keep_mask(index, rows[:num_touched])
         if allowed is not None:  # AdaFEST+: rows outside the selection never update
-            survive = tf.logical_and(survive, allowed)
-        values = tf.pad(
-            tf.reshape(grad.values, [-1, dim]), [[0, num_candidates - num_grad], [0, 0]]
-        )
-        kept_rows = tf.boolean_mask(candidates, survive)
-        kept_values = tf.boolean_mask(values, survive)
-        extra = self._noise_only_rows(index, vocab, candidates)
-        rows_out = tf.concat([kept_rows, extra], 0)
-        values_out = tf.concat([kept_values, tf.zeros([tf.size(extra), dim], values.dtype)], 0)
+            survive_touched = tf.logical_and(survive_touched, allowed)
+        survive = tf.concat([survive_touched, tf.ones([num_rows - num_touched], tf.bool)], 0)
+        rows_out = tf.boolean_mask(rows, survive)
+        kept_values = tf.boolean_mask(tf.reshape(grad.values, [-1, dim]), survive[:num_grad])
+        num_out = tf.size(rows_out)
+        values_out = tf.pad(kept_values, [[0, num_out - tf.shape(kept_values)[0]], [0, 0]])
         values_out = self._noised_sum(values_out, self.noise_multiplier * self.l2_norm_clip, divisor)
         slices = tf.IndexedSlices(values_out, rows_out, tf.constant([vocab, dim], tf.int64))
-        num_kept = tf.size(kept_rows, out_type=tf.int64)
-        num_extra = tf.size(extra, out_type=tf.int64)
-        touched = tf.cast(num_candidates, tf.int64)
-        return slices, (num_kept + num_extra, num_extra, touched, touched - num_kept)
+        num_out = tf.cast(num_out, tf.int64)
+        num_extra = tf.cast(num_rows - num_touched, tf.int64)
+        touched = tf.cast(num_touched, tf.int64)
+        return slices, (num_out, num_extra, touched, touched - (num_out - num_extra))
 
     # -- hooks for DP-AdaFEST+ ------------------------------------------------
     def _keep_mask(self, index: int, rows: tf.Tensor):
@@ -394,13 +482,14 @@ class DPAdaFEST(NoiseMechanism):
         del index, rows
         return None
 
-    def _noise_only_rows(self, index: int, vocab: int, candidates: tf.Tensor) -> tf.Tensor:
-        """Untouched rows that pass tau by noise alone, drawn by geometric skips."""
+    def _noise_draw(self, index: int, vocab: int) -> tf.Tensor:
+        """Rows passing tau by noise alone if untouched: Bernoulli(p) over the table, by geometric skips.
+
+        Touched rows may be drawn too; `_noised_table` ignores those draws
+        (a touched row's survival is decided by its own noisy count).
+        """
         del index
-        drawn = geometric_skip_positions(self.generator, vocab, self.noise_survival_probability)
-        # Candidate rows had their own draw; the others are independent
-        # Bernoulli(p) bits, exactly the untouched rows' survival events.
-        return tf.boolean_mask(drawn, _not_in(drawn, candidates, vocab))
+        return geometric_skip_positions(self.generator, vocab, self.noise_survival_probability)
 
     # -- accounting and reporting ------------------------------------------
     def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:

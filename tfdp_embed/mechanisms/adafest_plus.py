@@ -194,14 +194,17 @@ class DPAdaFESTPlus(DPAdaFEST):
     def _keep_mask(self, index: int, rows: tf.Tensor):
         return is_member(rows, self._selected[index])
 
-    def _noise_only_rows(self, index: int, vocab: int, candidates: tf.Tensor) -> tf.Tensor:
-        """Untouched *selected* rows passing tau by noise: skips over the selection."""
+    def _noise_draw(self, index: int, vocab: int) -> tf.Tensor:
+        """Bernoulli(p) over the *selected* rows, by geometric skips over the selection.
+
+        Selected rows that were touched may be drawn; `DPAdaFEST._noised_table`
+        ignores those draws (their own noisy counts decide).
+        """
+        del vocab
         selected = self._selected[index]
         size = int(selected.shape[0]) - 1  # without the sentinel
         positions = geometric_skip_positions(self.generator, size, self.noise_survival_probability)
-        drawn = tf.gather(selected, positions)
-        ordered = tf.concat([tf.sort(candidates), tf.constant([vocab], tf.int64)], 0)
-        return tf.boolean_mask(drawn, tf.logical_not(is_member(drawn, ordered)))
+        return tf.gather(selected, positions)
 
     # -- accounting and reporting ------------------------------------------
     def setup_event(self) -> dp_accounting.DpEvent:
