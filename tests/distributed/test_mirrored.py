@@ -11,7 +11,7 @@ import pytest
 # RUN_SLOW_DISTRIBUTED=1 adds dense DP-SGD's noise and dense / DP-FEST / DP-AdaFEST+ exactness.
 SLOW = os.environ.get("RUN_SLOW_DISTRIBUTED", "") not in ("", "0")
 
-_CASES = ["exact", "uneven", "noise_eana", "unsupported", "tpu_noise_feature"] + (["noise_dense", "exact_more"] if SLOW else [])
+_CASES = ["exact", "uneven", "noise_eana", "unsupported", "tpu_noise_feature", "tpu_step"] + (["noise_dense", "exact_more"] if SLOW else [])
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +92,14 @@ def test_tpu_noise_feature_noises_each_row_of_the_union_once_across_replicas(res
     for std in row["std_per_union_row"]:
         assert abs(std / row["expected_std"] - 1) < 0.06, row
     assert row["max_abs_other_rows"] == 0.0
+
+
+def test_tpu_dp_step_on_two_replicas_equals_one_device(results):
+    # distribute.TpuDPStep (EANA, sigma 1, clipping active) with a CPU engine shared by 2 replicas:
+    # the mechanism runs once in merge_call, each row of the union is noised by one replica.
+    row = results["tpu_step"]
+    assert row["max_abs_diff"] < 1e-6 and row["table_moved"] > 1e-3, row
+    first, second = row["owned_per_replica"]
+    assert sorted(first + second) == row["union"] and not set(first) & set(second), row
+    assert row["mechanism_steps"] == 1  # the dry run's state was put back
+    assert row["replica_spread"] == 0.0

@@ -1,23 +1,24 @@
 """`distribute.TpuDPStep` on CPU: the TPU DP step with a CPU engine of TPUEmbeddingV2's interface.
 
-`CpuEngine` keeps each table in a `tf.Variable`, looks rows up on
-`dequeue` (combiner as the engine's: sum / mean / sqrtn, or one activation
-per id for sequence features, times the feature weights), and on
-`apply_gradients` back-propagates each feature's activation gradient through
-the combiner, sums every feature's contributions per row and runs SGD, as
-SparseCore does. It records every call. What is checked: zero noise + huge
-clip is non-private SGD; with noise, the tables and TensorCore weights equal
-a `DPModel` step of the same mechanism on the same model, batch and
-generator state (EANA, DP-FEST, DP-AdaFEST); the noise feature lists exactly
-the mechanism's rows, rows outside them never move, and its gradients have
-std sigma C / B; refused mechanisms and bad input raise clear errors.
-Never run on a TPU.
+`CpuEngine` (cpu_engine.py) keeps each table in a `tf.Variable`, looks rows
+up on `dequeue` and, on `apply_gradients`, back-propagates each feature's
+activation gradient through the combiner, sums every feature's
+contributions per row and runs SGD, as SparseCore does; it records every
+call. What is checked: zero noise + huge clip is non-private SGD; with
+noise, the tables and TensorCore weights equal a `DPModel` step of the same
+mechanism on the same model, batch and generator state (EANA, DP-FEST,
+DP-AdaFEST); the noise feature lists exactly the mechanism's rows, rows
+outside them never move, and its gradients have std sigma C / B; refused
+mechanisms and bad input raise clear errors. Two replicas
+(MirroredStrategy as the stand-in for TPUStrategy's replica context) are
+tested in test_mirrored.py (`tpu_step`). Never run on a TPU.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from cpu_engine import CpuEngine
 
 from tfdp_embed import distribute
 from tfdp_embed._keras import keras, tf
@@ -34,85 +35,6 @@ from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, BATCH, LR = 40, 4, 3, 8, 0.5
 BCE = keras.losses.BinaryCrossentropy(from_logits=True)
-
-
-class CpuEngine:
-    """TPUEmbeddingV2's enqueue / dequeue / apply_gradients / embedding_tables on CPU, SGD, recording calls.
-
-    Args:
-      tables: {table name: initial [vocabulary, dim] array}.
-      features: {feature name: (table name, combiner or None)}.
-      learning_rate: the tables' SGD learning rate.
-    """
-
-    def __init__(self, tables: dict, features: dict, learning_rate: float):
-        self.embedding_tables = {name: tf.Variable(value, name=name) for name, value in tables.items()}
-        self.feature_tables = dict(features)
-        self.learning_rate = learning_rate
-        self.calls = []
-
-    def _record(self, *entry):
-        if tf.executing_eagerly():
-            self.calls.append(tuple(x.numpy() if isinstance(x, tf.Tensor) else x for x in entry))
-
-    def enqueue(self, features, weights=None):
-        unknown = sorted(set(features) - set(self.feature_tables))
-        if unknown:
-            raise ValueError(f"CpuEngine: features {unknown} are not in the feature config")
-        weights = weights or {}
-        features = {k: tf.convert_to_tensor(v) for k, v in features.items()}
-        weights = {k: None if w is None else tf.convert_to_tensor(w, tf.float32) for k, w in weights.items()}
-        for name in sorted(features):
-            self._record("enqueue", name, features[name], weights.get(name))
-        return {"features": features, "weights": weights}
-
-    def _occurrence_weights(self, name, ids, weights):
-        """Per-id weight of a pooled feature: combiner weight times the feature weight."""
-        _, combiner = self.feature_tables[name]
-        if ids.shape.rank == 1:
-            w = tf.ones(tf.shape(ids), tf.float32)
-        else:
-            n = tf.cast(tf.shape(ids)[1], tf.float32)
-            per = {"sum": 1.0, "mean": 1.0 / n, "sqrtn": tf.math.rsqrt(n)}[combiner]
-            w = tf.fill(tf.shape(ids), per)
-        if weights is not None:
-            w = w * tf.reshape(weights, [-1] + [1] * (ids.shape.rank - 1))
-        return w
-
-    def dequeue(self, partitioned):
-        activations = {}
-        for name, ids in partitioned["features"].items():
-            table, combiner = self.feature_tables[name]
-            rows = tf.gather(self.embedding_tables[table], ids)
-            weights = partitioned["weights"].get(name)
-            if combiner is None and ids.shape.rank == 2:
-                activations[name] = rows
-            else:
-                w = self._occurrence_weights(name, ids, weights)
-                activations[name] = rows * w[..., None] if ids.shape.rank == 1 else tf.reduce_sum(rows * w[..., None], 1)
-        return activations, partitioned
-
-    def apply_gradients(self, gradients, preserved):
-        for name in sorted(gradients):
-            grad = gradients[name]
-            if grad is None:
-                continue
-            ids = preserved["features"][name]
-            weights = preserved["weights"].get(name)
-            table, combiner = self.feature_tables[name]
-            self._record("apply_gradients", name, ids, weights, grad)
-            if combiner is None and ids.shape.rank == 2:
-                per_id = grad
-            else:
-                w = self._occurrence_weights(name, ids, weights)
-                per_id = grad * w[..., None] if ids.shape.rank == 1 else grad[:, None, :] * w[..., None]
-            flat_ids = tf.reshape(ids, [-1])
-            per_id = tf.reshape(per_id, [-1, grad.shape[-1]])
-            self.embedding_tables[table].scatter_sub(tf.IndexedSlices(self.learning_rate * per_id, flat_ids))
-
-    def applied(self, feature):
-        """(ids, weights, gradients) of every apply_gradients call for `feature`, in order."""
-        return [c[2:] for c in self.calls if c[0] == "apply_gradients" and c[1] == feature]
 
 
 # -- the same model twice: DPModel with a DPEmbedding, and TensorCore tower + engine ---------
