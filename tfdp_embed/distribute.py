@@ -687,16 +687,9 @@ def noise_feature_rows(touched_rows: tf.Tensor, *, max_rows: int, ctx=None) -> t
         rows = ctx.all_gather(rows, axis=0)
         replicas, me = ctx.num_replicas_in_sync, ctx.replica_id_in_sync_group
     union = tf.sort(tf.unique(rows).y)  # the same order on every replica
-    owned = tf.boolean_mask(union, tf.equal(tf.range(tf.size(union)) % replicas, me))
-    count = tf.size(owned)
-    check = tf.debugging.assert_less_equal(
-        count, max_rows, message=f"noise_feature_rows: more owned rows than max_rows={max_rows}; raise it."
+    return _owned_rows(
+        union, max_rows, replicas, me, message=f"noise_feature_rows: more owned rows than max_rows={max_rows}; raise it."
     )
-    with tf.control_dependencies([check]):
-        padding = max_rows - count
-        ids = tf.pad(owned, [[0, padding]])
-        weights = tf.pad(tf.ones([count], tf.float32), [[0, padding]])
-    return ids, weights, count
 
 
 def noise_feature_gradients(generator, weights: tf.Tensor, *, dim: int, stddev: float) -> tf.Tensor:
@@ -1010,8 +1003,16 @@ class TpuDPStep:
         # 1. The rows the mechanism changes this step, before the lookup (a dry run).
         planned = self._planned_rows(occurrences, batch_size, ctx)
         noise_ids, noise_weights, counts = {}, {}, {}
+        replicas, me = 1, 0
+        if ctx is not None and ctx.num_replicas_in_sync > 1:
+            replicas, me = ctx.num_replicas_in_sync, ctx.replica_id_in_sync_group
         for table, rows in zip(self.tables, planned):
-            owned, weights, count = _owned_rows(rows, self.max_noise_rows[table.name], ctx)
+            limit = self.max_noise_rows[table.name]
+            owned, weights, count = _owned_rows(
+                rows, limit, replicas, me,
+                message=f"TpuDPStep: table {table.name!r} needs more noise-feature rows on this replica than "
+                f"max_noise_rows={limit}; raise it (and the engine's noise feature size with it).",
+            )
             key = noise_feature_name(table.name)
             noise_ids[key], noise_weights[key], counts[table.name] = owned, weights, count
 
@@ -1219,20 +1220,13 @@ def _mechanism_state(mechanism: NoiseMechanism) -> list:
     return out
 
 
-def _owned_rows(rows: tf.Tensor, max_rows: int, ctx) -> tuple:
-    """The rows of sorted, replica-identical `rows` this replica owns (j % R == r), padded to `max_rows`."""
-    replicas, me = 1, 0
-    if ctx is not None and ctx.num_replicas_in_sync > 1:
-        replicas, me = ctx.num_replicas_in_sync, ctx.replica_id_in_sync_group
+def _owned_rows(rows: tf.Tensor, max_rows: int, replicas, me, *, message: str) -> tuple:
+    """(ids, weights, count): the rows of sorted, replica-identical `rows` replica `me` of
+    `replicas` owns (position j % replicas == me), padded to `max_rows` (weight 0)."""
     rows = tf.cast(rows, tf.int32)
     owned = tf.boolean_mask(rows, tf.equal(tf.range(tf.size(rows)) % replicas, me))
     count = tf.size(owned)
-    check = tf.debugging.assert_less_equal(
-        count,
-        max_rows,
-        message=f"noise feature: this replica owns more rows than max_noise_rows={max_rows}; raise it "
-        "(the engine's noise feature needs the same static size).",
-    )
+    check = tf.debugging.assert_less_equal(count, max_rows, message=message)
     with tf.control_dependencies([check]):
         padding = max_rows - count
         ids = tf.pad(owned, [[0, padding]])

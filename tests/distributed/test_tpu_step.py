@@ -223,7 +223,7 @@ def test_mechanisms_the_engine_cannot_run_are_refused_with_the_reason():
 def test_bad_input_is_refused_with_clear_errors():
     ids, y = _data()
     engine, step, _ = _tpu_setup(EANA(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0), "mean", max_noise_rows=4)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="more rows than max_noise_rows=4"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more noise-feature rows on this replica than max_noise_rows=4"):
         step({"f": ids}, y)
     with pytest.raises(ValueError, match="lacks \\['f'\\]"):
         step({"g": ids}, y)
