@@ -28,6 +28,7 @@ from tfdp_embed.mechanisms import (
     EANA,
     DenseDPSGD,
     DPAdaFEST,
+    DPAdaFESTPlus,
     LazyDP,
     NonPrivate,
 )
@@ -143,8 +144,18 @@ def _adafest(seed=6):
     )
 
 
+def _adafest_plus(seed=6):
+    import dp_accounting
+
+    return DPAdaFESTPlus(
+        selected_rows={"table": range(0, VOCAB, 2)}, selection_event=dp_accounting.NoOpDpEvent(),
+        l2_norm_clip=0.05, noise_multiplier=1.5, contribution_clip=1.0,
+        contribution_noise_multiplier=0.5, threshold=0.6, seed=seed,
+    )
+
+
 @pytest.mark.filterwarnings("ignore:DP-AdaFEST.*lets each untouched row through")
-@pytest.mark.parametrize("make", [_fest, _adafest], ids=["fest", "adafest"])
+@pytest.mark.parametrize("make", [_fest, _adafest, _adafest_plus], ids=["fest", "adafest", "adafest+"])
 def test_fest_and_adafest_on_sequence_features_equal_dp_model_and_freeze_dropped_rows(make):
     ids, y = _data(2)
     want = _dp_model_step(make(), None, ids, y)
@@ -164,6 +175,9 @@ def test_fest_and_adafest_on_sequence_features_equal_dp_model_and_freeze_dropped
     assert np.array_equal(after[frozen_touched], before[frozen_touched])
     if isinstance(step.mechanism, DPFEST):
         assert noised == sorted(step.mechanism.selected_rows("table").tolist())
+    elif isinstance(step.mechanism, DPAdaFESTPlus):
+        assert all(r % 2 == 0 for r in noised)  # only pre-selected rows ever update
+        assert any(r % 2 for r in frozen_touched)  # touched rows outside the selection stay frozen
     else:
         assert set(noised) - touched, "the case must noise some untouched (noise-only) rows"
 
