@@ -743,7 +743,7 @@ class TpuFeature:
       name: key of the feature in the dicts given to the engine's `enqueue`
         and `apply_gradients` (and in the activations dict the TensorCore
         model receives).
-      table: the engine table it reads (a key of `engine.embedding_tables`).
+      table: the engine table it reads (a key of `TpuDPStep`'s `table_sizes`).
       combiner: how the engine pools the feature's ids: "sum", "mean",
         "sqrtn" (activations `[batch, dim]`), or None for a sequence feature
         (`[batch, n, dim]`, one activation per id; the TensorCore pools).
@@ -759,29 +759,55 @@ class TpuFeature:
 class EngineTable(DPEmbedding):
     """A table living on the TPU embedding engine, seen as a `DPEmbedding` by clipping and mechanisms.
 
-    Never built and never called: `embeddings` is the engine's table variable
-    (read for its shape and dtype only), `occurrences(ids)` flattens the
-    batch's ids with the feature's combiner weights, exactly as the engine
-    combines them. The clipping registry's `DPEmbedding` rule and every
-    mechanism then treat it like a table on the TensorCore.
+    Never built and never called. `occurrences(ids)` flattens the batch's ids
+    with the feature's combiner weights, exactly as the engine combines them;
+    the clipping registry's `DPEmbedding` rule (through
+    `engine_table_gradients`) and every mechanism then treat it like a table
+    on the TensorCore. The table's values never reach the TensorCore:
+    `embeddings` is a `[1, dim]` stand-in whose dtype and width the rule
+    reads (TPUEmbeddingV2's own variables are stacked, padded and
+    mod-sharded, not a `[vocabulary, dim]` array in row order); it also keys
+    the table's gradient in the mechanism's `(gradient, variable)` pairs.
 
     Args:
       name: the engine table name.
-      variable: the engine's `[vocabulary, dim]` table variable.
+      vocabulary_size: rows of the table (`TableConfig.vocabulary_size`).
+      dim: its width (`TableConfig.dim`).
       combiner: the combiner of every feature reading this table.
     """
 
-    def __init__(self, name: str, variable, combiner: str | None):
-        shape = tf.TensorShape(variable.shape)
-        if shape.rank != 2 or shape[0] is None or shape[1] is None:
-            raise ValueError(f"Engine table {name!r} must have a static shape [vocabulary, dim]; it has {shape}.")
-        super().__init__(int(shape[0]), int(shape[1]), combiner=combiner, name=name, trainable=False)
-        object.__setattr__(self, "_engine_variable", variable)  # not tracked as this layer's weight
+    def __init__(self, name: str, vocabulary_size: int, dim: int, combiner: str | None):
+        super().__init__(vocabulary_size, dim, combiner=combiner, name=name, trainable=False)
+        stand_in = tf.Variable(tf.zeros([1, dim]), trainable=False, name=f"{name}_engine_table")
+        object.__setattr__(self, "_stand_in", stand_in)  # not tracked as this layer's weight
         self.built = True
 
     @property
     def embeddings(self):
-        return self._engine_variable
+        return self._stand_in
+
+    @property
+    def dense_shape(self) -> tf.Tensor:
+        """int64 `[vocabulary, dim]`: the dense shape of this table's gradients."""
+        return tf.constant([self.vocabulary_size, self.output_dim], tf.int64)
+
+
+def engine_table_gradients(layer: EngineTable, taps, output_grads):
+    """The `DPEmbedding` registry rule for an engine table, its clipped sums given the table's dense shape.
+
+    Same per-example norms and clipped sums as `clipping.embedding_layer_gradients`
+    (it is called); only the `IndexedSlices`' dense shape is the table's
+    `[vocabulary, dim]` instead of the stand-in's.
+    """
+    from tfdp_embed.clipping import embedding_layer_gradients
+
+    info = embedding_layer_gradients(layer, taps, output_grads)
+    inner = info.clipped_sum
+
+    def clipped_sum(clip_factors):
+        return [tf.IndexedSlices(g.values, g.indices, layer.dense_shape) for g in inner(clip_factors)]
+
+    return dataclasses.replace(info, clipped_sum=clipped_sum)
 
 
 class TpuDPStep:
@@ -832,9 +858,8 @@ class TpuDPStep:
     Args:
       engine: the embedding engine, with `TPUEmbeddingV2`'s interface:
         `enqueue(features, weights) -> partitioned`, `dequeue(partitioned) ->
-        (activations, preserved)`, `apply_gradients(gradients, preserved)` and
-        `embedding_tables` ({table name: [vocabulary, dim] variable}). Its
-        feature configuration must hold every feature of `features` and, for a
+        (activations, preserved)` and `apply_gradients(gradients, preserved)`.
+        Its feature configuration must hold every feature of `features` and, for a
         clipping mechanism, per table the noise feature `noise_feature_name(table)`
         (one id per sample, `[max_noise_rows]` samples, combiner "sum"; ids
         arrive with weights 1, padding with 0). The engine's optimizer is the
@@ -847,6 +872,8 @@ class TpuDPStep:
         (labels, predictions) -> `[batch]`.
       optimizer: Keras optimizer of the TensorCore variables.
       expected_batch_size: B, the global expected batch size (q N).
+      table_sizes: {table name: (vocabulary_size, dim)} of every table the
+        features read (the engine's `TableConfig`s).
       max_noise_rows: static number of noise-feature ids per replica, an int
         or {table: int}; a step needing more fails with a clear error.
       registry: `LayerRegistry` of per-example norm rules (default:
@@ -856,12 +883,14 @@ class TpuDPStep:
       DistributionNotSupportedError: a mechanism that cannot run on the engine
         (dense DP-SGD, LazyDP: the reason from `TPU_PLANS`), or DP-FEST /
         DP-AdaFEST(+) with pooled features.
-      ValueError: unknown tables, repeated feature names, features of one
+      ValueError: tables missing from `table_sizes` (or sizes that are not
+        positive ints), repeated feature names, features of one
         table with different combiners, a non-positive `max_noise_rows` or
         `expected_batch_size`, an unbuilt model or a model holding tables.
 
     Example (one replica step; under TPUStrategy inside `strategy.run`):
         >>> step = TpuDPStep(engine, model=tower, features=[TpuFeature("movie", "movies")],
+        ...                  table_sizes={"movies": (100_000, 32)},
         ...                  mechanism=EANA(l2_norm_clip=1.0, noise_multiplier=1.0),
         ...                  loss=keras.losses.BinaryCrossentropy(from_logits=True),
         ...                  optimizer=keras.optimizers.legacy.SGD(0.1),
@@ -883,6 +912,7 @@ class TpuDPStep:
         loss,
         optimizer,
         expected_batch_size: float,
+        table_sizes,
         max_noise_rows,
         registry=None,
     ):
@@ -904,9 +934,7 @@ class TpuDPStep:
                 raise TypeError(
                     f"`engine` must have TPUEmbeddingV2's {method}(); {type(engine).__name__} has none."
                 )
-        engine_tables = dict(getattr(engine, "embedding_tables", None) or {})
-        if not engine_tables:
-            raise TypeError("`engine.embedding_tables` must map table names to their variables; it is empty or missing.")
+        table_sizes = _check_table_sizes(table_sizes)
         features = list(features)
         if not features or not all(isinstance(f, TpuFeature) for f in features):
             raise ValueError(f"`features` must be a non-empty sequence of TpuFeature; received {features!r}.")
@@ -915,10 +943,10 @@ class TpuDPStep:
             raise ValueError(f"Feature names repeat: {names}; each feature needs its own name.")
         combiners = {}
         for f in features:
-            if f.table not in engine_tables:
+            if f.table not in table_sizes:
                 raise ValueError(
-                    f"Feature {f.name!r} reads table {f.table!r}, which the engine does not have; it has "
-                    f"{sorted(engine_tables)}."
+                    f"Feature {f.name!r} reads table {f.table!r}, which `table_sizes` does not have; it has "
+                    f"{sorted(table_sizes)}."
                 )
             if f.name.endswith(NOISE_FEATURE_SUFFIX):
                 raise ValueError(f"Feature name {f.name!r} ends with {NOISE_FEATURE_SUFFIX!r}, reserved for noise features.")
@@ -963,11 +991,12 @@ class TpuDPStep:
         self.optimizer = optimizer
         self.expected_batch_size = float(expected_batch_size)
         self.max_noise_rows = {t: limits[t] for t in tables_used}
-        self.registry = registry if registry is not None else clipping.default_registry()
+        registry = registry if registry is not None else clipping.default_registry()
+        self.registry = clipping.LayerRegistry([(EngineTable, engine_table_gradients), *registry])
         self._fallback = clipping.vectorized_layer_gradients
         self._loss = loss
         self._dense_layers = dense_layers
-        self.tables = [EngineTable(t, engine_tables[t], combiners[t]) for t in tables_used]
+        self.tables = [EngineTable(t, *table_sizes[t], combiners[t]) for t in tables_used]
         if mechanism.clips_per_example:
             mechanism.init(tables=self.tables, dense_variables=list(model.trainable_variables), optimizer=optimizer)
 
@@ -1160,7 +1189,7 @@ class TpuDPStep:
                 TableGradient(
                     layer=t,
                     variable=t.embeddings,
-                    gradient=tf.IndexedSlices(zeros, touched, tf.shape(t.embeddings, out_type=tf.int64)),
+                    gradient=tf.IndexedSlices(zeros, touched, t.dense_shape),
                     occurrences=occ,
                     clip_factors=tf.ones([batch_size], tf.float32),
                 )
@@ -1208,6 +1237,24 @@ class TpuDPStep:
         encoded = ctx.merge_call(merged, args=tuple(flat))
         pairs = [(_decode_grad(g), v) for g, v in zip(encoded, variables) if g is not None]
         return pairs, total
+
+
+def _check_table_sizes(table_sizes) -> dict:
+    """{table: (vocabulary_size, dim)} with positive ints, or a ValueError naming the bad entry."""
+    if not isinstance(table_sizes, dict) or not table_sizes:
+        raise ValueError(
+            f"`table_sizes` must map each engine table name to (vocabulary_size, dim); received {table_sizes!r}."
+        )
+    out = {}
+    for name, size in table_sizes.items():
+        ok = isinstance(size, (tuple, list)) and len(size) == 2
+        ok = ok and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in size)
+        if not ok:
+            raise ValueError(
+                f"`table_sizes[{name!r}]` must be (vocabulary_size, dim), two ints > 0; received {size!r}."
+            )
+        out[name] = (int(size[0]), int(size[1]))
+    return out
 
 
 def _mechanism_state(mechanism: NoiseMechanism) -> list:

@@ -314,7 +314,7 @@ def case_tpu_step() -> dict:
             step = distribute.TpuDPStep(
                 engine, model=tower, features=[distribute.TpuFeature("f", "table", "mean")],
                 mechanism=mechanism, loss=BCE, optimizer=keras.optimizers.legacy.SGD(0.5),
-                expected_batch_size=BATCH, max_noise_rows=24,
+                expected_batch_size=BATCH, table_sizes={"table": (VOCAB, 4)}, max_noise_rows=24,
             )
         return engine, step, table
 

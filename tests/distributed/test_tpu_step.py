@@ -86,6 +86,7 @@ def _tpu_setup(mechanism, combiner, *, max_noise_rows=64, vocab=VOCAB, dim=DIM, 
         loss=BCE,
         optimizer=keras.optimizers.legacy.SGD(LR),
         expected_batch_size=expected_batch_size,
+        table_sizes={"table": (vocab, dim)},
         max_noise_rows=max_noise_rows,
     )
     return engine, step, table
@@ -248,14 +249,19 @@ def test_bad_input_is_refused_with_clear_errors():
     common = {
         "model": tower, "mechanism": EANA(l2_norm_clip=1.0, noise_multiplier=1.0), "loss": BCE,
         "optimizer": keras.optimizers.legacy.SGD(LR), "expected_batch_size": BATCH, "max_noise_rows": 8,
+        "table_sizes": {"table": (VOCAB, DIM)},
     }
-    with pytest.raises(ValueError, match="reads table 'nope', which the engine does not have"):
+    with pytest.raises(ValueError, match="reads table 'nope', which `table_sizes` does not have"):
         distribute.TpuDPStep(engine, features=[distribute.TpuFeature("f", "nope")], **common)
     with pytest.raises(ValueError, match="different combiners"):
         distribute.TpuDPStep(engine, features=[distribute.TpuFeature("f", "table", "mean"),
                                                distribute.TpuFeature("g", "table", "sum")], **common)
     with pytest.raises(ValueError, match="`max_noise_rows` for table 'table' must be an int > 0"):
         distribute.TpuDPStep(engine, features=[distribute.TpuFeature("f", "table")], **{**common, "max_noise_rows": 0})
+    with pytest.raises(ValueError, match=r"`table_sizes\['table'\]` must be \(vocabulary_size, dim\)"):
+        distribute.TpuDPStep(
+            engine, features=[distribute.TpuFeature("f", "table")], **{**common, "table_sizes": {"table": (VOCAB, 0)}}
+        )
     with pytest.raises(TypeError, match="TPUEmbeddingV2's enqueue"):
         distribute.TpuDPStep(object(), features=[distribute.TpuFeature("f", "table")], **common)
     with pytest.raises(ValueError, match="holds DPEmbedding tables"):
