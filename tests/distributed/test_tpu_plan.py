@@ -24,6 +24,7 @@ def test_every_mechanism_has_a_tpu_plan_and_tpu_training_is_refused_with_the_rea
     for name in MECHANISMS:
         reason = distribute.unsupported_reason(name, distribute.TPU)
         assert reason is not None and "docs/tpu_sparsecore.md" in reason
+        assert "tfdp_embed.distribute.TpuDPStep" in reason  # DPModel's refusal points at the TPU step
     assert distribute.tpu_embedding_plan(EANA(l2_norm_clip=1.0, noise_multiplier=1.0)).possible
     with pytest.raises(KeyError, match="No TPU SparseCore plan for mechanism 'nope'"):
         distribute.tpu_embedding_plan("nope")
