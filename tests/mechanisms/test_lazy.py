@@ -213,22 +213,23 @@ def test_dp_model_end_to_end_equals_dense_dpsgd():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_checkpoint_mid_training_resumes_exactly(tmp_path):
-    """History, step sums and RNG live in the mechanism's variables: an un-flushed resume is exact."""
+@pytest.mark.parametrize("momentum", [0.9, 0.0], ids=["momentum", "plain_sgd_fused"])
+def test_checkpoint_mid_training_resumes_exactly(tmp_path, momentum):
+    """History, step sums, RNG and catch-up stream live in variables: an un-flushed resume is exact."""
     ids, labels = make_data(16, seed=9)
     kwargs = dict(l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=4)
 
     def checkpoint(h):
         return tf.train.Checkpoint(model=h.model, optimizer=h.optimizer, mechanism=h.mechanism)
 
-    first = Harness(LazyDP(**kwargs), momentum=0.9)
+    first = Harness(LazyDP(**kwargs), momentum=momentum)
     first.run(ids[:8], labels[:8], flush=False)
     path = checkpoint(first).save(str(tmp_path / "ckpt"))
     first.run(ids[8:], labels[8:])
     # Restored after init (resume a run) and before init (restore, then DPModel.fit inits).
-    after = Harness(LazyDP(**kwargs), momentum=0.9)
+    after = Harness(LazyDP(**kwargs), momentum=momentum)
     checkpoint(after).restore(path).assert_existing_objects_matched()
-    before = Harness(LazyDP(**kwargs), momentum=0.9, before_init=lambda h: checkpoint(h).restore(path))
+    before = Harness(LazyDP(**kwargs), momentum=momentum, before_init=lambda h: checkpoint(h).restore(path))
     for resumed in (after, before):
         assert resumed.mechanism.owes_noise()
         np.testing.assert_array_equal(resumed.mechanism._histories[0].numpy(), first_histories(path))
@@ -243,8 +244,38 @@ def first_histories(path):
     return tf.train.load_variable(path, names[0])
 
 
+def test_fused_plain_sgd_step_is_bit_identical_to_its_tf_ops(monkeypatch):
+    """The fused ops (catch-up, step record) and their TensorFlow references train to the same bits.
+
+    Plain SGD with a schedule, lookahead, read hooks and flush: everything the fused path does.
+    """
+    from tfdp_embed.ops import sparse_rows
+
+    if not sparse_rows.available():
+        pytest.skip("the op library is not built: only the TensorFlow references exist")
+    ids, labels = make_data(14, seed=2)
+    kwargs = dict(l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=3)
+    fused = Harness(LazyDP(**kwargs))
+    assert fused.mechanism._fused(0)  # noqa: SLF001
+    unflushed = fused.run(ids, labels, flush=False)
+    fused.mechanism.flush()
+    want = fused.weights()
+    monkeypatch.setattr(sparse_rows, "lazy_catch_up", sparse_rows.lazy_catch_up_reference)
+    monkeypatch.setattr(sparse_rows, "lazy_record_step", sparse_rows.lazy_record_step_reference)
+    reference = Harness(LazyDP(**kwargs))
+    got_unflushed = reference.run(ids, labels, flush=False)
+    reference.mechanism.flush()
+    for got, expected in zip(got_unflushed + reference.weights(), unflushed + want):
+        np.testing.assert_array_equal(got, expected)
+    # Rows 20..23 were never read: only the flush moved them, by one aggregated draw each.
+    assert not np.array_equal(want[0][20:], fused.initial[0][20:])
+    np.testing.assert_array_equal(unflushed[0][20:], fused.initial[0][20:])
+
+
 # -- distribution: aggregated sampling vs dense DP-SGD over seeded runs -----------------
-def test_aggregated_lazy_matches_dense_in_distribution():
+@pytest.mark.parametrize("momentum", [0.9, 0.0], ids=["momentum", "plain_sgd_fused"])
+def test_aggregated_lazy_matches_dense_in_distribution(momentum):
+    """Plain SGD runs the fused path (one key per step, catch-up streams, in-op step sums)."""
     runs, steps = 200, 10
     ids, labels = make_data(steps, seed=3)
     finals = {}
@@ -252,14 +283,16 @@ def test_aggregated_lazy_matches_dense_in_distribution():
         ("lazy", LazyDP(l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=0)),
         ("dense", DenseDPSGD(l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=0)),
     ]:
-        harness = Harness(mech, momentum=0.9)
+        harness = Harness(mech, momentum=momentum)
+        if name == "lazy":
+            assert harness.mechanism._fused(0) == (momentum == 0)  # noqa: SLF001
         samples = []
         for run in range(runs):
             harness.reset(seed=run + (0 if name == "lazy" else 10_000))
             samples.append(np.concatenate([w.ravel() for w in harness.run(ids, labels)]))
         finals[name] = np.array(samples)
     lazy, dense = finals["lazy"], finals["dense"]
-    coords = lazy.shape[1]  # weights and momentum slots: 2 * (24*3 + 3 + 1) = 152
+    coords = lazy.shape[1]  # weights and momentum slots: 2 * (24*3 + 3 + 1) = 152 (76 without momentum)
     # Means: Welch z per coordinate; |z| < 4.5 for all (family-wise false alarm ~ 152 * 7e-6 = 1e-3).
     z = (lazy.mean(0) - dense.mean(0)) / np.sqrt(lazy.var(0, ddof=1) / runs + dense.var(0, ddof=1) / runs)
     assert np.max(np.abs(z)) < 4.5, np.max(np.abs(z))

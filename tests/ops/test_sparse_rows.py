@@ -91,68 +91,116 @@ def test_noised_values_noise_has_the_formula_std(op):
     assert abs(z.mean()) < 5 * 1.5 / np.sqrt(n)
 
 
-def _lazy_reference(table, history, rows, p_hi, p_lo, now, stamp, key, unique):
-    """LazyDP._catch_up's TensorFlow ops for plain SGD, on numpy copies."""
-    table, history = table.copy(), history.copy()
-    behind = history[rows] != 2 * now
-    stale = rows[behind]
-    if not unique:
-        stale = tf.unique(tf.constant(stale)).y.numpy()
-    if stale.size:
-        start = history[stale] >> 1
-        s0 = np.maximum((p_hi[now] - p_hi[start]) + (p_lo[now] - p_lo[start]), 0.0)
-        std = tf.cast(tf.sqrt(tf.constant(s0, tf.float64)), tf.float32)
-        z = fast_normal.fast_normal([stale.size, table.shape[1]], tf.constant(key, tf.int64), 1.0)
-        delta = (std[:, None] * z).numpy()
-        updated = tf.Variable(table)
-        updated.scatter_add(tf.IndexedSlices(delta, stale))
-        table = updated.numpy()
-    history[rows] = stamp
-    return table, history, stale.size
-
-
-@pytest.mark.parametrize("unique", [True, False])
-def test_lazy_catch_up_is_bit_identical_to_the_tf_path(op, unique):
-    rng = np.random.default_rng(3)
-    vocab, dim, now = 50, 9, 6
+def _lazy_state(rng, vocab=50, dim=9, now=6, capacity=None):
+    """A LazyDP state at step `now`: step sums, histories from 0..now (some flagged), stream."""
     weights = rng.uniform(0.01, 0.1, now + 1)
     weights[0] = 0.0
-    p_hi = np.cumsum(weights)
-    p_lo = rng.normal(scale=1e-18, size=now + 1)
-    table = rng.normal(size=(vocab, dim)).astype(np.float32)
+    capacity = capacity or now + 1
+    p_hi = np.zeros(capacity)
+    p_lo = np.zeros(capacity)
+    p_hi[: now + 1] = np.cumsum(weights)
+    p_lo[: now + 1] = rng.normal(scale=1e-18, size=now + 1)
     history = (2 * rng.integers(0, now + 1, vocab) + rng.integers(0, 2, vocab)).astype(np.int32)
     history[history > 2 * now] = 2 * now
-    rows = rng.choice(vocab, 30, replace=False) if unique else rng.integers(0, vocab, 60)
-    rows = rows.astype(np.int64)
-    key = [21, 4]
-    want_table, want_history, want_count = _lazy_reference(table, history, rows, p_hi, p_lo, now, 2 * now + 1, key, unique)
-    assert want_count > 0
-    t, h = tf.Variable(table), tf.Variable(history)
-    count = sparse_rows.lazy_catch_up(t, h, rows, p_hi, p_lo, now, 2 * now + 1, tf.constant(key, tf.int64), unique=unique)
-    assert int(count) == want_count
-    np.testing.assert_array_equal(t.numpy(), want_table)
-    np.testing.assert_array_equal(h.numpy(), want_history)
-    # Rows already current are left alone (no draw, no change) apart from the stamp.
-    again = sparse_rows.lazy_catch_up(t, h, rows, p_hi, p_lo, now + 0, 2 * now, tf.constant(key, tf.int64), unique=unique)
-    assert int(again) == int(np.unique(rows).size)  # stamped 2 now + 1: all behind 2 now
-    current = sparse_rows.lazy_catch_up(t, h, rows, p_hi, p_lo, now, 2 * now, tf.constant(key, tf.int64), unique=unique)
-    assert int(current) == 0
+    return dict(
+        table=rng.normal(size=(vocab, dim)).astype(np.float32),
+        history=history,
+        p_hi=p_hi,
+        p_lo=p_lo,
+        steps=np.int64(now),
+        stream=np.array([21, 4, 3], np.int64),
+    )
 
 
-def test_lazy_catch_up_inside_tf_function_is_not_pruned(op):
-    t = tf.Variable(tf.zeros([4, 2]))
-    h = tf.Variable(tf.zeros([4], tf.int32))
-    p = tf.constant([0.0, 4.0, 8.0], tf.float64)
+def _variables(state):
+    return {name: tf.Variable(value, shape=[None] if name.startswith("p_") else None) for name, value in state.items()}
+
+
+def _catch_up_args(v, rows):
+    return (v["table"], v["history"], rows, v["p_hi"], v["p_lo"], v["steps"], v["stream"])
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("repeats", [False, True])
+def test_lazy_catch_up_is_bit_identical_to_the_tf_ops(op, dtype, repeats):
+    rng = np.random.default_rng(3)
+    state = _lazy_state(rng)
+    rows = (rng.integers(0, 50, 60) if repeats else rng.choice(50, 30, replace=False)).astype(dtype)
+    fused, reference = _variables(state), _variables(state)
+    count = sparse_rows.lazy_catch_up(*_catch_up_args(fused, rows))
+    want = sparse_rows.lazy_catch_up_reference(*_catch_up_args(reference, rows))
+    assert int(count) == int(want) > 0
+    for name in state:
+        np.testing.assert_array_equal(fused[name].numpy(), reference[name].numpy(), err_msg=name)
+    # Semantics, from numpy: behind rows caught up once, in first-appearance order, with the
+    # stream (21, 4 + 3); every row current; one call counted.
+    behind = [r for r in dict.fromkeys(rows.tolist()) if state["history"][r] != 12]
+    assert int(count) == len(behind)
+    np.testing.assert_array_equal(fused["history"].numpy()[rows], 12)
+    np.testing.assert_array_equal(fused["stream"].numpy(), [21, 4, 4])
+    start = state["history"][behind] >> 1
+    s0 = np.maximum((state["p_hi"][6] - state["p_hi"][start]) + (state["p_lo"][6] - state["p_lo"][start]), 0.0)
+    z = fast_normal.fast_normal([len(behind), 9], tf.constant([21, 7], tf.int64), 1.0).numpy()
+    expected = state["table"].copy()
+    expected[behind] += np.sqrt(s0).astype(np.float32)[:, None] * z
+    np.testing.assert_array_equal(fused["table"].numpy(), expected)
+    untouched = np.setdiff1d(np.arange(50), behind)
+    np.testing.assert_array_equal(fused["table"].numpy()[untouched], state["table"][untouched])
+    # A second call finds every row current: no draw, nothing moves, the stream is not used.
+    again = sparse_rows.lazy_catch_up(*_catch_up_args(fused, rows))
+    assert int(again) == 0
+    np.testing.assert_array_equal(fused["table"].numpy(), expected)
+    np.testing.assert_array_equal(fused["stream"].numpy(), [21, 4, 4])
+
+
+def test_lazy_catch_up_calls_draw_independent_streams(op):
+    """Two catch-ups of one step use streams (k0, k1 + c), c = 0, 1: different noise."""
+    state = _lazy_state(np.random.default_rng(4), vocab=400, dim=8)
+    state["history"][:] = 0
+    state["stream"][2] = 0
+    v = _variables(state)
+    sparse_rows.lazy_catch_up(*_catch_up_args(v, np.arange(200)))
+    sparse_rows.lazy_catch_up(*_catch_up_args(v, np.arange(200, 400)))
+    delta = v["table"].numpy() - state["table"]
+    assert abs(np.corrcoef(delta[:200].ravel(), delta[200:].ravel())[0, 1]) < 5 / np.sqrt(1600)
+    np.testing.assert_array_equal(v["stream"].numpy(), [21, 4, 2])
+
+
+@pytest.mark.parametrize("now,capacity", [(6, 16), (6, 7), (15, 16)])
+def test_lazy_record_step_is_bit_identical_to_the_tf_ops(op, now, capacity):
+    """Records p[now + 1], sets the stream, advances the step; grows the sums when full."""
+    state = _lazy_state(np.random.default_rng(5), now=now, capacity=capacity)
+    fused, reference = _variables(state), _variables(state)
+    lr, scale, key = np.float32(0.3), 1.3 * 2.0 / 7.0, tf.constant([99, -5], tf.int64)
+    for v, fn in ((fused, sparse_rows.lazy_record_step), (reference, sparse_rows.lazy_record_step_reference)):
+        fn(v["p_hi"], v["p_lo"], v["steps"], v["stream"], lr, scale, key, first_stream=3)
+    for name in state:
+        np.testing.assert_array_equal(fused[name].numpy(), reference[name].numpy(), err_msg=name)
+    assert int(fused["steps"].numpy()) == now + 1
+    np.testing.assert_array_equal(fused["stream"].numpy(), [99, -2, 0])
+    grown = capacity + max(capacity, now + 2 - capacity) if now + 1 >= capacity else capacity
+    assert fused["p_hi"].numpy().size == grown
+    w = (float(lr) * scale) ** 2
+    total = fused["p_hi"].numpy()[now + 1] + fused["p_lo"].numpy()[now + 1]
+    assert total == pytest.approx(state["p_hi"][now] + state["p_lo"][now] + w, rel=1e-15)
+
+
+def test_lazy_ops_inside_tf_function_are_not_pruned(op):
+    v = _variables(_lazy_state(np.random.default_rng(6), vocab=4, dim=2, now=2, capacity=8))
+    v["history"].assign([0, 0, 0, 0])
 
     @tf.function
     def step():
-        sparse_rows.lazy_catch_up(t, h, tf.constant([1, 3], tf.int64), p, tf.zeros([3], tf.float64), 2, 4,
-                                  tf.constant([1, 2], tf.int64), unique=True)  # result unused
+        sparse_rows.lazy_catch_up(*_catch_up_args(v, tf.constant([1, 3], tf.int64)))  # result unused
+        sparse_rows.lazy_record_step(v["p_hi"], v["p_lo"], v["steps"], v["stream"], 0.1, 1.0, [1, 2])
         return tf.constant(0)
 
+    before = v["table"].numpy()
     step()
-    np.testing.assert_array_equal(h.numpy(), [0, 4, 0, 4])
-    assert np.all(t.numpy()[[0, 2]] == 0) and np.all(t.numpy()[[1, 3]] != 0)
+    np.testing.assert_array_equal(v["history"].numpy(), [0, 4, 0, 4])
+    after = v["table"].numpy()
+    assert np.all(after[[0, 2]] == before[[0, 2]]) and np.all(after[[1, 3]] != before[[1, 3]])
+    assert int(v["steps"].numpy()) == 3
 
 
 def test_bad_inputs_raise_clear_errors(op):
@@ -166,12 +214,33 @@ def test_bad_inputs_raise_clear_errors(op):
         op.tfdp_embed_noised_values(tf.ones([3]), tf.constant([1, 2], tf.int64), 1.0, 0.0)
     with pytest.raises(tf.errors.InvalidArgumentError, match="`stddev` must be finite and >= 0"):
         op.tfdp_embed_noised_values(tf.ones([3]), tf.constant([1, 2], tf.int64), -1.0, 1.0)
-    t, h = tf.Variable(tf.zeros([4, 2])), tf.Variable(tf.zeros([4], tf.int32))
-    p = tf.zeros([3], tf.float64)
+    v = _variables(_lazy_state(np.random.default_rng(7), vocab=4, dim=2, now=2))
     with pytest.raises(tf.errors.InvalidArgumentError, match="row 9 outside \\[0, 4\\)"):
-        sparse_rows.lazy_catch_up(t, h, [9], p, p, 1, 2, tf.constant([1, 2], tf.int64), unique=True)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="must index the step sums"):
-        sparse_rows.lazy_catch_up(t, h, [1], p, p, 5, 2, tf.constant([1, 2], tf.int64), unique=True)
+        sparse_rows.lazy_catch_up(*_catch_up_args(v, [9]))
+    v["history"].assign([0, 0, 40, 0])  # step 20 > now
+    with pytest.raises(tf.errors.InvalidArgumentError, match="history of row 2 is 20, outside"):
+        sparse_rows.lazy_catch_up(*_catch_up_args(v, [1, 2]))
+    assert v["history"].numpy().tolist() == [0, 0, 40, 0]  # the failed call changed nothing
+    v["steps"].assign(5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="step sums .* must cover step 5"):
+        sparse_rows.lazy_catch_up(*_catch_up_args(v, [1]))
+    v["steps"].assign(1 << 30)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="step counter is 1073741824; allowed"):
+        sparse_rows.lazy_catch_up(*_catch_up_args(v, [1]))
+    v["steps"].assign((1 << 30) - 1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="holds 2\\^30 - 1 steps"):
+        sparse_rows.lazy_record_step(v["p_hi"], v["p_lo"], v["steps"], v["stream"], 0.1, 1.0, [1, 2])
+    v["steps"].assign(2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be finite"):
+        sparse_rows.lazy_record_step(v["p_hi"], v["p_lo"], v["steps"], v["stream"], float("nan"), 1.0, [1, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`key` must have shape \\[2\\]"):
+        sparse_rows.lazy_record_step(v["p_hi"], v["p_lo"], v["steps"], v["stream"], 0.1, 1.0, [1, 2, 3])
+    with pytest.raises(ValueError, match="first_stream"):
+        sparse_rows.lazy_record_step(v["p_hi"], v["p_lo"], v["steps"], v["stream"], 0.1, 1.0, [1, 2], first_stream=-1)
+    wrong = tf.Variable(tf.zeros([4, 2], tf.float64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`table` must be an initialized float variable of rank 2"):
+        op.tfdp_embed_lazy_catch_up(wrong.handle, v["history"].handle, [1], v["p_hi"].handle, v["p_lo"].handle,
+                                    v["steps"].handle, v["stream"].handle)
 
 
 def test_fallback_runs_the_references_and_training_still_works(tmp_path):

@@ -229,6 +229,7 @@ class LazyDP(NoiseMechanism):
         self.flushed_at = tf.Variable(0, dtype=tf.int64, trainable=False, name="flushed_at")
         self._histories: list = []
         self._step_sums = None
+        self._stream = None
         self._beta, self._nesterov, self._decay = 0.0, False, 0.0
         self._initialized = False
 
@@ -263,6 +264,15 @@ class LazyDP(NoiseMechanism):
             layer.set_read_hook(functools.partial(self._bring_current, index))
         self._by_name = {layer.name: i for i, layer in enumerate(self._tables)}
         self._step_sums = _StepSums() if self.noise_multiplier > 0 else None
+        if self._step_sums is not None and self._beta == 0 and self.aggregate and self.row_noise == "generator":
+            # (k0, k1, calls): plain-SGD catch-ups draw the stream (k0, k1 + calls); every step
+            # resets it from the step's key. The initial key (used only if a restored history
+            # owes noise before the first step) comes from `seed`, else OS entropy: not from
+            # the generator, whose sequence feeds the dense noise.
+            initial = np.random.SeedSequence(self.seed).generate_state(2, np.uint64).view(np.int64)
+            self._stream = tf.Variable(
+                np.concatenate([initial, np.zeros([1], np.int64)]), trainable=False, name="catch_up_stream"
+            )
         self._initialized = True
 
     def detach(self) -> None:
@@ -285,11 +295,13 @@ class LazyDP(NoiseMechanism):
         # step counter and the step sums would advance for a step that never happened.
         batch = [clipped.batch_size, *(t.gradient.values for t in clipped.tables), *(g for _, g in clipped.dense)]
         with tf.control_dependencies(batch):
+            if self._fused_step():
+                return self._fused_update(clipped)
             now = self._now()
             tf.debugging.assert_less(now, _MAX_STEPS, message="LazyDP's int32 history holds 2^30 steps.")
             if self._step_sums is not None:
                 lr = tf.cast(self._learning_rate(), tf.float64)
-                std = lr * (self.noise_multiplier * self.l2_norm_clip / float(clipped.expected_batch_size))
+                std = lr * self._noise_scale(clipped)
                 self._step_sums.record(now + 1, tf.square(std), beta=self._beta)
             out = self._dense_noised(clipped, self.noise_multiplier)
             for table in clipped.tables:
@@ -301,6 +313,51 @@ class LazyDP(NoiseMechanism):
                 out.append((scaled, table.variable))
             self.steps.assign_add(1)
         return out
+
+    def _fused_update(self, clipped: ClippedGradients) -> list:
+        """`update` for plain SGD with aggregated generator noise: a handful of ops per step.
+
+        One key per step: the dense variables' noise uses its streams
+        0..n-1; the catch-ups that follow (this step's lookahead, the next
+        step's read hooks) use streams n, n+1, ... (`sparse_rows.lazy_record_step`
+        stores the key, records the step's noise weight and advances the step).
+
+        Touched rows need no history write here: without momentum a row's
+        deterministic state never drifts, so the one-step-ahead flag changes
+        nothing (its owed noise starts after step `now` either way), and the
+        read hook made every row the forward pass read current. A row the
+        optimizer steps without reading it is not a read: its noise, owed
+        from its history on, is added before its next read, as usual.
+        """
+        key = self.generator.uniform_full_int([2], dtype=tf.int64)
+        dense = [grad for _, grad in clipped.dense]
+        noised = sparse_rows.noised_values_many(
+            self.generator,
+            dense,
+            stddev=self.noise_multiplier * self.l2_norm_clip,
+            divisor=clipped.expected_batch_size,
+            key=key,
+        )
+        out = [(grad, variable) for grad, (variable, _) in zip(noised, clipped.dense)]
+        now = None
+        for table in clipped.tables:
+            index = self._table_index(table)
+            grad = table.gradient
+            if not self._fused(index):  # a table the op cannot update (float64, not a resource variable)
+                now = self._now() if now is None else now
+                self._bring_current(index, tf.cast(grad.indices, tf.int64), unique=True, stamp=2 * now + 1)
+            scaled = tf.IndexedSlices(grad.values / clipped.expected_batch_size, grad.indices, grad.dense_shape)
+            out.append((scaled, table.variable))
+        sums = self._step_sums.sums
+        sparse_rows.lazy_record_step(
+            sums.p_hi, sums.p_lo, self.steps, self._stream,
+            self._learning_rate(), self._noise_scale(clipped), key, first_stream=len(dense),
+        )
+        return out
+
+    def _noise_scale(self, clipped: ClippedGradients) -> float:
+        """sigma C / B: a step's noise std on a weight is eta times this."""
+        return self.noise_multiplier * self.l2_norm_clip / float(clipped.expected_batch_size)
 
     @_plain_python
     def after_apply(self, lookahead: dict | None) -> None:
@@ -325,10 +382,10 @@ class LazyDP(NoiseMechanism):
                 rows = rows.flat_values
             elif isinstance(rows, tf.SparseTensor):
                 rows = rows.values
-            rows = tf.reshape(tf.cast(rows, tf.int64), [-1])
             if self._fused(index):  # the op deduplicates (same rows, same order)
                 self._bring_current(index, rows)
             else:
+                rows = tf.reshape(tf.cast(rows, tf.int64), [-1])
                 self._bring_current(index, tf.unique(rows).y, unique=True)
 
     # -- leaving training -----------------------------------------------------
@@ -419,29 +476,30 @@ class LazyDP(NoiseMechanism):
         """eta of the coming apply, computed as Keras's legacy `_decayed_lr` does (float32)."""
         optimizer = self._optimizer
         lr = optimizer.learning_rate
-        step = tf.cast(optimizer.iterations, tf.float32)
         if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-            lr = lr(step)
+            lr = lr(tf.cast(optimizer.iterations, tf.float32))
         elif callable(lr) and not isinstance(lr, tf.Variable):
             lr = lr()
         lr = tf.cast(lr, tf.float32)
         if self._decay > 0:
-            lr = lr / (1.0 + tf.cast(self._decay, tf.float32) * step)
+            lr = lr / (1.0 + tf.cast(self._decay, tf.float32) * tf.cast(optimizer.iterations, tf.float32))
         return lr
 
-    def _fused(self, index: int) -> bool:
-        """True when the one-op catch-up applies (plain SGD, aggregated, generator noise, op built)."""
-        var = self._tables[index].embeddings
+    def _fused_step(self) -> bool:
+        """True when a step's bookkeeping is `sparse_rows.lazy_record_step` (plain SGD, aggregated, generator noise)."""
         return (
             self._beta == 0
             and self.aggregate
             and self.row_noise == "generator"
             and self._step_sums is not None
-            and var.dtype.base_dtype == tf.float32
-            and hasattr(var, "handle")
+            and self._stream is not None
             and not tf.distribute.has_strategy()
-            and sparse_rows.available()
         )
+
+    def _fused(self, index: int) -> bool:
+        """True when table `index` is caught up by `sparse_rows.lazy_catch_up` (one op; TF ops without the library)."""
+        var = self._tables[index].embeddings
+        return self._fused_step() and var.dtype.base_dtype == tf.float32 and hasattr(var, "handle")
 
     @_plain_python
     def _bring_current(self, index: int, ids, *, unique: bool = False, stamp=None) -> tf.Tensor:
@@ -450,27 +508,19 @@ class LazyDP(NoiseMechanism):
         `stamp` (default: current) is then written to the history of every row
         among `ids` (update() flags the rows the optimizer steps with 2 now + 1).
         Plain SGD with aggregated generator noise runs as one fused op
-        (`tfdp_embed.ops.sparse_rows.lazy_catch_up`), which adds exactly the
-        noise the TensorFlow path below adds (tests/ops/test_sparse_rows.py).
+        (`tfdp_embed.ops.sparse_rows.lazy_catch_up`: the catch-up below, its
+        key from the step's stream instead of a generator draw); it stamps
+        only `now` (update() calls it itself for touched rows).
         """
-        rows = tf.reshape(tf.cast(ids, tf.int64), [-1])
-        now = self._now()
         history = self._histories[index]
-        if self._fused(index):
-            key = self.generator.uniform_full_int([2], dtype=tf.int64)
+        if self._fused(index) and stamp is None:
             sums = self._step_sums.sums
             caught_up = sparse_rows.lazy_catch_up(
-                self._tables[index].embeddings,
-                history,
-                rows,
-                sums.p_hi.read_value(),
-                sums.p_lo.read_value(),
-                now,
-                2 * now if stamp is None else stamp,
-                key,
-                unique=unique,
+                self._tables[index].embeddings, history, ids, sums.p_hi, sums.p_lo, self.steps, self._stream
             )
             return caught_up > 0
+        rows = tf.reshape(tf.cast(ids, tf.int64), [-1])
+        now = self._now()
         behind = tf.not_equal(tf.gather(history, rows), 2 * now)
 
         def catch_up():

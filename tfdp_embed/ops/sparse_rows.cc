@@ -14,7 +14,11 @@
 //   TfdpEmbedNoisedValues       out = (values + stddev * z) / divisor, z the
 //       TfdpEmbedFastNormal stream of `key` (one pass, no noise tensor).
 //   TfdpEmbedLazyCatchUp        LazyDP's aggregated catch-up of plain-SGD rows,
-//       in place on the table and history variables (see the op doc).
+//       in place on the table and history variables, its key from the step's
+//       stream (see the op doc); range and step-limit checks folded in.
+//   TfdpEmbedLazyRecordStep     LazyDP's per-step bookkeeping in one op: the
+//       step's noise weight into the running sums (grown in place), the
+//       step's catch-up key, the step counter.
 //
 // The Gaussian stream is fast_normal.cc's, included here without its op.
 
@@ -27,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -302,16 +307,60 @@ absl::Status SparseAccess(OpKernelContext* ctx, Var* var) {
   return absl::OkStatus();
 }
 
+// LazyDP's per-step state, read and written in place by the two ops below:
+//   steps   int64 scalar     the mechanism's step counter t
+//   p_hi, p_lo  float64 [S]  running sums P_r = sum_{s<=r} w_s (compensated pair), S > t
+//   stream  int64 [3]        (k0, k1, calls): catch-up call c draws the Gaussian
+//                            stream of key (k0, k1 + c); reset by every RecordStep.
+constexpr int64_t kLazyMaxSteps = (int64_t{1} << 30) - 1;  // history entries (t << 1) | flag are int32
+
+// Locks several variables (distinct, address order: no lock-order inversion) for one op.
+class VarLocks {
+ public:
+  explicit VarLocks(std::vector<Var*> vars) : vars_(std::move(vars)) {
+    std::sort(vars_.begin(), vars_.end());
+    vars_.erase(std::unique(vars_.begin(), vars_.end()), vars_.end());
+    for (Var* var : vars_) var->mu()->lock();
+  }
+  ~VarLocks() {
+    for (auto it = vars_.rbegin(); it != vars_.rend(); ++it) (*it)->mu()->unlock();
+  }
+  VarLocks(const VarLocks&) = delete;
+  VarLocks& operator=(const VarLocks&) = delete;
+
+ private:
+  std::vector<Var*> vars_;
+};
+
+absl::Status CheckVar(const char* op, const char* name, Var* var, DataType dtype, int dims) {
+  const Tensor* t = var->tensor();
+  if (!t->IsInitialized() || t->dtype() != dtype || t->dims() != dims) {
+    return errors::InvalidArgument(op, ": `", name, "` must be an initialized ", DataTypeString(dtype), " variable of rank ",
+                                   dims, "; received ", t->IsInitialized() ? DataTypeString(t->dtype()) : "uninitialized",
+                                   " of shape ", t->shape().DebugString(), ".");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadLazySteps(const char* op, Var* steps, int64_t* now) {
+  TF_RETURN_IF_ERROR(CheckVar(op, "steps", steps, DT_INT64, 0));
+  *now = steps->tensor()->scalar<int64_t>()();
+  if (*now < 0 || *now > kLazyMaxSteps) {
+    return errors::InvalidArgument(op, ": LazyDP's step counter is ", *now, "; allowed [0, 2^30 - 1] (the int32 "
+                                   "HistoryTable packs (step << 1) | flag). Flush and start a new mechanism.");
+  }
+  return absl::OkStatus();
+}
+
 REGISTER_OP("TfdpEmbedLazyCatchUp")
     .Input("table: resource")
     .Input("history: resource")
-    .Input("rows: int64")
-    .Input("p_hi: float64")
-    .Input("p_lo: float64")
-    .Input("now: int32")
-    .Input("stamp: int32")
-    .Input("key: int64")
-    .Attr("unique: bool = false")
+    .Input("rows: Tindices")
+    .Input("p_hi: resource")
+    .Input("p_lo: resource")
+    .Input("steps: resource")
+    .Input("stream: resource")
+    .Attr("Tindices: {int32, int64}")
     .Output("caught_up: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
@@ -321,80 +370,97 @@ REGISTER_OP("TfdpEmbedLazyCatchUp")
     .Doc(R"doc(
 LazyDP's catch-up for plain SGD with aggregated noise sampling, in place.
 
-A row r among `rows` is behind when history[r] != 2 now. The behind rows,
-deduplicated in first-appearance order (unless `unique`), numbered j = 0, 1, ...,
+With t = steps, a row r among `rows` is behind when history[r] != 2 t. The
+behind rows, deduplicated in first-appearance order, numbered j = 0, 1, ...,
 each get, with h = history[r] >> 1,
-  s0 = max((p_hi[now] - p_hi[h]) + (p_lo[now] - p_lo[h]), 0)       (float64)
+  s0 = max((p_hi[t] - p_hi[h]) + (p_lo[t] - p_lo[h]), 0)       (float64)
   table[r, :] += float(sqrt(s0)) * z[j, :]
-where z is the TfdpEmbedFastNormal stream of `key` shaped [behind rows, dim].
-Then history[r] = `stamp` for every row among `rows`. Returns the number of
-rows caught up. Bit-identical to the TensorFlow ops of LazyDP._catch_up.
+where z is the TfdpEmbedFastNormal stream of key (stream[0], stream[1] +
+stream[2]) shaped [behind rows, dim]; stream[2] is then incremented (only
+when some row was behind). Every row among `rows` is then current
+(history[r] = 2 t). Returns the number of rows caught up.
+Bit-identical to sparse_rows.lazy_catch_up_reference (TensorFlow ops).
 )doc");
 
 class LazyCatchUpOp : public OpKernel {
  public:
-  explicit LazyCatchUpOp(OpKernelConstruction* ctx) : OpKernel(ctx), isa_(tfdp_fast_normal::BestIsa()) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("unique", &unique_));
-  }
+  explicit LazyCatchUpOp(OpKernelConstruction* ctx) : OpKernel(ctx), isa_(tfdp_fast_normal::BestIsa()) {}
 
   void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<Var> table, history;
+    if (ctx->input(2).dtype() == DT_INT32) {
+      Run<int32_t>(ctx);
+    } else {
+      Run<int64_t>(ctx);
+    }
+  }
+
+ private:
+  template <typename Index>
+  void Run(OpKernelContext* ctx) {
+    static constexpr const char* kOp = "TfdpEmbedLazyCatchUp";
+    core::RefCountPtr<Var> table, history, p_hi_var, p_lo_var, steps, stream;
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &table));
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &history));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 3), &p_hi_var));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 4), &p_lo_var));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 5), &steps));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 6), &stream));
     const Tensor& rows_t = ctx->input(2);
-    const Tensor& p_hi_t = ctx->input(3);
-    const Tensor& p_lo_t = ctx->input(4);
-    const int32_t now = ctx->input(5).scalar<int32_t>()();
-    const int32_t stamp = ctx->input(6).scalar<int32_t>()();
-    const Tensor& key_t = ctx->input(7);
-    OP_REQUIRES(ctx, key_t.NumElements() == 2,
-                errors::InvalidArgument("TfdpEmbedLazyCatchUp: `key` must have shape [2]."));
-    OP_REQUIRES(ctx, now >= 0 && now < p_hi_t.NumElements() && p_lo_t.NumElements() == p_hi_t.NumElements(),
-                errors::InvalidArgument("TfdpEmbedLazyCatchUp: `now` = ", now, " must index the step sums (",
-                                        p_hi_t.NumElements(), " entries)."));
     OP_REQUIRES_OK(ctx, SparseAccess(ctx, table.get()));
     OP_REQUIRES_OK(ctx, SparseAccess(ctx, history.get()));
-    Var* first = table.get() < history.get() ? table.get() : history.get();
-    Var* second = table.get() < history.get() ? history.get() : table.get();
-    mutex_lock lock_first(*first->mu());
-    mutex_lock lock_second(*second->mu());
+    OP_REQUIRES_OK(ctx, SparseAccess(ctx, stream.get()));
+    VarLocks locks({table.get(), history.get(), p_hi_var.get(), p_lo_var.get(), steps.get(), stream.get()});
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "table", table.get(), DT_FLOAT, 2));
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "history", history.get(), DT_INT32, 1));
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "p_hi", p_hi_var.get(), DT_DOUBLE, 1));
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "p_lo", p_lo_var.get(), DT_DOUBLE, 1));
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "stream", stream.get(), DT_INT64, 1));
+    int64_t now = 0;
+    OP_REQUIRES_OK(ctx, ReadLazySteps(kOp, steps.get(), &now));
     Tensor* tab_t = table->tensor();
     Tensor* hist_t = history->tensor();
-    OP_REQUIRES(ctx, tab_t->dtype() == DT_FLOAT && tab_t->dims() == 2,
-                errors::InvalidArgument("TfdpEmbedLazyCatchUp: the table must be a float32 matrix."));
-    OP_REQUIRES(ctx, hist_t->dtype() == DT_INT32 && hist_t->dims() == 1 && hist_t->dim_size(0) == tab_t->dim_size(0),
-                errors::InvalidArgument("TfdpEmbedLazyCatchUp: the history must be int32 with one entry per row."));
+    const Tensor& p_hi_t = *p_hi_var->tensor();
+    const Tensor& p_lo_t = *p_lo_var->tensor();
+    OP_REQUIRES(ctx, hist_t->dim_size(0) == tab_t->dim_size(0),
+                errors::InvalidArgument(kOp, ": the history has ", hist_t->dim_size(0), " entries for a table of ",
+                                        tab_t->dim_size(0), " rows (one per row needed)."));
+    OP_REQUIRES(ctx, now < p_hi_t.NumElements() && p_lo_t.NumElements() == p_hi_t.NumElements(),
+                errors::InvalidArgument(kOp, ": the step sums (", p_hi_t.NumElements(), " and ", p_lo_t.NumElements(),
+                                        " entries) must cover step ", now, "."));
+    OP_REQUIRES(ctx, stream->tensor()->NumElements() == 3,
+                errors::InvalidArgument(kOp, ": `stream` must hold 3 int64 (key, key, calls)."));
     const int64_t vocab = tab_t->dim_size(0);
     const int64_t dim = tab_t->dim_size(1);
     float* tab = tab_t->flat<float>().data();
     int32_t* hist = hist_t->flat<int32_t>().data();
     const double* p_hi = p_hi_t.flat<double>().data();
     const double* p_lo = p_lo_t.flat<double>().data();
-    const int64_t* rows = rows_t.flat<int64_t>().data();
+    const Index* rows = rows_t.flat<Index>().data();
     const int64_t n = rows_t.NumElements();
-    const int32_t current = 2 * now;
+    const int32_t current = static_cast<int32_t>(2 * now);
     for (int64_t k = 0; k < n; ++k) {
       OP_REQUIRES(ctx, rows[k] >= 0 && rows[k] < vocab,
-                  errors::InvalidArgument("TfdpEmbedLazyCatchUp: row ", rows[k], " outside [0, ", vocab,
+                  errors::InvalidArgument(kOp, ": row ", static_cast<int64_t>(rows[k]), " outside [0, ", vocab,
                                           "): LazyDP catches up the rows a batch (or its lookahead) will "
                                           "read, and ids must lie in [0, vocabulary_size) unless the "
                                           "table hashes them (hash_ids=True)."));
     }
     // Behind rows in first-appearance order. Each is marked current as it is
     // found, so a later repeat of it in `rows` is not behind: deduplication
-    // without a hash table (`unique` only documents the caller's promise).
-    // Its packed history is kept to compute the owed variance (and to undo
-    // the marks if a history entry is invalid).
+    // without a hash table. Its packed history is kept to compute the owed
+    // variance (and to undo the marks if a history entry is invalid).
     std::vector<int64_t> stale;
     std::vector<int32_t> packed;
+    constexpr int64_t kAhead = 16;
     for (int64_t k = 0; k < n; ++k) {
+      if (k + kAhead < n) __builtin_prefetch(hist + rows[k + kAhead], 1);
       int32_t& entry = hist[rows[k]];
       if (entry == current) continue;
       const int32_t from = entry >> 1;
       if (from < 0 || from > now) {
         for (size_t j = 0; j < stale.size(); ++j) hist[stale[j]] = packed[j];
-        ctx->CtxFailure(errors::InvalidArgument("TfdpEmbedLazyCatchUp: history of row ", rows[k], " is ", from,
-                                                ", outside [0, now = ", now, "]."));
+        ctx->CtxFailure(errors::InvalidArgument(kOp, ": history of row ", static_cast<int64_t>(rows[k]), " is ",
+                                                from, ", outside [0, now = ", now, "]."));
         return;
       }
       stale.push_back(rows[k]);
@@ -405,46 +471,169 @@ class LazyCatchUpOp : public OpKernel {
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out_t));
     out_t->scalar<int64_t>()() = m;
-    if (m > 0) {
+    if (m > 0 && dim > 0) {
+      auto stream_words = stream->tensor()->flat<int64_t>();
+      const tfdp_fast_normal::StreamKey key = tfdp_fast_normal::MakeStreamKey(
+          static_cast<uint64_t>(stream_words(0)),
+          static_cast<uint64_t>(stream_words(1)) + static_cast<uint64_t>(stream_words(2)));
+      stream_words(2) += 1;
       std::vector<float> stddev(m);
       for (int64_t j = 0; j < m; ++j) {
         const int32_t from = packed[j] >> 1;
         const double s0 = std::max((p_hi[now] - p_hi[from]) + (p_lo[now] - p_lo[from]), 0.0);
         stddev[j] = static_cast<float>(std::sqrt(s0));
       }
-      const uint64_t total = static_cast<uint64_t>(m) * static_cast<uint64_t>(dim);
-      Tensor noise_t;
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({static_cast<int64_t>(total)}), &noise_t));
-      float* noise = noise_t.flat<float>().data();
-      const auto key = key_t.flat<int64_t>();
-      const tfdp_fast_normal::StreamKey stream =
-          tfdp_fast_normal::MakeStreamKey(static_cast<uint64_t>(key(0)), static_cast<uint64_t>(key(1)));
-      const tfdp_fast_normal::Isa isa = isa_;
-      const int64_t chunks = static_cast<int64_t>((total + tfdp_fast_normal::kChunkFloats - 1) /
-                                                  tfdp_fast_normal::kChunkFloats);
-      auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-      Shard(workers->num_threads, workers->workers, chunks, 300, [&](int64_t begin, int64_t end) {
-        tfdp_fast_normal::GenerateChunks(isa, stream, static_cast<uint64_t>(begin), static_cast<uint64_t>(end), total,
-                                         1.0f, noise);
-      });
-      Shard(workers->num_threads, workers->workers, m, 40 * dim, [&](int64_t begin, int64_t end) {
-        for (int64_t j = begin; j < end; ++j) {
+      AddNoise(ctx, key, stale, stddev, dim, tab);
+    }
+  }
+
+  // tab[stale[j], :] += stddev[j] * z[j, :], z the [m, dim] stream of `key`.
+  // Rows go in blocks whose noise is a whole number of 64-float chunks; each
+  // block's table rows are prefetched, its noise generated meanwhile, then
+  // added while both are in cache.
+  void AddNoise(OpKernelContext* ctx, const tfdp_fast_normal::StreamKey& key, const std::vector<int64_t>& stale,
+                const std::vector<float>& stddev, int64_t dim, float* tab) {
+    const int64_t m = static_cast<int64_t>(stale.size());
+    const uint64_t total = static_cast<uint64_t>(m) * static_cast<uint64_t>(dim);
+    int64_t block_rows = tfdp_fast_normal::kChunkFloats / std::gcd<int64_t>(dim, tfdp_fast_normal::kChunkFloats);
+    while (block_rows * dim < 4096) block_rows *= 2;
+    const int64_t blocks = (m + block_rows - 1) / block_rows;
+    Tensor noise_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({static_cast<int64_t>(total)}), &noise_t));
+    float* noise = noise_t.flat<float>().data();
+    const tfdp_fast_normal::Isa isa = isa_;
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t cost = block_rows * dim * 12;
+    Shard(workers->num_threads, workers->workers, blocks, cost, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t row_begin = b * block_rows;
+        const int64_t row_end = std::min(m, row_begin + block_rows);
+        const uint64_t first = static_cast<uint64_t>(row_begin * dim);
+        const uint64_t last = static_cast<uint64_t>(row_end * dim);
+        const uint64_t chunk_begin = first / tfdp_fast_normal::kChunkFloats;
+        const uint64_t chunk_end = (last + tfdp_fast_normal::kChunkFloats - 1) / tfdp_fast_normal::kChunkFloats;
+        // The block's rows are random table rows: request them all, then generate
+        // the noise while they arrive.
+        for (int64_t j = row_begin; j < row_end; ++j) PrefetchRow(tab + stale[j] * dim, dim);
+        tfdp_fast_normal::GenerateChunks(isa, key, chunk_begin, chunk_end, total, 1.0f, noise);
+        for (int64_t j = row_begin; j < row_end; ++j) {
           float* dst = tab + stale[j] * dim;
           const float* z = noise + j * dim;
           const float s = stddev[j];
           for (int64_t i = 0; i < dim; ++i) dst[i] += s * z[i];
         }
-      });
+      }
+    });
+  }
+
+  static void PrefetchRow(const float* row, int64_t dim) {
+    const char* p = reinterpret_cast<const char*>(row);
+    const char* end = reinterpret_cast<const char*>(row + dim);
+    for (; p < end; p += 64) __builtin_prefetch(p, 1);
+  }
+
+  tfdp_fast_normal::Isa isa_;
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyCatchUp").Device(DEVICE_CPU), LazyCatchUpOp);
+
+// ---------------------------------------------------------------------------
+REGISTER_OP("TfdpEmbedLazyRecordStep")
+    .Input("p_hi: resource")
+    .Input("p_lo: resource")
+    .Input("steps: resource")
+    .Input("stream: resource")
+    .Input("learning_rate: float")
+    .Input("noise_scale: double")
+    .Input("key: int64")
+    .Attr("first_stream: int = 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return absl::OkStatus(); })
+    .Doc(R"doc(
+Ends LazyDP's step t = steps (plain SGD): records step t + 1's noise weight,
+starts its catch-up streams and advances the step counter, in place.
+
+  w = (double(learning_rate) * noise_scale)^2        (noise_scale = sigma C / B)
+  p_hi[t + 1] = p_hi[t] + w; p_lo[t + 1] = p_lo[t] + err   (Neumaier: err is the
+      exact rounding error of the addition, as lazy_math.advance_running_sums)
+  stream = (key[0], key[1] + first_stream, 0); steps = t + 1.
+
+The step sums grow (as LazyDP's _StepSums.record: by max(size, t + 2 - size)
+zero entries) when t + 1 is past their end. Refuses t + 1 > 2^30 - 1.
+)doc");
+
+class LazyRecordStepOp : public OpKernel {
+ public:
+  explicit LazyRecordStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("first_stream", &first_stream_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    static constexpr const char* kOp = "TfdpEmbedLazyRecordStep";
+    core::RefCountPtr<Var> p_hi, p_lo, steps, stream;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &p_hi));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &p_lo));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 2), &steps));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 3), &stream));
+    const float lr = ctx->input(4).scalar<float>()();
+    const double scale = ctx->input(5).scalar<double>()();
+    const Tensor& key_t = ctx->input(6);
+    OP_REQUIRES(ctx, key_t.NumElements() == 2,
+                errors::InvalidArgument(kOp, ": `key` must have shape [2]; received ", key_t.shape().DebugString(), "."));
+    OP_REQUIRES(ctx, std::isfinite(lr) && std::isfinite(scale),
+                errors::InvalidArgument(kOp, ": the learning rate (", lr, ") and noise scale (", scale,
+                                        ") must be finite."));
+    for (Var* var : {p_hi.get(), p_lo.get(), steps.get(), stream.get()}) {
+      OP_REQUIRES_OK(ctx, SparseAccess(ctx, var));
     }
-    for (int64_t k = 0; k < n; ++k) hist[rows[k]] = stamp;
+    VarLocks locks({p_hi.get(), p_lo.get(), steps.get(), stream.get()});
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "p_hi", p_hi.get(), DT_DOUBLE, 1));
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "p_lo", p_lo.get(), DT_DOUBLE, 1));
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "stream", stream.get(), DT_INT64, 1));
+    OP_REQUIRES(ctx, stream->tensor()->NumElements() == 3,
+                errors::InvalidArgument(kOp, ": `stream` must hold 3 int64 (key, key, calls)."));
+    int64_t now = 0;
+    OP_REQUIRES_OK(ctx, ReadLazySteps(kOp, steps.get(), &now));
+    OP_REQUIRES(ctx, now < kLazyMaxSteps,
+                errors::InvalidArgument(kOp, ": LazyDP's int32 history holds 2^30 - 1 steps; step ", now + 1,
+                                        " would overflow it. Flush and start a new mechanism."));
+    const int64_t size = p_hi->tensor()->NumElements();
+    OP_REQUIRES(ctx, p_lo->tensor()->NumElements() == size && now < size,
+                errors::InvalidArgument(kOp, ": the step sums (", size, " and ", p_lo->tensor()->NumElements(),
+                                        " entries) must cover step ", now, "."));
+    const int64_t step = now + 1;
+    if (step >= size) {
+      const int64_t grown = size + std::max(size, step + 1 - size);
+      for (Var* var : {p_hi.get(), p_lo.get()}) {
+        Tensor bigger;
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_DOUBLE, TensorShape({grown}), &bigger));
+        double* dst = bigger.flat<double>().data();
+        std::memcpy(dst, var->tensor()->flat<double>().data(), size * sizeof(double));
+        std::fill(dst + size, dst + grown, 0.0);
+        *var->tensor() = bigger;
+      }
+    }
+    double* hi = p_hi->tensor()->flat<double>().data();
+    double* lo = p_lo->tensor()->flat<double>().data();
+    const double std_dev = static_cast<double>(lr) * scale;
+    const double w = std_dev * std_dev;
+    const double sum = hi[now] + w;
+    const double err = std::abs(hi[now]) >= std::abs(w) ? (hi[now] - sum) + w : (w - sum) + hi[now];
+    hi[step] = sum;
+    lo[step] = lo[now] + err;
+    auto words = stream->tensor()->flat<int64_t>();
+    const auto key = key_t.flat<int64_t>();
+    words(0) = key(0);
+    words(1) = static_cast<int64_t>(static_cast<uint64_t>(key(1)) + static_cast<uint64_t>(first_stream_));
+    words(2) = 0;
+    steps->tensor()->scalar<int64_t>()() = step;
   }
 
  private:
-  tfdp_fast_normal::Isa isa_;
-  bool unique_ = false;
+  int64_t first_stream_ = 0;
 };
-REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyCatchUp").Device(DEVICE_CPU).HostMemory("now").HostMemory("stamp"),
-                        LazyCatchUpOp);
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyRecordStep").Device(DEVICE_CPU).HostMemory("learning_rate")
+                            .HostMemory("noise_scale").HostMemory("key"),
+                        LazyRecordStepOp);
 
 }  // namespace
 }  // namespace tensorflow

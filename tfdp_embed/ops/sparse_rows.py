@@ -13,6 +13,7 @@ reference runs instead: slower, identical results.
     pooled_weight_squares   pooled table's per-example norm factor (clipping stage)
     noised_values           (values + N(0, s^2)) / B in one pass (mechanisms)
     lazy_catch_up           LazyDP's plain-SGD aggregated catch-up, in place
+    lazy_record_step        LazyDP's per-step bookkeeping (step sums, key, counter)
 
 Example:
     >>> values = noised_values(generator, grad.values, stddev=1.0, divisor=1024.0)
@@ -111,7 +112,7 @@ def pooled_weight_squares(row_index, examples, weights, batch_size) -> tf.Tensor
 
 
 # -- mechanisms -----------------------------------------------------------------
-def noised_values_many(generator: tf.random.Generator, values_list, *, stddev, divisor) -> list:
+def noised_values_many(generator: tf.random.Generator, values_list, *, stddev, divisor, key=None) -> list:
     """`noised_values` of several tensors from ONE key draw (stream i for tensor i).
 
     Tensor i gets the Gaussian stream of (k0, k1 + i): disjoint Philox
@@ -124,6 +125,8 @@ def noised_values_many(generator: tf.random.Generator, values_list, *, stddev, d
       values_list: float32 tensors.
       stddev: Python float or float32 scalar, >= 0 (the same for all).
       divisor: Python float or float32 scalar, > 0.
+      key: int64 `[2]` to use instead of a fresh draw (LazyDP shares its
+        step key with its catch-up streams); ignored by the fallback.
 
     Returns:
       list of float32 tensors, (values_i + N(0, stddev^2)) / divisor.
@@ -132,7 +135,8 @@ def noised_values_many(generator: tf.random.Generator, values_list, *, stddev, d
     op = _op() if all(v.dtype == tf.float32 for v in values_list) else None
     if op is None or not values_list:
         return [noised_values(generator, v, stddev=stddev, divisor=divisor) for v in values_list]
-    key = generator.uniform_full_int([2], dtype=tf.int64)
+    if key is None:
+        key = generator.uniform_full_int([2], dtype=tf.int64)
     stddev, divisor = tf.cast(stddev, tf.float32), tf.cast(divisor, tf.float32)
     return [
         op.tfdp_embed_noised_values(v, key, stddev, divisor, stream=i) for i, v in enumerate(values_list)
@@ -173,30 +177,180 @@ def noised_values(generator: tf.random.Generator, values, *, stddev, divisor) ->
     )
 
 
-def lazy_catch_up(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, now, stamp, key, *, unique: bool):
-    """LazyDP's plain-SGD aggregated catch-up of `rows`, in place (the fused op only).
+# -- LazyDP (plain SGD, aggregated noise sampling) --------------------------------
+# History entries are (step << 1) | flag in an int32.
+LAZY_MAX_STEPS = (1 << 30) - 1
 
-    Rows r with history[r] != 2 now (deduplicated in first-appearance order
-    unless `unique`) get table[r] += sqrt(S0) z_j, S0 the owed variance from
-    the step sums (p_hi, p_lo), z the Gaussian stream of `key`; then
-    history[r] = stamp for every row. See `LazyDP._catch_up` for the
-    TensorFlow version (the reference, used when the op is unavailable).
 
-    Returns:
-      int64 scalar, number of rows caught up.
+def _stream_normal(shape, key) -> tf.Tensor:
+    """N(0, 1) float32 of `shape`: the fast op's stream of `key`, else TF's stateless Philox."""
+    if fast_normal.available():
+        return fast_normal.fast_normal(tf.cast(shape, tf.int64), key, 1.0)
+    return tf.random.stateless_normal(shape, seed=key, alg="philox")
+
+
+def _as_float64(x) -> tf.Tensor:
+    """x as float64 without a float32 detour (tf.cast of a Python float rounds it to float32 first)."""
+    x = tf.convert_to_tensor(x, dtype_hint=tf.float64)
+    return x if x.dtype == tf.float64 else tf.cast(x, tf.float64)
+
+
+def _flat_rows(rows) -> tf.Tensor:
+    rows = tf.convert_to_tensor(rows)
+    if rows.dtype not in (tf.int32, tf.int64):
+        rows = tf.cast(rows, tf.int64)
+    return rows if rows.shape.rank == 1 else tf.reshape(rows, [-1])
+
+
+def lazy_catch_up_reference(table, history, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
+    """The TensorFlow ops `lazy_catch_up` replaces (same results, bit for bit, with the op's normals).
+
+    Args and Returns: as `lazy_catch_up`.
 
     Raises:
-      fast_normal.BuildError: the op is unavailable (callers check `available()`).
+      tf.errors.InvalidArgumentError: a row outside the table or a step
+        counter past 2^30 - 1 (the message says which).
     """
-    op = fast_normal._load()  # noqa: SLF001
+    rows = tf.cast(_flat_rows(rows), tf.int64)
+    vocab = tf.shape(history, out_type=tf.int64)[0]
+    now64 = steps.read_value()
+    checks = [
+        tf.debugging.assert_less_equal(
+            now64, tf.constant(LAZY_MAX_STEPS, tf.int64), message="LazyDP's int32 history holds 2^30 - 1 steps."
+        ),
+        tf.debugging.assert_equal(
+            tf.reduce_all((rows >= 0) & (rows < vocab)),
+            True,
+            message="LazyDP catch-up: ids must lie in [0, vocabulary_size) unless the table hashes them (hash_ids=True).",
+        ),
+    ]
+    with tf.control_dependencies(checks):
+        now = tf.cast(now64, tf.int32)
+    current = 2 * now
+    behind = tf.not_equal(tf.gather(history, rows), current)
+    stale = tf.unique(tf.boolean_mask(rows, behind)).y
+    count = tf.size(stale, out_type=tf.int64)
+
+    def catch_up():
+        start = tf.bitwise.right_shift(tf.gather(history, stale), 1)
+        s0 = tf.maximum(
+            (tf.gather(p_hi, now) - tf.gather(p_hi, start)) + (tf.gather(p_lo, now) - tf.gather(p_lo, start)),
+            tf.zeros([], tf.float64),
+        )
+        std = tf.cast(tf.sqrt(s0), tf.float32)
+        words = stream.read_value()
+        z = _stream_normal(tf.stack([count, tf.shape(table, out_type=tf.int64)[1]]), tf.stack([words[0], words[1] + words[2]]))
+        with tf.control_dependencies([z]):
+            advanced = stream.assign_add(tf.constant([0, 0, 1], tf.int64))
+        with tf.control_dependencies([advanced]):
+            table.scatter_add(tf.IndexedSlices(std[:, None] * z, stale))
+        return tf.constant(0)
+
+    done = tf.cond(count > 0, catch_up, lambda: tf.constant(0))
+    with tf.control_dependencies([done]):
+        history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(stale), current), stale))
+        return tf.identity(count)
+
+
+def lazy_catch_up(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, steps, stream):
+    """LazyDP's plain-SGD aggregated catch-up of `rows`, in place, in one op.
+
+    With t = steps, rows r with history[r] != 2 t (deduplicated in
+    first-appearance order) get table[r] += sqrt(S0) z_j, S0 the variance
+    owed since step history[r] >> 1 from the step sums (p_hi, p_lo), z the
+    Gaussian stream of key (stream[0], stream[1] + stream[2]); stream[2] then
+    counts the call; the caught-up rows are current (history[r] = 2 t).
+
+    Args:
+      table: float32 `[vocab, dim]` resource variable.
+      history: int32 `[vocab]` variable (LazyDP's HistoryTable).
+      rows: int32 or int64 ids (any shape; repeats allowed).
+      p_hi, p_lo: float64 `[>t]` variables, the step sums.
+      steps: int64 scalar variable, the step counter t.
+      stream: int64 `[3]` variable (key, key, calls), set by `lazy_record_step`.
+
+    Returns:
+      int64 scalar, the number of rows caught up.
+
+    Raises:
+      tf.errors.InvalidArgumentError: a row outside [0, vocab), an invalid
+        history entry, step sums too short, or t > 2^30 - 1.
+    """
+    op = _op()
+    if op is None:
+        return lazy_catch_up_reference(table, history, rows, p_hi, p_lo, steps, stream)
     return op.tfdp_embed_lazy_catch_up(
-        table.handle,
-        history.handle,
-        tf.cast(rows, tf.int64),
-        p_hi,
-        p_lo,
-        tf.cast(now, tf.int32),
-        tf.cast(stamp, tf.int32),
+        table.handle, history.handle, _flat_rows(rows), p_hi.handle, p_lo.handle, steps.handle, stream.handle
+    )
+
+
+def lazy_record_step_reference(p_hi, p_lo, steps, stream, learning_rate, noise_scale, key, *, first_stream: int = 0):
+    """The TensorFlow ops `lazy_record_step` replaces (bit-identical)."""
+    now = steps.read_value()
+    check = tf.debugging.assert_less(
+        now, tf.constant(LAZY_MAX_STEPS, tf.int64), message="LazyDP's int32 history holds 2^30 - 1 steps."
+    )
+    with tf.control_dependencies([check]):
+        step = now + 1
+    capacity = tf.shape(p_hi, out_type=tf.int64)[0]
+
+    def grow():
+        extra = tf.maximum(capacity, step + 1 - capacity)
+        for var in (p_hi, p_lo):
+            var.assign(tf.concat([var, tf.zeros([extra], tf.float64)], 0))
+        return tf.constant(0)
+
+    grown = tf.cond(step >= capacity, grow, lambda: tf.constant(0))
+    with tf.control_dependencies([grown]):
+        hi, lo = tf.gather(p_hi, now), tf.gather(p_lo, now)
+    std = tf.cast(learning_rate, tf.float64) * _as_float64(noise_scale)
+    w = tf.square(std)
+    total = hi + w
+    err = tf.where(tf.abs(hi) >= tf.abs(w), (hi - total) + w, (w - total) + hi)  # Neumaier
+    ops = [
+        p_hi.scatter_update(tf.IndexedSlices(total[None], step[None])),
+        p_lo.scatter_update(tf.IndexedSlices((lo + err)[None], step[None])),
+        stream.assign(tf.stack([key[0], key[1] + first_stream, tf.constant(0, tf.int64)])),
+    ]
+    with tf.control_dependencies(ops):
+        return steps.assign(step)
+
+
+def lazy_record_step(p_hi, p_lo, steps, stream, learning_rate, noise_scale, key, *, first_stream: int = 0):
+    """Ends LazyDP's plain-SGD step t in one op: step sums, catch-up key, step counter.
+
+    p[t + 1] = p[t] + (eta sigma C / B)^2 (compensated pair, grown when full),
+    stream = (key[0], key[1] + first_stream, 0), steps = t + 1.
+
+    Args:
+      p_hi, p_lo: float64 `[None]` variables, the step sums.
+      steps: int64 scalar variable (t).
+      stream: int64 `[3]` variable, the catch-up stream.
+      learning_rate: float32 scalar, the eta the optimizer applies at step t + 1.
+      noise_scale: float64 scalar, sigma C / B.
+      key: int64 `[2]`, the step's key; streams below `first_stream` are used
+        by the dense noise of the same step.
+      first_stream: int >= 0.
+
+    Raises:
+      tf.errors.InvalidArgumentError: t + 1 > 2^30 - 1, or a non-finite
+        learning rate or scale.
+    """
+    if not isinstance(first_stream, int) or first_stream < 0:
+        raise ValueError(f"`first_stream` must be an int >= 0; received {first_stream!r}.")
+    op = _op()
+    key = tf.convert_to_tensor(key, tf.int64)
+    if op is None:
+        return lazy_record_step_reference(
+            p_hi, p_lo, steps, stream, learning_rate, noise_scale, key, first_stream=first_stream
+        )
+    return op.tfdp_embed_lazy_record_step(
+        p_hi.handle,
+        p_lo.handle,
+        steps.handle,
+        stream.handle,
+        tf.cast(learning_rate, tf.float32),
+        _as_float64(noise_scale),
         key,
-        unique=unique,
+        first_stream=first_stream,
     )
