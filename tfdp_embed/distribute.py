@@ -1098,13 +1098,15 @@ class TpuDPStep:
             key = noise_feature_name(table.name)
             owned = noise_ids[key]
             sent = _values_at(update, owned) - _values_at(global_sum.gradient, owned) / B
-            gradients[key] = sent * noise_weights[key][:, None]
+            # The engine checks each gradient against its feature's static output shape.
+            shape = [self.max_noise_rows[table.name], table.output_dim]
+            gradients[key] = tf.ensure_shape(sent * noise_weights[key][:, None], shape)
             for f in self._features_of(table):
                 grad = clipped_activation_gradients(act_grads[f.name], step.clip_factors, expected_batch_size=B)
                 if f.combiner is None:  # sequence feature: occurrences of rows outside M get nothing
                     keep = _is_member(tf.cast(ids[f.name], tf.int64), rows)
                     grad = grad * tf.cast(keep, grad.dtype)[..., None]
-                gradients[f.name] = grad
+                gradients[f.name] = tf.ensure_shape(grad, acts[f.name].shape)
         with tf.control_dependencies(checks):
             self.engine.apply_gradients(gradients, preserved)
         table_ids = {id(t.embeddings) for t in self.tables}
