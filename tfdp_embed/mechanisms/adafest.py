@@ -15,6 +15,17 @@ Geom(p). Time and memory are proportional to the number of survivors,
 never to the vocabulary. Non-embedding variables get dense DP-SGD with
 sigma2.
 
+Cost per step and table: one `Unique` over the gradient rows, the
+contribution pairs and the noise draw, one Gaussian per touched row for the
+map, and the gradient noise and the optimizer's write on the survivors:
+touched survivors plus ~p V noise-only rows. At a fixed tau the noise-only
+rows grow with the vocabulary (p V), and they are cold rows: on the
+step_time workload at 5e7 rows x 64, writing 4,858 of them alone took the
+non-private step from 3.54 to 5.64 ms (benchmarks/RESULTS.md, analysis under
+the 12:55:35Z step_time section). The
+paper tunes tau per setting; `threshold_for_noise_rows` sets tau for a fixed
+expected number of noise-only rows, which keeps the step flat in V.
+
 Contribution clipping is joint over all tables: [v_i]_{C1} scales example
 i's vector by min(1, C1 / sqrt(n_i)), n_i = number of distinct rows it
 touches in *all* tables ("including those to other features", Fig. 2), so
@@ -35,7 +46,8 @@ Example:
 
 References: Zhang et al., "Sparsity-Preserving Differentially Private
 Training of Large Embedding Models", NeurIPS 2023: §3.2, Alg. 1, §3.3,
-App. B.2, App. C.4; Dong, Roth & Su 2019, Cor. 3.3 (Gaussian composition).
+App. B.2, App. C.4, App. D.1 (tau tuned); Dong, Roth & Su 2019, Cor. 3.3
+(Gaussian composition).
 """
 
 from __future__ import annotations
