@@ -6,16 +6,19 @@ steps; a run checkpointed every 5 steps by DPCheckpoint and stopped after
 step 13 without a final save (steps 11-13 are lost, as in a kill); and a
 fresh model, mechanism, optimizer and budget under the same strategy that
 restore step 10 and finish. EANA (not DP: the ledger counts steps, no
-epsilon) and dense DP-SGD (epsilon compared). Same tolerance as the
+epsilon) and dense DP-SGD (epsilon compared; DP-FEST too with RUN_SLOW_DISTRIBUTED=1). Same tolerance as the
 single-device resume test (tests/test_checkpoint.py): atol 1e-6.
 """
 
 import json
+import os
 
 import numpy as np
 import pytest
 
-MECHANISMS = ("eana", "dense")
+# RUN_SLOW_DISTRIBUTED=1 adds DP-FEST (its selection state restored under the strategy).
+SLOW = os.environ.get("RUN_SLOW_DISTRIBUTED", "") not in ("", "0")
+MECHANISMS = ("eana", "dense") + (("fest",) if SLOW else ())
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,7 @@ def test_resumed_ledger_counts_every_step_once(results, name):
     assert restored["ledger_steps"] == restored["budget_ledger_steps"] == 10
     assert resumed["ledger_steps"] == full["ledger_steps"] == 16
     assert json.loads(resumed["ledger"]) == json.loads(full["ledger"])
-    if name == "dense":
+    if name != "eana":
         assert resumed["epsilon"] == full["epsilon"] and full["epsilon"] > 0
     else:
         assert resumed["epsilon"] is None  # EANA is not DP: no epsilon is reported
