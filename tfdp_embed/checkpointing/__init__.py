@@ -16,6 +16,11 @@
 A checkpoint is training state, never a release: a LazyDP checkpoint keeps
 the un-flushed table with its noise history; export (which flushes) is the
 only way out. See `tfdp_embed.checkpointing.training_state`.
+
+Under `MirroredStrategy`, build the model, mechanism and optimizer of the
+resumed run inside the same strategy's scope as the run that saved; the
+restore fills every replica's copy (tested on 2 logical CPUs with EANA,
+dense DP-SGD and DP-FEST: tests/distributed/test_checkpoint_distributed.py).
 """
 
 from tfdp_embed.checkpointing.callback import DPCheckpoint
