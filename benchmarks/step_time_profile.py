@@ -18,6 +18,7 @@ import collections
 import glob
 import tempfile
 import time
+import types
 
 import numpy as np
 
@@ -27,8 +28,11 @@ from tfdp_embed._keras import keras, tf  # noqa: I001
 _WRAPPERS = ("__inference", "Run", "Process", "Executor", "Record", "StartRegion", "StopRegion")
 
 
-def _step_functions(name: str, spec: dict, batches: list) -> tuple:
-    """(plain step, mechanism step) on ONE model: a 5e7 x 64 table (12.8 GB) exists once.
+def _step_functions(name: str, spec: dict, batches: list) -> types.SimpleNamespace:
+    """Plain and mechanism steps on ONE model: a 5e7 x 64 table (12.8 GB) exists once.
+
+    Returns a namespace: `plain(i)`, `step(i)` (step i on batch i), `mechanism`,
+    `plain_function` (the traced plain tf.function) and `table` (the variable).
 
     The plain step is `step_time_worker.plain_step` on the mechanism's model,
     traced with the read hooks removed (as the worker's in-process baseline).
@@ -57,46 +61,69 @@ def _step_functions(name: str, spec: dict, batches: list) -> tuple:
     finally:
         for layer, hook in zip(layers, hooks):
             layer.set_read_hook(hook)
-    return (lambda i: plain(*batches[i % len(batches)])), step, mechanism
+    return types.SimpleNamespace(
+        plain=lambda i: plain(*batches[i % len(batches)]),
+        step=step,
+        mechanism=mechanism,
+        plain_function=plain,
+        table=model.get_layer(worker.TABLE_NAME).embeddings,
+    )
 
 
-def untouched_rows_floor(spec: dict, batches: list, rows: int, steps: int) -> tuple:
-    """Median (plain step, plain step + scatter-add of `rows` random rows), interleaved, one model.
+def untouched_rows_floor(spec: dict, batches: list, rows: int, steps: int, mechanism: str | None = None) -> dict:
+    """Median step times of the plain step with and without writing `rows` untouched rows, interleaved.
 
-    The second step is the plain step followed by `table.scatter_add` of
-    `rows` uniformly drawn rows (fresh each step; constant values, no noise draw): what
-    any mechanism must pay to update that many rows the batch did not touch
-    (cold rows: TLB and cache misses in a large table). A lower bound for
-    DP-AdaFEST's step when `rows` rows survive by noise alone.
+    On one model, alternating step by step:
+      plain            the plain non-private step (`step_time_worker.plain_step`);
+      plain+write      the same step, then `rows` distinct random rows (sorted,
+                       drawn beforehand: no sampling cost) get fresh fused
+                       Gaussian noise (`sparse_rows.noised_values` on zeros, as
+                       DP-AdaFEST's noise-only rows) scaled by -lr and added to
+                       the table with one `scatter_add`;
+      `mechanism`      optionally, that mechanism's DPModel step.
+    plain+write - plain is what any mechanism pays to noise and write that
+    many rows the batch did not touch (cold rows: TLB and cache misses in a
+    large table): the floor of DP-AdaFEST's step when `rows` rows survive by
+    noise alone.
 
     Returns:
-      (plain median s, plain + scatter median s), wall time.
+      {step name: {"wall_s": median, "cpu_s": median process CPU}}.
     """
-    model = worker.build_model(vocab=spec["vocab"], dim=spec["dim"], dp_embedding=True, seed=0)
-    plain = worker.plain_step(model)
-    table = model.get_layer(worker.TABLE_NAME).embeddings
+    from tfdp_embed.ops import sparse_rows
+
+    steps_on_model = _step_functions(mechanism or "none", spec, batches)
+    model_table, plain_traced = steps_on_model.table, steps_on_model.plain_function
     generator = tf.random.Generator.from_seed(1)
+    rng = np.random.default_rng(1)
+    row_sets = [
+        tf.constant(np.sort(rng.choice(spec["vocab"], size=rows, replace=False)), tf.int64)
+        for _ in range(steps + 5)
+    ]
 
     @tf.function
-    def both_step(ids, labels):
-        loss = plain(ids, labels)  # inlined: one call, as a mechanism's step
-        rows_drawn = generator.uniform([rows], 0, spec["vocab"], dtype=tf.int64)
-        table.scatter_add(tf.IndexedSlices(tf.fill([rows, spec["dim"]], 1e-6), rows_drawn))
+    def write_step(ids, labels, drawn):
+        loss = plain_traced(ids, labels)  # inlined: one call, as a mechanism's step
+        noise = sparse_rows.noised_values(
+            generator, tf.zeros([rows, spec["dim"]]), stddev=1.0, divisor=float(spec["batch"])
+        )
+        model_table.scatter_add(tf.IndexedSlices(-worker.LEARNING_RATE * noise, drawn))
         return loss
 
-    def both(i):
-        return both_step(*batches[i % len(batches)])
-
-    times = {"plain": [], "plain+scatter": []}
+    fns = {"plain": steps_on_model.plain, "plain+write": lambda i: write_step(*batches[i % len(batches)], row_sets[i])}
+    if mechanism:
+        fns[mechanism] = steps_on_model.step
     for i in range(5):
-        _finish(plain(*batches[i % len(batches)]))
-        _finish(both(i))
-    for i in range(steps):
-        for name, fn in (("plain", lambda j: plain(*batches[j % len(batches)])), ("plain+scatter", both)):
-            start = time.perf_counter()
+        for fn in fns.values():
             _finish(fn(i))
-            times[name].append(time.perf_counter() - start)
-    return float(np.median(times["plain"])), float(np.median(times["plain+scatter"]))
+    wall = {name: [] for name in fns}
+    cpu = {name: [] for name in fns}
+    for i in range(steps):
+        for name, fn in fns.items():
+            start, cpu_start = time.perf_counter(), time.process_time()
+            _finish(fn(i))
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - cpu_start)
+    return {name: {"wall_s": float(np.median(wall[name])), "cpu_s": float(np.median(cpu[name]))} for name in fns}
 
 
 def _finish(result) -> None:
@@ -146,7 +173,7 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--adafest-threshold", type=float, default=19.0, help="tau (step_time's default)")
     parser.add_argument("--untouched-rows", type=int, default=0,
-                        help="instead: time the plain step with and without a scatter-add of this many random rows")
+                        help="instead: time plain, plain + noising and writing this many untouched rows, and --mechanism, interleaved")
     args = parser.parse_args(argv)
     spec = dict(vocab=args.vocab, dim=args.dim, batch=args.batch, l2_norm_clip=1.0, noise_multiplier=1.0, seed=0,
                 fest_top_k=4096, fest_selection_epsilon=0.1, adafest_ratio=5.0, adafest_contribution_clip=1.0,
@@ -154,13 +181,18 @@ def main(argv=None) -> int:
     batches = worker.make_batches(vocab=args.vocab, batch=args.batch, count=40, zipf=None, seed=0)
     batches = [(tf.constant(ids), tf.constant(labels)) for ids, labels in batches]
     if args.untouched_rows:
-        plain_s, both_s = untouched_rows_floor(spec, batches, args.untouched_rows, args.steps)
-        print(f"vocab {args.vocab:,}, dim {args.dim}, batch {args.batch}, {args.steps} interleaved steps: "
-              f"plain {plain_s * 1e3:.2f} ms, plain + scatter-add of {args.untouched_rows} random rows "
-              f"{both_s * 1e3:.2f} ms ({both_s / plain_s:.2f}x)")
+        with_mechanism = args.mechanism if args.mechanism not in ("", "none") else None
+        medians = untouched_rows_floor(spec, batches, args.untouched_rows, args.steps, with_mechanism)
+        base = medians["plain"]
+        print(f"vocab {args.vocab:,}, dim {args.dim}, batch {args.batch}, {args.steps} interleaved steps "
+              f"(plain+write: {args.untouched_rows} untouched rows noised and written):")
+        for name, m in medians.items():
+            print(f"  {name:14s} wall {m['wall_s'] * 1e3:7.2f} ms ({m['wall_s'] / base['wall_s']:.2f}x)   "
+                  f"CPU {m['cpu_s'] * 1e3:7.2f} ms ({m['cpu_s'] / base['cpu_s']:.2f}x)")
         return 0
-    plain_fn, mechanism_fn, mechanism = _step_functions(args.mechanism, spec, batches)
-    results = {"plain": profile(plain_fn, args.steps), args.mechanism: profile(mechanism_fn, args.steps)}
+    steps_on_model = _step_functions(args.mechanism, spec, batches)
+    mechanism = steps_on_model.mechanism
+    results = {"plain": profile(steps_on_model.plain, args.steps), args.mechanism: profile(steps_on_model.step, args.steps)}
     (pw, pc, plain), (mw, mc, mech) = results["plain"], results[args.mechanism]
     print(f"vocab {args.vocab:,}, dim {args.dim}, batch {args.batch}, {args.steps} steps")
     print(f"wall/step: plain {pw * 1e3:.2f} ms, {args.mechanism} {mw * 1e3:.2f} ms ({mw / pw:.2f}x); "
