@@ -168,7 +168,7 @@ def test_per_step_stateless_lazy_equals_dense_dpsgd(momentum, nesterov, lookahea
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def _dp_model_run(mechanism, steps=12):
+def _dp_model_run(mechanism, steps=12, momentum=0.9):
     """DPModel.fit over a lookahead dataset, then evaluate (read hooks) and flush."""
     from tfdp_embed.training import DPModel
 
@@ -192,7 +192,7 @@ def _dp_model_run(mechanism, steps=12):
     model = keras.Model(inputs, outputs)
     dp_model = DPModel(model, mechanism=mechanism, expected_batch_size=float(BATCH), lookahead=True)
     dp_model.compile(
-        optimizer=keras.optimizers.legacy.SGD(schedule(), momentum=0.9),
+        optimizer=keras.optimizers.legacy.SGD(schedule(), momentum=momentum),
         loss=keras.losses.BinaryCrossentropy(from_logits=True),
     )
     dp_model.fit(data, epochs=1, verbose=0)
@@ -211,6 +211,16 @@ def test_dp_model_end_to_end_equals_dense_dpsgd():
     dense = _dp_model_run(DenseDPSGD(**kwargs))
     for got, want in zip(lazy, dense):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_dp_model_fit_on_the_fused_path_counts_real_steps_only():
+    """Plain SGD (fused ops): the phantom end-of-data step records nothing; evaluate and flush work."""
+    mechanism = LazyDP(l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=5)
+    weights = _dp_model_run(mechanism, momentum=0.0)
+    assert mechanism._fused(0)  # noqa: SLF001
+    assert int(mechanism.steps.numpy()) == 12 and not mechanism.owes_noise()
+    np.testing.assert_array_equal(mechanism._histories[0].numpy(), np.full(VOCAB, 24))  # noqa: SLF001
+    assert all(np.isfinite(w).all() for w in weights)
 
 
 @pytest.mark.parametrize("momentum", [0.9, 0.0], ids=["momentum", "plain_sgd_fused"])
@@ -258,6 +268,7 @@ def test_fused_plain_sgd_step_is_bit_identical_to_its_tf_ops(monkeypatch):
     fused = Harness(LazyDP(**kwargs))
     assert fused.mechanism._fused(0)  # noqa: SLF001
     unflushed = fused.run(ids, labels, flush=False)
+    assert int(fused.mechanism.steps.numpy()) == 14
     fused.mechanism.flush()
     want = fused.weights()
     monkeypatch.setattr(sparse_rows, "lazy_catch_up", sparse_rows.lazy_catch_up_reference)

@@ -23,6 +23,18 @@ evaluation, a missing lookahead). Draws per step are then the floor:
 momentum unless the row owes a single step (its 2x2 covariance is rank
 one). Catching a row up early is always exact, so wrong lookahead ids
 only cost draws. Non-table variables get ordinary dense DP-SGD noise.
+
+Plain SGD with aggregated generator noise (the common case) runs its
+bookkeeping in two custom ops (`tfdp_embed.ops.sparse_rows`): each catch-up
+(read hook, lookahead, flush chunk) is one `lazy_catch_up` that reads the
+step counter, step sums and history itself and draws its noise from the
+step's catch-up stream (one generator key per step, shared with the dense
+noise: streams 0..n-1 dense, n, n+1, ... catch-ups), and `lazy_record_step`
+records the step's eta^2 sigma^2 C^2 / B^2, the key and the counter. Without
+momentum the one-step-ahead flag changes nothing, so touched rows need no
+history write. Without the op library the same ops run as TensorFlow
+(bit-identical given the op's normals). Momentum, per-step draws and
+stateless noise use the TensorFlow path below.
 `flush()` brings every row up to date; the model is then distributed
 exactly as dense DP-SGD's. `owes_noise()` (O(1)), `owes_noise_tensor()`
 and `assert_flushed()` let export and checkpoint code refuse an
