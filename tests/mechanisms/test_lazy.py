@@ -272,6 +272,7 @@ def test_fused_plain_sgd_step_is_bit_identical_to_its_tf_ops(monkeypatch):
     fused.mechanism.flush()
     want = fused.weights()
     monkeypatch.setattr(sparse_rows, "lazy_catch_up", sparse_rows.lazy_catch_up_reference)
+    monkeypatch.setattr(sparse_rows, "lazy_catch_up_split", sparse_rows.lazy_catch_up_reference)
     monkeypatch.setattr(sparse_rows, "lazy_record_step", sparse_rows.lazy_record_step_reference)
     reference = Harness(LazyDP(**kwargs))
     got_unflushed = reference.run(ids, labels, flush=False)

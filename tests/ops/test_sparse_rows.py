@@ -153,6 +153,30 @@ def test_lazy_catch_up_is_bit_identical_to_the_tf_ops(op, dtype, repeats):
     np.testing.assert_array_equal(fused["stream"].numpy(), [21, 4, 4])
 
 
+@pytest.mark.parametrize("dim", [9, 64, 0])
+def test_lazy_catch_up_split_equals_the_single_op(op, dim):
+    """Noise op (no table access) + add op: the same table, history and stream as one catch-up."""
+    rng = np.random.default_rng(8)
+    state = _lazy_state(rng, vocab=300, dim=dim)
+    rows = rng.integers(0, 300, 500).astype(np.int32)  # repeats, more than one 4096-float block
+    single, split = _variables(state), _variables(state)
+    count = sparse_rows.lazy_catch_up(*_catch_up_args(single, rows))
+    split_count = sparse_rows.lazy_catch_up_split(*_catch_up_args(split, rows))
+    assert int(count) == int(split_count) > 0
+    for name in state:
+        np.testing.assert_array_equal(split[name].numpy(), single[name].numpy(), err_msg=name)
+
+
+def test_lazy_add_rows_adds_in_place_and_refuses_bad_rows(op):
+    table = tf.Variable(np.arange(12, dtype=np.float32).reshape(4, 3))
+    op.tfdp_embed_lazy_add_rows(table.handle, tf.constant([2, 0, 2], tf.int64), tf.ones([3, 3]))
+    np.testing.assert_array_equal(table.numpy()[:, 0], [1, 3, 8, 9])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row 4 outside \\[0, 4\\)"):
+        op.tfdp_embed_lazy_add_rows(table.handle, tf.constant([4], tf.int64), tf.ones([1, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`values` must be \\[1, 3\\]"):
+        op.tfdp_embed_lazy_add_rows(table.handle, tf.constant([1], tf.int64), tf.ones([1, 2]))
+
+
 def test_lazy_catch_up_calls_draw_independent_streams(op):
     """Two catch-ups of one step use streams (k0, k1 + c), c = 0, 1: different noise."""
     state = _lazy_state(np.random.default_rng(4), vocab=400, dim=8)

@@ -395,7 +395,12 @@ class LazyDP(NoiseMechanism):
             elif isinstance(rows, tf.SparseTensor):
                 rows = rows.values
             if self._fused(index):  # the op deduplicates (same rows, same order)
-                self._bring_current(index, rows)
+                # Two ops: the draws need not wait for the optimizer's table write.
+                sums = self._step_sums.sums
+                sparse_rows.lazy_catch_up_split(
+                    self._tables[index].embeddings, self._histories[index], rows,
+                    sums.p_hi, sums.p_lo, self.steps, self._stream,
+                )
             else:
                 rows = tf.reshape(tf.cast(rows, tf.int64), [-1])
                 self._bring_current(index, tf.unique(rows).y, unique=True)

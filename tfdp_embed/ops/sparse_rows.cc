@@ -382,6 +382,98 @@ when some row was behind). Every row among `rows` is then current
 Bit-identical to sparse_rows.lazy_catch_up_reference (TensorFlow ops).
 )doc");
 
+// The behind rows among `rows` and the std of the noise each owes (shared by
+// TfdpEmbedLazyCatchUp and TfdpEmbedLazyCatchUpNoise). Validates the state,
+// marks the behind rows current, counts the call on `stream` when a row is
+// behind. The caller holds the locks of all the variables.
+struct LazyPlan {
+  std::vector<int64_t> stale;  // behind rows, first-appearance order
+  std::vector<float> stddev;   // float(sqrt(S0)) per behind row
+  tfdp_fast_normal::StreamKey key{};
+};
+
+template <typename Index>
+absl::Status PlanCatchUp(const char* op, Var* history, const Tensor& rows_t, Var* p_hi_var, Var* p_lo_var, Var* steps,
+                         Var* stream, LazyPlan* plan) {
+  TF_RETURN_IF_ERROR(CheckVar(op, "history", history, DT_INT32, 1));
+  TF_RETURN_IF_ERROR(CheckVar(op, "p_hi", p_hi_var, DT_DOUBLE, 1));
+  TF_RETURN_IF_ERROR(CheckVar(op, "p_lo", p_lo_var, DT_DOUBLE, 1));
+  TF_RETURN_IF_ERROR(CheckVar(op, "stream", stream, DT_INT64, 1));
+  int64_t now = 0;
+  TF_RETURN_IF_ERROR(ReadLazySteps(op, steps, &now));
+  const Tensor& p_hi_t = *p_hi_var->tensor();
+  const Tensor& p_lo_t = *p_lo_var->tensor();
+  if (now >= p_hi_t.NumElements() || p_lo_t.NumElements() != p_hi_t.NumElements()) {
+    return errors::InvalidArgument(op, ": the step sums (", p_hi_t.NumElements(), " and ", p_lo_t.NumElements(),
+                                   " entries) must cover step ", now, ".");
+  }
+  if (stream->tensor()->NumElements() != 3) {
+    return errors::InvalidArgument(op, ": `stream` must hold 3 int64 (key, key, calls).");
+  }
+  const int64_t vocab = history->tensor()->dim_size(0);
+  int32_t* hist = history->tensor()->flat<int32_t>().data();
+  const double* p_hi = p_hi_t.flat<double>().data();
+  const double* p_lo = p_lo_t.flat<double>().data();
+  const Index* rows = rows_t.flat<Index>().data();
+  const int64_t n = rows_t.NumElements();
+  const int32_t current = static_cast<int32_t>(2 * now);
+  for (int64_t k = 0; k < n; ++k) {
+    if (rows[k] < 0 || rows[k] >= vocab) {
+      return errors::InvalidArgument(op, ": row ", static_cast<int64_t>(rows[k]), " outside [0, ", vocab,
+                                     "): LazyDP catches up the rows a batch (or its lookahead) will "
+                                     "read, and ids must lie in [0, vocabulary_size) unless the "
+                                     "table hashes them (hash_ids=True).");
+    }
+  }
+  // Behind rows in first-appearance order. Each is marked current as it is
+  // found, so a later repeat of it in `rows` is not behind: deduplication
+  // without a hash table. Its packed history is kept to compute the owed
+  // variance (and to undo the marks if a history entry is invalid).
+  std::vector<int32_t> packed;
+  constexpr int64_t kAhead = 16;
+  for (int64_t k = 0; k < n; ++k) {
+    if (k + kAhead < n) __builtin_prefetch(hist + rows[k + kAhead], 1);
+    int32_t& entry = hist[rows[k]];
+    if (entry == current) continue;
+    const int32_t from = entry >> 1;
+    if (from < 0 || from > now) {
+      for (size_t j = 0; j < plan->stale.size(); ++j) hist[plan->stale[j]] = packed[j];
+      plan->stale.clear();
+      return errors::InvalidArgument(op, ": history of row ", static_cast<int64_t>(rows[k]), " is ", from,
+                                     ", outside [0, now = ", now, "].");
+    }
+    plan->stale.push_back(rows[k]);
+    packed.push_back(entry);
+    entry = current;
+  }
+  const int64_t m = static_cast<int64_t>(plan->stale.size());
+  if (m == 0) return absl::OkStatus();
+  auto words = stream->tensor()->flat<int64_t>();
+  plan->key = tfdp_fast_normal::MakeStreamKey(static_cast<uint64_t>(words(0)),
+                                              static_cast<uint64_t>(words(1)) + static_cast<uint64_t>(words(2)));
+  words(2) += 1;
+  plan->stddev.resize(m);
+  for (int64_t j = 0; j < m; ++j) {
+    const int32_t from = packed[j] >> 1;
+    const double s0 = std::max((p_hi[now] - p_hi[from]) + (p_lo[now] - p_lo[from]), 0.0);
+    plan->stddev[j] = static_cast<float>(std::sqrt(s0));
+  }
+  return absl::OkStatus();
+}
+
+// Rows per block of a catch-up: a whole number of 64-float noise chunks, >= 4096 floats.
+int64_t CatchUpBlockRows(int64_t dim) {
+  int64_t block_rows = tfdp_fast_normal::kChunkFloats / std::gcd<int64_t>(dim, tfdp_fast_normal::kChunkFloats);
+  while (block_rows * dim < 4096) block_rows *= 2;
+  return block_rows;
+}
+
+void PrefetchRow(const float* row, int64_t dim) {
+  const char* p = reinterpret_cast<const char*>(row);
+  const char* end = reinterpret_cast<const char*>(row + dim);
+  for (; p < end; p += 64) __builtin_prefetch(p, 1);
+}
+
 class LazyCatchUpOp : public OpKernel {
  public:
   explicit LazyCatchUpOp(OpKernelConstruction* ctx) : OpKernel(ctx), isa_(tfdp_fast_normal::BestIsa()) {}
@@ -405,136 +497,216 @@ class LazyCatchUpOp : public OpKernel {
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 4), &p_lo_var));
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 5), &steps));
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 6), &stream));
-    const Tensor& rows_t = ctx->input(2);
     OP_REQUIRES_OK(ctx, SparseAccess(ctx, table.get()));
     OP_REQUIRES_OK(ctx, SparseAccess(ctx, history.get()));
     OP_REQUIRES_OK(ctx, SparseAccess(ctx, stream.get()));
     VarLocks locks({table.get(), history.get(), p_hi_var.get(), p_lo_var.get(), steps.get(), stream.get()});
     OP_REQUIRES_OK(ctx, CheckVar(kOp, "table", table.get(), DT_FLOAT, 2));
     OP_REQUIRES_OK(ctx, CheckVar(kOp, "history", history.get(), DT_INT32, 1));
-    OP_REQUIRES_OK(ctx, CheckVar(kOp, "p_hi", p_hi_var.get(), DT_DOUBLE, 1));
-    OP_REQUIRES_OK(ctx, CheckVar(kOp, "p_lo", p_lo_var.get(), DT_DOUBLE, 1));
-    OP_REQUIRES_OK(ctx, CheckVar(kOp, "stream", stream.get(), DT_INT64, 1));
-    int64_t now = 0;
-    OP_REQUIRES_OK(ctx, ReadLazySteps(kOp, steps.get(), &now));
     Tensor* tab_t = table->tensor();
-    Tensor* hist_t = history->tensor();
-    const Tensor& p_hi_t = *p_hi_var->tensor();
-    const Tensor& p_lo_t = *p_lo_var->tensor();
-    OP_REQUIRES(ctx, hist_t->dim_size(0) == tab_t->dim_size(0),
-                errors::InvalidArgument(kOp, ": the history has ", hist_t->dim_size(0), " entries for a table of ",
-                                        tab_t->dim_size(0), " rows (one per row needed)."));
-    OP_REQUIRES(ctx, now < p_hi_t.NumElements() && p_lo_t.NumElements() == p_hi_t.NumElements(),
-                errors::InvalidArgument(kOp, ": the step sums (", p_hi_t.NumElements(), " and ", p_lo_t.NumElements(),
-                                        " entries) must cover step ", now, "."));
-    OP_REQUIRES(ctx, stream->tensor()->NumElements() == 3,
-                errors::InvalidArgument(kOp, ": `stream` must hold 3 int64 (key, key, calls)."));
-    const int64_t vocab = tab_t->dim_size(0);
-    const int64_t dim = tab_t->dim_size(1);
-    float* tab = tab_t->flat<float>().data();
-    int32_t* hist = hist_t->flat<int32_t>().data();
-    const double* p_hi = p_hi_t.flat<double>().data();
-    const double* p_lo = p_lo_t.flat<double>().data();
-    const Index* rows = rows_t.flat<Index>().data();
-    const int64_t n = rows_t.NumElements();
-    const int32_t current = static_cast<int32_t>(2 * now);
-    for (int64_t k = 0; k < n; ++k) {
-      OP_REQUIRES(ctx, rows[k] >= 0 && rows[k] < vocab,
-                  errors::InvalidArgument(kOp, ": row ", static_cast<int64_t>(rows[k]), " outside [0, ", vocab,
-                                          "): LazyDP catches up the rows a batch (or its lookahead) will "
-                                          "read, and ids must lie in [0, vocabulary_size) unless the "
-                                          "table hashes them (hash_ids=True)."));
-    }
-    // Behind rows in first-appearance order. Each is marked current as it is
-    // found, so a later repeat of it in `rows` is not behind: deduplication
-    // without a hash table. Its packed history is kept to compute the owed
-    // variance (and to undo the marks if a history entry is invalid).
-    std::vector<int64_t> stale;
-    std::vector<int32_t> packed;
-    constexpr int64_t kAhead = 16;
-    for (int64_t k = 0; k < n; ++k) {
-      if (k + kAhead < n) __builtin_prefetch(hist + rows[k + kAhead], 1);
-      int32_t& entry = hist[rows[k]];
-      if (entry == current) continue;
-      const int32_t from = entry >> 1;
-      if (from < 0 || from > now) {
-        for (size_t j = 0; j < stale.size(); ++j) hist[stale[j]] = packed[j];
-        ctx->CtxFailure(errors::InvalidArgument(kOp, ": history of row ", static_cast<int64_t>(rows[k]), " is ",
-                                                from, ", outside [0, now = ", now, "]."));
-        return;
-      }
-      stale.push_back(rows[k]);
-      packed.push_back(entry);
-      entry = current;
-    }
-    const int64_t m = static_cast<int64_t>(stale.size());
+    OP_REQUIRES(ctx, history->tensor()->dim_size(0) == tab_t->dim_size(0),
+                errors::InvalidArgument(kOp, ": the history has ", history->tensor()->dim_size(0),
+                                        " entries for a table of ", tab_t->dim_size(0), " rows (one per row needed)."));
+    LazyPlan plan;
+    OP_REQUIRES_OK(ctx, PlanCatchUp<Index>(kOp, history.get(), ctx->input(2), p_hi_var.get(), p_lo_var.get(),
+                                           steps.get(), stream.get(), &plan));
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out_t));
-    out_t->scalar<int64_t>()() = m;
-    if (m > 0 && dim > 0) {
-      auto stream_words = stream->tensor()->flat<int64_t>();
-      const tfdp_fast_normal::StreamKey key = tfdp_fast_normal::MakeStreamKey(
-          static_cast<uint64_t>(stream_words(0)),
-          static_cast<uint64_t>(stream_words(1)) + static_cast<uint64_t>(stream_words(2)));
-      stream_words(2) += 1;
-      std::vector<float> stddev(m);
-      for (int64_t j = 0; j < m; ++j) {
-        const int32_t from = packed[j] >> 1;
-        const double s0 = std::max((p_hi[now] - p_hi[from]) + (p_lo[now] - p_lo[from]), 0.0);
-        stddev[j] = static_cast<float>(std::sqrt(s0));
-      }
-      AddNoise(ctx, key, stale, stddev, dim, tab);
-    }
+    out_t->scalar<int64_t>()() = static_cast<int64_t>(plan.stale.size());
+    const int64_t dim = tab_t->dim_size(1);
+    if (!plan.stale.empty() && dim > 0) AddNoise(ctx, plan, dim, tab_t->flat<float>().data());
   }
 
-  // tab[stale[j], :] += stddev[j] * z[j, :], z the [m, dim] stream of `key`.
+  // tab[stale[j], :] += stddev[j] * z[j, :], z the [m, dim] stream of the plan's key.
   // Rows go in blocks whose noise is a whole number of 64-float chunks; each
   // block's table rows are prefetched, its noise generated meanwhile, then
   // added while both are in cache.
-  void AddNoise(OpKernelContext* ctx, const tfdp_fast_normal::StreamKey& key, const std::vector<int64_t>& stale,
-                const std::vector<float>& stddev, int64_t dim, float* tab) {
+  void AddNoise(OpKernelContext* ctx, const LazyPlan& plan, int64_t dim, float* tab) {
+    const std::vector<int64_t>& stale = plan.stale;
     const int64_t m = static_cast<int64_t>(stale.size());
     const uint64_t total = static_cast<uint64_t>(m) * static_cast<uint64_t>(dim);
-    int64_t block_rows = tfdp_fast_normal::kChunkFloats / std::gcd<int64_t>(dim, tfdp_fast_normal::kChunkFloats);
-    while (block_rows * dim < 4096) block_rows *= 2;
+    const int64_t block_rows = CatchUpBlockRows(dim);
     const int64_t blocks = (m + block_rows - 1) / block_rows;
     Tensor noise_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({static_cast<int64_t>(total)}), &noise_t));
     float* noise = noise_t.flat<float>().data();
     const tfdp_fast_normal::Isa isa = isa_;
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t cost = block_rows * dim * 12;
-    Shard(workers->num_threads, workers->workers, blocks, cost, [&](int64_t begin, int64_t end) {
+    Shard(workers->num_threads, workers->workers, blocks, block_rows * dim * 12, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         const int64_t row_begin = b * block_rows;
         const int64_t row_end = std::min(m, row_begin + block_rows);
         const uint64_t first = static_cast<uint64_t>(row_begin * dim);
         const uint64_t last = static_cast<uint64_t>(row_end * dim);
-        const uint64_t chunk_begin = first / tfdp_fast_normal::kChunkFloats;
-        const uint64_t chunk_end = (last + tfdp_fast_normal::kChunkFloats - 1) / tfdp_fast_normal::kChunkFloats;
-        // The block's rows are random table rows: request them all, then generate
-        // the noise while they arrive.
         for (int64_t j = row_begin; j < row_end; ++j) PrefetchRow(tab + stale[j] * dim, dim);
-        tfdp_fast_normal::GenerateChunks(isa, key, chunk_begin, chunk_end, total, 1.0f, noise);
+        tfdp_fast_normal::GenerateChunks(isa, plan.key, first / tfdp_fast_normal::kChunkFloats,
+                                         (last + tfdp_fast_normal::kChunkFloats - 1) / tfdp_fast_normal::kChunkFloats,
+                                         total, 1.0f, noise);
         for (int64_t j = row_begin; j < row_end; ++j) {
           float* dst = tab + stale[j] * dim;
           const float* z = noise + j * dim;
-          const float s = stddev[j];
+          const float s = plan.stddev[j];
           for (int64_t i = 0; i < dim; ++i) dst[i] += s * z[i];
         }
       }
     });
   }
 
-  static void PrefetchRow(const float* row, int64_t dim) {
-    const char* p = reinterpret_cast<const char*>(row);
-    const char* end = reinterpret_cast<const char*>(row + dim);
-    for (; p < end; p += 64) __builtin_prefetch(p, 1);
-  }
-
   tfdp_fast_normal::Isa isa_;
 };
 REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyCatchUp").Device(DEVICE_CPU), LazyCatchUpOp);
+
+// ---------------------------------------------------------------------------
+// The same catch-up in two halves, so that the expensive half (history scan,
+// Gaussian draws) does not touch the table and can run while the optimizer
+// still updates it; the cheap half adds the rows afterwards.
+REGISTER_OP("TfdpEmbedLazyCatchUpNoise")
+    .Input("history: resource")
+    .Input("rows: Tindices")
+    .Input("p_hi: resource")
+    .Input("p_lo: resource")
+    .Input("steps: resource")
+    .Input("stream: resource")
+    .Attr("Tindices: {int32, int64}")
+    .Attr("dim: int >= 0")
+    .Output("stale: int64")
+    .Output("noise: float")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t dim = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Matrix(c->UnknownDim(), dim));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The first half of TfdpEmbedLazyCatchUp: finds the behind rows among `rows`
+(same rule, same first-appearance order), marks them current, counts the call
+on `stream`, and returns them with the noise they owe,
+noise[j, :] = float(sqrt(s0_j)) * z[j, :] (z: the stream's [m, dim] Gaussians).
+TfdpEmbedLazyAddRows(table, stale, noise) completes the catch-up; together they
+change table, history and stream exactly as TfdpEmbedLazyCatchUp does.
+)doc");
+
+class LazyCatchUpNoiseOp : public OpKernel {
+ public:
+  explicit LazyCatchUpNoiseOp(OpKernelConstruction* ctx) : OpKernel(ctx), isa_(tfdp_fast_normal::BestIsa()) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    if (ctx->input(1).dtype() == DT_INT32) {
+      Run<int32_t>(ctx);
+    } else {
+      Run<int64_t>(ctx);
+    }
+  }
+
+ private:
+  template <typename Index>
+  void Run(OpKernelContext* ctx) {
+    static constexpr const char* kOp = "TfdpEmbedLazyCatchUpNoise";
+    core::RefCountPtr<Var> history, p_hi_var, p_lo_var, steps, stream;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &history));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 2), &p_hi_var));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 3), &p_lo_var));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 4), &steps));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 5), &stream));
+    OP_REQUIRES_OK(ctx, SparseAccess(ctx, history.get()));
+    OP_REQUIRES_OK(ctx, SparseAccess(ctx, stream.get()));
+    LazyPlan plan;
+    {
+      VarLocks locks({history.get(), p_hi_var.get(), p_lo_var.get(), steps.get(), stream.get()});
+      OP_REQUIRES_OK(ctx, PlanCatchUp<Index>(kOp, history.get(), ctx->input(1), p_hi_var.get(), p_lo_var.get(),
+                                             steps.get(), stream.get(), &plan));
+    }
+    const int64_t m = static_cast<int64_t>(plan.stale.size());
+    Tensor* stale_t = nullptr;
+    Tensor* noise_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &stale_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m, dim_}), &noise_t));
+    if (m == 0) return;
+    std::copy(plan.stale.begin(), plan.stale.end(), stale_t->flat<int64_t>().data());
+    if (dim_ == 0) return;
+    float* noise = noise_t->flat<float>().data();
+    const int64_t dim = dim_;
+    const uint64_t total = static_cast<uint64_t>(m) * static_cast<uint64_t>(dim);
+    const int64_t block_rows = CatchUpBlockRows(dim);
+    const int64_t blocks = (m + block_rows - 1) / block_rows;
+    const tfdp_fast_normal::Isa isa = isa_;
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, blocks, block_rows * dim * 10, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t row_begin = b * block_rows;
+        const int64_t row_end = std::min(m, row_begin + block_rows);
+        const uint64_t first = static_cast<uint64_t>(row_begin * dim);
+        const uint64_t last = static_cast<uint64_t>(row_end * dim);
+        tfdp_fast_normal::GenerateChunks(isa, plan.key, first / tfdp_fast_normal::kChunkFloats,
+                                         (last + tfdp_fast_normal::kChunkFloats - 1) / tfdp_fast_normal::kChunkFloats,
+                                         total, 1.0f, noise);
+        for (int64_t j = row_begin; j < row_end; ++j) {
+          float* z = noise + j * dim;
+          const float s = plan.stddev[j];
+          for (int64_t i = 0; i < dim; ++i) z[i] = s * z[i];
+        }
+      }
+    });
+  }
+
+  tfdp_fast_normal::Isa isa_;
+  int64_t dim_ = 0;
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyCatchUpNoise").Device(DEVICE_CPU), LazyCatchUpNoiseOp);
+
+REGISTER_OP("TfdpEmbedLazyAddRows")
+    .Input("table: resource")
+    .Input("rows: int64")
+    .Input("values: float")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return absl::OkStatus(); })
+    .Doc(R"doc(
+table[rows[j], :] += values[j, :] in place, in order (rows may repeat): the
+second half of a LazyDP catch-up (TfdpEmbedLazyCatchUpNoise's outputs).
+)doc");
+
+class LazyAddRowsOp : public OpKernel {
+ public:
+  explicit LazyAddRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    static constexpr const char* kOp = "TfdpEmbedLazyAddRows";
+    core::RefCountPtr<Var> table;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &table));
+    const Tensor& rows_t = ctx->input(1);
+    const Tensor& values_t = ctx->input(2);
+    OP_REQUIRES_OK(ctx, SparseAccess(ctx, table.get()));
+    VarLocks locks({table.get()});
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "table", table.get(), DT_FLOAT, 2));
+    Tensor* tab_t = table->tensor();
+    const int64_t vocab = tab_t->dim_size(0);
+    const int64_t dim = tab_t->dim_size(1);
+    const int64_t m = rows_t.NumElements();
+    OP_REQUIRES(ctx, values_t.dims() == 2 && values_t.dim_size(0) == m && values_t.dim_size(1) == dim,
+                errors::InvalidArgument(kOp, ": `values` must be [", m, ", ", dim, "] (one table row per row id); "
+                                        "received ", values_t.shape().DebugString(), "."));
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    for (int64_t j = 0; j < m; ++j) {
+      OP_REQUIRES(ctx, rows[j] >= 0 && rows[j] < vocab,
+                  errors::InvalidArgument(kOp, ": row ", rows[j], " outside [0, ", vocab, ")."));
+    }
+    float* tab = tab_t->flat<float>().data();
+    const float* values = values_t.flat<float>().data();
+    constexpr int64_t kAhead = 8;
+    for (int64_t j = 0; j < std::min(m, kAhead); ++j) PrefetchRow(tab + rows[j] * dim, dim);
+    for (int64_t j = 0; j < m; ++j) {
+      if (j + kAhead < m) PrefetchRow(tab + rows[j + kAhead] * dim, dim);
+      float* dst = tab + rows[j] * dim;
+      const float* v = values + j * dim;
+      for (int64_t i = 0; i < dim; ++i) dst[i] += v[i];
+    }
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyAddRows").Device(DEVICE_CPU), LazyAddRowsOp);
 
 // ---------------------------------------------------------------------------
 REGISTER_OP("TfdpEmbedLazyRecordStep")

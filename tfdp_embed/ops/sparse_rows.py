@@ -13,6 +13,7 @@ reference runs instead: slower, identical results.
     pooled_weight_squares   pooled table's per-example norm factor (clipping stage)
     noised_values           (values + N(0, s^2)) / B in one pass (mechanisms)
     lazy_catch_up           LazyDP's plain-SGD aggregated catch-up, in place
+    lazy_catch_up_split     the same in two ops (draws first, table write last)
     lazy_record_step        LazyDP's per-step bookkeeping (step sums, key, counter)
 
 Example:
@@ -282,6 +283,26 @@ def lazy_catch_up(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, st
     return op.tfdp_embed_lazy_catch_up(
         table.handle, history.handle, _flat_rows(rows), p_hi.handle, p_lo.handle, steps.handle, stream.handle
     )
+
+
+def lazy_catch_up_split(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
+    """`lazy_catch_up` as two ops, the first of which does not touch the table.
+
+    `TfdpEmbedLazyCatchUpNoise` (history scan, marks, Gaussian draws: the
+    expensive half) reads only the history and the step state, so inside a
+    `tf.function` it can run while the optimizer still writes the table;
+    `TfdpEmbedLazyAddRows` then adds the rows. Same table, history and
+    stream as `lazy_catch_up`, bit for bit. Args, Returns and Raises as there.
+    """
+    op = _op()
+    if op is None:
+        return lazy_catch_up_reference(table, history, rows, p_hi, p_lo, steps, stream)
+    stale, noise = op.tfdp_embed_lazy_catch_up_noise(
+        history.handle, _flat_rows(rows), p_hi.handle, p_lo.handle, steps.handle, stream.handle,
+        dim=int(table.shape[1]),
+    )
+    op.tfdp_embed_lazy_add_rows(table.handle, stale, noise)
+    return tf.size(stale, out_type=tf.int64)
 
 
 def lazy_record_step_reference(p_hi, p_lo, steps, stream, learning_rate, noise_scale, key, *, first_stream: int = 0):
