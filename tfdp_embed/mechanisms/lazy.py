@@ -25,12 +25,14 @@ one). Catching a row up early is always exact, so wrong lookahead ids
 only cost draws. Non-table variables get ordinary dense DP-SGD noise.
 
 Plain SGD with aggregated generator noise (the common case) runs its
-bookkeeping in two custom ops (`tfdp_embed.ops.sparse_rows`): each catch-up
-(read hook, lookahead, flush chunk) is one `lazy_catch_up` that reads the
-step counter, step sums and history itself and draws its noise from the
-step's catch-up stream (one generator key per step, shared with the dense
-noise: streams 0..n-1 dense, n, n+1, ... catch-ups), and `lazy_record_step`
-records the step's eta^2 sigma^2 C^2 / B^2, the key and the counter. Without
+bookkeeping in custom ops (`tfdp_embed.ops.sparse_rows`): a read-hook or
+flush catch-up is one `lazy_catch_up` that reads the step counter, step
+sums and history itself and draws its noise from the step's catch-up stream
+(one generator key per step, shared with the dense noise: streams 0..n-1
+dense, n, n+1, ... catch-ups); the lookahead catch-up is the same split in
+two (`lazy_catch_up_split`: the draws run while the optimizer writes the
+table, then the rows are added); `lazy_record_step` records the step's
+eta^2 sigma^2 C^2 / B^2, the key and the counter. Without
 momentum the one-step-ahead flag changes nothing, so touched rows need no
 history write. Without the op library the same ops run as TensorFlow
 (bit-identical given the op's normals). Momentum, per-step draws and
@@ -526,8 +528,9 @@ class LazyDP(NoiseMechanism):
         among `ids` (update() flags the rows the optimizer steps with 2 now + 1).
         Plain SGD with aggregated generator noise runs as one fused op
         (`tfdp_embed.ops.sparse_rows.lazy_catch_up`: the catch-up below, its
-        key from the step's stream instead of a generator draw); it stamps
-        only `now` (update() calls it itself for touched rows).
+        key from the step's stream instead of a generator draw), which marks
+        rows current; a `stamp` (touched rows of a table the op cannot
+        update) takes the TensorFlow path.
         """
         history = self._histories[index]
         if self._fused(index) and stamp is None:
