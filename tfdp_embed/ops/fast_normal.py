@@ -54,6 +54,9 @@ OP_NAMES = (
     "TfdpEmbedPooledWeightSquares",
     "TfdpEmbedNoisedValues",
     "TfdpEmbedLazyCatchUp",
+    "TfdpEmbedLazyRecordStep",
+    "TfdpEmbedLazyCatchUpNoise",
+    "TfdpEmbedLazyAddRows",
 )
 LIBRARY_NAME = "_fast_normal_op.so"
 ENV_SWITCH = "TFDP_EMBED_FAST_NORMAL"
