@@ -225,7 +225,7 @@ def markdown(a, summary, info, command) -> str:
         ]
     if summary["missing"]:
         lines += ["", f"Missing (did not finish in the time available; not estimated): {', '.join(summary['missing'])}."]
-    lines += ["", "Plot: `benchmarks/dpformer_table2.png`; data: `benchmarks/dpformer_table2.json`.", ""]
+    lines += ["", f"Plot: `{os.path.relpath(a.png, ROOT)}`; data: `{os.path.relpath(a.json, ROOT)}`.", ""]
     return "\n".join(lines)
 
 
