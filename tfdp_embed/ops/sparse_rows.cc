@@ -474,6 +474,34 @@ void PrefetchRow(const float* row, int64_t dim) {
   for (; p < end; p += 64) __builtin_prefetch(p, 1);
 }
 
+// Draws the plan's unit-variance [m, dim] stream (key plan.key) into `noise`,
+// block by block (CatchUpBlockRows rows: a whole number of 64-float chunks),
+// sharded over the CPU workers. before(row_begin, row_end) runs ahead of a
+// block's draw, after(row_begin, row_end) right after it, while the block's
+// noise is still in cache. `cost` is the Shard cost per noise float.
+template <typename Before, typename After>
+void ForEachNoiseBlock(OpKernelContext* ctx, tfdp_fast_normal::Isa isa, const LazyPlan& plan, int64_t dim,
+                       int64_t cost, float* noise, Before before, After after) {
+  constexpr uint64_t kChunk = tfdp_fast_normal::kChunkFloats;
+  const int64_t m = static_cast<int64_t>(plan.stale.size());
+  const uint64_t total = static_cast<uint64_t>(m) * static_cast<uint64_t>(dim);
+  const int64_t block_rows = CatchUpBlockRows(dim);
+  const int64_t blocks = (m + block_rows - 1) / block_rows;
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  Shard(workers->num_threads, workers->workers, blocks, block_rows * dim * cost, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t row_begin = b * block_rows;
+      const int64_t row_end = std::min(m, row_begin + block_rows);
+      const uint64_t first = static_cast<uint64_t>(row_begin * dim);
+      const uint64_t last = static_cast<uint64_t>(row_end * dim);
+      before(row_begin, row_end);
+      tfdp_fast_normal::GenerateChunks(isa, plan.key, first / kChunk, (last + kChunk - 1) / kChunk, total, 1.0f,
+                                       noise);
+      after(row_begin, row_end);
+    }
+  });
+}
+
 class LazyCatchUpOp : public OpKernel {
  public:
   explicit LazyCatchUpOp(OpKernelConstruction* ctx) : OpKernel(ctx), isa_(tfdp_fast_normal::BestIsa()) {}
@@ -524,32 +552,22 @@ class LazyCatchUpOp : public OpKernel {
   void AddNoise(OpKernelContext* ctx, const LazyPlan& plan, int64_t dim, float* tab) {
     const std::vector<int64_t>& stale = plan.stale;
     const int64_t m = static_cast<int64_t>(stale.size());
-    const uint64_t total = static_cast<uint64_t>(m) * static_cast<uint64_t>(dim);
-    const int64_t block_rows = CatchUpBlockRows(dim);
-    const int64_t blocks = (m + block_rows - 1) / block_rows;
     Tensor noise_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({static_cast<int64_t>(total)}), &noise_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({m * dim}), &noise_t));
     float* noise = noise_t.flat<float>().data();
-    const tfdp_fast_normal::Isa isa = isa_;
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    Shard(workers->num_threads, workers->workers, blocks, block_rows * dim * 12, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) {
-        const int64_t row_begin = b * block_rows;
-        const int64_t row_end = std::min(m, row_begin + block_rows);
-        const uint64_t first = static_cast<uint64_t>(row_begin * dim);
-        const uint64_t last = static_cast<uint64_t>(row_end * dim);
-        for (int64_t j = row_begin; j < row_end; ++j) PrefetchRow(tab + stale[j] * dim, dim);
-        tfdp_fast_normal::GenerateChunks(isa, plan.key, first / tfdp_fast_normal::kChunkFloats,
-                                         (last + tfdp_fast_normal::kChunkFloats - 1) / tfdp_fast_normal::kChunkFloats,
-                                         total, 1.0f, noise);
-        for (int64_t j = row_begin; j < row_end; ++j) {
-          float* dst = tab + stale[j] * dim;
-          const float* z = noise + j * dim;
-          const float s = plan.stddev[j];
-          for (int64_t i = 0; i < dim; ++i) dst[i] += s * z[i];
-        }
-      }
-    });
+    ForEachNoiseBlock(
+        ctx, isa_, plan, dim, 12, noise,
+        [&](int64_t row_begin, int64_t row_end) {
+          for (int64_t j = row_begin; j < row_end; ++j) PrefetchRow(tab + stale[j] * dim, dim);
+        },
+        [&](int64_t row_begin, int64_t row_end) {
+          for (int64_t j = row_begin; j < row_end; ++j) {
+            float* dst = tab + stale[j] * dim;
+            const float* z = noise + j * dim;
+            const float s = plan.stddev[j];
+            for (int64_t i = 0; i < dim; ++i) dst[i] += s * z[i];
+          }
+        });
   }
 
   tfdp_fast_normal::Isa isa_;
@@ -630,27 +648,15 @@ class LazyCatchUpNoiseOp : public OpKernel {
     if (dim_ == 0) return;
     float* noise = noise_t->flat<float>().data();
     const int64_t dim = dim_;
-    const uint64_t total = static_cast<uint64_t>(m) * static_cast<uint64_t>(dim);
-    const int64_t block_rows = CatchUpBlockRows(dim);
-    const int64_t blocks = (m + block_rows - 1) / block_rows;
-    const tfdp_fast_normal::Isa isa = isa_;
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    Shard(workers->num_threads, workers->workers, blocks, block_rows * dim * 10, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) {
-        const int64_t row_begin = b * block_rows;
-        const int64_t row_end = std::min(m, row_begin + block_rows);
-        const uint64_t first = static_cast<uint64_t>(row_begin * dim);
-        const uint64_t last = static_cast<uint64_t>(row_end * dim);
-        tfdp_fast_normal::GenerateChunks(isa, plan.key, first / tfdp_fast_normal::kChunkFloats,
-                                         (last + tfdp_fast_normal::kChunkFloats - 1) / tfdp_fast_normal::kChunkFloats,
-                                         total, 1.0f, noise);
-        for (int64_t j = row_begin; j < row_end; ++j) {
-          float* z = noise + j * dim;
-          const float s = plan.stddev[j];
-          for (int64_t i = 0; i < dim; ++i) z[i] = s * z[i];
-        }
-      }
-    });
+    ForEachNoiseBlock(
+        ctx, isa_, plan, dim, 10, noise, [](int64_t, int64_t) {},
+        [&](int64_t row_begin, int64_t row_end) {
+          for (int64_t j = row_begin; j < row_end; ++j) {
+            float* z = noise + j * dim;
+            const float s = plan.stddev[j];
+            for (int64_t i = 0; i < dim; ++i) z[i] = s * z[i];
+          }
+        });
   }
 
   tfdp_fast_normal::Isa isa_;
