@@ -19,9 +19,13 @@ Mechanisms:
                   of microbatches is the largest power of two whose dense
                   per-microbatch jacobian fits `--tfp-jacobian-gb` (recorded).
   any name in tfdp_embed.mechanisms.MECHANISMS (dense, eana, lazy, fest,
-                  adafest, ...): `DPModel.train_step` under `tf.function`;
-                  lazy gets the next batch's ids as lookahead. Names not in
+                  adafest, ...): `DPModel.train_step` under `tf.function`.
+                  `lazy` catches rows up in the embedding's read hook, just
+                  before the lookup reads them (one fused op). Names not in
                   MECHANISMS are recorded as "not measured".
+  lazy_lookahead  LazyDP with the one-batch lookahead (`DPModel(lookahead=
+                  True)`, the next batch's ids with each batch): the next
+                  batch's rows are caught up at the end of each step.
 
   adafest@R       DP-AdaFEST with tau chosen per vocabulary so that R rows are
                   expected to survive by noise alone (`--adafest-noise-rows R`,

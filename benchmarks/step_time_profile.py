@@ -41,13 +41,14 @@ def _step_functions(name: str, spec: dict, batches: list) -> types.SimpleNamespa
 
     model = worker.build_model(vocab=spec["vocab"], dim=spec["dim"], dp_embedding=True, seed=0)
     counts = np.ones(spec["vocab"], np.int64) if name == "fest" else None
-    mechanism = worker.make_mechanism(name, spec, counts)
-    dp = DPModel(model, mechanism=mechanism, expected_batch_size=spec["batch"], lookahead=name == "lazy")
+    mechanism = worker.make_mechanism(worker.registry_name(name), spec, counts)
+    lookahead = name == worker.LAZY_LOOKAHEAD
+    dp = DPModel(model, mechanism=mechanism, expected_batch_size=spec["batch"], lookahead=lookahead)
     dp.compile(optimizer=keras.optimizers.legacy.SGD(worker.LEARNING_RATE),
                loss=keras.losses.BinaryCrossentropy(from_logits=True))
     dp.prepare()
     fn = tf.function(dp.train_step)
-    if name == "lazy":
+    if lookahead:
         step = lambda i: fn(batches[i % len(batches)] + ({worker.TABLE_NAME: batches[(i + 1) % len(batches)][0]},))
     else:
         step = lambda i: fn(batches[i % len(batches)])

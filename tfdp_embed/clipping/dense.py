@@ -114,7 +114,7 @@ def _pre_activation_grads(layer, x: tf.Tensor, y: tf.Tensor, grad: tf.Tensor) ->
     grad = tf.cast(grad, y.dtype)
     # The same formulas as TensorFlow's ReluGrad / SigmoidGrad / TanhGrad, from the output.
     if act in (keras.activations.relu, tf.nn.relu):
-        return grad * tf.cast(y > 0, grad.dtype)
+        return tf.raw_ops.ReluGrad(gradients=grad, features=y)  # grad where y > 0: one op, not three
     if act in (keras.activations.sigmoid, tf.math.sigmoid, tf.nn.sigmoid):
         return grad * y * (1 - y)
     if act in (keras.activations.tanh, tf.math.tanh, tf.nn.tanh):
