@@ -62,6 +62,8 @@ def _pipeline_args(a, model, eps, out):
         args += ["--delta", str(a.delta)]
     if a.seed is not None:
         args += ["--seed", str(a.seed)]
+    if a.popularity_prior:
+        args += ["--popularity-prior"]
     return args
 
 
@@ -191,8 +193,10 @@ def markdown(a, summary, info, command) -> str:
         f"Settings (same for every run): {a.epochs} epoch(s), expected batch {a.batch} (Poisson over users), max length "
         f"{a.max_len}, peak lr {a.lr} (Adam, weight decay 1e-5, 20% warm-up then linear decay), dropout {a.dropout}, "
         "clip 1.0, d=64, 1 head, 2 blocks, shared input/output item table, delta = 1/N (N = 31,013 users), PLD "
-        "accountant, user-level DP, item frequencies public (DPFormer Remark A.2), effective-error scale 1. "
-        "Metrics: test users (last item), ALL 23,715 items ranked, history items kept, pessimistic ties; one seed.",
+        "accountant, user-level DP, item frequencies public (DPFormer Remark A.2), effective-error scale 1"
+        + ("; every model adds the fixed log item-frequency prior to its logits (`--popularity-prior`: the same "
+           "public frequencies, not trained). " if a.popularity_prior else ". ")
+        + "Metrics: test users (last item), ALL 23,715 items ranked, history items kept, pessimistic ties; one seed.",
         "",
         "| model | eps target | eps spent | sigma | steps | NDCG@10 % | HIT@10 % | paper NDCG/HIT % | valid NDCG/HIT % "
         "| wall s | median step s | peak RSS MB |",
@@ -241,6 +245,9 @@ def main(argv=None) -> int:
     p.add_argument("--dropout", type=float, default=0.2)
     p.add_argument("--delta", type=float)
     p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--popularity-prior", action="store_true", help="every run adds the log item-frequency prior to its logits"
+    )
     p.add_argument("--parallel", type=int, default=1, help="runs at once (each is one process)")
     p.add_argument(
         "--tuning",

@@ -10,7 +10,10 @@ What happens:
      is the USER (user-level DP);
   2. item frequencies p_i for Re-Attention: public by assumption (DPFormer
      Remark A.2) or released with a Gaussian/Laplace mechanism whose event is
-     composed into the ledger (`--frequencies private`);
+     composed into the ledger (`--frequencies private`); with
+     `--popularity-prior` the same p_i also give every logit a fixed log p_i
+     (the model starts from the popularity ranking; post-processing of the
+     frequencies, so no further privacy cost);
   3. calibrate sigma for (epsilon, delta) at q = B / N over T = epochs x
      round(N / B) Poisson-sampled steps (`dp_accounting`, PLD);
   4. train with `DPModel` + DenseDPSGD (exact per-example clipping: Phantom
@@ -83,6 +86,7 @@ class SequentialConfig:
     frequency_noise_multiplier: float | None = None
     frequency_mechanism: str = "gaussian"
     error_scale: float = 1.0
+    popularity_prior: bool = False
     eval_batch: int = 512
     max_eval_users: int | None = None
     top_k: int = 10
@@ -141,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frequency-noise-multiplier", type=cli_types.positive(float), default=50.0, help="z of the count release")
     p.add_argument("--frequency-mechanism", choices=("gaussian", "laplace"), default="gaussian")
     p.add_argument("--error-scale", type=cli_types.positive(float), default=1.0, help="multiplies every effective error")
+    p.add_argument(
+        "--popularity-prior",
+        action="store_true",
+        help="add log p_i (the run's item frequencies, public or released) to every logit; not trained, no extra privacy cost",
+    )
     p.add_argument("--eval-batch", type=cli_types.positive(int), default=512)
     p.add_argument("--max-eval-users", type=cli_types.positive(int), help="evaluate only the first N users (quick runs)")
     p.add_argument("--seed", type=int, help="seed for sampling, init and noise (tests/reproductions only)")
@@ -183,6 +192,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
         frequency_noise_multiplier=a.frequency_noise_multiplier,
         frequency_mechanism=a.frequency_mechanism,
         error_scale=a.error_scale,
+        popularity_prior=a.popularity_prior,
         eval_batch=a.eval_batch,
         max_eval_users=a.max_eval_users,
         seed=a.seed,
@@ -245,8 +255,11 @@ def run(config: SequentialConfig) -> SequentialResult:
             blocks=config.blocks,
             dropout=config.dropout,
             re_attention=config.model == "dpformer",
+            popularity_prior=config.popularity_prior,
         )
     )
+    if config.popularity_prior:  # the frequencies Re-Attention uses: no further privacy cost
+        model.set_item_prior(privacy.frequencies.frequencies, min_frequency=0.5 / data.num_users)
     item_err, weight_err = effective_errors(
         noise_multiplier=privacy.noise_multiplier,
         batch_size=config.batch,

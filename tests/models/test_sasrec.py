@@ -103,3 +103,36 @@ def test_serving_top_k_and_bad_input(tmp_path):
         SASRecConfig(num_items=3, dropout=1.0)
     with pytest.raises(ValueError, match="`item_errors`"):
         model.set_effective_errors(np.zeros(3), 0.0)
+
+
+def test_popularity_prior_adds_log_frequencies_and_keeps_norms_exact():
+    keras.utils.set_random_seed(0)
+    config = SASRecConfig(num_items=V, max_len=L, dim=D, blocks=1, dropout=0.0, popularity_prior=True)
+    model, plain = SASRec(config), _model()
+    model(IDS)
+    freq = np.linspace(0.0, 0.6, V + 1)  # item 1 has frequency 0.05; item 0 pads
+    model.set_item_prior(freq, min_frequency=0.01)
+    hidden = model(IDS)
+    expected = model.items(hidden, mode="logits").numpy() + np.log(np.maximum(freq, 0.01))[None, None, :] * (
+        np.arange(V + 1) > 0
+    )
+    np.testing.assert_allclose(model.logits(hidden).numpy(), expected, rtol=1e-6, atol=1e-6)
+    # Only the table's own logits reach its gradient: per-example norms stay exact with the prior.
+    with tf.GradientTape(persistent=True) as tape, record_taps(layers_owning_weights(model)) as taps:
+        loss = model.compute_loss((IDS, TARGETS), training=False)
+    step = clipped_step(taps, loss, tape, registry=default_registry(), fallback=vectorized_layer_gradients, l2_norm_clip=1.0)
+    jac = tape.jacobian(loss, model.trainable_variables, experimental_use_pfor=False)
+    brute = sum(np.sum(np.square(np.reshape(tf.convert_to_tensor(j), [len(IDS), -1])), axis=1) for j in jac)
+    np.testing.assert_allclose(step.norms.numpy() ** 2, brute, rtol=2e-4, atol=1e-9)
+    assert "item_log_prior" not in [v.name.split("/")[-1].split(":")[0] for v in model.trainable_variables]
+    # Served scores include the prior: with a zero table every hidden state scores 0, so the
+    # top items are the most frequent ones.
+    model.items.embeddings.assign(tf.zeros_like(model.items.embeddings))
+    served = SASRecServing(model, k=3).serve(tf.constant(IDS[:1]))["items"].numpy()
+    np.testing.assert_array_equal(served, [[V, V - 1, V - 2]])
+    with pytest.raises(ValueError, match="popularity_prior=True"):
+        plain.set_item_prior(freq, min_frequency=0.01)
+    with pytest.raises(ValueError, match="`item_frequencies`"):
+        model.set_item_prior(freq[:3], min_frequency=0.01)
+    with pytest.raises(ValueError, match="`min_frequency`"):
+        model.set_item_prior(freq, min_frequency=0.0)

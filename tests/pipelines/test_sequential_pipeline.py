@@ -86,3 +86,15 @@ def test_bad_input(data_file, tmp_path, capsys):
         sequential.parse_args(["--data", data_file, "--out", "x", "--delta", "2"])
     assert sequential.main(["--data", data_file, "--out", str(tmp_path / "o"), *TINY[:2], "--batch", "999"]) == 1
     assert "`batch` must lie in [1, 200]" in capsys.readouterr().err
+
+
+def test_popularity_prior_uses_the_run_frequencies(data_file, tmp_path):
+    out = tmp_path / "prior"
+    args = ["--data", data_file, "--model", "transformer", "--epsilon", "5", "--popularity-prior", "--out", str(out), *TINY]
+    result = sequential.run(sequential.parse_args(args))
+    assert result.report["settings"]["popularity_prior"] is True
+    data = load_sequences(data_file, max_len=6)
+    freq = sequential_privacy.plan(data, epsilon=5.0, delta=None, batch=40, epochs=1, mechanism="dense",
+                                   accountant="rdp", seed=3).frequencies.frequencies  # fmt: skip
+    expected = np.log(np.maximum(freq, 0.5 / data.num_users))[1:]
+    np.testing.assert_allclose(result.model.item_log_prior.numpy()[1:], expected, rtol=1e-6)

@@ -3,6 +3,7 @@
     x_0 = E[s_t] + P[t]  (masked at padding)                  shared E: SharedEmbedding, P: DPEmbedding
     per block:  h = LN(x);  x += W_o Attn(W_q h, W_k h, W_v h);  x += W_2 ReLU(W_1 LN(x))
     hidden = LN(x);  logits_t = hidden_t E^T over ALL items   (the same E: tied input/output)
+                     (+ log p, a fixed log-frequency prior, with `popularity_prior`)
     loss_u = mean over u's non-padded positions t of CE(logits_t, s_{t+1})   (ONE value per user)
 
 Every trainable weight lives in a layer the clipping registry covers exactly
@@ -52,6 +53,10 @@ class SASRecConfig:
       dropout: dropout rate on embeddings, attention weights and block outputs.
       re_attention: DPFormer's Re-Attention correction on.
       layer_norm_epsilon: LayerNormalization epsilon.
+      popularity_prior: add a fixed log item frequency to every logit
+        (`SASRec.set_item_prior`; not trained, so it needs no clipping or noise:
+        its privacy cost is that of the frequencies, the ones Re-Attention
+        uses — nothing when they are public, their accounted release when not).
     """
 
     num_items: int
@@ -61,6 +66,7 @@ class SASRecConfig:
     dropout: float = 0.5
     re_attention: bool = False
     layer_norm_epsilon: float = 1e-6
+    popularity_prior: bool = False
 
     def __post_init__(self):
         for name in ("num_items", "max_len", "dim", "blocks"):
@@ -134,6 +140,8 @@ class SASRec(keras.Model):
             tf.zeros([config.num_items + 1]), trainable=False, name="item_effective_errors"
         )
         self.weight_error = tf.Variable(0.0, trainable=False, name="weight_effective_error")
+        # log p_i added to the logits when `config.popularity_prior` (zeros until set).
+        self.item_log_prior = tf.Variable(tf.zeros([config.num_items + 1]), trainable=False, name="item_log_prior")
 
     # -- Re-Attention setup -----------------------------------------------------------
     def set_effective_errors(self, item_errors, weight_error: float) -> None:
@@ -148,6 +156,31 @@ class SASRec(keras.Model):
             raise ValueError(f"`weight_error` must be >= 0; received {weight_error!r}.")
         self.item_errors.assign(item_errors)
         self.weight_error.assign(float(weight_error))
+
+    def set_item_prior(self, item_frequencies, *, min_frequency: float) -> None:
+        """Sets the logit prior to log(max(p_i, min_frequency)) per item (`[V + 1]`; row 0 pads).
+
+        Args:
+          item_frequencies: p_i per item, `[V + 1]` (public, or a DP release:
+            noisy values below `min_frequency` are raised to it).
+          min_frequency: the floor, > 0 (e.g. half a user: 0.5 / N).
+
+        Raises:
+          ValueError: without `popularity_prior` in the config, or for bad shapes/values.
+        """
+        if not self.config.popularity_prior:
+            raise ValueError("`set_item_prior` needs SASRecConfig(popularity_prior=True); the logits ignore it otherwise.")
+        freq = np.asarray(item_frequencies, np.float64)
+        if freq.shape != (self.config.num_items + 1,) or np.any(~np.isfinite(freq)):
+            raise ValueError(
+                f"`item_frequencies` must be finite and of shape ({self.config.num_items + 1},); "
+                f"received shape {freq.shape}."
+            )
+        if not (isinstance(min_frequency, (int, float)) and 0 < min_frequency <= 1):
+            raise ValueError(f"`min_frequency` must be in (0, 1]; received {min_frequency!r}.")
+        prior = np.log(np.maximum(freq, min_frequency))
+        prior[0] = 0.0  # padding: never a target, never served
+        self.item_log_prior.assign(prior.astype(np.float32))
 
     # -- forward ---------------------------------------------------------------------
     def _check_ids(self, ids):
@@ -202,8 +235,11 @@ class SASRec(keras.Model):
         return x, var
 
     def logits(self, hidden):
-        """`hidden [..., d] @ E^T` -> `[..., V + 1]` over every item (shared table)."""
-        return self.items(hidden, mode="logits")
+        """`hidden [..., d] @ E^T` (+ the log-frequency prior) -> `[..., V + 1]` over every item (shared table)."""
+        logits = self.items(hidden, mode="logits")
+        if self.config.popularity_prior:  # a constant: the table's logits gradient is unchanged
+            logits = logits + tf.cast(self.item_log_prior, logits.dtype)
+        return logits
 
     def compute_loss(self, data, training=None):
         """Per-user loss `[B]`: mean cross-entropy over all items at the user's non-padded positions.
