@@ -27,11 +27,10 @@ only cost draws. Non-table variables get ordinary dense DP-SGD noise.
 Lookahead or not: without it the read hook does every catch-up, in one
 fused op just before the lookup, which then finds the rows in cache. On
 the 2-core CPU of benchmarks/RESULTS.md that is the faster of the two
-(step_time, x the non-private step at 10^5 / 10^6 / 10^7 / 5 10^7 rows:
-1.28 / 1.39 / 1.49 / 1.27 on read against 1.55 / 1.47 / 1.50 / 1.58 with
-the lookahead, section 15:01:58Z; 1.38 against 1.53 at 10^7 over 150
-steps, section 15:16:15Z): with both cores busy, catching up the next batch's
-cold rows at the end of a step overlaps nothing. The lookahead is for
+(step_time over 150 steps, x the non-private step at 10^5 / 10^6 / 10^7 /
+5 10^7 rows: 1.36 / 1.32 / 1.30 / 1.35 on read against 1.43 / 1.48 / 1.56 /
+1.63 with the lookahead, section 16:03:24Z): with both cores busy, catching
+up the next batch's cold rows at the end of a step overlaps nothing. The lookahead is for
 pipelines where that catch-up can run beside other work.
 
 Plain SGD with aggregated generator noise (the common case) runs its
