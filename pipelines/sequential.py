@@ -75,6 +75,7 @@ class SequentialConfig:
     batch: int = 256
     learning_rate: float = 3e-3
     weight_decay: float = 1e-5
+    adam_epsilon: float = 1e-7
     warmup_fraction: float = 0.2
     max_len: int = 50
     dim: int = 64
@@ -129,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=cli_types.positive(int), default=256, help="expected (Poisson) batch size B = qN")
     p.add_argument("--lr", type=cli_types.positive(float), default=3e-3, help="peak Adam learning rate")
     p.add_argument("--weight-decay", type=float, default=1e-5, help="Adam weight decay (DPFormer: 1e-5)")
+    p.add_argument(
+        "--adam-epsilon",
+        type=cli_types.positive(float),
+        default=1e-7,
+        help="Adam's epsilon (Keras default 1e-7); near the per-coordinate noise std it damps steps on noise-only coordinates",
+    )
     p.add_argument("--warmup-fraction", type=float, default=0.2, help="share of steps with linear warm-up")
     p.add_argument("--max-len", type=cli_types.positive(int), default=50, help="sequence length L (most recent items kept)")
     p.add_argument("--dim", type=cli_types.positive(int), default=64)
@@ -181,6 +188,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
         batch=a.batch,
         learning_rate=a.lr,
         weight_decay=a.weight_decay,
+        adam_epsilon=a.adam_epsilon,
         warmup_fraction=a.warmup_fraction,
         max_len=a.max_len,
         dim=a.dim,
@@ -276,7 +284,9 @@ def run(config: SequentialConfig) -> SequentialResult:
         mechanism = MECHANISMS["none"](seed=config.seed)
     dp_model = DPModel(model, mechanism=mechanism, expected_batch_size=config.batch)
     schedule = WarmupLinearDecay(config.learning_rate, privacy.steps, config.warmup_fraction)
-    dp_model.compile(optimizer=keras.optimizers.Adam(learning_rate=schedule, weight_decay=config.weight_decay or None))
+    dp_model.compile(optimizer=keras.optimizers.Adam(
+        learning_rate=schedule, epsilon=config.adam_epsilon, weight_decay=config.weight_decay or None
+    ))
     ledger = privacy.new_ledger()
     budget = None
     if privacy.private:

@@ -84,15 +84,23 @@ def test_bad_input(data_file, tmp_path, capsys):
         sequential.parse_args(["--data", str(tmp_path / "missing.txt"), "--out", "x"])
     with pytest.raises(SystemExit):
         sequential.parse_args(["--data", data_file, "--out", "x", "--delta", "2"])
+    with pytest.raises(SystemExit):
+        sequential.parse_args(["--data", data_file, "--out", "x", "--adam-epsilon", "0"])
     assert sequential.main(["--data", data_file, "--out", str(tmp_path / "o"), *TINY[:2], "--batch", "999"]) == 1
     assert "`batch` must lie in [1, 200]" in capsys.readouterr().err
 
 
-def test_popularity_prior_uses_the_run_frequencies(data_file, tmp_path):
+def test_popularity_prior_uses_the_run_frequencies(data_file, tmp_path, monkeypatch):
+    made = []
+    adam = sequential.keras.optimizers.Adam
+    monkeypatch.setattr(sequential.keras.optimizers, "Adam", lambda **kwargs: made.append(kwargs) or adam(**kwargs))
     out = tmp_path / "prior"
-    args = ["--data", data_file, "--model", "transformer", "--epsilon", "5", "--popularity-prior", "--out", str(out), *TINY]
+    args = ["--data", data_file, "--model", "transformer", "--epsilon", "5", "--popularity-prior", "--adam-epsilon", "0.01",
+            "--out", str(out), *TINY]  # fmt: skip
     result = sequential.run(sequential.parse_args(args))
     assert result.report["settings"]["popularity_prior"] is True
+    assert result.report["settings"]["adam_epsilon"] == 0.01
+    assert [kwargs["epsilon"] for kwargs in made] == [0.01]
     data = load_sequences(data_file, max_len=6)
     freq = sequential_privacy.plan(data, epsilon=5.0, delta=None, batch=40, epochs=1, mechanism="dense",
                                    accountant="rdp", seed=3).frequencies.frequencies  # fmt: skip
