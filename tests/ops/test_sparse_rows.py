@@ -38,6 +38,30 @@ def _occurrences(rng, n, batch, vocab, contiguous=True):
     return examples.astype(np.int32), row_index.astype(np.int32), weights
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("n, vocab", [(0, 5), (1, 5), (700, 40), (4096, 2**40)])
+def test_unique_equals_tf_unique(op, dtype, n, vocab):
+    rng = np.random.default_rng(n)
+    high = min(vocab, np.iinfo(dtype).max)
+    x = rng.integers(-high, high, n).astype(dtype)  # negative ids too: the op must not assume ids >= 0
+    y, idx = op.tfdp_embed_unique(x)
+    want = tf.unique(x, out_idx=tf.int32)
+    assert y.dtype == want.y.dtype and idx.dtype == tf.int32
+    np.testing.assert_array_equal(y.numpy(), want.y.numpy())
+    np.testing.assert_array_equal(idx.numpy(), want.idx.numpy())
+    wrapped = sparse_rows.unique(tf.constant(x))
+    np.testing.assert_array_equal(wrapped[1].numpy(), want.idx.numpy())
+
+
+def test_unique_hand_values_and_bad_input(op):
+    y, idx = sparse_rows.unique(tf.constant([7, 3, 7, 7, -1, 3], tf.int64))
+    assert y.numpy().tolist() == [7, 3, -1] and idx.numpy().tolist() == [0, 1, 0, 0, 2, 1]
+    with pytest.raises(TypeError, match="int32 or int64"):
+        sparse_rows.unique(tf.constant([1.0, 2.0]))
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="rank|vector"):
+        op.tfdp_embed_unique(tf.constant([[1, 2]], tf.int64))
+
+
 @pytest.mark.parametrize("contiguous", [True, False])
 def test_scaled_segment_sum_is_bit_identical(op, contiguous):
     rng = np.random.default_rng(0)
@@ -281,6 +305,7 @@ def test_fallback_runs_the_references_and_training_still_works(tmp_path):
         out = sparse_rows.scaled_segment_sum(g, [0, 1, 1, 4], [0, 1, 0, 2], [1.0, 0.5, 0.5, 1.0], [1.0, 0.5, 1.0, 1.0, 0.2], 3)
         print("segsum", repr(out.numpy().round(6).tolist()))
         print("wsq", sparse_rows.pooled_weight_squares([3, 4, 3], [0, 0, 0], [0.5, 1.0, 0.25], 2).numpy().tolist())
+        print("unique", [t.numpy().tolist() for t in sparse_rows.unique(tf.constant([5, 2, 5, 9], tf.int64))])
         results = {}
         for name, mech in [("eana", EANA(l2_norm_clip=1.0, noise_multiplier=0.0, seed=0)),
                            ("lazy", LazyDP(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0))]:
@@ -307,7 +332,7 @@ def test_fallback_runs_the_references_and_training_still_works(tmp_path):
         runs[mode] = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
     assert runs["fallback"]["available"] == "False"
     assert runs["op"]["available"] == ("True" if fast_normal.compiler() else "False")
-    for field in ("segsum", "wsq", "eana_weights"):  # no noise: identical bits either way
+    for field in ("segsum", "wsq", "unique", "eana_weights"):  # no noise: identical bits either way
         assert runs["op"][field] == runs["fallback"][field], field
     assert runs["op"]["wsq"] == "[1.5625, 0.0]"
     assert runs["fallback"]["lazy_finite"] == "True" and runs["op"]["lazy_finite"] == "True"

@@ -74,9 +74,9 @@ def embedding_layer_gradients(
     contributions = tf.concat(contributions, 0)  # [n, dim], one per occurrence
 
     # Group occurrences by (example, row): the non-zero rows of the per-example grads.
-    unique_rows, row_index = tf.unique(rows)
+    unique_rows, row_index = sparse_rows.unique(rows)
     keys = tf.cast(row_index, tf.int64) * batch_size + examples
-    group_keys, group_index = tf.unique(keys)
+    group_keys, group_index = sparse_rows.unique(keys)
     num_groups = tf.size(group_keys)
     group_rows = group_keys // batch_size  # positions in unique_rows
     group_examples = group_keys % batch_size
@@ -120,7 +120,7 @@ def _pooled_layer_gradients(layer, call, grad) -> LayerGradients:
     grad = tf.reshape(tf.cast(grad, dtype), [-1, table.shape[-1]])  # [batch, dim]
     examples = tf.cast(occ.segments, tf.int32)  # pooled: segment == example
     weights = tf.cast(occ.weights, dtype)
-    unique_rows, row_index = tf.unique(tf.cast(occ.ids, tf.int64), out_idx=tf.int32)
+    unique_rows, row_index = sparse_rows.unique(tf.cast(occ.ids, tf.int64))
     if dtype == tf.float32:
         weight_sq = sparse_rows.pooled_weight_squares(row_index, examples, weights, occ.batch_size)
     else:

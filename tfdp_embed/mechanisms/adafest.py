@@ -61,6 +61,7 @@ import dp_accounting
 
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, check_positive
+from tfdp_embed.ops import sparse_rows
 
 # Above this survival probability of an untouched row, the "sparse" gradient
 # covers a sizeable fraction of every table each step: warn the user.
@@ -209,7 +210,7 @@ def contribution_map(tables: Sequence, batch_size, contribution_clip: float, kee
     """
     out = []
     for rows, weights in contribution_pairs(tables, batch_size, contribution_clip, keep=keep):
-        unique_rows, position = tf.unique(rows, out_idx=tf.int32)
+        unique_rows, position = sparse_rows.unique(rows)
         out.append((unique_rows, tf.math.unsorted_segment_sum(weights, position, tf.size(unique_rows))))
     return out
 
@@ -264,7 +265,7 @@ def _distinct_example_rows(table) -> tuple:
     ids = ids[0] if len(ids) == 1 else tf.concat(ids, 0)
     examples = examples[0] if len(examples) == 1 else tf.concat(examples, 0)
     keys = tf.cast(examples, tf.int64) * vocab + ids
-    distinct, position = tf.unique(keys, out_idx=tf.int32)
+    distinct, position = sparse_rows.unique(keys)
     first = tf.math.unsorted_segment_min(
         tf.range(tf.size(keys)), position, tf.size(distinct)
     )
@@ -462,7 +463,7 @@ class DPAdaFEST(NoiseMechanism):
         num_grad = tf.size(grad_rows)
         num_touched_entries = num_grad + tf.size(pair_rows)
         drawn = self._noise_draw(index, vocab)
-        rows, position = tf.unique(tf.concat([grad_rows, pair_rows, drawn], 0), out_idx=tf.int32)
+        rows, position = sparse_rows.unique(tf.concat([grad_rows, pair_rows, drawn], 0))
         num_rows = tf.size(rows)
         # First-appearance numbering: the touched entries' positions are exactly [0, m).
         num_touched = tf.maximum(tf.reduce_max(position[:num_touched_entries]), -1) + 1

@@ -155,6 +155,59 @@ class ScaledSegmentSumOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("TfdpEmbedScaledSegmentSum").Device(DEVICE_CPU), ScaledSegmentSumOp);
 
 // ---------------------------------------------------------------------------
+REGISTER_OP("TfdpEmbedUnique")
+    .Input("x: T")
+    .Attr("T: {int32, int64}")
+    .Output("y: T")
+    .Output("idx: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle x;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &x));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, x);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+tf.unique(x, out_idx=int32): the distinct values of the vector `x` in
+first-appearance order, and for each entry of `x` its position among them.
+One open-addressing pass (no allocation per element); same outputs as
+tf.unique, bit for bit.
+)doc");
+
+template <typename T>
+class UniqueOp : public OpKernel {
+ public:
+  explicit UniqueOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x_t = ctx->input(0);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(x_t.shape()),
+                errors::InvalidArgument("TfdpEmbedUnique: `x` must be a vector; received shape ",
+                                        x_t.shape().DebugString(), "."));
+    const int64_t n = x_t.NumElements();
+    OP_REQUIRES(ctx, n < (int64_t{1} << 31),
+                errors::InvalidArgument("TfdpEmbedUnique: `x` has ", n, " entries; int32 positions allow < 2^31."));
+    const T* x = x_t.flat<T>().data();
+    Tensor* idx_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, x_t.shape(), &idx_t));
+    int32_t* idx = idx_t->flat<int32_t>().data();
+    FirstAppearance groups(n);
+    std::vector<T> values;
+    values.reserve(n);
+    for (int64_t k = 0; k < n; ++k) {
+      const auto [id, inserted] = groups.Insert(static_cast<int64_t>(x[k]));
+      if (inserted) values.push_back(x[k]);
+      idx[k] = static_cast<int32_t>(id);
+    }
+    Tensor* y_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(values.size())}), &y_t));
+    std::copy(values.begin(), values.end(), y_t->flat<T>().data());
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedUnique").Device(DEVICE_CPU).TypeConstraint<int32_t>("T"), UniqueOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedUnique").Device(DEVICE_CPU).TypeConstraint<int64_t>("T"), UniqueOp<int64_t>);
+
+// ---------------------------------------------------------------------------
 REGISTER_OP("TfdpEmbedPooledWeightSquares")
     .Input("row_index: int32")
     .Input("examples: int32")
