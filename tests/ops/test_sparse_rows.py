@@ -7,6 +7,7 @@ the same Philox key; the fallback (no op) must run the reference.
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -60,6 +61,38 @@ def test_unique_hand_values_and_bad_input(op):
         sparse_rows.unique(tf.constant([1.0, 2.0]))
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="rank|vector"):
         op.tfdp_embed_unique(tf.constant([[1, 2]], tf.int64))
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+@pytest.mark.parametrize("batch, d, p", [(0, 4, 2), (1, 1, 1), (37, 13, 3), (1024, 64, 64), (5, 200, 9)])
+def test_dense_ghost_norms_match_the_reference(op, use_bias, batch, d, p):
+    """Not bit-identical (summation order), so checked against float64 sums: within
+    a few float32 ulp, as close as reduce_sum's own result."""
+    rng = np.random.default_rng(batch + d)
+    x = rng.normal(size=(batch, d)).astype(np.float32)
+    g = (rng.normal(size=(batch, p)) * 1e-3).astype(np.float32)
+    got = op.tfdp_embed_dense_ghost_norms(x, g, use_bias=use_bias).numpy()
+    x64, g64 = x.astype(np.float64), g.astype(np.float64)
+    want = ((x64**2).sum(1) + float(use_bias)) * (g64**2).sum(1)
+    assert got.shape == (batch,) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=4e-7 * max(d, p) ** 0.5 + 1e-7, atol=0)
+    reference = sparse_rows.dense_ghost_norms_reference(x, g, use_bias=use_bias).numpy()
+    np.testing.assert_allclose(got, reference, rtol=1e-5, atol=0)
+    wrapped = sparse_rows.dense_ghost_norms(tf.constant(x), tf.constant(g), use_bias=use_bias)
+    np.testing.assert_array_equal(wrapped.numpy(), got)
+
+
+def test_dense_ghost_norms_hand_values_fallback_dtypes_and_bad_input(op):
+    x = tf.constant([[3.0, 4.0], [0.0, 0.0]])
+    g = tf.constant([[1.0, 2.0, 2.0], [2.0, 0.0, 0.0]])
+    assert sparse_rows.dense_ghost_norms(x, g, use_bias=False).numpy().tolist() == [225.0, 0.0]
+    assert sparse_rows.dense_ghost_norms(x, g, use_bias=True).numpy().tolist() == [234.0, 4.0]
+    as64 = sparse_rows.dense_ghost_norms(tf.cast(x, tf.float64), tf.cast(g, tf.float64), use_bias=True)
+    assert as64.dtype == tf.float64 and as64.numpy().tolist() == [234.0, 4.0]  # the reference, in float64
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="Dimensions must be equal|same batch"):
+        op.tfdp_embed_dense_ghost_norms(tf.ones([3, 2]), tf.ones([4, 2]), use_bias=True)
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="rank|must be matrices"):
+        op.tfdp_embed_dense_ghost_norms(tf.ones([3]), tf.ones([3, 2]), use_bias=True)
 
 
 @pytest.mark.parametrize("contiguous", [True, False])
@@ -293,7 +326,8 @@ def test_bad_inputs_raise_clear_errors(op):
 
 def test_fallback_runs_the_references_and_training_still_works(tmp_path):
     """Without the library (TFDP_EMBED_FAST_NORMAL=0) every wrapper runs its reference,
-    clipping gives the same bits, and EANA and LazyDP train (LazyDP on its TF path)."""
+    clipping gives the same bits (the Dense ghost norms: the same to float rounding),
+    and EANA and LazyDP train (LazyDP on its TF path)."""
     script = """
         import numpy as np
         from tfdp_embed._keras import keras, tf
@@ -332,8 +366,12 @@ def test_fallback_runs_the_references_and_training_still_works(tmp_path):
         runs[mode] = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
     assert runs["fallback"]["available"] == "False"
     assert runs["op"]["available"] == ("True" if fast_normal.compiler() else "False")
-    for field in ("segsum", "wsq", "unique", "eana_weights"):  # no noise: identical bits either way
+    for field in ("segsum", "wsq", "unique"):  # identical bits either way
         assert runs["op"][field] == runs["fallback"][field], field
+    # No noise: the same training; the Dense ghost norms sum in another order (ulp-level).
+    np.testing.assert_allclose(
+        np.array(ast.literal_eval(runs["op"]["eana_weights"])), np.array(ast.literal_eval(runs["fallback"]["eana_weights"])), rtol=1e-5, atol=1e-7
+    )
     assert runs["op"]["wsq"] == "[1.5625, 0.0]"
     assert runs["fallback"]["lazy_finite"] == "True" and runs["op"]["lazy_finite"] == "True"
 

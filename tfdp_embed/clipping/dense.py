@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.registry import LayerGradients
 from tfdp_embed.clipping.taps import LayerTaps
+from tfdp_embed.ops import sparse_rows
 
 
 def dense_layer_gradients(
@@ -63,8 +64,7 @@ def dense_layer_gradients(
 
     if len(xs) == 1 and xs[0].shape.rank == 2:
         x, g = xs[0], gs[0]
-        g_sq = tf.reduce_sum(tf.square(g), axis=1)
-        kernel_sq = tf.reduce_sum(tf.square(x), axis=1) * g_sq
+        squared = sparse_rows.dense_ghost_norms(x, g, use_bias=layer.use_bias)  # one op
         x_flat, g_per_example = x, g
     else:
         # [B, T, d] and [B, T, p] over the concatenated time steps of all calls.
@@ -73,12 +73,8 @@ def dense_layer_gradients(
         kernel_sq = _sequence_kernel_sq_norms(x_seq, g_seq)
         g_sq = tf.reduce_sum(tf.square(tf.reduce_sum(g_seq, axis=1)), axis=1)
         x_flat, g_per_example = tf.reshape(x_seq, [-1, d_in]), g_seq
-
-    variables = [kernel]
-    squared = kernel_sq
-    if layer.use_bias:
-        variables.append(layer.bias)
-        squared = squared + g_sq
+        squared = kernel_sq + g_sq if layer.use_bias else kernel_sq
+    variables = [kernel, layer.bias] if layer.use_bias else [kernel]
 
     def clipped_sum(clip_factors: tf.Tensor) -> list:
         c = tf.cast(clip_factors, dtype)

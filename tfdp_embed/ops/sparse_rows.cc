@@ -2,8 +2,9 @@
 //
 // Each op computes exactly what a short chain of stock TensorFlow ops computes
 // (the "reference", in tfdp_embed/ops/sparse_rows.py), in the same floating-point
-// order, so the results are bit-identical to it; tests/ops/test_sparse_rows.py
-// checks every op against its reference.
+// order, so the results are bit-identical to it (one exception, a reduction
+// whose TensorFlow order is not fixed: TfdpEmbedDenseGhostNorms);
+// tests/ops/test_sparse_rows.py checks every op against its reference.
 //
 //   TfdpEmbedScaledSegmentSum   out[row_index[k]] += (c[examples[k]] * w[k]) * grad[examples[k]]
 //       = unsorted_segment_sum((gather(c, ex) * w)[:, None] * gather(grad, ex), row_index)
@@ -11,6 +12,9 @@
 //   TfdpEmbedPooledWeightSquares  out[i] = sum_r (sum_{k in i, row_k = r} w_k)^2
 //       (per-example squared norm factor of a pooled table; groups summed in
 //       first-appearance order, like unique + unsorted_segment_sum).
+//   TfdpEmbedDenseGhostNorms    out[i] = (||x_i||^2 + use_bias) ||g_i||^2, a Dense
+//       layer's per-example squared gradient norm (float32 sums, order not
+//       Eigen's: the one op here that is not bit-identical to its reference).
 //   TfdpEmbedNoisedValues       out = (values + stddev * z) / divisor, z the
 //       TfdpEmbedFastNormal stream of `key` (one pass, no noise tensor).
 //   TfdpEmbedLazyCatchUp        LazyDP's aggregated catch-up of plain-SGD rows,
@@ -271,6 +275,80 @@ class PooledWeightSquaresOp : public OpKernel {
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TfdpEmbedPooledWeightSquares").Device(DEVICE_CPU), PooledWeightSquaresOp);
+
+// ---------------------------------------------------------------------------
+REGISTER_OP("TfdpEmbedDenseGhostNorms")
+    .Input("x: float")
+    .Input("g: float")
+    .Attr("use_bias: bool")
+    .Output("output: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle x, g;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &x));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &g));
+      shape_inference::DimensionHandle batch;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(x, 0), c->Dim(g, 0), &batch));
+      c->set_output(0, c->Vector(batch));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Per-example squared gradient norm of a Dense layer called once on [batch, d]
+inputs x with pre-activation output gradients g [batch, p]:
+  out[i] = (sum_j x[i, j]^2 + use_bias) * sum_k g[i, k]^2
+(||x_i||^2 ||g_i||^2 for the kernel, ||g_i||^2 for the bias). Float32 sums in
+8 interleaved partial sums: as accurate as reduce_sum(square(.)), not
+bit-identical to it (Eigen's summation order depends on the ISA).
+)doc");
+
+class DenseGhostNormsOp : public OpKernel {
+ public:
+  explicit DenseGhostNormsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("use_bias", &use_bias_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x_t = ctx->input(0);
+    const Tensor& g_t = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(x_t.shape()) && TensorShapeUtils::IsMatrix(g_t.shape()) &&
+                         x_t.dim_size(0) == g_t.dim_size(0),
+                errors::InvalidArgument("TfdpEmbedDenseGhostNorms: `x` [batch, d] and `g` [batch, p] must be "
+                                        "matrices with the same batch; received ",
+                                        x_t.shape().DebugString(), " and ", g_t.shape().DebugString(), "."));
+    const int64_t batch = x_t.dim_size(0);
+    const int64_t d = x_t.dim_size(1);
+    const int64_t p = g_t.dim_size(1);
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch}), &out_t));
+    const float* x = x_t.flat<float>().data();
+    const float* g = g_t.flat<float>().data();
+    float* out = out_t->flat<float>().data();
+    const float bias = use_bias_ ? 1.0f : 0.0f;
+    // Small (batch x (d + p) floats): one thread, no Shard (whose pieces wait for
+    // pool threads that other ops of the step keep busy).
+    for (int64_t i = 0; i < batch; ++i) {
+      out[i] = (SumOfSquares(x + i * d, d) + bias) * SumOfSquares(g + i * p, p);
+    }
+  }
+
+ private:
+  // sum_j v[j]^2 in kLanes interleaved partial sums, then added pairwise.
+  static float SumOfSquares(const float* v, int64_t n) {
+    constexpr int kLanes = 8;
+    float acc[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) acc[l] += v[j + l] * v[j + l];
+    }
+    for (int l = 0; j < n; ++j, ++l) acc[l] += v[j] * v[j];
+    for (int width = kLanes / 2; width > 0; width /= 2) {
+      for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+    }
+    return acc[0];
+  }
+
+  bool use_bias_ = false;
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedDenseGhostNorms").Device(DEVICE_CPU), DenseGhostNormsOp);
 
 // ---------------------------------------------------------------------------
 REGISTER_OP("TfdpEmbedNoisedValues")
