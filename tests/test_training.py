@@ -289,3 +289,25 @@ def test_a_variable_the_mechanism_leaves_out_is_an_error():
     dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=BCE)
     with pytest.raises(PrivacyContractError, match="not handled by mechanism"):
         dp.fit(_dataset(), epochs=1, verbose=0)
+
+
+def test_table_gradient_averaged_is_the_clipped_sum_over_the_expected_batch_size():
+    """`TableGradient.averaged` (c_i / B inside the clipping) equals `gradient / B`, same rows."""
+    seen = []
+
+    class Recording(DenseDPSGD):
+        def update(self, clipped):
+            table = clipped.tables[0]
+            seen.append((table.gradient, table.averaged(), table.averaged_gradient(clipped.expected_batch_size)))
+            return super().update(clipped)
+
+    dp = DPModel(functional_model(), mechanism=Recording(l2_norm_clip=0.1, noise_multiplier=0.0, seed=0),
+                 expected_batch_size=BATCH)
+    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss=BCE, run_eagerly=True)
+    dp.fit(_dataset(16), epochs=1, verbose=0)
+    assert len(seen) == 2
+    for total, averaged, via_method in seen:
+        np.testing.assert_array_equal(averaged.indices.numpy(), total.indices.numpy())
+        np.testing.assert_allclose(averaged.values.numpy(), total.values.numpy() / BATCH, rtol=1e-6, atol=1e-9)
+        np.testing.assert_array_equal(via_method.values.numpy(), averaged.values.numpy())
+        assert float(np.abs(total.values.numpy()).max()) > 0  # a real gradient, clipped (C = 0.1)

@@ -31,6 +31,7 @@ References: Abadi et al. 2016 (DP-SGD); Li et al. 2022 and Bu et al. 2022
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 from tfdp_embed import distribute
@@ -66,6 +67,11 @@ def _reject_non_per_example(model) -> None:
                 "in training, which mixes examples and breaks per-example clipping. Use "
                 "LayerNormalization or freeze it (trainable=False)."
             )
+
+
+def _averaged_sum(clipped_sum, clip_factors, expected_batch_size: float, index: int) -> tf.IndexedSlices:
+    """Variable `index`'s clipped sum divided by the expected batch size, via c_i / B."""
+    return clipped_sum(clip_factors / expected_batch_size)[index]
 
 
 class DPModel(keras.Model):
@@ -296,10 +302,16 @@ class DPModel(keras.Model):
     def _assemble(self, step, taps, batch_size) -> ClippedGradients:
         """Collects every variable's clipped sum; zeros for layers not called this step."""
         grads = {}
+        averaged = {}
         occurrences = {}
+        table_vars = {layer.embeddings.ref() for layer in self._tables}
         for tap, info in step.layers:
-            for variable, grad in zip(info.variables, info.clipped_sum(step.clip_factors)):
+            for i, (variable, grad) in enumerate(zip(info.variables, info.clipped_sum(step.clip_factors))):
                 grads[variable.ref()] = grad
+                if variable.ref() in table_vars:
+                    averaged[variable.ref()] = functools.partial(
+                        _averaged_sum, info.clipped_sum, step.clip_factors, self.expected_batch_size, i
+                    )
             if info.occurrences is not None:
                 occurrences[id(tap.layer)] = info.occurrences
         tables = []
@@ -319,9 +331,9 @@ class DPModel(keras.Model):
                     gradient=grad,
                     occurrences=occurrences.get(id(layer), []),
                     clip_factors=step.clip_factors,
+                    averaged=averaged.get(var.ref()),
                 )
             )
-        table_vars = {layer.embeddings.ref() for layer in self._tables}
         dense = []
         for variable in self.inner.trainable_variables:
             if variable.ref() in table_vars:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import dp_accounting
 
@@ -40,6 +40,13 @@ class TableGradient:
       occurrences: the batch's lookups into this table (for mechanisms
         that need per-example contribution maps, e.g. DP-AdaFEST).
       clip_factors: float32 `[batch]` per-example clip factors c_i.
+      averaged: optional; returns `gradient` divided by the expected batch
+        size B, computed in the clipping stage as sum_i (c_i / B) * grad_i:
+        one `[batch]` multiply instead of one over the `[rows, dim]` values
+        (rounding differs from `gradient.values / B` by about an ulp). Inside
+        a `tf.function` only the sum that is used is computed: a mechanism
+        that calls `averaged()` instead of dividing `gradient` costs nothing
+        extra. None where the step cannot provide it (replicated steps).
     """
 
     layer: DPEmbedding
@@ -47,6 +54,14 @@ class TableGradient:
     gradient: tf.IndexedSlices
     occurrences: list
     clip_factors: tf.Tensor
+    averaged: Callable[[], tf.IndexedSlices] | None = None
+
+    def averaged_gradient(self, expected_batch_size: float) -> tf.IndexedSlices:
+        """`gradient / expected_batch_size`: from `averaged` when given, else by dividing the values."""
+        if self.averaged is not None:
+            return self.averaged()
+        grad = self.gradient
+        return tf.IndexedSlices(grad.values / expected_batch_size, grad.indices, grad.dense_shape)
 
 
 @dataclasses.dataclass

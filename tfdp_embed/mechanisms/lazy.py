@@ -316,7 +316,8 @@ class LazyDP(NoiseMechanism):
         # State changes wait for the batch: at the end of a dataset Keras runs the step
         # function once more and only its data-dependent ops fail, so without this the
         # step counter and the step sums would advance for a step that never happened.
-        batch = [clipped.batch_size, *(t.gradient.values for t in clipped.tables), *(g for _, g in clipped.dense)]
+        # (Table indices, not values: the values unused here are pruned, see TableGradient.averaged.)
+        batch = [clipped.batch_size, *(t.gradient.indices for t in clipped.tables), *(g for _, g in clipped.dense)]
         with tf.control_dependencies(batch):
             if self._fused_step():
                 return self._fused_update(clipped)
@@ -332,8 +333,7 @@ class LazyDP(NoiseMechanism):
                 grad = table.gradient
                 rows = tf.cast(grad.indices, tf.int64)
                 self._bring_current(index, rows, unique=True, stamp=2 * now + 1)
-                scaled = tf.IndexedSlices(grad.values / clipped.expected_batch_size, grad.indices, grad.dense_shape)
-                out.append((scaled, table.variable))
+                out.append((table.averaged_gradient(clipped.expected_batch_size), table.variable))
             self.steps.assign_add(1)
         return out
 
@@ -369,8 +369,7 @@ class LazyDP(NoiseMechanism):
             if not self._fused(index):  # a table the op cannot update (float64, not a resource variable)
                 now = self._now() if now is None else now
                 self._bring_current(index, tf.cast(grad.indices, tf.int64), unique=True, stamp=2 * now + 1)
-            scaled = tf.IndexedSlices(grad.values / clipped.expected_batch_size, grad.indices, grad.dense_shape)
-            out.append((scaled, table.variable))
+            out.append((table.averaged_gradient(clipped.expected_batch_size), table.variable))
         sums = self._step_sums.sums
         sparse_rows.lazy_record_step(
             sums.p_hi, sums.p_lo, self.steps, self._stream,
