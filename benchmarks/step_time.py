@@ -70,6 +70,7 @@ import json
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--png", default=os.path.join(REPO, "benchmarks", "step_time.png"), help="'' to skip")
     parser.add_argument("--max-seconds-per-mechanism", type=float, default=120.0)
     parser.add_argument("--isolation", choices=("mechanism", "vocab"), default="mechanism")
+    parser.add_argument(
+        "--repeats", type=int, default=1,
+        help="processes per (vocab, mechanism), round-robin; rows report medians over them (BENCHMARKS.md: repeat)",
+    )
     parser.add_argument("--max-rss-gb", type=float, default=round(max(1.0, total_gb - 3.0), 1))
     parser.add_argument("--min-available-gb", type=float, default=1.0)
     parser.add_argument("--worker-timeout-s", type=float, default=1800.0)
@@ -130,6 +135,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be >= 1")
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     if args.zipf is not None and args.zipf <= 0:
         parser.error("--zipf must be > 0")
     if args.adafest_noise_rows < 0:
@@ -308,21 +315,26 @@ def collect(args: argparse.Namespace, workdir: str) -> tuple[list, list]:
     }
     for vocab in args.vocab:
         groups = [[m] for m in args.mechanisms] if args.isolation == "mechanism" else [list(args.mechanisms)]
-        vocab_rows = []
-        for group in groups:
-            tag = f"v{vocab}_{'_'.join(group)}".replace("+", "plus")[:80]
-            print(f"[step_time] vocab {vocab:,}: {', '.join(group)} ...", flush=True)
-            spec = {**base_spec, "vocab": vocab, "mechanisms": group}
-            spec["tfp_microbatches"] = tfp_microbatches(
-                args.tfp_microbatches, vocab=vocab, dim=args.dim, batch=args.batch, jacobian_gb=args.tfp_jacobian_gb
-            )
-            for result in _run_group(spec, workdir, args, tag, processes):
-                result.update(vocab=vocab, dim=args.dim, batch=args.batch, zipf=args.zipf)
-                result["process_ru_maxrss_mb"] = processes[-1]["ru_maxrss_mb"]
-                vocab_rows.append(result)
-                print("    " + format_line(result), flush=True)
-            if "adafest" in group and args.adafest_noise_rows > 0:
-                vocab_rows.extend(_run_adafest_budget(base_spec, vocab, workdir, args, processes))
+        runs: dict = {}  # mechanism -> its rows, one per repeat (round-robin over the mechanisms)
+        for repeat in range(args.repeats):
+            for group in groups:
+                tag = f"v{vocab}_{'_'.join(group)}".replace("+", "plus")[:80] + (f"_r{repeat}" if repeat else "")
+                label = f" (repeat {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
+                print(f"[step_time] vocab {vocab:,}: {', '.join(group)}{label} ...", flush=True)
+                spec = {**base_spec, "vocab": vocab, "mechanisms": group}
+                spec["tfp_microbatches"] = tfp_microbatches(
+                    args.tfp_microbatches, vocab=vocab, dim=args.dim, batch=args.batch, jacobian_gb=args.tfp_jacobian_gb
+                )
+                results = _run_group(spec, workdir, args, tag, processes)
+                for result in results:
+                    result.update(vocab=vocab, dim=args.dim, batch=args.batch, zipf=args.zipf)
+                    result["process_ru_maxrss_mb"] = processes[-1]["ru_maxrss_mb"]
+                    print("    " + format_line(result), flush=True)
+                if "adafest" in group and args.adafest_noise_rows > 0:
+                    results = results + _run_adafest_budget(base_spec, vocab, workdir, args, processes)
+                for result in results:
+                    runs.setdefault(result["mechanism"], []).append(result)
+        vocab_rows = [merge_repeats(rows) for rows in runs.values()]
         _add_ratios(vocab_rows)
         for result in vocab_rows:
             for key in RESULT_KEYS:
@@ -417,21 +429,66 @@ def speedup_table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def _same_process_ratios(r: dict) -> tuple:
+    """(wall, CPU) ratio of a row to the plain step timed in its own process (None where not measured)."""
+    if r["mechanism"] == "none":
+        return (1.0 if r.get("median_step_s") else None), (1.0 if r.get("cpu_median_step_s") else None)
+    median, base = r.get("median_step_s"), r.get("none_in_process_median_s")
+    cpu, cpu_base = r.get("cpu_median_step_s"), r.get("none_in_process_cpu_median_s")
+    return (median / base if median and base else None), (cpu / cpu_base if cpu and cpu_base else None)
+
+
+def _median(values: list):
+    values = [v for v in values if v is not None]
+    return float(statistics.median(values)) if values else None
+
+
+def merge_repeats(runs: list) -> dict:
+    """One row from `--repeats` processes of one mechanism.
+
+    Times (median, p10, p90, the in-process plain medians) are medians over
+    the processes; `ratio_to_none` and `cpu_ratio_to_none` are the medians
+    of the per-process same-process ratios (each process's own ratio, never
+    one process's time over another's plain step), kept per process in
+    `ratio_to_none_runs` / `cpu_ratio_to_none_runs` and summarised in the
+    notes; `steps_timed` is the total and `peak_rss_mb` the maximum.
+    """
+    if len(runs) == 1:
+        return runs[0]
+    measured = [r for r in runs if r.get("median_step_s")]
+    if not measured:
+        return runs[0]
+    row = dict(measured[0])
+    for key in ("median_step_s", "p10_step_s", "p90_step_s", "none_in_process_median_s",
+                "cpu_median_step_s", "none_in_process_cpu_median_s"):
+        row[key] = _median([r.get(key) for r in measured])
+    row["steps_timed"] = sum(int(r.get("steps_timed") or 0) for r in measured)
+    row["peak_rss_mb"] = max((r.get("peak_rss_mb") or 0) for r in measured) or None
+    ratios = [_same_process_ratios(r) for r in measured]
+    row["ratio_to_none_runs"] = [w for w, _ in ratios]
+    row["cpu_ratio_to_none_runs"] = [c for _, c in ratios]
+    row["processes"] = len(runs)
+    notes = [n for n in (measured[0].get("notes") or "").split("; ") if n]
+    if row["mechanism"] != "none":
+        shown = ", ".join(fmt_ratio(w) for w in sorted(w for w in row["ratio_to_none_runs"] if w is not None))
+        notes.insert(0, f"{len(measured)} processes, × none (same process) each: {shown}")
+    failed = [r for r in runs if not r.get("median_step_s")]
+    if failed:
+        notes.append(f"{len(failed)} of {len(runs)} processes not measured: {failed[0].get('not_measured') or failed[0].get('notes')}")
+    row["notes"] = "; ".join(notes)
+    return row
+
+
 def _add_ratios(rows: list) -> None:
     none_row = next((r for r in rows if r["mechanism"] == "none" and r.get("median_step_s")), None)
     for r in rows:
         median = r.get("median_step_s")
-        if r["mechanism"] == "none" and median:
-            r["ratio_to_none"] = 1.0
-        else:
-            base = r.get("none_in_process_median_s")
-            r["ratio_to_none"] = median / base if median and base else None
+        wall, cpu = _same_process_ratios(r)
+        if r.get("ratio_to_none_runs"):  # merged repeats: the median of the per-process ratios
+            wall, cpu = _median(r["ratio_to_none_runs"]), _median(r["cpu_ratio_to_none_runs"])
+        r["ratio_to_none"] = wall
+        r["cpu_ratio_to_none"] = cpu
         r["ratio_to_none_row"] = median / none_row["median_step_s"] if median and none_row else None
-        cpu, cpu_base = r.get("cpu_median_step_s"), r.get("none_in_process_cpu_median_s")
-        if r["mechanism"] == "none" and cpu:
-            r["cpu_ratio_to_none"] = 1.0
-        else:
-            r["cpu_ratio_to_none"] = cpu / cpu_base if cpu and cpu_base else None
 
 
 # -- reporting ------------------------------------------------------------------
@@ -518,6 +575,14 @@ def markdown_section(document: dict) -> str:
         f"- Protocol: median of up to {s['steps']} timed steps after {s['warmup']} warm-up steps, "
         f"≤ {s['max_seconds_per_mechanism']:g} s of timed steps per mechanism; isolation: one process per "
         f"{s['isolation']}; "
+        + (
+            f"{s['repeats']} processes per mechanism and vocabulary, run round-robin: times are medians over "
+            "the processes and each ratio is the median of the per-process same-process ratios (listed in the "
+            "notes); "
+            if s.get("repeats", 1) > 1
+            else ""
+        )
+        + 
         + (f"{s['num_batches']} pre-generated batches cycled" if s["num_batches"] else "pre-generated batches, none used twice")
         + ". \"× none (same process)\" divides by "
         "the plain step timed on the same model in the same process, alternating step by step; \"× `none` row\" "
