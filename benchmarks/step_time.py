@@ -582,7 +582,6 @@ def markdown_section(document: dict) -> str:
             if s.get("repeats", 1) > 1
             else ""
         )
-        + 
         + (f"{s['num_batches']} pre-generated batches cycled" if s["num_batches"] else "pre-generated batches, none used twice")
         + ". \"× none (same process)\" divides by "
         "the plain step timed on the same model in the same process, alternating step by step; \"× `none` row\" "

@@ -1,4 +1,4 @@
-"""Smoke test of `python -m benchmarks.step_time` at a tiny size (one worker process, ~20 s).
+"""Smoke test of `python -m benchmarks.step_time` at a tiny size (two rounds of one worker process, ~30 s).
 
 It checks the JSON schema, the Markdown section and the plot; it never
 touches benchmarks/RESULTS.md or benchmarks/step_time.json.
@@ -37,6 +37,7 @@ def test_step_time_smoke(tmp_path):
         "--steps", "3",
         "--warmup", "1",
         "--isolation", "vocab",
+        "--repeats", "2",
         "--num-batches", "4",
         "--json", str(out_json),
         "--results-md", str(results_md),
@@ -58,20 +59,22 @@ def test_step_time_smoke(tmp_path):
     for row in rows.values():
         assert RESULT_KEYS <= set(row), RESULT_KEYS - set(row)
         assert row["vocab"] == 1000 and row["dim"] == 64 and row["batch"] == 1024 and row["zipf"] is None
-        assert row["steps_timed"] == 3, row["notes"]
+        assert row["steps_timed"] == 6 and row["processes"] == 2, row["notes"]  # 3 steps in each of 2 processes
         assert 0 < row["p10_step_s"] <= row["median_step_s"] <= row["p90_step_s"]
         assert row["peak_rss_mb"] > 0
     assert rows["none"]["ratio_to_none"] == 1.0
     assert rows["none"]["table_gradient"] == "IndexedSlices"  # the fast path, never densified
     assert rows["none"]["vocab_sized_ops"] == {}
     assert rows["dense"]["ratio_to_none"] > 0
-    assert rows["dense"]["none_in_process_steps"] == 3
+    assert rows["dense"]["none_in_process_steps"] == 3  # per process
+    assert len(rows["dense"]["ratio_to_none_runs"]) == 2 and rows["dense"]["notes"].startswith("2 processes")
     assert rows["dense"]["vocab_sized_ops"], "dense DP-SGD must show its [vocab, dim] noise"
     assert rows["none"]["cpu_ratio_to_none"] == 1.0 and rows["dense"]["cpu_ratio_to_none"] > 0
     assert rows["dense"]["cpu_median_step_s"] > 0 and rows["dense"]["none_in_process_cpu_median_s"] > 0
 
     section = results_md.read_text()
     assert "## step_time" in section and document["command"] in section
+    assert "2 processes per mechanism and vocabulary, run round-robin" in section
     assert "| none | 1,000 |" in section and "| dense | 1,000 |" in section
     assert "× none, CPU time (same process)" in section and "- Fused ops (tfdp_embed.ops, sparse_rows): " in section
     assert png.stat().st_size > 1000
