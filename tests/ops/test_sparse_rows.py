@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import os
+import platform
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -401,3 +403,19 @@ def test_lazy_lookahead_with_out_of_range_ids_is_refused(op):
     assert mech._fused(0)  # noqa: SLF001 - this test is about the fused path
     with pytest.raises(tf.errors.InvalidArgumentError, match="row 12 outside \\[0, 10\\).*lookahead"):
         mech.after_apply({"t": tf.constant([[1, 12]], tf.int64)})
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("objdump") is None,
+                    reason="checks x86 machine code with objdump")
+def test_catch_up_row_prefetches_survive_compilation(op):
+    """The catch-up prefetches the table rows it will add noise to. GCC 12 silently deleted
+    those prefetches when they were `__builtin_prefetch` loops inlined into the shard
+    lambda (the catch-up then stalled on every row); the inline-asm prefetch must be
+    in the compiled catch-up."""
+    library = fast_normal.build()
+    listing = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", str(library)], capture_output=True,
+                             text=True, timeout=120).stdout
+    functions = listing.split("\n\n")
+    catch_up = [f for f in functions if "LazyCatchUpOp::AddNoise" in f.split("\n", 1)[0] and "_M_invoke" in f.split("\n", 1)[0]]
+    assert catch_up, "the catch-up's shard function was not found in the library"
+    assert any("prefetcht0" in f for f in catch_up), "the catch-up's row prefetches were compiled away"

@@ -402,20 +402,21 @@ inline const char* IsaName(Isa isa) {
 }
 
 // Writes outputs [64 * chunk_begin, min(64 * chunk_end, n)) of the stream to
-// out + 64 * chunk_begin (out points at output element 0).
+// out + 64 * (chunk_begin - out_chunk) (out points at output element
+// 64 * out_chunk, out_chunk <= chunk_begin; 0: the whole output).
 inline void GenerateChunks(Isa isa, const StreamKey& key, uint64_t chunk_begin, uint64_t chunk_end, uint64_t n,
-                           float stddev, float* out) {
+                           float stddev, float* out, uint64_t out_chunk = 0) {
   switch (isa) {
 #if TFDP_FAST_NORMAL_X86
     case Isa::kAvx512:
-      avx512_isa::GenerateChunks(key, chunk_begin, chunk_end, n, stddev, out);
+      avx512_isa::GenerateChunks(key, chunk_begin, chunk_end, n, stddev, out, out_chunk);
       return;
     case Isa::kAvx2:
-      avx2_isa::GenerateChunks(key, chunk_begin, chunk_end, n, stddev, out);
+      avx2_isa::GenerateChunks(key, chunk_begin, chunk_end, n, stddev, out, out_chunk);
       return;
 #endif
     default:
-      portable_isa::GenerateChunks(key, chunk_begin, chunk_end, n, stddev, out);
+      portable_isa::GenerateChunks(key, chunk_begin, chunk_end, n, stddev, out, out_chunk);
       return;
   }
 }
@@ -711,17 +712,18 @@ TFDP_FAST_NORMAL_ISA_ATTR static inline void GenerateGroup(const StreamKey& key,
 }
 
 TFDP_FAST_NORMAL_ISA_ATTR static void GenerateChunks(const StreamKey& key, uint64_t chunk_begin, uint64_t chunk_end,
-                                                     uint64_t n, float stddev, float* out) {
+                                                     uint64_t n, float stddev, float* out, uint64_t out_chunk) {
   const F sd = Bf(stddev);
   for (uint64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
     const uint64_t first = chunk * kChunkFloats;
+    float* target = out + (chunk - out_chunk) * kChunkFloats;
     const bool partial = first + kChunkFloats > n;
     alignas(64) float tmp[kChunkFloats];
-    float* dst = partial ? tmp : out + first;
+    float* dst = partial ? tmp : target;
     for (int lane0 = 0; lane0 < kLanes; lane0 += kWidth) {
       GenerateGroup(key, chunk * kLanes + lane0, sd, dst + lane0);
     }
-    if (partial) std::memcpy(out + first, tmp, (n - first) * sizeof(float));
+    if (partial) std::memcpy(target, tmp, (n - first) * sizeof(float));
   }
 }
 

@@ -52,6 +52,18 @@ namespace {
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
+// A prefetch the compiler keeps: GCC 12 deletes loops whose only statements
+// are __builtin_prefetch once they are inlined into a caller's loop (found
+// with `objdump -d | grep prefetch`: the catch-up's row prefetches were
+// missing from the library), so on x86 the instruction is inline asm.
+inline void Prefetch(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 1);
+#endif
+}
+
 // Open-addressing map int64 key -> dense id in first-appearance order.
 class FirstAppearance {
  public:
@@ -563,7 +575,7 @@ absl::Status PlanCatchUp(const char* op, Var* history, const Tensor& rows_t, Var
   std::vector<int32_t> packed;
   constexpr int64_t kAhead = 16;
   for (int64_t k = 0; k < n; ++k) {
-    if (k + kAhead < n) __builtin_prefetch(hist + rows[k + kAhead], 1);
+    if (k + kAhead < n) Prefetch(hist + rows[k + kAhead]);
     int32_t& entry = hist[rows[k]];
     if (entry == current) continue;
     const int32_t from = entry >> 1;
@@ -602,17 +614,17 @@ int64_t CatchUpBlockRows(int64_t dim) {
 void PrefetchRow(const float* row, int64_t dim) {
   const char* p = reinterpret_cast<const char*>(row);
   const char* end = reinterpret_cast<const char*>(row + dim);
-  for (; p < end; p += 64) __builtin_prefetch(p, 1);
+  for (; p < end; p += 64) Prefetch(p);
 }
 
 // Draws the plan's unit-variance [m, dim] stream (key plan.key) into `noise`,
 // block by block (CatchUpBlockRows rows: a whole number of 64-float chunks),
-// sharded over the CPU workers. before(row_begin, row_end) runs ahead of a
-// block's draw, after(row_begin, row_end) right after it, while the block's
-// noise is still in cache. `cost` is the Shard cost per noise float.
-template <typename Before, typename After>
+// sharded over the CPU workers; after(row_begin, row_end) runs right after a
+// block's draw, while its noise is still in cache. `cost` is the Shard cost
+// per noise float.
+template <typename After>
 void ForEachNoiseBlock(OpKernelContext* ctx, tfdp_fast_normal::Isa isa, const LazyPlan& plan, int64_t dim,
-                       int64_t cost, float* noise, Before before, After after) {
+                       int64_t cost, float* noise, After after) {
   constexpr uint64_t kChunk = tfdp_fast_normal::kChunkFloats;
   const int64_t m = static_cast<int64_t>(plan.stale.size());
   const uint64_t total = static_cast<uint64_t>(m) * static_cast<uint64_t>(dim);
@@ -625,7 +637,6 @@ void ForEachNoiseBlock(OpKernelContext* ctx, tfdp_fast_normal::Isa isa, const La
       const int64_t row_end = std::min(m, row_begin + block_rows);
       const uint64_t first = static_cast<uint64_t>(row_begin * dim);
       const uint64_t last = static_cast<uint64_t>(row_end * dim);
-      before(row_begin, row_end);
       tfdp_fast_normal::GenerateChunks(isa, plan.key, first / kChunk, (last + kChunk - 1) / kChunk, total, 1.0f,
                                        noise);
       after(row_begin, row_end);
@@ -677,28 +688,51 @@ class LazyCatchUpOp : public OpKernel {
   }
 
   // tab[stale[j], :] += stddev[j] * z[j, :], z the [m, dim] stream of the plan's key.
-  // Rows go in blocks whose noise is a whole number of 64-float chunks; each
-  // block's table rows are prefetched, its noise generated meanwhile, then
-  // added while both are in cache.
+  // Rows go in blocks whose noise is a whole number of 64-float chunks, drawn
+  // into one block-sized buffer per shard and added while it is in cache. The
+  // table rows are cache misses (random rows of a large table): the next
+  // block's rows are prefetched while this block's noise is drawn, a slice
+  // per piece of the draw, so that the misses overlap the arithmetic without
+  // a burst of prefetches larger than the core's miss buffers (a burst of a
+  // whole block's rows before each draw left the add loop stalled on misses).
   void AddNoise(OpKernelContext* ctx, const LazyPlan& plan, int64_t dim, float* tab) {
+    constexpr uint64_t kChunk = tfdp_fast_normal::kChunkFloats;
+    constexpr int64_t kPieces = 8;
     const std::vector<int64_t>& stale = plan.stale;
     const int64_t m = static_cast<int64_t>(stale.size());
-    Tensor noise_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({m * dim}), &noise_t));
-    float* noise = noise_t.flat<float>().data();
-    ForEachNoiseBlock(
-        ctx, isa_, plan, dim, 12, noise,
-        [&](int64_t row_begin, int64_t row_end) {
-          for (int64_t j = row_begin; j < row_end; ++j) PrefetchRow(tab + stale[j] * dim, dim);
-        },
-        [&](int64_t row_begin, int64_t row_end) {
-          for (int64_t j = row_begin; j < row_end; ++j) {
-            float* dst = tab + stale[j] * dim;
-            const float* z = noise + j * dim;
-            const float s = plan.stddev[j];
-            for (int64_t i = 0; i < dim; ++i) dst[i] += s * z[i];
-          }
-        });
+    const uint64_t total = static_cast<uint64_t>(m) * static_cast<uint64_t>(dim);
+    const int64_t block_rows = CatchUpBlockRows(dim);
+    const int64_t blocks = (m + block_rows - 1) / block_rows;
+    const tfdp_fast_normal::Isa isa = isa_;
+    auto prefetch = [&](int64_t row_begin, int64_t row_end) {
+      for (int64_t r = row_begin; r < row_end; ++r) PrefetchRow(tab + stale[r] * dim, dim);
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, blocks, block_rows * dim * 12, [&](int64_t begin, int64_t end) {
+      std::vector<float> z(static_cast<size_t>(block_rows * dim));
+      const int64_t shard_end = std::min(m, end * block_rows);
+      prefetch(begin * block_rows, std::min(shard_end, (begin + 1) * block_rows));
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t row_begin = b * block_rows;
+        const int64_t row_end = std::min(m, row_begin + block_rows);
+        const uint64_t c0 = static_cast<uint64_t>(row_begin * dim) / kChunk;  // exact: blocks are whole chunks
+        const uint64_t c1 = (static_cast<uint64_t>(row_end * dim) + kChunk - 1) / kChunk;
+        const int64_t next_begin = row_end;
+        const int64_t next_rows = std::max<int64_t>(0, std::min(shard_end, row_end + block_rows) - next_begin);
+        for (int64_t p = 0; p < kPieces; ++p) {
+          prefetch(next_begin + next_rows * p / kPieces, next_begin + next_rows * (p + 1) / kPieces);
+          const uint64_t a = c0 + (c1 - c0) * p / kPieces;
+          const uint64_t e = c0 + (c1 - c0) * (p + 1) / kPieces;
+          if (e > a) tfdp_fast_normal::GenerateChunks(isa, plan.key, a, e, total, 1.0f, z.data(), c0);
+        }
+        for (int64_t j = row_begin; j < row_end; ++j) {
+          float* dst = tab + stale[j] * dim;
+          const float* zj = z.data() + (j - row_begin) * dim;
+          const float s = plan.stddev[j];
+          for (int64_t i = 0; i < dim; ++i) dst[i] += s * zj[i];
+        }
+      }
+    });
   }
 
   tfdp_fast_normal::Isa isa_;
@@ -780,7 +814,7 @@ class LazyCatchUpNoiseOp : public OpKernel {
     float* noise = noise_t->flat<float>().data();
     const int64_t dim = dim_;
     ForEachNoiseBlock(
-        ctx, isa_, plan, dim, 10, noise, [](int64_t, int64_t) {},
+        ctx, isa_, plan, dim, 10, noise,
         [&](int64_t row_begin, int64_t row_end) {
           for (int64_t j = row_begin; j < row_end; ++j) {
             float* z = noise + j * dim;

@@ -244,12 +244,11 @@ int main(int argc, char** argv) {
     std::vector<float> out(piece), other(piece);
     for (uint64_t p = begin; p < end; ++p) {
       const uint64_t c0 = p * piece / kChunkFloats, c1 = (p + 1) * piece / kChunkFloats;
-      // Generate as if the output started at chunk c0 (GenerateChunks indexes from element 0).
-      GenerateChunks(best, key, c0, c1, n_total, 1.0f, out.data() - p * piece);
+      GenerateChunks(best, key, c0, c1, n_total, 1.0f, out.data(), c0);  // out holds chunks [c0, c1)
       if (p % 16 == 0) {
         for (Isa isa : {Isa::kPortable, Isa::kAvx2}) {
           if (!CpuHas(isa) || isa == best) continue;
-          GenerateChunks(isa, key, c0, c1, n_total, 1.0f, other.data() - p * piece);
+          GenerateChunks(isa, key, c0, c1, n_total, 1.0f, other.data(), c0);
           if (std::memcmp(out.data(), other.data(), piece * sizeof(float))) ++isa_mismatch;
         }
       }
