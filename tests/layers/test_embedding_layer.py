@@ -117,6 +117,40 @@ def test_read_hook_sees_bucket_ids_before_lookup():
     assert seen == [[4, 4, 1]]
 
 
+@pytest.mark.parametrize("ids", [[[4, 4], [1, 0]], "ragged"])
+@pytest.mark.parametrize("combiner", ["sum", None])
+def test_read_hook_gather_supplies_the_rows(ids, combiner):
+    """A hook's `gather(ids)` replaces the lookup's own gather (LazyDP's fused catch-up);
+    returning None falls back to the hook and tf.gather. Same output either way."""
+    if ids == "ragged":
+        if combiner is None:
+            pytest.skip("ragged ids need a combiner")
+        ids = tf.ragged.constant([[4, 4, 2], [1]])
+    else:
+        ids = tf.constant(ids)
+    layer = _layer(combiner=combiner)
+    want = layer(ids).numpy()
+    calls = []
+
+    def hook(flat):
+        calls.append(("hook", flat.numpy().tolist()))
+
+    def gather(flat):
+        calls.append(("gather", flat.numpy().tolist()))
+        return tf.gather(layer.embeddings, flat) + 1.0  # +1: visible in the output
+
+    hook.gather = gather
+    layer.set_read_hook(hook)
+    got = layer(ids).numpy()
+    assert [c[0] for c in calls] == ["gather"]
+    count = 1.0 if combiner is None else np.asarray(ids.row_lengths() if isinstance(ids, tf.RaggedTensor) else [2, 2])[:, None]
+    np.testing.assert_allclose(got, want + count, rtol=1e-6)
+    hook.gather = lambda flat: None  # declines: the hook runs, the layer gathers
+    calls.clear()
+    np.testing.assert_array_equal(layer(ids).numpy(), want)
+    assert [c[0] for c in calls] == ["hook"]
+
+
 def test_keras3_in_process_is_refused_with_a_clear_message():
     code = (
         "import os; os.environ['TF_USE_LEGACY_KERAS']='0'\n"

@@ -112,7 +112,14 @@ class DPEmbedding(keras.layers.Layer):
 
     # -- hooks --------------------------------------------------------------
     def set_read_hook(self, hook: Callable[[tf.Tensor], None] | None) -> None:
-        """Installs `hook(ids)`, run on the bucket ids before rows are read."""
+        """Installs `hook(ids)`, run on the bucket ids before rows are read.
+
+        A hook may carry `hook.gather(ids)`: the lookup then calls it instead,
+        and it returns the rows of `ids` (`[n, dim]`, read after the hook's
+        work, with `tf.gather`'s gradient), or None to fall back to `hook(ids)`
+        and `tf.gather`. LazyDP's catch-up returns the rows it has just
+        brought up to date this way, saving the lookup's own gather.
+        """
         self._read_hook = hook
 
     @property
@@ -236,12 +243,19 @@ class DPEmbedding(keras.layers.Layer):
         ids = self.bucket_ids(ids)
         if isinstance(ids, tf.SparseTensor):
             ids = tf.RaggedTensor.from_sparse(ids)
+        read = None  # the rows of `ids`, flat, when the read hook gathered them
         if self._read_hook is not None:
             flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
-            self._read_hook(flat)
+            gather = getattr(self._read_hook, "gather", None)
+            read = gather(flat) if gather is not None else None
+            if read is None:
+                self._read_hook(flat)
+            else:
+                read = tf.cast(read, self.compute_dtype)
         if isinstance(ids, tf.RaggedTensor):
             self._require_combiner("ragged or sparse ids")
-            rows = tf.gather(self.embeddings, ids)  # ragged [batch, None, dim]
+            # ragged [batch, None, dim]
+            rows = tf.gather(self.embeddings, ids) if read is None else ids.with_flat_values(read)
             if self.combiner == "sum":
                 return tf.reduce_sum(rows, axis=1)
             if self.combiner == "mean":
@@ -253,7 +267,11 @@ class DPEmbedding(keras.layers.Layer):
                 f"DPEmbedding {self.name!r} takes ids of shape [batch] or [batch, n]; "
                 f"received shape {ids.shape}."
             )
-        rows = tf.gather(self.embeddings, ids)
+        if read is None:
+            rows = tf.gather(self.embeddings, ids)
+        else:
+            rows = tf.reshape(read, tf.concat([tf.shape(ids), [self.output_dim]], 0))
+            rows.set_shape(ids.shape.concatenate([self.output_dim]))
         if ids.shape.rank == 1 or self.combiner is None:
             return rows
         if self.combiner == "sum":

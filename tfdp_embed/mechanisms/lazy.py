@@ -284,7 +284,9 @@ class LazyDP(NoiseMechanism):
             )
             if self._beta > 0:
                 optimizer.add_slot(layer.embeddings, "momentum")
-            layer.set_read_hook(functools.partial(self._bring_current, index))
+            hook = functools.partial(self._bring_current, index)
+            hook.gather = functools.partial(self._read_rows, index)  # see DPEmbedding.set_read_hook
+            layer.set_read_hook(hook)
         self._by_name = {layer.name: i for i, layer in enumerate(self._tables)}
         self._step_sums = _StepSums() if self.noise_multiplier > 0 else None
         if self._step_sums is not None and self._beta == 0 and self.aggregate and self.row_noise == "generator":
@@ -527,6 +529,20 @@ class LazyDP(NoiseMechanism):
         """True when table `index` is caught up by `sparse_rows.lazy_catch_up` (one op; TF ops without the library)."""
         var = self._tables[index].embeddings
         return self._fused_step() and var.dtype.base_dtype == tf.float32 and hasattr(var, "handle")
+
+    @_plain_python
+    def _read_rows(self, index: int, ids):
+        """The lookup's read: catches up `ids` and returns their rows in one op, or None.
+
+        None (the layer then runs the read hook and its own gather) unless
+        table `index` is caught up by the fused op (`_fused`).
+        """
+        if not self._fused(index):
+            return None
+        sums = self._step_sums.sums
+        return sparse_rows.lazy_catch_up_gather(
+            self._tables[index].embeddings, self._histories[index], ids, sums.p_hi, sums.p_lo, self.steps, self._stream
+        )
 
     @_plain_python
     def _bring_current(self, index: int, ids, *, unique: bool = False, stamp=None) -> tf.Tensor:

@@ -20,6 +20,8 @@
 //   TfdpEmbedLazyCatchUp        LazyDP's aggregated catch-up of plain-SGD rows,
 //       in place on the table and history variables, its key from the step's
 //       stream (see the op doc); range and step-limit checks folded in.
+//   TfdpEmbedLazyCatchUpGather  the same catch-up, then the rows of `rows`
+//       (the embedding lookup's gather, done while the rows are in cache).
 //   TfdpEmbedLazyRecordStep     LazyDP's per-step bookkeeping in one op: the
 //       step's noise weight into the running sums (grown in place), the
 //       step's catch-up key, the step counter.
@@ -525,6 +527,31 @@ when some row was behind). Every row among `rows` is then current
 Bit-identical to sparse_rows.lazy_catch_up_reference (TensorFlow ops).
 )doc");
 
+REGISTER_OP("TfdpEmbedLazyCatchUpGather")
+    .Input("table: resource")
+    .Input("history: resource")
+    .Input("rows: Tindices")
+    .Input("p_hi: resource")
+    .Input("p_lo: resource")
+    .Input("steps: resource")
+    .Input("stream: resource")
+    .Attr("Tindices: {int32, int64}")
+    .Output("caught_up: int64")
+    .Output("values: float")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle rows;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &rows));
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Matrix(c->Dim(rows, 0), c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+TfdpEmbedLazyCatchUp, then values[k, :] = table[rows[k], :] for every entry of
+`rows` (the caught-up rows, read while the catch-up holds the table's lock and
+has them in cache): the catch-up and the lookup's gather in one op.
+)doc");
+
 // The behind rows among `rows` and the std of the noise each owes (shared by
 // TfdpEmbedLazyCatchUp and TfdpEmbedLazyCatchUpNoise). Validates the state,
 // marks the behind rows current, counts the call on `stream` when a row is
@@ -644,6 +671,8 @@ void ForEachNoiseBlock(OpKernelContext* ctx, tfdp_fast_normal::Isa isa, const La
   });
 }
 
+// kGather: TfdpEmbedLazyCatchUpGather (also returns the rows), else TfdpEmbedLazyCatchUp.
+template <bool kGather>
 class LazyCatchUpOp : public OpKernel {
  public:
   explicit LazyCatchUpOp(OpKernelConstruction* ctx) : OpKernel(ctx), isa_(tfdp_fast_normal::BestIsa()) {}
@@ -659,7 +688,7 @@ class LazyCatchUpOp : public OpKernel {
  private:
   template <typename Index>
   void Run(OpKernelContext* ctx) {
-    static constexpr const char* kOp = "TfdpEmbedLazyCatchUp";
+    static constexpr const char* kOp = kGather ? "TfdpEmbedLazyCatchUpGather" : "TfdpEmbedLazyCatchUp";
     core::RefCountPtr<Var> table, history, p_hi_var, p_lo_var, steps, stream;
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &table));
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &history));
@@ -684,7 +713,26 @@ class LazyCatchUpOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out_t));
     out_t->scalar<int64_t>()() = static_cast<int64_t>(plan.stale.size());
     const int64_t dim = tab_t->dim_size(1);
-    if (!plan.stale.empty() && dim > 0) AddNoise(ctx, plan, dim, tab_t->flat<float>().data());
+    float* tab = tab_t->flat<float>().data();
+    if (!plan.stale.empty() && dim > 0) AddNoise(ctx, plan, dim, tab);
+    if (kGather) Gather<Index>(ctx, ctx->input(2), dim, tab);
+  }
+
+  // values[k, :] = tab[rows[k], :] (rows already range-checked by PlanCatchUp).
+  template <typename Index>
+  void Gather(OpKernelContext* ctx, const Tensor& rows_t, int64_t dim, const float* tab) {
+    const int64_t n = rows_t.NumElements();
+    Tensor* values_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, dim}), &values_t));
+    if (n == 0 || dim == 0) return;
+    const Index* rows = rows_t.flat<Index>().data();
+    float* values = values_t->flat<float>().data();
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, n, 2 * dim, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        std::memcpy(values + k * dim, tab + static_cast<int64_t>(rows[k]) * dim, dim * sizeof(float));
+      }
+    });
   }
 
   // tab[stale[j], :] += stddev[j] * z[j, :], z the [m, dim] stream of the plan's key.
@@ -737,7 +785,8 @@ class LazyCatchUpOp : public OpKernel {
 
   tfdp_fast_normal::Isa isa_;
 };
-REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyCatchUp").Device(DEVICE_CPU), LazyCatchUpOp);
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyCatchUp").Device(DEVICE_CPU), LazyCatchUpOp<false>);
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyCatchUpGather").Device(DEVICE_CPU), LazyCatchUpOp<true>);
 
 // ---------------------------------------------------------------------------
 // The same catch-up in two halves, so that the expensive half (history scan,

@@ -17,6 +17,7 @@ reference runs instead: slower, identical results.
                             the one function here that is not bit-identical)
     noised_values           (values + N(0, s^2)) / B in one pass (mechanisms)
     lazy_catch_up           LazyDP's plain-SGD aggregated catch-up, in place
+    lazy_catch_up_gather    the same, returning the caught-up rows (the lookup's gather)
     lazy_catch_up_split     the same in two ops (draws first, table write last)
     lazy_record_step        LazyDP's per-step bookkeeping (step sums, key, counter)
 
@@ -348,6 +349,39 @@ def lazy_catch_up(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, st
     return op.tfdp_embed_lazy_catch_up(
         table.handle, history.handle, _flat_rows(rows), p_hi.handle, p_lo.handle, steps.handle, stream.handle
     )
+
+
+def lazy_catch_up_gather(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
+    """`lazy_catch_up`, then the caught-up rows: `tf.gather(table, flat rows)` in the same op.
+
+    The catch-up has the rows in cache under the table's lock; returning
+    them saves the lookup's separate gather. The gradient with respect to
+    `table` is the gather's (`IndexedSlices` over `rows`), so a tape sees the
+    lookup as `tf.gather` would; the other inputs get none.
+
+    Returns:
+      float32 `[n, dim]`, n the number of entries of `rows`.
+    """
+    op = _op()
+    flat = _flat_rows(rows)
+    if op is None:
+        with tf.control_dependencies([lazy_catch_up_reference(table, history, flat, p_hi, p_lo, steps, stream)]):
+            return tf.gather(table, flat)
+    # A read of no rows marks `table` as accessed for any recording tape (the public
+    # way; the op takes the handle), so the gradient below reaches the variable.
+    table.sparse_read(flat[:0])
+    _, values = op.tfdp_embed_lazy_catch_up_gather(
+        table.handle, history.handle, flat, p_hi.handle, p_lo.handle, steps.handle, stream.handle
+    )
+    return values
+
+
+@tf.RegisterGradient("TfdpEmbedLazyCatchUpGather")
+def _lazy_catch_up_gather_grad(op, _, grad):
+    """As ResourceGather's: the values' gradient scattered onto `rows` of the table."""
+    shape = tf.raw_ops.VariableShape(input=op.inputs[0], out_type=tf.int64)
+    rows = tf.cast(op.inputs[2], tf.int64)
+    return [tf.IndexedSlices(grad, rows, shape)] + [None] * 6
 
 
 def lazy_catch_up_split(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
