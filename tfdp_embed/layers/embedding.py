@@ -11,7 +11,8 @@ tensor is never built.
 
 Noise mechanisms that defer noise (LazyDP) install a *read hook* with
 `set_read_hook`: it runs on the bucket ids right before rows are read, so a
-row is always brought up to date before anybody reads it.
+row is always brought up to date before anybody reads it (a hook with a
+`gather` attribute also reads the rows for the lookup, gradient included).
 
 Example:
     >>> layer = DPEmbedding(vocabulary_size=1000, output_dim=8, combiner="mean")

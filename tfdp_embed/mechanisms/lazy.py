@@ -25,7 +25,8 @@ one). Catching a row up early is always exact, so wrong lookahead ids
 only cost draws. Non-table variables get ordinary dense DP-SGD noise.
 
 Lookahead or not: without it the read hook does every catch-up, in one
-fused op just before the lookup, which then finds the rows in cache. On
+fused op that also returns the caught-up rows to the lookup (no second
+gather; `DPEmbedding.set_read_hook`, `hook.gather`). On
 the 2-core CPU of benchmarks/RESULTS.md that is the faster of the two
 (step_time over 150 steps, x the non-private step at 10^5 / 10^6 / 10^7 /
 5 10^7 rows: 1.36 / 1.32 / 1.30 / 1.35 on read against 1.43 / 1.48 / 1.56 /
@@ -35,7 +36,8 @@ pipelines where that catch-up can run beside other work.
 
 Plain SGD with aggregated generator noise (the common case) runs its
 bookkeeping in custom ops (`tfdp_embed.ops.sparse_rows`): a read-hook or
-flush catch-up is one `lazy_catch_up` that reads the step counter, step
+flush catch-up is one `lazy_catch_up` (`lazy_catch_up_gather` for a
+lookup) that reads the step counter, step
 sums and history itself and draws its noise from the step's catch-up stream
 (one generator key per step, shared with the dense noise: streams 0..n-1
 dense, n, n+1, ... catch-ups); the lookahead catch-up is the same split in
