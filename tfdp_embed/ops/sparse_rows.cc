@@ -740,9 +740,8 @@ class LazyCatchUpOp : public OpKernel {
   // into one block-sized buffer per shard and added while it is in cache. The
   // table rows are cache misses (random rows of a large table): the next
   // block's rows are prefetched while this block's noise is drawn, a slice
-  // per piece of the draw, so that the misses overlap the arithmetic without
-  // a burst of prefetches larger than the core's miss buffers (a burst of a
-  // whole block's rows before each draw left the add loop stalled on misses).
+  // per piece of the draw, so that the misses overlap the arithmetic and the
+  // prefetches never come as one burst of a whole block's rows.
   void AddNoise(OpKernelContext* ctx, const LazyPlan& plan, int64_t dim, float* tab) {
     constexpr uint64_t kChunk = tfdp_fast_normal::kChunkFloats;
     constexpr int64_t kPieces = 8;
