@@ -88,6 +88,7 @@ class SequentialConfig:
     frequency_mechanism: str = "gaussian"
     error_scale: float = 1.0
     popularity_prior: bool = False
+    head_items: int | None = None
     eval_batch: int = 512
     max_eval_users: int | None = None
     top_k: int = 10
@@ -157,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="add log p_i (the run's item frequencies, public or released) to every logit; not trained, no extra privacy cost",
     )
+    p.add_argument(
+        "--head-items",
+        type=cli_types.positive(int),
+        help="train rows only for the K most frequent items (the run's frequencies); the rest share one row "
+        "(default: every item has its own row)",
+    )
     p.add_argument("--eval-batch", type=cli_types.positive(int), default=512)
     p.add_argument("--max-eval-users", type=cli_types.positive(int), help="evaluate only the first N users (quick runs)")
     p.add_argument("--seed", type=int, help="seed for sampling, init and noise (tests/reproductions only)")
@@ -201,6 +208,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
         frequency_mechanism=a.frequency_mechanism,
         error_scale=a.error_scale,
         popularity_prior=a.popularity_prior,
+        head_items=a.head_items,
         eval_batch=a.eval_batch,
         max_eval_users=a.max_eval_users,
         seed=a.seed,
@@ -264,14 +272,18 @@ def run(config: SequentialConfig) -> SequentialResult:
             dropout=config.dropout,
             re_attention=config.model == "dpformer",
             popularity_prior=config.popularity_prior,
+            head_items=config.head_items,
         )
     )
+    item_frequencies = privacy.frequencies.frequencies
+    if config.head_items is not None:  # post-processing of the frequencies: no further privacy cost
+        model.set_item_rows(item_frequencies)
     if config.popularity_prior:  # the frequencies Re-Attention uses: no further privacy cost
         model.set_item_prior(privacy.frequencies.frequencies, min_frequency=0.5 / data.num_users)
     item_err, weight_err = effective_errors(
         noise_multiplier=privacy.noise_multiplier,
         batch_size=config.batch,
-        item_frequencies=privacy.frequencies.frequencies,
+        item_frequencies=model.row_frequencies(item_frequencies),
         min_frequency=1.0 / data.num_users,
         error_scale=config.error_scale,
     )

@@ -136,3 +136,102 @@ def test_popularity_prior_adds_log_frequencies_and_keeps_norms_exact():
         model.set_item_prior(freq[:3], min_frequency=0.01)
     with pytest.raises(ValueError, match="`min_frequency`"):
         model.set_item_prior(freq, min_frequency=0.0)
+
+
+def _head_model(k, *, re_attention=False, popularity_prior=False, seed=0):
+    keras.utils.set_random_seed(seed)
+    config = SASRecConfig(
+        num_items=V, max_len=L, dim=D, blocks=2, dropout=0.0, re_attention=re_attention,
+        popularity_prior=popularity_prior, head_items=k,
+    )  # fmt: skip
+    model = SASRec(config)
+    model(IDS)
+    return model
+
+
+FREQ = np.array([0.0, 0.1, 0.3, 0.5, 0.05, 0.4, 0.2, 0.05, 0.01, 0.6, 0.02, 0.03, 0.3])  # [V + 1]
+
+
+def test_head_items_rows_follow_frequencies_and_the_tail_shares_one_row():
+    model = _head_model(4)
+    assert model.items.embeddings.shape == (6, D)  # padding, 4 head rows, 1 tail row
+    model.set_item_rows(FREQ)
+    rows = model.item_rows.numpy()
+    # Most frequent first: 9 (0.6), 3 (0.5), 5 (0.4), then 2 and 12 tie at 0.3 -> the smaller id, 2.
+    assert [rows[i] for i in (9, 3, 5, 2)] == [1, 2, 3, 4]
+    assert rows[0] == 0 and all(rows[i] == 5 for i in (1, 4, 6, 7, 8, 10, 11, 12))
+    freq_rows = model.row_frequencies(FREQ)
+    np.testing.assert_allclose(freq_rows[:5], [0.0, 0.6, 0.5, 0.4, 0.3])
+    assert freq_rows[5] == pytest.approx(min(1.0, FREQ.sum() - 0.6 - 0.5 - 0.4 - 0.3))
+    # Every item is scored by its row: item i's logit is column rows[i] of the table's logits.
+    hidden = model(IDS)
+    table_logits = model.items(hidden, mode="logits").numpy()
+    np.testing.assert_allclose(model.logits(hidden).numpy(), table_logits[..., rows], rtol=1e-6)
+    # Lookups read the rows too: two tail items give the same input.
+    a, b = IDS.copy(), IDS.copy()
+    a[1, 0], b[1, 0] = 1, 4
+    np.testing.assert_allclose(model(a).numpy(), model(b).numpy(), rtol=1e-6)
+
+
+def test_head_items_all_items_equals_the_full_table():
+    """head_items = V with rows in id order is the plain model (plus an unused tail row)."""
+    plain, head = _model(), _head_model(V)
+    head.set_item_rows(np.linspace(1.0, 0.1, V + 1))  # decreasing: item i -> row i
+    np.testing.assert_array_equal(head.item_rows.numpy(), np.arange(V + 1))
+    for src, dst in zip(plain.trainable_variables, head.trainable_variables):
+        value = src.numpy()
+        if dst.shape != value.shape:  # the item table: one extra (tail) row
+            value = np.concatenate([value, np.zeros((1, D), value.dtype)])
+        dst.assign(value)
+    np.testing.assert_allclose(
+        head.compute_loss((IDS, TARGETS)).numpy(), plain.compute_loss((IDS, TARGETS)).numpy(), rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("re_attention", [False, True])
+def test_head_items_per_example_norms_are_exact(re_attention):
+    model = _head_model(4, re_attention=re_attention, popularity_prior=True)
+    model.set_item_rows(FREQ)
+    model.set_item_prior(FREQ, min_frequency=0.01)
+    if re_attention:
+        model.set_effective_errors(np.linspace(0.0, 0.5, 6).astype(np.float32), 0.05)
+    with tf.GradientTape(persistent=True) as tape, record_taps(layers_owning_weights(model)) as taps:
+        loss = model.compute_loss((IDS, TARGETS), training=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        step = clipped_step(
+            taps, loss, tape, registry=default_registry(), fallback=vectorized_layer_gradients, l2_norm_clip=1.0
+        )
+    jac = tape.jacobian(loss, model.trainable_variables, experimental_use_pfor=False)
+    brute = sum(np.sum(np.square(np.reshape(tf.convert_to_tensor(j), [len(IDS), -1])), axis=1) for j in jac)
+    np.testing.assert_allclose(step.norms.numpy() ** 2, brute, rtol=2e-4, atol=1e-9)
+
+
+def test_head_items_bad_input():
+    for k in (0, V + 1, True, 2.0):
+        with pytest.raises(ValueError, match="`head_items` must be"):
+            SASRecConfig(num_items=V, head_items=k)
+    model = _head_model(4)
+    with pytest.raises(ValueError, match="`item_frequencies`"):
+        model.set_item_rows(FREQ[:5])
+    with pytest.raises(ValueError, match="`item_frequencies`"):
+        model.set_item_rows(np.where(np.arange(V + 1) == 2, np.nan, FREQ))
+    with pytest.raises(ValueError, match=r"one per table row"):
+        model.set_effective_errors(np.zeros(V + 1), 0.0)
+    with pytest.raises(ValueError, match="head_items=k"):
+        _model().set_item_rows(FREQ)
+
+
+@pytest.mark.parametrize("popularity_prior", [False, True])
+def test_head_items_loss_is_the_full_softmax_over_all_items(popularity_prior):
+    """The loss summed over rows equals the cross-entropy of `logits` (all V + 1 items)."""
+    model = _head_model(4, popularity_prior=popularity_prior)
+    model.set_item_rows(FREQ)
+    if popularity_prior:
+        model.set_item_prior(FREQ, min_frequency=0.01)
+    logits = model.logits(model(IDS)).numpy().astype(np.float64)
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    weight = TARGETS > 0
+    ce = -np.take_along_axis(log_softmax, TARGETS[..., None], axis=-1)[..., 0]
+    expected = (ce * weight).sum(1) / np.maximum(weight.sum(1), 1)
+    np.testing.assert_allclose(model.compute_loss((IDS, TARGETS)).numpy(), expected, rtol=1e-5, atol=1e-6)

@@ -106,3 +106,33 @@ def test_popularity_prior_uses_the_run_frequencies(data_file, tmp_path, monkeypa
                                    accountant="rdp", seed=3).frequencies.frequencies  # fmt: skip
     expected = np.log(np.maximum(freq, 0.5 / data.num_users))[1:]
     np.testing.assert_allclose(result.model.item_log_prior.numpy()[1:], expected, rtol=1e-6)
+
+
+def test_head_items_rows_errors_and_reloaded_saved_model(data_file, tmp_path, capsys):
+    out = tmp_path / "head"
+    args = ["--data", data_file, "--model", "dpformer", "--epsilon", "5", "--popularity-prior", "--head-items", "8",
+            "--out", str(out), *TINY]  # fmt: skip
+    result = sequential.run(sequential.parse_args(args))
+    model, report = result.model, result.report
+    assert report["settings"]["head_items"] == 8 and model.items.embeddings.shape == (10, 8)
+    data = load_sequences(data_file, max_len=6)
+    freq = sequential_privacy.plan(data, epsilon=5.0, delta=None, batch=40, epochs=1, mechanism="dense",
+                                   accountant="rdp", seed=3).frequencies.frequencies  # fmt: skip
+    rows = model.item_rows.numpy()
+    head = np.argsort(-freq[1:], kind="stable")[:8] + 1
+    np.testing.assert_array_equal(rows[head], np.arange(1, 9))
+    assert (rows[1:] == 9).sum() == data.num_items - 8
+    # Re-Attention's errors are per table row: the tail row has the summed frequency, so the smallest error.
+    errors = model.item_errors.numpy()
+    assert errors.shape == (10,) and errors[9] == pytest.approx(errors[1:].min())
+    # The SavedModel ranks every item (tail items by the shared row + their prior), reloaded in a fresh process.
+    history = [[0, 0, 3, 4, 5, 6]]
+    proc = subprocess.run(
+        [sys.executable, "-c", RELOAD, str(out / "saved_model"), json.dumps(history)],
+        capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=300, check=True,
+    )  # fmt: skip
+    served = np.array(json.loads(proc.stdout.strip().splitlines()[-1]))
+    expected = np.argsort(-model.scores(np.array(history, np.int32)).numpy()[:, 1:], axis=1, kind="stable")[:, :10] + 1
+    np.testing.assert_array_equal(np.sort(served), np.sort(expected))
+    assert sequential.main(["--data", data_file, "--out", str(tmp_path / "o"), "--head-items", "31", *TINY]) == 1
+    assert "`head_items` must be None or an int in [1, num_items=30]" in capsys.readouterr().err

@@ -4,6 +4,10 @@
     per block:  h = LN(x);  x += W_o Attn(W_q h, W_k h, W_v h);  x += W_2 ReLU(W_1 LN(x))
     hidden = LN(x);  logits_t = hidden_t E^T over ALL items   (the same E: tied input/output)
                      (+ log p, a fixed log-frequency prior, with `popularity_prior`)
+    with `head_items=k`: E has k + 2 rows (padding, the k most frequent items,
+    one shared "tail" row); item i reads and scores row r(i), logits_t[i] =
+    hidden_t E[r(i)]^T (+ log p_i), so only k + 2 rows are trained and noised,
+    and the training loss (still the softmax over all items) costs k + 2 rows
     loss_u = mean over u's non-padded positions t of CE(logits_t, s_{t+1})   (ONE value per user)
 
 Every trainable weight lives in a layer the clipping registry covers exactly
@@ -46,7 +50,8 @@ class SASRecConfig:
     """Static model settings.
 
     Attributes:
-      num_items: V; item ids are 1..V, 0 pads (the table has V + 1 rows).
+      num_items: V; item ids are 1..V, 0 pads (the table has V + 1 rows, or
+        head_items + 2).
       max_len: L, the input length.
       dim: model dimension d (64 in DPFormer).
       blocks: Transformer blocks (2).
@@ -67,6 +72,7 @@ class SASRecConfig:
     re_attention: bool = False
     layer_norm_epsilon: float = 1e-6
     popularity_prior: bool = False
+    head_items: int | None = None
 
     def __post_init__(self):
         for name in ("num_items", "max_len", "dim", "blocks"):
@@ -75,6 +81,14 @@ class SASRecConfig:
                 raise ValueError(f"`{name}` must be an int >= 1; received {value!r}.")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"`dropout` must lie in [0, 1); received {self.dropout!r}.")
+        k = self.head_items
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.num_items):
+            raise ValueError(f"`head_items` must be None or an int in [1, num_items={self.num_items}]; received {k!r}.")
+
+    @property
+    def table_rows(self) -> int:
+        """Rows of the item table: num_items + 1, or head_items + 2 (padding, head, tail)."""
+        return self.num_items + 1 if self.head_items is None else self.head_items + 2
 
     def get_config(self) -> dict:
         return dataclasses.asdict(self)
@@ -122,7 +136,7 @@ class SASRec(keras.Model):
         super().__init__(name=kwargs.pop("name", "dpformer" if config.re_attention else "sasrec"), **kwargs)
         self.config = config
         self.items = SharedEmbedding(
-            config.num_items + 1,
+            config.table_rows,
             config.dim,
             padding_id=0,
             embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
@@ -137,19 +151,67 @@ class SASRec(keras.Model):
         self.final_norm = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="final_norm")
         # Re-Attention's effective errors: data, not trainable (DPFormer Claims 4.3-4.4).
         self.item_errors = tf.Variable(
-            tf.zeros([config.num_items + 1]), trainable=False, name="item_effective_errors"
+            tf.zeros([config.table_rows]), trainable=False, name="item_effective_errors"
         )
+        # Item id -> table row (`head_items`): until `set_item_rows`, ids 1..k are the head.
+        self.item_rows = None
+        if config.head_items is not None:
+            default = np.minimum(np.arange(config.num_items + 1), config.head_items + 1)
+            self.item_rows = tf.Variable(default.astype(np.int32), trainable=False, name="item_rows")
         self.weight_error = tf.Variable(0.0, trainable=False, name="weight_effective_error")
         # log p_i added to the logits when `config.popularity_prior` (zeros until set).
         self.item_log_prior = tf.Variable(tf.zeros([config.num_items + 1]), trainable=False, name="item_log_prior")
 
+    # -- head items ------------------------------------------------------------------
+    def set_item_rows(self, item_frequencies) -> None:
+        """Gives the `head_items` most frequent items their own rows; all others share the tail row.
+
+        Args:
+          item_frequencies: `[V + 1]` frequencies (index 0 pads); ties go to the
+            smaller id. Public, or a DP release (then this is post-processing).
+
+        Raises:
+          ValueError: without `head_items` in the config, or for bad shapes/values.
+        """
+        if self.item_rows is None:
+            raise ValueError("`set_item_rows` needs SASRecConfig(head_items=k); every item has its own row otherwise.")
+        freq = np.asarray(item_frequencies, np.float64)
+        if freq.shape != (self.config.num_items + 1,) or np.any(~np.isfinite(freq)):
+            raise ValueError(
+                f"`item_frequencies` must be finite and of shape ({self.config.num_items + 1},); "
+                f"received shape {freq.shape}."
+            )
+        k = self.config.head_items
+        order = np.argsort(-freq[1:], kind="stable") + 1  # item ids, most frequent first
+        rows = np.full(self.config.num_items + 1, k + 1, np.int32)
+        rows[0] = 0
+        rows[order[:k]] = np.arange(1, k + 1, dtype=np.int32)
+        self.item_rows.assign(rows)
+
+    def row_frequencies(self, item_frequencies) -> np.ndarray:
+        """Item frequencies `[V + 1]` -> per table row `[table_rows]` (the tail row: min(1, sum of its items)).
+
+        Without `head_items` the rows are the items and the frequencies are returned unchanged.
+        """
+        freq = np.asarray(item_frequencies, np.float64)
+        if self.item_rows is None:
+            return freq
+        out = np.zeros(self.config.table_rows)
+        np.add.at(out, self.item_rows.numpy(), freq)
+        out[0] = freq[0]
+        return np.minimum(out, 1.0)
+
+    def _rows(self, ids):
+        return ids if self.item_rows is None else tf.gather(self.item_rows, tf.cast(ids, tf.int32))
+
     # -- Re-Attention setup -----------------------------------------------------------
     def set_effective_errors(self, item_errors, weight_error: float) -> None:
-        """Sets sigma_eff per item `[V + 1]` and for every other weight (`effective_errors`)."""
+        """Sets sigma_eff per table row `[table_rows]` and for every other weight (`effective_errors`)."""
         item_errors = np.asarray(item_errors, np.float32)
-        if item_errors.shape != (self.config.num_items + 1,) or np.any(~np.isfinite(item_errors)) or item_errors.min() < 0:
+        rows = self.config.table_rows
+        if item_errors.shape != (rows,) or np.any(~np.isfinite(item_errors)) or item_errors.min() < 0:
             raise ValueError(
-                f"`item_errors` must be finite, >= 0 and of shape ({self.config.num_items + 1},); "
+                f"`item_errors` must be finite, >= 0 and of shape ({rows},) (one per table row); "
                 f"received shape {item_errors.shape}."
             )
         if not weight_error >= 0:
@@ -196,10 +258,11 @@ class SASRec(keras.Model):
         ids = self._check_ids(ids)
         mask = tf.cast(ids > 0, tf.float32)
         positions = tf.broadcast_to(tf.range(self.config.max_len)[None], tf.shape(ids))
-        x = (self.items(ids) + self.positions(positions)) * mask[..., None]
+        rows = self._rows(ids)
+        x = (self.items(rows) + self.positions(positions)) * mask[..., None]
         var = None
         if self.config.re_attention:
-            var = (tf.square(tf.gather(self.item_errors, ids)) + tf.square(self.weight_error)) * mask
+            var = (tf.square(tf.gather(self.item_errors, rows)) + tf.square(self.weight_error)) * mask
         x = self.embedding_dropout(x, training=training)
         for block in self.blocks:
             x, var = self._block(block, x, var, mask, training)
@@ -235,8 +298,13 @@ class SASRec(keras.Model):
         return x, var
 
     def logits(self, hidden):
-        """`hidden [..., d] @ E^T` (+ the log-frequency prior) -> `[..., V + 1]` over every item (shared table)."""
+        """`hidden [..., d] @ E^T` (+ the log-frequency prior) -> `[..., V + 1]` over every item (shared table).
+
+        With `head_items`, item i's logit is that of its row (its own or the shared tail row).
+        """
         logits = self.items(hidden, mode="logits")
+        if self.item_rows is not None:
+            logits = tf.gather(logits, self.item_rows, axis=-1)
         if self.config.popularity_prior:  # a constant: the table's logits gradient is unchanged
             logits = logits + tf.cast(self.item_log_prior, logits.dtype)
         return logits
@@ -253,10 +321,29 @@ class SASRec(keras.Model):
         """
         ids, targets = data
         targets = tf.cast(targets, tf.int32)
-        logits = self.logits(self(ids, training=training))
-        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+        hidden = self(ids, training=training)
+        if self.item_rows is None:
+            ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=self.logits(hidden))
+        else:
+            ce = self._head_cross_entropy(hidden, targets)
         weight = tf.cast(targets > 0, ce.dtype)
         return tf.reduce_sum(ce * weight, axis=1) / tf.maximum(tf.reduce_sum(weight, axis=1), 1.0)
+
+    def _head_cross_entropy(self, hidden, targets):
+        """The cross-entropy over all V + 1 items, computed over the table's head_items + 2 rows.
+
+        Items sharing a row differ only by their prior b_i, so
+        logsumexp_i(z_r(i) + b_i) = logsumexp_r(z_r + c_r) with c_r = logsumexp_{i in r} b_i,
+        and CE = that - z_r(t) - b_t: exactly the full softmax (`logits`), at the cost of the rows.
+        """
+        table_logits = self.items(hidden, mode="logits")  # [B, L, rows]
+        prior = self.item_log_prior if self.config.popularity_prior else tf.zeros_like(self.item_log_prior)
+        rows, num_rows = self.item_rows, self.config.table_rows
+        top = tf.math.unsorted_segment_max(prior, rows, num_rows)
+        offsets = top + tf.math.log(tf.math.unsorted_segment_sum(tf.exp(prior - tf.gather(top, rows)), rows, num_rows))
+        log_partition = tf.reduce_logsumexp(table_logits + tf.cast(offsets, table_logits.dtype), axis=-1)
+        target_logit = tf.gather(table_logits, tf.gather(rows, targets), batch_dims=2) + tf.gather(prior, targets)
+        return log_partition - target_logit
 
     def scores(self, histories, training=False):
         """`[B, V + 1]` next-item scores after each history (the last position's hidden state)."""
