@@ -175,12 +175,7 @@ class SASRec(keras.Model):
         """
         if self.item_rows is None:
             raise ValueError("`set_item_rows` needs SASRecConfig(head_items=k); every item has its own row otherwise.")
-        freq = np.asarray(item_frequencies, np.float64)
-        if freq.shape != (self.config.num_items + 1,) or np.any(~np.isfinite(freq)):
-            raise ValueError(
-                f"`item_frequencies` must be finite and of shape ({self.config.num_items + 1},); "
-                f"received shape {freq.shape}."
-            )
+        freq = self._item_frequencies(item_frequencies)
         k = self.config.head_items
         order = np.argsort(-freq[1:], kind="stable") + 1  # item ids, most frequent first
         rows = np.full(self.config.num_items + 1, k + 1, np.int32)
@@ -188,12 +183,22 @@ class SASRec(keras.Model):
         rows[order[:k]] = np.arange(1, k + 1, dtype=np.int32)
         self.item_rows.assign(rows)
 
+    def _item_frequencies(self, item_frequencies) -> np.ndarray:
+        """`[V + 1]` finite frequencies as float64, or ValueError."""
+        freq = np.asarray(item_frequencies, np.float64)
+        if freq.shape != (self.config.num_items + 1,) or np.any(~np.isfinite(freq)):
+            raise ValueError(
+                f"`item_frequencies` must be finite and of shape ({self.config.num_items + 1},); "
+                f"received shape {freq.shape}."
+            )
+        return freq
+
     def row_frequencies(self, item_frequencies) -> np.ndarray:
         """Item frequencies `[V + 1]` -> per table row `[table_rows]` (the tail row: min(1, sum of its items)).
 
         Without `head_items` the rows are the items and the frequencies are returned unchanged.
         """
-        freq = np.asarray(item_frequencies, np.float64)
+        freq = self._item_frequencies(item_frequencies)
         if self.item_rows is None:
             return freq
         out = np.zeros(self.config.table_rows)
@@ -232,12 +237,7 @@ class SASRec(keras.Model):
         """
         if not self.config.popularity_prior:
             raise ValueError("`set_item_prior` needs SASRecConfig(popularity_prior=True); the logits ignore it otherwise.")
-        freq = np.asarray(item_frequencies, np.float64)
-        if freq.shape != (self.config.num_items + 1,) or np.any(~np.isfinite(freq)):
-            raise ValueError(
-                f"`item_frequencies` must be finite and of shape ({self.config.num_items + 1},); "
-                f"received shape {freq.shape}."
-            )
+        freq = self._item_frequencies(item_frequencies)
         if not (isinstance(min_frequency, (int, float)) and 0 < min_frequency <= 1):
             raise ValueError(f"`min_frequency` must be in (0, 1]; received {min_frequency!r}.")
         prior = np.log(np.maximum(freq, min_frequency))
