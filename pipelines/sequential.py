@@ -279,7 +279,7 @@ def run(config: SequentialConfig) -> SequentialResult:
     if config.head_items is not None:  # post-processing of the frequencies: no further privacy cost
         model.set_item_rows(item_frequencies)
     if config.popularity_prior:  # the frequencies Re-Attention uses: no further privacy cost
-        model.set_item_prior(privacy.frequencies.frequencies, min_frequency=0.5 / data.num_users)
+        model.set_item_prior(item_frequencies, min_frequency=0.5 / data.num_users)
     item_err, weight_err = effective_errors(
         noise_multiplier=privacy.noise_multiplier,
         batch_size=config.batch,
