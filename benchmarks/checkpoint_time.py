@@ -18,6 +18,9 @@ Per vocabulary size, in one process, `--repeats` rounds of:
     (the design this library did NOT choose, see
     `tfdp_embed.checkpointing.training_state`) would add to every save.
 Medians and min/max over the rounds; bytes on disk; peak RSS of the process.
+Outputs: `--json`, `--png` (median seconds per operation and vocabulary;
+both default to new files of this run under `benchmarks/results/`) and a
+section appended to `--results-md`.
 
 Run:
     python -m benchmarks.checkpoint_time --vocab 100000,1000000 --repeats 5
@@ -36,6 +39,8 @@ import statistics
 import sys
 import tempfile
 import time
+
+from benchmarks import outputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -176,6 +181,42 @@ def markdown_section(document: dict) -> str:
     return "\n".join(lines)
 
 
+_OPERATIONS = (
+    ("save", "save (DP)"), ("plain_write", "plain write"), ("restore", "restore (DP)"),
+    ("plain_read", "plain read"), ("flush", "flush (not done)"),
+)  # fmt: skip
+
+
+def plot(document: dict, path: str) -> None:
+    """Bar chart: median seconds (min-max as error bars) of each operation, one group per vocabulary."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in document["rows"] if "error" not in r]
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    width = 0.8 / len(_OPERATIONS)
+    for index, (key, label) in enumerate(_OPERATIONS):
+        x = [i + (index - (len(_OPERATIONS) - 1) / 2) * width for i in range(len(rows))]
+        median = [r[key]["median_s"] for r in rows]
+        low = [r[key]["median_s"] - r[key]["min_s"] for r in rows]
+        high = [r[key]["max_s"] - r[key]["median_s"] for r in rows]
+        ax.bar(x, median, width, yerr=[low, high], capsize=2, label=label)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r['vocab']:,} rows" for r in rows])
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds (median; bars: min–max)")
+    m = document["machine"]
+    ax.set_title(f"LazyDP checkpoint vs plain tf.train.Checkpoint — {m['nproc']} cores, {m['date_utc'][:10]}",
+                 fontsize=9)  # fmt: skip
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", default="100000,1000000", help="comma-separated table sizes")
@@ -184,16 +225,17 @@ def parse_args(argv):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--tmp", default=None, help="directory for the checkpoints (default: system temp)")
-    parser.add_argument("--json", default=os.path.join(REPO, "benchmarks", "checkpoint_time.json"))
-    parser.add_argument(
-        "--results-md",
-        default=os.path.join(REPO, "benchmarks", "RESULTS.md"),
-        help="RESULTS.md to append to ('' to skip)",
-    )
+    parser.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/")
+    parser.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    parser.add_argument("--results-md", default=outputs.RESULTS_MD, help="RESULTS.md to append to ('' to skip)")
     args = parser.parse_args(argv)
     args.vocab = [int(float(v)) for v in args.vocab.split(",")]
     if args.repeats < 1 or args.dim < 1 or args.batch < 1 or min(args.vocab) < 1:
         parser.error("--repeats, --dim, --batch and every --vocab must be >= 1")
+    outputs.resolve(
+        parser, args, benchmark="checkpoint_time", tag=outputs.range_tag(args.vocab),
+        files={"json": ".json", "png": ".png"},
+    )  # fmt: skip
     return args
 
 
@@ -216,17 +258,19 @@ def main(argv=None) -> int:
     machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     document = {
         "command": "python -m benchmarks.checkpoint_time " + shlex.join(argv),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "results_md")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png", "results_md")},
         "machine": machine,
         "rows": rows,
     }
-    with open(args.json, "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=1)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)
+    if args.png:
+        plot(document, args.png)
     section = markdown_section(document)
     print(section)
     if args.results_md:
-        with open(args.results_md, "a", encoding="utf-8") as handle:
-            handle.write(section + "\n")
+        outputs.append_section(args.results_md, section, files=(args.json, args.png))
     return 0
 
 

@@ -24,9 +24,9 @@ of 16 units (a small model, so that the data dominates what grows), batch
 accounting, streaming with G = `--stream-buffer-rows` // 1,024 batches per
 pass (one pass over the file covers the steps).
 
-Writes a table to stdout, `benchmarks/criteo_memory.json`,
-`benchmarks/criteo_memory.png` (peak RSS vs rows, log-log) and appends a
-section "criteo_memory" to `benchmarks/RESULTS.md`.
+Writes a table to stdout, `--json`, `--png` (peak RSS vs rows, log-log; both
+default to new files of this run under `benchmarks/results/`) and appends a
+section "criteo_memory" to `--results-md` (`benchmarks/RESULTS.md`).
 """
 
 from __future__ import annotations
@@ -41,9 +41,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from benchmarks import cli_args, outputs
 from benchmarks.machine import machine_info
-
-from benchmarks import cli_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTINGS = [
@@ -149,7 +148,7 @@ def plot(results: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def markdown(results: list[dict], *, command: str, info: dict, args, minutes: float, png: str) -> str:
+def markdown(results: list[dict], *, command: str, info: dict, args, minutes: float, png: str, json_path: str) -> str:
     v = info["versions"]
     ok = [r for r in results if "error" not in r]
 
@@ -196,7 +195,7 @@ def markdown(results: list[dict], *, command: str, info: dict, args, minutes: fl
         "",
         table(results),
         "",
-        f"Plot: `{png}`. JSON: `benchmarks/criteo_memory.json`.",
+        f"Plot: `{png}`. JSON: `{json_path}`.",
         "",
     ]
     return "\n".join(lines)
@@ -219,10 +218,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--workdir", default="/tmp/tfdp_criteo_memory")
     parser.add_argument("--keep-files", action="store_true")
-    parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "criteo_memory.json"))
-    parser.add_argument("--png", default=os.path.join(ROOT, "benchmarks", "criteo_memory.png"))
-    parser.add_argument("--results-md", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"), help="'' to skip")
+    parser.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/")
+    parser.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    parser.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' to skip")
     args = parser.parse_args(argv)
+    outputs.resolve(
+        parser, args, benchmark="criteo_memory", tag=f"rows{outputs.range_tag(args.rows)}",
+        files={"json": ".json", "png": ".png"},
+    )  # fmt: skip
     if os.path.abspath(args.workdir).startswith(ROOT + os.sep):
         parser.error("--workdir must lie outside the repository (the data files are large).")
     command = "python -m benchmarks.criteo_memory " + shlex.join(argv if argv is not None else sys.argv[1:])
@@ -279,14 +282,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.keep_files:
         shutil.rmtree(args.workdir, ignore_errors=True)
     print(table(results))
-    with open(args.json, "w") as f:
-        json.dump({"command": command, "machine": info, "results": results}, f, indent=2)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": command, "machine": info, "results": results}, f, indent=2)
     if args.png:
         plot(results, args.png)
     if args.results_md:
-        section = markdown(results, command=command, info=info, args=args, minutes=minutes, png=os.path.relpath(args.png, ROOT))
-        with open(args.results_md, "a") as f:
-            f.write(section)
+        section = markdown(
+            results, command=command, info=info, args=args, minutes=minutes,
+            png=outputs.shown_path(args.png) if args.png else "not written",
+            json_path=outputs.shown_path(args.json) if args.json else "not written",
+        )  # fmt: skip
+        outputs.append_section(args.results_md, section, files=(args.json, args.png))
     print(f"{len(results)} runs in {minutes:.1f} min; JSON {args.json}", flush=True)
     return 0
 

@@ -8,11 +8,12 @@ epsilon (delta = 1/N, N = 7,200) and each seed, it runs the pipeline
 and evaluates on `dev.tsv` + `test.tsv` together (800 rows; no hyperparameter
 is tuned on them), then
 
-* appends a section to `benchmarks/RESULTS.md` (date, exact command,
-  machine, settings, table of AUC and gradient-size reduction, and what
-  7,200 rows can and cannot show);
-* writes `benchmarks/criteo_privacy_utility.png` (AUC vs epsilon, one line per
-  mechanism, the non-private AUC as a band) and `benchmarks/criteo_realdata.json`.
+* appends a section to `--results-md` (`benchmarks/RESULTS.md`: date, exact
+  command, machine, settings, table of AUC and gradient-size reduction, and
+  what 7,200 rows can and cannot show);
+* writes `--png` (AUC vs epsilon, one line per mechanism, the non-private AUC
+  as a band) and `--json`, by default new files of this run under
+  `benchmarks/results/`.
 
 Settings chosen for 7,200 rows (and said so in the results): 1,000 hash
 buckets per categorical feature (the Kaggle sample has up to a few thousand
@@ -41,7 +42,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from benchmarks import cli_args
+from benchmarks import cli_args, outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "criteo")
@@ -346,9 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=cli_args.ints, default=(0, 1))
     parser.add_argument("--mechanisms", default=",".join(MECHANISMS))
     parser.add_argument("--out", default=os.path.join(ROOT, "runs", "criteo_realdata"), help="run directories")
-    parser.add_argument("--results-md", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"), help="'' to skip")
-    parser.add_argument("--png", default=os.path.join(ROOT, "benchmarks", "criteo_privacy_utility.png"))
-    parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "criteo_realdata.json"))
+    parser.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' to skip")
+    parser.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    parser.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     parser.add_argument("--from-json", help="re-render the table and plot from a previous run's JSON (no training)")
     parser.add_argument(
         "--deadline-minutes",
@@ -363,7 +364,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.from_json:
+        outputs.resolve(parser, args, benchmark="criteo_realdata", tag="render", files={"png": ".png"})
         return _render_only(args)
+    outputs.resolve(
+        parser, args, benchmark="criteo_realdata", tag="seeds" + "-".join(map(str, args.seeds)),
+        files={"json": ".json", "png": ".png"},
+    )  # fmt: skip
     missing = [f for f in ("train.tsv", "dev.tsv", "test.tsv") if not os.path.exists(os.path.join(args.data, f))]
     if missing:
         parser.error(f"the Criteo sample is not available: {args.data} lacks {missing} (it lives in ../shared/data).")
@@ -433,14 +439,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         epsilons=args.epsilons,
         seeds=args.seeds,
         minutes=minutes,
-        png=os.path.relpath(args.png, ROOT) if args.png else "not written",
+        png=outputs.shown_path(args.png) if args.png else "not written",
         diagnosis=diagnosis,
     )
     if skipped:
         section += "\nNot measured (no new run was started after --deadline-minutes): " + ", ".join(skipped) + ".\n"
     if args.results_md:
-        with open(args.results_md, "a") as f:
-            f.write("\n" + section)
+        outputs.append_section(args.results_md, section, files=(args.json, args.png))
     print(section)
     return 0
 
@@ -462,7 +467,7 @@ def _render_only(args) -> int:
         epsilons=epsilons,
         seeds=seeds,
         minutes=minutes,
-        png=os.path.relpath(args.png, ROOT) if args.png else "not written",
+        png=outputs.shown_path(args.png) if args.png else "not written",
         diagnosis=diagnosis_markdown(saved["diagnosis"], summary.get(("none", None))) if saved.get("diagnosis") else "",
     )
     print(section)

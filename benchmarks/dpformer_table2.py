@@ -7,11 +7,13 @@ Each (model, epsilon) is one `python -m pipelines.sequential` run in its own
 process, one after the other (`--parallel N`: up to N at once, which makes
 each run's step time longer on a small machine), with the same settings; its `report.json` is kept under `--work`, so an
 interrupted benchmark resumes where it stopped and `--summarize` rebuilds
-the table from whatever finished. The summary goes to
-`benchmarks/dpformer_table2.json`, a PNG of NDCG@10 vs epsilon
-(`benchmarks/dpformer_table2.png`) and, with `--results-md`, one appended
-section of `benchmarks/RESULTS.md`. Runs that did not finish are listed as
-missing, never filled in.
+the table from whatever finished. The summary goes to `--json`, a PNG of
+NDCG@10 vs epsilon (`--png`; both default to new files of this run under
+`benchmarks/results/`) and, with `--results-md`, one section appended to
+`benchmarks/RESULTS.md`. Runs that did not finish are listed as missing,
+never filled in. The section states the item-frequency source each run's
+report.json records (the frequencies feed Re-Attention, `--popularity-prior`
+and `--head-items`).
 
 Paper (DPFormer Table 2, NDCG@10 / HIT@10 in %, 100 epochs, tuned lr and batch):
     eps 5: Transformer 1.37 / 2.47, DPFormer 1.64 / 3.01
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks import outputs
 from benchmarks.machine import machine_info
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,6 +136,7 @@ def summarize(a, reports: dict) -> dict:
                 "median_step_s": r.get("median_step_s"),
                 "peak_rss_mb": r.get("peak_rss_mb"),
                 "loss_per_epoch": r.get("loss_per_epoch"),
+                "item_frequencies": r.get("item_frequencies"),
             }
         )
     return {"rows": rows, "missing": missing}
@@ -180,6 +184,7 @@ def plot(summary, path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def markdown(a, summary, info, command) -> str:
@@ -195,7 +200,7 @@ def markdown(a, summary, info, command) -> str:
         f"Settings (same for every run): {a.epochs} epoch(s), expected batch {a.batch} (Poisson over users), max length "
         f"{a.max_len}, peak lr {a.lr} (Adam, weight decay 1e-5, 20% warm-up then linear decay), dropout {a.dropout}, "
         "clip 1.0, d=64, 1 head, 2 blocks, shared input/output item table, delta = 1/N (N = 31,013 users), PLD "
-        "accountant, user-level DP, item frequencies public (DPFormer Remark A.2), effective-error scale 1"
+        f"accountant, user-level DP, {frequency_words(summary['rows'])}, effective-error scale 1"
         + ("; every model adds the fixed log item-frequency prior to its logits (`--popularity-prior`: the same "
            "public frequencies, not trained)" if a.popularity_prior else "")
         + (f"; the item table has rows for the {a.head_items:,} most frequent items only (`--head-items`, chosen "
@@ -234,8 +239,22 @@ def markdown(a, summary, info, command) -> str:
         ]
     if summary["missing"]:
         lines += ["", f"Missing (did not finish in the time available; not estimated): {', '.join(summary['missing'])}."]
-    lines += ["", f"Plot: `{os.path.relpath(a.png, ROOT)}`; data: `{os.path.relpath(a.json, ROOT)}`.", ""]
+    png = outputs.shown_path(a.png) if a.png else "not written"
+    data = outputs.shown_path(a.json) if a.json else "not written"
+    lines += ["", f"Plot: `{png}`; data: `{data}`.", ""]
     return "\n".join(lines)
+
+
+def frequency_words(rows: list) -> str:
+    """The item-frequency sources the runs' report.json files record, in words."""
+    sources = sorted({str((r.get("item_frequencies") or {}).get("source", "not recorded")) for r in rows})
+    words = "item frequencies: " + (" / ".join(sources) or "no finished run") + " (as each run's report.json records)"
+    if "public" in sources:
+        words += (
+            "; 'public' frequencies are a privacy assumption (DPFormer Remark A.2): when they were computed from "
+            "the training data the rows are NOT a valid DP result"
+        )
+    return words
 
 
 def main(argv=None) -> int:
@@ -265,9 +284,14 @@ def main(argv=None) -> int:
     p.add_argument("--summarize", action="store_true", help="only rebuild the table from finished runs")
     p.add_argument("--note", default="", help="a line added under the command (e.g. the command that ran the runs)")
     p.add_argument("--results-md", default="", help="append the section to this RESULTS.md ('' to skip)")
-    p.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "dpformer_table2.json"))
-    p.add_argument("--png", default=os.path.join(ROOT, "benchmarks", "dpformer_table2.png"))
+    p.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    p.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     a = p.parse_args(argv)
+    epsilons = "-".join(f"{e:g}" for e in a.epsilons)
+    outputs.resolve(
+        p, a, benchmark="dpformer_table2", tag=f"eps{epsilons}-ep{a.epochs}-b{a.batch}",
+        files={"json": ".json", "png": ".png"},
+    )  # fmt: skip
     if not os.path.exists(a.data):
         print(f"data file not found: {a.data} (../shared/data is needed for this benchmark)", file=sys.stderr)
         return 2
@@ -282,14 +306,15 @@ def main(argv=None) -> int:
     summary = summarize(a, reports)
     summary["popularity"] = popularity_baseline(a.data, a.max_len)
     command = "python -m benchmarks.dpformer_table2 " + shlex.join(argv if argv is not None else sys.argv[1:])
-    with open(a.json, "w") as f:
-        json.dump({"command": command, "machine": info, "settings": vars(a), **summary}, f, indent=2, default=str)
-    plot(summary, a.png)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"command": command, "machine": info, "settings": vars(a), **summary}, f, indent=2, default=str)
+    if a.png:
+        plot(summary, a.png)
     text = markdown(a, summary, info, command)
     print(text)
     if a.results_md:
-        with open(a.results_md, "a") as f:
-            f.write(text)
+        outputs.append_section(a.results_md, text, files=(a.json, a.png))
     return 0
 
 

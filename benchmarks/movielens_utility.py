@@ -10,9 +10,9 @@ sigma (EANA has no epsilon: the sigma is DP-SGD's). Every run: precision@k /
 recall@k for k in 1, 5, 10, 20 ranking all 1,682 items for every position of
 the 189 test users, epsilon (DP mechanisms), EANA's data-dependent bound,
 steps, median step time, wall time. Then it appends a "movielens" section
-to `benchmarks/RESULTS.md` (command, date, machine, versions, table), writes
-`benchmarks/movielens_utility.json` and `benchmarks/movielens_utility.png`
-(precision@k vs k, one line per run).
+to `--results-md` (`benchmarks/RESULTS.md`: command, date, machine, versions,
+table), writes `--json` and `--png` (precision@k vs k, one line per run; both
+default to new files of this run under `benchmarks/results/`).
 
 One seed per setting: the run-to-run spread is not measured, and the section says so.
 
@@ -30,6 +30,8 @@ import resource
 import shlex
 import sys
 import time
+
+from benchmarks import outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KS = (1, 5, 10, 20)
@@ -192,16 +194,14 @@ def main(argv=None) -> int:
         help="SGD rate of the noised runs (default: pipeline's)",
     )
     p.add_argument("--data", default=None)
-    p.add_argument(
-        "--json", default=os.path.join(ROOT, "benchmarks", "movielens_utility.json")
-    )
-    p.add_argument(
-        "--png", default=os.path.join(ROOT, "benchmarks", "movielens_utility.png")
-    )
-    p.add_argument(
-        "--results-md", default=os.path.join(ROOT, "benchmarks", "RESULTS.md")
-    )
+    p.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    p.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    p.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' skips")
     args = p.parse_args(argv)
+    outputs.resolve(
+        p, args, benchmark="movielens_utility", tag=f"eps{args.epsilon:g}-ep{args.epochs}",
+        files={"json": ".json", "png": ".png"},
+    )  # fmt: skip
     sys.path.insert(0, ROOT)
     from benchmarks.machine import machine_info
     from pipelines import movielens
@@ -248,13 +248,14 @@ def main(argv=None) -> int:
     }  # fmt: skip
     result = {"command": command, "machine": info, "config": config, "data": data.summary(), "runs": rows,
               "peak_rss_mb": peak_mb}  # fmt: skip
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=2, default=str)
-    _plot(rows, args.png)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+    if args.png:
+        _plot(rows, args.png)
     section = _markdown(command, info, config, rows, data.summary(), peak_mb)
     if args.results_md:
-        with open(args.results_md, "a", encoding="utf-8") as f:
-            f.write("\n" + section)
+        outputs.append_section(args.results_md, section, files=(args.json, args.png))
     print(section)
     return 0
 

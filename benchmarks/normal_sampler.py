@@ -20,7 +20,9 @@ sampler once, in a fresh random order, so all see the same machine load
 (the machine is shared). Reported: median, p10, p90 ns per float, and the
 ratio of tf_generator_normal's median to each median.
 
-Outputs: a table on stdout and, with `--results-md`, one section appended
+Outputs: a table on stdout, `--json` (rows, command, machine) and `--png`
+(median ns per float per sampler; both default to new files of this run
+under `benchmarks/results/`) and, with `--results-md`, one section appended
 (a single write, after re-reading the file) with the date, command,
 machine (nproc, CPU model, load average at start and end) and versions.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import random
@@ -40,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import outputs
 from tfdp_embed._keras import tf
 from tfdp_embed.ops import fast_normal
 
@@ -177,9 +181,14 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=40, help="timed rounds (>= 30 for the protocol)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--results-md", default=None, help="append a section to this Markdown file")
+    parser.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    parser.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     parser.add_argument("--note", action="append", default=[], help="free text added to the section (repeatable)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
+    outputs.resolve(
+        parser, args, benchmark="normal_sampler", tag=outputs.range_tag(sizes), files={"json": ".json", "png": ".png"}
+    )
 
     flags = _cpu_flags()
     isas = [isa for isa, flag in (("avx512", "avx512f"), ("avx2", "avx2"), ("portable", None)) if flag is None or flag in flags]
@@ -214,8 +223,19 @@ def main(argv=None) -> int:
     if reason:
         print(f"fast_normal unavailable: {reason}")
 
+    command = _command(argv if argv is not None else sys.argv[1:])
+    if args.json:
+        document = {
+            "benchmark": "normal_sampler", "command": command, "date_utc": started, "cpu_model": _cpu_model(),
+            "nproc": os.cpu_count(), "isas": isas, "load_average_at_start": load_start, "load_average_at_end": load_end,
+            "versions": {"python": platform.python_version(), "tensorflow": tf.__version__, "numpy": np.__version__},
+            "commit": _git("rev-parse", "HEAD").strip() or "unknown", "fast_normal_unavailable": reason, "rows": rows,
+        }  # fmt: skip
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)
+    if args.png:
+        plot(rows, args.png, title=f"Gaussian sampling, ns per float32 — {os.cpu_count()} cores, {started[:10]}")
     if args.results_md:
-        command = _command(argv if argv is not None else sys.argv[1:])
         dirty = [line[3:] for line in _git("status", "--porcelain", "--", "tfdp_embed").splitlines() if line.strip()]
         threads = tf.config.threading.get_intra_op_parallelism_threads()
         section = "\n".join([
@@ -242,19 +262,35 @@ def main(argv=None) -> int:
             "",
             *[f"{note}\n" for note in args.note],  # "(--note)" texts, verbatim
         ])
-        path = Path(args.results_md)
-        existing = path.read_text() if path.exists() else ""  # re-read just before the one write
-        if not existing:  # same header as benchmarks/step_time.py writes
-            prefix = (
-                "# Benchmark results\n\nProtocol: `../shared/BENCHMARKS.md`. Every section is one run; "
-                "\"not measured\" means exactly that (never an estimate).\n\n"
-            )
-        else:
-            prefix = "" if existing.endswith("\n\n") else ("\n" if existing.endswith("\n") else "\n\n")
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(prefix + section)
-        print(f"appended to {path}")
+        outputs.append_section(args.results_md, section, files=(args.json, args.png))
+        print(f"appended to {args.results_md}")
     return 0
+
+
+def plot(rows: list, path: str, *, title: str) -> None:
+    """Horizontal bars: median ns per float per sampler (p10-p90 as error bars), one panel per size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({r["n"] for r in rows})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), dpi=120, squeeze=False)
+    for ax, n in zip(axes[0], sizes):
+        mine = [r for r in rows if r["n"] == n]
+        y = range(len(mine))
+        ax.barh(y, [r["median"] for r in mine], xerr=[[r["median"] - r["p10"] for r in mine],
+                [r["p90"] - r["median"] for r in mine]], capsize=2, color="tab:blue")  # fmt: skip
+        ax.set_yticks(list(y))
+        ax.set_yticklabels([r["sampler"] for r in mine], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("ns per float32 (median; bars p10–p90)")
+        ax.set_title(f"{n:,} floats per call", fontsize=9)
+        ax.grid(True, axis="x", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ RSS passes `--max-gb` + 1.5 GB. Estimates are used only to skip:
 
 Outputs: a table on stdout, `--json`, a section appended to `--results-md`,
 and a PNG (`--png`) of step time, and of the memory each DP method adds over
-the non-private step, against batch size.
+the non-private step, against batch size (`--json` and `--png` default to new
+files of this run under `benchmarks/results/`).
 
 References: DPFormer (Zhao et al.) §3.2, Fig. 3 and App. A.2 (Phantom Clipping;
 "DP at 0.68x non-private throughput"); BENCHMARKS.md (protocol).
@@ -57,7 +58,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import cli_args, machine
+from benchmarks import cli_args, machine, outputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("non_private", "phantom", "brute_force")
@@ -294,19 +295,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--l2-norm-clip", type=float, default=1.0)
     parser.add_argument("--noise-multiplier", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--json", default=os.path.join(REPO, "benchmarks", "phantom.json")
-    )
-    parser.add_argument(
-        "--png",
-        default=os.path.join(REPO, "benchmarks", "phantom.png"),
-        help="'' to skip",
-    )
-    parser.add_argument(
-        "--results-md",
-        default=os.path.join(REPO, "benchmarks", "RESULTS.md"),
-        help="'' to skip",
-    )
+    parser.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    parser.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    parser.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' to skip")
     parser.add_argument(
         "--note", default="", help="free text added to the RESULTS.md section"
     )
@@ -321,6 +312,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         )
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be >= 1")
+    if not args.worker:
+        outputs.resolve(
+            parser, args, benchmark="phantom", tag=f"v{outputs.range_tag(args.vocab)}-{'-'.join(args.positions)}",
+            files={"json": ".json", "png": ".png"},
+        )  # fmt: skip
     return args
 
 
@@ -657,8 +653,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(rows, args.png, f"Phantom Clipping, dim {args.dim}, L {args.length} — "
              f"{document['machine']['nproc']} cores, {document['machine']['date_utc'][:10]}")  # fmt: skip
     if args.results_md:
-        with open(args.results_md, "a", encoding="utf-8") as handle:
-            handle.write(markdown_section(document) + "\n")
+        outputs.append_section(args.results_md, markdown_section(document), files=(args.json, args.png))
     return 0
 
 

@@ -13,12 +13,12 @@ control group of never-inserted sequences. For each run it records rank
 exposure log2(n) - log2(m), extrapolated exposure (skew-normal fit), and
 precision@k / recall@k on the test users, then
 
-* appends a section to `benchmarks/RESULTS.md` (command, date, machine,
-  versions, settings, tables, EANA's data-dependent bound, and what the
-  numbers can and cannot show);
-* writes `benchmarks/secret_sharer.json`, `benchmarks/secret_sharer_exposure.png`
-  (mean exposure vs insertion count, one line per run) and
-  `benchmarks/secret_sharer_precision.png` (precision@k vs k).
+* appends a section to `--results-md` (`benchmarks/RESULTS.md`: command,
+  date, machine, versions, settings, tables, EANA's data-dependent bound, and
+  what the numbers can and cannot show);
+* writes `--json`, `--png-exposure` (mean exposure vs insertion count, one
+  line per run) and `--png-precision` (precision@k vs k), by default new
+  files of this run under `benchmarks/results/`.
 
 Every setting is trained once (one seed): the run-to-run spread of exposure
 is not measured here, and the tables say so.
@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks import cli_args
+from benchmarks import cli_args, outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "movielens", "ml-100k", "u.data")
@@ -466,18 +466,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--verbose", type=int, default=0, help="Keras progress bar inside each run (1) or not (0)"
     )
-    parser.add_argument(
-        "--json", default=os.path.join(ROOT, "benchmarks", "secret_sharer.json"), help="'' skips"
-    )
-    parser.add_argument(
-        "--results-md", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"), help="'' skips"
-    )
-    parser.add_argument(
-        "--png-exposure", default=os.path.join(ROOT, "benchmarks", "secret_sharer_exposure.png")
-    )
-    parser.add_argument(
-        "--png-precision", default=os.path.join(ROOT, "benchmarks", "secret_sharer_precision.png")
-    )
+    parser.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    parser.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' skips")
+    parser.add_argument("--png-exposure", default=outputs.AUTO, help="'auto': a new file; '' skips")
+    parser.add_argument("--png-precision", default=outputs.AUTO, help="'auto': a new file; '' skips")
     parser.add_argument("--note", action="append", default=[], help="a sentence added under the tables")
     parser.add_argument(
         "--from-json",
@@ -487,11 +479,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "invocations made with the same canaries and candidates (each command is listed)",
     )
     args = parser.parse_args(argv)
+    files = {"json": ".json", "png_exposure": "-exposure.png", "png_precision": "-precision.png"}
     if args.from_json:
         missing = [path for path in args.from_json if not os.path.isfile(path)]
         if missing:
             parser.error(f"--from-json: {missing} do(es) not exist.")
+        outputs.resolve(parser, args, benchmark="secret_sharer", tag="render", files=files)
         return args
+    lr = f"lr{args.learning_rate:g}" if args.learning_rate > 0 else "lr-default"
+    outputs.resolve(parser, args, benchmark="secret_sharer", tag=f"{lr}-eps{args.epsilon:g}", files=files)
     mechanisms = [m for m in args.mechanisms.split(",") if m]
     unknown = sorted(set(mechanisms) - set(MECHANISMS))
     if unknown or not mechanisms:
@@ -697,8 +693,9 @@ def _write_outputs(document: dict, args) -> int:
         plot_precision(runs, args.png_precision)
     section = markdown(document)
     if args.results_md:
-        with open(args.results_md, "a") as f:
-            f.write("\n" + section)
+        outputs.append_section(
+            args.results_md, section, files=(args.json, args.png_exposure, args.png_precision)
+        )
     print(section)
     return 0
 

@@ -1,7 +1,7 @@
 """Step time of every mechanism on BENCHMARKS.md's reference workload, against the fast non-private step.
 
     python -m benchmarks.step_time --mechanisms none,dense,tfp_keras_sgd,eana,lazy,fest,adafest \\
-        --vocab 100000,1000000,10000000 --dim 64 --batch 1024 --steps 30 --json benchmarks/step_time.json
+        --vocab 100000,1000000,10000000 --dim 64 --batch 1024 --steps 30
 
 Workload: one `vocab x dim` float32 table, 4 ids per example mean-pooled
 (uniform ids, or Zipf with `--zipf A`), Dense(64, relu) -> Dense(1),
@@ -60,7 +60,9 @@ dense DP-SGD) over the mechanism's median, when those rows were measured in
 the same run; "not measured" otherwise.
 
 Outputs: a table on stdout, `--json` (results + machine + settings), a
-Markdown section appended to `--results-md`, and a log-log plot `--png`.
+log-log plot `--png` (both default to new files of this run under
+`benchmarks/results/`, see `benchmarks/outputs.py`), and a Markdown section
+appended to `--results-md` under its "New measurements" heading.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import cli_args, machine
+from benchmarks import cli_args, machine, outputs
 from benchmarks.plot_step_time import plot_step_time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,9 +104,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per mechanism (>= 30 for results)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--zipf", type=float, default=None, help="Zipf exponent A (> 0); uniform ids when absent")
-    parser.add_argument("--json", default=os.path.join(REPO, "benchmarks", "step_time.json"))
-    parser.add_argument("--results-md", default=os.path.join(REPO, "benchmarks", "RESULTS.md"), help="'' to skip")
-    parser.add_argument("--png", default=os.path.join(REPO, "benchmarks", "step_time.png"), help="'' to skip")
+    parser.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/")
+    parser.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' to skip")
+    parser.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' to skip")
     parser.add_argument("--max-seconds-per-mechanism", type=float, default=120.0)
     parser.add_argument("--isolation", choices=("mechanism", "vocab"), default="mechanism")
     parser.add_argument(
@@ -141,6 +143,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--zipf must be > 0")
     if args.adafest_noise_rows < 0:
         parser.error("--adafest-noise-rows must be >= 0 (0 turns the adafest@R rows off)")
+    ids = f"zipf{args.zipf:g}" if args.zipf else "uniform"
+    outputs.resolve(
+        parser, args, benchmark="step_time", tag=f"{ids}-{outputs.range_tag(args.vocab)}",
+        files={"json": ".json", "png": ".png"},
+    )  # fmt: skip
     return args
 
 
@@ -623,23 +630,11 @@ def markdown_section(document: dict) -> str:
             speedup_table(document["results"]),
             "",
         ]
+    if document.get("json"):
+        lines += [f"JSON: `{outputs.shown_path(document['json'])}`."]
     if document.get("png"):
-        lines += [f"Plot: `{_shown_path(document['png'])}`.", ""]
-    return "\n".join(lines)
-
-
-def _shown_path(path: str) -> str:
-    relative = os.path.relpath(path, REPO)
-    return path if relative.startswith("..") else relative
-
-
-def append_results_md(path: str, section: str) -> None:
-    header = "" if os.path.exists(path) else (
-        "# Benchmark results\n\nProtocol: `../shared/BENCHMARKS.md`. Every section is one run; "
-        "\"not measured\" means exactly that (never an estimate).\n\n"
-    )
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(header + section + "\n")
+        lines += [f"Plot: `{outputs.shown_path(document['png'])}`."]
+    return "\n".join(lines + [""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -660,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     devices = sorted({d for p in processes for d in p.get("tf_devices", [])})
     document["results"] = rows
     document["png"] = os.path.abspath(args.png) if args.png else None
+    document["json"] = os.path.abspath(args.json) if args.json else None
     if devices:
         info["tf_devices"] = devices
     document["speedups_vs_dense"] = speedups_vs_dense(rows)
@@ -676,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.png:
         plot_step_time(rows, args.png, title=_plot_title(document))
     if args.results_md:
-        append_results_md(args.results_md, markdown_section(document))
+        outputs.append_section(args.results_md, markdown_section(document), files=(args.json, args.png))
     return 0
 
 

@@ -27,6 +27,9 @@ Two measurements per (mechanism, vocabulary), both over the measured steps:
     whole tensor for dense gradients), summed inside the step by a metered
     legacy SGD. This is the update payload alone.
 
+Outputs: `--json` and `--png` (default: new files of this run under
+`benchmarks/results/`) and a section appended to `--results-md`.
+
 Run:
     python -m benchmarks.traffic --vocab 10000,100000,1000000 --steps 5
 
@@ -50,6 +53,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from benchmarks import outputs  # noqa: E402 - after the path above
 
 MECHANISMS = ("none", "dense", "eana", "lazy", "adafest")
 _SOCKET = re.compile(r"^\S+\s+\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)\s+users:\(\(\"[^\"]*\",pid=(\d+)")
@@ -309,7 +314,7 @@ def markdown_section(document: dict) -> str:
                     )
     lines += ["", "Wire-byte ratios (same run): " + ("; ".join(ratios) or "not measured") + ".", ""]
     if document.get("png"):
-        lines += [f"Plot: `{os.path.relpath(document['png'], REPO)}`.", ""]
+        lines += [f"Plot: `{outputs.shown_path(document['png'])}`.", ""]
     return "\n".join(lines)
 
 
@@ -343,11 +348,6 @@ def plot(document: dict, path: str) -> None:
     plt.close(fig)
 
 
-def append_results_md(path: str, section: str) -> None:
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(section + "\n")
-
-
 # -- main -------------------------------------------------------------------------
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -365,10 +365,9 @@ def parse_args(argv):
     parser.add_argument("--adafest-ratio", type=float, default=5.0)
     parser.add_argument("--adafest-contribution-clip", type=float, default=1.0)
     parser.add_argument("--adafest-threshold", type=float, default=19.0)
-    parser.add_argument("--json", default=os.path.join(REPO, "benchmarks", "traffic.json"))
-    parser.add_argument("--png", default=os.path.join(REPO, "benchmarks", "traffic.png"))
-    parser.add_argument("--results-md", default=os.path.join(REPO, "benchmarks", "RESULTS.md"),
-                        help="RESULTS.md to append to ('' to skip)")
+    parser.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    parser.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    parser.add_argument("--results-md", default=outputs.RESULTS_MD, help="RESULTS.md to append to ('' to skip)")
     parser.add_argument("--render", metavar="JSON", help="only re-draw the plot and append the section of a saved run")
     parser.add_argument("--serve", choices=("worker", "ps"), help=argparse.SUPPRESS)
     parser.add_argument("--cluster", help=argparse.SUPPRESS)
@@ -380,6 +379,13 @@ def parse_args(argv):
         parser.error(f"--mechanisms: unknown {unknown}; allowed: {', '.join(MECHANISMS)}")
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be >= 1")
+    if not args.serve:
+        ids = f"zipf{args.zipf:g}" if args.zipf else "uniform"
+        files = {"png": ".png"} if args.render else {"json": ".json", "png": ".png"}
+        tag = "render" if args.render else f"{ids}-{outputs.range_tag(args.vocab)}"
+        if args.render:
+            args.json = ""  # the saved run's JSON stays as it is
+        outputs.resolve(parser, args, benchmark="traffic", tag=tag, files=files)
     return args
 
 
@@ -389,9 +395,9 @@ def main(argv=None) -> int:
     if args.serve:
         serve(json.loads(args.cluster), args.serve, 0)
         return 0
-    if args.render:
+    if args.render:  # a new plot of a saved run (never the file its own section cites)
         with open(args.render, encoding="utf-8") as handle:
-            return report(json.load(handle), args)
+            return report({**json.load(handle), "png": args.png or None}, args)
     from tqdm import tqdm
 
     from benchmarks.machine import machine_info
@@ -431,8 +437,9 @@ def main(argv=None) -> int:
         "png": args.png or None,
     }
     document["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    with open(args.json, "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=1)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)
     return report(document, args)
 
 
@@ -443,7 +450,7 @@ def report(document: dict, args) -> int:
     section = markdown_section(document)
     print(section)
     if args.results_md:
-        append_results_md(args.results_md, section)
+        outputs.append_section(args.results_md, section, files=(args.json, document.get("png")))
     return 0
 
 

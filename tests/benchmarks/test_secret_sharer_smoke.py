@@ -64,8 +64,9 @@ def test_secret_sharer_smoke(tmp_path):
     assert document["canaries"]["insertion_counts"] == [1, 1, 5, 5]
     assert document["canaries"]["num_inserted_examples"] == 12
 
-    section = out["RESULTS.md"].read_text()
-    assert section.lstrip().startswith("## secret_sharer — ")
+    page = out["RESULTS.md"].read_text()
+    assert "\n## New measurements (not yet folded in)\n" in page
+    section = page.split("\n### secret_sharer — ", 1)[1]
     assert "| none | — | no privacy |" in section and "| eana z=0.01 |" in section
     assert "EANA's data-dependent bound" in section and "What these numbers can and cannot show" in section
     assert out["exposure.png"].stat().st_size > 10_000 and out["precision.png"].stat().st_size > 5_000

@@ -13,6 +13,7 @@ that fails to build the op is a failure.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -463,13 +464,16 @@ def test_parallel_builds_compile_once(op, tmp_path):
 def test_benchmark_smoke(tmp_path):
     from benchmarks import normal_sampler
 
-    results = tmp_path / "RESULTS.md"
-    assert normal_sampler.main(["--sizes", "4096", "--repeats", "2", "--warmup", "1", "--results-md", str(results)]) == 0
+    results, out_json, png = tmp_path / "RESULTS.md", tmp_path / "ns.json", tmp_path / "ns.png"
+    files = ["--json", str(out_json), "--png", str(png)]
+    assert normal_sampler.main(["--sizes", "4096", "--repeats", "2", "--warmup", "1", "--results-md", str(results), *files]) == 0
     assert results.read_text().startswith("# Benchmark results\n\nProtocol:")
+    assert json.loads(out_json.read_text())["rows"][0]["n"] == 4096 and png.stat().st_size > 1000
     results.write_text("# Benchmark results\n")
-    assert normal_sampler.main(["--sizes", "4096", "--repeats", "2", "--warmup", "1", "--results-md", str(results), "--note", "a note"]) == 0
+    assert normal_sampler.main(["--sizes", "4096", "--repeats", "2", "--warmup", "1", "--results-md", str(results), "--note", "a note", "--json", "", "--png", ""]) == 0
     text = results.read_text()
-    assert text.startswith("# Benchmark results\n\n## normal_sampler — ")
+    assert text.startswith("# Benchmark results\n\n## New measurements (not yet folded in)\n")
+    assert "\n### normal_sampler — " in text
     assert "| 4,096 | tf_generator_normal |" in text and "Load average" in text and "a note" in text
     if fast_normal.compiler() is not None:
         assert "| 4,096 | fast_normal[auto] |" in text
