@@ -55,7 +55,8 @@ RELEASE_MECHANISMS: dict[str, Callable[[float], dp_accounting.DpEvent]] = {
 
 # Relative tolerance on the noise multiplier (as in `calibration`): epsilon lies just below the target.
 _RTOL = 1e-4
-_GROWTH = {"pld": 1.25, "rdp": 2.0}
+# First step above the steps-only sigma when bracketing: releases usually raise sigma by a few percent.
+_FIRST_STEP = 1.05
 
 
 def release_epsilon(
@@ -180,7 +181,7 @@ def calibrate_noise_multiplier_with_releases(
         return _compose([*releases, dpsgd_event(sampling_probability=q, noise_multiplier=sigma, steps=steps)])
 
     epsilon_of = _epsilon_function(make_event, delta, accountant, value_discretization_interval)
-    lo, hi = _bracket_decreasing(epsilon_of, target_epsilon, start=base, factor=_GROWTH[accountant], lowest=base)
+    lo, hi = _bracket_decreasing(epsilon_of, target_epsilon, start=base, factor=_FIRST_STEP, lowest=base)
     if hi is None:
         raise ValueError(
             f"`target_epsilon`={target_epsilon!r} cannot be met at `target_delta`={delta!r} with "
@@ -232,8 +233,10 @@ def _bracket_decreasing(
 ) -> tuple[float | None, float | None]:
     """(lo, hi) with eps(lo) > target >= eps(hi), for eps decreasing in the noise multiplier.
 
-    lo is None when eps(lowest) <= target (hi = lowest then); hi is None when
-    even eps(MAX_NOISE_MULTIPLIER) > target.
+    Going down it divides by `factor`; going up it multiplies by a factor
+    that squares every step (1.05, 1.1, 1.22, 1.48, ...), so a small first
+    step still reaches a far bracket quickly. lo is None when eps(lowest) <=
+    target (hi = lowest then); hi is None when even eps(MAX_NOISE_MULTIPLIER) > target.
     """
     x = min(max(start, lowest), MAX_NOISE_MULTIPLIER)
     if epsilon_of(x) <= target:  # go down until infeasible
@@ -244,12 +247,12 @@ def _bracket_decreasing(
                 return lo, hi
             hi = lo
         return None, hi
-    lo = x  # go up until feasible
+    lo, step = x, factor  # go up until feasible
     while lo < MAX_NOISE_MULTIPLIER:
-        hi = min(lo * factor, MAX_NOISE_MULTIPLIER)
+        hi = min(lo * step, MAX_NOISE_MULTIPLIER)
         if epsilon_of(hi) <= target:
             return lo, hi
-        lo = hi
+        lo, step = hi, step * step
     return lo, None
 
 
