@@ -55,6 +55,7 @@ RELEASE_MECHANISMS: dict[str, Callable[[float], dp_accounting.DpEvent]] = {
 
 # Relative tolerance on the noise multiplier (as in `calibration`): epsilon lies just below the target.
 _RTOL = 1e-4
+_PLD_BRACKET_LOW = 0.85
 # First step above the steps-only sigma when bracketing: releases usually raise sigma by a few percent.
 _FIRST_STEP = 1.05
 
@@ -165,9 +166,8 @@ def calibrate_noise_multiplier_with_releases(
     releases = _check_releases(releases, accountant)
     common = dict(target_delta=delta, sampling_probability=q, steps=steps, accountant=accountant,
                   value_discretization_interval=value_discretization_interval)  # fmt: skip
-    base = calibrate_noise_multiplier(target_epsilon=target_epsilon, **common)
     if not releases:
-        return base
+        return calibrate_noise_multiplier(target_epsilon=target_epsilon, **common)
     spent = release_epsilon(releases, delta=delta, accountant=accountant,
                             value_discretization_interval=value_discretization_interval)  # fmt: skip
     if spent >= target_epsilon:
@@ -180,6 +180,11 @@ def calibrate_noise_multiplier_with_releases(
     def make_event(sigma: float) -> dp_accounting.DpEvent:
         return _compose([*releases, dpsgd_event(sampling_probability=q, noise_multiplier=sigma, steps=steps)])
 
+    if accountant == "pld":  # RDP over-states epsilon: its sigma is feasible, PLD's lies a little below
+        sigma = _try_below_rdp(make_event, target_epsilon, delta, value_discretization_interval, releases, common)
+        if sigma is not None:
+            return sigma
+    base = calibrate_noise_multiplier(target_epsilon=target_epsilon, **common)
     epsilon_of = _epsilon_function(make_event, delta, accountant, value_discretization_interval)
     lo, hi = _bracket_decreasing(epsilon_of, target_epsilon, start=base, factor=_FIRST_STEP, lowest=base)
     if hi is None:
@@ -195,6 +200,17 @@ def calibrate_noise_multiplier_with_releases(
 
 
 # -- helpers -----------------------------------------------------------------------
+
+
+def _try_below_rdp(make_event, target: float, delta: float, interval, releases, common: dict) -> float | None:
+    """PLD's sigma by Brent's method in [0.85, 1] x the RDP sigma, or None when that does not bracket it."""
+    try:
+        rdp = calibrate_noise_multiplier_with_releases(
+            target_epsilon=target, releases=releases, **dict(common, accountant="rdp", value_discretization_interval=None)
+        )
+        return _brent(make_event, target, delta, "pld", interval, _PLD_BRACKET_LOW * rdp, rdp)
+    except ValueError:
+        return None
 
 
 def _check_releases(releases, accountant: str) -> list[dp_accounting.DpEvent]:
