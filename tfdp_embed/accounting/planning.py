@@ -137,8 +137,10 @@ def calibrate_noise_multiplier_with_releases(
     Composition only adds privacy loss, so sigma* is at least the sigma of
     the steps alone (`calibrate_noise_multiplier`); the search starts there
     and grows the upper end until it brackets the target, then Brent's
-    method (`dp_accounting.calibrate_dp_mechanism`) finds sigma*. The
-    epsilon of sigma* never exceeds the target.
+    method (`dp_accounting.calibrate_dp_mechanism`) finds sigma*. With PLD
+    the RDP answer is tried first as the upper end (RDP over-states
+    epsilon), which usually saves the steps-only calibration. The epsilon
+    of sigma* never exceeds the target.
 
     Args:
       target_epsilon: epsilon > 0 for the whole run.
