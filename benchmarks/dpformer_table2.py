@@ -69,6 +69,10 @@ def _pipeline_args(a, model, eps, out):
         args += ["--popularity-prior"]
     if a.head_items is not None:
         args += ["--head-items", str(a.head_items)]
+    if a.frequencies_file is not None:
+        args += ["--frequencies", "public", "--frequencies-file", a.frequencies_file]
+    elif a.frequency_epsilon_share is not None and eps != float("inf"):
+        args += ["--frequency-epsilon-share", str(a.frequency_epsilon_share)]
     return args
 
 
@@ -125,6 +129,7 @@ def summarize(a, reports: dict) -> dict:
                 "delta": r.get("delta"),
                 "noise_multiplier": r.get("noise_multiplier"),
                 "steps": r.get("steps"),
+                "item_frequencies": _frequencies(r),
                 "ndcg@10_pct": 100 * r["ndcg@10"],
                 "hit@10_pct": 100 * r["hit@10"],
                 "valid_ndcg@10_pct": 100 * r["validation"]["ndcg@10"],
@@ -140,6 +145,17 @@ def summarize(a, reports: dict) -> dict:
             }
         )
     return {"rows": rows, "missing": missing}
+
+
+def _frequencies(report: dict) -> str:
+    """How a run got its item frequencies, in a few words (from its report)."""
+    info = report.get("extra", {}).get("item_frequencies") or {}
+    if not info.get("dp_event"):
+        return info.get("source", "unknown")
+    text = f"{info['source']} z={info['noise_multiplier']:.3g}"
+    if info.get("release_epsilon") is not None:
+        text += f", eps {info['release_epsilon']:.3g} ({100 * info['epsilon_share']:.3g}%)"
+    return text
 
 
 def popularity_baseline(data_path: str, max_len: int) -> dict:
@@ -202,21 +218,22 @@ def markdown(a, summary, info, command) -> str:
         "clip 1.0, d=64, 1 head, 2 blocks, shared input/output item table, delta = 1/N (N = 31,013 users), PLD "
         f"accountant, user-level DP, {frequency_words(summary['rows'])}, effective-error scale 1"
         + ("; every model adds the fixed log item-frequency prior to its logits (`--popularity-prior`: the same "
-           "public frequencies, not trained)" if a.popularity_prior else "")
+           "frequencies, not trained)" if a.popularity_prior else "")
         + (f"; the item table has rows for the {a.head_items:,} most frequent items only (`--head-items`, chosen "
-           "with the same public frequencies), every other item shares one row and is told apart by its prior; the "
+           "with the same frequencies), every other item shares one row and is told apart by its prior; the "
            "loss is still the softmax over all items, and all items are ranked. " if a.head_items else ". ")
         + "Metrics: test users (last item), ALL 23,715 items ranked, history items kept, pessimistic ties; one seed.",
         "",
-        "| model | eps target | eps spent | sigma | steps | NDCG@10 % | HIT@10 % | paper NDCG/HIT % | valid NDCG/HIT % "
-        "| wall s | median step s | peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | eps target | eps spent | sigma | steps | item frequencies | NDCG@10 % | HIT@10 % | paper NDCG/HIT % "
+        "| valid NDCG/HIT % | wall s | median step s | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary["rows"]:
         paper = "-" if r["paper_ndcg@10_pct"] is None else f"{r['paper_ndcg@10_pct']:.2f} / {r['paper_hit@10_pct']:.2f}"
         spent = "n/a" if r["epsilon_spent"] is None else f"{r['epsilon_spent']:.3f}"
         lines.append(
             f"| {r['model']} | {r['epsilon_target']} | {spent} | {r['noise_multiplier']:.4g} | {r['steps']} "
+            f"| {r['item_frequencies']} "
             f"| {r['ndcg@10_pct']:.2f} | {r['hit@10_pct']:.2f} | {paper} "
             f"| {r['valid_ndcg@10_pct']:.2f} / {r['valid_hit@10_pct']:.2f} | {r['wall_seconds']:.0f} "
             f"| {r['median_step_s']:.2f} | {r['peak_rss_mb'] if r['peak_rss_mb'] is not None else 'not measured'} |"
@@ -275,6 +292,16 @@ def main(argv=None) -> int:
     p.add_argument(
         "--head-items", type=int, help="every run trains table rows for the K most frequent items only (see the pipeline)"
     )
+    p.add_argument(
+        "--frequency-epsilon-share",
+        type=float,
+        help="share of each run's epsilon for the DP item-frequency release (default: the pipeline's, 0.1)",
+    )
+    p.add_argument(
+        "--frequencies-file",
+        help="public item frequencies ('item_id frequency' lines) instead of the DP release; only for frequencies "
+        "independent of the training data (the report's guarantee is then conditional on them)",
+    )
     p.add_argument("--parallel", type=int, default=1, help="runs at once (each is one process)")
     p.add_argument(
         "--tuning",
@@ -292,6 +319,8 @@ def main(argv=None) -> int:
         p, a, benchmark="dpformer_table2", tag=f"eps{epsilons}-ep{a.epochs}-b{a.batch}",
         files={"json": ".json", "png": ".png"},
     )  # fmt: skip
+    if a.frequencies_file is not None and a.frequency_epsilon_share is not None:
+        p.error("--frequencies-file (public frequencies) and --frequency-epsilon-share (a DP release) exclude each other.")
     if not os.path.exists(a.data):
         print(f"data file not found: {a.data} (../shared/data is needed for this benchmark)", file=sys.stderr)
         return 2

@@ -8,14 +8,19 @@ What happens:
      (last item test, second-last validation), keep the last `--max-len`
      items, left-pad with 0. One training sequence per user: the privacy unit
      is the USER (user-level DP);
-  2. item frequencies p_i for Re-Attention: public by assumption (DPFormer
-     Remark A.2) or released with a Gaussian/Laplace mechanism whose event is
-     composed into the ledger (`--frequencies private`); with
+  2. item frequencies p_i for Re-Attention: by default the training data's
+     per-item user counts released once with a Gaussian (or Laplace)
+     mechanism sized for `--frequency-epsilon-share` of epsilon (0.1), whose
+     event is composed into the ledger; or public ones read from
+     `--frequencies-file` with `--frequencies public` (the guarantee is then
+     conditional on them being independent of the training data). Counts
+     of the training data are never treated as public. With
      `--popularity-prior` the same p_i also give every logit a fixed log p_i
-     (the model starts from the popularity ranking; post-processing of the
-     frequencies, so no further privacy cost);
-  3. calibrate sigma for (epsilon, delta) at q = B / N over T = epochs x
-     round(N / B) Poisson-sampled steps (`dp_accounting`, PLD);
+     and with `--head-items` they choose the head rows (post-processing of
+     the release, so no further privacy cost);
+  3. calibrate sigma so that the frequency release plus T = epochs x
+     round(N / B) Poisson-sampled steps at q = B / N meet (epsilon, delta)
+     (`tfdp_embed.accounting.planning`, `dp_accounting`, PLD);
   4. train with `DPModel` + DenseDPSGD (exact per-example clipping: Phantom
      Clipping for the shared item table, ghost norms elsewhere), Adam with
      weight decay and DPFormer's schedule (20% linear warm-up, then linear
@@ -83,7 +88,9 @@ class SequentialConfig:
     dropout: float = 0.5
     clip: float = 1.0
     accountant: str = "pld"
-    frequencies: str = "public"
+    frequencies: str = "private"
+    frequencies_file: str | None = None
+    frequency_epsilon_share: float | None = None
     frequency_noise_multiplier: float | None = None
     frequency_mechanism: str = "gaussian"
     error_scale: float = 1.0
@@ -146,11 +153,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
     p.add_argument(
         "--frequencies",
-        choices=("public", "private"),
-        default="public",
-        help="item frequencies for Re-Attention: public by assumption, or released with DP (accounted)",
+        choices=sequential_privacy.SOURCES,
+        default="private",
+        help="item frequencies (Re-Attention, --popularity-prior, --head-items): private = the training data's "
+        "counts released with DP and charged to the budget; public = read from --frequencies-file",
     )
-    p.add_argument("--frequency-noise-multiplier", type=cli_types.positive(float), default=50.0, help="z of the count release")
+    p.add_argument(
+        "--frequencies-file",
+        help="public item frequencies, lines 'item_id frequency' (share of users in [0, 1]; '#' comments); "
+        "must be independent of the training data (the report's guarantee is conditional on it)",
+    )
+    p.add_argument(
+        "--frequency-epsilon-share",
+        type=float,
+        help="share of --epsilon the private count release is sized for, in (0, 1) "
+        f"(default {sequential_privacy.DEFAULT_FREQUENCY_EPSILON_SHARE})",
+    )
+    p.add_argument(
+        "--frequency-noise-multiplier",
+        type=cli_types.positive(float),
+        help="z of the private count release (instead of --frequency-epsilon-share)",
+    )
     p.add_argument("--frequency-mechanism", choices=("gaussian", "laplace"), default="gaussian")
     p.add_argument("--error-scale", type=cli_types.positive(float), default=1.0, help="multiplies every effective error")
     p.add_argument(
@@ -184,6 +207,15 @@ def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
         parser.error(f"--warmup-fraction must lie in [0, 1); received {a.warmup_fraction!r}.")
     if a.max_len < 2:
         parser.error(f"--max-len must be >= 2; received {a.max_len}.")
+    try:
+        sequential_privacy.check_frequency_options(
+            frequencies=a.frequencies, frequencies_file=a.frequencies_file,
+            epsilon_share=a.frequency_epsilon_share, noise_multiplier=a.frequency_noise_multiplier,
+        )  # fmt: skip
+    except ValueError as error:
+        parser.error(str(error))
+    if a.frequencies_file is not None and not os.path.exists(a.frequencies_file):
+        parser.error(f"file not found: {a.frequencies_file!r} (given to --frequencies-file).")
     return SequentialConfig(
         data=a.data,
         out=a.out,
@@ -204,6 +236,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
         clip=a.clip,
         accountant=a.accountant,
         frequencies=a.frequencies,
+        frequencies_file=a.frequencies_file,
+        frequency_epsilon_share=a.frequency_epsilon_share,
         frequency_noise_multiplier=a.frequency_noise_multiplier,
         frequency_mechanism=a.frequency_mechanism,
         error_scale=a.error_scale,
@@ -248,6 +282,8 @@ def run(config: SequentialConfig) -> SequentialResult:
         epochs=config.epochs,
         mechanism=config.mechanism,
         frequencies=config.frequencies,
+        frequencies_file=config.frequencies_file,
+        frequency_epsilon_share=config.frequency_epsilon_share,
         frequency_noise_multiplier=config.frequency_noise_multiplier,
         frequency_mechanism=config.frequency_mechanism,
         accountant=config.accountant,
@@ -257,7 +293,7 @@ def run(config: SequentialConfig) -> SequentialResult:
         config,
         f"{'private' if privacy.private else 'NON-PRIVATE'}: noise multiplier {privacy.noise_multiplier:.4g} for "
         f"epsilon {privacy.epsilon:g}, delta {privacy.delta:.3g}, q {privacy.sampling_probability:.4g}, "
-        f"{privacy.steps} steps; item frequencies {privacy.frequencies.source}",
+        f"{privacy.steps} steps; item frequencies {_frequency_summary(privacy.frequency_report())}",
     )
 
     # Stage 3: model, mechanism, DP wrapper, budget.
@@ -276,9 +312,10 @@ def run(config: SequentialConfig) -> SequentialResult:
         )
     )
     item_frequencies = privacy.frequencies.frequencies
-    if config.head_items is not None:  # post-processing of the frequencies: no further privacy cost
+    # Everything below reads only the released (or supplied public) frequencies: post-processing.
+    if config.head_items is not None:
         model.set_item_rows(item_frequencies)
-    if config.popularity_prior:  # the frequencies Re-Attention uses: no further privacy cost
+    if config.popularity_prior:
         model.set_item_prior(item_frequencies, min_frequency=0.5 / data.num_users)
     item_err, weight_err = effective_errors(
         noise_multiplier=privacy.noise_multiplier,
@@ -341,9 +378,10 @@ def run(config: SequentialConfig) -> SequentialResult:
         accountant=config.accountant,
         steps=None if budget is not None else steps,
         batching=batching,
+        assumptions=privacy.assumptions,
         extra={
             "privacy_unit": "user (one training sequence per user: user-level DP)",
-            "item_frequencies": privacy.frequencies.report(),
+            "item_frequencies": privacy.frequency_report(),
             "calibrated_steps": privacy.steps,
         },
     )
@@ -378,8 +416,18 @@ def run(config: SequentialConfig) -> SequentialResult:
     return SequentialResult(report=report, model=model, serving=serving)
 
 
+def _frequency_summary(info: dict) -> str:
+    if info.get("dp_event") is None:
+        return info["source"] + (f" ({info['file']})" if info.get("file") else "")
+    return (
+        f"{info['source']}, noise multiplier {info['noise_multiplier']:.4g} (count noise std {info['noise_std']:.3g}), "
+        f"epsilon {info['release_epsilon']:.3g} alone ({100 * info['epsilon_share']:.3g}% of the target)"
+    )
+
+
 def format_summary(report: dict) -> str:
     eps = report.get("epsilon")
+    frequencies = report.get("extra", {}).get("item_frequencies")
     return "\n".join(
         [
             "== sequential report ==",
@@ -387,6 +435,7 @@ def format_summary(report: dict) -> str:
             f"guarantee            {report.get('guarantee')}",
             f"epsilon              {'n/a (non-private)' if eps is None else f'{eps:.4g}'}",
             f"noise multiplier     {report['noise_multiplier']:.4g}",
+            f"item frequencies     {_frequency_summary(frequencies) if frequencies else 'n/a'}",
             f"steps                {report['steps']}",
             f"NDCG@10 / HIT@10     {100 * report['ndcg@10']:.2f}% / {100 * report['hit@10']:.2f}% "
             f"({report['test']['users']} test users, all items ranked)",

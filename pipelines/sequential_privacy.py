@@ -4,14 +4,19 @@ User-level DP: one training sequence per user, so Poisson sampling over
 users at q = B / N and DP-SGD's Gaussian noise make the released model
 (epsilon, delta)-DP for adding or removing one user with all their items.
 
-    public frequencies:   sigma = calibrate_noise_multiplier(eps, delta, q, T)
-    private frequencies:  the count release Gaussian(z) (or Laplace(z)) is composed with
-                          the T steps; sigma is the smallest with
-                          eps(Compose(count event, T x PoissonSampled(q, Gaussian(sigma))), delta) <= eps
+Item frequencies (Re-Attention's p_i, the popularity prior, head rows) are
+either released from the training data with DP or supplied as public:
 
-Both with `dp_accounting` (PLD by default); the count event goes into the
-`PrivacyLedger` as a setup event, so the `PrivacyBudget` callback and the
-privacy report count it.
+    private (default):  z from a share s of the budget, eps(release(z), delta) = s eps;
+                        the count release is composed with the T steps and sigma is the smallest with
+                        eps(Compose(count release, T x PoissonSampled(q, Gaussian(sigma))), delta) <= eps
+    public (a file):    sigma = calibrate_noise_multiplier(eps, delta, q, T); the guarantee is
+                        conditional on the file being independent of the training data
+
+The planning itself is the library's (`tfdp_embed.accounting.planning`);
+the release event goes into the `PrivacyLedger` as a setup event, so the
+`PrivacyBudget` callback and the privacy report count it. Frequencies are
+never taken from the training data as if they were public.
 
 References: DPFormer Remark A.2 (public frequencies), Claim A.6 (privacy
 inherited from DP-SGD); Abadi et al. 2016.
@@ -22,20 +27,31 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import dp_accounting
-
 from tfdp_embed.accounting import (
     PrivacyLedger,
-    calibrate_noise_multiplier,
-    dpsgd_event,
-    make_accountant,
+    calibrate_noise_multiplier_with_releases,
+    release_epsilon,
+    release_noise_multiplier,
 )
 from tfdp_embed.attention import (
     ItemFrequencies,
+    exact_item_frequencies,
     private_item_frequencies,
-    public_item_frequencies,
+    read_item_frequencies,
 )
 from tfdp_embed.data.sequences import SequenceData
+
+SOURCES = ("private", "public")
+# The count release needs little budget: composing it with the steps raises sigma
+# only slightly at this share (see README), while its noise stays below the counts
+# of the items Re-Attention and the prior care most about.
+DEFAULT_FREQUENCY_EPSILON_SHARE = 0.1
+PUBLIC_NEEDS_FILE = (
+    "`frequencies='public'` needs a frequencies file (`--frequencies-file`): item frequencies computed "
+    "from the training data are not public, and shipping them (Re-Attention's errors, the prior, head rows) "
+    "would release every item's exact user count outside the privacy guarantee. Use 'private' (the default: "
+    "a DP release charged to the budget) or supply frequencies that are independent of the training data."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +64,11 @@ class SequentialPrivacy:
       sampling_probability: q = B / N.
       steps: T = epochs x round(N / B).
       noise_multiplier: sigma_dp (0 when not private).
-      frequencies: the item frequencies Re-Attention uses (with their event if private).
+      frequencies: the item frequencies the model uses (with their event if released).
+      frequency_epsilon_share: the share of epsilon the release was sized for, or spends when its
+        noise multiplier was given (None unless released).
+      frequency_epsilon: epsilon of the release alone at delta (None unless released).
+      assumptions: conditions the guarantee rests on (public frequencies).
     """
 
     private: bool
@@ -58,6 +78,9 @@ class SequentialPrivacy:
     steps: int
     noise_multiplier: float
     frequencies: ItemFrequencies
+    frequency_epsilon_share: float | None = None
+    frequency_epsilon: float | None = None
+    assumptions: tuple[str, ...] = ()
 
     def new_ledger(self) -> PrivacyLedger | None:
         """A ledger holding the frequency release (if any); None for a non-private run."""
@@ -68,75 +91,32 @@ class SequentialPrivacy:
             ledger.record_setup(self.frequencies.event)
         return ledger
 
-
-def item_frequencies(
-    data: SequenceData,
-    *,
-    source: str,
-    noise_multiplier: float | None = None,
-    mechanism: str = "gaussian",
-    seed: int | None = None,
-) -> ItemFrequencies:
-    """p_i from the training inputs: public (by assumption) or released with DP.
-
-    Raises:
-      ValueError: unknown `source`, or "private" without a positive `noise_multiplier`.
-    """
-    counts = data.item_user_counts()
-    if source == "public":
-        return public_item_frequencies(counts, num_users=data.num_users)
-    if source != "private":
-        raise ValueError(f"`frequencies` must be 'public' or 'private'; received {source!r}.")
-    if noise_multiplier is None:
-        raise ValueError("Private item frequencies need `frequency_noise_multiplier` > 0.")
-    return private_item_frequencies(
-        counts,
-        num_users=data.num_users,
-        max_items_per_user=data.max_len,
-        noise_multiplier=noise_multiplier,
-        mechanism=mechanism,
-        seed=seed,
-    )
+    def frequency_report(self) -> dict:
+        """What the privacy report says about the item frequencies."""
+        out = self.frequencies.report()
+        out["epsilon_share"] = self.frequency_epsilon_share
+        out["release_epsilon"] = self.frequency_epsilon
+        return out
 
 
-def calibrate_with_setup(
-    *, target_epsilon: float, target_delta: float, sampling_probability: float, steps: int, setup_event, accountant: str
-) -> float:
-    """The smallest sigma with eps(setup + T DP-SGD steps) <= target (`dp_accounting` calibration).
-
-    Raises:
-      ValueError: the setup event alone spends the budget.
-    """
-    base = calibrate_noise_multiplier(
-        target_epsilon=target_epsilon,
-        target_delta=target_delta,
-        sampling_probability=sampling_probability,
-        steps=steps,
-        accountant=accountant,
-    )
-    if setup_event is None:
-        return base
-
-    def make_event(sigma):
-        steps_event = dpsgd_event(sampling_probability=sampling_probability, noise_multiplier=sigma, steps=steps)
-        return dp_accounting.ComposedDpEvent([setup_event, steps_event])
-
-    setup_epsilon = make_accountant(accountant).compose(setup_event).get_epsilon(target_delta)
-    if setup_epsilon >= target_epsilon:
-        raise ValueError(
-            f"The item-frequency release alone spends epsilon {setup_epsilon:.4g} >= the target "
-            f"{target_epsilon:g}: raise `--frequency-noise-multiplier` or use public frequencies."
-        )
-    return float(
-        dp_accounting.calibrate_dp_mechanism(
-            lambda: make_accountant(accountant),
-            make_event,
-            target_epsilon,
-            target_delta,
-            dp_accounting.ExplicitBracketInterval(base, base * 50),
-            tol=1e-4 * base,
-        )
-    )
+def check_frequency_options(
+    *, frequencies: str, frequencies_file: str | None, epsilon_share: float | None, noise_multiplier: float | None
+) -> None:
+    """Raises ValueError (naming the option) for a combination of frequency options that is not allowed."""
+    if frequencies not in SOURCES:
+        raise ValueError(f"`frequencies` must be one of {SOURCES}; received {frequencies!r}.")
+    if frequencies == "public" and frequencies_file is None:
+        raise ValueError(PUBLIC_NEEDS_FILE)
+    if frequencies == "private" and frequencies_file is not None:
+        raise ValueError("`frequencies_file` is read only with `frequencies='public'`; received 'private'.")
+    if frequencies == "public" and (epsilon_share is not None or noise_multiplier is not None):
+        raise ValueError("Public frequencies are not released: drop `frequency_epsilon_share`/`frequency_noise_multiplier`.")
+    if epsilon_share is not None and noise_multiplier is not None:
+        raise ValueError("Pass `frequency_epsilon_share` or `frequency_noise_multiplier`, not both.")
+    if epsilon_share is not None and not 0 < epsilon_share < 1:
+        raise ValueError(f"`frequency_epsilon_share` must lie in (0, 1); received {epsilon_share!r}.")
+    if noise_multiplier is not None and not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"`frequency_noise_multiplier` must be a finite number > 0; received {noise_multiplier!r}.")
 
 
 def plan(
@@ -147,7 +127,9 @@ def plan(
     batch: int,
     epochs: int,
     mechanism: str,
-    frequencies: str = "public",
+    frequencies: str = "private",
+    frequencies_file: str | None = None,
+    frequency_epsilon_share: float | None = None,
     frequency_noise_multiplier: float | None = None,
     frequency_mechanism: str = "gaussian",
     accountant: str = "pld",
@@ -155,10 +137,23 @@ def plan(
 ) -> SequentialPrivacy:
     """q, T, sigma and the item frequencies of a run.
 
+    Args:
+      frequencies: "private" (release the training data's counts with DP) or
+        "public" (read `frequencies_file`).
+      frequency_epsilon_share: share of `epsilon` the release is sized for
+        (default `DEFAULT_FREQUENCY_EPSILON_SHARE`); or give
+        `frequency_noise_multiplier` (z) instead.
+      (the rest: the run's settings.)
+
     Raises:
-      ValueError: a batch larger than the number of users, bad frequency options,
-        or a target the accountant cannot meet.
+      ValueError: a batch larger than the number of users, bad frequency
+        options (public without a file, both share and z, ...), a malformed
+        frequencies file, or a target the accountant cannot meet.
     """
+    check_frequency_options(
+        frequencies=frequencies, frequencies_file=frequencies_file,
+        epsilon_share=frequency_epsilon_share, noise_multiplier=frequency_noise_multiplier,
+    )  # fmt: skip
     n = data.num_users
     if not 1 <= batch <= n:
         raise ValueError(f"`batch` must lie in [1, {n}] (the number of users); received {batch}.")
@@ -166,24 +161,48 @@ def plan(
     steps = epochs * max(1, round(n / batch))
     delta = 1.0 / n if delta is None else float(delta)
     private = mechanism != "none" and math.isfinite(epsilon)
-    freq = item_frequencies(
-        data,
-        source=frequencies if private else "public",
-        noise_multiplier=frequency_noise_multiplier,
-        mechanism=frequency_mechanism,
-        seed=seed,
-    )
-    sigma = 0.0
-    if private:
-        sigma = calibrate_with_setup(
-            target_epsilon=epsilon,
-            target_delta=delta,
-            sampling_probability=q,
-            steps=steps,
-            setup_event=freq.event,
-            accountant=accountant,
+    common = dict(epsilon=float(epsilon), delta=delta, sampling_probability=q, steps=steps)
+    if frequencies == "public":
+        freq = read_item_frequencies(frequencies_file, num_items=data.num_items)
+        assumptions = (
+            f"the item frequencies supplied in {frequencies_file!r} are independent of the training data (public); "
+            "they and everything computed from them (Re-Attention's errors, the popularity prior, head rows) are "
+            "released without privacy cost",
         )
-    return SequentialPrivacy(private, float(epsilon), delta, q, steps, sigma, freq)
+        sigma = 0.0
+        if private:
+            sigma = calibrate_noise_multiplier_with_releases(
+                target_epsilon=epsilon, target_delta=delta, sampling_probability=q, steps=steps, accountant=accountant
+            )
+        return SequentialPrivacy(private, noise_multiplier=sigma, frequencies=freq, assumptions=assumptions, **common)
+    counts = data.item_user_counts()
+    if not private:  # a non-private reference run: nothing is guaranteed, the exact counts are used
+        return SequentialPrivacy(False, noise_multiplier=0.0, frequencies=exact_item_frequencies(counts, num_users=n), **common)
+    share = None
+    if frequency_noise_multiplier is None:
+        share = DEFAULT_FREQUENCY_EPSILON_SHARE if frequency_epsilon_share is None else float(frequency_epsilon_share)
+        frequency_noise_multiplier = release_noise_multiplier(
+            epsilon=share * epsilon, delta=delta, mechanism=frequency_mechanism, accountant=accountant
+        )
+    freq = private_item_frequencies(
+        counts, num_users=n, max_items_per_user=data.max_len, noise_multiplier=frequency_noise_multiplier,
+        mechanism=frequency_mechanism, seed=seed,
+    )  # fmt: skip
+    sigma = calibrate_noise_multiplier_with_releases(
+        target_epsilon=epsilon, target_delta=delta, sampling_probability=q, steps=steps,
+        releases=[freq.event], accountant=accountant,
+    )  # fmt: skip
+    spent = release_epsilon([freq.event], delta=delta, accountant=accountant)
+    share = spent / epsilon if share is None else share  # z given: the share it spends
+    return SequentialPrivacy(
+        True, noise_multiplier=sigma, frequencies=freq, frequency_epsilon_share=share, frequency_epsilon=spent, **common
+    )
 
 
-__all__ = ["SequentialPrivacy", "calibrate_with_setup", "item_frequencies", "plan"]
+__all__ = [
+    "DEFAULT_FREQUENCY_EPSILON_SHARE",
+    "SOURCES",
+    "SequentialPrivacy",
+    "check_frequency_options",
+    "plan",
+]

@@ -150,3 +150,18 @@ def test_bad_arguments():
     ledger.record_steps(dp_accounting.UnsupportedDpEvent(), 1)
     with pytest.raises(ValueError, match="no DP guarantee"):
         privacy_report(**base, ledger=ledger)
+
+
+def test_assumptions_make_the_guarantee_conditional():
+    mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.1, seed=0)
+    common = dict(mechanism=mechanism, epsilon=1.0, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=STEPS)
+    plain = privacy_report(**common)
+    assert "CONDITIONAL" not in plain["guarantee"] and plain["assumptions"] == []
+    report = privacy_report(assumptions=["the item frequencies in 'f.txt' are public"], **common)
+    assert report["guarantee"].endswith("CONDITIONAL on: the item frequencies in 'f.txt' are public.")
+    assert report["assumptions"] == ["the item frequencies in 'f.txt' are public"]
+    assert "The guarantee holds only if the item frequencies in 'f.txt' are public" in report["caveats"]
+    with pytest.raises(TypeError, match="`assumptions`"):
+        privacy_report(assumptions="public", **common)
+    with pytest.raises(TypeError, match="`assumptions`"):
+        privacy_report(assumptions=[""], **common)

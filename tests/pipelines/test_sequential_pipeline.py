@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 
+import dp_accounting
 import numpy as np
 import pytest
 
 from pipelines import sequential, sequential_privacy
-from tfdp_embed.accounting import compute_epsilon, dpsgd_event
+from tfdp_embed.accounting import calibrate_noise_multiplier, compute_epsilon, dpsgd_event
 from tfdp_embed.data.sequences import load_sequences, write_synthetic_sequences
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,12 +42,18 @@ def test_dpformer_run_report_and_reloaded_saved_model(data_file, tmp_path):
         assert key in report, key
     assert 0 <= report["ndcg@10"] <= report["hit@10"] <= 1
     assert report["is_dp"] and report["epsilon"] <= 5.0 + 1e-6 and report["steps"] == 5  # 1 epoch of N/B = 5
-    # epsilon is what dp_accounting says about the steps taken at the calibrated sigma
+    # epsilon is what dp_accounting says about the frequency release (default: 10% of epsilon) plus the
+    # steps taken at the calibrated sigma
+    frequencies = report["extra"]["item_frequencies"]
+    assert frequencies["source"] == "private-gaussian" and frequencies["epsilon_share"] == 0.1
+    release = dp_accounting.GaussianDpEvent(frequencies["noise_multiplier"])
+    assert compute_epsilon(release, target_delta=report["delta"], accountant="rdp") == pytest.approx(0.5, rel=1e-3)
     eps = compute_epsilon(
-        dpsgd_event(sampling_probability=0.2, noise_multiplier=report["noise_multiplier"], steps=5),
+        [release, dpsgd_event(sampling_probability=0.2, noise_multiplier=report["noise_multiplier"], steps=5)],
         target_delta=report["delta"], accountant="rdp",
     )  # fmt: skip
-    assert report["epsilon"] == pytest.approx(eps, rel=1e-6)
+    assert report["epsilon"] == pytest.approx(eps, rel=1e-6) == pytest.approx(5.0, rel=1e-3)
+    assert report["ledger"]["entries"][0]["kind"] == "setup" and not report["assumptions"]
     assert report["extra"]["privacy_unit"].startswith("user")
     # the exported model, reloaded in a fresh process, recommends what the trained model does
     history = [[0, 0, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]]
@@ -64,15 +71,27 @@ def test_non_private_reference_and_private_frequencies(data_file, tmp_path):
     out = tmp_path / "ref"
     result = sequential.run(sequential.parse_args(["--data", data_file, "--epsilon", "inf", "--out", str(out), *TINY]))
     assert result.report["epsilon"] is None and not result.report["is_dp"] and result.report["noise_multiplier"] == 0
+    assert result.report["extra"]["item_frequencies"]["source"] == "exact (not private)"
     # private frequencies: the count release is composed into the ledger, sigma grows to pay for it
     data = load_sequences(data_file, max_len=6)
     common = dict(epsilon=5.0, delta=1e-3, batch=40, epochs=2, mechanism="dense", accountant="rdp", seed=0)
-    public = sequential_privacy.plan(data, **common)
-    private = sequential_privacy.plan(data, frequencies="private", frequency_noise_multiplier=5.0, **common)
-    assert private.noise_multiplier > public.noise_multiplier
-    assert private.new_ledger().entries[0].event == private.frequencies.event
-    both = [private.frequencies.event, dpsgd_event(sampling_probability=0.2, noise_multiplier=private.noise_multiplier, steps=10)]
-    assert compute_epsilon(both, target_delta=1e-3, accountant="rdp") == pytest.approx(5.0, rel=1e-3)
+    steps_only = calibrate_noise_multiplier(
+        target_epsilon=5.0, target_delta=1e-3, sampling_probability=0.2, steps=10, accountant="rdp"
+    )
+    for private in (
+        sequential_privacy.plan(data, **common),  # default: sized for 10% of epsilon
+        sequential_privacy.plan(data, frequency_epsilon_share=0.3, **common),
+        sequential_privacy.plan(data, frequency_noise_multiplier=5.0, **common),
+    ):
+        assert private.noise_multiplier > steps_only
+        assert private.new_ledger().entries[0].event == private.frequencies.event
+        release = compute_epsilon(private.frequencies.event, target_delta=1e-3, accountant="rdp")
+        assert private.frequency_epsilon == pytest.approx(release)
+        assert release == pytest.approx(5.0 * private.frequency_epsilon_share, rel=1e-3)
+        steps = dpsgd_event(sampling_probability=0.2, noise_multiplier=private.noise_multiplier, steps=10)
+        both = [private.frequencies.event, steps]
+        assert compute_epsilon(both, target_delta=1e-3, accountant="rdp") == pytest.approx(5.0, rel=1e-3)
+    assert private.frequency_epsilon_share == pytest.approx(release / 5.0)
 
 
 def test_bad_input(data_file, tmp_path, capsys):
@@ -86,6 +105,10 @@ def test_bad_input(data_file, tmp_path, capsys):
         sequential.parse_args(["--data", data_file, "--out", "x", "--delta", "2"])
     with pytest.raises(SystemExit):
         sequential.parse_args(["--data", data_file, "--out", "x", "--adam-epsilon", "0"])
+    for flags in (["--frequency-epsilon-share", "1"], ["--frequency-epsilon-share", "0.1", "--frequency-noise-multiplier", "3"],
+                  ["--frequencies-file", data_file], ["--frequencies", "public", "--frequencies-file", "missing.txt"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            sequential.parse_args(["--data", data_file, "--out", "x", *flags])
     assert sequential.main(["--data", data_file, "--out", str(tmp_path / "o"), *TINY[:2], "--batch", "999"]) == 1
     assert "`batch` must lie in [1, 200]" in capsys.readouterr().err
 

@@ -11,6 +11,9 @@ words. Two situations are never dressed up as a guarantee:
   caveat says the epsilon assumes Poisson sampling and does not hold as
   stated for shuffled fixed-size batches.
 
+Conditions the ledger cannot see (e.g. statistics supplied as public) are
+passed as `assumptions`: the guarantee line then says it is conditional on them.
+
 Truncated Poisson batches (`max_batch_size`) are accounted for as
 delta' = delta + (1 + e^eps) * T * P[Binomial(N + 1, q) > max_batch_size]
 (`truncation_delta`): the truncated run differs from the untruncated one
@@ -31,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from typing import Any, Mapping
 
 import dp_accounting
@@ -97,6 +101,7 @@ def privacy_report(
     accountant: str = "pld",
     steps: int | None = None,
     batching: str | Any = "poisson",
+    assumptions: Sequence[str] = (),
     extra: Mapping | None = None,
 ) -> dict:
     """The privacy report of a training run as a JSON-able dict.
@@ -116,13 +121,16 @@ def privacy_report(
         plus `steps` step events.
       batching: "poisson", "fixed_shuffled", or a `BatchingInfo` (from
         `tfdp_embed.data`), whose counters and cap go into the report.
+      assumptions: conditions the guarantee rests on beyond the ledger, in
+        plain words (e.g. "the supplied item frequencies are independent of
+        the training data"); the guarantee line says it holds only under them.
       extra: more JSON-able fields, stored under "extra".
 
     Returns:
       dict with keys epsilon, delta, accountant, mechanism, is_dp, guarantee,
       noise_multiplier, noise_multipliers, l2_norm_clip, sampling_probability,
       expected_batch_size, steps, epochs, dataset_size, batching, adjacency,
-      caveats, mechanism_report, (ledger, batching_details, delta_with_truncation, extra).
+      assumptions, caveats, mechanism_report, (ledger, batching_details, delta_with_truncation, extra).
 
     Raises:
       ValueError: bad or contradictory arguments (both `ledger` and
@@ -142,6 +150,7 @@ def privacy_report(
     elif steps is None:
         raise ValueError("`steps` is required when no `ledger` is given.")
     steps = check_steps(steps, allow_zero=True)
+    assumptions = _check_assumptions(assumptions)
     batching_name, batching_details = _batching(batching)
     if batching_details is not None:
         n_info, q_info = batching_details.get("num_examples"), batching_details.get("sampling_probability")
@@ -166,7 +175,8 @@ def privacy_report(
         report["epsilon"] = float(epsilon)
         report["guarantee"] = (
             f"({float(epsilon):.6g}, {delta:g})-differential privacy, {ADJACENCY} adjacency, "
-            f"for every model checkpoint released during the {steps} steps ({accountant.upper()} accountant)."
+            f"for every model checkpoint released during the {steps} steps ({accountant.upper()} accountant)"
+            + (f", CONDITIONAL on: {'; '.join(assumptions)}." if assumptions else ".")
         )
     else:
         report["epsilon"] = None
@@ -195,7 +205,9 @@ def privacy_report(
         dataset_size=dataset_size,
         batching=batching_name,
         adjacency=ADJACENCY,
+        assumptions=list(assumptions),
     )
+    caveats.extend(f"The guarantee holds only if {text}" for text in assumptions)
     if batching_name != "poisson":
         caveats.append(NOT_POISSON_CAVEAT)
     if batching_details is not None:
@@ -255,6 +267,15 @@ def _events(mechanism, q: float, steps: int) -> list:
     if steps:
         events.append(dp_accounting.SelfComposedDpEvent(mechanism.step_event(q), steps))
     return events
+
+
+def _check_assumptions(assumptions) -> list[str]:
+    if isinstance(assumptions, str) or not isinstance(assumptions, Sequence):
+        raise TypeError(f"`assumptions` must be a sequence of sentences; received {assumptions!r}.")
+    for text in assumptions:
+        if not isinstance(text, str) or not text.strip():
+            raise TypeError(f"`assumptions` must hold non-empty strings; received {text!r}.")
+    return [text.strip() for text in assumptions]
 
 
 def _batching(batching) -> tuple[str, dict | None]:
