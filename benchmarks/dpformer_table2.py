@@ -141,7 +141,6 @@ def summarize(a, reports: dict) -> dict:
                 "median_step_s": r.get("median_step_s"),
                 "peak_rss_mb": r.get("peak_rss_mb"),
                 "loss_per_epoch": r.get("loss_per_epoch"),
-                "item_frequencies": r.get("item_frequencies"),
             }
         )
     return {"rows": rows, "missing": missing}
@@ -264,9 +263,9 @@ def markdown(a, summary, info, command) -> str:
 
 def frequency_words(rows: list) -> str:
     """The item-frequency sources the runs' report.json files record, in words."""
-    sources = sorted({str((r.get("item_frequencies") or {}).get("source", "not recorded")) for r in rows})
+    sources = sorted({str(r.get("item_frequencies") or "not recorded") for r in rows})
     words = "item frequencies: " + (" / ".join(sources) or "no finished run") + " (as each run's report.json records)"
-    if "public" in sources:
+    if any(source.startswith("public") for source in sources):
         words += (
             "; 'public' frequencies are a privacy assumption (DPFormer Remark A.2): when they were computed from "
             "the training data the rows are NOT a valid DP result"

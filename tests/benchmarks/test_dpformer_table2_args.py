@@ -27,7 +27,9 @@ def test_default_is_the_dp_frequency_release(tmp_path):
     config = _config(_args(tmp_path), 8.0)
     assert config.frequencies == "private" and config.frequencies_file is None
     assert config.frequency_epsilon_share is None and config.popularity_prior and config.head_items == 4
-    assert "released with DP" in dpformer_table2._frequency_setting(_args(tmp_path))
+    # The section states each run's source as its report records it (a DP release here).
+    words = dpformer_table2.frequency_words([{"item_frequencies": "dp_gaussian z=30, eps 0.8 (10%)"}])
+    assert "dp_gaussian" in words and "NOT a valid DP result" not in words
     shared = _config(_args(tmp_path, frequency_epsilon_share=0.2), 8.0)
     assert shared.frequency_epsilon_share == 0.2
     assert _config(_args(tmp_path, frequency_epsilon_share=0.2), float("inf")).frequency_epsilon_share is None
@@ -38,7 +40,7 @@ def test_public_file_is_passed_as_public(tmp_path):
     path.write_text("1 0.5\n")
     config = _config(_args(tmp_path, frequencies_file=str(path)), 5.0)
     assert config.frequencies == "public" and config.frequencies_file == str(path)
-    assert "conditional" in dpformer_table2._frequency_setting(_args(tmp_path, frequencies_file=str(path)))
+    assert "privacy assumption" in dpformer_table2.frequency_words([{"item_frequencies": "public (file)"}])
 
 
 @pytest.mark.parametrize(
