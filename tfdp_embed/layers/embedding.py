@@ -63,6 +63,7 @@ class EmbeddingOccurrences:
     batch_size: tf.Tensor
 
 
+@keras.saving.register_keras_serializable(package="tfdp_embed")
 class DPEmbedding(keras.layers.Layer):
     """Embedding table for DP training; subclass it freely.
 

@@ -29,12 +29,13 @@ Kang & McAuley 2018 (SASRec, shared item embedding).
 
 from __future__ import annotations
 
-from tfdp_embed._keras import tf
+from tfdp_embed._keras import keras, tf
 from tfdp_embed.layers.embedding import DPEmbedding, EmbeddingOccurrences
 
 MODES = ("embed", "logits")
 
 
+@keras.saving.register_keras_serializable(package="tfdp_embed")
 class SharedEmbedding(DPEmbedding):
     """An item table that embeds ids and scores hidden states against all items.
 
