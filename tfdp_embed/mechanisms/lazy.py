@@ -54,6 +54,16 @@ and `assert_flushed()` let export and checkpoint code refuse an
 un-flushed model. All state (histories, per-step sums, RNG) is in
 variables: checkpoints resume un-flushed training exactly.
 
+No un-flushed row leaves training: `init` installs a read guard
+(`tfdp_embed.read_guard`) on each table and momentum slot, so every eager
+read outside the training step (`numpy()`, `get_weights()`, weights files,
+`.keras`, SavedModels, `tf.train.Checkpoint`, callbacks) flushes first,
+and a checkpoint that holds this mechanism is written after one flush
+(`_trackable_children`). Reads inside `read_guard.unguarded()` see the raw
+training state: the training step, this class's own bookkeeping, and
+`TrainingCheckpoint`, whose table is saved with the history of the noise it
+still owes. `detach()` removes hooks and guards.
+
 Example:
     >>> mechanism = LazyDP(l2_norm_clip=1.0, noise_multiplier=1.1)
     >>> dp_model = DPModel(model, mechanism=mechanism, expected_batch_size=256,
