@@ -38,6 +38,7 @@ from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.export import _without_read_hooks
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
 
@@ -440,8 +441,6 @@ class DPModel(keras.Model):
         `tfdp_embed.export.export_saved_model` to also write the privacy
         report beside it.
         """
-        from tfdp_embed.export import _without_read_hooks
-
         self._flush_if_prepared()
         with _without_read_hooks(self.inner):
             return self.inner.save(filepath, *args, **kwargs)
