@@ -445,6 +445,20 @@ class DPModel(keras.Model):
         with _without_read_hooks(self.inner):
             return self.inner.save(filepath, *args, **kwargs)
 
+    def get_config(self):
+        """Refused: a `DPModel` is the training wrapper, never a model to serialize.
+
+        Keras serializes a model's config before its state
+        (`keras.models.save_model(dp, "x.keras")`, `to_json`); refusing here
+        keeps the loss tracker's and compiled metrics' training statistics
+        out of any file. `dp.save(path)` saves the wrapped model.
+        """
+        raise PrivacyContractError(
+            "A DPModel is the training wrapper: serializing it would write its training metrics "
+            "(non-DP statistics of the training data). Save the released model with "
+            "dp_model.save(path) or tfdp_embed.export.export_saved_model(dp_model, path)."
+        )
+
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         """TF's object graph of a `DPModel` is its wrapped model alone (no mechanism, optimizer, metrics)."""
         if save_type == "savedmodel":

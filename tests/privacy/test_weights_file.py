@@ -253,12 +253,17 @@ def test_dp_weights_file_loads_into_the_bare_model_and_back(suffix, tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
-def test_tf_saved_model_save_of_dp_is_refused_with_the_export_path(tmp_path):
+@pytest.mark.parametrize("filename", ["saved", "model.keras"])
+def test_saving_the_training_wrapper_itself_is_refused_with_the_export_path(filename, tmp_path):
+    """tf.saved_model.save(dp) and keras.models.save_model(dp, ...) would write the wrapper's training state."""
     from tfdp_embed.errors import PrivacyContractError
 
     dp = _train("dense")
+    dp(np.zeros((1, 2), np.int32))  # built, so Keras gets as far as serializing it
     with pytest.raises(PrivacyContractError, match="export_saved_model"):
-        tf.saved_model.save(dp, str(tmp_path / "saved"))
+        tf.saved_model.save(dp, str(tmp_path / filename))
+    with pytest.raises(PrivacyContractError, match="export_saved_model"):
+        keras.models.save_model(dp, str(tmp_path / filename))
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
