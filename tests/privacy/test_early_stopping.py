@@ -33,13 +33,25 @@ MECHANISMS = {"dense": DenseDPSGD, "lazy": LazyDP}
 def _dp(name: str) -> DPModel:
     ids = keras.Input((2,), dtype="int32")
     table = DPEmbedding(
-        VOCAB, DIM, combiner="mean", name="items",
+        VOCAB,
+        DIM,
+        combiner="mean",
+        name="items",
         embeddings_initializer=keras.initializers.RandomUniform(-0.5, 0.5, seed=1),
     )
-    out = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=2))
+    out = keras.layers.Dense(
+        1, kernel_initializer=keras.initializers.GlorotUniform(seed=2)
+    )
     mechanism = MECHANISMS[name](l2_norm_clip=1.0, noise_multiplier=1.0, seed=3)
-    dp = DPModel(keras.Model(ids, out(table(ids))), mechanism=mechanism, expected_batch_size=BATCH)
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.3), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    dp = DPModel(
+        keras.Model(ids, out(table(ids))),
+        mechanism=mechanism,
+        expected_batch_size=BATCH,
+    )
+    dp.compile(
+        optimizer=keras.optimizers.legacy.SGD(0.3),
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
     return dp
 
 
@@ -64,28 +76,51 @@ class _FirstEpochIsBest(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs["score"] = -float(epoch)
         if epoch == 0:
-            self.first_epoch_weights = [w.copy() for w in self.model.inner.get_weights()]
+            self.first_epoch_weights = [
+                w.copy() for w in self.model.inner.get_weights()
+            ]
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
 def test_restore_best_weights_never_rolls_back_the_spent_budget(name):
     dp = _dp(name)
     mechanism = dp.mechanism
-    budget = PrivacyBudget(mechanism, sampling_probability=Q, target_epsilon=30.0, target_delta=DELTA, accountant="rdp")
+    budget = PrivacyBudget(
+        mechanism,
+        sampling_probability=Q,
+        target_epsilon=30.0,
+        target_delta=DELTA,
+        accountant="rdp",
+    )
     probe = _FirstEpochIsBest()
-    stop = keras.callbacks.EarlyStopping(monitor="score", mode="max", patience=EPOCHS, restore_best_weights=True)
+    stop = keras.callbacks.EarlyStopping(
+        monitor="score", mode="max", patience=EPOCHS, restore_best_weights=True
+    )
     dp.fit(_dataset(), epochs=EPOCHS, verbose=0, callbacks=[budget, probe, stop])
     assert stop.best_epoch == 0 and probe.steps_run == EPOCHS * N // BATCH
 
     steps = int(mechanism.steps.numpy())
-    assert steps == probe.steps_run == budget.ledger.steps, (steps, probe.steps_run, budget.ledger.steps)
+    assert steps == probe.steps_run == budget.ledger.steps, (
+        steps,
+        probe.steps_run,
+        budget.ledger.steps,
+    )
     # The README's recipe works and charges every step that was run.
     report = privacy_report(
-        mechanism=mechanism, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=steps,
-        ledger=budget.ledger, accountant="rdp",
+        mechanism=mechanism,
+        delta=DELTA,
+        sampling_probability=Q,
+        dataset_size=N,
+        steps=steps,
+        ledger=budget.ledger,
+        accountant="rdp",
     )
     all_steps = privacy_report(
-        mechanism=mechanism, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=probe.steps_run,
+        mechanism=mechanism,
+        delta=DELTA,
+        sampling_probability=Q,
+        dataset_size=N,
+        steps=probe.steps_run,
         accountant="rdp",
     )
     assert report["epsilon"] == pytest.approx(all_steps["epsilon"], rel=1e-9)
@@ -104,6 +139,8 @@ def test_load_weights_over_an_unflushed_table_gets_no_stale_noise(tmp_path):
     assert dp.mechanism.owes_noise()
     steps = int(dp.mechanism.steps.numpy())
     dp.load_weights(path)
-    assert int(dp.mechanism.steps.numpy()) == steps  # mechanism state is not in a weights file
+    assert (
+        int(dp.mechanism.steps.numpy()) == steps
+    )  # mechanism state is not in a weights file
     for got, want in zip(dp.inner.get_weights(), saved):
         np.testing.assert_array_equal(got, want)
