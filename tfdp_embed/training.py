@@ -32,13 +32,13 @@ References: Abadi et al. 2016 (DP-SGD); Li et al. 2022 and Bu et al. 2022
 from __future__ import annotations
 
 import functools
-import warnings
 
-from tfdp_embed import distribute
+from tfdp_embed import distribute, read_guard
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.export import _without_read_hooks
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
 
@@ -74,6 +74,16 @@ def _averaged_sum(clipped_sum, clip_factors, expected_batch_size: float, index: 
     return clipped_sum(clip_factors / expected_batch_size)[index]
 
 
+class _TrainingOnly:
+    """State `DPModel` keeps out of Keras/TF tracking, so no weights file, checkpoint or SavedModel of it holds it."""
+
+    __slots__ = ("mechanism", "loss_tracker")
+
+    def __init__(self, mechanism, loss_tracker):
+        self.mechanism = mechanism
+        self.loss_tracker = loss_tracker
+
+
 class DPModel(keras.Model):
     """Trains `model` with a noise mechanism; `fit`, callbacks and `tf.function` work.
 
@@ -89,6 +99,15 @@ class DPModel(keras.Model):
       lookahead: the dataset yields `(features, labels, lookahead)` where
         `lookahead` maps a `DPEmbedding` layer name to the next batch's unique
         ids (`tfdp_embed.data.with_lookahead`); LazyDP uses it.
+
+    What leaves training: `DPModel`'s own Keras/TF state is exactly the
+    wrapped model's weights. The mechanism (noise RNG, LazyDP's histories),
+    the optimizer and the loss tracker are training-only: `weights`,
+    `get_weights`, `save_weights`, `save` and `tf.train.Checkpoint(m=dp)`
+    hold the wrapped model alone, flushed first (LazyDP's owed noise is
+    added); `tf.saved_model.save(dp, ...)` is refused. Training state that
+    must resume exactly is saved with
+    `tfdp_embed.checkpointing.TrainingCheckpoint`.
 
     Raises:
       PrivacyContractError: when the model has components whose loss is not
@@ -125,7 +144,6 @@ class DPModel(keras.Model):
         from tfdp_embed import clipping  # registry functions live in the clipping package
 
         self.inner = model
-        self.mechanism = mechanism
         self.expected_batch_size = None if expected_batch_size is None else float(expected_batch_size)
         self.registry = registry if registry is not None else clipping.default_registry()
         self._fallback = clipping.vectorized_layer_gradients
@@ -133,7 +151,17 @@ class DPModel(keras.Model):
         self._loss_fn = None
         self._prepared = False
         self._trace_error = None
-        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self._training_only = _TrainingOnly(mechanism, keras.metrics.Mean(name="loss"))
+
+    @property
+    def mechanism(self) -> NoiseMechanism:
+        """The noise mechanism (training-only state: not among the model's weights)."""
+        return self._training_only.mechanism
+
+    @property
+    def loss_tracker(self) -> keras.metrics.Mean:
+        """The mean per-example loss metric (training-only state)."""
+        return self._training_only.loss_tracker
 
     # -- Keras plumbing -----------------------------------------------------
     def call(self, inputs, training=None):
@@ -234,7 +262,10 @@ class DPModel(keras.Model):
 
     def train_step(self, data):
         try:
-            return self._train_step(data)
+            # Run eagerly (`run_eagerly=True`), the step reads tables as its traced form does:
+            # unguarded, through read hooks that catch up what they read.
+            with read_guard.unguarded():
+                return self._train_step(data)
         except PrivacyContractError as error:
             # Errors raised while Keras traces the step reach `fit` re-wrapped by
             # AutoGraph as a StagingError; keep the original to re-raise it there.
@@ -355,12 +386,14 @@ class DPModel(keras.Model):
 
     def test_step(self, data):
         x, y, sample_weight, _ = self._unpack(data)
-        per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight, training=False)
+        with read_guard.unguarded():  # as in train_step
+            per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight, training=False)
         return self._update_metrics(per_example_loss, y, y_pred, sample_weight)
 
     def predict_step(self, data):
         x = self._unpack(data)[0]
-        return self.inner(x, training=False)
+        with read_guard.unguarded():  # as in train_step
+            return self.inner(x, training=False)
 
     # -- leaving training ---------------------------------------------------------
     def flush(self) -> None:
@@ -372,15 +405,67 @@ class DPModel(keras.Model):
                 "release the model."
             )
 
-    def save_weights(self, *args, **kwargs):
-        self.flush()
-        return super().save_weights(*args, **kwargs)
+    def _flush_if_prepared(self) -> None:
+        """`flush` once the mechanism is initialised (before, nothing can be owed)."""
+        if self._prepared:
+            self.flush()
 
-    def save(self, *args, **kwargs):
-        warnings.warn(
-            "DPModel.save saves the training wrapper; use tfdp_embed.export.export_saved_model "
-            "for serving (it flushes, drops mechanism state and writes the privacy report).",
-            stacklevel=2,
+    def get_weights(self):
+        """The wrapped model's weights, flushed (mechanism, optimizer and metrics are not weights)."""
+        self._flush_if_prepared()
+        return super().get_weights()
+
+    def set_weights(self, weights):
+        """Sets the wrapped model's weights; flushes first so LazyDP's history matches what is written."""
+        self._flush_if_prepared()
+        return super().set_weights(weights)
+
+    def save_weights(self, filepath, *args, **kwargs):
+        """Flushes, then writes the wrapped model's weights file (`self.inner.save_weights`).
+
+        The file holds model weights only; it loads into the bare wrapped
+        model (`inner.load_weights`) as well as into this `DPModel`.
+        """
+        self._flush_if_prepared()
+        return self.inner.save_weights(filepath, *args, **kwargs)
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """Loads a weights file of the wrapped model; flushes first (LazyDP's history stays consistent)."""
+        self._flush_if_prepared()
+        return self.inner.load_weights(filepath, *args, **kwargs)
+
+    def save(self, filepath, *args, **kwargs):
+        """Flushes, then saves the wrapped model (`self.inner.save`): the released model only.
+
+        No mechanism state, optimizer or read hook is saved. Use
+        `tfdp_embed.export.export_saved_model` to also write the privacy
+        report beside it.
+        """
+        self._flush_if_prepared()
+        with _without_read_hooks(self.inner):
+            return self.inner.save(filepath, *args, **kwargs)
+
+    def get_config(self):
+        """Refused: a `DPModel` is the training wrapper, never a model to serialize.
+
+        Keras serializes a model's config before its state
+        (`keras.models.save_model(dp, "x.keras")`, `to_json`); refusing here
+        keeps the loss tracker's and compiled metrics' training statistics
+        out of any file. `dp.save(path)` saves the wrapped model.
+        """
+        raise PrivacyContractError(
+            "A DPModel is the training wrapper: serializing it would write its training metrics "
+            "(non-DP statistics of the training data). Save the released model with "
+            "dp_model.save(path) or tfdp_embed.export.export_saved_model(dp_model, path)."
         )
-        self.flush()
-        return super().save(*args, **kwargs)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        """TF's object graph of a `DPModel` is its wrapped model alone (no mechanism, optimizer, metrics)."""
+        if save_type == "savedmodel":
+            raise PrivacyContractError(
+                "tf.saved_model.save of a DPModel would export the training wrapper (its traced "
+                "training machinery and optimizer). Export the released model with "
+                "tfdp_embed.export.export_saved_model(dp_model, path) (flushes and writes the "
+                "privacy report) or dp_model.save(path)."
+            )
+        return {"inner": self.inner}

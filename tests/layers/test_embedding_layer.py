@@ -109,6 +109,22 @@ def test_config_round_trip_and_subclass():
     assert isinstance(rebuilt.layers[1], DPEmbedding)
 
 
+def test_keras_file_loads_without_custom_objects(tmp_path):
+    """DPEmbedding and SharedEmbedding are registered Keras serializables (package tfdp_embed)."""
+    from tfdp_embed.layers.shared_embedding import SharedEmbedding
+
+    inp = keras.Input((2,), dtype="int32")
+    items = SharedEmbedding(10, 3, name="items")
+    pooled = DPEmbedding(10, 3, combiner="mean", name="pooled")(inp)
+    model = keras.Model(inp, items(pooled, mode="logits") + tf.reduce_sum(items(inp), axis=1)[:, :1])
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert {DPEmbedding, SharedEmbedding} <= {type(layer) for layer in loaded.layers}
+    ids = np.array([[1, 2], [7, 7]], np.int32)
+    np.testing.assert_allclose(loaded(ids), model(ids), rtol=1e-6)
+
+
 def test_read_hook_sees_bucket_ids_before_lookup():
     layer = _layer(combiner="sum")
     seen = []

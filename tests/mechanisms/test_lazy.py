@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from tfdp_embed import read_guard
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
@@ -107,11 +108,14 @@ class Harness:
         return self.weights()
 
     def weights(self):
-        out = [v.numpy() for v in self.model.weights]
-        if self.optimizer.get_slot_names():
-            out += [self.optimizer.get_slot(v, "momentum").numpy() for v in self.model.trainable_variables]
+        """The raw training state (un-flushed unless flushed): white-box reads skip the read guard."""
+        with read_guard.unguarded():
+            out = [v.numpy() for v in self.model.weights]
+            if self.optimizer.get_slot_names():
+                out += [self.optimizer.get_slot(v, "momentum").numpy() for v in self.model.trainable_variables]
         return out
 
+    @read_guard.unguarded()
     def reset(self, seed):
         self.model.set_weights(self.initial)
         self.optimizer.iterations.assign(0)
@@ -234,12 +238,14 @@ def test_checkpoint_mid_training_resumes_exactly(tmp_path, momentum):
 
     first = Harness(LazyDP(**kwargs), momentum=momentum)
     first.run(ids[:8], labels[:8], flush=False)
-    path = checkpoint(first).save(str(tmp_path / "ckpt"))
+    with read_guard.unguarded():  # training state, as TrainingCheckpoint writes it (un-flushed)
+        path = checkpoint(first).save(str(tmp_path / "ckpt"))
     first.run(ids[8:], labels[8:])
     # Restored after init (resume a run) and before init (restore, then DPModel.fit inits).
     after = Harness(LazyDP(**kwargs), momentum=momentum)
-    checkpoint(after).restore(path).assert_existing_objects_matched()
-    before = Harness(LazyDP(**kwargs), momentum=momentum, before_init=lambda h: checkpoint(h).restore(path))
+    with read_guard.unguarded():  # restored as saved (listing a LazyDP's children outside would flush it)
+        checkpoint(after).restore(path).assert_existing_objects_matched()
+        before = Harness(LazyDP(**kwargs), momentum=momentum, before_init=lambda h: checkpoint(h).restore(path))
     for resumed in (after, before):
         assert resumed.mechanism.owes_noise()
         np.testing.assert_array_equal(resumed.mechanism._histories[0].numpy(), first_histories(path))
@@ -353,8 +359,9 @@ def test_catch_up_draw_matches_closed_form(momentum):
 
     for _ in range(steps):
         step()
-    # Nothing was read: every row still holds zero and owes all 9 steps.
-    assert np.all(layer.embeddings.numpy() == 0)
+    # Nothing was read: every row still holds zero and owes all 9 steps (a raw, unguarded read).
+    with read_guard.unguarded():
+        assert np.all(layer.embeddings.numpy() == 0)
     mech.flush()  # one aggregated draw per row
     theta = layer.embeddings.numpy().ravel()
     # Brute force: w_r = (eta_r sigma C / B)^2, sigma = 0.5, C = 2, B = 4.
@@ -406,17 +413,22 @@ def test_lookahead_catches_up_only_next_batch_rows_once():
         optimizer.apply_gradients(mech.update(clipped))
         mech.after_apply({"idle": next_ids})
 
+    def raw_table():  # a white-box read of the un-flushed table (the read guard would flush it)
+        with read_guard.unguarded():
+            return layer.embeddings.numpy()
+
     step(tf.constant([3, 7, 7, 3]))  # duplicates are caught up once
     history = mech._histories[0].numpy()
     assert history[3] == history[7] == 2  # current through step 1, flag clear
     assert np.count_nonzero(history) == 2
-    assert np.count_nonzero(layer.embeddings.numpy().any(axis=1)) == 2  # only rows 3 and 7 moved
-    before = layer.embeddings.numpy()[[3, 7]]
+    assert np.count_nonzero(raw_table().any(axis=1)) == 2  # only rows 3 and 7 moved
+    before = raw_table()[[3, 7]]
     step(tf.constant([9]))
-    np.testing.assert_array_equal(layer.embeddings.numpy()[[3, 7]], before)  # deferred again
+    np.testing.assert_array_equal(raw_table()[[3, 7]], before)  # deferred again
     # A read through the layer catches a row up (the read hook): row 3 now owes step 2.
     layer(tf.constant([3]))
-    assert mech._histories[0].numpy()[3] == 4 and not np.array_equal(layer.embeddings.numpy()[3], before[0])
+    assert mech._histories[0].numpy()[3] == 4 and not np.array_equal(raw_table()[3], before[0])
+    assert mech.owes_noise()  # the lookup caught up row 3 only: no flush
 
 
 # -- degenerate settings ----------------------------------------------------------------

@@ -33,8 +33,10 @@ the realised noise depend on when checkpoints are taken, so a resumed run
 would no longer reproduce a run that was never interrupted. Restoring
 re-attaches table and history together (the mechanism's `steps` and
 `flushed_at` are restored too, so `owes_noise()` is true again), and the
-only ways out of training, `tfdp_embed.export.export_saved_model` and
-`DPModel.save_weights`, flush first. A plain `model.load_weights(<checkpoint>)`
+ways out of training (`tfdp_embed.export.export_saved_model`, `DPModel`'s
+`save_weights` / `save` / `get_weights`, and every eager read of the table,
+see `tfdp_embed.read_guard`) flush first; only this checkpoint reads the
+table raw. A plain `model.load_weights(<checkpoint>)`
 finds no model at the root (it is under `training_state`): Keras refuses
 ("Nothing except the root object matched") and loads nothing. The table stored here is therefore never "the model".
 
@@ -55,6 +57,7 @@ import logging
 import os
 import re
 
+from tfdp_embed import read_guard
 from tfdp_embed._keras import tf
 from tfdp_embed.accounting.ledger import PrivacyLedger
 from tfdp_embed.checkpointing import manifest as manifest_lib
@@ -274,7 +277,10 @@ class TrainingCheckpoint:
         )
         if os.path.exists(stale):
             os.remove(stale)
-        prefix = self._manager.save(checkpoint_number=step)
+        # Training state, not a release: the table is saved un-flushed, with the history of
+        # what each row owes (LazyDP's read guard would otherwise flush it first).
+        with read_guard.unguarded():
+            prefix = self._manager.save(checkpoint_number=step)
         owes = bool(mechanism.owes_noise())
         manifest = {
             "checkpoint": os.path.basename(prefix),
@@ -387,16 +393,19 @@ class TrainingCheckpoint:
                 iterations_before
             )  # undo the slot-creating zero step
             raise
-        status = self._root.restore(prefix)
-        try:
-            status.assert_consumed()
-        except (
-            AssertionError
-        ) as error:  # the manifest matched, so this means a library bug
-            raise CheckpointMismatchError(
-                f"Checkpoint {prefix} held values no variable of this run took ({error}); training state "
-                "is inconsistent, do not continue from it."
-            ) from None
+        # Training state: restored as saved and left un-flushed (a LazyDP flushes when a checkpoint
+        # outside `unguarded()` lists it, see LazyDP._trackable_children).
+        with read_guard.unguarded():
+            status = self._root.restore(prefix)
+            try:
+                status.assert_consumed()
+            except (
+                AssertionError
+            ) as error:  # the manifest matched, so this means a library bug
+                raise CheckpointMismatchError(
+                    f"Checkpoint {prefix} held values no variable of this run took ({error}); training state "
+                    "is inconsistent, do not continue from it."
+                ) from None
         self._adopted = True
         return self._resume_info(prefix, manifest)
 

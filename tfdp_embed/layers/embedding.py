@@ -13,6 +13,10 @@ Noise mechanisms that defer noise (LazyDP) install a *read hook* with
 `set_read_hook`: it runs on the bucket ids right before rows are read, so a
 row is always brought up to date before anybody reads it (a hook with a
 `gather` attribute also reads the rows for the lookup, gradient included).
+The hook is training machinery: a SavedModel trace (`tf.saved_model.save`,
+Keras `save`) never runs it, so no mechanism op or state is exported.
+Reads of the table outside the layer are guarded by the mechanism instead
+(`tfdp_embed.read_guard`).
 
 Example:
     >>> layer = DPEmbedding(vocabulary_size=1000, output_dim=8, combiner="mean")
@@ -21,10 +25,18 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable
 
+from tfdp_embed import read_guard
 from tfdp_embed._keras import keras, tf
+
+try:  # TensorFlow's flag for "a SavedModel is being traced" (no public accessor)
+    from tensorflow.python.saved_model.save_context import in_save_context as _in_save_context
+except ImportError:  # pragma: no cover
+    def _in_save_context() -> bool:
+        return False
 
 _COMBINERS = (None, "sum", "mean", "sqrtn")
 
@@ -51,6 +63,7 @@ class EmbeddingOccurrences:
     batch_size: tf.Tensor
 
 
+@keras.saving.register_keras_serializable(package="tfdp_embed")
 class DPEmbedding(keras.layers.Layer):
     """Embedding table for DP training; subclass it freely.
 
@@ -126,6 +139,14 @@ class DPEmbedding(keras.layers.Layer):
     @property
     def read_hook(self):
         return self._read_hook
+
+    def _active_read_hook(self):
+        """The read hook, or None while a SavedModel traces the layer (exports carry no mechanism)."""
+        return None if _in_save_context() else self._read_hook
+
+    def _own_read(self):
+        """Context of the layer's table read: with a hook, the rows it reads were just caught up."""
+        return read_guard.unguarded() if self._active_read_hook() is not None else contextlib.nullcontext()
 
     # -- ids ----------------------------------------------------------------
     def bucket_ids(self, ids, *, check_range: bool = True):
@@ -245,18 +266,23 @@ class DPEmbedding(keras.layers.Layer):
         if isinstance(ids, tf.SparseTensor):
             ids = tf.RaggedTensor.from_sparse(ids)
         read = None  # the rows of `ids`, flat, when the read hook gathered them
-        if self._read_hook is not None:
+        hook = self._active_read_hook()
+        if hook is not None:
             flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
-            gather = getattr(self._read_hook, "gather", None)
+            gather = getattr(hook, "gather", None)
             read = gather(flat) if gather is not None else None
             if read is None:
-                self._read_hook(flat)
+                hook(flat)
             else:
                 read = tf.cast(read, self.compute_dtype)
         if isinstance(ids, tf.RaggedTensor):
             self._require_combiner("ragged or sparse ids")
             # ragged [batch, None, dim]
-            rows = tf.gather(self.embeddings, ids) if read is None else ids.with_flat_values(read)
+            if read is None:
+                with self._own_read():
+                    rows = tf.gather(self.embeddings, ids)
+            else:
+                rows = ids.with_flat_values(read)
             if self.combiner == "sum":
                 return tf.reduce_sum(rows, axis=1)
             if self.combiner == "mean":
@@ -269,7 +295,8 @@ class DPEmbedding(keras.layers.Layer):
                 f"received shape {ids.shape}."
             )
         if read is None:
-            rows = tf.gather(self.embeddings, ids)
+            with self._own_read():
+                rows = tf.gather(self.embeddings, ids)
         else:
             rows = tf.reshape(read, tf.concat([tf.shape(ids), [self.output_dim]], 0))
             rows.set_shape(ids.shape.concatenate([self.output_dim]))

@@ -29,12 +29,13 @@ Kang & McAuley 2018 (SASRec, shared item embedding).
 
 from __future__ import annotations
 
-from tfdp_embed._keras import tf
+from tfdp_embed._keras import keras, tf
 from tfdp_embed.layers.embedding import DPEmbedding, EmbeddingOccurrences
 
 MODES = ("embed", "logits")
 
 
+@keras.saving.register_keras_serializable(package="tfdp_embed")
 class SharedEmbedding(DPEmbedding):
     """An item table that embeds ids and scores hidden states against all items.
 
@@ -186,10 +187,12 @@ class SharedEmbedding(DPEmbedding):
                 f"hidden states must equal `output_dim`={self.output_dim}; received shape "
                 f"{hidden.shape}."
             )
-        if self._read_hook is not None:
+        hook = self._active_read_hook()
+        if hook is not None:
             # The output projection reads every row.
-            self._read_hook(tf.range(self.vocabulary_size, dtype=tf.int64))
-        table = tf.cast(self.embeddings, self.compute_dtype)
+            hook(tf.range(self.vocabulary_size, dtype=tf.int64))
+        with self._own_read():
+            table = tf.cast(self.embeddings, self.compute_dtype)
         hidden = tf.cast(hidden, self.compute_dtype)
         flat = tf.reshape(hidden, [-1, self.output_dim])
         logits = tf.matmul(flat, table, transpose_b=True)

@@ -54,6 +54,16 @@ and `assert_flushed()` let export and checkpoint code refuse an
 un-flushed model. All state (histories, per-step sums, RNG) is in
 variables: checkpoints resume un-flushed training exactly.
 
+No un-flushed row leaves training: `init` installs a read guard
+(`tfdp_embed.read_guard`) on each table and momentum slot, so every eager
+read outside the training step (`numpy()`, `get_weights()`, weights files,
+`.keras`, SavedModels, `tf.train.Checkpoint`, callbacks) flushes first,
+and a checkpoint that holds this mechanism is written after one flush
+(`_trackable_children`). Reads inside `read_guard.unguarded()` see the raw
+training state: the training step, this class's own bookkeeping, and
+`TrainingCheckpoint`, whose table is saved with the history of the noise it
+still owes. `detach()` removes hooks and guards.
+
 Example:
     >>> mechanism = LazyDP(l2_norm_clip=1.0, noise_multiplier=1.1)
     >>> dp_model = DPModel(model, mechanism=mechanism, expected_batch_size=256,
@@ -77,6 +87,7 @@ import weakref
 import dp_accounting
 import numpy as np
 
+from tfdp_embed import read_guard
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
@@ -98,6 +109,17 @@ _FLUSH_FUNCTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 # Everything here is straight-line TF with explicit tf.cond: autograph would only slow tracing.
 _plain_python = tf.autograph.experimental.do_not_convert
+
+
+def _raw_reads(method):
+    """The mechanism's own bookkeeping reads the raw table: it knows what each row owes."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with read_guard.unguarded():
+            return method(*args, **kwargs)
+
+    return wrapper
 
 
 def _sgd_settings(optimizer) -> tuple:
@@ -284,8 +306,9 @@ class LazyDP(NoiseMechanism):
                     name=f"history_{layer.name}",
                 )
             )
+            read_guard.install(layer.embeddings, self._flush_before_read)
             if self._beta > 0:
-                optimizer.add_slot(layer.embeddings, "momentum")
+                read_guard.install(optimizer.add_slot(layer.embeddings, "momentum"), self._flush_before_read)
             hook = functools.partial(self._bring_current, index)
             hook.gather = functools.partial(self._read_rows, index)  # see DPEmbedding.set_read_hook
             layer.set_read_hook(hook)
@@ -303,12 +326,43 @@ class LazyDP(NoiseMechanism):
         self._initialized = True
 
     def detach(self) -> None:
-        """Removes the read hooks (export does this itself); rows read afterwards are not caught up."""
+        """Removes the read hooks and read guards; rows read afterwards are not caught up."""
         for layer in self._tables:
             layer.set_read_hook(None)
+            read_guard.remove(layer.embeddings)
+            if self._beta > 0:
+                read_guard.remove(self._optimizer.get_slot(layer.embeddings, "momentum"))
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        """A checkpoint holding this mechanism is written flushed, unless written in `read_guard.unguarded()`.
+
+        Listing the children comes before any value is serialized, so the
+        table, momentum, history and RNG states it saves are all taken after
+        the flush (a flush at the table's read alone could follow the save of
+        the history or RNG state). `TrainingCheckpoint` writes inside
+        `unguarded()`: training state, un-flushed.
+        """
+        if save_type == "checkpoint" and read_guard.active():
+            with read_guard.unguarded():
+                self._flush_before_read()
+        return super()._trackable_children(save_type, **kwargs)
+
+    def _flush_before_read(self) -> None:
+        """The read guard of every table (and momentum slot): an eager read sees a flushed table.
+
+        Installed by `init` with `tfdp_embed.read_guard`: `numpy()`,
+        `get_weights()`, weights files, checkpoints and SavedModels of the
+        table read it eagerly outside the training step, and get every row
+        with its owed noise (catching rows up early is exact). Reads in the
+        traced training step are not guarded: its read hooks catch up what
+        it reads.
+        """
+        if self.owes_noise():
+            self.flush()
 
     # -- the step -----------------------------------------------------------
     @_plain_python
+    @_raw_reads
     def update(self, clipped: ClippedGradients) -> list:
         """Dense noise on non-table variables; tables get their noiseless sparse gradient.
 
@@ -386,6 +440,7 @@ class LazyDP(NoiseMechanism):
         return self.noise_multiplier * self.l2_norm_clip / float(clipped.expected_batch_size)
 
     @_plain_python
+    @_raw_reads
     def after_apply(self, lookahead: dict | None) -> None:
         """Catches up the next batch's rows: `lookahead` maps table name -> ids as fed to the layer.
 
@@ -420,6 +475,7 @@ class LazyDP(NoiseMechanism):
                 self._bring_current(index, tf.unique(rows).y, unique=True)
 
     # -- leaving training -----------------------------------------------------
+    @_raw_reads
     def flush(self) -> None:
         """Brings every row of every table up to date, `flush_chunk_rows` rows at a time."""
         self._require_init()
@@ -533,6 +589,7 @@ class LazyDP(NoiseMechanism):
         return self._fused_step() and var.dtype.base_dtype == tf.float32 and hasattr(var, "handle")
 
     @_plain_python
+    @_raw_reads
     def _read_rows(self, index: int, ids):
         """The lookup's read: catches up `ids` and returns their rows in one op, or None.
 
@@ -547,6 +604,7 @@ class LazyDP(NoiseMechanism):
         )
 
     @_plain_python
+    @_raw_reads
     def _bring_current(self, index: int, ids, *, unique: bool = False, stamp=None) -> tf.Tensor:
         """Catches up the rows among `ids` that are behind the current step; returns whether any were.
 
