@@ -12,8 +12,13 @@ output gradients); a dense `[batch, vocab, dim]` tensor is never built.
 Per-example losses are required: the DP argument clips each example's
 gradient, which is only meaningful when loss_i depends on example i alone.
 Losses that mix examples (in-batch negatives, e.g. `tfrs.tasks.Retrieval`,
-batch normalisation in training mode) break it and are rejected where
-detectable.
+batch normalisation in training mode) break it. `prepare` checks this by
+behaviour on the first batch, before anything trains
+(`tfdp_embed.contract`): a training-mode forward pass must leave every
+non-trainable variable unchanged, the other examples' losses must not
+change when one example is removed, and the clipping rules must account
+for the whole gradient. It refuses the model otherwise, naming the layer
+(or the loss) at fault.
 
 Example:
     >>> inputs = keras.Input((4,), dtype="int32")
@@ -31,10 +36,14 @@ References: Abadi et al. 2016 (DP-SGD); Li et al. 2022 and Bu et al. 2022
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import warnings
 
-from tfdp_embed import distribute
+import numpy as np
+
+from tfdp_embed import contract, distribute
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
@@ -69,6 +78,38 @@ def _reject_non_per_example(model) -> None:
             )
 
 
+_PROBE_BATCHES = 4  # batches of a dataset searched for one with >= 2 examples
+
+
+def _training_batches(x, args, kwargs):
+    """`fit`'s data as a dataset the contract check can read: `x` itself, or one batch of arrays."""
+    if isinstance(x, tf.data.Dataset):
+        return x
+    try:
+        bound = inspect.signature(keras.Model.fit).bind(None, x, *args, **kwargs).arguments
+    except TypeError:
+        return None
+    leaves = tf.nest.flatten((x, bound.get("y"), bound.get("sample_weight")))
+    if x is None or not all(isinstance(a, (np.ndarray, tf.Tensor)) or a is None for a in leaves):
+        return None  # generators, Sequences, DatasetCreators: nothing to slice
+    batch_size = bound.get("batch_size") or 32
+    data = keras.utils.pack_x_y_sample_weight(x, bound.get("y"), bound.get("sample_weight"))
+    return tf.data.Dataset.from_tensor_slices(data).batch(batch_size).take(1)
+
+
+@contextlib.contextmanager
+def _read_hooks_removed(tables):
+    """No read hook (LazyDP's catch-up) runs inside the block: the contract checks read, never update."""
+    hooks = [table.read_hook for table in tables]
+    try:
+        for table in tables:
+            table.set_read_hook(None)
+        yield
+    finally:
+        for table, hook in zip(tables, hooks):
+            table.set_read_hook(hook)
+
+
 def _averaged_sum(clipped_sum, clip_factors, expected_batch_size: float, index: int) -> tf.IndexedSlices:
     """Variable `index`'s clipped sum divided by the expected batch size, via c_i / B."""
     return clipped_sum(clip_factors / expected_batch_size)[index]
@@ -89,10 +130,17 @@ class DPModel(keras.Model):
       lookahead: the dataset yields `(features, labels, lookahead)` where
         `lookahead` maps a `DPEmbedding` layer name to the next batch's unique
         ids (`tfdp_embed.data.with_lookahead`); LazyDP uses it.
+      check_per_example: on the first batch, check that each example's loss
+        depends on that example alone and that the clipping rules cover the
+        whole gradient (a few eager forward passes, once). Turn it off only to
+        save that time on a model known to pass; a warning says it is off.
+        The check that training leaves non-trainable state alone always runs.
 
     Raises:
       PrivacyContractError: when the model has components whose loss is not
-        per-example, or trainable variables no layer owns.
+        per-example, or trainable variables no layer owns (at `prepare`/`fit`:
+        layers that update state or mix examples in training, subclasses the
+        clipping rules cannot describe).
     """
 
     def __init__(
@@ -103,6 +151,7 @@ class DPModel(keras.Model):
         expected_batch_size: float | None = None,
         registry=None,
         lookahead: bool = False,
+        check_per_example: bool = True,
         name: str | None = None,
     ):
         super().__init__(name=name or f"dp_{model.name}")
@@ -130,8 +179,10 @@ class DPModel(keras.Model):
         self.registry = registry if registry is not None else clipping.default_registry()
         self._fallback = clipping.vectorized_layer_gradients
         self.lookahead = bool(lookahead)
+        self.check_per_example = bool(check_per_example)
         self._loss_fn = None
         self._prepared = False
+        self._contract_pending = True
         self._trace_error = None
         self.loss_tracker = keras.metrics.Mean(name="loss")
 
@@ -154,7 +205,10 @@ class DPModel(keras.Model):
         return [self.loss_tracker, *super().metrics]
 
     def fit(self, x=None, *args, **kwargs):
-        self.prepare(x)
+        data = _training_batches(x, args, kwargs)
+        self.prepare(data)
+        if self._contract_pending:
+            self._check_contract(data)
         self._trace_error = None
         try:
             return super().fit(x, *args, **kwargs)
@@ -165,26 +219,40 @@ class DPModel(keras.Model):
 
     # -- setup ----------------------------------------------------------------
     def prepare(self, data=None) -> None:
-        """Builds the wrapped model (from one batch of `data` if needed) and inits the mechanism."""
+        """Builds the wrapped model, checks the per-example contract, and inits the mechanism.
+
+        With a `tf.data.Dataset`, the model is built from its first batch and the
+        contract (`tfdp_embed.contract`) is checked on it (on one of its first
+        batches with >= 2 examples); without one, the model must be built and
+        `fit` checks the contract on its own data.
+
+        Raises:
+          PrivacyContractError: the model breaks the per-example contract.
+        """
         if self._prepared:
             return
+        batch = None
         if isinstance(data, tf.data.Dataset):
-            first = next(iter(data.take(1)), None)
-            if first is None:
-                raise ValueError("The training dataset is empty: it yielded no batch.")
+            batch = self._probe_batch(data)
             # One eager forward pass builds the model and checks the loss is per example,
             # so a wrong loss fails here with a plain error, not inside the traced step.
-            x, y, sample_weight, _ = self._unpack(first)
+            x, y, sample_weight, _ = self._unpack(batch)
             self._per_example_loss(x, y, sample_weight, training=False)
         elif not self.inner.built or not self.inner.trainable_variables:
             raise ValueError(
                 f"Model {self.inner.name!r} is not built; build it (call it once) or pass a "
                 "tf.data.Dataset to `fit` so it can be built from the first batch."
             )
+        _reject_non_per_example(self.inner)  # again: components created while building
         self._tapped_layers = layers_owning_weights(self.inner)
+        for layer in self._tapped_layers:
+            self.registry.lookup(layer)  # refuses subclasses the clipping rules cannot describe
         self._tables = [
             layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)
         ]
+        if batch is not None:
+            # Before mechanism.init: no read hook (LazyDP) runs on the check's forward passes.
+            self._check_contract(batch=batch)
         table_vars = {layer.embeddings.ref() for layer in self._tables}
         dense = [v for v in self.inner.trainable_variables if v.ref() not in table_vars]
         strategy = self.distribute_strategy
@@ -196,6 +264,96 @@ class DPModel(keras.Model):
             self.mechanism.init(tables=self._tables, dense_variables=dense, optimizer=self.optimizer)
         distribute.check_identical_state(self.mechanism, strategy)
         self._prepared = True
+
+    def _probe_batch(self, data: tf.data.Dataset):
+        """The first batch of `data` with >= 2 examples among its first few, else its first."""
+        first = None
+        for element in data.take(_PROBE_BATCHES):
+            if first is None:
+                first = element
+            size = contract.batch_size_of(self._unpack(element)[:3])
+            if size is not None and size >= 2:
+                return element
+        if first is None:
+            raise ValueError("The training dataset is empty: it yielded no batch.")
+        return first
+
+    def _check_contract(self, data=None, *, batch=None) -> None:
+        """Checks the per-example contract on `batch` (or a batch of `data`); see `tfdp_embed.contract`.
+
+        State updates are always checked; independence and rule coverage unless
+        `check_per_example=False`. Independence needs >= 2 examples: on a smaller
+        batch it waits for `fit`'s data, and warns if that has none either.
+        """
+        if not self.mechanism.clips_per_example:
+            self._contract_pending = False
+            return
+        if batch is None:
+            batch = self._probe_batch(data) if isinstance(data, tf.data.Dataset) else None
+        if batch is None:
+            self._contract_pending = False
+            warnings.warn(
+                "DPModel could not check the per-example contract (no layer updates state in "
+                "training, each example's loss depends on it alone): it needs a tf.data.Dataset "
+                "or arrays to read one batch from. Pass one to `prepare` or `fit`.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
+        x, y, sample_weight, _ = self._unpack(batch)
+
+        def forward(training=True, x=x, y=y, sample_weight=sample_weight):
+            return self._per_example_loss(x, y, sample_weight, training=training)[0]
+
+        with _read_hooks_removed(self._tables):
+            contract.check_no_state_updates(self.inner, forward)
+            if not self.check_per_example:
+                self._contract_pending = False
+                warnings.warn(
+                    "DPModel(check_per_example=False): nothing checks that each example's loss "
+                    "depends on that example alone or that the clipping rules cover the whole "
+                    "gradient; the privacy guarantee assumes both.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return
+            mode = self._check_independence(x, y, sample_weight, forward)
+            with contract.deterministic(self.inner):
+                contract.check_rules_cover_gradients(
+                    self.inner,
+                    self._tapped_layers,
+                    registry=self.registry,
+                    fallback=self._fallback,
+                    forward=lambda: forward(training=mode == "training"),
+                )
+
+    def _check_independence(self, x, y, sample_weight, forward) -> str:
+        """Runs `contract.check_independence` if the batch allows it; the mode it checked."""
+        size = contract.batch_size_of((x, y, sample_weight))
+        if size is None or size < 2:
+            if self._prepared:  # fit's data: there is no later chance
+                self._contract_pending = False
+                warnings.warn(
+                    f"DPModel could not check that each example's loss depends on that example "
+                    f"alone: none of the first {_PROBE_BATCHES} batches has two examples.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            return "training"
+        if self._loss_fn is None:
+            loss_name = f"`{type(self.inner).__name__}.compute_loss`"
+        else:
+            loss_name = getattr(self._loss_fn, "name", None) or getattr(
+                self._loss_fn, "__name__", type(self._loss_fn).__name__
+            )
+        mode = contract.check_independence(
+            self.inner,
+            lambda x, y, w, training: forward(training, x, y, w),
+            (x, y, sample_weight),
+            loss_name=loss_name,
+        )
+        self._contract_pending = False
+        return mode
 
     # -- the step -------------------------------------------------------------
     def _unpack(self, data):
@@ -247,7 +405,7 @@ class DPModel(keras.Model):
         x, y, sample_weight, lookahead = self._unpack(data)
         if not self.mechanism.clips_per_example:
             return self._non_private_step(x, y, sample_weight)
-        with record_taps(self._tapped_layers) as taps:
+        with record_taps(self._tapped_layers, self.registry) as taps:
             with tf.GradientTape() as tape:
                 per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight)
                 # Inside the tape: the checked tensor is what the backward pass starts from.

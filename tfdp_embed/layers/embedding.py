@@ -14,6 +14,11 @@ Noise mechanisms that defer noise (LazyDP) install a *read hook* with
 row is always brought up to date before anybody reads it (a hook with a
 `gather` attribute also reads the rows for the lookup, gradient included).
 
+Subclass it by overriding `call` around `self.lookup(ids)` (e.g.
+`return 10 * self.lookup(ids)`): the clipping taps record `lookup`, so the
+per-example norms include what `call` adds. Read rows only through
+`lookup`; `DPModel` refuses a table read another way.
+
 Example:
     >>> layer = DPEmbedding(vocabulary_size=1000, output_dim=8, combiner="mean")
     >>> pooled = layer(tf.ragged.constant([[1, 2, 2], [7]]))  # shape [2, 8]
@@ -241,6 +246,17 @@ class DPEmbedding(keras.layers.Layer):
 
     # -- forward ------------------------------------------------------------
     def call(self, ids):
+        """Looks `ids` up (`lookup`); subclasses override this to transform the rows."""
+        return self.lookup(ids)
+
+    def lookup(self, ids):
+        """The pooled (or per-id) rows of `ids`: the math the clipping rule describes.
+
+        Per-example clipping records this method, not `call`, so a subclass's
+        `call` may do anything with what it returns (scale, normalise, mask)
+        and its norms stay exact. Do not override it: `DPModel` refuses a
+        subclass that does (override `call` instead).
+        """
         ids = self.bucket_ids(ids)
         if isinstance(ids, tf.SparseTensor):
             ids = tf.RaggedTensor.from_sparse(ids)

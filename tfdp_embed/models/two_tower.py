@@ -350,9 +350,16 @@ def item_embedding_gradients(
 
 def two_tower_registry() -> LayerRegistry:
     """The default clipping registry with `ItemEmbedding`'s rule first (it must win over DPEmbedding's)."""
-    return LayerRegistry(
-        [(ItemEmbedding, item_embedding_gradients), *default_registry()]
+    registry = LayerRegistry()
+    # Tapped on `call` (it reads the queries and logits there); a subclass that
+    # changes `call` or `lookup` changes the math the rule describes.
+    registry.register(
+        ItemEmbedding,
+        item_embedding_gradients,
+        described=("lookup", "candidates"),
+        if_overridden="refuse",
     )
+    return LayerRegistry([*registry, *default_registry()])
 
 
 class TwoTowerModel(tfrs.Model):
