@@ -315,6 +315,21 @@ def test_dense_subclass_overriding_call_gets_exact_norms():
         _assert_exact_and_bounded(build)
 
 
+def test_sigmoid_output_with_a_probability_loss_is_bounded_and_exact():
+    # Old code: Keras' loss read the sigmoid's logits past the recorded output, so the rule saw
+    # no gradient for the last layer: it got zero per-example norm and trained on noise alone.
+    _assert_exact_and_bounded(_sigmoid_head, loss=keras.losses.BinaryCrossentropy())
+
+
+def _sigmoid_head():
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((IDS,), dtype="int32")
+    x = DPEmbedding(VOCAB, DIM, combiner="mean", embeddings_initializer="normal")(inputs)
+    x = keras.layers.Dense(6, activation="tanh", kernel_initializer="normal")(x)
+    head = keras.layers.Dense(1, activation="sigmoid", kernel_initializer=keras.initializers.Constant(3.0))
+    return keras.Model(inputs, head(x))
+
+
 def test_full_softmax_over_the_item_table_is_bounded_and_exact():
     _assert_exact_and_bounded(FullSoftmax, loss=None, batch=_pairs(), registry=two_tower_registry())
 

@@ -12,6 +12,13 @@ The method recorded is the one the layer's registry rule reads
 so that what a subclass's `call` does around the lookup (a scale, a
 normalisation) is part of the output gradient the rule sees; `call` for
 every other layer.
+
+A sigmoid or softmax activation lets a Keras loss with `from_logits=False`
+read the pre-activation logits directly, past the layer's output; the
+rule, which back-propagates from the recorded output, would then see no
+gradient at all. The output of such a layer is therefore recorded and
+returned as a fresh tensor (`tf.identity`), so the loss is computed from
+the output the rule sees (as for any other output of probabilities).
 """
 
 from __future__ import annotations
@@ -69,6 +76,13 @@ def layers_owning_weights(model) -> list:
     return out
 
 
+def _returns_logits_shortcut(layer) -> bool:
+    """A sigmoid/softmax activation: Keras losses may read its logits instead of its output."""
+    activation = getattr(layer, "activation", None)
+    shortcuts = (keras.activations.sigmoid, keras.activations.softmax, tf.nn.sigmoid, tf.math.sigmoid, tf.nn.softmax)
+    return activation is not None and any(activation is a for a in shortcuts)
+
+
 @contextlib.contextmanager
 def record_taps(layers: Sequence[keras.layers.Layer], registry=None) -> Iterator[list]:
     """Records every call of `layers` inside the block; yields a list of `LayerTaps`.
@@ -113,6 +127,8 @@ def record_taps(layers: Sequence[keras.layers.Layer], registry=None) -> Iterator
                     f"({type(tap.layer).__name__}) to return one dense tensor; it "
                     f"returned {type(outputs).__name__}."
                 )
+            if _returns_logits_shortcut(tap.layer):
+                outputs = tf.identity(outputs)  # the loss must go through the recorded output
             tap.calls.append(LayerCall(args=args, kwargs=kwargs, outputs=outputs))
             return outputs
 
