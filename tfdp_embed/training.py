@@ -36,12 +36,8 @@ References: Abadi et al. 2016 (DP-SGD); Li et al. 2022 and Bu et al. 2022
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import inspect
 import warnings
-
-import numpy as np
 
 from tfdp_embed import contract, distribute
 from tfdp_embed._keras import keras, tf
@@ -79,35 +75,6 @@ def _reject_non_per_example(model) -> None:
 
 
 _PROBE_BATCHES = 4  # batches of a dataset searched for one with >= 2 examples
-
-
-def _training_batches(x, args, kwargs):
-    """`fit`'s data as a dataset the contract check can read: `x` itself, or one batch of arrays."""
-    if isinstance(x, tf.data.Dataset):
-        return x
-    try:
-        bound = inspect.signature(keras.Model.fit).bind(None, x, *args, **kwargs).arguments
-    except TypeError:
-        return None
-    leaves = tf.nest.flatten((x, bound.get("y"), bound.get("sample_weight")))
-    if x is None or not all(isinstance(a, (np.ndarray, tf.Tensor)) or a is None for a in leaves):
-        return None  # generators, Sequences, DatasetCreators: nothing to slice
-    batch_size = bound.get("batch_size") or 32
-    data = keras.utils.pack_x_y_sample_weight(x, bound.get("y"), bound.get("sample_weight"))
-    return tf.data.Dataset.from_tensor_slices(data).batch(batch_size).take(1)
-
-
-@contextlib.contextmanager
-def _read_hooks_removed(tables):
-    """No read hook (LazyDP's catch-up) runs inside the block: the contract checks read, never update."""
-    hooks = [table.read_hook for table in tables]
-    try:
-        for table in tables:
-            table.set_read_hook(None)
-        yield
-    finally:
-        for table, hook in zip(tables, hooks):
-            table.set_read_hook(hook)
 
 
 def _averaged_sum(clipped_sum, clip_factors, expected_batch_size: float, index: int) -> tf.IndexedSlices:
@@ -205,7 +172,7 @@ class DPModel(keras.Model):
         return [self.loss_tracker, *super().metrics]
 
     def fit(self, x=None, *args, **kwargs):
-        data = _training_batches(x, args, kwargs)
+        data = x if isinstance(x, tf.data.Dataset) else contract.one_batch_of_arrays(x, args, kwargs)
         self.prepare(data)
         if self._contract_pending:
             self._check_contract(data)
@@ -281,15 +248,14 @@ class DPModel(keras.Model):
     def _check_contract(self, data=None, *, batch=None) -> None:
         """Checks the per-example contract on `batch` (or a batch of `data`); see `tfdp_embed.contract`.
 
-        State updates are always checked; independence and rule coverage unless
-        `check_per_example=False`. Independence needs >= 2 examples: on a smaller
-        batch it waits for `fit`'s data, and warns if that has none either.
+        The independence check needs >= 2 examples: on a smaller batch in
+        `prepare` it waits for `fit`'s data, and warns if that has none either.
         """
         if not self.mechanism.clips_per_example:
             self._contract_pending = False
             return
-        if batch is None:
-            batch = self._probe_batch(data) if isinstance(data, tf.data.Dataset) else None
+        if batch is None and isinstance(data, tf.data.Dataset):
+            batch = self._probe_batch(data)
         if batch is None:
             self._contract_pending = False
             warnings.warn(
@@ -300,60 +266,31 @@ class DPModel(keras.Model):
                 stacklevel=3,
             )
             return
-        x, y, sample_weight, _ = self._unpack(batch)
-
-        def forward(training=True, x=x, y=y, sample_weight=sample_weight):
-            return self._per_example_loss(x, y, sample_weight, training=training)[0]
-
-        with _read_hooks_removed(self._tables):
-            contract.check_no_state_updates(self.inner, forward)
-            if not self.check_per_example:
-                self._contract_pending = False
-                warnings.warn(
-                    "DPModel(check_per_example=False): nothing checks that each example's loss "
-                    "depends on that example alone or that the clipping rules cover the whole "
-                    "gradient; the privacy guarantee assumes both.",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                return
-            mode = self._check_independence(x, y, sample_weight, forward)
-            with contract.deterministic(self.inner):
-                contract.check_rules_cover_gradients(
-                    self.inner,
-                    self._tapped_layers,
-                    registry=self.registry,
-                    fallback=self._fallback,
-                    forward=lambda: forward(training=mode == "training"),
-                )
-
-    def _check_independence(self, x, y, sample_weight, forward) -> str:
-        """Runs `contract.check_independence` if the batch allows it; the mode it checked."""
-        size = contract.batch_size_of((x, y, sample_weight))
-        if size is None or size < 2:
-            if self._prepared:  # fit's data: there is no later chance
-                self._contract_pending = False
-                warnings.warn(
-                    f"DPModel could not check that each example's loss depends on that example "
-                    f"alone: none of the first {_PROBE_BATCHES} batches has two examples.",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
-            return "training"
-        if self._loss_fn is None:
-            loss_name = f"`{type(self.inner).__name__}.compute_loss`"
-        else:
-            loss_name = getattr(self._loss_fn, "name", None) or getattr(
-                self._loss_fn, "__name__", type(self._loss_fn).__name__
+        with contract.read_hooks_removed(self._tables):
+            ran = contract.check_model(
+                self.inner,
+                self._unpack(batch)[:3],
+                forward=lambda training, x, y, w: self._per_example_loss(x, y, w, training=training)[0],
+                tapped_layers=self._tapped_layers,
+                registry=self.registry,
+                fallback=self._fallback,
+                loss_name=self._loss_name(),
+                check_per_example=self.check_per_example,
             )
-        mode = contract.check_independence(
-            self.inner,
-            lambda x, y, w, training: forward(training, x, y, w),
-            (x, y, sample_weight),
-            loss_name=loss_name,
-        )
-        self._contract_pending = False
-        return mode
+        self._contract_pending = not ran and not self._prepared
+        if not ran and self._prepared:  # fit's data: there is no later chance
+            warnings.warn(
+                "DPModel could not check that each example's loss depends on that example alone: "
+                f"none of the first {_PROBE_BATCHES} batches has two examples.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def _loss_name(self) -> str:
+        if self._loss_fn is None:
+            return f"`{type(self.inner).__name__}.compute_loss`"
+        fn = self._loss_fn
+        return getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
 
     # -- the step -------------------------------------------------------------
     def _unpack(self, data):

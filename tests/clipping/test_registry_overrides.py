@@ -18,7 +18,11 @@ from tfdp_embed.clipping import (
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.layers.shared_embedding import SharedEmbedding
-from tfdp_embed.models.two_tower import ItemEmbedding, item_embedding_gradients, two_tower_registry
+from tfdp_embed.models.two_tower import (
+    ItemEmbedding,
+    item_embedding_gradients,
+    two_tower_registry,
+)
 
 from .brute_force import check_against_brute_force
 
@@ -127,9 +131,9 @@ def test_copies_and_concatenations_keep_tapped_methods():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(tapped_method="no_such_method"), "no_such_method"),
-        (dict(described=("no_such_method",)), "no_such_method"),
-        (dict(if_overridden="ignore"), "`if_overridden`"),
+        ({"tapped_method": "no_such_method"}, "no_such_method"),
+        ({"described": ("no_such_method",)}, "no_such_method"),
+        ({"if_overridden": "ignore"}, "`if_overridden`"),
     ],
 )
 def test_bad_entries_are_rejected(kwargs, match):

@@ -16,7 +16,11 @@ import numpy as np
 import pytest
 
 from tfdp_embed._keras import keras, tf
-from tfdp_embed.clipping import clipped_step, default_registry, vectorized_layer_gradients
+from tfdp_embed.clipping import (
+    clipped_step,
+    default_registry,
+    vectorized_layer_gradients,
+)
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding

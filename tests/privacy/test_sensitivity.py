@@ -228,16 +228,19 @@ def _table(cls):
     return cls(VOCAB, DIM, combiner="mean", embeddings_initializer="normal")
 
 
+def _unit_normal():
+    return keras.initializers.RandomNormal(stddev=1.0)
+
+
 class _Towers(keras.Model):
     """Query tower (pooled history) and item tower (label = item id); a loss of the subclass's choosing."""
 
     def __init__(self):
         super().__init__()
         keras.utils.set_random_seed(3)
-        init = keras.initializers.RandomNormal(stddev=1.0)
-        self.history = DPEmbedding(VOCAB, DIM, combiner="mean", embeddings_initializer=init)
-        self.query = keras.layers.Dense(DIM, kernel_initializer=init)
-        self.items = DPEmbedding(VOCAB, DIM, embeddings_initializer=init)
+        self.history = DPEmbedding(VOCAB, DIM, combiner="mean", embeddings_initializer=_unit_normal())
+        self.query = keras.layers.Dense(DIM, kernel_initializer=_unit_normal())
+        self.items = DPEmbedding(VOCAB, DIM, embeddings_initializer=_unit_normal())
 
     def towers(self, ids, labels):
         item_ids = tf.cast(tf.reshape(labels, [-1]), tf.int32)
@@ -274,7 +277,7 @@ class FullSoftmax(_Towers):
 
     def __init__(self):
         super().__init__()
-        self.items = ItemEmbedding(VOCAB - 1, DIM, embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0))
+        self.items = ItemEmbedding(VOCAB - 1, DIM, embeddings_initializer=_unit_normal())
 
     def compute_loss(self, inputs, training=False):
         ids, labels = inputs

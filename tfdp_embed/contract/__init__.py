@@ -13,17 +13,25 @@ establish, so `DPModel.prepare` checks them by behaviour:
 Each runs eagerly, once, and leaves every variable as it found it.
 """
 
-from tfdp_embed.contract.examples import batch_size_of, select_examples
 from tfdp_embed.contract.exact_rules import check_rules_cover_gradients
+from tfdp_embed.contract.examples import batch_size_of, select_examples
 from tfdp_embed.contract.independence import check_independence
 from tfdp_embed.contract.layer_calls import deterministic
+from tfdp_embed.contract.model_check import (
+    check_model,
+    one_batch_of_arrays,
+    read_hooks_removed,
+)
 from tfdp_embed.contract.state import check_no_state_updates
 
 __all__ = [
     "batch_size_of",
     "check_independence",
+    "check_model",
     "check_no_state_updates",
     "check_rules_cover_gradients",
     "deterministic",
+    "one_batch_of_arrays",
+    "read_hooks_removed",
     "select_examples",
 ]

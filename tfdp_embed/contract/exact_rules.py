@@ -12,7 +12,7 @@ mismatch names the layer that owns the variable.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tfdp_embed._keras import tf
 from tfdp_embed.clipping.per_example import layer_gradients
@@ -38,9 +38,8 @@ def check_rules_cover_gradients(
     Raises:
       PrivacyContractError: naming the layer whose weights the rules miss.
     """
-    with tf.GradientTape(persistent=True) as tape:
-        with record_taps(layers, registry) as taps:
-            loss = forward()
+    with tf.GradientTape(persistent=True) as tape, record_taps(layers, registry) as taps:
+        loss = forward()
     infos = layer_gradients(taps, loss, tape, registry, fallback)
     variables = model.trainable_variables
     true = tape.gradient(loss, variables, output_gradients=tf.ones_like(loss))

@@ -23,7 +23,7 @@ References: Abadi et al. 2016 §3.1 (the per-example sensitivity argument).
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -65,17 +65,21 @@ def check_independence(
     m = min(n, MAX_EXAMPLES)
     probe = select_examples(batch, range(m), n)
     with deterministic(model):
-        mode = _reproducible_mode(lambda training: per_example_loss(*probe, training))
-        if mode == "unchecked":
-            return mode
-        training = mode == "training"
-        full = np.asarray(per_example_loss(*probe, training))
-        for keep in _subsets(m):
-            part = select_examples(probe, keep, m)
-            if not _close(full[keep], np.asarray(per_example_loss(*part, training))):
-                raise PrivacyContractError(
-                    _blame(model, per_example_loss, probe, part, keep, m, training, loss_name)
-                )
+        try:
+            mode = _reproducible_mode(lambda training: per_example_loss(*probe, training), m)
+            if mode == "unchecked":
+                return mode
+            training = mode == "training"
+            full = np.asarray(per_example_loss(*probe, training))
+            for keep in _subsets(m):
+                part = select_examples(probe, keep, m)
+                if not _close(full[keep], np.asarray(per_example_loss(*part, training))):
+                    raise PrivacyContractError(
+                        _blame(model, per_example_loss, probe, part, keep, m, training, loss_name)
+                    )
+        except (tf.errors.InvalidArgumentError, ValueError) as error:
+            _warn_unchecked(f"the model does not run on part of the batch ({type(error).__name__}: {error})")
+            return "unchecked"
     return mode
 
 
@@ -88,9 +92,12 @@ def _subsets(m: int) -> list:
     return subsets
 
 
-def _reproducible_mode(losses: Callable) -> str:
+def _reproducible_mode(losses: Callable, m: int) -> str:
     for training in (True, False):
-        if _close(np.asarray(losses(training)), np.asarray(losses(training))):
+        first = np.asarray(losses(training))
+        if first.shape != (m,):
+            raise ValueError(f"the losses of {m} examples have shape {first.shape}")
+        if _close(first, np.asarray(losses(training))):
             if not training:
                 warnings.warn(
                     "DPModel could not check in training mode that each example's loss depends "
@@ -98,17 +105,20 @@ def _reproducible_mode(losses: Callable) -> str:
                     "and Gaussian-noise layers passing their input through (a layer draws "
                     "randomness in `call`). It checked inference mode instead.",
                     RuntimeWarning,
-                    stacklevel=4,
+                    stacklevel=5,
                 )
             return "training" if training else "inference"
-    warnings.warn(
-        "DPModel could not check that each example's loss depends on that example alone: the "
-        "loss is random in training and in inference mode. Per-example clipping is only a "
-        "privacy guarantee if it does.",
-        RuntimeWarning,
-        stacklevel=4,
-    )
+    _warn_unchecked("the loss is random in training and in inference mode")
     return "unchecked"
+
+
+def _warn_unchecked(why: str) -> None:
+    warnings.warn(
+        f"DPModel could not check that each example's loss depends on that example alone: {why}. "
+        "Per-example clipping is a privacy guarantee only if it does.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
 
 
 def _close(a, b) -> bool:

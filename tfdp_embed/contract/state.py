@@ -11,7 +11,7 @@ check leaves the model exactly as it was.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tfdp_embed._keras import keras
 from tfdp_embed.errors import PrivacyContractError
