@@ -397,9 +397,10 @@ def train_and_evaluate(
         contexts, labels, q=q, seed=config.seed, lookahead=lazy, counter=counter,
         table_name=model.history_embedding.name,
     )  # fmt: skip
-    # Build the model and init the mechanism from a separate probe batch, so that `fit`'s own
-    # first-batch probe does not draw (and count) a Poisson batch the model never trains on.
-    probe = tf.data.Dataset.from_tensors((contexts[:1], labels[:1]))
+    # Build the model, check the per-example contract and init the mechanism from a separate
+    # probe batch (>= 2 examples: the independence check needs them), so that `fit` does not
+    # draw (and count) a Poisson batch the model never trains on.
+    probe = tf.data.Dataset.from_tensors((contexts[:8], labels[:8]))
     if lazy:
         probe = with_lookahead(
             probe, lambda features: {model.history_embedding.name: features}

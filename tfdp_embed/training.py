@@ -12,8 +12,13 @@ output gradients); a dense `[batch, vocab, dim]` tensor is never built.
 Per-example losses are required: the DP argument clips each example's
 gradient, which is only meaningful when loss_i depends on example i alone.
 Losses that mix examples (in-batch negatives, e.g. `tfrs.tasks.Retrieval`,
-batch normalisation in training mode) break it and are rejected where
-detectable.
+batch normalisation in training mode) break it. `prepare` checks this by
+behaviour on the first batch, before anything trains
+(`tfdp_embed.contract`): a training-mode forward pass must leave every
+non-trainable variable unchanged, the other examples' losses must not
+change when one example is removed, and the clipping rules must account
+for the whole gradient. It refuses the model otherwise, naming the layer
+(or the loss) at fault.
 
 Example:
     >>> inputs = keras.Input((4,), dtype="int32")
@@ -33,7 +38,7 @@ from __future__ import annotations
 
 import functools
 
-from tfdp_embed import distribute, read_guard
+from tfdp_embed import contract, distribute, read_guard
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
@@ -69,6 +74,9 @@ def _reject_non_per_example(model) -> None:
             )
 
 
+_PROBE_BATCHES = 4  # batches of a dataset searched for one with >= 2 examples
+
+
 def _averaged_sum(clipped_sum, clip_factors, expected_batch_size: float, index: int) -> tf.IndexedSlices:
     """Variable `index`'s clipped sum divided by the expected batch size, via c_i / B."""
     return clipped_sum(clip_factors / expected_batch_size)[index]
@@ -99,6 +107,11 @@ class DPModel(keras.Model):
       lookahead: the dataset yields `(features, labels, lookahead)` where
         `lookahead` maps a `DPEmbedding` layer name to the next batch's unique
         ids (`tfdp_embed.data.with_lookahead`); LazyDP uses it.
+      check_per_example: on the first batch, check that each example's loss
+        depends on that example alone and that the clipping rules cover the
+        whole gradient (a few eager forward passes, once). Turn it off only to
+        save that time on a model known to pass; a warning says it is off.
+        The check that training leaves non-trainable state alone always runs.
 
     What leaves training: `DPModel`'s own Keras/TF state is exactly the
     wrapped model's weights. The mechanism (noise RNG, LazyDP's histories),
@@ -111,7 +124,9 @@ class DPModel(keras.Model):
 
     Raises:
       PrivacyContractError: when the model has components whose loss is not
-        per-example, or trainable variables no layer owns.
+        per-example, or trainable variables no layer owns (at `prepare`/`fit`:
+        layers that update state or mix examples in training, subclasses the
+        clipping rules cannot describe).
     """
 
     def __init__(
@@ -122,6 +137,7 @@ class DPModel(keras.Model):
         expected_batch_size: float | None = None,
         registry=None,
         lookahead: bool = False,
+        check_per_example: bool = True,
         name: str | None = None,
     ):
         super().__init__(name=name or f"dp_{model.name}")
@@ -148,8 +164,10 @@ class DPModel(keras.Model):
         self.registry = registry if registry is not None else clipping.default_registry()
         self._fallback = clipping.vectorized_layer_gradients
         self.lookahead = bool(lookahead)
+        self.check_per_example = bool(check_per_example)
         self._loss_fn = None
         self._prepared = False
+        self._contract_pending = True
         self._trace_error = None
         self._training_only = _TrainingOnly(mechanism, keras.metrics.Mean(name="loss"))
 
@@ -182,7 +200,10 @@ class DPModel(keras.Model):
         return [self.loss_tracker, *super().metrics]
 
     def fit(self, x=None, *args, **kwargs):
-        self.prepare(x)
+        data = x if isinstance(x, tf.data.Dataset) else contract.one_batch_of_arrays(x, args, kwargs)
+        self.prepare(data)
+        if self._contract_pending:
+            self._check_contract(data)
         self._trace_error = None
         try:
             return super().fit(x, *args, **kwargs)
@@ -193,26 +214,40 @@ class DPModel(keras.Model):
 
     # -- setup ----------------------------------------------------------------
     def prepare(self, data=None) -> None:
-        """Builds the wrapped model (from one batch of `data` if needed) and inits the mechanism."""
+        """Builds the wrapped model, checks the per-example contract, and inits the mechanism.
+
+        With a `tf.data.Dataset`, the model is built from its first batch and the
+        contract (`tfdp_embed.contract`) is checked on it (on one of its first
+        batches with >= 2 examples); without one, the model must be built and
+        `fit` checks the contract on its own data.
+
+        Raises:
+          PrivacyContractError: the model breaks the per-example contract.
+        """
         if self._prepared:
             return
+        batch = None
         if isinstance(data, tf.data.Dataset):
-            first = next(iter(data.take(1)), None)
-            if first is None:
-                raise ValueError("The training dataset is empty: it yielded no batch.")
+            batch = self._probe_batch(data)
             # One eager forward pass builds the model and checks the loss is per example,
             # so a wrong loss fails here with a plain error, not inside the traced step.
-            x, y, sample_weight, _ = self._unpack(first)
+            x, y, sample_weight, _ = self._unpack(batch)
             self._per_example_loss(x, y, sample_weight, training=False)
         elif not self.inner.built or not self.inner.trainable_variables:
             raise ValueError(
                 f"Model {self.inner.name!r} is not built; build it (call it once) or pass a "
                 "tf.data.Dataset to `fit` so it can be built from the first batch."
             )
+        _reject_non_per_example(self.inner)  # again: components created while building
         self._tapped_layers = layers_owning_weights(self.inner)
+        for layer in self._tapped_layers:
+            self.registry.lookup(layer)  # refuses subclasses the clipping rules cannot describe
         self._tables = [
             layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)
         ]
+        if batch is not None:
+            # Before mechanism.init: no read hook (LazyDP) runs on the check's forward passes.
+            self._check_contract(batch=batch)
         table_vars = {layer.embeddings.ref() for layer in self._tables}
         dense = [v for v in self.inner.trainable_variables if v.ref() not in table_vars]
         strategy = self.distribute_strategy
@@ -224,6 +259,66 @@ class DPModel(keras.Model):
             self.mechanism.init(tables=self._tables, dense_variables=dense, optimizer=self.optimizer)
         distribute.check_identical_state(self.mechanism, strategy)
         self._prepared = True
+
+    def _probe_batch(self, data: tf.data.Dataset):
+        """The first batch of `data` with >= 2 examples among its first few, else its first."""
+        first = None
+        for element in data.take(_PROBE_BATCHES):
+            if first is None:
+                first = element
+            size = contract.batch_size_of(self._unpack(element)[:3])
+            if size is not None and size >= 2:
+                return element
+        if first is None:
+            raise ValueError("The training dataset is empty: it yielded no batch.")
+        return first
+
+    def _check_contract(self, data=None, *, batch=None) -> None:
+        """Checks the per-example contract on `batch` (or a batch of `data`); see `tfdp_embed.contract`.
+
+        The independence check needs >= 2 examples: on a smaller batch in
+        `prepare` it waits for `fit`'s data, and warns if that has none either.
+        """
+        if not self.mechanism.clips_per_example:
+            self._contract_pending = False
+            return
+        if batch is None and isinstance(data, tf.data.Dataset):
+            batch = self._probe_batch(data)
+        if batch is None:
+            self._contract_pending = False
+            warnings.warn(
+                "DPModel could not check the per-example contract (no layer updates state in "
+                "training, each example's loss depends on it alone): it needs a tf.data.Dataset "
+                "or arrays to read one batch from. Pass one to `prepare` or `fit`.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
+        with contract.read_hooks_removed(self._tables):
+            ran = contract.check_model(
+                self.inner,
+                self._unpack(batch)[:3],
+                forward=lambda training, x, y, w: self._per_example_loss(x, y, w, training=training)[0],
+                tapped_layers=self._tapped_layers,
+                registry=self.registry,
+                fallback=self._fallback,
+                loss_name=self._loss_name(),
+                check_per_example=self.check_per_example,
+            )
+        self._contract_pending = not ran and not self._prepared
+        if not ran and self._prepared:  # fit's data: there is no later chance
+            warnings.warn(
+                "DPModel could not check that each example's loss depends on that example alone: "
+                f"none of the first {_PROBE_BATCHES} batches has two examples.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def _loss_name(self) -> str:
+        if self._loss_fn is None:
+            return f"`{type(self.inner).__name__}.compute_loss`"
+        fn = self._loss_fn
+        return getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
 
     # -- the step -------------------------------------------------------------
     def _unpack(self, data):
@@ -278,7 +373,7 @@ class DPModel(keras.Model):
         x, y, sample_weight, lookahead = self._unpack(data)
         if not self.mechanism.clips_per_example:
             return self._non_private_step(x, y, sample_weight)
-        with record_taps(self._tapped_layers) as taps:
+        with record_taps(self._tapped_layers, self.registry) as taps:
             with tf.GradientTape() as tape:
                 per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight)
                 # Inside the tape: the checked tensor is what the backward pass starts from.

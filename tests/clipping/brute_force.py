@@ -43,7 +43,7 @@ def run_step(model, inputs, *, registry=None, l2_norm_clip: float = 1.0) -> Step
     model(inputs)  # builds subclassed models, so that their layers own weights
     layers = layers_owning_weights(model)
     with tf.GradientTape(persistent=True) as tape:
-        with record_taps(layers) as taps:
+        with record_taps(layers, registry) as taps:
             outputs = model(inputs)
         loss = per_example_loss(outputs)
         loss32 = tf.cast(loss, tf.float32)

@@ -12,6 +12,7 @@ from tfdp_embed.clipping import (
     vectorized_layer_gradients,
 )
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.models.two_tower import (
     ItemEmbedding,
     TwoTowerModel,
@@ -43,7 +44,7 @@ class _LookupAndSoftmax(TwoTowerModel):
 def _registry_vs_jacobian(model, contexts, labels, *, registry):
     model(contexts)
     layers = layers_owning_weights(model)
-    with tf.GradientTape(persistent=True) as tape, record_taps(layers) as taps:
+    with tf.GradientTape(persistent=True) as tape, record_taps(layers, registry) as taps:
         loss = model.compute_loss((contexts, labels))
     step = clipped_step(
         taps,
@@ -94,7 +95,8 @@ def test_per_example_norms_and_clipped_sums_match_brute_force(model_class):
 def test_default_registry_refuses_full_softmax_with_a_clear_error():
     model = TwoTowerModel(num_items=NUM_ITEMS, embedding_dim=DIM, hidden_units=())
     contexts, labels = _batch()
-    with pytest.raises(TypeError, match="two_tower_registry"):
+    # The default rule records ItemEmbedding's `lookup`; scoring reads the table another way.
+    with pytest.raises(PrivacyContractError, match="two_tower_registry"):
         _registry_vs_jacobian(model, contexts, labels, registry=default_registry())
 
 

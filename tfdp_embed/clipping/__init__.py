@@ -24,7 +24,7 @@ from tfdp_embed.clipping.fallback import vectorized_layer_gradients
 from tfdp_embed.clipping.layer_norm import layer_norm_layer_gradients
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.phantom import phantom_layer_gradients
-from tfdp_embed.clipping.registry import LayerGradients, LayerRegistry
+from tfdp_embed.clipping.registry import LayerGradients, LayerRegistry, RegistryEntry
 from tfdp_embed.clipping.taps import record_taps
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.layers.shared_embedding import SharedEmbedding
@@ -34,20 +34,26 @@ def default_registry() -> LayerRegistry:
     """A new registry with the built-in rules: SharedEmbedding, DPEmbedding, Dense, LayerNormalization.
 
     SharedEmbedding comes before its base class DPEmbedding so that it wins the lookup.
+    DPEmbedding's rule records `lookup` (subclasses override `call` freely); the
+    table rules refuse a subclass that overrides what they describe, while a Dense
+    or LayerNormalization subclass overriding `call` gets the exact fallback.
     """
-    return LayerRegistry(
-        [
-            (SharedEmbedding, phantom_layer_gradients),
-            (DPEmbedding, embedding_layer_gradients),
-            (keras.layers.Dense, dense_layer_gradients),
-            (keras.layers.LayerNormalization, layer_norm_layer_gradients),
-        ]
+    registry = LayerRegistry()
+    registry.register(
+        SharedEmbedding, phantom_layer_gradients, described=("lookup",), if_overridden="refuse"
     )
+    registry.register(
+        DPEmbedding, embedding_layer_gradients, tapped_method="lookup", if_overridden="refuse"
+    )
+    registry.register(keras.layers.Dense, dense_layer_gradients)
+    registry.register(keras.layers.LayerNormalization, layer_norm_layer_gradients)
+    return registry
 
 
 __all__ = [
     "LayerGradients",
     "LayerRegistry",
+    "RegistryEntry",
     "clipped_step",
     "default_registry",
     "dense_layer_gradients",

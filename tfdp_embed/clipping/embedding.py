@@ -14,8 +14,17 @@ dim]` tensor is never built. The groups are exactly the non-zero rows of
 the per-example gradients, so the clipped sum sum_i c_i grad_i is one more
 segment sum of them into the unique touched rows: a `tf.IndexedSlices`.
 
+The rule reads the taps of `DPEmbedding.lookup` (the default registry
+records that method, not `call`): the output gradient it sees then
+includes whatever a subclass's `call` does with the looked-up rows (a
+scale, a normalisation), so the norms are exact for what the subclass
+computes. Those taps are flattened with `DPEmbedding.occurrences`, which
+describes `lookup` (a subclass's own `occurrences` describes its `call`).
+
 Example:
-    >>> registry = LayerRegistry([(DPEmbedding, embedding_layer_gradients)])
+    >>> registry = LayerRegistry()
+    >>> registry.register(DPEmbedding, embedding_layer_gradients,
+    ...                   tapped_method="lookup", if_overridden="refuse")
 
 References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping;
 tensorflow/privacy fast_gradient_clipping/registry_functions/embedding.py.
@@ -23,6 +32,7 @@ tensorflow/privacy fast_gradient_clipping/registry_functions/embedding.py.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from tfdp_embed._keras import tf
@@ -41,8 +51,9 @@ def embedding_layer_gradients(
 
     Args:
       layer: a `DPEmbedding` (or subclass); each call's ids are read back through
-        `layer.occurrences`.
-      taps: the layer's recorded calls.
+        `DPEmbedding.occurrences` for taps of `lookup`, `layer.occurrences` for
+        taps of `call` (a subclass's `occurrences` describes its `call`).
+      taps: the layer's recorded calls of `lookup` or `call`.
       output_grads: d(sum_i loss_i)/d(output) for each call (`[B, dim]` pooled or
         single id, `[B, n, dim]` for unpooled sequences).
 
@@ -54,14 +65,15 @@ def embedding_layer_gradients(
     References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping.
     """
     table = layer.embeddings
+    flatten = _occurrences_fn(layer, taps)
     if len(taps.calls) == 1 and _is_pooled(layer, taps.calls[0]):
-        return _pooled_layer_gradients(layer, taps.calls[0], output_grads[0])
+        return _pooled_layer_gradients(layer, taps.calls[0], output_grads[0], flatten)
     dtype = table.dtype.base_dtype
     dim = table.shape[-1]
     occurrences, rows, examples, contributions = [], [], [], []
     for call, grad in zip(taps.calls, output_grads):
         # `call` already range-checked these ids in this step.
-        occ = layer.occurrences(call_inputs(layer, call), check_range=False)
+        occ = flatten(call_inputs(layer, call), check_range=False)
         occurrences.append(occ)
         grad = tf.reshape(tf.cast(grad, dtype), [-1, dim])  # [num_segments, dim]
         segments = tf.cast(occ.segments, tf.int32)
@@ -100,13 +112,20 @@ def embedding_layer_gradients(
     )
 
 
+def _occurrences_fn(layer, taps: LayerTaps):
+    """How the tapped method's ids flatten: `DPEmbedding.occurrences` describes `lookup`."""
+    if taps.method == "lookup":
+        return functools.partial(DPEmbedding.occurrences, layer)
+    return layer.occurrences
+
+
 def _is_pooled(layer, call) -> bool:
     """One output row per example: a combiner, or a single id per example."""
     ids = call_inputs(layer, call)
     return layer.combiner is not None or (isinstance(ids, tf.Tensor) and ids.shape.rank == 1)
 
 
-def _pooled_layer_gradients(layer, call, grad) -> LayerGradients:
+def _pooled_layer_gradients(layer, call, grad, flatten) -> LayerGradients:
     """The one-call pooled case: every occurrence of example i shares g_i.
 
     ||grad_i||^2 = ||g_i||^2 * sum_r (sum_{k in i, id_k = r} w_k)^2, so the grouping
@@ -116,7 +135,7 @@ def _pooled_layer_gradients(layer, call, grad) -> LayerGradients:
     """
     table = layer.embeddings
     dtype = table.dtype.base_dtype
-    occ = layer.occurrences(call_inputs(layer, call), check_range=False)
+    occ = flatten(call_inputs(layer, call), check_range=False)
     grad = tf.reshape(tf.cast(grad, dtype), [-1, table.shape[-1]])  # [batch, dim]
     examples = tf.cast(occ.segments, tf.int32)  # pooled: segment == example
     weights = tf.cast(occ.weights, dtype)
@@ -144,7 +163,7 @@ def _pooled_layer_gradients(layer, call, grad) -> LayerGradients:
 
 
 def call_inputs(layer, call):
-    """The first argument of a recorded `DPEmbedding` call (ids, or hidden states for logits)."""
+    """The first argument of a recorded `DPEmbedding` lookup or call (ids, or hidden states for logits)."""
     if call.args:
         return call.args[0]
     for name in ("ids", "inputs"):

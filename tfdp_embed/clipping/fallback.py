@@ -11,6 +11,10 @@ fine for small layers (a convolution, a custom scale) and a warning, once
 per layer, says which layer took this path so that a rule can be
 registered. The re-run must reproduce the recorded forward pass: layers
 that draw randomness in `call` (dropout inside the layer) are not exact.
+The re-run must not write state either (a batch-normalisation layer in
+training mode would fold single training examples into its moving
+statistics): a re-run that would assign to any variable raises
+`PrivacyContractError` at trace time, before it runs.
 
 Example:
     >>> info = vectorized_layer_gradients(layer, taps, output_grads)
@@ -28,6 +32,7 @@ from collections.abc import Sequence
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.registry import LayerGradients
 from tfdp_embed.clipping.taps import LayerTaps, own_trainable_variables
+from tfdp_embed.errors import PrivacyContractError
 
 _WARNED: weakref.WeakSet = weakref.WeakSet()
 
@@ -89,7 +94,7 @@ def vectorized_layer_gradients(
             for structure, flat, batched in plans:
                 leaves = [next(it)[None] if b else leaf for leaf, b in zip(flat, batched)]
                 args, kwargs = tf.nest.pack_sequence_as(structure, leaves)
-                outputs = taps.call_fn(*args, **kwargs)
+                outputs = _run_without_writes(layer, taps.call_fn, args, kwargs)
                 grad = tf.stop_gradient(tf.cast(next(it)[None], outputs.dtype))
                 terms.append(tf.reduce_sum(outputs * grad))
         return tape.gradient(terms, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
@@ -106,6 +111,60 @@ def vectorized_layer_gradients(
         ]
 
     return LayerGradients(variables=variables, squared_norms=squared, clipped_sum=clipped_sum)
+
+
+# Ops that write a variable (resource or reference), and ops that call a function body.
+_WRITE_OPS = frozenset(
+    {"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
+     "AssignSubVariableOp", "ResourceStridedSliceAssign", "StridedSliceAssign"}
+    | {f"Scatter{kind}" for kind in ("Update", "Add", "Sub", "Mul", "Div", "Min", "Max")}
+    | {f"ScatterNd{kind}" for kind in ("Update", "Add", "Sub", "Min", "Max")}
+)  # fmt: skip
+_WRITE_PREFIXES = ("ResourceScatter", "ResourceApply", "ResourceSparseApply")
+_FUNCTION_ATTRS = ("f", "then_branch", "else_branch", "body", "cond", "branches")
+
+
+def _run_without_writes(layer, fn, args, kwargs):
+    """Builds `fn(*args, **kwargs)` in the current graph; refuses it if it writes a variable."""
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    outputs = fn(*args, **kwargs)
+    written = _writing_ops(graph, graph.get_operations()[before:])
+    if written:
+        raise PrivacyContractError(
+            f"The per-example re-run of layer {layer.name!r} ({type(layer).__name__}) writes "
+            f"variables (ops {written[:3]}): re-running it one example at a time would store "
+            "single training examples in its state (e.g. moving statistics). Layers that update "
+            "state in training cannot be trained with per-example clipping; freeze them "
+            "(trainable=False) or use a stateless layer."
+        )
+    return outputs
+
+
+def _writing_ops(graph, ops) -> list:
+    """Names of the ops in `ops` (and the function bodies they call) that write a variable."""
+    found, library = [], None
+    pending = [(op.name, op.type, op.node_def.attr) for op in ops]
+    seen = set()
+    while pending:
+        name, op_type, attrs = pending.pop()
+        if op_type in _WRITE_OPS or op_type.startswith(_WRITE_PREFIXES):
+            found.append(name)
+        for key in _FUNCTION_ATTRS:
+            if key not in attrs:
+                continue
+            value = attrs[key]
+            names = [f.name for f in value.list.func] if value.list.func else [value.func.name]
+            for fname in names:
+                if not fname or fname in seen:
+                    continue
+                seen.add(fname)
+                if library is None:
+                    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+                body = library.get(fname)
+                if body is not None:
+                    pending.extend((f"{fname}/{n.name}", n.op, n.attr) for n in body.node_def)
+    return found
 
 
 def _warn_once(layer: keras.layers.Layer) -> None:

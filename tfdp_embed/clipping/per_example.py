@@ -15,7 +15,8 @@ from typing import Sequence
 
 from tfdp_embed._keras import tf
 from tfdp_embed.clipping.registry import LayerRegistry
-from tfdp_embed.clipping.taps import LayerTaps
+from tfdp_embed.clipping.taps import LayerTaps, own_trainable_variables
+from tfdp_embed.errors import PrivacyContractError
 
 
 @dataclasses.dataclass
@@ -34,22 +35,58 @@ def layer_gradients(
     registry: LayerRegistry,
     fallback,
 ) -> list:
-    """Runs each tapped layer's registry function (or `fallback`)."""
+    """Runs each tapped layer's registry function (or `fallback`).
+
+    A tapped layer whose tapped method was not called must not get a gradient
+    by another way (a subclass reading its table with `tf.gather` itself, a
+    parent model multiplying by its kernel): that use would be missing from
+    every norm. The check asks the same backward pass for those layers'
+    variables only, so it adds no op when all of them are unconnected.
+
+    Raises:
+      PrivacyContractError: a layer's weights get a gradient that its taps miss,
+        or its registry entry refuses it (`LayerRegistry.lookup`).
+      ValueError: taps recorded on another method than the registry's rule reads.
+    """
     used = [t for t in taps if t.calls]
+    unused = [t for t in taps if not t.calls and t.call_fn is not None]
     outputs = [[c.outputs for c in t.calls] for t in used]
+    unused_vars = [own_trainable_variables(t.layer) for t in unused]
     # d(sum_i loss_i)/d outputs via output_gradients=1: no new op has to be on the
     # tape, so this is right whether or not the caller is still inside `with tape:`.
-    grads = tape.gradient(
-        per_example_loss, outputs, output_gradients=tf.ones_like(per_example_loss)
+    grads, missed = tape.gradient(
+        per_example_loss, (outputs, unused_vars), output_gradients=tf.ones_like(per_example_loss)
     )
+    for tap, variables, var_grads in zip(unused, unused_vars, missed):
+        _check_not_reached(tap, variables, var_grads)
     result = []
     for tap, output_grads in zip(used, grads):
         output_grads = [
             tf.zeros_like(c.outputs) if g is None else g for c, g in zip(tap.calls, output_grads)
         ]
-        fn = registry.lookup(tap.layer) or fallback
-        result.append((tap, fn(tap.layer, tap, output_grads)))
+        fn = registry.lookup(tap.layer)
+        expected = registry.tapped_method(tap.layer)
+        if tap.method != expected:
+            raise ValueError(
+                f"Layer {tap.layer.name!r} was recorded on `{tap.method}`, but its registry rule "
+                f"reads `{expected}`: pass the same registry to `record_taps` and `clipped_step`."
+            )
+        result.append((tap, (fn or fallback)(tap.layer, tap, output_grads)))
     return result
+
+
+def _check_not_reached(tap: LayerTaps, variables: list, grads: list) -> None:
+    reached = [v.name for v, g in zip(variables, grads) if g is not None]
+    if reached:
+        raise PrivacyContractError(
+            f"Weights {reached} of layer {tap.layer.name!r} ({type(tap.layer).__name__}) get a "
+            f"gradient, but the layer's `{tap.method}` (the method its clipping rule records) was "
+            "never called: something reads them another way (e.g. `tf.gather(layer.embeddings, "
+            "ids)` in a subclass, or a parent model using the variable itself), so per-example "
+            f"norms would miss that use. Read them only through `{tap.method}`, or register a "
+            f"rule for {type(tap.layer).__name__} that covers that use (a model module may "
+            "provide one, e.g. `two_tower_registry()` for ItemEmbedding)."
+        )
 
 
 def clip_factors(squared_norms: tf.Tensor, l2_norm_clip: float) -> tuple:

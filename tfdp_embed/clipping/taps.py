@@ -6,6 +6,19 @@ with respect to its outputs ("ghost" norms; Goodfellow 2015, Li et al. 2022,
 Bu et al. 2022). `record_taps` swaps each layer's `call` for a recording
 wrapper for the duration of a `with` block (inside the traced train step)
 and restores it afterwards; the layer classes are never modified.
+
+The method recorded is the one the layer's registry rule reads
+(`LayerRegistry.tapped_method`): `DPEmbedding.lookup` for embedding tables,
+so that what a subclass's `call` does around the lookup (a scale, a
+normalisation) is part of the output gradient the rule sees; `call` for
+every other layer.
+
+A sigmoid or softmax activation lets a Keras loss with `from_logits=False`
+read the pre-activation logits directly, past the layer's output; the
+rule, which back-propagates from the recorded output, would then see no
+gradient at all. The output of such a layer is therefore recorded and
+returned as a fresh tensor (`tf.identity`), so the loss is computed from
+the output the rule sees (as for any other output of probabilities).
 """
 
 from __future__ import annotations
@@ -28,15 +41,17 @@ class LayerCall:
 
 @dataclasses.dataclass
 class LayerTaps:
-    """All calls of one layer during the recorded forward pass.
+    """All calls of one layer's tapped method during the recorded forward pass.
 
-    `call_fn` is the layer's original (un-recorded) `call`, for registry
-    functions that need to re-run the layer on one example (the fallback).
+    `call_fn` is the layer's original (un-recorded) tapped method, for
+    registry functions that need to re-run the layer on one example (the
+    fallback, whose layers are always tapped on `call`); `method` is its name.
     """
 
     layer: keras.layers.Layer
     call_fn: object
     calls: list = dataclasses.field(default_factory=list)
+    method: str = "call"
 
 
 def own_trainable_variables(layer) -> list:
@@ -61,14 +76,35 @@ def layers_owning_weights(model) -> list:
     return out
 
 
+def _returns_logits_shortcut(layer) -> bool:
+    """A sigmoid/softmax activation: Keras losses may read its logits instead of its output."""
+    activation = getattr(layer, "activation", None)
+    shortcuts = (keras.activations.sigmoid, keras.activations.softmax, tf.nn.sigmoid, tf.math.sigmoid, tf.nn.softmax)
+    return activation is not None and any(activation is a for a in shortcuts)
+
+
 @contextlib.contextmanager
-def record_taps(layers: Sequence[keras.layers.Layer]) -> Iterator[list]:
+def record_taps(layers: Sequence[keras.layers.Layer], registry=None) -> Iterator[list]:
     """Records every call of `layers` inside the block; yields a list of `LayerTaps`.
 
-    Only tensor outputs can be tapped: a layer whose `call` returns a nested
-    structure raises `TypeError` naming the layer.
+    Args:
+      layers: the layers to record.
+      registry: the `LayerRegistry` that will turn the taps into norms (it says
+        which method of each layer to record); `clipping.default_registry()`
+        when None. Pass the same registry to `clipped_step`.
+
+    Only tensor outputs can be tapped: a layer whose tapped method returns a
+    nested structure raises `TypeError` naming the layer.
     """
-    taps = [LayerTaps(layer=layer, call_fn=layer.call) for layer in layers]
+    if registry is None:
+        from tfdp_embed.clipping import default_registry
+
+        registry = default_registry()
+    methods = [registry.tapped_method(layer) for layer in layers]
+    taps = [
+        LayerTaps(layer=layer, call_fn=getattr(layer, method), method=method)
+        for layer, method in zip(layers, methods)
+    ]
     # Keras sometimes runs layers symbolically in a scratch graph (e.g. a Sequential
     # model inferring its shape): only calls in the graph of this block are taps.
     graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
@@ -87,10 +123,12 @@ def record_taps(layers: Sequence[keras.layers.Layer]) -> Iterator[list]:
                 return outputs
             if not isinstance(outputs, tf.Tensor):
                 raise TypeError(
-                    f"Per-example clipping needs layer {tap.layer.name!r} "
+                    f"Per-example clipping needs `{tap.method}` of layer {tap.layer.name!r} "
                     f"({type(tap.layer).__name__}) to return one dense tensor; it "
                     f"returned {type(outputs).__name__}."
                 )
+            if _returns_logits_shortcut(tap.layer):
+                outputs = tf.identity(outputs)  # the loss must go through the recorded output
             tap.calls.append(LayerCall(args=args, kwargs=kwargs, outputs=outputs))
             return outputs
 
@@ -98,11 +136,11 @@ def record_taps(layers: Sequence[keras.layers.Layer]) -> Iterator[list]:
 
     try:
         for tap in taps:
-            object.__setattr__(tap.layer, "call", make_wrapper(tap))
+            object.__setattr__(tap.layer, tap.method, make_wrapper(tap))
         yield taps
     finally:
         for tap in taps:
             try:
-                object.__delattr__(tap.layer, "call")
+                object.__delattr__(tap.layer, tap.method)
             except AttributeError:
                 pass

@@ -282,7 +282,7 @@ class TpuDPStep:
         from tfdp_embed.clipping.taps import LayerCall, LayerTaps, record_taps
 
         acts = {name: activations[name] for name in ids}
-        with record_taps(self._dense_layers) as taps, tf.GradientTape(persistent=True) as tape:
+        with record_taps(self._dense_layers, self.registry) as taps, tf.GradientTape(persistent=True) as tape:
             for value in acts.values():
                 tape.watch(value)
             per_example_loss = self._per_example_loss(labels, self.model(acts, training=True))

@@ -18,6 +18,11 @@ Keras `save`) never runs it, so no mechanism op or state is exported.
 Reads of the table outside the layer are guarded by the mechanism instead
 (`tfdp_embed.read_guard`).
 
+Subclass it by overriding `call` around `self.lookup(ids)` (e.g.
+`return 10 * self.lookup(ids)`): the clipping taps record `lookup`, so the
+per-example norms include what `call` adds. Read rows only through
+`lookup`; `DPModel` refuses a table read another way.
+
 Example:
     >>> layer = DPEmbedding(vocabulary_size=1000, output_dim=8, combiner="mean")
     >>> pooled = layer(tf.ragged.constant([[1, 2, 2], [7]]))  # shape [2, 8]
@@ -262,6 +267,17 @@ class DPEmbedding(keras.layers.Layer):
 
     # -- forward ------------------------------------------------------------
     def call(self, ids):
+        """Looks `ids` up (`lookup`); subclasses override this to transform the rows."""
+        return self.lookup(ids)
+
+    def lookup(self, ids):
+        """The pooled (or per-id) rows of `ids`: the math the clipping rule describes.
+
+        Per-example clipping records this method, not `call`, so a subclass's
+        `call` may do anything with what it returns (scale, normalise, mask)
+        and its norms stay exact. Do not override it: `DPModel` refuses a
+        subclass that does (override `call` instead).
+        """
         ids = self.bucket_ids(ids)
         if isinstance(ids, tf.SparseTensor):
             ids = tf.RaggedTensor.from_sparse(ids)

@@ -12,15 +12,17 @@ Two layers subclass `DPEmbedding`:
 
 * `HistoryEmbedding`: takes a padded `[batch, L]` int history (id 0 =
   padding), drops the padding and mean-pools (combiner "mean" over the
-  ragged ids). Its `occurrences` drop the padding too, so the default
-  clipping rule computes exact per-example norms over the rows really read.
+  ragged ids). Its `call` hands the ragged ids to `lookup`, which the
+  default clipping rule records, so the norms cover the rows really read.
 * `ItemEmbedding`: the item table V (row 0 = padding, rows 1..num_items =
   items). Called with int ids it looks them up (the label tower); called
   with float queries `[batch, d]` it returns the logits over all items,
   `q V[1:]^T` `[batch, num_items]`. The default `DPEmbedding` rule only
-  knows lookups, so this layer has its own rule,
-  `item_embedding_gradients`, registered by `two_tower_registry()` (pass it
-  to `DPModel(registry=...)`). Per example i, with G_i = d loss_i / d logits_i
+  knows lookups (it records `lookup`, which scoring bypasses; DPModel
+  refuses that), so this layer has its own rule, `item_embedding_gradients`,
+  registered by `two_tower_registry()` on its `call` (pass it to
+  `DPModel(registry=...)`); a subclass overriding `call`, `lookup` or
+  `candidates` is refused under it. Per example i, with G_i = d loss_i / d logits_i
   and h_k the output gradient of lookup k:
 
       grad_i V = G_i^T q_i (rows 1..n) + sum_k w_k e_{id_k} h_k
@@ -350,9 +352,16 @@ def item_embedding_gradients(
 
 def two_tower_registry() -> LayerRegistry:
     """The default clipping registry with `ItemEmbedding`'s rule first (it must win over DPEmbedding's)."""
-    return LayerRegistry(
-        [(ItemEmbedding, item_embedding_gradients), *default_registry()]
+    registry = LayerRegistry()
+    # Tapped on `call` (it reads the queries and logits there); a subclass that
+    # changes `call` or `lookup` changes the math the rule describes.
+    registry.register(
+        ItemEmbedding,
+        item_embedding_gradients,
+        described=("lookup", "candidates"),
+        if_overridden="refuse",
     )
+    return LayerRegistry([*registry, *default_registry()])
 
 
 class TwoTowerModel(tfrs.Model):

@@ -1,0 +1,114 @@
+"""Running the three contract checks on one batch, as `DPModel` does before training.
+
+`check_model` runs the state check always, and the independence and
+coverage checks unless turned off; it reports whether the independence
+check could run (it needs two examples). `one_batch_of_arrays` turns the
+arrays given to `fit` into a one-batch dataset the check can read, and
+`read_hooks_removed` keeps LazyDP's read hook (which brings rows up to
+date, i.e. writes them) out of the check's forward passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+from tfdp_embed._keras import keras, tf
+from tfdp_embed.contract.exact_rules import check_rules_cover_gradients
+from tfdp_embed.contract.examples import batch_size_of
+from tfdp_embed.contract.independence import check_independence
+from tfdp_embed.contract.layer_calls import deterministic
+from tfdp_embed.contract.state import check_no_state_updates
+
+
+def check_model(
+    model: keras.Model,
+    batch: tuple,
+    *,
+    forward: Callable,
+    tapped_layers: list,
+    registry,
+    fallback,
+    loss_name: str,
+    check_per_example: bool,
+) -> bool:
+    """Checks `model` on `batch` = (x, y, sample_weight); True when the independence check ran.
+
+    Args:
+      model: the wrapped model.
+      batch: one batch.
+      forward: `(training, x, y, sample_weight) -> [n]` per-example losses.
+      tapped_layers: the layers owning trainable weights.
+      registry, fallback: what DPModel clips with.
+      loss_name: the loss as error messages name it.
+      check_per_example: False runs the state check only (and warns).
+
+    Raises:
+      PrivacyContractError: the model breaks the per-example contract.
+    """
+    check_no_state_updates(model, lambda: forward(True, *batch))
+    if not check_per_example:
+        warnings.warn(
+            "DPModel(check_per_example=False): nothing checks that each example's loss depends "
+            "on that example alone or that the clipping rules cover the whole gradient; the "
+            "privacy guarantee assumes both.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return True
+    size = batch_size_of(batch)
+    ran = size is not None and size >= 2
+    mode = "training"
+    if ran:
+        mode = check_independence(model, forward_as_loss(forward), batch, loss_name=loss_name)
+    with deterministic(model):
+        check_rules_cover_gradients(
+            model,
+            tapped_layers,
+            registry=registry,
+            fallback=fallback,
+            forward=lambda: forward(mode == "training", *batch),
+        )
+    return ran
+
+
+def forward_as_loss(forward: Callable) -> Callable:
+    """`(x, y, sample_weight, training) -> losses` from `(training, x, y, sample_weight)`."""
+    return lambda x, y, sample_weight, training: forward(training, x, y, sample_weight)
+
+
+def one_batch_of_arrays(x, args: tuple, kwargs: dict) -> tf.data.Dataset | None:
+    """`fit`'s arrays (`x`, `y`, `sample_weight`, `batch_size`) as a dataset of their first batch.
+
+    Returns None for anything else (generators, Sequences, DatasetCreators).
+    """
+    try:
+        bound = inspect.signature(keras.Model.fit).bind(None, x, *args, **kwargs).arguments
+    except TypeError:
+        return None
+    y, sample_weight = bound.get("y"), bound.get("sample_weight")
+    leaves = tf.nest.flatten((x, y, sample_weight))
+    if x is None or not all(isinstance(a, (np.ndarray, tf.Tensor)) or a is None for a in leaves):
+        return None
+    data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+    try:
+        return tf.data.Dataset.from_tensor_slices(data).batch(bound.get("batch_size") or 32).take(1)
+    except (TypeError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def read_hooks_removed(tables):
+    """No read hook (LazyDP's catch-up) runs inside the block: the checks read, never update."""
+    hooks = [table.read_hook for table in tables]
+    try:
+        for table in tables:
+            table.set_read_hook(None)
+        yield
+    finally:
+        for table, hook in zip(tables, hooks):
+            table.set_read_hook(hook)
