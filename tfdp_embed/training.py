@@ -37,6 +37,7 @@ References: Abadi et al. 2016 (DP-SGD); Li et al. 2022 and Bu et al. 2022
 from __future__ import annotations
 
 import functools
+import warnings
 
 from tfdp_embed import contract, distribute, read_guard
 from tfdp_embed._keras import keras, tf
