@@ -38,9 +38,11 @@ from tfdp_embed import distribute
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
+from tfdp_embed.mechanisms.capabilities import check_declared_use
 
 _NON_PER_EXAMPLE_LAYERS = (keras.layers.BatchNormalization,)
 
@@ -88,11 +90,14 @@ class DPModel(keras.Model):
         `tfdp_embed.clipping.default_registry()`.
       lookahead: the dataset yields `(features, labels, lookahead)` where
         `lookahead` maps a `DPEmbedding` layer name to the next batch's unique
-        ids (`tfdp_embed.data.with_lookahead`); LazyDP uses it.
+        ids (`tfdp_embed.data.with_lookahead`); only mechanisms declaring
+        `capabilities.lookahead` (LazyDP) accept it.
 
     Raises:
       PrivacyContractError: when the model has components whose loss is not
         per-example, or trainable variables no layer owns.
+      DistributionNotSupportedError, ValueError: a strategy or `lookahead`
+        the mechanism's class does not declare in its `capabilities`.
     """
 
     def __init__(
@@ -119,8 +124,9 @@ class DPModel(keras.Model):
         if expected_batch_size is not None and not float(expected_batch_size) > 0:
             raise ValueError(f"`expected_batch_size` must be > 0; received {expected_batch_size!r}.")
         _reject_non_per_example(model)
-        # Unsupported mechanism/strategy pairs fail here, not deep in a traced step.
+        # Undeclared capabilities (strategy, lookahead, deferred noise) fail here, not in a traced step.
         distribute.check_supported(mechanism)
+        check_declared_use(mechanism, lookahead=lookahead)
         distribute.check_tables(model)
         from tfdp_embed import clipping  # registry functions live in the clipping package
 
@@ -150,10 +156,25 @@ class DPModel(keras.Model):
         super().compile(optimizer=optimizer, metrics=metrics, **kwargs)
 
     @property
+    def batching(self):
+        """The `FedBatching` of the data the last `fit` was fed (None before any `fit`)."""
+        return getattr(self, "_fed_batching", None)
+
+    @property
     def metrics(self):
         return [self.loss_tracker, *super().metrics]
 
-    def fit(self, x=None, *args, **kwargs):
+    def fit(self, x=None, *args, batching=None, **kwargs):
+        """Like `keras.Model.fit`; records how the batches were drawn in `self.batching`.
+
+        Args:
+          batching: only for sources that cannot be inspected (e.g. a
+            `DatasetCreator` under ParameterServerStrategy): the
+            `BatchingInfo` of the sampler inside; reported as declared by
+            the caller, not verified. Datasets from `tfdp_embed.data` carry
+            their batching; anything else is reported as not verified Poisson.
+        """
+        self._fed_batching = fed_batching(x, declared=batching)
         self.prepare(x)
         self._trace_error = None
         try:
