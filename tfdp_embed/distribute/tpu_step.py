@@ -467,23 +467,24 @@ class TpuDPStep:
 def _check_tpu_capable(mechanism: NoiseMechanism) -> None:
     """Refuses mechanisms whose class does not declare `tpu`, or whose library plan is not possible."""
     possible = sorted(n for n, p in TPU_PLANS.items() if p.possible)
-    if not capabilities_of(mechanism).tpu:
-        raise DistributionNotSupportedError(
-            f"Mechanism {type(mechanism).__name__} ({mechanism.name!r}) cannot run with its tables on the TPU "
-            "embedding engine: " + how_to_declare(mechanism, "TPU support (`tpu=True`)")
-            + f" TPU-possible library mechanisms: {possible} (docs/tpu_sparsecore.md)."
-        )
     try:
         plan = tpu_embedding_plan(mechanism)
     except KeyError:
         plan = None
+    if not capabilities_of(mechanism).tpu:
+        why = f"{plan.path} " if plan is not None and not plan.possible else ""
+        raise DistributionNotSupportedError(
+            f"Mechanism {mechanism.name!r} cannot run with its tables on the TPU embedding engine "
+            f"(class {type(mechanism).__name__}): {why}" + how_to_declare(mechanism, "TPU support (`tpu=True`)")
+            + f" TPU-possible library mechanisms: {possible} (docs/tpu_sparsecore.md)."
+        )
     if plan is None or not plan.possible:
         why = plan.path if plan is not None else (
             f"no TPU plan exists for {type(mechanism).__name__} (it derives from no library mechanism in TPU_PLANS)"
         )
         raise DistributionNotSupportedError(
-            f"Mechanism {type(mechanism).__name__} ({mechanism.name!r}) cannot run with its tables on the TPU "
-            f"embedding engine: {why} TPU-possible mechanisms: {possible} (docs/tpu_sparsecore.md)."
+            f"Mechanism {mechanism.name!r} cannot run with its tables on the TPU embedding engine "
+            f"(class {type(mechanism).__name__}): {why} TPU-possible mechanisms: {possible} (docs/tpu_sparsecore.md)."
         )
 
 
