@@ -98,18 +98,18 @@ def check_supported(mechanism: NoiseMechanism, strategy: tf.distribute.Strategy 
     reason = unsupported_reason(mechanism, kind)
     if reason is not None:
         raise DistributionNotSupportedError(
-            f"Mechanism {type(mechanism).__name__} ({mechanism.name!r}) does not support "
-            f"{type(strategy).__name__} ({kind}): {reason}"
+            f"Mechanism {mechanism.name!r} does not support {type(strategy).__name__} ({kind}): {reason}"
         )
     limit = capabilities_of(mechanism).parameter_server_workers
     if kind == PARAMETER_SERVER and limit is not None:
         workers = _parameter_server_workers(strategy)
         if workers > limit:
+            most = "exactly one worker" if limit == 1 else f"at most {limit} workers"
             raise DistributionNotSupportedError(
-                f"Mechanism {type(mechanism).__name__} ({mechanism.name!r}) supports ParameterServerStrategy "
-                f"with at most {limit} worker(s) (`parameter_server_workers`); this cluster has {workers}. "
-                "Asynchronous workers would race on its state (LazyDP: a row could be caught up twice or "
-                "read before its noise)."
+                f"Mechanism {mechanism.name!r} supports ParameterServerStrategy with {most} (class "
+                f"{type(mechanism).__name__} declares `parameter_server_workers={limit}`); this cluster has "
+                f"{workers}. Asynchronous workers would race on its state (LazyDP: a row could be caught up "
+                "twice or read before its noise)."
             )
     return kind
 
