@@ -17,11 +17,11 @@ from tfdp_embed._keras import keras, tf
 _CPU = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-import dp_accounting  # noqa: E402
+import dp_accounting
 
-from tfdp_embed.layers.embedding import DPEmbedding  # noqa: E402
-from tfdp_embed.mechanisms import DenseDPSGD, LazyDP, NoiseMechanism  # noqa: E402
-from tfdp_embed.training import DPModel  # noqa: E402
+from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.mechanisms import DenseDPSGD, LazyDP, NoiseMechanism
+from tfdp_embed.training import DPModel
 
 
 class MyLazy(LazyDP):

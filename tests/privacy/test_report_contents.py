@@ -47,7 +47,7 @@ DENYLIST = {
     "mean_touched_rows", "dropped_touched_rows",
 }  # fmt: skip
 
-ADAFEST = dict(contribution_clip=1.0, contribution_noise_multiplier=1e-3, threshold=1.0)
+ADAFEST = {"contribution_clip": 1.0, "contribution_noise_multiplier": 1e-3, "threshold": 1.0}
 MECHANISMS = {
     "dense": lambda: DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=0.0, seed=0),
     "eana": lambda: EANA(l2_norm_clip=1.0, noise_multiplier=0.0, seed=0),
