@@ -564,7 +564,7 @@ class _StopAfter(keras.callbacks.Callback):
 def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, plan: _Plan, training: _Training) -> dict:
     """Stage 4: fit period by period (DP-FEST re-selects from running counts; each period evaluated on the next day)."""
     timer = criteo_training.StepTimer()
-    periods_out, infos, period_budgets = [], [], []
+    periods_out, infos, period_budgets, fed = [], [], [], []
     touched = criteo_data.TouchedRows(dict(zip(CAT_FEATURES, model_config.dims)))
     counts = training.counts
     several = len(data.periods) > 1
@@ -606,6 +606,7 @@ def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, pl
         epochs = math.ceil(period_plan.steps / info.batches_per_epoch)
         with period.stats.python_errors():
             training.dp_model.fit(touched.wrap(batches), epochs=epochs, callbacks=callbacks, verbose=config.verbose)
+        fed.append(training.dp_model.batching)  # read by fit from the data itself (Poisson only if verified)
         if several:
             following = data.periods[index + 1] if index + 1 < len(data.periods) else data.final_eval
             metrics = criteo_eval.evaluate(training.model, criteo_data.eval_dataset(following))
@@ -619,6 +620,7 @@ def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, pl
     return {
         "timer": timer,
         "infos": infos,
+        "fed": fed,
         "touched": touched.mean(),
         "periods": periods_out,
         "steps_by_period": steps_by_period,
@@ -663,7 +665,7 @@ def _privacy(config: PipelineConfig, data: _Data, plan: _Plan, training: _Traini
             **common,
             ledger=None if training.budget is None else training.budget.ledger,
             sampling_probability=plan.sampling_probability,
-            batching=infos[0] if len(infos) == 1 else infos[0].batching,
+            batching=_run_batching(trained["fed"], with_details=len(infos) == 1),
             steps=steps,
         )
     rates = [p.sampling_probability for p in plan.periods]
@@ -679,12 +681,22 @@ def _privacy(config: PipelineConfig, data: _Data, plan: _Plan, training: _Traini
         ledger=None,
         epsilon=epsilons[worst],
         sampling_probability=rates[worst],
-        batching=infos[worst].batching,
+        batching=_run_batching(trained["fed"], with_details=False),
         steps=steps,
         period_ledgers=ledgers,
         period_epsilons=epsilons,
         worst_period=worst,
     )
+
+
+def _run_batching(fed: list, *, with_details: bool):
+    """The least private batching fed over the periods (what the report may claim).
+
+    Without details (several periods) the sampler's `BatchingInfo` is dropped: its
+    N and q are one period's, the report's are the run's.
+    """
+    worst = max(fed, key=lambda f: 0 if f.verified_poisson else 1 if f.claims_poisson else 2)
+    return worst if with_details else dataclasses.replace(worst, info=None)
 
 
 def run(config: PipelineConfig) -> PipelineResult:
@@ -776,6 +788,12 @@ def run(config: PipelineConfig) -> PipelineResult:
         output_calibration=None if output_calibration is None else output_calibration.report(),
         saved_model=saved_model,
         **criteo_training.gradient_size(mechanism, training.tables, touched=trained["touched"]),
+        not_released=(
+            "report.json is the operator's run report, NOT a release: its metrics (auc, logloss, eval_*, "
+            "periods) and, for eana and lazy, gradient_size_* (rows touched by the training batches) are "
+            "computed from un-noised data and are not differentially private. Release saved_model/ only; "
+            "its privacy_report.json holds DP quantities and hyperparameters."
+        ),
     )
     criteo_report.write_report(os.path.join(config.out, "report.json"), report)
     return PipelineResult(report=report, model=model, model_config=model_config, serving=serving)

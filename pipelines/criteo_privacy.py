@@ -75,7 +75,7 @@ import numpy as np
 
 from tfdp_embed import PrivacyBudgetExceededError, keras
 from tfdp_embed.accounting import PrivacyLedger, calibrate_noise_multiplier
-from tfdp_embed.mechanisms import MECHANISMS
+from tfdp_embed.mechanisms import MECHANISMS, one_off_events
 from tfdp_embed.mechanisms.adafest import split_noise_multiplier
 from tfdp_embed.mechanisms.fest import remaining_budget_noise_multiplier
 
@@ -247,11 +247,7 @@ def calibrate_periods(
 
 def _selection_events(mechanism) -> list:
     """The one-off events a mechanism spent so far: DP-FEST's selections, else its setup event."""
-    events = getattr(mechanism, "selection_events", None)
-    if events is None:
-        setup = mechanism.setup_event()
-        events = [] if setup is None else [setup]
-    return list(events)
+    return one_off_events(mechanism)
 
 
 def _step_event(mechanism, sampling_probability: float) -> dp_accounting.DpEvent:

@@ -97,12 +97,12 @@ def gradient_size(mechanism, tables, *, touched: float) -> dict:
         fraction = sum(k * dims[n] for n, k in mechanism.top_k.items()) / total
         basis = "DP-selected rows (all noised every step)"
     elif name == "eana":
-        fraction, basis = touched, "rows touched by a batch (measured on sample batches)"
+        fraction, basis = touched, "rows touched by a batch (measured on the training batches: operator-only, NOT DP)"
     elif name == "lazy":
         fraction = touched
         basis = (
-            "noise draws per step = rows the next batch reads (measured on sample batches); the released, flushed "
-            "model carries dense DP-SGD noise on every row"
+            "noise draws per step = rows the next batch reads (measured on the training batches: operator-only, "
+            "NOT DP); the released, flushed model carries dense DP-SGD noise on every row"
         )
     else:
         return {"gradient_size_fraction": None, "gradient_size_reduction": None, "gradient_size_basis": "not reported"}

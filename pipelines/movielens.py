@@ -262,27 +262,27 @@ def _training_pool(data: MovieLensData, extra) -> tuple:
 
 
 def _batches(contexts, labels, *, q, seed, lookahead: bool, counter, table_name: str):
-    """Poisson batches; each batch the model trains on is recorded in `counter` (per epoch)."""
-    pool = tf.data.Dataset.from_tensor_slices((contexts, labels))
+    """Poisson batches; each batch the model trains on is recorded in `counter` (per epoch).
+
+    The count is a `map` over the sampler's batches (a pass-through step), so
+    `DPModel.fit` still sees the Poisson sampler it was fed.
+    """
+    pool = tf.data.Dataset.from_tensor_slices((contexts.astype(np.int32), labels.astype(np.int32)))
     batches, info = poisson_batches(
         pool, sampling_probability=q, seed=seed, num_examples=len(labels)
     )
-    length = contexts.shape[1]
+    counter.batches_per_epoch = info.batches_per_epoch
 
-    def generate():  # one call per epoch: fresh Poisson batches every time
-        counter.start_epoch()
-        for batch_contexts, batch_labels in batches:
-            batch_contexts = batch_contexts.numpy()
-            counter.record(batch_contexts)
-            yield batch_contexts, batch_labels.numpy()
+    def record(batch_contexts):
+        counter.record(batch_contexts)
+        return np.int64(0)
 
-    dataset = tf.data.Dataset.from_generator(
-        generate,
-        output_signature=(
-            tf.TensorSpec([None, length], tf.int32),
-            tf.TensorSpec([None], tf.int32),
-        ),
-    )
+    def counted(batch_contexts, batch_labels):
+        done = tf.numpy_function(record, [batch_contexts], tf.int64, stateful=True)
+        with tf.control_dependencies([done]):
+            return tf.identity(batch_contexts), tf.identity(batch_labels)
+
+    dataset = batches.map(counted)
     if lookahead:
         dataset = with_lookahead(dataset, lambda features: {table_name: features})
     return dataset, info
@@ -393,7 +393,7 @@ def train_and_evaluate(
 
     # Train.
     counter = movielens_privacy.TouchCounter(data.num_items + 1)
-    batches, batching = _batches(
+    batches, _ = _batches(
         contexts, labels, q=q, seed=config.seed, lookahead=lazy, counter=counter,
         table_name=model.history_embedding.name,
     )  # fmt: skip
@@ -437,7 +437,7 @@ def train_and_evaluate(
         ledger=budget.ledger if budget is not None else None,
         steps=None if budget is not None else steps_run,
         accountant=accountant,
-        batching=batching,
+        batching=dp_model.batching,  # what fit was fed (verified from the data)
         epsilon=(
             movielens_privacy.nominal_epsilon(noise_multiplier=sigma, sampling_probability=q, steps=steps_run,
                                               delta=delta, accountant=accountant)

@@ -124,12 +124,14 @@ class TouchCounter:
     """Per-epoch counts of the steps in which each history-table row was touched.
 
     `record(contexts)` is called once per training batch (the batch the model
-    trains on); `start_epoch()` at the start of every pass.
+    trains on); a new epoch starts after `batches_per_epoch` batches (when
+    set) or at `start_epoch()`.
     """
 
-    def __init__(self, num_rows: int, padding_id: int = 0):
+    def __init__(self, num_rows: int, padding_id: int = 0, batches_per_epoch: int | None = None):
         self.num_rows = int(num_rows)
         self.padding_id = padding_id
+        self.batches_per_epoch = batches_per_epoch
         self.epochs: list[np.ndarray] = []
         self.steps_per_epoch: list[int] = []
         self.rows_per_step: list[int] = []
@@ -139,7 +141,8 @@ class TouchCounter:
         self.steps_per_epoch.append(0)
 
     def record(self, contexts: np.ndarray) -> None:
-        if not self.epochs:
+        full = self.batches_per_epoch is not None and self.epochs and self.steps_per_epoch[-1] >= self.batches_per_epoch
+        if not self.epochs or full:
             self.start_epoch()
         rows = np.unique(contexts)
         rows = rows[rows != self.padding_id]

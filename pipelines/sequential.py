@@ -347,7 +347,7 @@ def run(config: SequentialConfig) -> SequentialResult:
             accountant=config.accountant,
             ledger=ledger,
         )
-    batches, batching = poisson_batches(
+    batches, _ = poisson_batches(
         training_dataset(data), sampling_probability=privacy.sampling_probability, seed=config.seed
     )
 
@@ -377,7 +377,7 @@ def run(config: SequentialConfig) -> SequentialResult:
         ledger=budget.ledger if budget is not None else None,
         accountant=config.accountant,
         steps=None if budget is not None else steps,
-        batching=batching,
+        batching=dp_model.batching,  # what fit was fed (verified from the data)
         assumptions=privacy.assumptions,
         extra={
             "privacy_unit": "user (one training sequence per user: user-level DP)",

@@ -43,10 +43,12 @@ from tfdp_embed import contract, distribute, read_guard
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.export import _without_read_hooks
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
+from tfdp_embed.mechanisms.capabilities import check_declared_use
 
 _NON_PER_EXAMPLE_LAYERS = (keras.layers.BatchNormalization,)
 
@@ -86,11 +88,12 @@ def _averaged_sum(clipped_sum, clip_factors, expected_batch_size: float, index: 
 class _TrainingOnly:
     """State `DPModel` keeps out of Keras/TF tracking, so no weights file, checkpoint or SavedModel of it holds it."""
 
-    __slots__ = ("mechanism", "loss_tracker")
+    __slots__ = ("mechanism", "loss_tracker", "fed_batching")
 
     def __init__(self, mechanism, loss_tracker):
         self.mechanism = mechanism
         self.loss_tracker = loss_tracker
+        self.fed_batching = None
 
 
 class DPModel(keras.Model):
@@ -107,7 +110,8 @@ class DPModel(keras.Model):
         `tfdp_embed.clipping.default_registry()`.
       lookahead: the dataset yields `(features, labels, lookahead)` where
         `lookahead` maps a `DPEmbedding` layer name to the next batch's unique
-        ids (`tfdp_embed.data.with_lookahead`); LazyDP uses it.
+        ids (`tfdp_embed.data.with_lookahead`); only mechanisms declaring
+        `capabilities.lookahead` (LazyDP) accept it.
       check_per_example: on the first batch, check that each example's loss
         depends on that example alone and that the clipping rules cover the
         whole gradient (a few eager forward passes, once). Turn it off only to
@@ -128,6 +132,8 @@ class DPModel(keras.Model):
         per-example, or trainable variables no layer owns (at `prepare`/`fit`:
         layers that update state or mix examples in training, subclasses the
         clipping rules cannot describe).
+      DistributionNotSupportedError, ValueError: a strategy or `lookahead`
+        the mechanism's class does not declare in its `capabilities`.
     """
 
     def __init__(
@@ -155,8 +161,9 @@ class DPModel(keras.Model):
         if expected_batch_size is not None and not float(expected_batch_size) > 0:
             raise ValueError(f"`expected_batch_size` must be > 0; received {expected_batch_size!r}.")
         _reject_non_per_example(model)
-        # Unsupported mechanism/strategy pairs fail here, not deep in a traced step.
+        # Undeclared capabilities (strategy, lookahead, deferred noise) fail here, not in a traced step.
         distribute.check_supported(mechanism)
+        check_declared_use(mechanism, lookahead=lookahead)
         distribute.check_tables(model)
         from tfdp_embed import clipping  # registry functions live in the clipping package
 
@@ -197,10 +204,25 @@ class DPModel(keras.Model):
         super().compile(optimizer=optimizer, metrics=metrics, **kwargs)
 
     @property
+    def batching(self):
+        """The `FedBatching` of the data the last `fit` was fed (None before any `fit`)."""
+        return self._training_only.fed_batching
+
+    @property
     def metrics(self):
         return [self.loss_tracker, *super().metrics]
 
-    def fit(self, x=None, *args, **kwargs):
+    def fit(self, x=None, *args, batching=None, **kwargs):
+        """Like `keras.Model.fit`; records how the batches were drawn in `self.batching`.
+
+        Args:
+          batching: only for sources that cannot be inspected (e.g. a
+            `DatasetCreator` under ParameterServerStrategy): the
+            `BatchingInfo` of the sampler inside; reported as declared by
+            the caller, not verified. Datasets from `tfdp_embed.data` carry
+            their batching; anything else is reported as not verified Poisson.
+        """
+        self._training_only.fed_batching = fed_batching(x, declared=batching)
         data = x if isinstance(x, tf.data.Dataset) else contract.one_batch_of_arrays(x, args, kwargs)
         self.prepare(data)
         if self._contract_pending:

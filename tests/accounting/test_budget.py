@@ -17,6 +17,7 @@ from tfdp_embed._keras import keras, tf
 from tfdp_embed.accounting import PrivacyBudget, PrivacyLedger, compute_epsilon
 from tfdp_embed.errors import PrivacyBudgetExceededError
 from tfdp_embed.mechanisms.base import NoiseMechanism
+from tfdp_embed.mechanisms.capabilities import MechanismCapabilities
 
 DELTA = 1e-5
 N, BATCH = 40, 4  # 10 batches per epoch
@@ -29,6 +30,7 @@ class FakeMechanism(NoiseMechanism):
     """A DP mechanism that only reports events (the tiny model trains without it)."""
 
     name = "fake"
+    capabilities = MechanismCapabilities(one_off_events=True)
 
     def __init__(self, *, noise_multiplier: float, setup_noise_multiplier: float | None = None):
         super().__init__(l2_norm_clip=1.0, noise_multiplier=noise_multiplier, seed=0)

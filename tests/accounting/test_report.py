@@ -18,7 +18,7 @@ from tfdp_embed.accounting import (
     truncation_delta,
     write_privacy_report,
 )
-from tfdp_embed.data import fixed_size_batches, poisson_batches
+from tfdp_embed.data import fed_batching, fixed_size_batches, poisson_batches
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.eana import EANA
 
@@ -33,12 +33,18 @@ def _ledger(mechanism, steps=STEPS):
     return ledger
 
 
+def _verified_poisson():
+    """What DPModel.fit records for batches of tfdp_embed.data.poisson_batches (q = Q, N examples)."""
+    batches, _ = poisson_batches(tf.data.Dataset.range(N), sampling_probability=Q, seed=0)
+    return fed_batching(batches.prefetch(2))
+
+
 def test_dp_report_has_every_field_and_the_ledger_epsilon(tmp_path):
     mechanism = DenseDPSGD(l2_norm_clip=0.5, noise_multiplier=1.1, seed=0)
     ledger = _ledger(mechanism)
     report = privacy_report(
         mechanism=mechanism, ledger=ledger, delta=DELTA, accountant="rdp", sampling_probability=Q, dataset_size=N,
-        extra={"run": "test"},
+        batching=_verified_poisson(), extra={"run": "test"},
     )
     expected = compute_epsilon(
         dpsgd_event(sampling_probability=Q, noise_multiplier=1.1, steps=STEPS), target_delta=DELTA, accountant="rdp"
@@ -51,14 +57,15 @@ def test_dp_report_has_every_field_and_the_ledger_epsilon(tmp_path):
     assert report["noise_multiplier"] == 1.1 and report["l2_norm_clip"] == 0.5
     assert report["steps"] == STEPS and report["epochs"] == pytest.approx(5.0)
     assert report["expected_batch_size"] == pytest.approx(100.0)
-    assert report["batching"] == "poisson" and report["caveats"] == []
-    assert "differential privacy" in report["guarantee"]
+    assert report["batching"] == "poisson" and report["batching_source"] == "verified" and report["caveats"] == []
+    assert "differential privacy" in report["guarantee"] and "not verified" not in report["guarantee"]
     assert report["extra"] == {"run": "test"}
     path = write_privacy_report(tmp_path / "model" / "privacy_report.json", report)
     assert read_privacy_report(path) == json.loads(json.dumps(report))
     # Without a ledger the report composes setup + steps itself: same epsilon.
     direct = privacy_report(
-        mechanism=mechanism, delta=DELTA, accountant="rdp", sampling_probability=Q, dataset_size=N, steps=STEPS
+        mechanism=mechanism, delta=DELTA, accountant="rdp", sampling_probability=Q, dataset_size=N, steps=STEPS,
+        batching=_verified_poisson(),
     )
     assert direct["epsilon"] == pytest.approx(expected, rel=1e-12)
 
@@ -66,7 +73,8 @@ def test_dp_report_has_every_field_and_the_ledger_epsilon(tmp_path):
 def test_non_dp_mechanism_report_says_not_dp_and_has_no_epsilon(tmp_path):
     mechanism = EANA(l2_norm_clip=1.0, noise_multiplier=0.5, seed=0)
     report = privacy_report(
-        mechanism=mechanism, ledger=_ledger(mechanism), delta=DELTA, sampling_probability=Q, dataset_size=N
+        mechanism=mechanism, ledger=_ledger(mechanism), delta=DELTA, sampling_probability=Q, dataset_size=N,
+        batching=_verified_poisson(),
     )
     assert report["is_dp"] is False
     assert report["epsilon"] is None
@@ -76,7 +84,8 @@ def test_non_dp_mechanism_report_says_not_dp_and_has_no_epsilon(tmp_path):
     assert written["epsilon"] is None
     # A nominal number passed in is labelled as such, never as epsilon.
     nominal = privacy_report(
-        mechanism=mechanism, epsilon=2.0, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=STEPS
+        mechanism=mechanism, epsilon=2.0, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=STEPS,
+        batching=_verified_poisson(),
     )
     assert nominal["epsilon"] is None and nominal["nominal_epsilon_not_dp"] == 2.0
 
@@ -123,14 +132,16 @@ def test_truncated_poisson_batches_are_accounted():
 
 def test_infinite_epsilon_is_written_as_a_string(tmp_path):
     mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=0.0, seed=0)
-    report = privacy_report(mechanism=mechanism, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=10)
+    report = privacy_report(
+        mechanism=mechanism, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=10, batching=_verified_poisson()
+    )
     assert report["epsilon"] == float("inf")
     assert read_privacy_report(write_privacy_report(tmp_path / "r.json", report))["epsilon"] == "inf"
 
 
 def test_bad_arguments():
     mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)
-    base = dict(mechanism=mechanism, delta=DELTA, sampling_probability=Q, dataset_size=N)
+    base = dict(mechanism=mechanism, delta=DELTA, sampling_probability=Q, dataset_size=N, batching="poisson")
     with pytest.raises(ValueError, match="either `ledger`"):
         privacy_report(**base, ledger=_ledger(mechanism), epsilon=1.0)
     with pytest.raises(ValueError, match="`steps`=3 but the ledger records 500"):
@@ -138,7 +149,9 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="`steps` is required"):
         privacy_report(**base)
     with pytest.raises(ValueError, match="`batching` must be one of"):
-        privacy_report(**base, steps=1, batching="shuffled")
+        privacy_report(**{**base, "batching": "shuffled"}, steps=1)
+    with pytest.raises(TypeError, match="batching"):  # required: no default that claims Poisson
+        privacy_report(mechanism=mechanism, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=1)
     with pytest.raises(ValueError, match="`delta`"):
         privacy_report(**{**base, "delta": 0.0}, steps=1)
     with pytest.raises(ValueError, match="`dataset_size`"):

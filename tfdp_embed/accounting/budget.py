@@ -20,6 +20,13 @@ report (`privacy_report`, plus `extra.budget`: target, whether the budget
 stopped training, allowed steps) when training ends, and also when it
 refuses to start because not one more step fits.
 
+Batching: the Poisson accounting holds only for Poisson-sampled batches.
+At every train begin the callback reads what the model was fed
+(`DPModel.batching`, recorded by `fit` from the data itself; Poisson only
+for `tfdp_embed.data` samplers) and keeps the least private batching of all
+its `fit` calls for the report. An explicit Poisson `batching` that the data
+fed does not bear out is refused.
+
 Non-DP mechanisms (`mechanism.is_dp` False, e.g. EANA) have no epsilon. The
 callback still caps training at the step count DP-SGD with the same noise
 multiplier would be allowed (a *nominal* number, useful to compare runs),
@@ -54,8 +61,9 @@ from tfdp_embed.accounting.calibration import (
     make_accountant,
 )
 from tfdp_embed.accounting.ledger import PrivacyLedger
-from tfdp_embed.errors import PrivacyBudgetExceededError
-from tfdp_embed.mechanisms.base import NoiseMechanism
+from tfdp_embed.data.provenance import NOT_VERIFIED, UNVERIFIED, FedBatching
+from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
+from tfdp_embed.mechanisms.base import NoiseMechanism, one_off_events
 
 _LOG = logging.getLogger(__name__)
 
@@ -86,7 +94,11 @@ class PrivacyBudget(keras.callbacks.Callback):
       report_path: where to write the privacy report JSON at train end (and
         when the budget refuses to start); None writes nothing.
       dataset_size: N, required with `report_path`.
-      batching: "poisson", "fixed_shuffled" or a `BatchingInfo`, for the report.
+      batching: None (default) reads it from the model at each train begin
+        (`DPModel.batching`: what `fit` was fed). An explicit "poisson",
+        "fixed_shuffled" or `BatchingInfo` is checked against it: claiming
+        Poisson for data that is not verified (or declared) Poisson raises;
+        a non-Poisson value is reported as given.
 
     Attributes:
       ledger: the `PrivacyLedger` (save it next to the model).
@@ -99,6 +111,8 @@ class PrivacyBudget(keras.callbacks.Callback):
       ValueError: bad arguments (at construction).
       PrivacyBudgetExceededError: at train begin, when the ledger already
         exceeds the budget or not even one more step fits.
+      PrivacyContractError: at train begin, an explicit Poisson `batching`
+        contradicting the data the model was fed.
     """
 
     def __init__(
@@ -114,7 +128,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         value_discretization_interval: float | None = None,
         report_path: str | None = None,
         dataset_size: int | None = None,
-        batching="poisson",
+        batching=None,
     ):
         super().__init__()
         if report_path is not None and (
@@ -138,7 +152,8 @@ class PrivacyBudget(keras.callbacks.Callback):
         self.value_discretization_interval = value_discretization_interval
         self.report_path = None if report_path is None else str(report_path)
         self.dataset_size = dataset_size
-        self.batching = batching
+        self.batching = batching  # the caller's explicit claim, or None
+        self.fed_batching = None  # the least private batching fed in this callback's fits
         self.ledger = PrivacyLedger() if ledger is None else ledger
         self.is_dp = bool(mechanism.is_dp)
         self.log_key = "epsilon" if self.is_dp else "epsilon_not_dp"
@@ -189,6 +204,7 @@ class PrivacyBudget(keras.callbacks.Callback):
     # -- Keras hooks --------------------------------------------------------------
     def on_train_begin(self, logs=None):
         self.stopped_by_budget = False
+        self._check_batching()
         self._step_event = self.mechanism.step_event(self.sampling_probability)
         self._record_history()
         what = "epsilon" if self.is_dp else "NOMINAL epsilon (NOT a DP guarantee)"
@@ -321,6 +337,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         }
         report = privacy_report(
             mechanism=self.mechanism,
+            batching=self.report_batching(),
             delta=self.target_delta,
             sampling_probability=self.sampling_probability,
             dataset_size=self.dataset_size,
@@ -328,21 +345,35 @@ class PrivacyBudget(keras.callbacks.Callback):
             epsilon=None if self.is_dp else self.epsilon,
             steps=None if self.is_dp else self.ledger.steps,
             accountant=self.accountant,
-            batching=self.batching,
             extra={"budget": budget},
         )
         write_privacy_report(self.report_path, report)
         _LOG.info("PrivacyBudget: privacy report written to %s.", self.report_path)
 
+    def report_batching(self):
+        """The batching the report states: the explicit non-Poisson value if given, else what was fed."""
+        if self.batching is not None and not _claims_poisson(self.batching):
+            return self.batching
+        return self.fed_batching if self.fed_batching is not None else _not_recorded(None)
+
     # -- internals ----------------------------------------------------------------
+    def _check_batching(self) -> None:
+        """Records what the model was fed (the least private so far); refuses a false Poisson claim."""
+        fed = getattr(self.model, "batching", None) or _not_recorded(self.model)
+        if self.fed_batching is None or _rank(fed) > _rank(self.fed_batching):
+            self.fed_batching = fed
+        if self.batching is not None and _claims_poisson(self.batching) and not self.fed_batching.claims_poisson:
+            raise PrivacyContractError(
+                "PrivacyBudget was given `batching` Poisson, but the data fed to training is not Poisson-sampled "
+                f"as far as tfdp_embed can tell: {self.fed_batching.description}. The Poisson epsilon would not "
+                "describe this run. Feed batches from tfdp_embed.data.poisson_batches / "
+                "streaming_poisson_batches, or drop `batching` (the report then says how the data was batched)."
+            )
+
     def _one_off_events(self) -> list:
         """The mechanism's one-off events: DP-FEST's `selection_events` (one per
-        (re-)selection) when it has them, else `[setup_event()]`."""
-        events = getattr(self.mechanism, "selection_events", None)
-        if events is None:
-            setup = self.mechanism.setup_event()
-            events = [] if setup is None else [setup]
-        return list(events)
+        (re-)selection) when it has them, else `[setup_event()]`; refused unless declared."""
+        return one_off_events(self.mechanism)
 
     def _record_setup_events(self) -> bool:
         """Records one-off events the ledger lacks (by multiplicity); True if any was new."""
@@ -462,3 +493,23 @@ class PrivacyBudget(keras.callbacks.Callback):
                     lo = guess - offset
             bisect = (hi - lo) > width / 2
         return lo
+
+
+def _claims_poisson(batching) -> bool:
+    """True when an explicit `batching` (string, BatchingInfo or FedBatching) states Poisson."""
+    if isinstance(batching, FedBatching):
+        return batching.claims_poisson
+    name = batching if isinstance(batching, str) else getattr(batching, "batching", None)
+    return name == "poisson"
+
+
+def _rank(fed: FedBatching) -> int:
+    """0: verified Poisson, 1: declared Poisson, 2: anything else (a run is as private as its worst fit)."""
+    return 0 if fed.verified_poisson else 1 if fed.claims_poisson else 2
+
+
+def _not_recorded(model) -> FedBatching:
+    what = "no model" if model is None else f"model {getattr(model, 'name', '?')!r} ({type(model).__name__})"
+    return FedBatching(
+        UNVERIFIED, NOT_VERIFIED, f"{what} did not record the data it was fed (only DPModel.fit records it)"
+    )

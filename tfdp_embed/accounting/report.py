@@ -9,7 +9,13 @@ words. Two situations are never dressed up as a guarantee:
   null and `guarantee` says it is NOT a differential-privacy guarantee;
 * batches that were not Poisson-sampled (`batching="fixed_shuffled"`): a
   caveat says the epsilon assumes Poisson sampling and does not hold as
-  stated for shuffled fixed-size batches.
+  stated for shuffled fixed-size batches;
+* batches not verified as Poisson: `batching` is required and is best
+  `dp_model.batching`, what `DPModel.fit` recorded from the data itself
+  (Poisson only for `tfdp_embed.data` samplers; "unverified" for anything
+  else, with a caveat). A Poisson batching the caller declared to `fit`, or
+  states here as a string or `BatchingInfo`, is reported with a caveat
+  that it was not verified against the data (`batching_source`).
 
 Conditions the ledger cannot see (e.g. statistics supplied as public) are
 passed as `assumptions`: the guarantee line then says it is conditional on them.
@@ -21,7 +27,7 @@ only when a batch overflows.
 
 Example:
     >>> report = privacy_report(mechanism=mechanism, ledger=budget.ledger, delta=1e-5,
-    ...     sampling_probability=q, dataset_size=N, batching=info)
+    ...     sampling_probability=q, dataset_size=N, batching=dp_model.batching)
     >>> write_privacy_report("model/privacy_report.json", report)
 
 References: Abadi et al. 2016 §3.1; Ponomareva et al., "How to DP-fy ML",
@@ -48,14 +54,29 @@ from tfdp_embed.accounting.calibration import (
     compute_epsilon,
 )
 from tfdp_embed.accounting.ledger import PrivacyLedger, event_to_dict
+from tfdp_embed.data.provenance import DECLARED, FedBatching
+from tfdp_embed.mechanisms.base import one_off_events
 
-BATCHINGS = ("poisson", "fixed_shuffled")
+BATCHINGS = ("poisson", "fixed_shuffled", "unverified")
 
 NOT_POISSON_CAVEAT = (
     "The epsilon assumes Poisson sampling (each example in each batch independently with "
     "probability q), but the batches were fixed-size shuffled batches, not Poisson-sampled. "
     "The accounting does not describe this run exactly; shuffled batches can be much less "
     "private than the Poisson number suggests (Chua et al. 2024)."
+)
+UNVERIFIED_CAVEAT = (
+    "The epsilon assumes Poisson sampling (each example in each batch independently with "
+    "probability q), but the batches fed to training were not verified as Poisson-sampled: {fed}. "
+    "Only batches from tfdp_embed.data's Poisson samplers are; the accounting may not describe this run."
+)
+DECLARED_CAVEAT = (
+    "The {batching} batching was declared by the caller (DPModel.fit(batching=...)), not verified "
+    "against the data: the guarantee holds only if the declaration is true."
+)
+STATED_CAVEAT = (
+    "Poisson sampling is stated by the caller of privacy_report, not verified against the data fed to "
+    "training; pass `batching=dp_model.batching` (recorded by DPModel.fit from the data) for a verified claim."
 )
 NOT_DP_GUARANTEE = (
     "NONE: mechanism {name!r} is NOT differentially private. This report is NOT a "
@@ -96,11 +117,11 @@ def privacy_report(
     delta: float,
     sampling_probability: float,
     dataset_size: int,
+    batching: str | Any,
     ledger: PrivacyLedger | None = None,
     epsilon: float | None = None,
     accountant: str = "pld",
     steps: int | None = None,
-    batching: str | Any = "poisson",
     assumptions: Sequence[str] = (),
     extra: Mapping | None = None,
 ) -> dict:
@@ -119,8 +140,12 @@ def privacy_report(
       steps: training steps (default: `ledger.steps`). With neither `ledger`
         nor `epsilon`, epsilon is computed from the mechanism's setup event
         plus `steps` step events.
-      batching: "poisson", "fixed_shuffled", or a `BatchingInfo` (from
-        `tfdp_embed.data`), whose counters and cap go into the report.
+      batching: required. `dp_model.batching` (the `FedBatching` that
+        `DPModel.fit` recorded from the data: verified, declared or not
+        verified), or the caller's statement: "poisson", "fixed_shuffled",
+        "unverified" or a `BatchingInfo` (from `tfdp_embed.data`; its
+        counters and cap go into the report). A stated Poisson batching is
+        reported as not verified.
       assumptions: conditions the guarantee rests on beyond the ledger, in
         plain words (e.g. "the supplied item frequencies are independent of
         the training data"); the guarantee line says it holds only under them.
@@ -129,7 +154,7 @@ def privacy_report(
     Returns:
       dict with keys epsilon, delta, accountant, mechanism, is_dp, guarantee,
       noise_multiplier, noise_multipliers, l2_norm_clip, sampling_probability,
-      expected_batch_size, steps, epochs, dataset_size, batching, adjacency,
+      expected_batch_size, steps, epochs, dataset_size, batching, batching_source, adjacency,
       assumptions, caveats, mechanism_report, (ledger, batching_details, delta_with_truncation, extra).
 
     Raises:
@@ -151,7 +176,7 @@ def privacy_report(
         raise ValueError("`steps` is required when no `ledger` is given.")
     steps = check_steps(steps, allow_zero=True)
     assumptions = _check_assumptions(assumptions)
-    batching_name, batching_details = _batching(batching)
+    batching_name, batching_details, batching_source, batching_caveats = _batching(batching)
     if batching_details is not None:
         n_info, q_info = batching_details.get("num_examples"), batching_details.get("sampling_probability")
         if n_info is not None and n_info != dataset_size:
@@ -204,12 +229,21 @@ def privacy_report(
         epochs=steps * q,
         dataset_size=dataset_size,
         batching=batching_name,
+        batching_source=batching_source,
         adjacency=ADJACENCY,
         assumptions=list(assumptions),
     )
     caveats.extend(f"The guarantee holds only if {text}" for text in assumptions)
-    if batching_name != "poisson":
+    caveats.extend(batching_caveats)
+    if batching_name == "fixed_shuffled":
         caveats.append(NOT_POISSON_CAVEAT)
+    elif batching_name == "unverified":
+        fed = (batching_details or {}).get("fed", "the caller said so")
+        caveats.append(UNVERIFIED_CAVEAT.format(fed=fed))
+    if is_dp and (batching_name != "poisson" or batching_source != "verified"):
+        report["guarantee"] += (
+            " Conditional on Poisson sampling, which was not verified for this run's batches (see caveats)."
+        )
     if batching_details is not None:
         report["batching_details"] = batching_details
         cap = batching_details.get("max_batch_size")
@@ -260,10 +294,7 @@ def read_privacy_report(path: str | os.PathLike) -> dict:
 
 
 def _events(mechanism, q: float, steps: int) -> list:
-    events = []
-    setup = mechanism.setup_event()
-    if setup is not None:
-        events.append(setup)
+    events = one_off_events(mechanism)  # refused unless the mechanism declares one-off events
     if steps:
         events.append(dp_accounting.SelfComposedDpEvent(mechanism.step_event(q), steps))
     return events
@@ -278,18 +309,29 @@ def _check_assumptions(assumptions) -> list[str]:
     return [text.strip() for text in assumptions]
 
 
-def _batching(batching) -> tuple[str, dict | None]:
+def _batching(batching) -> tuple[str, dict | None, str, list]:
+    """(name, details, source, caveats) of a `FedBatching`, `BatchingInfo` or string."""
+    if isinstance(batching, FedBatching):
+        details = _jsonable(batching.report())
+        caveats = [DECLARED_CAVEAT.format(batching=batching.batching)] if batching.source == DECLARED else []
+        return batching.batching, details, batching.source, caveats
     if isinstance(batching, str):
         if batching not in BATCHINGS:
-            raise ValueError(f"`batching` must be one of {BATCHINGS} or a BatchingInfo; received {batching!r}.")
-        return batching, None
-    if hasattr(batching, "report") and callable(batching.report):
+            raise ValueError(
+                f"`batching` must be one of {BATCHINGS}, a BatchingInfo or `dp_model.batching`; received {batching!r}."
+            )
+        name, details = batching, None
+    elif hasattr(batching, "report") and callable(batching.report):
         details = dict(batching.report())
         name = details.get("batching")
         if name not in BATCHINGS:
             raise ValueError(f"`batching.report()['batching']` must be one of {BATCHINGS}; received {name!r}.")
-        return name, _jsonable(details)
-    raise ValueError(f"`batching` must be one of {BATCHINGS} or a BatchingInfo; received {batching!r}.")
+        details = _jsonable(details)
+    else:
+        raise ValueError(
+            f"`batching` must be one of {BATCHINGS}, a BatchingInfo or `dp_model.batching`; received {batching!r}."
+        )
+    return name, details, "stated", [STATED_CAVEAT] if name == "poisson" else []
 
 
 def _noise_multipliers(mechanism, mech: dict) -> dict:

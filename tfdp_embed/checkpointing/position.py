@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 
 from tfdp_embed._keras import tf
+from tfdp_embed.data.provenance import register, registered_info
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +124,6 @@ def rest_of_epoch(
             f"`batches` has {cardinality} batches per epoch but the checkpointed run had {per_epoch}; "
             "rebuild the sampler exactly as before (same data, sampling_probability and seed)."
         )
-    return (
-        batches.repeat()
-        .skip(position.batches_consumed)
-        .take(per_epoch - position.batch_in_epoch)
-    )
+    rest = batches.repeat().skip(position.batches_consumed).take(per_epoch - position.batch_in_epoch)
+    info = registered_info(batches)  # the same sampler's stream: its batching carries over
+    return rest if info is None else register(rest, info)

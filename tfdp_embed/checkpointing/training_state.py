@@ -14,6 +14,12 @@ the batch stream (`DataPosition`). Beside it a manifest
 (`tfdp_embed.checkpointing.manifest`) records what wrote it and the files'
 checksums; only checkpoints with a manifest are complete.
 
+Restoring never replays noise: with `seed=None` the mechanism's generators
+(the noise generator, LazyDP's catch-up stream) are re-keyed from OS entropy
+right after the restore (`NoiseMechanism.rekey_from_entropy`); only explicit
+seeds (tests) keep the saved state, so that a resumed run reproduces an
+uninterrupted one.
+
 Restoring is all-or-nothing: the manifest is compared with the current
 model, optimizer, mechanism and accounting setup, and the files with their
 checksums, BEFORE anything is read; any difference raises
@@ -406,6 +412,7 @@ class TrainingCheckpoint:
                     f"Checkpoint {prefix} held values no variable of this run took ({error}); training state "
                     "is inconsistent, do not continue from it."
                 ) from None
+        _rekey(self.dp_model)
         self._adopted = True
         return self._resume_info(prefix, manifest)
 
@@ -502,6 +509,25 @@ class TrainingCheckpoint:
                     name,
                     self.directory,
                 )
+
+
+def _rekey(dp_model) -> None:
+    """Re-keys the restored mechanism's RNGs from OS entropy (seed=None), then re-syncs workers.
+
+    The checkpoint holds the noise generator's state (and LazyDP's catch-up
+    stream): two runs restored from it would draw bit-identical noise, so the
+    difference of their models would be their exact, noise-free gradient
+    difference. An explicit seed keeps the restored state (a resumed test
+    run reproduces the uninterrupted one). Under MultiWorkerMirroredStrategy
+    every worker re-keys, then takes worker 0's new state, so the workers
+    still draw the same noise.
+    """
+    from tfdp_embed import distribute
+
+    mechanism = dp_model.mechanism
+    if mechanism.rekey_from_entropy():
+        distribute.synchronize_generator(mechanism, dp_model.distribute_strategy)
+        _LOG.info("Restored mechanism %r re-keyed from OS entropy: no noise of the saved run is replayed.", mechanism.name)
 
 
 def _library_version() -> str:

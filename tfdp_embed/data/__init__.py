@@ -38,3 +38,6 @@ from tfdp_embed.data.poisson import (  # noqa: F401
     poisson_batches,
     streaming_poisson_batches,
 )
+
+# What `DPModel.fit` was fed: Poisson only when verified (registered samplers).
+from tfdp_embed.data.provenance import FedBatching, fed_batching  # noqa: F401

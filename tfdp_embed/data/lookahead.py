@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 from tfdp_embed._keras import tf
+from tfdp_embed.data.provenance import register, registered_info
 
 
 def with_lookahead(dataset: tf.data.Dataset, ids_fn: Callable[[object], Mapping[str, tf.Tensor]]) -> tf.data.Dataset:
@@ -44,7 +45,9 @@ def with_lookahead(dataset: tf.data.Dataset, ids_fn: Callable[[object], Mapping[
 
     Returns:
       A dataset of `(*element, lookahead)`, `lookahead[table]` an int64 `[k]`
-      vector of unique ids of the next batch (`[0]` for the last batch).
+      vector of unique ids of the next batch (`[0]` for the last batch). It
+      carries `dataset`'s batching (`tfdp_embed.data.provenance`) when
+      `dataset` came from a `tfdp_embed.data` sampler.
 
     Raises:
       ValueError: elements that are not tuples, or `ids_fn` not returning a
@@ -101,9 +104,12 @@ def with_lookahead(dataset: tf.data.Dataset, ids_fn: Callable[[object], Mapping[
         tf.data.Dataset.from_tensors((sentinel_components, tf.constant(False)))
     )
     paired = flagged.scan((sentinel_components, tf.constant(False)), step)
-    return paired.filter(lambda valid, previous, ids: valid).map(
+    out = paired.filter(lambda valid, previous, ids: valid).map(
         lambda valid, previous, ids: (*rebuild(previous), ids)
     )
+    # The same batches, in order, each with ids appended: the batching of `dataset` carries over.
+    info = registered_info(dataset)
+    return out if info is None else register(out, info)
 
 
 def _empty_like(spec):

@@ -49,6 +49,10 @@ Fixed-size shuffled batches (`fixed_size_batches`) are offered only on
 explicit request; their `BatchingInfo.batching` is "fixed_shuffled" and the
 privacy report then says that the Poisson accounting does not describe them.
 
+Every dataset returned here is registered with its `BatchingInfo`
+(`tfdp_embed.data.provenance`): `DPModel.fit` reads the batching from the
+data it is fed, and reports claim Poisson only for these samplers.
+
 Seeds: `seed=None` draws the sampling RNG's state from OS entropy; an int
 makes the batches reproducible (tests). The RNG is a `tf.random.Generator`
 whose state advances across epochs: every epoch gets fresh batches.
@@ -70,6 +74,7 @@ import math
 import numbers
 
 from tfdp_embed._keras import tf
+from tfdp_embed.data.provenance import register
 
 # Above this rate a Bernoulli mask over all N examples is cheaper than
 # drawing distinct indices.
@@ -182,7 +187,7 @@ def poisson_batches(
         return tf.nest.map_structure(lambda t: tf.gather(t, indices), data)
 
     batches = tf.data.Dataset.range(info.batches_per_epoch).map(make_batch)  # sequential: RNG order fixed
-    return batches, info
+    return register(batches, info), info
 
 
 def streaming_poisson_batches(
@@ -317,7 +322,7 @@ def streaming_poisson_batches(
         return tf.data.Dataset.range(in_pass).map(emit)
 
     batches = tf.data.Dataset.range(passes).flat_map(one_pass)
-    return batches, info
+    return register(batches, info), info
 
 
 def fixed_size_batches(
@@ -356,7 +361,7 @@ def fixed_size_batches(
         batches = order.batch(batch_size, drop_remainder=True).map(
             lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), data)
         )
-        return batches, info
+        return register(batches, info), info
     n = num_examples
     if n is None:
         n = int(dataset.cardinality())
@@ -364,7 +369,7 @@ def fixed_size_batches(
             n = int(dataset.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
     info = _fixed_size_info(n, batch_size, seed)
     batches = dataset.shuffle(n, seed=seed, reshuffle_each_iteration=True).batch(batch_size, drop_remainder=True)
-    return batches, info
+    return register(batches, info), info
 
 
 def _fixed_size_info(n: int, batch_size: int, seed) -> BatchingInfo:

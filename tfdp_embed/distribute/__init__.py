@@ -55,36 +55,42 @@ Example (parameter servers; each server process runs
     >>> dp.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1,
     ...        steps_per_epoch=100)
 
-Support (`SUPPORT`; anything else raises `DistributionNotSupportedError` at
-`DPModel` construction and again at `prepare`, naming the strategy and why):
+Support: each mechanism class declares the strategies it runs under, and
+more, in its `capabilities` (`tfdp_embed.mechanisms.MechanismCapabilities`,
+inherited by subclasses; never looked up by `name`). Anything not declared
+raises `DistributionNotSupportedError` at `DPModel` construction and again at
+`prepare`, naming the class, what it lacks and how to declare it; a new
+`NoiseMechanism` subclass runs on one device only until it declares more.
+The library's declarations (`support_table()`; a test checks this copy):
 
-    mechanism  | one device | Mirrored | MultiWorkerMirrored | ParameterServer        | TPU
-    none       | yes        | yes      | yes                 | yes                    | no (1)
-    dense      | yes        | yes      | yes                 | yes                    | no (1)
-    eana       | yes        | yes      | yes                 | yes                    | no (1)
-    fest       | yes        | yes      | yes                 | yes                    | no (1)
-    adafest    | yes        | yes      | yes                 | yes                    | no (1)
-    adafest+   | yes        | yes      | yes                 | yes                    | no (1)
-    lazy       | yes        | no (2)   | no (2)              | yes, one worker (3)    | no (1)
+    mechanism | one device | Mirrored | MultiWorkerMirrored | ParameterServer | TpuDPStep | lookahead | defers noise | one-off events
+    none      | yes        | yes      | yes                 | yes             | yes       | no        | no           | no
+    dense     | yes        | yes      | yes                 | yes             | no        | no        | no           | no
+    adafest   | yes        | yes      | yes                 | yes             | yes       | no        | no           | no
+    adafest+  | yes        | yes      | yes                 | yes             | yes       | no        | no           | yes
+    eana      | yes        | yes      | yes                 | yes             | yes       | no        | no           | no
+    fest      | yes        | yes      | yes                 | yes             | yes       | no        | no           | yes
+    lazy      | yes        | no       | no                  | yes, 1 worker   | no        | yes       | yes          | no
 
-    (1) Keras `fit` on `TPUStrategy` with `DPEmbedding` is not implemented:
-        tables on SparseCore are updated through `TPUEmbeddingV2`'s gradient
-        path. `TpuDPStep` (tpu_step.py) is that step for none, eana, fest, adafest
-        and adafest+ (tables on the engine, TensorCore model beside it; run it
-        inside `strategy.run`); dense and lazy are refused there too. See
-        docs/tpu_sparsecore.md and `tpu_embedding_plan`. CPU-tested with a
-        CPU engine of the same interface; never run on a TPU.
-    (2) LazyDP's read hook catches rows up (adds owed noise) inside each
-        replica's forward pass for the ids that replica reads; replicas would
-        add different noise to their copies of a mirrored table.
-    (3) Concurrent workers would race on the history table and step counter.
+    Keras `fit` on `TPUStrategy` with `DPEmbedding` is not implemented for
+    any mechanism: tables on SparseCore are updated through `TPUEmbeddingV2`'s
+    gradient path. `TpuDPStep` (tpu_step.py) is that step for the mechanisms
+    declaring `tpu` (tables on the engine, TensorCore model beside it; run it
+    inside `strategy.run`); see docs/tpu_sparsecore.md and
+    `tpu_embedding_plan`. CPU-tested with a CPU engine of the same
+    interface; never run on a TPU.
+    LazyDP does not declare the synchronous strategies: its read hook catches
+    rows up (adds owed noise) inside each replica's forward pass for the ids
+    that replica reads, so replicas would add different noise to their copies
+    of a mirrored table. It declares one ParameterServerStrategy worker:
+    concurrent workers would race on the history table and step counter.
     Other strategies (e.g. `CentralStorageStrategy`) are refused for every
     mechanism; so are tables sharded by a `variable_partitioner`.
 
 Modules (device branching lives in this package only; import from
 `tfdp_embed.distribute`, which re-exports every public name):
 
-    support.py            strategy kinds, SUPPORT, DistributionNotSupportedError, refusals
+    support.py            strategy kinds, refusals from declared capabilities, support_table
     sync.py               the synchronous step (Mirrored / MultiWorkerMirrored)
     collectives.py        clipped sums made global (all_reduce / all_gather), merge_call plumbing
     parameter_server.py   start_server, mechanism_state_scope (state next to its table)
@@ -112,13 +118,13 @@ from tfdp_embed.distribute.support import (
     MULTI_WORKER_MIRRORED,
     OTHER,
     PARAMETER_SERVER,
-    SUPPORT,
     TPU,
     DistributionNotSupportedError,
     check_supported,
     check_tables,
     is_synchronous_replicated,
     strategy_kind,
+    support_table,
     unsupported_reason,
 )
 from tfdp_embed.distribute.sync import (
@@ -155,7 +161,6 @@ __all__ = [
     "OTHER",
     "PARAMETER_SERVER",
     "PS_GROWABLE_CAPACITY",
-    "SUPPORT",
     "TPU",
     "TPU_PLANS",
     "DistributionNotSupportedError",
@@ -179,6 +184,7 @@ __all__ = [
     "noised_gradients",
     "start_server",
     "strategy_kind",
+    "support_table",
     "synchronize_generator",
     "tpu_embedding_plan",
     "union_of_rows",

@@ -1,11 +1,13 @@
 """Which `tf.distribute` strategy is active, and whether a mechanism may run under it.
 
-`strategy_kind` names the strategy; `SUPPORT` maps each mechanism name to
-the strategy kinds it runs under (None) or the reason it does not;
-`check_supported` and `check_tables` raise `DistributionNotSupportedError`
-with that reason, at `DPModel` construction and again at `prepare`. The
-support table and its footnotes are in the package docstring
-(`tfdp_embed.distribute`).
+`strategy_kind` names the strategy; a mechanism runs under the strategy
+kinds its class declares in `capabilities` (`MechanismCapabilities`,
+inherited by subclasses; the base `NoiseMechanism` declares one device
+only), never by its `name`. `check_supported` and `check_tables` raise
+`DistributionNotSupportedError` naming the mechanism class, what it lacks
+and how to declare it, at `DPModel` construction and again at `prepare`.
+`support_table` renders the declarations of the library's mechanisms (the
+table in the package docstring, `tfdp_embed.distribute`).
 
 Example:
     >>> check_supported(EANA(l2_norm_clip=1.0, noise_multiplier=1.0),
@@ -20,36 +22,33 @@ from __future__ import annotations
 
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.base import NoiseMechanism
+from tfdp_embed.mechanisms.capabilities import (
+    MIRRORED,
+    MULTI_WORKER_MIRRORED,
+    ONE_DEVICE,
+    PARAMETER_SERVER,
+    STRATEGY_KINDS,
+    STRATEGY_TITLES,
+    capabilities_of,
+    how_to_declare,
+)
 
-DEFAULT = "default"
-MIRRORED = "mirrored"
-MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
-PARAMETER_SERVER = "parameter_server"
+DEFAULT = ONE_DEVICE
 TPU = "tpu"
 OTHER = "other"
 
-_LAZY_SYNC_REASON = (
-    "LazyDP adds each row's owed noise in its read hook, inside every replica's forward pass, "
-    "for the ids that replica reads: the replicas of a synchronous strategy would add different "
-    "noise to their copies of the mirrored table (and a row read on two replicas would get its "
-    "owed noise twice). Use ParameterServerStrategy with one worker, one device, or a mechanism "
-    "without deferred noise ('dense', 'fest', 'adafest', 'adafest+')."
-)
 _TPU_REASON = (
     "Keras fit on TPUStrategy with DPEmbedding tables is not implemented: tables on TPU "
     "SparseCore are only updated through the embedding engine's gradient path. Use "
-    "tfdp_embed.distribute.TpuDPStep (the DP step with the tables on TPUEmbeddingV2, for the "
-    "mechanisms none, eana, fest, adafest, adafest+) inside strategy.run; docs/tpu_sparsecore.md "
-    "says what each mechanism needs and which are possible (tfdp_embed.distribute.tpu_embedding_plan)."
+    "tfdp_embed.distribute.TpuDPStep (the DP step with the tables on TPUEmbeddingV2, for "
+    "mechanisms that declare `tpu=True`: none, eana, fest, adafest, adafest+) inside strategy.run; "
+    "docs/tpu_sparsecore.md says what each mechanism needs and which are possible "
+    "(tfdp_embed.distribute.tpu_embedding_plan)."
 )
-
-# mechanism name -> {strategy kind: None (supported) or the reason it is not}.
-SUPPORT = {
-    name: {DEFAULT: None, MIRRORED: None, MULTI_WORKER_MIRRORED: None, PARAMETER_SERVER: None, TPU: _TPU_REASON}
-    for name in ("none", "dense", "eana", "fest", "adafest", "adafest+", "lazy")
-}
-SUPPORT["lazy"][MIRRORED] = _LAZY_SYNC_REASON
-SUPPORT["lazy"][MULTI_WORKER_MIRRORED] = _LAZY_SYNC_REASON
+_OTHER_REASON = (
+    "tfdp_embed does not know this strategy: DP training runs on one device, MirroredStrategy, "
+    "MultiWorkerMirroredStrategy or ParameterServerStrategy."
+)
 
 
 class DistributionNotSupportedError(ValueError):
@@ -84,34 +83,33 @@ def strategy_kind(strategy: tf.distribute.Strategy | None = None) -> str:
 
 
 def check_supported(mechanism: NoiseMechanism, strategy: tf.distribute.Strategy | None = None) -> str:
-    """Raises unless `mechanism` runs under `strategy`; returns the strategy kind.
+    """Raises unless `mechanism`'s class declares `strategy`'s kind; returns the strategy kind.
 
     Raises:
-      DistributionNotSupportedError: the mechanism does not support the
-        strategy (the message names both and says why), or the strategy is
-        one tfdp_embed does not know (e.g. `CentralStorageStrategy`).
+      DistributionNotSupportedError: the mechanism does not declare the
+        strategy (the message names the class, what it lacks and how to
+        declare it), declares fewer ParameterServerStrategy workers than the
+        cluster has, or the strategy is one tfdp_embed does not know (e.g.
+        `CentralStorageStrategy`).
     """
     if strategy is None:
         strategy = tf.distribute.get_strategy()
     kind = strategy_kind(strategy)
-    if kind == OTHER:
-        raise DistributionNotSupportedError(
-            f"tfdp_embed does not support {type(strategy).__name__}: DP training runs on one "
-            "device, MirroredStrategy, MultiWorkerMirroredStrategy or ParameterServerStrategy."
-        )
-    reason = unsupported_reason(mechanism.name, kind)
+    reason = unsupported_reason(mechanism, kind)
     if reason is not None:
         raise DistributionNotSupportedError(
-            f"Mechanism {mechanism.name!r} does not support {type(strategy).__name__} "
-            f"({kind}): {reason}"
+            f"Mechanism {mechanism.name!r} does not support {type(strategy).__name__} ({kind}): {reason}"
         )
-    if kind == PARAMETER_SERVER and mechanism.name == "lazy":
+    limit = capabilities_of(mechanism).parameter_server_workers
+    if kind == PARAMETER_SERVER and limit is not None:
         workers = _parameter_server_workers(strategy)
-        if workers != 1:
+        if workers > limit:
+            most = "exactly one worker" if limit == 1 else f"at most {limit} workers"
             raise DistributionNotSupportedError(
-                f"Mechanism 'lazy' supports ParameterServerStrategy with exactly one worker; this "
-                f"cluster has {workers}. Asynchronous workers would race on LazyDP's history table "
-                "and step counter (a row could be caught up twice or read before its noise)."
+                f"Mechanism {mechanism.name!r} supports ParameterServerStrategy with {most} (class "
+                f"{type(mechanism).__name__} declares `parameter_server_workers={limit}`); this cluster has "
+                f"{workers}. Asynchronous workers would race on its state (LazyDP: a row could be caught up "
+                "twice or read before its noise)."
             )
     return kind
 
@@ -141,15 +139,65 @@ def check_tables(model) -> None:
             )
 
 
-def unsupported_reason(mechanism_name: str, kind: str) -> str | None:
-    """Why mechanism `mechanism_name` cannot run under strategy kind `kind`; None when it can.
+def unsupported_reason(mechanism, kind: str) -> str | None:
+    """Why `mechanism` cannot run under strategy kind `kind`; None when it can.
 
-    Mechanisms missing from `SUPPORT` (added later) are allowed everywhere but on TPU.
+    Args:
+      mechanism: a `NoiseMechanism`, its class, or the name of a library
+        mechanism (`tfdp_embed.mechanisms.MECHANISMS`; the name selects the
+        library class, whose declaration is read).
+      kind: a strategy kind (`strategy_kind`).
     """
-    table = SUPPORT.get(mechanism_name)
-    if table is None:
-        return _TPU_REASON if kind == TPU else None
-    return table.get(kind)
+    cls = _mechanism_class(mechanism)
+    if kind == TPU:
+        return _TPU_REASON
+    if kind not in STRATEGY_KINDS:
+        return _OTHER_REASON
+    capabilities = capabilities_of(cls)
+    if capabilities.supports(kind):
+        return None
+    declared = ", ".join(STRATEGY_TITLES[k] for k in capabilities.strategies)
+    why = capabilities.reason(kind)
+    return (
+        f"it declares {declared} only" + (f" ({why})" if why else "") + ". "
+        + how_to_declare(cls, f"{STRATEGY_TITLES[kind]} (`strategies` holding {kind!r})")
+    )
+
+
+def support_table() -> str:
+    """The library mechanisms' declared capabilities as the text table of the package docstring."""
+    from tfdp_embed.mechanisms import MECHANISMS
+
+    header = ["mechanism", "one device", "Mirrored", "MultiWorkerMirrored", "ParameterServer", "TpuDPStep",
+              "lookahead", "defers noise", "one-off events"]  # fmt: skip
+    rows = [header]
+    for name, cls in MECHANISMS.items():
+        caps = capabilities_of(cls)
+
+        def yes(flag: bool) -> str:
+            return "yes" if flag else "no"
+
+        workers = caps.parameter_server_workers
+        server = yes(caps.supports(PARAMETER_SERVER))
+        if caps.supports(PARAMETER_SERVER) and workers is not None:
+            server = f"yes, {workers} worker" + ("s" if workers > 1 else "")
+        rows.append([
+            name, yes(caps.supports(ONE_DEVICE)), yes(caps.supports(MIRRORED)),
+            yes(caps.supports(MULTI_WORKER_MIRRORED)), server, yes(caps.tpu), yes(caps.lookahead),
+            yes(caps.defers_noise), yes(caps.one_off_events),
+        ])  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _mechanism_class(mechanism) -> type:
+    if isinstance(mechanism, str):
+        from tfdp_embed.mechanisms import MECHANISMS
+
+        if mechanism not in MECHANISMS:
+            raise KeyError(f"No library mechanism named {mechanism!r}; known: {sorted(MECHANISMS)}.")
+        return MECHANISMS[mechanism]
+    return mechanism if isinstance(mechanism, type) else type(mechanism)
 
 
 def _parameter_server_workers(strategy) -> int:

@@ -30,10 +30,7 @@ from tfdp_embed.distribute.support import (
     strategy_kind,
 )
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
-
-# Mechanisms known not to read `TableGradient.occurrences` / `clip_factors`: their
-# lookups are not all-gathered across replicas. Unknown mechanisms get them.
-_NO_LOOKUPS_NEEDED = ("none", "dense", "eana", "fest", "lazy")
+from tfdp_embed.mechanisms.capabilities import capabilities_of
 
 
 def synchronize_generator(mechanism: NoiseMechanism, strategy: tf.distribute.Strategy) -> None:
@@ -131,7 +128,8 @@ def noised_gradients(mechanism: NoiseMechanism, clipped: ClippedGradients) -> li
     ctx = tf.distribute.get_replica_context()
     if ctx is None or not is_synchronous_replicated():
         return mechanism.update(clipped)
-    total = all_reduce_clipped(clipped, ctx, with_lookups=mechanism.name not in _NO_LOOKUPS_NEEDED)
+    # Lookups and clip factors are all-gathered unless the class declares it never reads them.
+    total = all_reduce_clipped(clipped, ctx, with_lookups=capabilities_of(mechanism).needs_lookups)
     variables = [t.variable for t in total.tables] + [v for v, _ in total.dense]
     order = {v.ref(): i for i, v in enumerate(variables)}
     flat, rebuild = _flatten(total)

@@ -88,13 +88,35 @@ TPU_PLANS = {
 }
 
 
-def tpu_embedding_plan(mechanism: NoiseMechanism | str) -> TpuEmbeddingPlan:
-    """The TPU SparseCore plan of `mechanism` (a mechanism or its name).
+def tpu_embedding_plan(mechanism: NoiseMechanism | type | str) -> TpuEmbeddingPlan:
+    """The TPU SparseCore plan of `mechanism` (a mechanism, its class, or a library mechanism's name).
+
+    A mechanism's plan is that of the nearest library class it derives from
+    (`tfdp_embed.mechanisms.MECHANISMS`), found through its class, never
+    through its `name`: a subclass of `EANA` has EANA's plan, a new class
+    that copies the name "eana" has none.
 
     Raises:
       KeyError: for a mechanism with no plan (a new mechanism must add one).
     """
-    name = mechanism if isinstance(mechanism, str) else mechanism.name
+    name = mechanism if isinstance(mechanism, str) else _library_name(mechanism)
     if name not in TPU_PLANS:
-        raise KeyError(f"No TPU SparseCore plan for mechanism {name!r}; plans exist for {sorted(TPU_PLANS)}.")
+        shown = name if isinstance(mechanism, str) else _class_name(mechanism)
+        raise KeyError(f"No TPU SparseCore plan for mechanism {shown!r}; plans exist for {sorted(TPU_PLANS)}.")
     return TPU_PLANS[name]
+
+
+def _class_name(mechanism) -> str:
+    return (mechanism if isinstance(mechanism, type) else type(mechanism)).__name__
+
+
+def _library_name(mechanism) -> str | None:
+    """The `MECHANISMS` name of the nearest library class in `mechanism`'s MRO, or None."""
+    from tfdp_embed.mechanisms import MECHANISMS
+
+    names = {cls: name for name, cls in MECHANISMS.items()}
+    cls = mechanism if isinstance(mechanism, type) else type(mechanism)
+    for klass in cls.__mro__:
+        if klass in names:
+            return names[klass]
+    return None

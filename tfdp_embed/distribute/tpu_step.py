@@ -32,9 +32,12 @@ from tfdp_embed.distribute.tpu_gradient_path import (
     clipped_activation_gradients,
     noise_feature_name,
 )
-from tfdp_embed.distribute.tpu_plan import TPU_PLANS
+from tfdp_embed.distribute.tpu_plan import TPU_PLANS, tpu_embedding_plan
 from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.mechanisms.adafest import DPAdaFEST
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
+from tfdp_embed.mechanisms.capabilities import capabilities_of, how_to_declare
+from tfdp_embed.mechanisms.fest import DPFEST
 
 
 class TpuDPStep:
@@ -148,14 +151,7 @@ class TpuDPStep:
 
         if not isinstance(mechanism, NoiseMechanism):
             raise TypeError(f"`mechanism` must be a tfdp_embed NoiseMechanism; received {type(mechanism).__name__}.")
-        plan = TPU_PLANS.get(mechanism.name)
-        if plan is None or not plan.possible:
-            why = plan.path if plan is not None else f"no TPU plan exists for {mechanism.name!r} (TPU_PLANS)"
-            raise DistributionNotSupportedError(
-                f"Mechanism {mechanism.name!r} cannot run with its tables on the TPU embedding engine: {why} "
-                f"TPU-possible mechanisms: {sorted(n for n, p in TPU_PLANS.items() if p.possible)} "
-                "(docs/tpu_sparsecore.md)."
-            )
+        _check_tpu_capable(mechanism)
         for method in ("enqueue", "dequeue", "apply_gradients"):
             if not callable(getattr(engine, method, None)):
                 raise TypeError(
@@ -182,7 +178,7 @@ class TpuDPStep:
                     f"The features of table {f.table!r} use different combiners ({combiners[f.table]!r}, "
                     f"{f.combiner!r}); one table, one combiner."
                 )
-        if mechanism.name in ("fest", "adafest", "adafest+"):
+        if isinstance(mechanism, (DPFEST, DPAdaFEST)):
             pooled = [f.name for f in features if f.combiner is not None]
             if pooled:
                 raise DistributionNotSupportedError(
@@ -466,6 +462,30 @@ class TpuDPStep:
         encoded = ctx.merge_call(merged, args=tuple(flat))
         pairs = [(_decode_grad(g), v) for g, v in zip(encoded, variables) if g is not None]
         return pairs, total
+
+
+def _check_tpu_capable(mechanism: NoiseMechanism) -> None:
+    """Refuses mechanisms whose class does not declare `tpu`, or whose library plan is not possible."""
+    possible = sorted(n for n, p in TPU_PLANS.items() if p.possible)
+    try:
+        plan = tpu_embedding_plan(mechanism)
+    except KeyError:
+        plan = None
+    if not capabilities_of(mechanism).tpu:
+        why = f"{plan.path} " if plan is not None and not plan.possible else ""
+        raise DistributionNotSupportedError(
+            f"Mechanism {mechanism.name!r} cannot run with its tables on the TPU embedding engine "
+            f"(class {type(mechanism).__name__}): {why}" + how_to_declare(mechanism, "TPU support (`tpu=True`)")
+            + f" TPU-possible library mechanisms: {possible} (docs/tpu_sparsecore.md)."
+        )
+    if plan is None or not plan.possible:
+        why = plan.path if plan is not None else (
+            f"no TPU plan exists for {type(mechanism).__name__} (it derives from no library mechanism in TPU_PLANS)"
+        )
+        raise DistributionNotSupportedError(
+            f"Mechanism {mechanism.name!r} cannot run with its tables on the TPU embedding engine "
+            f"(class {type(mechanism).__name__}): {why} TPU-possible mechanisms: {possible} (docs/tpu_sparsecore.md)."
+        )
 
 
 def _mechanism_state(mechanism: NoiseMechanism) -> list:

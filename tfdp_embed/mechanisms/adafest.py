@@ -61,6 +61,7 @@ import dp_accounting
 
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, check_positive
+from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 from tfdp_embed.ops import sparse_rows
 
 # Above this survival probability of an untouched row, the "sparse" gradient
@@ -360,6 +361,7 @@ class DPAdaFEST(NoiseMechanism):
     """
 
     name = "adafest"
+    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True)
 
     def __init__(
         self,
@@ -531,6 +533,15 @@ class DPAdaFEST(NoiseMechanism):
         return float("inf") if fraction == 0 else 1.0 / fraction
 
     def report(self) -> dict:
+        """Hyperparameters and DP-released statistics only (see `diagnostics` for the others).
+
+        `mean_rows_noised` and the gradient size count the survivors of the
+        noisy threshold: the rows the released sparse gradient updates, a
+        function of the noised contribution map (post-processing of DP
+        outputs). Which survivors were touched, how many touched rows were
+        dropped, or how many rows were touched at all depends on the
+        un-noised touches: those are in `diagnostics`, never here.
+        """
         report = super().report()
         steps = int(self.steps.numpy())
         per_table = []
@@ -540,13 +551,11 @@ class DPAdaFEST(NoiseMechanism):
                     {
                         "table": table.name,
                         "vocabulary_size": int(table.vocabulary_size),
+                        # Survivors of the noisy threshold: post-processing of the DP map.
                         "mean_rows_noised": float(self.rows_noised[i].numpy()) / max(steps, 1),
-                        "mean_noise_only_rows": float(self.noise_only_rows[i].numpy())
-                        / max(steps, 1),
+                        # A constant: V * P(N(0, sigma1^2 C1^2) >= tau).
                         "expected_noise_only_rows": table.vocabulary_size
                         * self.noise_survival_probability,
-                        "dropped_touched_fraction": float(self.dropped_touched_rows[i].numpy())
-                        / max(float(self.touched_rows[i].numpy()), 1.0),
                     }
                 )
         report.update(
@@ -564,6 +573,29 @@ class DPAdaFEST(NoiseMechanism):
             f"with sigma = (sigma1^-2 + sigma2^-2)^(-1/2) = {self.effective_noise_multiplier:.6g} "
             "per step (DP-AdaFEST §3.3), under Poisson sampling.",
             "Touched rows whose noisy count falls below the threshold are not updated this step "
-            "(a bias, reported as dropped_touched_fraction).",
+            "(a bias; how many were dropped depends on the un-noised touches, so it is not reported here).",
         ]
         return report
+
+    def diagnostics(self) -> dict:
+        """Per-table statistics of the UN-NOISED row touches: NOT DP, for the operator's console only.
+
+        `mean_noise_only_rows` (untouched survivors), `mean_touched_rows` and
+        `dropped_touched_fraction` (touched rows below the threshold) need the
+        exact touched set; never write them beside a model or into a report.
+        """
+        if not self._stats_ready:
+            return {"tables": []}
+        steps = max(int(self.steps.numpy()), 1)
+        tables = []
+        for i, table in enumerate(self._tables):
+            touched = float(self.touched_rows[i].numpy())
+            tables.append(
+                {
+                    "table": table.name,
+                    "mean_noise_only_rows": float(self.noise_only_rows[i].numpy()) / steps,
+                    "mean_touched_rows": touched / steps,
+                    "dropped_touched_fraction": float(self.dropped_touched_rows[i].numpy()) / max(touched, 1.0),
+                }
+            )
+        return {"not_differentially_private": True, "tables": tables}

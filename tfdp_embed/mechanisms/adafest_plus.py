@@ -38,6 +38,7 @@ import numpy as np
 
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.adafest import DPAdaFEST, geometric_skip_positions, is_member
+from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 
 
 def _as_rows(name: str, rows) -> np.ndarray:
@@ -74,6 +75,7 @@ class DPAdaFESTPlus(DPAdaFEST):
     """
 
     name = "adafest+"
+    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, one_off_events=True)
 
     def __init__(
         self,

@@ -11,8 +11,10 @@ Train-step order (see `tfdp_embed.training`):
   forward + per-example loss -> per-example norms -> clip ->
   mechanism.update -> optimizer.apply -> mechanism.after_apply(lookahead)
 
-Adding a mechanism means subclassing `NoiseMechanism` and adding it to
-`MECHANISMS` in `tfdp_embed/mechanisms/__init__.py`; no other mechanism changes.
+Adding a mechanism means subclassing `NoiseMechanism`, declaring what it
+supports in its `capabilities` (`tfdp_embed.mechanisms.capabilities`; the
+base declares one device only) and adding it to `MECHANISMS` in
+`tfdp_embed/mechanisms/__init__.py`; no other mechanism changes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from typing import Callable, ClassVar, Sequence
 import dp_accounting
 
 from tfdp_embed._keras import tf
-from tfdp_embed.layers.embedding import DPEmbedding, EmbeddingOccurrences
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.mechanisms.capabilities import MechanismCapabilities, capabilities_of, how_to_declare
 from tfdp_embed.ops import fast_normal, sparse_rows
 
 
@@ -109,9 +113,11 @@ def check_positive(name: str, value, *, allow_zero: bool = False) -> float:
 class NoiseMechanism(tf.Module, abc.ABC):
     """Base class of all noise mechanisms.
 
-    Subclasses set `name`, `is_dp`, and implement `update` and
-    `step_event`. They must noise every variable they are given: a
-    mechanism never returns a noiseless gradient for a private variable.
+    Subclasses set `name`, `is_dp`, `capabilities` (what they support:
+    strategies, lookahead, deferred noise, one-off events; the base declares
+    one device only), and implement `update` and `step_event`. They must
+    noise every variable they are given: a mechanism never returns a
+    noiseless gradient for a private variable.
 
     Args (keyword-only, shared by all subclasses):
       l2_norm_clip: per-example clip norm C (> 0).
@@ -122,6 +128,7 @@ class NoiseMechanism(tf.Module, abc.ABC):
     name: ClassVar[str] = "base"
     is_dp: ClassVar[bool] = True
     clips_per_example: ClassVar[bool] = True
+    capabilities: ClassVar[MechanismCapabilities] = MechanismCapabilities()
 
     def __init__(self, *, l2_norm_clip: float, noise_multiplier: float, seed: int | None = None):
         super().__init__(name=f"{self.name}_mechanism".replace("+", "_plus"))
@@ -157,17 +164,46 @@ class NoiseMechanism(tf.Module, abc.ABC):
         """True when some table rows still lack noise (only lazy mechanisms)."""
         return False
 
+    def rekey_from_entropy(self) -> bool:
+        """Replaces every random-number state with fresh OS entropy, unless `seed` was given.
+
+        Called after restoring a checkpoint (`tfdp_embed.checkpointing`): the
+        checkpoint holds the generator's state, so two runs restored from it
+        would otherwise draw the same noise and their difference would be
+        their exact gradient difference. With an explicit `seed` (tests) the
+        restored state is kept, so a resumed run reproduces an uninterrupted
+        one. Subclasses with more RNG state override this and call `super()`.
+
+        Returns:
+          True when the state was re-keyed.
+        """
+        if self.seed is not None:
+            return False
+        state = self.generator.state
+        self.generator.reset(tf.raw_ops.NonDeterministicInts(shape=tf.shape(state), dtype=state.dtype))
+        return True
+
     # -- accounting ---------------------------------------------------------
     @abc.abstractmethod
     def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
         """The privacy cost of one training step."""
 
     def setup_event(self) -> dp_accounting.DpEvent | None:
-        """A one-off cost spent before training (e.g. DP-FEST's top-k selection)."""
+        """A one-off cost spent before training (e.g. DP-FEST's top-k selection).
+
+        Only mechanisms declaring `capabilities.one_off_events` may return one
+        (`one_off_events` refuses the others).
+        """
         return None
 
     def report(self) -> dict:
-        """Fields for the privacy report (noise multipliers, clip norms, caveats)."""
+        """Fields for the privacy report (noise multipliers, clip norms, caveats).
+
+        Written beside released models (`privacy_report.json`): every field is
+        a hyperparameter, a constant, or post-processing of the mechanism's
+        DP outputs, never a statistic of un-noised training data (those go
+        to `diagnostics`).
+        """
         return {
             "mechanism": self.name,
             "is_dp": self.is_dp,
@@ -175,6 +211,16 @@ class NoiseMechanism(tf.Module, abc.ABC):
             "noise_multiplier": self.noise_multiplier,
             "caveats": [],
         }
+
+    def diagnostics(self) -> dict:
+        """Training statistics computed from UN-NOISED data: NOT differentially private.
+
+        For the operator's console or log during development only; never
+        written beside a model, into a privacy report, or anywhere released
+        (e.g. DP-AdaFEST's count of touched rows dropped by the threshold,
+        which depends on the exact, un-noised row touches).
+        """
+        return {}
 
     # -- helpers for subclasses ---------------------------------------------
     def _noise_like(self, shape, stddev) -> tf.Tensor:
@@ -198,3 +244,25 @@ class NoiseMechanism(tf.Module, abc.ABC):
         if stddev > 0:
             return sparse_rows.noised_values(self.generator, values, stddev=stddev, divisor=divisor)
         return values / divisor
+
+
+def one_off_events(mechanism: NoiseMechanism) -> list:
+    """The mechanism's one-off accounting events: `selection_events` if it has them, else `[setup_event()]`.
+
+    Budgets and reports compose these once (DP-FEST: one per (re-)selection).
+
+    Raises:
+      PrivacyContractError: the mechanism returned a one-off event without
+        declaring `capabilities.one_off_events`.
+    """
+    events = getattr(mechanism, "selection_events", None)
+    if events is None:
+        setup = mechanism.setup_event()
+        events = [] if setup is None else [setup]
+    events = list(events)
+    if events and not capabilities_of(mechanism).one_off_events:
+        raise PrivacyContractError(
+            f"Mechanism {type(mechanism).__name__} returned one-off accounting events {events} but "
+            + how_to_declare(mechanism, "one-off events (`one_off_events=True`)")
+        )
+    return events

@@ -17,6 +17,7 @@ import dp_accounting
 
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
+from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 from tfdp_embed.mechanisms.row_noise import check_row_noise, stateless_row_normals
 
 
@@ -31,6 +32,7 @@ class DenseDPSGD(NoiseMechanism):
     """
 
     name = "dense"
+    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, needs_lookups=False)
 
     def __init__(
         self,

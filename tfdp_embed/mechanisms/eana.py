@@ -32,6 +32,7 @@ import dp_accounting
 
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
+from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 
 NOT_DP_CAVEAT = (
     "EANA is NOT differentially private and no epsilon is reported for it. Noise is added "
@@ -64,6 +65,7 @@ class EANA(NoiseMechanism):
 
     name = "eana"
     is_dp = False
+    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, needs_lookups=False)
 
     def update(self, clipped: ClippedGradients) -> list:
         """Noises the touched rows (IndexedSlices) and the dense variables; divides by B."""

@@ -49,6 +49,7 @@ import numpy as np
 from tfdp_embed._keras import tf
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, check_positive
+from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 from tfdp_embed.mechanisms.topk_selection import TopKSelection, select_top_k
 
 
@@ -187,6 +188,9 @@ class DPFEST(NoiseMechanism):
     """
 
     name = "fest"
+    capabilities = MechanismCapabilities(
+        strategies=ALL_STRATEGIES, tpu=True, one_off_events=True, needs_lookups=False
+    )
 
     def __init__(
         self,

@@ -93,6 +93,13 @@ from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms import lazy_math
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
+from tfdp_embed.mechanisms.capabilities import (
+    MIRRORED,
+    MULTI_WORKER_MIRRORED,
+    ONE_DEVICE,
+    PARAMETER_SERVER,
+    MechanismCapabilities,
+)
 from tfdp_embed.mechanisms.row_noise import check_row_noise, stateless_row_normals
 from tfdp_embed.ops import sparse_rows
 
@@ -102,6 +109,15 @@ _FLUSH_CHUNK_FLOATS = 1 << 21
 # Rows owing at most this many steps get their momentum moments summed directly.
 _DIRECT_WINDOW = 32
 
+
+# Why LazyDP does not declare the synchronous strategies (quoted in their refusals).
+_LAZY_SYNC_REASON = (
+    "LazyDP adds each row's owed noise in its read hook, inside every replica's forward pass, "
+    "for the ids that replica reads: the replicas of a synchronous strategy would add different "
+    "noise to their copies of the mirrored table (and a row read on two replicas would get its "
+    "owed noise twice). Use ParameterServerStrategy with one worker, one device, or a mechanism "
+    "without deferred noise (DenseDPSGD, DPFEST, DPAdaFEST, DPAdaFESTPlus)."
+)
 
 # Per-mechanism traced flush functions; kept out of the mechanism so checkpoints and
 # SavedModels never see them.
@@ -252,6 +268,14 @@ class LazyDP(NoiseMechanism):
     """
 
     name = "lazy"
+    capabilities = MechanismCapabilities(
+        strategies=(ONE_DEVICE, PARAMETER_SERVER),
+        parameter_server_workers=1,
+        lookahead=True,
+        defers_noise=True,
+        needs_lookups=False,
+        why_not=((MIRRORED, _LAZY_SYNC_REASON), (MULTI_WORKER_MIRRORED, _LAZY_SYNC_REASON)),
+    )
 
     def __init__(
         self,
@@ -324,6 +348,21 @@ class LazyDP(NoiseMechanism):
                 np.concatenate([initial, np.zeros([1], np.int64)]), trainable=False, name="catch_up_stream"
             )
         self._initialized = True
+
+    def rekey_from_entropy(self) -> bool:
+        """Re-keys the generator and the catch-up stream from OS entropy (unless `seed` was given).
+
+        The stream `(k0, k1, calls)` keys the catch-ups that run before the
+        next step draws a fresh key (rows read by the first forward pass
+        after a restore, or a flush): restored as saved, two restores would
+        add the same owed noise.
+        """
+        if not super().rekey_from_entropy():
+            return False
+        if self._stream is not None:
+            key = tf.raw_ops.NonDeterministicInts(shape=[2], dtype=tf.int64)
+            self._stream.assign(tf.concat([key, tf.zeros([1], tf.int64)], 0))
+        return True
 
     def detach(self) -> None:
         """Removes the read hooks and read guards; rows read afterwards are not caught up."""

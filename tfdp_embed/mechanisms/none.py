@@ -10,6 +10,7 @@ from __future__ import annotations
 import dp_accounting
 
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
+from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 
 
 class NonPrivate(NoiseMechanism):
@@ -18,6 +19,7 @@ class NonPrivate(NoiseMechanism):
     name = "none"
     is_dp = False
     clips_per_example = False
+    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, needs_lookups=False)
 
     def __init__(self, *, seed: int | None = None):
         super().__init__(l2_norm_clip=1.0, noise_multiplier=0.0, seed=seed)

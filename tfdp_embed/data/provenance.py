@@ -1,0 +1,206 @@
+"""Which batching the data fed to `DPModel.fit` really has, so that a report never claims Poisson on trust.
+
+The Poisson accounting (`PoissonSampled(q, ...)` per step) describes a run
+only if its batches were Poisson-sampled. The samplers of `tfdp_embed.data`
+(`poisson_batches`, `streaming_poisson_batches`, `fixed_size_batches`,
+`with_lookahead`, and `tfdp_embed.checkpointing.rest_of_epoch`) register
+the dataset they return, with its `BatchingInfo`, in a weak registry.
+`fed_batching(x)` finds the batching of what `fit` receives by walking
+back from `x` through transformations that keep each batch as it is
+(prefetch, map, with_options, repeat, take, skip, assert_cardinality) to a
+registered dataset:
+
+    fed(x) = info(registered ancestor of x)   if every step back is pass-through
+           = not verified                      otherwise
+
+Anything else is not verified Poisson: numpy arrays (Keras batches them
+into shuffled fixed-size batches), generators, `keras.utils.Sequence`,
+datasets built elsewhere, and a registered dataset under a transformation
+that can change batches or their independence (`rebatch`, `unbatch`,
+`shuffle`, `filter`, `batch`, and `cache`, which replays the same Poisson
+draws every epoch). Sources that cannot be inspected (a `DatasetCreator`
+under ParameterServerStrategy) may be declared by the caller
+(`fit(..., batching=info)`); the report then says "declared by the caller,
+not verified".
+
+Example:
+    >>> batches, info = poisson_batches(ds, sampling_probability=q)
+    >>> fed_batching(batches.prefetch(2)).verified_poisson
+    True
+    >>> fed_batching(batches.shuffle(10)).verified_poisson
+    False
+
+References: Chua et al., "Scalable DP-SGD: Shuffling vs. Poisson
+Subsampling", NeurIPS 2024 (shuffled batches are not covered by Poisson
+accounting); Abadi et al. 2016 §3.1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import TYPE_CHECKING
+
+from tfdp_embed._keras import tf
+
+if TYPE_CHECKING:  # poisson.py imports this module to register its datasets
+    from tfdp_embed.data.poisson import BatchingInfo
+
+POISSON = "poisson"
+FIXED_SHUFFLED = "fixed_shuffled"
+UNVERIFIED = "unverified"
+
+VERIFIED = "verified"
+DECLARED = "declared"
+NOT_VERIFIED = "not_verified"
+
+# tf.data transformations that pass each batch through unchanged (one input,
+# batches in order, none added or merged). `cache` is not one of them: it
+# replays the first epoch's Poisson draws in every later epoch.
+_PASS_THROUGH = frozenset(
+    {
+        "_PrefetchDataset",
+        "_MapDataset",
+        "_ParallelMapDataset",
+        "_OptionsDataset",
+        "_RepeatDataset",
+        "_TakeDataset",
+        "_SkipDataset",
+        "_AssertCardinalityDataset",
+    }
+)
+
+_REGISTRY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # dataset -> BatchingInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class FedBatching:
+    """How the batches fed to training were drawn, and how we know.
+
+    Attributes:
+      batching: "poisson", "fixed_shuffled" or "unverified" (unknown).
+      source: "verified" (a `tfdp_embed.data` sampler, found through
+        pass-through transformations), "declared" (stated by the caller of
+        `fit`, not verified) or "not_verified" (anything else).
+      description: what was fed, in words (for the report).
+      info: the sampler's `BatchingInfo` (verified or declared), else None.
+    """
+
+    batching: str
+    source: str
+    description: str
+    info: BatchingInfo | None = None
+
+    @property
+    def verified_poisson(self) -> bool:
+        """True only for batches from a `tfdp_embed.data` Poisson sampler."""
+        return self.source == VERIFIED and self.batching == POISSON
+
+    @property
+    def claims_poisson(self) -> bool:
+        """True when the batches are Poisson, verified or declared."""
+        return self.batching == POISSON and self.source in (VERIFIED, DECLARED)
+
+    def report(self) -> dict:
+        """Plain-Python fields for `privacy_report(batching=...)`."""
+        out = dict(self.info.report()) if self.info is not None else {"batching": self.batching}
+        out.update(batching=self.batching, batching_source=self.source, fed=self.description)
+        return out
+
+
+def register(dataset: tf.data.Dataset, info: BatchingInfo) -> tf.data.Dataset:
+    """Records that `dataset` was made by a `tfdp_embed.data` sampler with `info`; returns `dataset`.
+
+    Library-internal: only the samplers of `tfdp_embed.data` (and
+    `rest_of_epoch`) call it.
+    """
+    _REGISTRY[dataset] = info
+    return dataset
+
+
+def registered_info(dataset) -> BatchingInfo | None:
+    """The `BatchingInfo` of `dataset` or of the registered dataset it passes through to; else None."""
+    return _walk(dataset)[0]
+
+
+def fed_batching(x, *, declared: BatchingInfo | None = None) -> FedBatching:
+    """The batching of `x`, what `DPModel.fit` receives.
+
+    Args:
+      x: `fit`'s data argument.
+      declared: the caller's `BatchingInfo` for a source that cannot be
+        inspected (e.g. a `DatasetCreator`); recorded as "declared".
+
+    Returns:
+      A `FedBatching`: verified from a registered dataset, declared, or not verified.
+
+    Raises:
+      TypeError: `declared` is not a `BatchingInfo`.
+      ValueError: a declaration that contradicts what `x` verifiably is
+        (Poisson declared for numpy arrays, or another batching than the
+        registered sampler's).
+    """
+    from tfdp_embed.data.poisson import BatchingInfo
+
+    if declared is not None and not isinstance(declared, BatchingInfo):
+        raise TypeError(
+            "`batching` must be the `BatchingInfo` of the sampler that made the data (tfdp_embed.data); "
+            f"received {type(declared).__name__}."
+        )
+    info, stopped_at = _walk(x)
+    if info is not None:
+        if declared is not None and declared.batching != info.batching:
+            raise ValueError(
+                f"`batching` declares {declared.batching!r} batches but the dataset was made by a tfdp_embed.data "
+                f"sampler of {info.batching!r} batches; drop `batching` (it is read from the dataset)."
+            )
+        return FedBatching(info.batching, VERIFIED, f"tf.data.Dataset from a tfdp_embed.data sampler ({info.batching})", info)
+    described = _describe(x, stopped_at)
+    if _is_arrays(x):
+        if declared is not None and declared.batching == POISSON:
+            raise ValueError(
+                "`batching` declares Poisson batches, but arrays passed to `fit` are batched by Keras into "
+                "shuffled fixed-size batches. Sample with tfdp_embed.data.poisson_batches instead."
+            )
+        return FedBatching(FIXED_SHUFFLED, VERIFIED, described)
+    if declared is not None:
+        return FedBatching(
+            declared.batching, DECLARED, f"{described}; declared {declared.batching} by the caller", declared
+        )
+    return FedBatching(UNVERIFIED, NOT_VERIFIED, described)
+
+
+def _walk(x) -> tuple:
+    """(registered info, None) or (None, the first dataset that is neither registered nor pass-through)."""
+    dataset = x
+    while isinstance(dataset, tf.data.Dataset):
+        info = _REGISTRY.get(dataset)
+        if info is not None:
+            return info, None
+        if type(dataset).__name__ not in _PASS_THROUGH:
+            return None, dataset
+        inputs = dataset._inputs()  # tf.data's only way to walk a pipeline back
+        if len(inputs) != 1:
+            return None, dataset
+        dataset = inputs[0]
+    return None, None
+
+
+def _is_arrays(x) -> bool:
+    """True for array data that Keras batches itself (numpy arrays, tensors, nests of them)."""
+    if isinstance(x, tf.data.Dataset):
+        return False
+    leaves = tf.nest.flatten(x)
+    return bool(leaves) and all(hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves)
+
+
+def _describe(x, stopped_at) -> str:
+    if isinstance(x, tf.data.Dataset):
+        name = type(stopped_at).__name__.lstrip("_") if stopped_at is not None else "dataset"
+        return (
+            f"a tf.data.Dataset not verified as a tfdp_embed.data sampler (the walk back stopped at {name}, "
+            "which is neither a sampler's output nor a pass-through transformation)"
+        )
+    if _is_arrays(x):
+        return "arrays batched by Keras fit (fixed-size batches, shuffled unless shuffle=False)"
+    return f"{type(x).__name__} (its batching cannot be inspected)"
