@@ -167,7 +167,10 @@ def test_bad_arguments():
 
 def test_assumptions_make_the_guarantee_conditional():
     mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.1, seed=0)
-    common = dict(mechanism=mechanism, epsilon=1.0, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=STEPS)
+    common = dict(
+        mechanism=mechanism, epsilon=1.0, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=STEPS,
+        batching=_verified_poisson(),
+    )
     plain = privacy_report(**common)
     assert "CONDITIONAL" not in plain["guarantee"] and plain["assumptions"] == []
     report = privacy_report(assumptions=["the item frequencies in 'f.txt' are public"], **common)

@@ -114,6 +114,7 @@ def test_restore_best_weights_never_rolls_back_the_spent_budget(name):
         steps=steps,
         ledger=budget.ledger,
         accountant="rdp",
+        batching=dp.batching,
     )
     all_steps = privacy_report(
         mechanism=mechanism,
@@ -122,6 +123,7 @@ def test_restore_best_weights_never_rolls_back_the_spent_budget(name):
         dataset_size=N,
         steps=probe.steps_run,
         accountant="rdp",
+        batching=dp.batching,
     )
     assert report["epsilon"] == pytest.approx(all_steps["epsilon"], rel=1e-9)
     # The weights are epoch 1's (released) weights, exactly: nothing owed is added on top.

@@ -4,7 +4,7 @@ One checkpoint holds, under the object-graph root `training_state`:
 
 * `model`: the wrapped Keras model's variables;
 * `optimizer`: iterations, hyperparameter variables, slots (momentum, ...);
-* `mechanism`: step counter, noise RNG (`tf.random.Generator` state), and
+* `mechanism`: step counter, noise RNG state (only with an explicit seed: an unseeded run never writes it), and
   the mechanism's own variables: LazyDP's per-row histories and per-step
   noise sums, DP-FEST's selected rows, DP-AdaFEST's counters;
 
@@ -514,10 +514,10 @@ class TrainingCheckpoint:
 def _rekey(dp_model) -> None:
     """Re-keys the restored mechanism's RNGs from OS entropy (seed=None), then re-syncs workers.
 
-    The checkpoint holds the noise generator's state (and LazyDP's catch-up
-    stream): two runs restored from it would draw bit-identical noise, so the
-    difference of their models would be their exact, noise-free gradient
-    difference. An explicit seed keeps the restored state (a resumed test
+    An unseeded run's checkpoint holds no noise-generator state (nor
+    LazyDP's catch-up stream); re-keying after the restore makes sure that
+    two runs restored from one checkpoint never draw the same noise, whose
+    models would differ by their exact, noise-free gradient difference. An explicit seed keeps the restored state (a resumed test
     run reproduces the uninterrupted one). Under MultiWorkerMirroredStrategy
     every worker re-keys, then takes worker 0's new state, so the workers
     still draw the same noise.

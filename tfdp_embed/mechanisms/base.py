@@ -167,12 +167,14 @@ class NoiseMechanism(tf.Module, abc.ABC):
     def rekey_from_entropy(self) -> bool:
         """Replaces every random-number state with fresh OS entropy, unless `seed` was given.
 
-        Called after restoring a checkpoint (`tfdp_embed.checkpointing`): the
-        checkpoint holds the generator's state, so two runs restored from it
-        would otherwise draw the same noise and their difference would be
-        their exact gradient difference. With an explicit `seed` (tests) the
-        restored state is kept, so a resumed run reproduces an uninterrupted
-        one. Subclasses with more RNG state override this and call `super()`.
+        Called after restoring a checkpoint (`tfdp_embed.checkpointing`). An
+        unseeded mechanism never writes its random-number state
+        (`_trackable_children`), so there is none to restore; re-keying makes
+        sure no state read from anywhere else is replayed: two runs drawing
+        the same noise would differ by their exact gradient difference. With
+        an explicit `seed` (tests) the restored state is kept, so a resumed
+        run reproduces an uninterrupted one. Subclasses with more RNG state
+        override this and call `super()`.
 
         Returns:
           True when the state was re-keyed.
@@ -182,6 +184,26 @@ class NoiseMechanism(tf.Module, abc.ABC):
         state = self.generator.state
         self.generator.reset(tf.raw_ops.NonDeterministicInts(shape=tf.shape(state), dtype=state.dtype))
         return True
+
+    def _unseeded_rng_state(self) -> tuple:
+        """Names of the attributes holding random-number state; never written to a file when unseeded."""
+        return ("generator",)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        """Checkpoints and SavedModels of an unseeded mechanism hold no random-number state.
+
+        The state of a generator seeded from OS entropy is a secret of the
+        run: from it every step's noise can be regenerated, and a restore of
+        it replays that noise. It is therefore never written; a restored
+        unseeded mechanism keeps its own fresh state (`rekey_from_entropy`).
+        With an explicit `seed` (tests) the state is saved, so a resumed run
+        reproduces an uninterrupted one.
+        """
+        children = super()._trackable_children(save_type, **kwargs)
+        if self.seed is None:
+            for name in self._unseeded_rng_state():
+                children.pop(name, None)
+        return children
 
     # -- accounting ---------------------------------------------------------
     @abc.abstractmethod

@@ -364,6 +364,9 @@ class LazyDP(NoiseMechanism):
             self._stream.assign(tf.concat([key, tf.zeros([1], tf.int64)], 0))
         return True
 
+    def _unseeded_rng_state(self) -> tuple:
+        return (*super()._unseeded_rng_state(), "_stream")
+
     def detach(self) -> None:
         """Removes the read hooks and read guards; rows read afterwards are not caught up."""
         for layer in self._tables:
