@@ -63,6 +63,7 @@ from pipelines import (
 )
 from tfdp_embed import DPEmbedding, PrivacyContractError, export_saved_model, keras
 from tfdp_embed.accounting import PrivacyBudget
+from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data.criteo import (
     CAT_FEATURES,
     CriteoFormatError,
@@ -788,11 +789,9 @@ def run(config: PipelineConfig) -> PipelineResult:
         output_calibration=None if output_calibration is None else output_calibration.report(),
         saved_model=saved_model,
         **criteo_training.gradient_size(mechanism, training.tables, touched=trained["touched"]),
-        not_released=(
-            "report.json is the operator's run report, NOT a release: its metrics (auc, logloss, eval_*, "
-            "periods) and, for eana and lazy, gradient_size_* (rows touched by the training batches) are "
-            "computed from un-noised data and are not differentially private. Release saved_model/ only; "
-            "its privacy_report.json holds DP quantities and hyperparameters."
+        not_released=not_released_note(
+            ["its metrics (auc, logloss, eval_*, periods)", "for eana and lazy, gradient_size_* (rows touched)"],
+            release="saved_model/",
         ),
     )
     criteo_report.write_report(os.path.join(config.out, "report.json"), report)

@@ -44,6 +44,7 @@ from pipelines import cli_types, movielens_privacy
 from pipelines.criteo_training import StepTimer
 from tfdp_embed import DPModel, keras, tf
 from tfdp_embed.accounting import PrivacyBudget, privacy_report, write_privacy_report
+from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data import poisson_batches, with_lookahead
 from tfdp_embed.data.movielens import (
     PADDING_ID,
@@ -503,6 +504,10 @@ def train_and_evaluate(
         )
         report["saved_model"] = path
     report["wall_seconds"] = time.perf_counter() - started
+    report["not_released"] = not_released_note(
+        ["the precision/recall metrics", "eana_bound", "eana_per_instance_bounds", "data"],
+        release="retrieval_saved_model/",
+    )
     if out_dir is not None:
         write_privacy_report(os.path.join(out_dir, "report.json"), report)
     return MovieLensResult(model=model, report=report, data=data)

@@ -51,6 +51,7 @@ from pipelines.criteo_report import write_report
 from pipelines.criteo_training import StepTimer
 from tfdp_embed import DPModel, export_saved_model, keras, tf
 from tfdp_embed.accounting import PrivacyBudget, privacy_report
+from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.attention import effective_errors
 from tfdp_embed.data import poisson_batches
 from tfdp_embed.data.sequences import (
@@ -410,6 +411,9 @@ def run(config: SequentialConfig) -> SequentialResult:
             "settings": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("data", "out")},
             "metric_protocol": "full ranking over all items (no sampling), history items kept, ties pessimistic",
             "saved_model": saved_model,
+            "not_released": not_released_note(
+                ["ndcg@10", "hit@10", "test", "validation", "loss_per_epoch", "data"], release="saved_model/"
+            ),
         }
     )
     write_report(os.path.join(config.out, "report.json"), report)

@@ -41,6 +41,7 @@ def test_dpformer_run_report_and_reloaded_saved_model(data_file, tmp_path):
     for key in sequential.REQUIRED_KEYS:
         assert key in report, key
     assert 0 <= report["ndcg@10"] <= report["hit@10"] <= 1
+    assert "loss_per_epoch" in report["not_released"] and "NOT a release" in report["not_released"]
     assert report["is_dp"] and report["epsilon"] <= 5.0 + 1e-6 and report["steps"] == 5  # 1 epoch of N/B = 5
     # epsilon is what dp_accounting says about the frequency release (default: 10% of epsilon) plus the
     # steps taken at the calibrated sigma

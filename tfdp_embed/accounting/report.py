@@ -272,6 +272,22 @@ def privacy_report(
     return report
 
 
+def not_released_note(non_dp_fields, *, release: str) -> str:
+    """The `not_released` line of a pipeline's run report (operator-only, written next to the release).
+
+    Args:
+      non_dp_fields: the report's fields computed from un-noised data
+        (metrics, training loss, data-dependent bounds).
+      release: what is released instead (e.g. "saved_model/").
+    """
+    return (
+        "This run report is the operator's, NOT a release: "
+        + ", ".join(non_dp_fields)
+        + f" are computed from un-noised data and are not differentially private. Release {release} only; "
+        "its privacy_report.json holds DP quantities and hyperparameters."
+    )
+
+
 def write_privacy_report(path: str | os.PathLike, report: Mapping) -> str:
     """Writes `report` as JSON (non-finite numbers as strings "inf"/"nan"); returns the path."""
     path = os.fspath(path)
