@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiny_model import embedding_dense_model
 
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.accounting import PrivacyBudget, privacy_report
-from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.lazy import LazyDP
 from tfdp_embed.training import DPModel
@@ -31,20 +31,9 @@ MECHANISMS = {"dense": DenseDPSGD, "lazy": LazyDP}
 
 
 def _dp(name: str) -> DPModel:
-    ids = keras.Input((2,), dtype="int32")
-    table = DPEmbedding(
-        VOCAB,
-        DIM,
-        combiner="mean",
-        name="items",
-        embeddings_initializer=keras.initializers.RandomUniform(-0.5, 0.5, seed=1),
-    )
-    out = keras.layers.Dense(
-        1, kernel_initializer=keras.initializers.GlorotUniform(seed=2)
-    )
     mechanism = MECHANISMS[name](l2_norm_clip=1.0, noise_multiplier=1.0, seed=3)
     dp = DPModel(
-        keras.Model(ids, out(table(ids))),
+        embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2),
         mechanism=mechanism,
         expected_batch_size=BATCH,
     )

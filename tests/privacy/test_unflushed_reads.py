@@ -22,10 +22,10 @@ import zipfile
 import h5py
 import numpy as np
 import pytest
+from tiny_model import embedding_dense_model
 
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.lazy import LazyDP
 from tfdp_embed.training import DPModel
 
@@ -36,18 +36,7 @@ STEP_NOISE_STD = LR * SIGMA * CLIP / BATCH  # one step's noise on one weight
 
 
 def _model() -> keras.Model:
-    ids = keras.Input((2,), dtype="int32")
-    table = DPEmbedding(
-        VOCAB,
-        DIM,
-        combiner="mean",
-        name="items",
-        embeddings_initializer=keras.initializers.RandomUniform(-0.5, 0.5, seed=3),
-    )
-    out = keras.layers.Dense(
-        1, name="out", kernel_initializer=keras.initializers.GlorotUniform(seed=4)
-    )
-    return keras.Model(ids, out(table(ids)))
+    return embedding_dense_model(VOCAB, DIM, table_seed=3, dense_seed=4)
 
 
 def _data():

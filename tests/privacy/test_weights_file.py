@@ -23,9 +23,9 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+from tiny_model import embedding_dense_model
 
 from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.lazy import LazyDP
@@ -37,18 +37,7 @@ MECHANISMS = {"dense": DenseDPSGD, "lazy": LazyDP}
 
 
 def _model() -> keras.Model:
-    ids = keras.Input((2,), dtype="int32")
-    table = DPEmbedding(
-        VOCAB,
-        DIM,
-        combiner="mean",
-        name="items",
-        embeddings_initializer=keras.initializers.RandomUniform(-0.5, 0.5, seed=1),
-    )
-    out = keras.layers.Dense(
-        1, name="out", kernel_initializer=keras.initializers.GlorotUniform(seed=2)
-    )
-    return keras.Model(ids, out(table(ids)))
+    return embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2)
 
 
 def _data():

@@ -1,0 +1,15 @@
+"""The small model the release-path attacks train: ids [B, 2] -> mean-pooled DPEmbedding -> Dense(1)."""
+
+from __future__ import annotations
+
+from tfdp_embed._keras import keras
+from tfdp_embed.layers.embedding import DPEmbedding
+
+
+def embedding_dense_model(vocab: int, dim: int, *, table_seed: int, dense_seed: int) -> keras.Model:
+    """A table named "items" (uniform init in [-0.5, 0.5]) and a Dense layer named "out", seeded."""
+    ids = keras.Input((2,), dtype="int32")
+    init = keras.initializers.RandomUniform(-0.5, 0.5, seed=table_seed)
+    table = DPEmbedding(vocab, dim, combiner="mean", name="items", embeddings_initializer=init)
+    out = keras.layers.Dense(1, name="out", kernel_initializer=keras.initializers.GlorotUniform(seed=dense_seed))
+    return keras.Model(ids, out(table(ids)))
