@@ -14,14 +14,13 @@ imported and fails with a clear message if `tf.keras` is already Keras 3.
 
 from tfdp_embed._keras import keras, tf  # noqa: I001  (must come first)
 from tfdp_embed import accounting, attention, audit, checkpointing, clipping, data, distribute, mechanisms
+from tfdp_embed._version import __version__ as __version__
 from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
 from tfdp_embed.export import export_saved_model
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.layers.shared_embedding import SharedEmbedding
 from tfdp_embed.mechanisms import MECHANISMS, NoiseMechanism
 from tfdp_embed.training import DPModel
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DPEmbedding",
