@@ -28,8 +28,6 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
 from tfdp_embed import DPEmbedding, DPModel, keras, tf
 from tfdp_embed.accounting import PrivacyBudget
 from tfdp_embed.checkpointing import DPCheckpoint, rest_of_epoch

@@ -56,7 +56,7 @@ def _start(mode, mechanisms, directory, out):
     ]
     if out is not None:
         cmd += ["--out", str(out)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)  # this tree's tfdp_embed
     return subprocess.Popen(
         cmd,
         cwd=ROOT,

@@ -9,15 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 
 from benchmarks import secret_sharer
 

@@ -22,9 +22,6 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tfdp_embed._keras import keras, tf
 

@@ -19,8 +19,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-if str(ROOT) not in sys.path:  # `benchmarks` is imported by test_traffic_counting.py
-    sys.path.insert(0, str(ROOT))
 
 
 def run_script(script: str, *args: str, timeout: float = 240.0, env: dict | None = None) -> dict:

@@ -12,10 +12,6 @@ and that the zero-noise run equals one-device SGD.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tfdp_embed._keras import keras, tf
 

@@ -13,10 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 
