@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test install bench clean
+.PHONY: run test test-slow install bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=15 tests
+
+# The tests marked slow (deselected by default): dense DP-SGD under tf.distribute.
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n 2 --durations=15 -m slow tests
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.step_time --mechanisms none,dense,eana,lazy,lazy_lookahead,fest,adafest,tfp_keras_sgd --vocab 100000,1000000,10000000 --dim 64 --batch 1024 --steps 30

@@ -6,29 +6,40 @@ steps; a run checkpointed every 5 steps by DPCheckpoint and stopped after
 step 13 without a final save (steps 11-13 are lost, as in a kill); and a
 fresh model, mechanism, optimizer and budget under the same strategy that
 restore step 10 and finish. EANA (not DP: the ledger counts steps, no
-epsilon) and dense DP-SGD (epsilon compared; DP-FEST too with RUN_SLOW_DISTRIBUTED=1). Same tolerance as the
+epsilon) and dense DP-SGD (epsilon compared; DP-FEST too, marked slow). Same tolerance as the
 single-device resume test (tests/test_checkpoint.py): atol 1e-6.
 """
 
 import json
-import os
 
 import numpy as np
 import pytest
 
-# RUN_SLOW_DISTRIBUTED=1 adds DP-FEST (its selection state restored under the strategy).
-SLOW = os.environ.get("RUN_SLOW_DISTRIBUTED", "") not in ("", "0")
-MECHANISMS = ("eana", "dense") + (("fest",) if SLOW else ())
+FAST = ("eana", "dense")
+SLOW = ("fest",)  # DP-FEST: its selection state restored under the strategy
+MECHANISMS = [*FAST, *(pytest.param(name, marks=pytest.mark.slow) for name in SLOW)]
 
 
 @pytest.fixture(scope="module")
-def results(script_runner):
-    return script_runner("checkpoint_cases.py", *MECHANISMS)
+def run_group(script_runner):
+    """One subprocess per group (fast, slow), started when a test of the group first asks."""
+    groups = {}
+
+    def run(group):
+        if group not in groups:
+            groups[group] = script_runner("checkpoint_cases.py", *group)
+        return groups[group]
+
+    return run
+
+
+@pytest.fixture
+def case(run_group, name):
+    return run_group(SLOW if name in SLOW else FAST)[name]
 
 
 @pytest.mark.parametrize("name", MECHANISMS)
-def test_resume_under_mirrored_strategy_equals_the_uninterrupted_run(results, name):
-    case = results[name]
+def test_resume_under_mirrored_strategy_equals_the_uninterrupted_run(case, name):
     full, resumed, restored = case["full"], case["resumed"], case["restored"]
     # The newest complete checkpoint is step 10 (epoch 1, batch 2); the stopped run got to 13.
     assert case["stopped_steps"] == 13
@@ -46,8 +57,7 @@ def test_resume_under_mirrored_strategy_equals_the_uninterrupted_run(results, na
 
 
 @pytest.mark.parametrize("name", MECHANISMS)
-def test_resumed_ledger_counts_every_step_once(results, name):
-    case = results[name]
+def test_resumed_ledger_counts_every_step_once(case, name):
     full, resumed, restored = case["full"], case["resumed"], case["restored"]
     # Restored with 10 steps (not the 13 the stopped run trained, not 0); 16 at the end.
     assert restored["ledger_steps"] == restored["budget_ledger_steps"] == 10

@@ -4,19 +4,18 @@ Each scenario runs in a subprocess (tests/distributed/mirrored_cases.py) so
 the 2-device split does not reach other tests.
 """
 
-import os
-
 import pytest
-
-# RUN_SLOW_DISTRIBUTED=1 adds dense DP-SGD's noise and dense / DP-FEST / DP-AdaFEST+ exactness.
-SLOW = os.environ.get("RUN_SLOW_DISTRIBUTED", "") not in ("", "0")
-
-_CASES = ["exact", "uneven", "noise_eana", "unsupported", "tpu_noise_feature", "tpu_step"] + (["noise_dense", "exact_more"] if SLOW else [])
 
 
 @pytest.fixture(scope="module")
 def results(script_runner):
-    return script_runner("mirrored_cases.py", *_CASES)
+    return script_runner("mirrored_cases.py", "exact", "uneven", "noise_eana", "unsupported", "tpu_noise_feature", "tpu_step")
+
+
+@pytest.fixture(scope="module")
+def slow_results(script_runner):
+    """Dense DP-SGD's noise and dense / DP-FEST / DP-AdaFEST+ exactness (`make test-slow`)."""
+    return script_runner("mirrored_cases.py", "noise_dense", "exact_more")
 
 
 def test_zero_noise_huge_clip_equals_one_device_non_private_sgd(results):
@@ -44,9 +43,9 @@ def test_noise_is_added_once_with_the_single_device_variance(results):
     assert row["steps"] == 40
 
 
-@pytest.mark.skipif(not SLOW, reason="set RUN_SLOW_DISTRIBUTED=1 (dense DP-SGD noise under MirroredStrategy)")
-def test_dense_noise_covers_every_row_once(results):
-    row = results["noise_dense"]
+@pytest.mark.slow
+def test_dense_noise_covers_every_row_once(slow_results):
+    row = slow_results["noise_dense"]
     for key in ("std_rows_replica0", "std_rows_replica1", "std_untouched_rows", "std_dense_variables"):
         assert abs(row[key] / row["expected_std"] - 1) < 0.06, (key, row)
     assert row["replica_spread"] == 0.0
@@ -66,9 +65,9 @@ def test_uneven_replica_batches_match_one_device(results):
     assert row["steps"] == 5
 
 
-@pytest.mark.skipif(not SLOW, reason="set RUN_SLOW_DISTRIBUTED=1 (dense, DP-FEST, DP-AdaFEST+ under MirroredStrategy)")
-def test_zero_noise_huge_clip_dense_fest_and_adafest_plus(results):
-    for name, row in results["exact_more"].items():
+@pytest.mark.slow
+def test_zero_noise_huge_clip_dense_fest_and_adafest_plus(slow_results):
+    for name, row in slow_results["exact_more"].items():
         assert row["max_abs_diff"] < 1e-5 and row["replica_spread"] == 0.0, (name, row)
         assert row["steps"] == 4, (name, row)
 

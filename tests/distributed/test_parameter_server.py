@@ -4,8 +4,6 @@ Keras `fit` with a `DatasetCreator` drives the steps (ClusterCoordinator
 underneath). Scenarios run in subprocesses (tests/distributed/ps_cases.py).
 """
 
-import os
-
 import pytest
 
 PS = "/job:ps/"
@@ -56,10 +54,7 @@ def test_lazy_with_two_workers_and_sharded_tables_are_refused(script_runner):
     assert sharded.startswith("DistributionNotSupportedError: DPEmbedding 'table_a' is split into 2 shards")
 
 
-@pytest.mark.skipif(
-    os.environ.get("RUN_SLOW_DISTRIBUTED", "") in ("", "0"),
-    reason="set RUN_SLOW_DISTRIBUTED=1 (dense, fest, adafest, adafest+ under ParameterServerStrategy)",
-)
+@pytest.mark.slow  # dense, fest, adafest, adafest+ under ParameterServerStrategy
 def test_other_mechanisms_train_under_parameter_server_strategy(script_runner):
     rows = script_runner("ps_cases.py", "--workers", "1", "--ps", "2", "mechanisms")["mechanisms"]
     for name, row in rows.items():
