@@ -211,7 +211,7 @@ def test_bad_hyperparameters_raise(kwargs, match):
 
 def test_privacy_arguments_are_keyword_only():
     with pytest.raises(TypeError):
-        DenseDPSGD(1.0, 1.0)  # noqa
+        DenseDPSGD(1.0, 1.0)
 
 
 def test_missing_expected_batch_size_raises():

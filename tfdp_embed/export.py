@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from tfdp_embed._keras import tf
 from tfdp_embed.errors import PrivacyContractError

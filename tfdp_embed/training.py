@@ -58,7 +58,7 @@ def _reject_non_per_example(model) -> None:
     try:
         import tensorflow_recommenders as tfrs
 
-        retrieval = (tfrs.tasks.Retrieval,)
+        retrieval: tuple[type, ...] = (tfrs.tasks.Retrieval,)
     except ImportError:  # pragma: no cover
         retrieval = ()
     for module in [model, *model.submodules]:

@@ -152,4 +152,4 @@ def test_unreachable_target_says_so():
 
 def test_keyword_only():
     with pytest.raises(TypeError):
-        calibrate_noise_multiplier(1.0, DELTA, 0.01, 100)  # noqa
+        calibrate_noise_multiplier(1.0, DELTA, 0.01, 100)

@@ -14,7 +14,6 @@ from tfdp_embed.accounting import (
 )
 from tfdp_embed.accounting.calibration import dpsgd_event
 
-
 # A coarser PLD grid than the library's default keeps these tests fast; planner and oracle use the same.
 GRID = 1e-3
 

@@ -157,7 +157,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="`dataset_size`"):
         privacy_report(**{**base, "dataset_size": 0}, steps=1)
     with pytest.raises(TypeError):
-        privacy_report(mechanism, DELTA)  # noqa: keyword-only
+        privacy_report(mechanism, DELTA)  # positional: keyword-only arguments refuse it
     # A DP mechanism whose ledger holds a non-DP event cannot get an epsilon.
     ledger = PrivacyLedger()
     ledger.record_steps(dp_accounting.UnsupportedDpEvent(), 1)

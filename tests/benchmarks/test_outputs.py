@@ -29,7 +29,7 @@ def test_tags_name_the_main_settings():
     assert outputs.short_number(0.1) == "0.1"
     assert outputs.range_tag([1_000_000, 100_000, 50_000_000]) == "1e5-5e7"
     assert outputs.range_tag([10_000_000]) == "1e7"
-    when = datetime.datetime(2026, 11, 21, 21, 18, 54, tzinfo=datetime.timezone.utc)
+    when = datetime.datetime(2026, 11, 21, 21, 18, 54, tzinfo=datetime.UTC)
     assert outputs.utc_stamp(when) == "20261121T211854Z"
 
 

@@ -27,7 +27,7 @@ def test_step_functions_share_one_table():
                 adafest_threshold=10.0)  # fmt: skip
     batches = step_time_worker.make_batches(vocab=500, batch=8, count=2, zipf=None, seed=0)
     batches = [(tf.constant(ids), tf.constant(labels)) for ids, labels in batches]
-    steps = step_time_profile._step_functions("adafest", spec, batches)  # noqa: SLF001
+    steps = step_time_profile._step_functions("adafest", spec, batches)
     before = steps.table.numpy().copy()
     steps.plain(0)
     after_plain = steps.table.numpy().copy()

@@ -89,34 +89,34 @@ def test_functional_model_with_both_modes_and_config_round_trip():
     "call, error, match",
     [
         (
-            lambda l: l(tf.constant([[1]]), mode="score"),
+            lambda layer: layer(tf.constant([[1]]), mode="score"),
             ValueError,
             "`mode` must be one of",
         ),
         (
-            lambda l: l(tf.constant([[1]]), mode=None),
+            lambda layer: layer(tf.constant([[1]]), mode=None),
             ValueError,
             "`mode` must be one of",
         ),
-        (lambda l: l(tf.constant([[1.0, 2.0]])), TypeError, "needs integer ids"),
+        (lambda layer: layer(tf.constant([[1.0, 2.0]])), TypeError, "needs integer ids"),
         (
-            lambda l: l(tf.constant([[1, 2, 3]]), mode="logits"),
+            lambda layer: layer(tf.constant([[1, 2, 3]]), mode="logits"),
             TypeError,
             "needs float hidden",
         ),
         (
-            lambda l: l(tf.zeros([2, 5]), mode="logits"),
+            lambda layer: layer(tf.zeros([2, 5]), mode="logits"),
             ValueError,
             "must equal `output_dim`=3",
         ),
         (
-            lambda l: l(tf.zeros([3]), mode="logits"),
+            lambda layer: layer(tf.zeros([3]), mode="logits"),
             ValueError,
             "hidden states of shape",
         ),
-        (lambda l: l(tf.ragged.constant([[1, 2], [3]])), TypeError, "dense ids"),
+        (lambda layer: layer(tf.ragged.constant([[1, 2], [3]])), TypeError, "dense ids"),
         (
-            lambda l: l(tf.constant([[1, 7]])),
+            lambda layer: layer(tf.constant([[1, 7]])),
             tf.errors.InvalidArgumentError,
             r"\[0, 7\)",
         ),

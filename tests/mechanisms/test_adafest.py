@@ -407,7 +407,7 @@ def test_bad_hyperparameters_raise_clear_errors(override, match):
 
 def test_privacy_arguments_are_keyword_only_and_required():
     with pytest.raises(TypeError):
-        DPAdaFEST(1.0, 1.0, 1.0, 1.0, 3.0)  # noqa
+        DPAdaFEST(1.0, 1.0, 1.0, 1.0, 3.0)
     with pytest.raises(TypeError):
         DPAdaFEST(l2_norm_clip=1.0, noise_multiplier=1.0)  # missing C1, sigma1, tau
 

@@ -129,7 +129,7 @@ def test_bad_hyperparameters(kwargs, match):
 
 def test_privacy_args_are_keyword_only():
     with pytest.raises(TypeError):
-        EANA(1.0, 1.0)  # noqa
+        EANA(1.0, 1.0)
 
 
 # -- end to end -------------------------------------------------------------------------

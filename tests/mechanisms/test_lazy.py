@@ -137,7 +137,7 @@ class Harness:
 
 
 # -- exactness: LazyDP replays dense DP-SGD's own noise ------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _stateless_dense_run(momentum, nesterov):
     """Dense DP-SGD with row r's step-t noise keyed by (seed, t, r): the reference weights."""
     mechanism = DenseDPSGD(l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=7, row_noise="stateless")
@@ -226,9 +226,9 @@ def test_dp_model_fit_on_the_fused_path_counts_real_steps_only():
     """Plain SGD (fused ops): the phantom end-of-data step records nothing; evaluate and flush work."""
     mechanism = LazyDP(l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=5)
     weights = _dp_model_run(mechanism, momentum=0.0)
-    assert mechanism._fused(0)  # noqa: SLF001
+    assert mechanism._fused(0)
     assert int(mechanism.steps.numpy()) == 12 and not mechanism.owes_noise()
-    np.testing.assert_array_equal(mechanism._histories[0].numpy(), np.full(VOCAB, 24))  # noqa: SLF001
+    np.testing.assert_array_equal(mechanism._histories[0].numpy(), np.full(VOCAB, 24))
     assert all(np.isfinite(w).all() for w in weights)
 
 
@@ -277,7 +277,7 @@ def test_fused_plain_sgd_step_is_bit_identical_to_its_tf_ops(monkeypatch):
     ids, labels = make_data(14, seed=2)
     kwargs = dict(l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=3)
     fused = Harness(LazyDP(**kwargs))
-    assert fused.mechanism._fused(0)  # noqa: SLF001
+    assert fused.mechanism._fused(0)
     unflushed = fused.run(ids, labels, flush=False)
     assert int(fused.mechanism.steps.numpy()) == 14
     fused.mechanism.flush()
@@ -308,7 +308,7 @@ def test_aggregated_lazy_matches_dense_in_distribution(momentum):
     ]:
         harness = Harness(mech, momentum=momentum)
         if name == "lazy":
-            assert harness.mechanism._fused(0) == (momentum == 0)  # noqa: SLF001
+            assert harness.mechanism._fused(0) == (momentum == 0)
         samples = []
         for run in range(runs):
             harness.reset(seed=run + (0 if name == "lazy" else 10_000))
@@ -542,7 +542,7 @@ def test_bad_hyperparameters_raise(kwargs, error, match):
 
 def test_privacy_args_are_keyword_only_and_misuse_is_reported():
     with pytest.raises(TypeError):
-        LazyDP(1.0, 1.0)  # noqa
+        LazyDP(1.0, 1.0)
     mech = LazyDP(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)
     with pytest.raises(RuntimeError, match="init"):
         mech.flush()

@@ -31,7 +31,7 @@ def op():
     if fast_normal.compiler() is None:
         pytest.skip("no C++ compiler: the op cannot be built")
     assert sparse_rows.available(), fast_normal.unavailable_reason()
-    return fast_normal._load()  # noqa: SLF001
+    return fast_normal._load()
 
 
 def _occurrences(rng, n, batch, vocab, contiguous=True):
@@ -438,7 +438,7 @@ def test_lazy_lookahead_with_out_of_range_ids_is_refused(op):
     layer.build(None)
     mech = LazyDP(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)
     mech.init(tables=[layer], dense_variables=[], optimizer=keras.optimizers.legacy.SGD(0.1))
-    assert mech._fused(0)  # noqa: SLF001 - this test is about the fused path
+    assert mech._fused(0)  # this test is about the fused path
     with pytest.raises(tf.errors.InvalidArgumentError, match="row 12 outside \\[0, 10\\).*lookahead"):
         mech.after_apply({"t": tf.constant([[1, 12]], tf.int64)})
 

@@ -246,7 +246,7 @@ def fit_score_distribution(candidate_scores, *, distribution: str = "skewnorm") 
             float(scale) * spread,
         )
     fitted = ScoreDistribution(distribution, shape, loc, scale, int(scores.size), 0.0)
-    ks = float(stats.kstest(scores, fitted._frozen().cdf).statistic)
+    ks = float(stats.kstest(scores, fitted._frozen().cdf).statistic)  # noqa: SLF001 - same module
     return dataclasses.replace(fitted, ks_statistic=ks)
 
 

@@ -91,7 +91,7 @@ def _jsonable(value):
 
 def mechanism_hyperparameters(mechanism) -> dict:
     """The mechanism's scalar public attributes (clip, noise multipliers, thresholds, ...)."""
-    out = {}
+    out: dict = {}
     for key, value in sorted(vars(mechanism).items()):
         if key.startswith("_") or key in _NOT_HYPERPARAMETERS:
             continue

@@ -11,7 +11,7 @@ c_i = C / max(||g_i||, C), and every layer builds sum_i c_i g_i directly.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from tfdp_embed._keras import tf
 from tfdp_embed.clipping.registry import LayerRegistry

@@ -23,7 +23,7 @@ whose fallback would build `[batch, vocab, dim]`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from tfdp_embed._keras import tf
 from tfdp_embed.errors import PrivacyContractError
@@ -152,7 +152,7 @@ class LayerRegistry:
             return "call"
         return entry.tapped_method
 
-    def copy(self) -> "LayerRegistry":
+    def copy(self) -> LayerRegistry:
         return LayerRegistry(self._entries)
 
     def __iter__(self):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from tfdp_embed._keras import keras, tf
 
@@ -56,7 +56,7 @@ class LayerTaps:
 
 def own_trainable_variables(layer) -> list:
     """Trainable variables of `layer` that none of its sub-layers owns."""
-    sub = set()
+    sub: set = set()
     for other in getattr(layer, "submodules", ()):
         if other is not layer and isinstance(other, keras.layers.Layer):
             sub.update(v.ref() for v in other.trainable_weights)

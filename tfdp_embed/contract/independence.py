@@ -157,7 +157,7 @@ def _blame(model, per_example_loss, probe, part, keep, m, training, loss_name) -
         per_example_loss(*probe, training)
     with recorded_calls(model) as part_calls:
         per_example_loss(*part, training)
-    index = {}
+    index: dict[int, list] = {}
     for call in part_calls:
         index.setdefault(id(call.layer), []).append(call)
     seen: dict = {}

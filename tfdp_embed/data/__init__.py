@@ -19,6 +19,9 @@ from tfdp_embed.data.criteo import (  # noqa: F401
 )
 from tfdp_embed.data.criteo_synthetic import write_synthetic_criteo  # noqa: F401
 
+# The one-batch lookahead (LazyDP).
+from tfdp_embed.data.lookahead import with_lookahead  # noqa: F401
+
 # MovieLens ml-100k timelines and (context, label) examples.
 from tfdp_embed.data.movielens import (  # noqa: F401
     MovieLensData,
@@ -27,11 +30,7 @@ from tfdp_embed.data.movielens import (  # noqa: F401
     read_ratings,
 )
 
-# SASRec-format "user item" sequences, leave-one-out split (user-level examples).
-from tfdp_embed.data.sequences import SequenceData, SequenceFormatError, load_sequences  # noqa: F401
-
-# Poisson-sampled batches (honest accounting) and the one-batch lookahead (LazyDP).
-from tfdp_embed.data.lookahead import with_lookahead  # noqa: F401
+# Poisson-sampled batches (honest accounting).
 from tfdp_embed.data.poisson import (  # noqa: F401
     BatchingInfo,
     fixed_size_batches,
@@ -41,3 +40,6 @@ from tfdp_embed.data.poisson import (  # noqa: F401
 
 # What `DPModel.fit` was fed: Poisson only when verified (registered samplers).
 from tfdp_embed.data.provenance import FedBatching, fed_batching  # noqa: F401
+
+# SASRec-format "user item" sequences, leave-one-out split (user-level examples).
+from tfdp_embed.data.sequences import SequenceData, SequenceFormatError, load_sequences  # noqa: F401

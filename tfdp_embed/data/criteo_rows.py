@@ -193,7 +193,7 @@ def _gather_cats(a: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.nda
     """`[n, 26]` bytes array of the categorical fields (`b""` where missing)."""
     width = int(max(length.max(initial=0), 1))
     if ((length == width) | (length == 0)).all():  # Criteo: all 8 bytes or empty
-        view = np.ndarray((a.size - width + 1,), dtype=f"S{width}", buffer=a, strides=(1,))
+        view: np.ndarray = np.ndarray((a.size - width + 1,), dtype=f"S{width}", buffer=a, strides=(1,))
         cats = view[start + _PAD]
         cats[length == 0] = b""
         return cats

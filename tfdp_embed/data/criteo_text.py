@@ -100,7 +100,7 @@ class CriteoReadStats:
         """
         try:
             yield
-        except Exception as exc:  # noqa: BLE001 (narrowed below)
+        except Exception as exc:  # narrowed below
             error = self.error
             if error is not None and str(error) in str(exc):
                 raise error from exc
@@ -332,7 +332,7 @@ def iter_chunks(
             for first_line, data in iter_line_blocks(path, block_bytes=block_bytes):
                 chunk, skipped = parse_block(path, first_line, data, skip_bad_rows=skip_bad_rows)
                 n_lines = data.count(b"\n")
-                stats._add(path, len(chunk), n_lines, skipped)
+                stats._add(path, len(chunk), n_lines, skipped)  # noqa: SLF001 - CriteoReadStats is this module's
                 rows += len(chunk)
                 lines += n_lines
                 for reason, (count, _) in skipped.items():
@@ -353,10 +353,10 @@ def iter_chunks(
                     path, sum(skipped_here.values()), lines, skipped_here,
                     stats.first_skipped.get(next(iter(skipped_here)), ""),
                 )
-            with stats._lock:
+            with stats._lock:  # noqa: SLF001
                 stats.files_completed += 1
     except CriteoFormatError as error:
-        raise stats._fail(error) from None
+        raise stats._fail(error) from None  # noqa: SLF001
 
 
 def scan_files(

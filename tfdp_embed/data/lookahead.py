@@ -27,7 +27,7 @@ aggregated noise sampling).
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from tfdp_embed._keras import tf
 from tfdp_embed.data.provenance import register, registered_info

@@ -179,7 +179,7 @@ def _walk(x) -> tuple:
             return info, None
         if type(dataset).__name__ not in _PASS_THROUGH:
             return None, dataset
-        inputs = dataset._inputs()  # tf.data's only way to walk a pipeline back
+        inputs = dataset._inputs()  # noqa: SLF001 - tf.data's only way to walk a pipeline back
         if len(inputs) != 1:
             return None, dataset
         dataset = inputs[0]

@@ -182,7 +182,10 @@ def split_sequences(users: dict[int, list[int]], *, max_len: int) -> SequenceDat
             test_h.append(left_pad(items[:-1], max_len))
             test_t.append(items[-1])
             eval_users.append(user)
-    as_matrix = lambda rows: np.stack(rows).astype(np.int32) if rows else np.zeros((0, max_len), np.int32)
+
+    def as_matrix(rows):
+        return np.stack(rows).astype(np.int32) if rows else np.zeros((0, max_len), np.int32)
+
     return SequenceData(
         num_users=len(order),
         num_items=int(num_items),

@@ -17,6 +17,7 @@ References: TensorFlow `tf.distribute` guide (ClusterCoordinator); EANA
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 from tfdp_embed._keras import tf
 from tfdp_embed.distribute.support import PARAMETER_SERVER, strategy_kind
@@ -57,7 +58,7 @@ def start_server(cluster, *, job_name: str, task_index: int, config=None) -> tf.
 
 # -- state placement --------------------------------------------------------------
 @contextlib.contextmanager
-def mechanism_state_scope(strategy: tf.distribute.Strategy, tables) -> None:
+def mechanism_state_scope(strategy: tf.distribute.Strategy, tables) -> Iterator[None]:
     """Scope in which `mechanism.init` creates its state.
 
     One device and synchronous strategies: no scope. The mechanism only runs

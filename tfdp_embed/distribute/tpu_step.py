@@ -164,7 +164,7 @@ class TpuDPStep:
         names = [f.name for f in features]
         if len(set(names)) != len(names):
             raise ValueError(f"Feature names repeat: {names}; each feature needs its own name.")
-        combiners = {}
+        combiners: dict[str, str | None] = {}
         for f in features:
             if f.table not in table_sizes:
                 raise ValueError(

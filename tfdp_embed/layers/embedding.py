@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from tfdp_embed import read_guard
 from tfdp_embed._keras import keras, tf

@@ -129,7 +129,7 @@ class CTRModelConfig:
         *,
         hash_size: int | None = None,
         **kwargs,
-    ) -> "CTRModelConfig":
+    ) -> CTRModelConfig:
         """Config for the reader's vocabulary (`resolve_vocab_sizes` arguments) plus `kwargs`."""
         sizes = resolve_vocab_sizes(vocab_sizes, hash_size)
         return cls(vocab_sizes=tuple(sizes[name] for name in CAT_FEATURES), **kwargs)
@@ -153,7 +153,7 @@ class CTRModelConfig:
         return config
 
     @classmethod
-    def from_config(cls, config: Mapping) -> "CTRModelConfig":
+    def from_config(cls, config: Mapping) -> CTRModelConfig:
         return cls(**dict(config))
 
 

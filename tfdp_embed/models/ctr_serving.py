@@ -155,7 +155,8 @@ def check_request(request: Mapping[str, object]) -> dict:
             f"Criteo serving request: missing fields {missing}, unknown fields {unknown}; it needs "
             "exactly I1..I13 and C1..C26."
         )
-    out, lengths = {}, {}
+    out: dict[str, tf.Tensor] = {}
+    lengths: dict[int, str] = {}  # length -> first field with it
     for name in RAW_FIELDS:
         value = request[name]
         if not isinstance(value, tf.Tensor):
