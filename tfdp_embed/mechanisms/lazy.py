@@ -415,7 +415,8 @@ class LazyDP(NoiseMechanism):
         """True when a step runs on the fused path (`lazy_fused`).
 
         The catch-up stream exists exactly for the settings that path
-        implements (`lazy_fused.applies`); the ops do not run replicated.
+        implements (`lazy_fused.applies`); under a distribution strategy the
+        TensorFlow path runs.
         """
         return self._stream is not None and not tf.distribute.has_strategy()
 

@@ -128,11 +128,11 @@ class OwedNoise:
         return tf.math.unsorted_segment_sum(tf.cast(coef_m, tf.float32)[:, None] * u, owner, n), theta
 
 
-def bring_current(state: TableState, ids, now, owed: OwedNoise, *, unique: bool, stamp=None) -> tf.Tensor:
+def bring_current(target: TableState, ids, now, owed: OwedNoise, *, unique: bool, stamp=None) -> tf.Tensor:
     """Catches up the rows among `ids` behind step `now`; returns whether any were.
 
     Args:
-      state: the table's variables.
+      target: the table's variables.
       ids: int row ids, any shape.
       now: int32 scalar, the current step.
       owed: what the rows owe and how it is drawn.
@@ -141,40 +141,40 @@ def bring_current(state: TableState, ids, now, owed: OwedNoise, *, unique: bool,
         (`lazy_history.state_ahead` for the rows the optimizer steps).
     """
     rows = tf.reshape(tf.cast(ids, tf.int64), [-1])
-    behind = tf.not_equal(tf.gather(state.history, rows), lazy_history.current(now))
+    behind = tf.not_equal(tf.gather(target.history, rows), lazy_history.current(now))
 
     def catch_up():
         stale = tf.boolean_mask(rows, behind)
         if not unique:
             stale = tf.unique(stale).y
-        catch_up_rows(state, stale, now, owed)
+        catch_up_rows(target, stale, now, owed)
         return tf.constant(True)
 
     result = tf.cond(tf.reduce_any(behind), catch_up, lambda: tf.constant(False))
     if stamp is not None:
         with tf.control_dependencies([result]):
-            state.history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), stamp), rows))
+            target.history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), stamp), rows))
     return result
 
 
-def catch_up_rows(state: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> None:
+def catch_up_rows(target: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> None:
     """Adds owed drift and noise to unique `rows` and marks them current at `now`."""
-    var, history = state.table, state.history
+    var, history = target.table, target.history
     noise_from, state_from = lazy_history.owed_from(tf.gather(history, rows))
     theta_delta, m_new = None, None
-    if state.momentum is not None:
-        m = tf.gather(state.momentum, rows)
+    if target.momentum is not None:
+        m = tf.gather(target.momentum, rows)
         decay, gain = lazy_math.momentum_drift(now - state_from, beta=owed.beta, nesterov=owed.nesterov)
         m_new = tf.cast(decay, var.dtype)[:, None] * m
         theta_delta = tf.cast(gain, var.dtype)[:, None] * m
     if owed.step_sums is not None:
-        noise_m, noise_theta = owed.sample(rows, noise_from, now, state.dim)
+        noise_m, noise_theta = owed.sample(rows, noise_from, now, target.dim)
         noise_theta = tf.cast(noise_theta, var.dtype)
         theta_delta = noise_theta if theta_delta is None else theta_delta + noise_theta
         if m_new is not None:
             m_new = m_new + tf.cast(noise_m, var.dtype)
     if m_new is not None:
-        state.momentum.scatter_update(tf.IndexedSlices(m_new, rows))
+        target.momentum.scatter_update(tf.IndexedSlices(m_new, rows))
     if theta_delta is not None:
         var.scatter_add(tf.IndexedSlices(theta_delta, rows))
     history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), lazy_history.current(now)), rows))
