@@ -11,14 +11,14 @@ Catching a row up early is always exact, so rows are caught up
   (first batch, epoch starts, evaluation, no lookahead), and
 * optionally after each step, for the next batch's ids (`after_apply`,
   ids from `tfdp_embed.data.with_lookahead`): this moves the catch-up out
-  of the next lookup, which pays only where it overlaps other work.
-  Wrong lookahead ids cost draws, never exactness.
+  of the next lookup, which pays only where it overlaps other work (step
+  times with and without it: benchmarks/RESULTS.md, section (a)). Wrong
+  lookahead ids cost draws, never exactness.
 
 Two paths implement the catch-up: `lazy_fused` (custom ops) for plain SGD
 with aggregated generator noise, the common case, and `lazy_catch_up`
 (TensorFlow ops) for momentum, per-step draws and stateless noise.
-Non-table variables get ordinary dense DP-SGD noise. Step times of both
-variants: benchmarks/RESULTS.md, section (a).
+Non-table variables get ordinary dense DP-SGD noise.
 
 No un-flushed row leaves training. `flush()` brings every row up to date
 (the model is then distributed exactly as dense DP-SGD's); `init` installs
@@ -35,7 +35,7 @@ Example:
     ...                    lookahead=True)
     >>> dp_model.compile(optimizer=keras.optimizers.legacy.SGD(0.1, momentum=0.9),
     ...                  loss=loss)
-    >>> dp_model.fit(with_lookahead(dataset, tables=...))
+    >>> dp_model.fit(with_lookahead(dataset, lambda features: {"items": features}))
     >>> mechanism.flush()  # export does this, and refuses if noise is owed
 
 References: Lim et al., "LazyDP: Co-Designing Algorithm-Software for
