@@ -1,7 +1,8 @@
 """Fast exact Gaussian noise: a counter-based, vectorised, multi-threaded TF op.
 
 `normal(generator, shape, stddev)` is a drop-in for
-`generator.normal(shape, stddev=stddev)` that is ~10x faster on CPU. It
+`generator.normal(shape, stddev=stddev)` that is faster on CPU (timings:
+benchmarks/RESULTS.md, section (f), "Gaussian sampler"). It
 draws a fresh 128-bit key from the `tf.random.Generator` (so every call,
 also inside a `tf.function`, gives new noise and nothing is constant-folded)
 and runs the `TfdpEmbedFastNormal` op (fast_normal.cc): Philox4x32-10 +

@@ -50,8 +50,6 @@ def unique(x) -> tuple:
 
     TensorFlow's kernel hashes with `absl::flat_hash_map` and allocates per
     call; the fused op is one open-addressing pass over a table of 2n slots.
-    Its effect on a DP step: `benchmarks/RESULTS.md`, step_time sections
-    from commit 295b125 on.
 
     Args:
       x: int32 or int64 vector.
@@ -156,8 +154,7 @@ def dense_ghost_norms(x, g, *, use_bias: bool) -> tf.Tensor:
     """Per-example squared gradient norm of a Dense layer called once on `[batch, d]` inputs.
 
     ||x_i||^2 ||g_i||^2 (kernel) plus ||g_i||^2 (bias) in one op instead of
-    six (two squares, two sums, a product, a sum); effect on a DP step:
-    `benchmarks/RESULTS.md`, step_time sections from the commit adding it on.
+    six (two squares, two sums, a product, a sum).
 
     Args:
       x: `[batch, d]` layer inputs.

@@ -1,0 +1,118 @@
+"""LazyDP's fused path: plain SGD with aggregated generator noise, in custom ops.
+
+This is LazyDP's common case, and its bookkeeping runs in the ops of
+`tfdp_embed.ops.sparse_rows`: a catch-up is one `lazy_catch_up` (a read
+hook, a flush), `lazy_catch_up_gather` (a lookup: the caught-up rows are
+returned, saving the lookup's own gather) or `lazy_catch_up_split` (the
+lookahead: the draws run while the optimizer writes the table, then the
+rows are added); a step's bookkeeping is one `lazy_record_step`. Without
+the op library the same functions run as TensorFlow ops, bit-identical
+given the op's normals (`sparse_rows.*_reference`).
+
+Keys: each step draws one generator key. The dense variables' noise uses
+its streams 0..n-1; the catch-ups that follow (this step's lookahead, the
+next step's read hooks, a flush) use streams n, n+1, ..., counted in the
+catch-up stream `(k0, k1, calls)` (variable `catch_up_stream`).
+
+Touched rows need no history write: without momentum a row's
+deterministic state never drifts, so the one-step-ahead flag changes
+nothing (its owed noise starts after step `now` either way), and the read
+hook made every row the forward pass read current. A row the optimizer
+steps without reading it is not a read: its noise, owed from its history
+on, is added before its next read, as usual.
+
+References: LazyDP (Lim et al., ASPLOS 2024) §5.2, Alg. 1 (aggregated
+noise sampling).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from tfdp_embed._keras import tf
+from tfdp_embed.ops import sparse_rows
+
+
+class OpState(NamedTuple):
+    """The variables every fused op reads and writes besides a table and its history.
+
+    Attributes:
+      p_hi, p_lo: the step sums of P (`lazy_history.StepSums`).
+      steps: the mechanism's step counter.
+      stream: the catch-up stream `(k0, k1, calls)`.
+    """
+
+    p_hi: tf.Variable
+    p_lo: tf.Variable
+    steps: tf.Variable
+    stream: tf.Variable
+
+
+def applies(*, beta: float, aggregate: bool, row_noise: str, noise_multiplier: float) -> bool:
+    """True for the settings this path implements: plain SGD, aggregated generator noise, sigma > 0."""
+    return noise_multiplier > 0 and beta == 0 and aggregate and row_noise == "generator"
+
+
+def takes_table(table: tf.Variable) -> bool:
+    """True when the ops can update `table` (a float32 resource variable)."""
+    return table.dtype.base_dtype == tf.float32 and hasattr(table, "handle")
+
+
+def new_catch_up_stream(seed: int | None) -> tf.Variable:
+    """The catch-up stream, keyed from `seed` (else OS entropy) until the first step.
+
+    Every step resets it from the step's key; the initial key is used only
+    if a restored history owes noise before the first step. It does not
+    come from the generator, whose sequence feeds the dense noise.
+    """
+    initial = np.random.SeedSequence(seed).generate_state(2, np.uint64).view(np.int64)
+    return tf.Variable(
+        np.concatenate([initial, np.zeros([1], np.int64)]), trainable=False, name="catch_up_stream"
+    )
+
+
+def rekey(stream: tf.Variable) -> None:
+    """A fresh key from OS entropy, call count 0."""
+    key = tf.raw_ops.NonDeterministicInts(shape=[2], dtype=tf.int64)
+    stream.assign(tf.concat([key, tf.zeros([1], tf.int64)], 0))
+
+
+def catch_up(table: tf.Variable, history: tf.Variable, ids, state: OpState) -> tf.Tensor:
+    """Catches up the rows among `ids` behind the current step; returns whether any were."""
+    return sparse_rows.lazy_catch_up(table, history, ids, *state) > 0
+
+
+def catch_up_and_gather(table: tf.Variable, history: tf.Variable, ids, state: OpState) -> tf.Tensor:
+    """`catch_up`, then the rows of `ids` (`[n, dim]`, with `tf.gather`'s gradient)."""
+    return sparse_rows.lazy_catch_up_gather(table, history, ids, *state)
+
+
+def catch_up_next_batch(table: tf.Variable, history: tf.Variable, rows, state: OpState) -> None:
+    """`catch_up` as two ops: the draws need not wait for the optimizer's table write."""
+    sparse_rows.lazy_catch_up_split(table, history, rows, *state)
+
+
+def noised_dense(generator: tf.random.Generator, clipped, *, stddev: float) -> tuple:
+    """Draws the step's key and noises the dense variables from its first streams.
+
+    Returns:
+      `(key, pairs)`: int64 `[2]` key and `(noised gradient / B, variable)`
+      for each of `clipped.dense`, whose noise used streams 0..n-1.
+    """
+    key = generator.uniform_full_int([2], dtype=tf.int64)
+    dense = [grad for _, grad in clipped.dense]
+    noised = sparse_rows.noised_values_many(
+        generator,
+        dense,
+        stddev=stddev,
+        divisor=clipped.expected_batch_size,
+        key=key,
+    )
+    return key, [(grad, variable) for grad, (variable, _) in zip(noised, clipped.dense)]
+
+
+def record_step(state: OpState, learning_rate, noise_scale, key, *, first_stream: int) -> None:
+    """Ends the step: its noise weight in the step sums, the catch-up stream from `key`, steps + 1."""
+    sparse_rows.lazy_record_step(*state, learning_rate, noise_scale, key, first_stream=first_stream)
