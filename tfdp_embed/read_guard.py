@@ -19,7 +19,7 @@ bookkeeping, `TrainingCheckpoint` (which saves the table WITH the state
 that says what noise each row still owes), and white-box tests.
 
 Example:
-    >>> install(table, mechanism.flush_if_owed)
+    >>> install(table, flush_if_owed)  # e.g. LazyDP flushes when it owes noise
     >>> table.numpy()            # flushed first
     >>> with unguarded():
     ...     raw = table.numpy()  # training-internal: may lack owed noise
