@@ -48,7 +48,8 @@ import numpy as np
 
 from tfdp_embed._keras import tf
 from tfdp_embed.layers.embedding import DPEmbedding
-from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, check_positive
+from tfdp_embed._checks import check_positive
+from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 from tfdp_embed.mechanisms.topk_selection import TopKSelection, select_top_k
 
