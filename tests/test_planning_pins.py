@@ -26,11 +26,19 @@ from pipelines import (
     sequential_privacy,
 )
 from tfdp_embed import DPEmbedding
-from tfdp_embed.accounting import compute_epsilon, dpsgd_event
+from tfdp_embed.accounting import compute_epsilon, dpsgd_event, period_ledger
 from tfdp_embed.data.sequences import load_sequences, write_synthetic_sequences
+from tfdp_embed.planning import SELECTION
 
 # Relative tolerance of a pin. The calibrations are deterministic; 1e-9 leaves room for summation order only.
 RTOL = 1e-9
+# DP-FEST's selection (fest, adafest+) used to be paid by its own calibration routine (Brent's method to
+# 1e-6 absolute); it now goes through the library's one calibrator, whose sigma lies within its relative
+# tolerance above the exact root (`calibration._SIGMA_RTOL` = 1e-4 of the bracket's upper end: sigma moved
+# by 0.4e-5 to 1.1e-4 relative, epsilon by up to ~3x that). Those pins hold to 6e-4, and only in the safe
+# direction: never less noise, never more epsilon.
+SELECTION_RTOL = 6e-4
+SELECTING_CASES = {"fest", "adafest+", "fest_periods", "adafest+_periods", "fest_pld"}
 TABLE_VOCAB = 200
 
 
@@ -38,39 +46,34 @@ TABLE_VOCAB = 200
 def criteo_numbers(flags: str, period_sizes: list) -> dict:
     """The Criteo pipeline's plan for `flags` and training periods of `period_sizes` rows."""
     config = criteo.parse_args([*flags.split(), "--verbose", "0", "--out", "unused"])
-    data = types.SimpleNamespace(
-        periods=[types.SimpleNamespace(size=n) for n in period_sizes],
-        rows=sum(period_sizes),
-    )
-    plan = criteo._calibrate(config, data)
-    cal, settings = plan.calibration, plan.settings
+    data = types.SimpleNamespace(periods=[types.SimpleNamespace(size=n) for n in period_sizes], rows=sum(period_sizes))
+    settings = criteo._settings(config, data)
+    counts = {"t": np.arange(TABLE_VOCAB, dtype=np.int64)} if criteo_privacy.selects_rows(settings.mechanism) else None
+    plan = criteo_privacy.plan(settings, periods=criteo._periods(config, data), counts=counts)
+    selection = [r for r in plan.releases if r.name == SELECTION]
+    arguments, mechanism = plan.mechanism_arguments, plan.mechanism
     out = {
-        "noise_multiplier": cal.noise_multiplier,
-        "contribution_noise_multiplier": cal.contribution_noise_multiplier,
-        "gradient_noise_multiplier": cal.gradient_noise_multiplier,
-        "selection_epsilon": cal.selection_epsilon,
-        "selection_epsilon_per_selection": cal.selection_epsilon_per_selection,
-        "calibration_epsilon": cal.calibration_epsilon,
+        "noise_multiplier": plan.noise_multiplier,
+        "contribution_noise_multiplier": arguments.get("contribution_noise_multiplier"),
+        "gradient_noise_multiplier": arguments.get("noise_multiplier", plan.noise_multiplier),
+        "selection_epsilon": selection[0].epsilon if selection else 0.0,
+        "selection_epsilon_per_selection": selection[0].epsilon_each if selection else 0.0,
+        "calibration_epsilon": criteo_privacy.output_calibration_epsilon(plan),
         "steps": [p.steps for p in plan.periods],
     }
     if settings.mechanism == "none":
         return out
-    table = DPEmbedding(TABLE_VOCAB, 4, name="t")
-    counts = {"t": np.arange(TABLE_VOCAB, dtype=np.int64)}
-    mechanism = criteo_privacy.build_mechanism(settings, cal, counts=counts, table_sizes={"t": TABLE_VOCAB})
     if settings.mechanism in ("adafest", "adafest+"):
         out["threshold"] = mechanism.threshold
     if settings.mechanism == "fest":
-        mechanism.init(tables=[table], dense_variables=[], optimizer=None)
-    extra = criteo._one_off_events(plan)
-    reserved = len(period_sizes) - 1 if settings.mechanism == "fest" else 0
+        mechanism.init(tables=[DPEmbedding(TABLE_VOCAB, 4, name="t")], dense_variables=[], optimizer=None)
+    planned = sum(r.count for r in selection)
     out["planned_epsilons"] = [
-        criteo_privacy.period_ledger(
-            mechanism, sampling_probability=p.sampling_probability, steps=p.steps,
-            reserved_selections=reserved, extra_events=extra,
-        ).epsilon(settings.delta, settings.accountant)
-        for p in plan.periods
-    ]  # fmt: skip
+        period_ledger(mechanism, period, planned_one_off_events=planned, events=plan.events).epsilon(
+            plan.target_delta, plan.accountant
+        )
+        for period in plan.periods
+    ]
     return out
 
 
@@ -80,11 +83,11 @@ def movielens_numbers(flags: str, num_examples: int) -> dict:
     q = config.batch_size / num_examples
     steps = config.epochs * max(1, round(1 / q))
     delta = config.delta if config.delta is not None else 1.0 / num_examples
-    noise = movielens_privacy.resolve_noise(
-        mechanism=config.mechanism, noise_multiplier=config.noise_multiplier, epsilon=config.epsilon,
-        delta=delta, sampling_probability=q, steps=steps, accountant=config.accountant,
+    plan = movielens_privacy.plan(
+        mechanism=config.mechanism, noise_multiplier=config.noise_multiplier, epsilon=config.epsilon, delta=delta,
+        sampling_probability=q, steps=steps, l2_norm_clip=config.l2_norm_clip, accountant=config.accountant,
     )  # fmt: skip
-    sigma = noise["noise_multiplier"]
+    sigma = plan.noise_multiplier
     accountant = config.accountant if sigma >= movielens.SMALL_SIGMA_FOR_PLD else "rdp"
     epsilon = None
     if sigma > 0:
@@ -92,43 +95,36 @@ def movielens_numbers(flags: str, num_examples: int) -> dict:
             dpsgd_event(sampling_probability=q, noise_multiplier=sigma, steps=steps),
             target_delta=delta, accountant=accountant,
         )  # fmt: skip
-    return {
-        "noise_multiplier": sigma,
-        "target_epsilon": noise["target_epsilon"],
-        "epsilon": epsilon,
-    }
+    return {"noise_multiplier": sigma, "target_epsilon": plan.target_epsilon, "epsilon": epsilon}
 
 
 def sequential_numbers(flags: str, data_file: str) -> dict:
     """The sequential pipeline's sigma, frequency release and the epsilon of release + planned steps."""
     config = sequential.parse_args(["--data", data_file, "--out", "unused", *flags.split()])
     data = load_sequences(config.data, max_len=config.max_len)
-    plan = sequential_privacy.plan(
+    privacy = sequential_privacy.plan(
         data, epsilon=config.epsilon, delta=config.delta, batch=config.batch, epochs=config.epochs,
         mechanism=config.mechanism, frequencies=config.frequencies, frequencies_file=config.frequencies_file,
         frequency_epsilon_share=config.frequency_epsilon_share,
         frequency_noise_multiplier=config.frequency_noise_multiplier,
         frequency_mechanism=config.frequency_mechanism, accountant=config.accountant, seed=config.seed,
     )  # fmt: skip
-    event = plan.frequencies.event
+    run, event = privacy.run, privacy.frequencies.event
+    frequencies = privacy.frequency_report()
     epsilon = None
-    if plan.private:
+    if privacy.private:
         steps = dpsgd_event(
-            sampling_probability=plan.sampling_probability,
-            noise_multiplier=plan.noise_multiplier,
-            steps=plan.steps,
+            sampling_probability=run.sampling_probability, noise_multiplier=run.noise_multiplier, steps=run.steps
         )
         epsilon = compute_epsilon(
-            [steps] + ([] if event is None else [event]),
-            target_delta=plan.delta,
-            accountant=config.accountant,
+            [steps] + ([] if event is None else [event]), target_delta=run.target_delta, accountant=config.accountant
         )
     return {
-        "noise_multiplier": plan.noise_multiplier,
-        "steps": plan.steps,
+        "noise_multiplier": run.noise_multiplier,
+        "steps": run.steps,
         "frequency_noise_multiplier": None if event is None else event.noise_multiplier,
-        "frequency_epsilon_share": plan.frequency_epsilon_share,
-        "frequency_epsilon": plan.frequency_epsilon,
+        "frequency_epsilon_share": frequencies["epsilon_share"],
+        "frequency_epsilon": frequencies["release_epsilon"],
         "epsilon": epsilon,
     }
 
@@ -450,31 +446,36 @@ def sequential_flags(flags: str, files, public: bool) -> str:
     return f"{flags} --frequencies-file {files[1]}" if public else flags
 
 
-def assert_pinned(got: dict, pinned: dict):
+def assert_pinned(got: dict, pinned: dict, *, rtol: float = RTOL):
+    """`got` equals `pinned` (floats within `rtol`); with a looser `rtol`, noise may only grow and epsilon shrink."""
     assert set(got) == set(pinned)
     for key, want in pinned.items():
         value = got[key]
         if isinstance(want, list):
             assert len(value) == len(want), key
             for a, b in zip(value, want):
-                assert a == pytest.approx(b, rel=RTOL), key
+                assert a == pytest.approx(b, rel=rtol), key
+                assert "epsilon" not in key or a <= b * (1 + RTOL), key
         elif want is None or isinstance(want, (int, str)) and not isinstance(want, bool):
             assert value == want, key
         else:
-            assert value == pytest.approx(want, rel=RTOL), key
+            assert value == pytest.approx(want, rel=rtol), key
+            assert "noise_multiplier" not in key or value >= want * (1 - RTOL), key
 
 
 @pytest.mark.parametrize("case", sorted(CRITEO))
 def test_criteo_pins(case):
     flags, sizes = CRITEO[case]
-    assert_pinned(criteo_numbers(flags, sizes), PINS["criteo"][case])
+    rtol = SELECTION_RTOL if case in SELECTING_CASES else RTOL
+    assert_pinned(criteo_numbers(flags, sizes), PINS["criteo"][case], rtol=rtol)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CRITEO_SLOW))
 def test_criteo_pins_pld(case):
     flags, sizes = CRITEO_SLOW[case]
-    assert_pinned(criteo_numbers(flags, sizes), PINS["criteo"][case])
+    rtol = SELECTION_RTOL if case in SELECTING_CASES else RTOL
+    assert_pinned(criteo_numbers(flags, sizes), PINS["criteo"][case], rtol=rtol)
 
 
 @pytest.mark.parametrize("case", sorted(MOVIELENS))
