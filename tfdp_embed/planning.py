@@ -313,7 +313,7 @@ class RunPlan:
             "steps": self.steps,
             "l2_norm_clip": self.l2_norm_clip,
             "noise_multiplier": self.noise_multiplier,
-            **dict(self.mechanism_arguments),
+            "mechanism_arguments": dict(self.mechanism_arguments),
             "training_epsilon": self.training_epsilon,
             "releases": [r.summary() for r in self.releases],
             "assumptions": list(self.assumptions),

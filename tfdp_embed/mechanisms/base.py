@@ -14,7 +14,7 @@ Train-step order (see `tfdp_embed.training`):
 Adding a mechanism means subclassing `NoiseMechanism`, declaring what it
 supports in its `capabilities` (`tfdp_embed.mechanisms.capabilities`; the
 base declares one device only) and adding it to `MECHANISMS` in
-`tfdp_embed/mechanisms/__init__.py`; no other mechanism changes.
+`tfdp_embed/mechanisms/factory.py`; no other mechanism changes.
 """
 
 from __future__ import annotations

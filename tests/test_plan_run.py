@@ -66,6 +66,9 @@ def test_adafest_split_keeps_the_step_gaussian_and_sets_tau_in_noise_units():
         pytest.approx(sigma)
     )
     assert mechanism.threshold == pytest.approx(2.0 * mechanism.contribution_noise_multiplier * 0.5)
+    summary = plan.summary()
+    assert summary["noise_multiplier"] == sigma  # the step's DP-SGD-equivalent sigma; sigma1, sigma2 beside it
+    assert summary["mechanism_arguments"]["contribution_noise_multiplier"] == mechanism.contribution_noise_multiplier
     assert sigma == plan_run("dense", target_epsilon=2.0, **RUN).noise_multiplier
     explicit = plan_run("adafest", target_epsilon=2.0, contribution_clip=0.5, threshold=7.0, threshold_sigmas=2, **RUN)
     assert explicit.mechanism.threshold == 7.0  # an explicit tau wins
