@@ -21,7 +21,7 @@ constructor's keywords), never from its name:
     `is_dp` False (eana)                        sigma as dense would need: NOMINAL, no epsilon is claimed
     no `noise_multiplier` (none)                nothing
 
-One-off releases charged to the same budget (`Release`), three kinds:
+One-off releases charged to the same budget (`Release`):
 
     Release(name, epsilon_share=s)              pure (s x eps, 0)-DP, basic composition: training gets the
                                                 rest; its ledger event is Laplace(1 / (s x eps)), exactly s x eps-DP
