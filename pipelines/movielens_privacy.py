@@ -60,6 +60,11 @@ def plan(
                 f"`epsilon` (received {noise_multiplier!r}, {epsilon!r})."
             )
         return plan_run("none", **common)
+    if (noise_multiplier is None) == (epsilon is None):
+        raise ValueError(
+            f"mechanism {mechanism!r} needs exactly one of `noise_multiplier` (sigma) or `epsilon` (sigma is then "
+            f"calibrated); received noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}."
+        )
     return plan_run(
         mechanism, target_epsilon=epsilon, noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, **common
     )
