@@ -28,9 +28,8 @@ import traceback
 
 import numpy as np
 
-from tfdp_embed._keras import keras, tf  # noqa: I001  (sets TF_USE_LEGACY_KERAS first)
-
 from benchmarks import machine
+from tfdp_embed._keras import keras, tf  # noqa: I001  (sets TF_USE_LEGACY_KERAS first)
 
 TABLE_NAME = "table"
 IDS_PER_EXAMPLE = 4
@@ -160,29 +159,24 @@ def tfp_step(model: keras.Model, *, l2_norm_clip: float, noise_multiplier: float
 
 
 def make_mechanism(name: str, spec: dict, counts: np.ndarray | None):
-    """One of our MECHANISMS with the benchmark's hyperparameters (recorded in the results)."""
-    from tfdp_embed.mechanisms import MECHANISMS
+    """One of our MECHANISMS (`mechanisms.create`) with the benchmark's hyperparameters (recorded in the results)."""
+    from tfdp_embed import mechanisms
 
-    cls = MECHANISMS[name]
+    if name == "none":
+        return mechanisms.create("none", seed=spec["seed"])
     common = dict(l2_norm_clip=spec["l2_norm_clip"], noise_multiplier=spec["noise_multiplier"], seed=spec["seed"])
     if name == "fest":
         k = min(spec["fest_top_k"], spec["vocab"])
-        return cls(**common, selection_epsilon=spec["fest_selection_epsilon"], top_k=k, counts={TABLE_NAME: counts})
-    if name in ("adafest",):
+        common.update(selection_epsilon=spec["fest_selection_epsilon"], top_k=k, counts={TABLE_NAME: counts})
+    elif name == "adafest":
         from tfdp_embed.mechanisms.adafest import split_noise_multiplier
 
         sigma1, sigma2 = split_noise_multiplier(spec["noise_multiplier"], ratio=spec["adafest_ratio"])
-        return cls(
-            l2_norm_clip=spec["l2_norm_clip"],
-            noise_multiplier=sigma2,
-            contribution_clip=spec["adafest_contribution_clip"],
-            contribution_noise_multiplier=sigma1,
-            threshold=spec["adafest_threshold"],
-            seed=spec["seed"],
-        )
-    if name == "none":
-        return cls(seed=spec["seed"])
-    return cls(**common)
+        common.update(
+            noise_multiplier=sigma2, contribution_noise_multiplier=sigma1,
+            contribution_clip=spec["adafest_contribution_clip"], threshold=spec["adafest_threshold"],
+        )  # fmt: skip
+    return mechanisms.create(name, **common)
 
 
 def hyperparameters(name: str, spec: dict) -> str:
@@ -475,7 +469,6 @@ def run(spec: dict, out_path: str) -> None:
     batches = make_batches(vocab=spec["vocab"], batch=spec["batch"], count=count, zipf=spec["zipf"], seed=spec["seed"])
     batches = [(tf.constant(ids), tf.constant(labels)) for ids, labels in batches]
     from tfdp_embed.mechanisms import MECHANISMS
-
     from tfdp_embed.ops import fast_normal
 
     report = {

@@ -19,7 +19,7 @@ What happens:
      grow with the rows (`pipelines.criteo_data`);
   2. calibrate the noise for (epsilon, delta = 1/N by default), q = B / N and
      T = epochs x round(N / B) steps with `dp_accounting` (PLD); several
-     streaming periods compose in parallel (`pipelines.criteo_privacy`);
+     streaming periods compose in parallel (`tfdp_embed.plan_run`, `pipelines.criteo_privacy`);
   3. train the DP-FEST App. D.1 pCTR model (or DCN-v2) with `DPModel` on
      Poisson-sampled batches (LazyDP: with the one-batch lookahead; DP-FEST and
      DP-AdaFEST+: DP top-k selection from bucket counts, DP-FEST re-selected
@@ -61,8 +61,8 @@ from pipelines import (
     criteo_report,
     criteo_training,
 )
-from tfdp_embed import DPEmbedding, PrivacyContractError, export_saved_model, keras
-from tfdp_embed.accounting import PrivacyBudget
+from tfdp_embed import DPEmbedding, PrivacyContractError, RunPlan, export_saved_model, keras
+from tfdp_embed.accounting import Period, PrivacyBudget
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data.criteo import (
     CAT_FEATURES,
@@ -305,7 +305,7 @@ def parse_args(argv: Sequence[str] | None = None) -> PipelineConfig:
         parser.error(f"--selection-fraction must lie in (0, 1); received {a.selection_fraction!r}.")
     if not 0 <= a.calibration_fraction < 0.5:
         parser.error(f"--calibration-fraction must lie in [0, 0.5); received {a.calibration_fraction!r}.")
-    if a.mechanism in criteo_privacy.SELECTING_MECHANISMS and a.selection_fraction + a.calibration_fraction >= 1:
+    if criteo_privacy.selects_rows(a.mechanism) and a.selection_fraction + a.calibration_fraction >= 1:
         parser.error("--selection-fraction + --calibration-fraction must be < 1 (the rest of epsilon pays for training).")
     if not 0 < a.top_fraction <= 1:
         parser.error(f"--top-fraction must lie in (0, 1]; received {a.top_fraction!r}.")
@@ -415,33 +415,19 @@ class _Data:
 
 
 @dataclasses.dataclass
-class _Plan:
-    """Stage 2's output: each period's rate and steps, and the noise that pays for them."""
-
-    settings: criteo_privacy.PrivacySettings
-    calibration: criteo_privacy.Calibration
-    periods: list  # one `criteo_privacy.PeriodPlan` per period
-
-    @property
-    def sampling_probability(self) -> float:
-        """The largest q over periods."""
-        return max(p.sampling_probability for p in self.periods)
-
-    @property
-    def steps(self) -> int:
-        return sum(p.steps for p in self.periods)
-
-
-@dataclasses.dataclass
 class _Training:
-    """Stage 3's output: the model, its tables, the mechanism, the DP wrapper and the budget."""
+    """Stage 3's output: the model, its tables, the privacy plan (its mechanism), the DP wrapper and the budget."""
 
     model: object
     tables: list
-    mechanism: object
+    plan: RunPlan
     dp_model: object
-    budget: PrivacyBudget | None  # one period: the sequential budget; several: None (one PeriodBudget each)
+    budget: PrivacyBudget | None  # one period: the sequential budget; several: None (`plan.budget(period=i)` each)
     counts: dict | None
+
+    @property
+    def mechanism(self):
+        return self.plan.mechanism
 
 
 def _read(config: PipelineConfig) -> _Data:
@@ -455,7 +441,7 @@ def _read(config: PipelineConfig) -> _Data:
         train_files, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
     vocab = resolve_vocab_sizes(None, config.hash_size)
     read = dict(vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming)
-    selecting = config.mechanism in criteo_privacy.SELECTING_MECHANISMS
+    selecting = criteo_privacy.selects_rows(config.mechanism)
     groups = [[f] for f in train_files] if config.streaming_periods else [train_files]
     periods = [criteo_data.open_period(files, **read, count_buckets=selecting) for files in groups]
     data = _Data(train_files, eval_files, synthetic, vocab, periods, criteo_data.open_period(eval_files, **read))
@@ -474,79 +460,64 @@ def _read(config: PipelineConfig) -> _Data:
     return data
 
 
-def _calibrate(config: PipelineConfig, data: _Data) -> _Plan:
-    """Stage 2: per period q_p = B / N_p and T_p steps; the noise for (eps, delta).
-
-    One period: sequential accounting of its T steps. Several: parallel
-    composition over periods (`criteo_privacy` module docstring), sigma =
-    max_p sigma(q_p, T_p), every DP selection charged to every period.
-    """
-    plans = []
+def _periods(config: PipelineConfig, data: _Data) -> list:
+    """Per period q_p = B / N_p and T_p = epochs x batches per epoch (at most `--max-steps`)."""
+    periods = []
     for period in data.periods:
         per_epoch = period.size // config.batch if config.fixed_size_batches else max(1, round(period.size / config.batch))
         steps = config.epochs * per_epoch
         if config.max_steps is not None:
             steps = min(steps, config.max_steps)
-        plans.append(criteo_privacy.PeriodPlan(config.batch / period.size, steps))
+        periods.append(Period(config.batch / period.size, steps))
+    return periods
+
+
+def _settings(config: PipelineConfig, data: _Data) -> criteo_privacy.PrivacySettings:
+    """The privacy settings with delta resolved (1/N by default)."""
     settings = config.privacy or criteo_privacy.PrivacySettings(
         mechanism=config.mechanism, epsilon=config.epsilon, delta=None
     )
-    settings = dataclasses.replace(settings, delta=config.delta if config.delta is not None else 1.0 / data.rows)
-    selections = len(data.periods) if settings.mechanism == "fest" else 1
-    calibration = criteo_privacy.calibrate_periods(settings, periods=plans, num_selections=selections)
-    plan = _Plan(settings, calibration, plans)
-    composition = "parallel over periods, " if len(plans) > 1 else ""
+    return dataclasses.replace(settings, delta=config.delta if config.delta is not None else 1.0 / data.rows)
+
+
+def _plan(config: PipelineConfig, data: _Data) -> tuple[RunPlan, dict | None]:
+    """Stage 2: bucket counts for a DP selection, then the privacy plan (`criteo_privacy.plan`).
+
+    One period: sequential accounting of its T steps. Several: parallel
+    composition over periods (`tfdp_embed.accounting.periods`), sigma =
+    max_p sigma(q_p, T_p), every DP selection charged to every period.
+    """
+    settings = _settings(config, data)
+    counts = criteo_data.bucket_counts(data.periods[0]) if criteo_privacy.selects_rows(settings.mechanism) else None
+    plan = criteo_privacy.plan(
+        settings, periods=_periods(config, data), counts=None if counts is None else _layer_counts(counts)
+    )
+    composition = "parallel over periods, " if plan.parallel else ""
     _log(
         config,
-        f"mechanism {settings.mechanism}: noise multiplier {calibration.noise_multiplier:.4g} for "
+        f"mechanism {settings.mechanism}: noise multiplier {plan.noise_multiplier:.4g} for "
         f"epsilon {settings.epsilon:g}, delta {settings.delta:.3g}, {composition}q {plan.sampling_probability:.4g}, "
         f"{plan.steps} steps",
     )
-    return plan
+    return plan, counts
 
 
-def _build(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, plan: _Plan) -> _Training:
-    """Stage 3: the pCTR model, the mechanism (DP selection from bucket counts if it selects), budget."""
+def _build(config: PipelineConfig, model_config: CTRModelConfig, plan: RunPlan, counts: dict | None) -> _Training:
+    """Stage 3: the pCTR model, the DP wrapper around the plan's mechanism, the budget."""
     if config.seed is not None:
         keras.utils.set_random_seed(config.seed)
     model = build_ctr_model(model_config)
     tables = [layer for layer in model.layers if isinstance(layer, DPEmbedding)]
-    name = plan.settings.mechanism
-    counts = None
-    if name in criteo_privacy.SELECTING_MECHANISMS:
-        counts = criteo_data.bucket_counts(data.periods[0])
-    mechanism = criteo_privacy.build_mechanism(
-        plan.settings,
-        plan.calibration,
-        counts=None if counts is None else _layer_counts(counts),
-        table_sizes={t.name: int(t.vocabulary_size) for t in tables},
-    )
     dp_model = criteo_training.make_dp_model(
         model,
-        mechanism,
+        plan.mechanism,
         expected_batch_size=config.batch,
         learning_rate=config.learning_rate,
         momentum=config.momentum,
-        lookahead=name == "lazy",
+        lookahead=plan.mechanism_name == "lazy",
     )
-    budget = None
-    if name != "none" and len(data.periods) == 1:
-        budget = PrivacyBudget(
-            mechanism,
-            sampling_probability=plan.sampling_probability,
-            target_epsilon=plan.settings.epsilon,
-            target_delta=plan.settings.delta,
-            accountant=plan.settings.accountant,
-        )
-        for event in _one_off_events(plan):  # reserved before training: the budget stops with room for them
-            budget.ledger.record_setup(event)
-    return _Training(model, tables, mechanism, dp_model, budget, counts)
-
-
-def _one_off_events(plan: _Plan) -> list:
-    """Events over all training rows spent after training: the DP output calibration, if on."""
-    eps_c = plan.calibration.calibration_epsilon
-    return [criteo_calibration.calibration_event(eps_c)] if eps_c > 0 else []
+    budget = plan.budget() if plan.mechanism_name != "none" and not plan.parallel else None
+    return _Training(model, tables, plan, dp_model, budget, counts)
 
 
 class _StopAfter(keras.callbacks.Callback):
@@ -562,19 +533,17 @@ class _StopAfter(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, plan: _Plan, training: _Training) -> dict:
+def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, training: _Training) -> dict:
     """Stage 4: fit period by period (DP-FEST re-selects from running counts; each period evaluated on the next day)."""
     timer = criteo_training.StepTimer()
     periods_out, infos, period_budgets, fed = [], [], [], []
     touched = criteo_data.TouchedRows(dict(zip(CAT_FEATURES, model_config.dims)))
     counts = training.counts
     several = len(data.periods) > 1
-    for index, (period, period_plan) in enumerate(zip(data.periods, plan.periods)):
+    for index, (period, period_plan) in enumerate(zip(data.periods, training.plan.periods)):
         if index > 0 and config.mechanism == "fest":
             counts = criteo_data.bucket_counts(period, counts=counts)
             training.mechanism.reselect(_layer_counts(counts))
-            if training.budget is not None:
-                training.budget.ledger.record_setup(training.mechanism.selection_events[-1])
         batches, info = criteo_data.train_batches(
             period,
             batch_size=config.batch,
@@ -590,19 +559,7 @@ def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, pl
         if training.budget is not None:
             callbacks.append(training.budget)
         elif several and config.mechanism != "none":
-            reserved = len(data.periods) - 1 - index if config.mechanism == "fest" else 0
-            period_budgets.append(
-                criteo_privacy.PeriodBudget(
-                    training.mechanism,
-                    sampling_probability=period_plan.sampling_probability,
-                    planned_steps=period_plan.steps,
-                    target_epsilon=plan.settings.epsilon,
-                    target_delta=plan.settings.delta,
-                    accountant=plan.settings.accountant,
-                    reserved_selections=reserved,
-                    extra_events=_one_off_events(plan),
-                )
-            )
+            period_budgets.append(training.plan.budget(period=index))
             callbacks.append(period_budgets[-1])
         epochs = math.ceil(period_plan.steps / info.batches_per_epoch)
         with period.stats.python_errors():
@@ -650,43 +607,17 @@ def _sampler(data: _Data, infos: list) -> dict:
     }
 
 
-def _privacy(config: PipelineConfig, data: _Data, plan: _Plan, training: _Training, trained: dict) -> dict:
+def _privacy(config: PipelineConfig, data: _Data, training: _Training, trained: dict) -> dict:
     """The privacy report: sequential (one period) or parallel composition over periods (worst period's ledger)."""
-    mechanism, infos = training.mechanism, trained["infos"]
+    mechanism = training.mechanism
     steps = int(mechanism.steps.numpy()) if config.mechanism != "none" else len(trained["timer"].durations)
-    common = dict(
-        mechanism=mechanism,
-        settings=plan.settings,
-        calibration=plan.calibration,
-        dataset_size=data.rows,
-        streaming_periods=len(data.periods),
-    )
-    if len(data.periods) == 1 or config.mechanism == "none":
-        return criteo_report.run_privacy_report(
-            **common,
-            ledger=None if training.budget is None else training.budget.ledger,
-            sampling_probability=plan.sampling_probability,
-            batching=_run_batching(trained["fed"], with_details=len(infos) == 1),
-            steps=steps,
-        )
-    rates = [p.sampling_probability for p in plan.periods]
-    ledgers = criteo_privacy.period_ledgers(
-        mechanism, list(zip(rates, trained["steps_by_period"])), extra_events=_one_off_events(plan)
-    )
-    epsilons = [
-        ledger.epsilon(plan.settings.delta, plan.settings.accountant) if mechanism.is_dp else None for ledger in ledgers
-    ]
-    worst = max(range(len(ledgers)), key=lambda i: -1.0 if epsilons[i] is None else epsilons[i])
     return criteo_report.run_privacy_report(
-        **common,
-        ledger=None,
-        epsilon=epsilons[worst],
-        sampling_probability=rates[worst],
-        batching=_run_batching(trained["fed"], with_details=False),
+        training.plan,
+        budget=training.budget,
+        dataset_size=data.rows,
+        batching=_run_batching(trained["fed"], with_details=len(trained["infos"]) == 1),
         steps=steps,
-        period_ledgers=ledgers,
-        period_epsilons=epsilons,
-        worst_period=worst,
+        steps_by_period=trained["steps_by_period"],
     )
 
 
@@ -717,24 +648,24 @@ def run(config: PipelineConfig) -> PipelineResult:
         architecture=config.model,
         embedding_dims=None if config.embedding_dim is None else (config.embedding_dim,) * len(CAT_FEATURES),
     )
-    plan = _calibrate(config, data)
-    training = _build(config, data, model_config, plan)
-    trained = _train(config, data, model_config, plan, training)
+    plan, counts = _plan(config, data)
+    training = _build(config, model_config, plan, counts)
+    trained = _train(config, data, model_config, training)
     train_seconds = time.perf_counter() - started
 
     # Stage 5, release: flush owed noise, DP output calibration, privacy report, export, evaluate.
     mechanism, model = training.mechanism, training.model
     release_ready(training.dp_model)
     output_calibration = None
-    if plan.calibration.calibration_epsilon > 0:
+    if criteo_privacy.output_calibration_epsilon(plan) > 0:
         output_calibration = criteo_calibration.calibrate_output(
             model,
             [criteo_data.eval_dataset(period) for period in data.periods],
-            epsilon=plan.calibration.calibration_epsilon,
+            epsilon=criteo_privacy.output_calibration_epsilon(plan),
             seed=None if config.seed is None else config.seed * 7919 + 1,
         )
         _log(config, f"output calibration: bias shifted by {output_calibration.shift:+.3f} (eps_c {output_calibration.epsilon:g})")
-    privacy = _privacy(config, data, plan, training, trained)
+    privacy = _privacy(config, data, training, trained)
     serving = CTRServingModule(model, model_config)
     saved_model = os.path.join(config.out, "saved_model")
     export_saved_model(

@@ -1,9 +1,10 @@
 """The reports of a Criteo run: the privacy report and `report.json`.
 
-The privacy report is `tfdp_embed.accounting.privacy_report` over the run's
-`PrivacyLedger` (the `PrivacyBudget` callback's: the DP top-k selections as
-setup events, then one event per step), so epsilon is what `dp_accounting`
-says about everything the run did. `report.json` is the privacy report plus
+The privacy report is the run plan's (`tfdp_embed.RunPlan.report`) over the
+run's `PrivacyLedger` (the `PrivacyBudget` callback's: the output calibration
+and the DP top-k selections as setup events, then one event per step; per
+period under parallel composition), so epsilon is what `dp_accounting` says
+about everything the run did. `report.json` is the privacy report plus
 the pipeline's own fields (AUC, rows, timings, gradient size).
 
 References: DP-FEST §4 (AUC, gradient-size reduction); Ponomareva et al.,
@@ -16,7 +17,9 @@ import json
 import math
 import os
 
-from tfdp_embed.accounting import privacy_report, write_privacy_report
+from pipelines.criteo_privacy import output_calibration_epsilon
+from tfdp_embed import RunPlan
+from tfdp_embed.accounting import write_privacy_report
 
 REQUIRED_KEYS = (
     "auc",
@@ -37,97 +40,35 @@ REQUIRED_KEYS = (
 
 
 def run_privacy_report(
-    *,
-    mechanism,
-    settings,
-    calibration,
-    ledger,
-    sampling_probability: float,
-    dataset_size: int,
-    batching,
-    steps: int,
-    streaming_periods: int,
-    epsilon: float | None = None,
-    period_ledgers: list | None = None,
-    period_epsilons: list | None = None,
-    worst_period: int | None = None,
+    plan: RunPlan, *, budget, dataset_size: int, batching, steps: int, steps_by_period: list | None = None
 ) -> dict:
-    """The privacy report of the run (`privacy_report.json` beside the SavedModel).
+    """The privacy report of the run (`privacy_report.json` beside the SavedModel): `plan.report` plus Criteo's notes.
 
     Args:
-      mechanism: the trained mechanism.
-      settings: `criteo_privacy.PrivacySettings`.
-      calibration: `criteo_privacy.Calibration`.
-      ledger: the `PrivacyLedger` of the run, or None (non-private run).
-      sampling_probability: q (largest over periods).
+      plan: the run's `tfdp_embed.RunPlan`.
+      budget: the `PrivacyBudget` of a one-period run (its ledger is reported), else None.
       dataset_size: training rows N.
-      batching: a `BatchingInfo` or "poisson" / "fixed_shuffled".
+      batching: what the periods were fed (`DPModel.batching`, the least private).
       steps: steps run.
-      streaming_periods: number of periods (1 for a plain run).
-      epsilon: several periods: the run's epsilon (the largest period's,
-        parallel composition; see `criteo_privacy`), instead of `ledger`.
-      period_ledgers: several periods: each period's `PrivacyLedger`.
-      period_epsilons: several periods: each period's epsilon.
-      worst_period: index of the period whose epsilon is the run's.
+      steps_by_period: several periods: the steps each ran (parallel composition).
     """
-    extra = {
-        "calibration": {
-            "target_epsilon": settings.epsilon,
-            "target_delta": settings.delta,
-            "accountant": settings.accountant,
-            "noise_multiplier": calibration.noise_multiplier,
-            "contribution_noise_multiplier": calibration.contribution_noise_multiplier,
-            "gradient_noise_multiplier": calibration.gradient_noise_multiplier,
-            "selection_epsilon": calibration.selection_epsilon,
-            "selection_epsilon_per_selection": calibration.selection_epsilon_per_selection,
-            "output_calibration_epsilon": calibration.calibration_epsilon,
-        },
-        "streaming_periods": streaming_periods,
-    }
-    report = privacy_report(
-        mechanism=mechanism,
-        delta=settings.delta,
-        sampling_probability=sampling_probability,
-        dataset_size=int(dataset_size),
-        ledger=ledger if mechanism.is_dp else None,
-        epsilon=epsilon if mechanism.is_dp else None,
-        steps=None if (ledger is not None and mechanism.is_dp) else int(steps),
-        accountant=settings.accountant,
-        batching=batching,
-        extra=extra,
-    )
-    if streaming_periods > 1 and period_ledgers is not None:
-        report["composition"] = "parallel over streaming periods"
-        report["ledger"] = json.loads(period_ledgers[worst_period].to_json())
-        report["period_accounting"] = [
-            {"period": i + 1, "epsilon": eps, "steps": ledger.steps, "ledger": json.loads(ledger.to_json())}
-            for i, (ledger, eps) in enumerate(zip(period_ledgers, period_epsilons))
-        ]
-        report["caveats"].append(
-            f"Streaming periods ({streaming_periods}): parallel composition. Each row is in one day (one "
-            "period), so epsilon is the largest period's, not the sum: each period is charged its own "
-            "steps at its own sampling rate plus every DP selection of the run (running counts put a day's "
-            f"rows into every later selection). Worst period: {worst_period + 1}. Metrics measured between "
-            "periods on raw evaluation rows are not covered by the guarantee."
-        )
-    elif streaming_periods > 1:
-        report["composition"] = "none (non-private run)"
-    else:
-        report["composition"] = "sequential"
-    if calibration.calibration_epsilon > 0:
+    ledger = budget.ledger if budget is not None and plan.is_dp else None
+    report = plan.report(
+        dataset_size=int(dataset_size), batching=batching, ledger=ledger, steps=None if ledger is not None else steps,
+        steps_by_period=steps_by_period if plan.parallel else None, extra={"streaming_periods": len(plan.periods)},
+    )  # fmt: skip
+    if "composition" not in report:
+        report["composition"] = "none (non-private run)" if plan.parallel else "sequential"
+    eps_c = output_calibration_epsilon(plan)
+    if eps_c > 0:
         report["caveats"].append(
             f"Output calibration: after training, the click logit's bias was shifted so that the mean prediction "
             f"matches a DP estimate of the click rate (Laplace histogram of logits and click count, "
-            f"({calibration.calibration_epsilon:.4g}, 0)-DP, in the ledger as a Laplace event; training was "
+            f"({eps_c:.4g}, 0)-DP, in the ledger as a Laplace event; training was "
             "calibrated for the rest of epsilon). It corrects DP-SGD's clipping bias of the mean prediction; "
             "the AUC is unchanged."
         )
-    if mechanism.name == "eana":
-        report["caveats"].append(
-            f"The noise multiplier {calibration.noise_multiplier:.4g} is what dense DP-SGD would need "
-            f"for epsilon={settings.epsilon:g} at delta={settings.delta:.3g}; EANA with it has no such guarantee."
-        )
-    report["target_epsilon"] = settings.epsilon if mechanism.name != "none" else None
+    report["target_epsilon"] = plan.target_epsilon if plan.mechanism_name != "none" else None
     return report
 
 

@@ -43,7 +43,7 @@ import numpy as np
 from pipelines import cli_types, movielens_privacy
 from pipelines.criteo_training import StepTimer
 from tfdp_embed import DPModel, keras, tf
-from tfdp_embed.accounting import PrivacyBudget, privacy_report, write_privacy_report
+from tfdp_embed.accounting import write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data import poisson_batches, with_lookahead
 from tfdp_embed.data.movielens import (
@@ -346,14 +346,15 @@ def train_and_evaluate(
     steps_per_epoch = max(1, round(1 / q))
     steps = config.epochs * steps_per_epoch
     delta = config.delta if config.delta is not None else 1.0 / n
-    noise = movielens_privacy.resolve_noise(
-        mechanism=config.mechanism, noise_multiplier=config.noise_multiplier, epsilon=config.epsilon,
-        delta=delta, sampling_probability=q, steps=steps, accountant=config.accountant,
+    plan = movielens_privacy.plan(
+        mechanism=config.mechanism, noise_multiplier=config.noise_multiplier, epsilon=config.epsilon, delta=delta,
+        sampling_probability=q, steps=steps, l2_norm_clip=config.l2_norm_clip, accountant=config.accountant,
+        seed=config.seed,
     )  # fmt: skip
-    sigma = noise["noise_multiplier"]
+    sigma, mechanism = plan.noise_multiplier, plan.mechanism
     if config.verbose:
         print(
-            f"movielens: {config.mechanism}, sigma {sigma:.4g} ({noise['source']}), N {n} "
+            f"movielens: {config.mechanism}, sigma {sigma:.4g} ({movielens_privacy.noise_source(plan)}), N {n} "
             f"({num_extra} extra), q {q:.4g}, {steps} steps, delta {delta:.3g}",
             flush=True,
         )
@@ -365,12 +366,6 @@ def train_and_evaluate(
         num_items=data.num_items,
         embedding_dim=config.embedding_dim,
         hidden_units=tuple(config.hidden_units),
-    )
-    mechanism = movielens_privacy.build_mechanism(
-        config.mechanism,
-        l2_norm_clip=config.l2_norm_clip,
-        noise_multiplier=sigma,
-        seed=config.seed,
     )
     lazy = config.mechanism == "lazy"
     dp_model = DPModel(
@@ -385,12 +380,7 @@ def train_and_evaluate(
             learning_rate=config.resolved_learning_rate, momentum=config.momentum
         )
     )
-    budget = None
-    if mechanism.is_dp and noise["target_epsilon"] is not None:
-        budget = PrivacyBudget(
-            mechanism, sampling_probability=q, target_epsilon=noise["target_epsilon"], target_delta=delta,
-            accountant=config.accountant,
-        )  # fmt: skip
+    budget = plan.budget() if plan.is_dp and plan.target_epsilon is not None else None
 
     # Train.
     counter = movielens_privacy.TouchCounter(data.num_items + 1)
@@ -430,15 +420,12 @@ def train_and_evaluate(
     # PLD's privacy-loss grid grows without bound as sigma -> 0 (sigma = 0.01 took > 4 GB here);
     # RDP is cheap there, and over-states epsilon slightly (never under-states it).
     accountant = config.accountant if sigma >= SMALL_SIGMA_FOR_PLD else "rdp"
-    privacy = privacy_report(
-        mechanism=mechanism,
-        delta=delta,
-        sampling_probability=q,
+    privacy = plan.report(
         dataset_size=n,
+        dp_model=dp_model,  # what fit was fed (verified from the data)
         ledger=budget.ledger if budget is not None else None,
         steps=None if budget is not None else steps_run,
         accountant=accountant,
-        batching=dp_model.batching,  # what fit was fed (verified from the data)
         epsilon=(
             movielens_privacy.nominal_epsilon(noise_multiplier=sigma, sampling_probability=q, steps=steps_run,
                                               delta=delta, accountant=accountant)
@@ -458,8 +445,8 @@ def train_and_evaluate(
     report.update(
         warnings=warnings,
         privacy_unit=PRIVACY_UNIT,
-        noise_source=noise["source"],
-        target_epsilon=noise["target_epsilon"],
+        noise_source=movielens_privacy.noise_source(plan),
+        target_epsilon=plan.target_epsilon,
         **metrics,
         train_examples=n,
         extra_train_examples=num_extra,

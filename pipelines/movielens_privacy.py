@@ -1,9 +1,9 @@
-"""Privacy side of the MovieLens pipeline: noise calibration, the mechanism, touch counts, EANA's bound.
+"""Privacy side of the MovieLens pipeline: the plan, touch counts, EANA's bound.
 
-    dense, lazy:  sigma = calibrate_noise_multiplier(eps, delta, q, T)   (or given; eps then computed)
-    eana:         sigma given (the paper's 0.01 / 0.001), or the DP-SGD sigma for a nominal eps
-                  (EANA has NO epsilon: the report says so and gives the data-dependent bound)
-    none:         no clipping, no noise
+The plan is the library's (`tfdp_embed.plan_run`): sigma given, or
+calibrated for (eps, delta), q and T (dense, lazy; for eana the NOMINAL
+sigma dense DP-SGD would need: EANA has no epsilon, the report says so and
+gives the data-dependent bound); none: no clipping, no noise.
 
 EANA's data-dependent bound (Theorem 3.1) and per-instance bound (Remark 2,
 eq. 9) come from `tfdp_embed.accounting.eana_bound` with the run's *real*
@@ -27,12 +27,8 @@ import math
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from tfdp_embed import mechanisms, tf
-from tfdp_embed.accounting import (
-    calibrate_noise_multiplier,
-    compute_epsilon,
-    dpsgd_event,
-)
+from tfdp_embed import RunPlan, plan_run, tf
+from tfdp_embed.accounting import compute_epsilon, dpsgd_event
 from tfdp_embed.accounting.eana_bound import (
     DEFAULT_ORDERS,
     NOT_DP_LABEL,
@@ -43,68 +39,43 @@ from tfdp_embed.accounting.eana_bound import (
 MECHANISM_NAMES = ("none", "dense", "eana", "lazy")
 
 
-def resolve_noise(
+def plan(
     *, mechanism: str, noise_multiplier, epsilon, delta: float, sampling_probability: float, steps: int,
-    accountant: str = "pld",
-) -> dict:  # fmt: skip
-    """Chooses sigma for the run and says where it came from.
-
-    Returns:
-      `{"noise_multiplier", "target_epsilon", "source"}`; for "none" sigma is 0.
+    l2_norm_clip: float, accountant: str = "pld", seed: int | None = None,
+) -> RunPlan:  # fmt: skip
+    """The run's plan: sigma given (`noise_multiplier`) or calibrated for `epsilon`; nothing for "none".
 
     Raises:
       ValueError: both or neither of `noise_multiplier` / `epsilon` for a noised
-        mechanism, or either for "none"; an unknown mechanism.
+        mechanism, either for "none", or a mechanism this pipeline does not run.
     """
     if mechanism not in MECHANISM_NAMES:
-        raise ValueError(
-            f"`mechanism` must be one of {MECHANISM_NAMES}; received {mechanism!r}."
-        )
+        raise ValueError(f"`mechanism` must be one of {MECHANISM_NAMES}; received {mechanism!r}.")
+    common = dict(target_delta=delta, accountant=accountant, sampling_probability=sampling_probability, steps=steps,
+                  seed=seed)  # fmt: skip
     if mechanism == "none":
         if noise_multiplier is not None or epsilon is not None:
             raise ValueError(
                 "mechanism 'none' trains without clipping or noise; do not pass `noise_multiplier` or "
                 f"`epsilon` (received {noise_multiplier!r}, {epsilon!r})."
             )
-        return {
-            "noise_multiplier": 0.0,
-            "target_epsilon": None,
-            "source": "non-private",
-        }
+        return plan_run("none", **common)
     if (noise_multiplier is None) == (epsilon is None):
         raise ValueError(
-            f"mechanism {mechanism!r} needs exactly one of `noise_multiplier` (sigma) or `epsilon` (sigma is "
-            f"then calibrated); received noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}."
+            f"mechanism {mechanism!r} needs exactly one of `noise_multiplier` (sigma) or `epsilon` (sigma is then "
+            f"calibrated); received noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}."
         )
-    if noise_multiplier is not None:
-        sigma = float(noise_multiplier)
-        if not sigma >= 0 or not math.isfinite(sigma):
-            raise ValueError(
-                f"`noise_multiplier` must be finite and >= 0; received {noise_multiplier!r}."
-            )
-        return {"noise_multiplier": sigma, "target_epsilon": None, "source": "given"}
-    sigma = calibrate_noise_multiplier(
-        target_epsilon=float(epsilon), target_delta=delta, sampling_probability=sampling_probability,
-        steps=steps, accountant=accountant,
-    )  # fmt: skip
-    source = "calibrated for dense DP-SGD" + (
-        " (nominal: EANA has no epsilon)" if mechanism == "eana" else ""
+    return plan_run(
+        mechanism, target_epsilon=epsilon, noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, **common
     )
-    return {
-        "noise_multiplier": float(sigma),
-        "target_epsilon": float(epsilon),
-        "source": source,
-    }
 
 
-def build_mechanism(
-    name: str, *, l2_norm_clip: float, noise_multiplier: float, seed: int | None
-):
-    """The `NoiseMechanism` for `name` (seed None: noise from OS entropy)."""
-    if name == "none":
-        return mechanisms.NonPrivate(seed=seed)
-    cls = mechanisms.MECHANISMS[name]
-    return cls(l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, seed=seed)
+def noise_source(run: RunPlan) -> str:
+    """Where sigma came from, in the report's words ("given", "non-private", "calibrated for dense DP-SGD ...")."""
+    if run.noise_source != "calibrated":
+        return run.noise_source
+    nominal = "" if run.is_dp else f" (nominal: {run.mechanism_name.upper()} has no epsilon)"
+    return "calibrated for dense DP-SGD" + nominal
 
 
 def nominal_epsilon(*, noise_multiplier: float, sampling_probability: float, steps: int, delta: float,
@@ -112,11 +83,7 @@ def nominal_epsilon(*, noise_multiplier: float, sampling_probability: float, ste
     """Epsilon that dense DP-SGD with this sigma would have (None for sigma = 0)."""
     if not noise_multiplier > 0 or steps < 1:
         return None
-    event = dpsgd_event(
-        sampling_probability=sampling_probability,
-        noise_multiplier=noise_multiplier,
-        steps=steps,
-    )
+    event = dpsgd_event(sampling_probability=sampling_probability, noise_multiplier=noise_multiplier, steps=steps)
     return float(compute_epsilon(event, target_delta=delta, accountant=accountant))
 
 
@@ -305,9 +272,9 @@ def eana_per_instance_bounds(*, model, counter: TouchCounter, contexts: np.ndarr
 __all__ = [
     "MECHANISM_NAMES",
     "TouchCounter",
-    "build_mechanism",
     "eana_per_instance_bounds",
     "eana_theorem_bound",
+    "noise_source",
     "nominal_epsilon",
-    "resolve_noise",
+    "plan",
 ]

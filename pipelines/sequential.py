@@ -20,11 +20,11 @@ What happens:
      the release, so no further privacy cost);
   3. calibrate sigma so that the frequency release plus T = epochs x
      round(N / B) Poisson-sampled steps at q = B / N meet (epsilon, delta)
-     (`tfdp_embed.accounting.planning`, `dp_accounting`, PLD);
+     (`tfdp_embed.plan_run` with the release, `dp_accounting`, PLD);
   4. train with `DPModel` + DenseDPSGD (exact per-example clipping: Phantom
      Clipping for the shared item table, ghost norms elsewhere), Adam with
      weight decay and DPFormer's schedule (20% linear warm-up, then linear
-     decay); `PrivacyBudget` stops at the budget;
+     decay); the plan's `PrivacyBudget` stops at the budget;
   5. evaluate on validation and test users, ranking ALL items;
   6. export `OUT/saved_model` through `tfdp_embed.export.export_saved_model`
      (refuses a model that owes noise); `serving_default` maps a history
@@ -50,7 +50,6 @@ from pipelines import cli_types, sequential_eval, sequential_privacy
 from pipelines.criteo_report import write_report
 from pipelines.criteo_training import StepTimer
 from tfdp_embed import DPModel, export_saved_model, keras, tf
-from tfdp_embed.accounting import PrivacyBudget, privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.attention import effective_errors
 from tfdp_embed.data import poisson_batches
@@ -59,7 +58,6 @@ from tfdp_embed.data.sequences import (
     load_sequences,
     training_dataset,
 )
-from tfdp_embed.mechanisms import MECHANISMS
 from tfdp_embed.models.sasrec import SASRec, SASRecConfig, SASRecServing
 
 MODELS = ("transformer", "dpformer")
@@ -289,12 +287,14 @@ def run(config: SequentialConfig) -> SequentialResult:
         frequency_mechanism=config.frequency_mechanism,
         accountant=config.accountant,
         seed=config.seed,
+        l2_norm_clip=config.clip,
     )
+    run = privacy.run  # the library's plan: the calibrated mechanism, its budget and report
     _log(
         config,
-        f"{'private' if privacy.private else 'NON-PRIVATE'}: noise multiplier {privacy.noise_multiplier:.4g} for "
-        f"epsilon {privacy.epsilon:g}, delta {privacy.delta:.3g}, q {privacy.sampling_probability:.4g}, "
-        f"{privacy.steps} steps; item frequencies {_frequency_summary(privacy.frequency_report())}",
+        f"{'private' if privacy.private else 'NON-PRIVATE'}: noise multiplier {run.noise_multiplier:.4g} for "
+        f"epsilon {privacy.epsilon:g}, delta {run.target_delta:.3g}, q {run.sampling_probability:.4g}, "
+        f"{run.steps} steps; item frequencies {_frequency_summary(privacy.frequency_report())}",
     )
 
     # Stage 3: model, mechanism, DP wrapper, budget.
@@ -319,37 +319,21 @@ def run(config: SequentialConfig) -> SequentialResult:
     if config.popularity_prior:
         model.set_item_prior(item_frequencies, min_frequency=0.5 / data.num_users)
     item_err, weight_err = effective_errors(
-        noise_multiplier=privacy.noise_multiplier,
+        noise_multiplier=run.noise_multiplier,
         batch_size=config.batch,
         item_frequencies=model.row_frequencies(item_frequencies),
         min_frequency=1.0 / data.num_users,
         error_scale=config.error_scale,
     )
     model.set_effective_errors(item_err, weight_err)
-    if privacy.private:
-        mechanism = MECHANISMS["dense"](
-            l2_norm_clip=config.clip, noise_multiplier=privacy.noise_multiplier, seed=config.seed
-        )
-    else:
-        mechanism = MECHANISMS["none"](seed=config.seed)
-    dp_model = DPModel(model, mechanism=mechanism, expected_batch_size=config.batch)
-    schedule = WarmupLinearDecay(config.learning_rate, privacy.steps, config.warmup_fraction)
+    dp_model = DPModel(model, mechanism=run.mechanism, expected_batch_size=config.batch)
+    schedule = WarmupLinearDecay(config.learning_rate, run.steps, config.warmup_fraction)
     dp_model.compile(optimizer=keras.optimizers.Adam(
         learning_rate=schedule, epsilon=config.adam_epsilon, weight_decay=config.weight_decay or None
     ))
-    ledger = privacy.new_ledger()
-    budget = None
-    if privacy.private:
-        budget = PrivacyBudget(
-            mechanism,
-            sampling_probability=privacy.sampling_probability,
-            target_epsilon=privacy.epsilon,
-            target_delta=privacy.delta,
-            accountant=config.accountant,
-            ledger=ledger,
-        )
+    budget = run.budget() if privacy.private else None  # its ledger holds the frequency release
     batches, _ = poisson_batches(
-        training_dataset(data), sampling_probability=privacy.sampling_probability, seed=config.seed
+        training_dataset(data), sampling_probability=run.sampling_probability, seed=config.seed
     )
 
     # Stage 4: train (Poisson batches of users; the budget stops at T steps).
@@ -370,20 +354,15 @@ def run(config: SequentialConfig) -> SequentialResult:
     _log(config, f"validation {valid}; test {test}")
 
     # Stage 6: release.
-    report_privacy = privacy_report(
-        mechanism=mechanism,
-        delta=privacy.delta,
-        sampling_probability=privacy.sampling_probability,
+    report_privacy = run.report(
         dataset_size=data.num_users,
+        dp_model=dp_model,  # what fit was fed (verified from the data)
         ledger=budget.ledger if budget is not None else None,
-        accountant=config.accountant,
         steps=None if budget is not None else steps,
-        batching=dp_model.batching,  # what fit was fed (verified from the data)
-        assumptions=privacy.assumptions,
         extra={
             "privacy_unit": "user (one training sequence per user: user-level DP)",
             "item_frequencies": privacy.frequency_report(),
-            "calibrated_steps": privacy.steps,
+            "calibrated_steps": run.steps,
         },
     )
     serving = SASRecServing(model, k=config.top_k)
@@ -401,7 +380,7 @@ def run(config: SequentialConfig) -> SequentialResult:
             "validation": valid,
             "model": config.model,
             "target_epsilon": privacy.epsilon,
-            "noise_multiplier": privacy.noise_multiplier,
+            "noise_multiplier": run.noise_multiplier,
             "steps": steps,
             "loss_per_epoch": [float(x) for x in history.history.get("loss", [])],
             "median_step_s": timer.median(),

@@ -1,4 +1,4 @@
-"""Privacy side of the sequential pipeline: item frequencies, noise calibration, the ledger.
+"""Privacy side of the sequential pipeline: item frequencies and the run's plan.
 
 User-level DP: one training sequence per user, so Poisson sampling over
 users at q = B / N and DP-SGD's Gaussian noise make the released model
@@ -7,16 +7,16 @@ users at q = B / N and DP-SGD's Gaussian noise make the released model
 Item frequencies (Re-Attention's p_i, the popularity prior, head rows) are
 either released from the training data with DP or supplied as public:
 
-    private (default):  z from a share s of the budget, eps(release(z), delta) = s eps;
-                        the count release is composed with the T steps and sigma is the smallest with
-                        eps(Compose(count release, T x PoissonSampled(q, Gaussian(sigma))), delta) <= eps
-    public (a file):    sigma = calibrate_noise_multiplier(eps, delta, q, T); the guarantee is
-                        conditional on the file being independent of the training data
+    private (default):  a Gaussian/Laplace count release sized for a share s of the budget
+                        (eps(release(z), delta) = s eps, or z given), composed with the T steps:
+                        sigma is the smallest with eps(release + T steps, delta) <= eps
+    public (a file):    sigma for the steps alone; the guarantee is conditional on the file
+                        being independent of the training data
 
-The planning itself is the library's (`tfdp_embed.accounting.planning`);
-the release event goes into the `PrivacyLedger` as a setup event, so the
-`PrivacyBudget` callback and the privacy report count it. Frequencies are
-never taken from the training data as if they were public.
+The planning is the library's (`tfdp_embed.plan_run` with a `Release`); the
+release event is in the plan's ledger, so the `PrivacyBudget` callback and
+the privacy report count it. Frequencies are never taken from the training
+data as if they were public.
 
 References: DPFormer Remark A.2 (public frequencies), Claim A.6 (privacy
 inherited from DP-SGD); Abadi et al. 2016.
@@ -27,12 +27,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tfdp_embed.accounting import (
-    PrivacyLedger,
-    calibrate_noise_multiplier_with_releases,
-    release_epsilon,
-    release_noise_multiplier,
-)
+from tfdp_embed import Release, RunPlan, plan_run
+from tfdp_embed.accounting.planning import RELEASE_MECHANISMS
 from tfdp_embed.attention import (
     ItemFrequencies,
     exact_item_frequencies,
@@ -42,6 +38,7 @@ from tfdp_embed.attention import (
 from tfdp_embed.data.sequences import SequenceData
 
 SOURCES = ("private", "public")
+ITEM_FREQUENCIES = "item_frequencies"
 # The count release needs little budget: composing it with the steps raises sigma
 # only slightly at this share (see README), while its noise stays below the counts
 # of the items Re-Attention and the prior care most about.
@@ -56,46 +53,30 @@ PUBLIC_NEEDS_FILE = (
 
 @dataclasses.dataclass(frozen=True)
 class SequentialPrivacy:
-    """The privacy plan of one run.
+    """The privacy plan of one run: the library's `RunPlan` and the item frequencies it uses.
 
     Attributes:
-      private: False for a non-private run (epsilon = inf or mechanism none).
-      epsilon, delta: the target.
-      sampling_probability: q = B / N.
-      steps: T = epochs x round(N / B).
-      noise_multiplier: sigma_dp (0 when not private).
+      run: the `tfdp_embed.RunPlan` (its mechanism, noise, ledger, budget and report).
+      epsilon: the target (inf for a non-private run).
       frequencies: the item frequencies the model uses (with their event if released).
-      frequency_epsilon_share: the share of epsilon the release was sized for, or spends when its
-        noise multiplier was given (None unless released).
-      frequency_epsilon: epsilon of the release alone at delta (None unless released).
-      assumptions: conditions the guarantee rests on (public frequencies).
     """
 
-    private: bool
+    run: RunPlan
     epsilon: float
-    delta: float
-    sampling_probability: float
-    steps: int
-    noise_multiplier: float
     frequencies: ItemFrequencies
-    frequency_epsilon_share: float | None = None
-    frequency_epsilon: float | None = None
-    assumptions: tuple[str, ...] = ()
 
-    def new_ledger(self) -> PrivacyLedger | None:
-        """A ledger holding the frequency release (if any); None for a non-private run."""
-        if not self.private:
-            return None
-        ledger = PrivacyLedger()
-        if self.frequencies.event is not None:
-            ledger.record_setup(self.frequencies.event)
-        return ledger
+    @property
+    def private(self) -> bool:
+        return self.run.is_dp
+
 
     def frequency_report(self) -> dict:
-        """What the privacy report says about the item frequencies."""
+        """What the privacy report says about the item frequencies (share and epsilon of their release)."""
+        released = ITEM_FREQUENCIES in [r.name for r in self.run.releases]
+        release = self.run.release(ITEM_FREQUENCIES) if released else None
         out = self.frequencies.report()
-        out["epsilon_share"] = self.frequency_epsilon_share
-        out["release_epsilon"] = self.frequency_epsilon
+        out["epsilon_share"] = None if release is None else release.epsilon_share
+        out["release_epsilon"] = None if release is None else release.epsilon
         return out
 
 
@@ -127,6 +108,7 @@ def plan(
     batch: int,
     epochs: int,
     mechanism: str,
+    l2_norm_clip: float = 1.0,
     frequencies: str = "private",
     frequencies_file: str | None = None,
     frequency_epsilon_share: float | None = None,
@@ -135,7 +117,7 @@ def plan(
     accountant: str = "pld",
     seed: int | None = None,
 ) -> SequentialPrivacy:
-    """q, T, sigma and the item frequencies of a run.
+    """q, T, the plan (sigma, the mechanism) and the item frequencies of a run.
 
     Args:
       frequencies: "private" (release the training data's counts with DP) or
@@ -157,11 +139,10 @@ def plan(
     n = data.num_users
     if not 1 <= batch <= n:
         raise ValueError(f"`batch` must lie in [1, {n}] (the number of users); received {batch}.")
-    q = batch / n
-    steps = epochs * max(1, round(n / batch))
-    delta = 1.0 / n if delta is None else float(delta)
     private = mechanism != "none" and math.isfinite(epsilon)
-    common = dict(epsilon=float(epsilon), delta=delta, sampling_probability=q, steps=steps)
+    common = dict(target_delta=1.0 / n if delta is None else float(delta), accountant=accountant,
+                  sampling_probability=batch / n, steps=epochs * max(1, round(n / batch)), seed=seed)  # fmt: skip
+    dp = dict(target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, **common)
     if frequencies == "public":
         freq = read_item_frequencies(frequencies_file, num_items=data.num_items)
         assumptions = (
@@ -169,38 +150,35 @@ def plan(
             "they and everything computed from them (Re-Attention's errors, the popularity prior, head rows) are "
             "released without privacy cost",
         )
-        sigma = 0.0
-        if private:
-            sigma = calibrate_noise_multiplier_with_releases(
-                target_epsilon=epsilon, target_delta=delta, sampling_probability=q, steps=steps, accountant=accountant
-            )
-        return SequentialPrivacy(private, noise_multiplier=sigma, frequencies=freq, assumptions=assumptions, **common)
+        run = plan_run("dense", **dp, assumptions=assumptions) if private else plan_run("none", **common)
+        return SequentialPrivacy(run, float(epsilon), freq)
     counts = data.item_user_counts()
     if not private:  # a non-private reference run: nothing is guaranteed, the exact counts are used
-        return SequentialPrivacy(False, noise_multiplier=0.0, frequencies=exact_item_frequencies(counts, num_users=n), **common)
-    share = None
-    if frequency_noise_multiplier is None:
-        share = DEFAULT_FREQUENCY_EPSILON_SHARE if frequency_epsilon_share is None else float(frequency_epsilon_share)
-        frequency_noise_multiplier = release_noise_multiplier(
-            epsilon=share * epsilon, delta=delta, mechanism=frequency_mechanism, accountant=accountant
-        )
+        exact = exact_item_frequencies(counts, num_users=n)
+        return SequentialPrivacy(plan_run("none", **common), float(epsilon), exact)
+    run = plan_run("dense", **dp, releases=[_frequency_release(
+        frequency_epsilon_share, frequency_noise_multiplier, frequency_mechanism)])  # fmt: skip
+    release = run.release(ITEM_FREQUENCIES)
     freq = private_item_frequencies(
-        counts, num_users=n, max_items_per_user=data.max_len, noise_multiplier=frequency_noise_multiplier,
+        counts, num_users=n, max_items_per_user=data.max_len, noise_multiplier=release.noise_multiplier,
         mechanism=frequency_mechanism, seed=seed,
     )  # fmt: skip
-    sigma = calibrate_noise_multiplier_with_releases(
-        target_epsilon=epsilon, target_delta=delta, sampling_probability=q, steps=steps,
-        releases=[freq.event], accountant=accountant,
-    )  # fmt: skip
-    spent = release_epsilon([freq.event], delta=delta, accountant=accountant)
-    share = spent / epsilon if share is None else share  # z given: the share it spends
-    return SequentialPrivacy(
-        True, noise_multiplier=sigma, frequencies=freq, frequency_epsilon_share=share, frequency_epsilon=spent, **common
-    )
+    if (freq.event,) != release.events:
+        raise AssertionError(f"The frequency release {freq.event} is not the planned {release.events}.")
+    return SequentialPrivacy(run, float(epsilon), freq)
+
+
+def _frequency_release(share: float | None, noise_multiplier: float | None, mechanism: str) -> Release:
+    """The count release: sized for its share of epsilon, or with the given noise multiplier z."""
+    if noise_multiplier is not None:
+        return Release(ITEM_FREQUENCIES, event=RELEASE_MECHANISMS[mechanism](float(noise_multiplier)))
+    share = DEFAULT_FREQUENCY_EPSILON_SHARE if share is None else float(share)
+    return Release(ITEM_FREQUENCIES, epsilon_share=share, noise=mechanism)
 
 
 __all__ = [
     "DEFAULT_FREQUENCY_EPSILON_SHARE",
+    "ITEM_FREQUENCIES",
     "SOURCES",
     "SequentialPrivacy",
     "check_frequency_options",

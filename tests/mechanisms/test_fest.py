@@ -15,7 +15,7 @@ from tfdp_embed._keras import keras, tf
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms import MECHANISMS
 from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
-from tfdp_embed.mechanisms.fest import DPFEST, remaining_budget_noise_multiplier
+from tfdp_embed.mechanisms.fest import DPFEST
 from tfdp_embed.mechanisms.topk_selection import bucket_counts
 from tfdp_embed.training import DPModel
 
@@ -184,44 +184,6 @@ def test_k_larger_than_vocabulary_and_missing_table():
         make([layer], top_k={"other": 2})
     with pytest.raises(ValueError, match="counts"):
         make([layer], counts={"other": np.arange(10)}, top_k=2)
-
-
-def test_remaining_budget_calibration():
-    sigma = remaining_budget_noise_multiplier(
-        epsilon=1.0, delta=1e-5, selection_epsilon=0.1, sampling_probability=0.05, steps=200, accountant="rdp"
-    )
-
-    def eps(s):
-        accountant = dp_accounting.rdp.RdpAccountant()
-        accountant.compose(dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(s)), 200)
-        return accountant.get_epsilon(1e-5)
-
-    assert eps(sigma) <= 0.9 + 1e-9  # eps - eps_1 left for training
-    assert eps(sigma - 1e-3) > 0.9  # and not more noise than needed
-    fewer = remaining_budget_noise_multiplier(
-        epsilon=1.0, delta=1e-5, selection_epsilon=0.1, sampling_probability=0.05, steps=20, accountant="rdp"
-    )
-    assert 0 < fewer < sigma  # fewer steps, less noise
-    # (The default PLD accountant runs the same search; it takes ~5-15 s, so it is not run here.)
-
-
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        (dict(selection_epsilon=1.0), "smaller than the total"),
-        (dict(selection_epsilon=2.0), "smaller than the total"),
-        (dict(selection_epsilon=0.0), "selection_epsilon"),
-        (dict(delta=0.0), "delta"),
-        (dict(sampling_probability=1.5), "sampling_probability"),
-        (dict(steps=0), "steps"),
-        (dict(accountant="moments"), "accountant"),
-    ],
-)
-def test_calibration_bad_arguments(kwargs, match):
-    args = dict(epsilon=1.0, delta=1e-5, selection_epsilon=0.1, sampling_probability=0.01, steps=10)
-    args.update(kwargs)
-    with pytest.raises(ValueError, match=match):
-        remaining_budget_noise_multiplier(**args)
 
 
 def test_registered():

@@ -26,9 +26,8 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines import criteo, criteo_calibration, criteo_data, criteo_eval, criteo_privacy
+from pipelines import criteo, criteo_calibration, criteo_data, criteo_eval
 from pipelines.criteo_report import REQUIRED_KEYS
-from tfdp_embed import PrivacyBudgetExceededError
 from tfdp_embed._keras import tf
 from tfdp_embed.accounting import PrivacyLedger
 from tfdp_embed.data.criteo import CAT_FEATURES, criteo_dataset, resolve_vocab_sizes
@@ -356,35 +355,6 @@ def test_streaming_and_in_memory_periods_hold_the_same_rows(days):
         criteo_data.open_period([days[1]], streaming="sometimes", **read)
     with pytest.raises(ValueError, match="is streamed"):
         criteo_data.examples(stream)
-
-
-# -- parallel composition over streaming periods ------------------------------------------------
-def test_parallel_composition_charges_each_period_its_steps_and_every_selection():
-    settings = criteo_privacy.PrivacySettings(mechanism="dense", epsilon=2.0, delta=1e-5, accountant="rdp")
-    small, large = criteo_privacy.PeriodPlan(0.02, 100), criteo_privacy.PeriodPlan(0.05, 100)
-    both = criteo_privacy.calibrate_periods(settings, periods=[small, large])
-    alone = criteo_privacy.calibrate(settings, sampling_probability=0.05, steps=100)
-    assert both.noise_multiplier == pytest.approx(alone.noise_multiplier)  # the noisier period decides
-    mechanism = criteo_privacy.build_mechanism(settings, both)
-    extra = [criteo_calibration.calibration_event(0.1)]
-    ledger = criteo_privacy.period_ledger(mechanism, sampling_probability=0.05, steps=100, extra_events=extra)
-    assert ledger.steps == 100 and [e.kind for e in ledger.entries] == ["setup", "step"]
-    per_period = ledger.epsilon(1e-5, "rdp")
-    assert per_period <= 2.0 + 0.1 + 1e-6  # training calibrated for 2.0, plus the 0.1-DP calibration
-    sequential = criteo_privacy.period_ledger(mechanism, sampling_probability=0.05, steps=200, extra_events=extra)
-    assert sequential.epsilon(1e-5, "rdp") > per_period  # what sequential composition would have charged
-
-    def budget(steps):
-        return criteo_privacy.PeriodBudget(
-            mechanism, sampling_probability=0.05, planned_steps=steps, target_epsilon=2.0,
-            target_delta=1e-5, accountant="rdp",
-        )  # fmt: skip
-
-    budget(100).on_train_begin()  # the calibrated plan fits
-    with pytest.raises(PrivacyBudgetExceededError, match="does not cover it"):
-        budget(400).on_train_begin()
-    with pytest.raises(ValueError, match="at least one period"):
-        criteo_privacy.calibrate_periods(settings, periods=[])
 
 
 # -- DP output calibration ------------------------------------------------------------------------

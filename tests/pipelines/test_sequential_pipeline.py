@@ -84,15 +84,16 @@ def test_non_private_reference_and_private_frequencies(data_file, tmp_path):
         sequential_privacy.plan(data, frequency_epsilon_share=0.3, **common),
         sequential_privacy.plan(data, frequency_noise_multiplier=5.0, **common),
     ):
-        assert private.noise_multiplier > steps_only
-        assert private.new_ledger().entries[0].event == private.frequencies.event
+        run, frequencies = private.run, private.frequency_report()
+        assert run.noise_multiplier > steps_only
+        assert run.ledger().entries[0].event == private.frequencies.event
         release = compute_epsilon(private.frequencies.event, target_delta=1e-3, accountant="rdp")
-        assert private.frequency_epsilon == pytest.approx(release)
-        assert release == pytest.approx(5.0 * private.frequency_epsilon_share, rel=1e-3)
-        steps = dpsgd_event(sampling_probability=0.2, noise_multiplier=private.noise_multiplier, steps=10)
+        assert frequencies["release_epsilon"] == pytest.approx(release)
+        assert release == pytest.approx(5.0 * frequencies["epsilon_share"], rel=1e-3)
+        steps = dpsgd_event(sampling_probability=0.2, noise_multiplier=run.noise_multiplier, steps=10)
         both = [private.frequencies.event, steps]
         assert compute_epsilon(both, target_delta=1e-3, accountant="rdp") == pytest.approx(5.0, rel=1e-3)
-    assert private.frequency_epsilon_share == pytest.approx(release / 5.0)
+    assert frequencies["epsilon_share"] == pytest.approx(release / 5.0)
 
 
 def test_bad_input(data_file, tmp_path, capsys):

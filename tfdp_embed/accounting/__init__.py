@@ -1,9 +1,11 @@
-"""Privacy accounting with `dp_accounting` only: calibration, planning, ledger, budget callback, report.
+"""Privacy accounting with `dp_accounting` only: calibration, releases, ledger, budgets, periods, report.
 
-Events are data (`dp_accounting.DpEvent`s reported by the mechanisms),
-accountants (PLD by default, RDP) interpret them; nothing here is a second
-accountant. EANA's data-dependent bound lives in
-`tfdp_embed.accounting.eana_bound` (not imported here).
+Events are data (`dp_accounting.DpEvent`s reported by the mechanisms, read
+through `EventSource`), accountants (PLD by default, RDP) interpret them;
+nothing here is a second accountant, and nothing here imports
+`tfdp_embed.mechanisms` (`tfdp_embed.planning` joins the two). EANA's
+data-dependent bound lives in `tfdp_embed.accounting.eana_bound` (not
+imported here).
 """
 
 from tfdp_embed.accounting.budget import PrivacyBudget
@@ -13,7 +15,9 @@ from tfdp_embed.accounting.calibration import (
     dpsgd_event,
     make_accountant,
 )
+from tfdp_embed.accounting.events import EventSource, accountable_event
 from tfdp_embed.accounting.ledger import PrivacyLedger
+from tfdp_embed.accounting.periods import Period, PeriodBudget, calibrate_periods, period_ledger, period_ledgers
 from tfdp_embed.accounting.planning import (
     calibrate_noise_multiplier_with_releases,
     release_epsilon,
@@ -27,13 +31,20 @@ from tfdp_embed.accounting.report import (
 )
 
 __all__ = [
+    "EventSource",
+    "Period",
+    "PeriodBudget",
     "PrivacyBudget",
     "PrivacyLedger",
+    "accountable_event",
     "calibrate_noise_multiplier",
     "calibrate_noise_multiplier_with_releases",
+    "calibrate_periods",
     "compute_epsilon",
     "dpsgd_event",
     "make_accountant",
+    "period_ledger",
+    "period_ledgers",
     "privacy_report",
     "read_privacy_report",
     "release_epsilon",

@@ -58,12 +58,11 @@ from tfdp_embed.accounting.calibration import (
     check_sampling_probability,
     check_steps,
     compute_epsilon,
-    make_accountant,
 )
+from tfdp_embed.accounting.events import EventSource, accountable_event, check_event_source, steps_taken
 from tfdp_embed.accounting.ledger import PrivacyLedger
 from tfdp_embed.data.provenance import NOT_VERIFIED, UNVERIFIED, FedBatching
 from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
-from tfdp_embed.mechanisms.base import NoiseMechanism, one_off_events
 
 _LOG = logging.getLogger(__name__)
 
@@ -76,10 +75,10 @@ class PrivacyBudget(keras.callbacks.Callback):
     """Stops `model.fit` at the last step that keeps epsilon within `target_epsilon`.
 
     Args:
-      mechanism: the `NoiseMechanism` that noises the training steps; its
-        `step_event(q)` is one step's cost and `setup_event()` a one-off cost
-        (for a mechanism with `selection_events`, e.g. DP-FEST with
-        re-selections, every one of those, counted with multiplicity).
+      mechanism: the `NoiseMechanism` that noises the training steps (any
+        `EventSource`): its `step_event(q)` is one step's cost and its
+        `one_off_events()` one-off costs (e.g. DP-FEST's selections, one per
+        (re-)selection, counted with multiplicity).
       sampling_probability: Poisson sampling rate q in (0, 1].
       target_epsilon: epsilon budget > 0 for the whole run (all `fit` calls).
       target_delta: delta in (0, 1).
@@ -117,7 +116,7 @@ class PrivacyBudget(keras.callbacks.Callback):
 
     def __init__(
         self,
-        mechanism: NoiseMechanism,
+        mechanism: EventSource,
         *,
         sampling_probability: float,
         target_epsilon: float,
@@ -137,8 +136,7 @@ class PrivacyBudget(keras.callbacks.Callback):
             raise ValueError(
                 f"`dataset_size` (an int >= 1) is required with `report_path`; received {dataset_size!r}."
             )
-        if not isinstance(mechanism, NoiseMechanism):
-            raise TypeError(f"`mechanism` must be a `NoiseMechanism`; received {type(mechanism).__name__}.")
+        check_event_source(mechanism)
         if ledger is not None and not isinstance(ledger, PrivacyLedger):
             raise TypeError(f"`ledger` must be a `PrivacyLedger` or None; received {type(ledger).__name__}.")
         self.mechanism = mechanism
@@ -163,7 +161,6 @@ class PrivacyBudget(keras.callbacks.Callback):
         self._step_event: dp_accounting.DpEvent | None = None
         self._batch_begin = 0
         self._epsilon_steps = -1  # ledger step count at which `epsilon` was computed
-        self._support = make_accountant(self.accountant, value_discretization_interval=value_discretization_interval)
 
     # -- public helpers -----------------------------------------------------------
     def spent_epsilon(self) -> float:
@@ -370,14 +367,9 @@ class PrivacyBudget(keras.callbacks.Callback):
                 "streaming_poisson_batches, or drop `batching` (the report then says how the data was batched)."
             )
 
-    def _one_off_events(self) -> list:
-        """The mechanism's one-off events: DP-FEST's `selection_events` (one per
-        (re-)selection) when it has them, else `[setup_event()]`; refused unless declared."""
-        return one_off_events(self.mechanism)
-
     def _record_setup_events(self) -> bool:
         """Records one-off events the ledger lacks (by multiplicity); True if any was new."""
-        events = self._one_off_events()
+        events = list(self.mechanism.one_off_events())
         recorded = [e.event for e in self.ledger.entries if e.kind == "setup"]
         new = False
         for event in {id(e): e for e in events}.values():
@@ -392,7 +384,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         """Adds one-off events (once) and steps taken before this run to the ledger."""
         self._record_setup_events()
         known = self.ledger.steps
-        sources = {"mechanism.steps": int(self.mechanism.steps.numpy())}
+        sources = {"mechanism.steps": steps_taken(self.mechanism)}
         if self.initial_steps is not None:
             sources["initial_steps"] = self.initial_steps
         source, claimed = max(sources.items(), key=lambda kv: kv[1])
@@ -434,11 +426,9 @@ class PrivacyBudget(keras.callbacks.Callback):
         )
 
     def _accounting_event(self, event: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
-        """The event as is for DP mechanisms; for non-DP ones, DP-SGD's event if unsupported."""
-        if self.is_dp or self._support.supports(event):
-            return event
-        return dp_accounting.PoissonSampledDpEvent(
-            self.sampling_probability, dp_accounting.GaussianDpEvent(self.mechanism.noise_multiplier)
+        """The event as is for DP mechanisms; for non-DP ones, DP-SGD's (nominal) event if unsupported."""
+        return accountable_event(
+            event, source=self.mechanism, sampling_probability=self.sampling_probability, accountant=self.accountant
         )
 
     def _max_extra_steps(self, spent: float) -> int:

@@ -69,7 +69,7 @@ from typing import Sequence
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from tfdp_embed.mechanisms.base import check_positive
+from tfdp_embed._checks import check_positive
 
 #: Orders tried by default: every integer to 128, then geometric to ~10^6
 #: (the best order grows like sqrt(2 z^2 C_0 ln(1/delta))).

@@ -41,7 +41,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import dp_accounting
 from scipy import stats
@@ -55,7 +55,6 @@ from tfdp_embed.accounting.calibration import (
 )
 from tfdp_embed.accounting.ledger import PrivacyLedger, event_to_dict
 from tfdp_embed.data.provenance import DECLARED, FedBatching
-from tfdp_embed.mechanisms.base import one_off_events
 
 BATCHINGS = ("poisson", "fixed_shuffled", "unverified")
 
@@ -166,57 +165,18 @@ def privacy_report(
     accountant = check_accountant(accountant)
     if isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1:
         raise ValueError(f"`dataset_size` must be an int >= 1; received {dataset_size!r}.")
-    if ledger is not None and epsilon is not None:
-        raise ValueError("Pass either `ledger` (epsilon is computed from it) or `epsilon`, not both.")
-    if ledger is not None:
-        if steps is not None and check_steps(steps, allow_zero=True) != ledger.steps:
-            raise ValueError(f"`steps`={steps!r} but the ledger records {ledger.steps} steps.")
-        steps = ledger.steps
-    elif steps is None:
-        raise ValueError("`steps` is required when no `ledger` is given.")
-    steps = check_steps(steps, allow_zero=True)
+    steps = _resolve_steps(ledger, epsilon, steps)
     assumptions = _check_assumptions(assumptions)
-    batching_name, batching_details, batching_source, batching_caveats = _batching(batching)
-    if batching_details is not None:
-        n_info, q_info = batching_details.get("num_examples"), batching_details.get("sampling_probability")
-        if n_info is not None and n_info != dataset_size:
-            raise ValueError(f"`dataset_size`={dataset_size} but the batching info has {n_info} examples.")
-        if q_info is not None and not math.isclose(q_info, q, rel_tol=1e-9):
-            raise ValueError(f"`sampling_probability`={q!r} but the batches were sampled with q={q_info!r}.")
-
-    mech = dict(mechanism.report())
-    is_dp = bool(mechanism.is_dp) and bool(mech.get("is_dp", True))
-    caveats = [str(c) for c in mech.pop("caveats", [])]
-    report: dict = {
-        "mechanism": mech.pop("mechanism", mechanism.name),
-        "is_dp": is_dp,
-    }
-    mech.pop("is_dp", None)
-
-    if is_dp:
+    batching = _batching(batching)
+    _check_batching_matches(batching.details, dataset_size=dataset_size, q=q)
+    mech, report, caveats = _mechanism_fields(mechanism)
+    if report["is_dp"]:
         if epsilon is None:
             source = ledger if ledger is not None else _events(mechanism, q, steps)
             epsilon = compute_epsilon(source, target_delta=delta, accountant=accountant)
-        report["epsilon"] = float(epsilon)
-        report["guarantee"] = (
-            f"({float(epsilon):.6g}, {delta:g})-differential privacy, {ADJACENCY} adjacency, "
-            f"for every model checkpoint released during the {steps} steps ({accountant.upper()} accountant)"
-            + (f", CONDITIONAL on: {'; '.join(assumptions)}." if assumptions else ".")
-        )
+        report.update(_guarantee(epsilon, delta=delta, steps=steps, accountant=accountant, assumptions=assumptions))
     else:
-        report["epsilon"] = None
-        report["guarantee"] = NOT_DP_GUARANTEE.format(name=report["mechanism"])
-        caveats.insert(
-            0,
-            f"Mechanism {report['mechanism']!r} is NOT differentially private: epsilon is null because no "
-            "differential-privacy guarantee exists for this model.",
-        )
-        if epsilon is not None:
-            report["nominal_epsilon_not_dp"] = float(epsilon)
-            caveats.append(
-                "nominal_epsilon_not_dp is the epsilon DP-SGD with the same noise multiplier would have; "
-                "it is NOT a guarantee for this model."
-            )
+        report.update(_not_dp_fields(report["mechanism"], epsilon, caveats))
     report.update(
         delta=delta,
         accountant=accountant,
@@ -228,41 +188,13 @@ def privacy_report(
         steps=steps,
         epochs=steps * q,
         dataset_size=dataset_size,
-        batching=batching_name,
-        batching_source=batching_source,
+        batching=batching.name,
+        batching_source=batching.source,
         adjacency=ADJACENCY,
         assumptions=list(assumptions),
     )
     caveats.extend(f"The guarantee holds only if {text}" for text in assumptions)
-    caveats.extend(batching_caveats)
-    if batching_name == "fixed_shuffled":
-        caveats.append(NOT_POISSON_CAVEAT)
-    elif batching_name == "unverified":
-        fed = (batching_details or {}).get("fed", "the caller said so")
-        caveats.append(UNVERIFIED_CAVEAT.format(fed=fed))
-    if is_dp and (batching_name != "poisson" or batching_source != "verified"):
-        report["guarantee"] += (
-            " Conditional on Poisson sampling, which was not verified for this run's batches (see caveats)."
-        )
-    if batching_details is not None:
-        report["batching_details"] = batching_details
-        cap = batching_details.get("max_batch_size")
-        if batching_name == "poisson" and cap is not None:
-            extra_delta = truncation_delta(
-                dataset_size=dataset_size,
-                sampling_probability=q,
-                max_batch_size=int(cap),
-                steps=steps,
-                epsilon=report["epsilon"] if report["epsilon"] is not None else 0.0,
-            )
-            report["delta_with_truncation"] = min(1.0, delta + extra_delta)
-            caveats.append(
-                f"Poisson batches were truncated at max_batch_size={cap} "
-                f"({batching_details.get('truncated_batches', 0)} batches, "
-                f"{batching_details.get('truncated_examples', 0)} examples cut). The guarantee holds with "
-                f"delta + (1 + e^eps) * steps * P[Binomial(N + 1, q) > {cap}] = "
-                f"{report['delta_with_truncation']:.3g} (see delta_with_truncation)."
-            )
+    _add_batching_section(report, caveats, batching)
     report["caveats"] = caveats
     report["mechanism_report"] = _jsonable(mech)
     if ledger is not None:
@@ -270,6 +202,108 @@ def privacy_report(
     if extra is not None:
         report["extra"] = _jsonable(dict(extra))
     return report
+
+
+def _resolve_steps(ledger: PrivacyLedger | None, epsilon: float | None, steps: int | None) -> int:
+    """The run's step count: the ledger's (checked against `steps`), else `steps` (then required)."""
+    if ledger is not None and epsilon is not None:
+        raise ValueError("Pass either `ledger` (epsilon is computed from it) or `epsilon`, not both.")
+    if ledger is not None:
+        if steps is not None and check_steps(steps, allow_zero=True) != ledger.steps:
+            raise ValueError(f"`steps`={steps!r} but the ledger records {ledger.steps} steps.")
+        steps = ledger.steps
+    elif steps is None:
+        raise ValueError("`steps` is required when no `ledger` is given.")
+    return check_steps(steps, allow_zero=True)
+
+
+def _check_batching_matches(details: dict | None, *, dataset_size: int, q: float) -> None:
+    """The sampler's own N and q (when it reported them) must be the report's."""
+    if details is None:
+        return
+    n_info, q_info = details.get("num_examples"), details.get("sampling_probability")
+    if n_info is not None and n_info != dataset_size:
+        raise ValueError(f"`dataset_size`={dataset_size} but the batching info has {n_info} examples.")
+    if q_info is not None and not math.isclose(q_info, q, rel_tol=1e-9):
+        raise ValueError(f"`sampling_probability`={q!r} but the batches were sampled with q={q_info!r}.")
+
+
+def _mechanism_fields(mechanism) -> tuple[dict, dict, list]:
+    """(the mechanism's remaining report fields, the report's first fields, its caveats)."""
+    mech = dict(mechanism.report())
+    is_dp = bool(mechanism.is_dp) and bool(mech.get("is_dp", True))
+    caveats = [str(c) for c in mech.pop("caveats", [])]
+    report = {"mechanism": mech.pop("mechanism", mechanism.name), "is_dp": is_dp}
+    mech.pop("is_dp", None)
+    return mech, report, caveats
+
+
+def _guarantee(epsilon: float, *, delta: float, steps: int, accountant: str, assumptions: list) -> dict:
+    """epsilon and the guarantee line of a DP run (conditional on `assumptions`, if any)."""
+    return {
+        "epsilon": float(epsilon),
+        "guarantee": (
+            f"({float(epsilon):.6g}, {delta:g})-differential privacy, {ADJACENCY} adjacency, "
+            f"for every model checkpoint released during the {steps} steps ({accountant.upper()} accountant)"
+            + (f", CONDITIONAL on: {'; '.join(assumptions)}." if assumptions else ".")
+        ),
+    }
+
+
+def _not_dp_fields(name: str, nominal_epsilon: float | None, caveats: list) -> dict:
+    """A non-DP run: epsilon null, the guarantee says NONE; a nominal epsilon only labelled as such."""
+    fields = {"epsilon": None, "guarantee": NOT_DP_GUARANTEE.format(name=name)}
+    caveats.insert(
+        0,
+        f"Mechanism {name!r} is NOT differentially private: epsilon is null because no "
+        "differential-privacy guarantee exists for this model.",
+    )
+    if nominal_epsilon is not None:
+        fields["nominal_epsilon_not_dp"] = float(nominal_epsilon)
+        caveats.append(
+            "nominal_epsilon_not_dp is the epsilon DP-SGD with the same noise multiplier would have; "
+            "it is NOT a guarantee for this model."
+        )
+    return fields
+
+
+def _add_batching_section(report: dict, caveats: list, batching: _Batching) -> None:
+    """Caveats on how the data was batched; the guarantee says when Poisson sampling was not verified."""
+    caveats.extend(batching.caveats)
+    if batching.name == "fixed_shuffled":
+        caveats.append(NOT_POISSON_CAVEAT)
+    elif batching.name == "unverified":
+        fed = (batching.details or {}).get("fed", "the caller said so")
+        caveats.append(UNVERIFIED_CAVEAT.format(fed=fed))
+    if report["is_dp"] and (batching.name != "poisson" or batching.source != "verified"):
+        report["guarantee"] += (
+            " Conditional on Poisson sampling, which was not verified for this run's batches (see caveats)."
+        )
+    if batching.details is not None:
+        report["batching_details"] = batching.details
+        _add_truncation(report, caveats, batching)
+
+
+def _add_truncation(report: dict, caveats: list, batching: _Batching) -> None:
+    """Truncated Poisson batches: `delta_with_truncation` and a caveat saying what it adds."""
+    cap = batching.details.get("max_batch_size")
+    if batching.name != "poisson" or cap is None:
+        return
+    extra_delta = truncation_delta(
+        dataset_size=report["dataset_size"],
+        sampling_probability=report["sampling_probability"],
+        max_batch_size=int(cap),
+        steps=report["steps"],
+        epsilon=report["epsilon"] if report["epsilon"] is not None else 0.0,
+    )
+    report["delta_with_truncation"] = min(1.0, report["delta"] + extra_delta)
+    caveats.append(
+        f"Poisson batches were truncated at max_batch_size={cap} "
+        f"({batching.details.get('truncated_batches', 0)} batches, "
+        f"{batching.details.get('truncated_examples', 0)} examples cut). The guarantee holds with "
+        f"delta + (1 + e^eps) * steps * P[Binomial(N + 1, q) > {cap}] = "
+        f"{report['delta_with_truncation']:.3g} (see delta_with_truncation)."
+    )
 
 
 def not_released_note(non_dp_fields, *, release: str) -> str:
@@ -310,7 +344,7 @@ def read_privacy_report(path: str | os.PathLike) -> dict:
 
 
 def _events(mechanism, q: float, steps: int) -> list:
-    events = one_off_events(mechanism)  # refused unless the mechanism declares one-off events
+    events = list(mechanism.one_off_events())  # a mechanism refuses undeclared one-off events
     if steps:
         events.append(dp_accounting.SelfComposedDpEvent(mechanism.step_event(q), steps))
     return events
@@ -325,12 +359,21 @@ def _check_assumptions(assumptions) -> list[str]:
     return [text.strip() for text in assumptions]
 
 
-def _batching(batching) -> tuple[str, dict | None, str, list]:
-    """(name, details, source, caveats) of a `FedBatching`, `BatchingInfo` or string."""
+class _Batching(NamedTuple):
+    """How the run's data was batched, as the report states it."""
+
+    name: str
+    details: dict | None
+    source: str
+    caveats: list
+
+
+def _batching(batching) -> _Batching:
+    """The `_Batching` of a `FedBatching`, `BatchingInfo` or string."""
     if isinstance(batching, FedBatching):
         details = _jsonable(batching.report())
         caveats = [DECLARED_CAVEAT.format(batching=batching.batching)] if batching.source == DECLARED else []
-        return batching.batching, details, batching.source, caveats
+        return _Batching(batching.batching, details, batching.source, caveats)
     if isinstance(batching, str):
         if batching not in BATCHINGS:
             raise ValueError(
@@ -347,7 +390,7 @@ def _batching(batching) -> tuple[str, dict | None, str, list]:
         raise ValueError(
             f"`batching` must be one of {BATCHINGS}, a BatchingInfo or `dp_model.batching`; received {batching!r}."
         )
-    return name, details, "stated", [STATED_CAVEAT] if name == "poisson" else []
+    return _Batching(name, details, "stated", [STATED_CAVEAT] if name == "poisson" else [])
 
 
 def _noise_multipliers(mechanism, mech: dict) -> dict:

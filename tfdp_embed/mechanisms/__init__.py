@@ -1,8 +1,8 @@
-"""Noise mechanisms, one module each, registered by name in `MECHANISMS`.
+"""Noise mechanisms, one module each, built by name with `create` (`MECHANISMS`: name -> class).
 
 Adding a mechanism: subclass `NoiseMechanism` in its own module, declare
 its `capabilities` (`MechanismCapabilities`; undeclared means refused),
-import it here and add one `name: class` line to `MECHANISMS`.
+and add one `name: class` line to `MECHANISMS` in `factory.py`.
 """
 
 from tfdp_embed.mechanisms.adafest import DPAdaFEST
@@ -11,19 +11,10 @@ from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGr
 from tfdp_embed.mechanisms.capabilities import MechanismCapabilities, capabilities_of
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.eana import EANA
+from tfdp_embed.mechanisms.factory import MECHANISMS, create, mechanism_class, options
 from tfdp_embed.mechanisms.fest import DPFEST
 from tfdp_embed.mechanisms.lazy import LazyDP
 from tfdp_embed.mechanisms.none import NonPrivate
-
-MECHANISMS = {
-    "none": NonPrivate,
-    "dense": DenseDPSGD,
-    "adafest": DPAdaFEST,
-    "adafest+": DPAdaFESTPlus,
-    "eana": EANA,
-    "fest": DPFEST,
-    "lazy": LazyDP,
-}
 
 __all__ = [
     "DPAdaFEST",
@@ -39,5 +30,8 @@ __all__ = [
     "NonPrivate",
     "TableGradient",
     "capabilities_of",
+    "create",
+    "mechanism_class",
     "one_off_events",
+    "options",
 ]

@@ -59,8 +59,9 @@ from typing import Sequence
 
 import dp_accounting
 
+from tfdp_embed._checks import check_positive
 from tfdp_embed._keras import tf
-from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, check_positive
+from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 from tfdp_embed.ops import sparse_rows
 

@@ -31,6 +31,7 @@ Training of Large Embedding Models", NeurIPS 2023: §4.2 (DP-AdaFEST+),
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import dp_accounting
@@ -130,8 +131,9 @@ class DPAdaFESTPlus(DPAdaFEST):
         cls,
         counts: Mapping[str, np.ndarray],
         *,
-        top_k: Mapping[str, int],
         selection_epsilon: float,
+        top_k: Mapping[str, int] | None = None,
+        top_fraction: float | None = None,
         **kwargs,
     ) -> "DPAdaFESTPlus":
         """Runs the DP-FEST selection (eps1, DP top-k per table) and builds the mechanism.
@@ -141,8 +143,10 @@ class DPAdaFESTPlus(DPAdaFEST):
         Args:
           counts: table name -> vocabulary-length bucket counts
             (`topk_selection.bucket_counts` over the training data).
-          top_k: table name -> rows kept k_f.
           selection_epsilon: eps1 (> 0), pure-DP budget of the selection.
+          top_k: table name -> rows kept k_f.
+          top_fraction: alternative to `top_k`, as in `DPFEST`: a fraction in
+            (0, 1] of every table's rows, k_f = max(1, floor(fraction x len(counts[f]))).
           **kwargs: the keyword arguments of `DPAdaFEST` (`seed` also seeds
             the selection; None draws it from OS entropy).
 
@@ -153,6 +157,16 @@ class DPAdaFESTPlus(DPAdaFEST):
         """
         from tfdp_embed.mechanisms.topk_selection import select_top_k
 
+        if (top_k is None) == (top_fraction is None):
+            raise ValueError(
+                "Pass exactly one of `top_k` (rows per table) and `top_fraction` (fraction of each table's "
+                f"rows); received top_k={top_k!r}, top_fraction={top_fraction!r}."
+            )
+        if top_fraction is not None:
+            number = isinstance(top_fraction, (int, float)) and not isinstance(top_fraction, bool)
+            if not number or not 0 < top_fraction <= 1:
+                raise ValueError(f"`top_fraction` must be a number in (0, 1]; received {top_fraction!r}.")
+            top_k = {name: max(1, int(math.floor(top_fraction * len(c)))) for name, c in counts.items()}
         seed = kwargs.get("seed")
         rng = None if seed is None else np.random.default_rng([int(seed), 0x5E1EC7])
         selection = select_top_k(counts, top_k=top_k, epsilon=selection_epsilon, rng=rng)

@@ -14,7 +14,7 @@ Train-step order (see `tfdp_embed.training`):
 Adding a mechanism means subclassing `NoiseMechanism`, declaring what it
 supports in its `capabilities` (`tfdp_embed.mechanisms.capabilities`; the
 base declares one device only) and adding it to `MECHANISMS` in
-`tfdp_embed/mechanisms/__init__.py`; no other mechanism changes.
+`tfdp_embed/mechanisms/factory.py`; no other mechanism changes.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Callable, ClassVar, Sequence
 
 import dp_accounting
 
+from tfdp_embed._checks import check_positive
 from tfdp_embed._keras import tf
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
@@ -95,19 +96,6 @@ def make_generator(seed: int | None) -> tf.random.Generator:
     # from_seed(s) and from_seed(s + 1) are the same Philox stream shifted by a few
     # numbers; using the seed as the Philox *key* gives independent streams.
     return tf.random.Generator.from_key_counter(key=seed, counter=[0, 0], alg="philox")
-
-
-def check_positive(name: str, value, *, allow_zero: bool = False) -> float:
-    """Validates a privacy hyperparameter; the error names the argument."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"`{name}` must be a number; received {value!r}.") from None
-    bad = value < 0 if allow_zero else value <= 0
-    if bad or value != value or value == float("inf"):
-        allowed = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"`{name}` must be finite and {allowed}; received {value!r}.")
-    return value
 
 
 class NoiseMechanism(tf.Module, abc.ABC):
@@ -217,6 +205,10 @@ class NoiseMechanism(tf.Module, abc.ABC):
         (`one_off_events` refuses the others).
         """
         return None
+
+    def one_off_events(self) -> list:
+        """Every one-off accounting event so far (`tfdp_embed.accounting.EventSource`); see `one_off_events()`."""
+        return one_off_events(self)
 
     def report(self) -> dict:
         """Fields for the privacy report (noise multipliers, clip norms, caveats).

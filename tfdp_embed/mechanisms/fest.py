@@ -18,19 +18,19 @@ re-selection, the values they had).
 
 Accounting (App. C.3): the selection is (eps_1, 0)-DP and the training
 steps are Poisson-subsampled Gaussians, so by basic composition the model is
-(eps_1 + eps_SGD(delta), delta)-DP; `remaining_budget_noise_multiplier`
-calibrates sigma for eps - eps_1. For a ledger, `setup_event()` is the
-selection as a `dp_accounting` event (a Gaussian that dominates every
-eps-DP mechanism, see `topk_selection`), which composes with the steps
-under PLD or RDP; each streaming re-selection adds one more such event
-(`selection_events`).
+(eps_1 + eps_SGD(delta), delta)-DP: `tfdp_embed.plan_run` charges the
+selection as a pure-DP release (`Release.selection`) and calibrates sigma
+for eps - eps_1. For a ledger, `setup_event()` is the selection as a
+`dp_accounting` event (a Gaussian that dominates every eps-DP mechanism,
+see `topk_selection`), which composes with the steps under PLD or RDP;
+each streaming re-selection adds one more such event (`selection_events`).
 
 Example:
     >>> counts = bucket_counts(train_ds, vocabulary_sizes={"cat_0": 10_000})
-    >>> sigma = remaining_budget_noise_multiplier(epsilon=1.0, delta=1e-5,
-    ...     selection_epsilon=0.01, sampling_probability=0.01, steps=5_000)
-    >>> mechanism = DPFEST(l2_norm_clip=1.0, noise_multiplier=sigma,
-    ...     top_k={"cat_0": 500}, selection_epsilon=0.01, counts=counts)
+    >>> plan = plan_run("fest", target_epsilon=1.0, target_delta=1e-5,
+    ...     sampling_probability=0.01, steps=5_000, releases=[Release.selection(0.01)],
+    ...     top_k={"cat_0": 500}, counts=counts)
+    >>> mechanism = plan.mechanism        # DPFEST with sigma for eps - eps_1
 
 References: Zhang et al., "Sparsity-Preserving Differentially Private
 Training of Large Embedding Models", NeurIPS 2023: §3.1, App. B.1, App. C.3,
@@ -46,94 +46,12 @@ from typing import Mapping, Sequence
 import dp_accounting
 import numpy as np
 
+from tfdp_embed._checks import check_positive
 from tfdp_embed._keras import tf
 from tfdp_embed.layers.embedding import DPEmbedding
-from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, check_positive
+from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 from tfdp_embed.mechanisms.topk_selection import TopKSelection, select_top_k
-
-
-def remaining_budget_noise_multiplier(
-    *,
-    epsilon: float,
-    delta: float,
-    selection_epsilon: float,
-    sampling_probability: float,
-    steps: int,
-    accountant: str = "pld",
-) -> float:
-    """Calibrates sigma so that DP-FEST as a whole is (epsilon, delta)-DP.
-
-        sigma = min { s : T steps of PoissonSampled(q, Gaussian(s)) are (eps - eps_1, delta)-DP }
-
-    The selection is (eps_1, 0)-DP; basic composition (App. C.3, Lemma C.5)
-    gives (eps, delta) for the model.
-
-    Args:
-      epsilon: total eps (> eps_1).
-      delta: total delta, in (0, 1).
-      selection_epsilon: eps_1, the selection budget, 0 < eps_1 < eps.
-      sampling_probability: Poisson sampling rate q, in (0, 1].
-      steps: number of training steps T (>= 1).
-      accountant: "pld" (default) or "rdp", from `dp_accounting`.
-
-    Returns:
-      The noise multiplier sigma (within 1e-6, never below the privacy requirement).
-
-    Raises:
-      ValueError: on eps_1 <= 0, eps_1 >= eps, delta outside (0, 1), q outside
-        (0, 1], steps < 1, or an unknown accountant.
-
-    References: DP-FEST App. C.3; App. C.5 (PLD accounting).
-    """
-    epsilon = check_positive("epsilon", epsilon)
-    selection_epsilon = check_positive("selection_epsilon", selection_epsilon)
-    if selection_epsilon >= epsilon:
-        raise ValueError(
-            f"`selection_epsilon` ({selection_epsilon!r}) must be smaller than the total "
-            f"`epsilon` ({epsilon!r}): it is deducted from it, the rest pays for training."
-        )
-    delta = check_positive("delta", delta)
-    if delta >= 1:
-        raise ValueError(f"`delta` must lie in (0, 1); received {delta!r}.")
-    q = check_positive("sampling_probability", sampling_probability)
-    if q > 1:
-        raise ValueError(f"`sampling_probability` must lie in (0, 1]; received {q!r}.")
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"`steps` must be an int >= 1; received {steps!r}.")
-    make_accountant = _accountant_factory(accountant)
-    target = epsilon - selection_epsilon
-
-    def event(sigma: float) -> dp_accounting.DpEvent:
-        return dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), int(steps)
-        )
-
-    def gap(sigma: float) -> float:
-        return make_accountant().compose(event(sigma)).get_epsilon(delta) - target
-
-    lower, upper = 0.5, 1.0
-    while gap(lower) <= 0 and lower > 1e-3:
-        lower /= 2
-    while gap(upper) > 0:
-        upper *= 2
-        if upper > 1e6:
-            raise ValueError(f"No noise multiplier <= 1e6 reaches epsilon {target!r} at delta {delta!r}.")
-    return dp_accounting.calibrate_dp_mechanism(
-        make_accountant,
-        event,
-        target,
-        delta,
-        bracket_interval=dp_accounting.ExplicitBracketInterval(lower, upper),
-    )
-
-
-def _accountant_factory(accountant: str):
-    if accountant == "pld":
-        return dp_accounting.pld.PLDAccountant
-    if accountant == "rdp":
-        return dp_accounting.rdp.RdpAccountant
-    raise ValueError(f"`accountant` must be 'pld' or 'rdp'; received {accountant!r}.")
 
 
 def _per_table(name: str, value, tables: Sequence[DPEmbedding]) -> dict:
@@ -169,8 +87,8 @@ class DPFEST(NoiseMechanism):
 
     Args (keyword-only):
       l2_norm_clip: per-example clip norm C (> 0).
-      noise_multiplier: sigma (>= 0) of the training steps (see
-        `remaining_budget_noise_multiplier`).
+      noise_multiplier: sigma (>= 0) of the training steps (`tfdp_embed.plan_run`
+        calibrates it for the budget left after the selection).
       selection_epsilon: eps_1 (> 0), pure-DP budget of each selection,
         split equally over the tables that must choose.
       top_k: rows kept per table: an int for all tables or {table name: int}.

@@ -72,8 +72,8 @@ import dp_accounting
 import numpy as np
 from scipy import special
 
+from tfdp_embed._checks import check_positive
 from tfdp_embed._keras import tf
-from tfdp_embed.mechanisms.base import check_positive
 
 
 # -- the accounting event ------------------------------------------------------------

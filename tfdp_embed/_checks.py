@@ -1,0 +1,23 @@
+"""Argument checks shared by the mechanisms and the accounting (neither imports the other for them)."""
+
+from __future__ import annotations
+
+
+def check_positive(name: str, value, *, allow_zero: bool = False) -> float:
+    """Validates a privacy hyperparameter; the error names the argument.
+
+    Returns:
+      `value` as a float.
+
+    Raises:
+      TypeError: not a number. ValueError: not finite, or not > 0 (>= 0 with `allow_zero`).
+    """
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"`{name}` must be a number; received {value!r}.") from None
+    bad = value < 0 if allow_zero else value <= 0
+    if bad or value != value or value == float("inf"):
+        allowed = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"`{name}` must be finite and {allowed}; received {value!r}.")
+    return value
