@@ -1,27 +1,47 @@
 # Two commands on a fresh machine (see README): `make run` and `make test`.
-# Both create/reuse the virtualenv at .venv and install the pinned stack first.
+# Both create/reuse the virtualenv at .venv and install the library with the versions CI
+# tested (constraints/ci.txt). `make test` also creates .venv-peers, where the cross-checks
+# against tensorflow-privacy run with that package's own pins (constraints/peers.txt).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+PEERS := .venv-peers
+PEERS_PY := $(PEERS)/bin/python
+PEERS_STAMP := $(PEERS)/.installed-stamp
 
-.PHONY: run test test-slow lint format install bench clean
+.PHONY: run test test-main test-peers test-slow lint format install bench clean
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml constraints/ci.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,lint]"
+	$(PY) -m pip install -q -c constraints/ci.txt -e ".[test,lint]"
 	$(PY) -m tfdp_embed.ops.build
 	$(PY) -m pip check
 	touch $(STAMP)
+
+# tfdp_embed is not installed here: the tests import it from this tree (pytest's pythonpath).
+$(PEERS_STAMP): constraints/peers.txt
+	test -x $(PEERS_PY) || $(PYTHON) -m venv $(PEERS)
+	$(PEERS_PY) -m pip install -q --upgrade pip
+	$(PEERS_PY) -m pip install -q -r constraints/peers.txt
+	PYTHONPATH=. $(PEERS_PY) -m tfdp_embed.ops.build
+	$(PEERS_PY) -m pip check
+	touch $(PEERS_STAMP)
 
 install: $(STAMP)
 
 run: $(STAMP)
 	$(PY) -m pipelines.criteo --out saved_models/criteo
 
-test: $(STAMP)
+test: test-main test-peers
+
+test-main: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=15 tests
+
+# Cross-checks against tensorflow-privacy (ε, σ = 0 weights, the peer step-time benchmark).
+test-peers: $(PEERS_STAMP)
+	PYTHONPATH=. $(PEERS_PY) -m pytest -q -m peer -p no:cacheprovider tests
 
 # The tests marked slow (deselected by default): dense DP-SGD under tf.distribute.
 test-slow: $(STAMP)
@@ -39,8 +59,10 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-bench: $(STAMP)
-	$(PY) -m benchmarks.step_time --mechanisms none,dense,eana,lazy,lazy_lookahead,fest,adafest,tfp_keras_sgd --vocab 100000,1000000,10000000 --dim 64 --batch 1024 --steps 30
+# The peer (tensorflow-privacy's DPKerasSGDOptimizer) runs in .venv-peers, beside its own `none` step.
+bench: $(STAMP) $(PEERS_STAMP)
+	$(PY) -m benchmarks.step_time --mechanisms none,dense,eana,lazy,lazy_lookahead,fest,adafest --vocab 100000,1000000,10000000 --dim 64 --batch 1024 --steps 30
+	PYTHONPATH=. $(PEERS_PY) -m benchmarks.step_time --mechanisms none,tfp_keras_sgd --vocab 100000,1000000,10000000 --dim 64 --batch 1024 --steps 30
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(PEERS) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

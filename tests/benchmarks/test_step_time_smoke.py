@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULT_KEYS = {
     "mechanism",
@@ -51,8 +53,9 @@ def test_step_time_smoke(tmp_path):
     info = document["machine"]
     for key in ("nproc", "memory_total_gb", "cpu_model", "gpus", "date_utc", "versions", "load_average_at_start"):
         assert key in info, key
-    for package in ("tensorflow", "tf-keras", "dp-accounting", "tensorflow-privacy"):
+    for package in ("tensorflow", "tf-keras", "dp-accounting"):
         assert info["versions"][package] != "not installed", package
+    assert "tensorflow-privacy" in info["versions"]  # recorded ("not installed" outside .venv-peers)
 
     rows = {r["mechanism"]: r for r in document["results"]}
     assert set(rows) == {"none", "dense"}
@@ -78,3 +81,22 @@ def test_step_time_smoke(tmp_path):
     assert "| none | 1,000 |" in section and "| dense | 1,000 |" in section
     assert "× none, CPU time (same process)" in section and "- Fused ops (tfdp_embed.ops, sparse_rows): " in section
     assert png.stat().st_size > 1000
+
+
+@pytest.mark.peer
+def test_peer_benchmark_runs_beside_its_own_non_private_step(tmp_path):
+    """tensorflow-privacy's DPKerasSGDOptimizer, timed against `none` in the same process (.venv-peers)."""
+    pytest.importorskip("tensorflow_privacy", reason="the peer runs in .venv-peers (make test-peers)")
+    out_json = tmp_path / "peer.json"
+    command = [
+        sys.executable, "-m", "benchmarks.step_time", "--mechanisms", "none,tfp_keras_sgd", "--vocab", "1000",
+        "--steps", "3", "--warmup", "1", "--num-batches", "4", "--json", str(out_json), "--results-md", "",
+        "--png", "",
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=REPO)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    document = json.loads(out_json.read_text())
+    assert document["machine"]["versions"]["tensorflow-privacy"] == "0.9.0"
+    rows = {r["mechanism"]: r for r in document["results"]}
+    assert set(rows) == {"none", "tfp_keras_sgd"} and rows["tfp_keras_sgd"]["ratio_to_none"] > 0
