@@ -318,18 +318,6 @@ def geometric_skip_positions(generator, size: int, probability: float) -> tf.Ten
     return tf.cast(tf.boolean_mask(positions, positions < limit), tf.int64)
 
 
-def is_member(values: tf.Tensor, ordered: tf.Tensor) -> tf.Tensor:
-    """Mask of `values` present in `ordered`, in O(n log k).
-
-    Args:
-      values: int64 `[n]`.
-      ordered: int64 `[k + 1]`, sorted, ending with a sentinel larger than
-        every value (so every searchsorted position can be gathered).
-    """
-    at = tf.searchsorted(ordered, values, side="left")
-    return tf.equal(tf.gather(ordered, at), values)
-
-
 class DPAdaFEST(NoiseMechanism):
     """DP-AdaFEST: per-batch noisy thresholding of contributions, noise on survivors only.
 
