@@ -39,7 +39,10 @@ def _without_read_hooks(model):
 
 
 def release_ready(dp_model) -> None:
-    """Flushes `dp_model`'s mechanism; raises PrivacyContractError if noise is still owed."""
+    """Flushes `dp_model`'s mechanism; raises PrivacyContractError if noise is still owed.
+
+    The one release check: `DPModel.flush` and `export_saved_model` run it.
+    """
     mechanism = getattr(dp_model, "mechanism", None)
     if mechanism is None:
         raise TypeError(f"Expected a DPModel; received {type(dp_model).__name__}.")
