@@ -73,6 +73,7 @@ import dataclasses
 import math
 import numbers
 
+from tfdp_embed._checks import check_int
 from tfdp_embed._keras import tf
 from tfdp_embed._rng import make_generator
 from tfdp_embed._sorted_sets import is_member
@@ -248,8 +249,7 @@ def streaming_poisson_batches(
         raise ValueError(f"`num_examples` must be an int > 0; received {num_examples!r}.")
     if num_examples == 0:
         raise ValueError("`num_examples` is 0: the dataset is empty; Poisson sampling needs at least one example.")
-    if isinstance(batches_per_pass, bool) or not isinstance(batches_per_pass, int) or batches_per_pass < 1:
-        raise ValueError(f"`batches_per_pass` must be an int >= 1; received {batches_per_pass!r}.")
+    batches_per_pass = check_int("batches_per_pass", batches_per_pass)
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"`dataset` must be a `tf.data.Dataset`; received {type(dataset).__name__}.")
     specs = dataset.element_spec
@@ -351,8 +351,7 @@ def fixed_size_batches(
     Raises:
       ValueError: empty dataset, bad batch size.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"`batch_size` must be an int >= 1; received {batch_size!r}.")
+    batch_size = check_int("batch_size", batch_size)
     if not isinstance(dataset, tf.data.Dataset):
         data = _load_all(dataset)
         n = int(_leading_dim(data))

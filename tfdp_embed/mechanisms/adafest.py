@@ -59,7 +59,7 @@ from typing import Sequence
 
 import dp_accounting
 
-from tfdp_embed._checks import check_positive
+from tfdp_embed._checks import check_int, check_positive
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
@@ -176,8 +176,7 @@ def threshold_for_noise_rows(
 
     References: DP-AdaFEST App. B.2 (noise-only survivors), App. D.1 (tau tuned).
     """
-    if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or vocabulary_size < 1:
-        raise ValueError(f"`vocabulary_size` must be an int >= 1; received {vocabulary_size!r}.")
+    vocabulary_size = check_int("vocabulary_size", vocabulary_size)
     rows = check_positive("expected_noise_rows", expected_noise_rows)
     if rows > vocabulary_size / 2:
         raise ValueError(

@@ -55,6 +55,7 @@ from collections.abc import Sequence
 
 import tensorflow_recommenders as tfrs
 
+from tfdp_embed._checks import check_int
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping import default_registry
 from tfdp_embed.clipping.item_embedding import item_embedding_gradients
@@ -143,14 +144,7 @@ class ItemEmbedding(DPEmbedding):
     """
 
     def __init__(self, num_items: int, output_dim: int, **kwargs):
-        if (
-            isinstance(num_items, bool)
-            or not isinstance(num_items, int)
-            or num_items < 1
-        ):
-            raise ValueError(
-                f"`num_items` must be an int >= 1; received {num_items!r}."
-            )
+        num_items = check_int("num_items", num_items)
         kwargs.pop("combiner", None)
         kwargs.pop("vocabulary_size", None)
         super().__init__(
@@ -242,14 +236,7 @@ class TwoTowerModel(tfrs.Model):
         name: str = "two_tower",
     ):
         super().__init__(name=name)
-        if (
-            isinstance(embedding_dim, bool)
-            or not isinstance(embedding_dim, int)
-            or embedding_dim < 1
-        ):
-            raise ValueError(
-                f"`embedding_dim` must be an int >= 1; received {embedding_dim!r}."
-            )
+        embedding_dim = check_int("embedding_dim", embedding_dim)
         hidden_units = tuple(hidden_units)
         if any(
             isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in hidden_units
