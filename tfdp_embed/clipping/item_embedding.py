@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tfdp_embed._keras import tf
-from tfdp_embed.clipping.embedding import call_inputs, embedding_layer_gradients
+from tfdp_embed.clipping.embedding import embedding_layer_gradients
 from tfdp_embed.clipping.registry import LayerGradients
-from tfdp_embed.clipping.taps import LayerTaps
+from tfdp_embed.clipping.taps import LayerTaps, call_inputs
 from tfdp_embed.layers.embedding import DPEmbedding
 
 
@@ -35,9 +35,7 @@ def _is_scoring_call(layer, call) -> bool:
     return isinstance(x, tf.Tensor) and x.dtype.is_floating
 
 
-def item_embedding_gradients(
-    layer: DPEmbedding, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
-) -> LayerGradients:
+def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: Sequence[tf.Tensor]) -> LayerGradients:
     """Exact per-example norms and the clipped sum for an `ItemEmbedding` (lookups + full softmax).
 
     ||grad_i||^2 = sum_{a,b} (G_ia . G_ib)(q_ia . q_ib) + 2 sum_k w_k G_i[id_k] (q_i . h_k) + ||L_i||^2
@@ -57,16 +55,10 @@ def item_embedding_gradients(
 
     References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping; EANA §4.1.2.
     """
-    scoring = [
-        (c, g) for c, g in zip(taps.calls, output_grads) if _is_scoring_call(layer, c)
-    ]
+    scoring = [(c, g) for c, g in zip(taps.calls, output_grads) if _is_scoring_call(layer, c)]
     if not scoring:
         return embedding_layer_gradients(layer, taps, output_grads)
-    lookups = [
-        (c, g)
-        for c, g in zip(taps.calls, output_grads)
-        if not _is_scoring_call(layer, c)
-    ]
+    lookups = [(c, g) for c, g in zip(taps.calls, output_grads) if not _is_scoring_call(layer, c)]
     table = layer.embeddings
     dtype = table.dtype.base_dtype
     dim, rows = layer.output_dim, layer.vocabulary_size
@@ -105,32 +97,22 @@ def item_embedding_gradients(
         # Cross term 2 <G_i^T q_i, L_i>: occurrence k on row r >= 1 meets column r - 1 of every scoring call.
         is_item = lookup_rows > 0
         column = tf.maximum(lookup_rows - 1, 0)
-        g_at = tf.gather_nd(
-            tf.transpose(logit_grads, [0, 2, 1]), tf.stack([lookup_examples, column], 1)
-        )  # [k, A]
+        g_at = tf.gather_nd(tf.transpose(logit_grads, [0, 2, 1]), tf.stack([lookup_examples, column], 1))  # [k, A]
         q_at = tf.gather(queries, lookup_examples)  # [k, A, dim]
-        cross = tf.reduce_sum(
-            g_at[:, :, None] * q_at * lookup_vectors[:, None, :], axis=[1, 2]
-        )
+        cross = tf.reduce_sum(g_at[:, :, None] * q_at * lookup_vectors[:, None, :], axis=[1, 2])
         cross = tf.where(is_item, cross, tf.zeros_like(cross))
-        squared += 2.0 * tf.math.unsorted_segment_sum(
-            cross, lookup_examples, batch_size
-        )
+        squared += 2.0 * tf.math.unsorted_segment_sum(cross, lookup_examples, batch_size)
         # ||L_i||^2: group occurrences by (example, row) before squaring.
         _, row_index = tf.unique(lookup_rows)
         keys = tf.cast(row_index, tf.int64) * batch_size + lookup_examples
         group_keys, group_index = tf.unique(keys)
-        per_group = tf.math.unsorted_segment_sum(
-            lookup_vectors, group_index, tf.size(group_keys)
-        )
+        per_group = tf.math.unsorted_segment_sum(lookup_vectors, group_index, tf.size(group_keys))
         squared += tf.math.unsorted_segment_sum(
             tf.reduce_sum(tf.square(per_group), axis=1),
             group_keys % batch_size,
             batch_size,
         )
-    extra_rows = tf.unique(
-        tf.boolean_mask(lookup_rows, tf.equal(lookup_rows, 0))
-    ).y  # [] or [0]
+    extra_rows = tf.unique(tf.boolean_mask(lookup_rows, tf.equal(lookup_rows, 0))).y  # [] or [0]
     indices = tf.concat([extra_rows, tf.range(1, rows, dtype=tf.int64)], 0)
 
     def clipped_sum(clip_factors: tf.Tensor) -> list:
