@@ -79,11 +79,10 @@ class TpuDPStep:
     `update` (O(rows x dim)) and a copy of the mechanism's variables per step
     (DP-FEST: its [vocabulary] int32 position map).
 
-    Never run on a TPU (none was available): the engine is an argument, tested
-    with a CPU engine of the same interface. On a TPU, TPU shapes are static:
-    `tf.unique` / boolean masks inside the clipping rules and mechanisms would
-    need padding to static maxima for XLA (the noise feature already is padded
-    to `max_noise_rows`). See docs/tpu_sparsecore.md.
+    On a TPU, shapes are static: `tf.unique` / boolean masks inside the
+    clipping rules and mechanisms would need padding to static maxima for XLA
+    (the noise feature already is padded to `max_noise_rows`). See
+    docs/tpu_sparsecore.md.
 
     Args:
       engine: the embedding engine, with `TPUEmbeddingV2`'s interface:

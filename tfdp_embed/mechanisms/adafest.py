@@ -19,11 +19,8 @@ Cost per step and table: one `Unique` over the gradient rows, the
 contribution pairs and the noise draw, one Gaussian per touched row for the
 map, and the gradient noise and the optimizer's write on the survivors:
 touched survivors plus ~p V noise-only rows. At a fixed tau the noise-only
-rows grow with the vocabulary (p V), and they are cold rows: on the
-step_time workload at 5e7 rows x 64, writing 4,858 of them alone took the
-non-private step from 3.54 to 5.64 ms (benchmarks/RESULTS.md, analysis under
-the 12:55:35Z step_time section). The
-paper tunes tau per setting; `threshold_for_noise_rows` sets tau for a fixed
+rows grow with the vocabulary (p V), and they are cold rows, so at large V
+writing them dominates the step. The paper tunes tau per setting; `threshold_for_noise_rows` sets tau for a fixed
 expected number of noise-only rows, which keeps the step flat in V.
 
 Contribution clipping is joint over all tables: [v_i]_{C1} scales example
