@@ -12,34 +12,27 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Mapping
 
 from tfdp_embed._keras import tf
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.layers.embedding import DPEmbedding, read_hooks_removed
 
 REPORT_FILENAME = "privacy_report.json"
 
 
-@contextlib.contextmanager
 def _without_read_hooks(model):
     """Temporarily removes DPEmbedding read hooks so no mechanism op is traced."""
-    layers = [m for m in [model, *model.submodules] if isinstance(m, DPEmbedding)]
-    hooks = [layer.read_hook for layer in layers]
-    try:
-        for layer in layers:
-            layer.set_read_hook(None)
-        yield
-    finally:
-        for layer, hook in zip(layers, hooks):
-            layer.set_read_hook(hook)
+    return read_hooks_removed([m for m in [model, *model.submodules] if isinstance(m, DPEmbedding)])
 
 
 def release_ready(dp_model) -> None:
-    """Flushes `dp_model`'s mechanism; raises PrivacyContractError if noise is still owed."""
+    """Flushes `dp_model`'s mechanism; raises PrivacyContractError if noise is still owed.
+
+    The one release check: `DPModel.flush` and `export_saved_model` run it.
+    """
     mechanism = getattr(dp_model, "mechanism", None)
     if mechanism is None:
         raise TypeError(f"Expected a DPModel; received {type(dp_model).__name__}.")

@@ -45,7 +45,7 @@ from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.export import _without_read_hooks
+from tfdp_embed.export import _without_read_hooks, release_ready
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
 from tfdp_embed.mechanisms.capabilities import check_declared_use
@@ -515,13 +515,12 @@ class DPModel(keras.Model):
 
     # -- leaving training ---------------------------------------------------------
     def flush(self) -> None:
-        """Adds all noise the mechanism still owes (LazyDP); a no-op for others."""
-        self.mechanism.flush()
-        if self.mechanism.owes_noise():
-            raise PrivacyContractError(
-                f"Mechanism {self.mechanism.name!r} still owes noise after flush(); refusing to "
-                "release the model."
-            )
+        """Adds all noise the mechanism still owes (LazyDP); a no-op for others.
+
+        Raises:
+          PrivacyContractError: the mechanism still owes noise afterwards.
+        """
+        release_ready(self)
 
     def _flush_if_prepared(self) -> None:
         """`flush` once the mechanism is initialised (before, nothing can be owed)."""

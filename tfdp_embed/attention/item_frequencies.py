@@ -35,6 +35,8 @@ import os
 import dp_accounting
 import numpy as np
 
+from tfdp_embed._checks import check_int
+
 MECHANISMS = ("gaussian", "laplace")
 
 
@@ -78,8 +80,7 @@ def _check_counts(counts, num_users) -> np.ndarray:
     counts = np.asarray(counts)
     if counts.ndim != 1 or counts.size < 2 or np.any(counts < 0):
         raise ValueError(f"`counts` must be a 1-D array [items + 1] of counts >= 0; received shape {counts.shape}.")
-    if isinstance(num_users, bool) or not isinstance(num_users, (int, np.integer)) or num_users < 1:
-        raise ValueError(f"`num_users` must be an int >= 1; received {num_users!r}.")
+    num_users = check_int("num_users", num_users)
     if counts.max() > num_users:
         raise ValueError(f"A count ({counts.max()}) exceeds `num_users`={num_users}: counts must count users.")
     return counts.astype(np.float64)
@@ -130,8 +131,7 @@ def private_item_frequencies(
       ValueError: bad counts, a non-positive multiplier or L, an unknown mechanism.
     """
     counts = _check_counts(counts, num_users)
-    if isinstance(max_items_per_user, bool) or not isinstance(max_items_per_user, (int, np.integer)) or max_items_per_user < 1:
-        raise ValueError(f"`max_items_per_user` must be an int >= 1; received {max_items_per_user!r}.")
+    max_items_per_user = check_int("max_items_per_user", max_items_per_user)
     if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
         raise ValueError(f"`noise_multiplier` must be a finite number > 0; received {noise_multiplier!r}.")
     if mechanism not in MECHANISMS:
@@ -192,8 +192,7 @@ def read_item_frequencies(path: str, *, num_items: int) -> ItemFrequencies:
       ItemFrequencyFileError: a malformed line (names file and line), a
         duplicate or out-of-range item, or a file with no items.
     """
-    if isinstance(num_items, bool) or not isinstance(num_items, (int, np.integer)) or num_items < 1:
-        raise ValueError(f"`num_items` must be an int >= 1; received {num_items!r}.")
+    num_items = check_int("num_items", num_items)
     if not os.path.exists(path):
         raise FileNotFoundError(f"Item-frequency file not found: {path!r}.")
     freq = np.zeros(num_items + 1, np.float64)

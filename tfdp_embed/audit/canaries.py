@@ -37,6 +37,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tfdp_embed._checks import check_int
+
 #: EANA §4.1.3: each canary is inserted this many times.
 DEFAULT_INSERTION_COUNTS: tuple = (1, 2, 3, 4, 5, 10, 20, 50, 100)
 
@@ -121,12 +123,7 @@ def _key(context: np.ndarray, label) -> tuple:
 
 
 def _check_item_ids(item_ids, context_length) -> np.ndarray:
-    if (
-        isinstance(context_length, bool)
-        or not isinstance(context_length, (int, np.integer))
-        or context_length < 1
-    ):
-        raise ValueError(f"`context_length` must be an int >= 1; received {context_length!r}.")
+    check_int("context_length", context_length)
     ids = np.asarray(item_ids)
     if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(
@@ -147,12 +144,6 @@ def _check_item_ids(item_ids, context_length) -> np.ndarray:
 def _check_seed(seed) -> None:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"`seed` must be an int (audits are reproducible); received {seed!r}.")
-
-
-def _check_count(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"`{name}` must be an int >= 1; received {value!r}.")
-    return int(value)
 
 
 def _draw(
@@ -241,8 +232,8 @@ def generate_canaries(
     References: Carlini et al. 2019 §3; EANA (RecSys 2022) §4.1.3.
     """
     ids = _check_item_ids(item_ids, context_length)
-    per_count = _check_count("canaries_per_count", canaries_per_count)
-    counts = [_check_count("insertion_counts[i]", c) for c in insertion_counts]
+    per_count = check_int("canaries_per_count", canaries_per_count)
+    counts = [check_int("insertion_counts[i]", c) for c in insertion_counts]
     if not counts:
         raise ValueError("`insertion_counts` must hold at least one count >= 1; received an empty list.")
     if len(set(counts)) != len(counts):
@@ -288,7 +279,7 @@ def sample_candidates(
     estimated by sampling); EANA (RecSys 2022) §2.3.
     """
     ids = _check_item_ids(item_ids, context_length)
-    n = _check_count("num_candidates", num_candidates)
+    n = check_int("num_candidates", num_candidates)
     _check_seed(seed)
     taken: set = set()
     if exclude is not None:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tfdp_embed._checks import check_int
 from tfdp_embed.audit.canaries import CanarySet, RandomSequences
 from tfdp_embed.audit.exposure import (
     ScoreDistribution,
@@ -58,8 +59,7 @@ def score_sequences(score_fn: ScoreFn, sequences: RandomSequences, *, batch_size
       ValueError: when `score_fn` returns the wrong number of scores, a shape
         other than [b], or non-finite values; or on batch_size < 1.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"`batch_size` must be an int >= 1; received {batch_size!r}.")
+    batch_size = check_int("batch_size", batch_size)
     pieces = []
     for start in range(0, len(sequences), batch_size):
         contexts = sequences.contexts[start : start + batch_size]

@@ -33,10 +33,9 @@ it stores LazyDP's table together with its per-row history (the noise each
 row still owes), under `training_state`, and the manifest says
 `progress.owes_noise`. It is NOT flushed before writing: a flush draws the
 owed noise early, which is exact (catching a row up early gives it the same
-Gaussian), but costs O(vocabulary) per checkpoint (1.65 s against a 5.3 s
-save at 10^6 x 64 rows, benchmarks/RESULTS.md "checkpoint_time") and makes
-the realised noise depend on when checkpoints are taken, so a resumed run
-would no longer reproduce a run that was never interrupted. Restoring
+Gaussian), but costs O(vocabulary) per checkpoint and makes the realised
+noise depend on when checkpoints are taken, so a resumed run would no
+longer reproduce a run that was never interrupted. Restoring
 re-attaches table and history together (the mechanism's `steps` and
 `flushed_at` are restored too, so `owes_noise()` is true again), and the
 ways out of training (`tfdp_embed.export.export_saved_model`, `DPModel`'s

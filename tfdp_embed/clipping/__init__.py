@@ -4,7 +4,9 @@
 one backward pass into exact per-example norms and clip factors, and a
 `LayerRegistry` maps layer classes to the functions that do it per layer
 family (ghost norms for Dense and DPEmbedding, Phantom Clipping for a
-`SharedEmbedding` used as input and output embedding, direct for LayerNorm);
+`SharedEmbedding` used as input and output embedding, ghost norms with a
+cross term for the two-tower `ItemEmbedding`'s lookups plus full softmax,
+direct for LayerNorm);
 `vectorized_layer_gradients` is the slow exact fallback for anything else.
 
 Example:
@@ -21,6 +23,7 @@ from tfdp_embed._keras import keras
 from tfdp_embed.clipping.dense import dense_layer_gradients
 from tfdp_embed.clipping.embedding import embedding_layer_gradients
 from tfdp_embed.clipping.fallback import vectorized_layer_gradients
+from tfdp_embed.clipping.item_embedding import item_embedding_gradients
 from tfdp_embed.clipping.layer_norm import layer_norm_layer_gradients
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.phantom import phantom_layer_gradients
@@ -58,6 +61,7 @@ __all__ = [
     "default_registry",
     "dense_layer_gradients",
     "embedding_layer_gradients",
+    "item_embedding_gradients",
     "layer_norm_layer_gradients",
     "phantom_layer_gradients",
     "record_taps",

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.registry import LayerGradients
-from tfdp_embed.clipping.taps import LayerTaps
+from tfdp_embed.clipping.taps import LayerTaps, dense_call_input
 from tfdp_embed.ops import sparse_rows
 
 
@@ -57,7 +57,7 @@ def dense_layer_gradients(
     d_in, d_out = kernel.shape
     xs, gs = [], []
     for call, grad in zip(taps.calls, output_grads):
-        x = _dense_input(layer, call)
+        x = dense_call_input(layer, call)
         g = _pre_activation_grads(layer, x, call.outputs, grad)
         xs.append(tf.cast(x, dtype))
         gs.append(tf.cast(g, dtype))
@@ -90,16 +90,6 @@ def dense_layer_gradients(
         squared_norms=tf.cast(squared, tf.float32),
         clipped_sum=clipped_sum,
     )
-
-
-def _dense_input(layer, call) -> tf.Tensor:
-    x = call.args[0] if call.args else call.kwargs.get("inputs")
-    if not isinstance(x, tf.Tensor):
-        raise TypeError(
-            f"Per-example clipping of Dense layer {layer.name!r} needs dense tensor inputs; "
-            f"received {type(x).__name__}. Densify the input or register a rule for it."
-        )
-    return x
 
 
 def _pre_activation_grads(layer, x: tf.Tensor, y: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 from tfdp_embed._keras import tf
 from tfdp_embed.clipping.registry import LayerGradients
-from tfdp_embed.clipping.taps import LayerTaps
+from tfdp_embed.clipping.taps import LayerTaps, call_inputs
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.ops import sparse_rows
 
@@ -159,17 +159,4 @@ def _pooled_layer_gradients(layer, call, grad, flatten) -> LayerGradients:
         squared_norms=tf.cast(squared, tf.float32),
         clipped_sum=clipped_sum,
         occurrences=[occ],
-    )
-
-
-def call_inputs(layer, call):
-    """The first argument of a recorded `DPEmbedding` lookup or call (ids, or hidden states for logits)."""
-    if call.args:
-        return call.args[0]
-    for name in ("ids", "inputs"):
-        if name in call.kwargs:
-            return call.kwargs[name]
-    raise TypeError(
-        f"Per-example clipping of {type(layer).__name__} {layer.name!r} could not find the call's "
-        f"inputs among its arguments (keyword arguments: {sorted(call.kwargs)})."
     )

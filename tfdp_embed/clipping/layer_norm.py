@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.registry import LayerGradients
-from tfdp_embed.clipping.taps import LayerTaps
+from tfdp_embed.clipping.taps import LayerTaps, dense_call_input
 
 
 def layer_norm_layer_gradients(
@@ -52,13 +52,7 @@ def layer_norm_layer_gradients(
     dtype = params[0].dtype.base_dtype if params else tf.float32
     gamma_grads, beta_grads = 0.0, 0.0
     for call, grad in zip(taps.calls, output_grads):
-        x = call.args[0] if call.args else call.kwargs.get("inputs")
-        if not isinstance(x, tf.Tensor):
-            raise TypeError(
-                f"Per-example clipping of LayerNormalization {layer.name!r} needs dense "
-                f"tensor inputs; received {type(x).__name__}."
-            )
-        x = tf.cast(x, dtype)
+        x = tf.cast(dense_call_input(layer, call), dtype)
         grad = tf.cast(grad, dtype)
         reduce_axes = [a for a in range(1, x.shape.rank) if a not in axes]
         if layer.scale:

@@ -45,9 +45,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tfdp_embed._keras import tf
-from tfdp_embed.clipping.embedding import call_inputs, embedding_layer_gradients
+from tfdp_embed.clipping.embedding import embedding_layer_gradients
 from tfdp_embed.clipping.registry import LayerGradients
-from tfdp_embed.clipping.taps import LayerCall, LayerTaps
+from tfdp_embed.clipping.taps import LayerCall, LayerTaps, call_inputs
 from tfdp_embed.layers.shared_embedding import MODES, SharedEmbedding
 
 

@@ -54,6 +54,30 @@ class LayerTaps:
     method: str = "call"
 
 
+def call_inputs(layer, call: LayerCall):
+    """The first argument of a recorded call (ids, hidden states or dense inputs)."""
+    if call.args:
+        return call.args[0]
+    for name in ("ids", "inputs"):
+        if name in call.kwargs:
+            return call.kwargs[name]
+    raise TypeError(
+        f"Per-example clipping of {type(layer).__name__} {layer.name!r} could not find the call's "
+        f"inputs among its arguments (keyword arguments: {sorted(call.kwargs)})."
+    )
+
+
+def dense_call_input(layer, call: LayerCall) -> tf.Tensor:
+    """`call_inputs`, which must be a dense tensor (the Dense-like rules read its values)."""
+    x = call_inputs(layer, call)
+    if not isinstance(x, tf.Tensor):
+        raise TypeError(
+            f"Per-example clipping of {type(layer).__name__} {layer.name!r} needs dense tensor inputs; "
+            f"received {type(x).__name__}. Densify the input or register a rule for it."
+        )
+    return x
+
+
 def own_trainable_variables(layer) -> list:
     """Trainable variables of `layer` that none of its sub-layers owns."""
     sub: set = set()

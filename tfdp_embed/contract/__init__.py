@@ -17,12 +17,9 @@ from tfdp_embed.contract.exact_rules import check_rules_cover_gradients
 from tfdp_embed.contract.examples import batch_size_of, select_examples
 from tfdp_embed.contract.independence import check_independence
 from tfdp_embed.contract.layer_calls import deterministic
-from tfdp_embed.contract.model_check import (
-    check_model,
-    one_batch_of_arrays,
-    read_hooks_removed,
-)
+from tfdp_embed.contract.model_check import check_model, one_batch_of_arrays
 from tfdp_embed.contract.state import check_no_state_updates
+from tfdp_embed.layers.embedding import read_hooks_removed
 
 __all__ = [
     "batch_size_of",

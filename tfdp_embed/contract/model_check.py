@@ -3,14 +3,11 @@
 `check_model` runs the state check always, and the independence and
 coverage checks unless turned off; it reports whether the independence
 check could run (it needs two examples). `one_batch_of_arrays` turns the
-arrays given to `fit` into a one-batch dataset the check can read, and
-`read_hooks_removed` keeps LazyDP's read hook (which brings rows up to
-date, i.e. writes them) out of the check's forward passes.
+arrays given to `fit` into a one-batch dataset the check can read.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import warnings
 from collections.abc import Callable
@@ -99,16 +96,3 @@ def one_batch_of_arrays(x, args: tuple, kwargs: dict) -> tf.data.Dataset | None:
         return tf.data.Dataset.from_tensor_slices(data).batch(bound.get("batch_size") or 32).take(1)
     except (TypeError, ValueError):
         return None
-
-
-@contextlib.contextmanager
-def read_hooks_removed(tables):
-    """No read hook (LazyDP's catch-up) runs inside the block: the checks read, never update."""
-    hooks = [table.read_hook for table in tables]
-    try:
-        for table in tables:
-            table.set_read_hook(None)
-        yield
-    finally:
-        for table, hook in zip(tables, hooks):
-            table.set_read_hook(hook)

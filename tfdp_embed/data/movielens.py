@@ -52,6 +52,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tfdp_embed._checks import check_int
+
 PADDING_ID = 0
 """The id that pads contexts; never an item."""
 
@@ -220,14 +222,7 @@ def timeline_examples(timelines: Sequence[np.ndarray], *, context_length: int) -
     Raises:
       ValueError: L < 1.
     """
-    if (
-        isinstance(context_length, bool)
-        or not isinstance(context_length, int)
-        or context_length < 1
-    ):
-        raise ValueError(
-            f"`context_length` must be an int >= 1; received {context_length!r}."
-        )
+    context_length = check_int("context_length", context_length)
     contexts, labels = [], []
     for timeline in timelines:
         timeline = np.asarray(timeline, dtype=np.int32)

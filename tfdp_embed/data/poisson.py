@@ -73,7 +73,10 @@ import dataclasses
 import math
 import numbers
 
+from tfdp_embed._checks import check_int
 from tfdp_embed._keras import tf
+from tfdp_embed._rng import make_generator
+from tfdp_embed._sorted_sets import is_member
 from tfdp_embed.data.provenance import register
 
 # Above this rate a Bernoulli mask over all N examples is cheaper than
@@ -176,7 +179,7 @@ def poisson_batches(
         raise ValueError("`dataset` is empty: Poisson sampling needs at least one example.")
     if num_examples is not None and int(num_examples) != n:
         raise ValueError(f"`num_examples`={num_examples!r} but the dataset holds {n} examples.")
-    generator = _make_generator(seed)
+    generator = make_generator(seed, seed_as="counter")
     info = _poisson_info(n, q, max_batch_size, seed, streaming=False, batches_per_pass=None)
 
     def make_batch(_):
@@ -246,8 +249,7 @@ def streaming_poisson_batches(
         raise ValueError(f"`num_examples` must be an int > 0; received {num_examples!r}.")
     if num_examples == 0:
         raise ValueError("`num_examples` is 0: the dataset is empty; Poisson sampling needs at least one example.")
-    if isinstance(batches_per_pass, bool) or not isinstance(batches_per_pass, int) or batches_per_pass < 1:
-        raise ValueError(f"`batches_per_pass` must be an int >= 1; received {batches_per_pass!r}.")
+    batches_per_pass = check_int("batches_per_pass", batches_per_pass)
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"`dataset` must be a `tf.data.Dataset`; received {type(dataset).__name__}.")
     specs = dataset.element_spec
@@ -265,7 +267,7 @@ def streaming_poisson_batches(
     else:
         chunks = dataset.batch(read_chunk_size)
     n = num_examples
-    generator = _make_generator(seed)
+    generator = make_generator(seed, seed_as="counter")
     info = _poisson_info(n, q, max_batch_size, seed, streaming=True, batches_per_pass=batches_per_pass)
     total = info.batches_per_epoch
     g_max = min(batches_per_pass, total)
@@ -295,7 +297,7 @@ def streaming_poisson_batches(
             examples, is_end = chunk
             size = tf.shape(tf.nest.flatten(examples)[0], out_type=tf.int64)[0]
             pos = offset + tf.range(size, dtype=tf.int64)
-            hit = tf.logical_or(is_end, _member(pos, wanted))
+            hit = tf.logical_or(is_end, is_member(pos, wanted))
             pos = tf.where(is_end, -offset - 1, pos)  # the sentinel's position encodes the rows read
             kept = tf.nest.map_structure(lambda e: tf.boolean_mask(e, hit), examples)
             return offset + tf.where(is_end, tf.constant(0, tf.int64), size), (kept, tf.boolean_mask(pos, hit))
@@ -349,8 +351,7 @@ def fixed_size_batches(
     Raises:
       ValueError: empty dataset, bad batch size.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"`batch_size` must be an int >= 1; received {batch_size!r}.")
+    batch_size = check_int("batch_size", batch_size)
     if not isinstance(dataset, tf.data.Dataset):
         data = _load_all(dataset)
         n = int(_leading_dim(data))
@@ -448,15 +449,6 @@ def _truncate(indices, seed, cap: int, info: BatchingInfo, *, ordered: bool) -> 
     return indices[:cap]
 
 
-def _member(values, sorted_set) -> tf.Tensor:
-    """Boolean mask: values[i] in sorted_set (vectorised binary search)."""
-    size = tf.size(sorted_set, out_type=tf.int64)
-    if_empty = tf.zeros_like(values, dtype=tf.bool)
-    where = tf.searchsorted(sorted_set, values, out_type=tf.int64)
-    found = tf.gather(sorted_set, tf.minimum(where, tf.maximum(size - 1, 0)))
-    return tf.cond(size > 0, lambda: tf.logical_and(where < size, tf.equal(found, values)), lambda: if_empty)
-
-
 # -- helpers -------------------------------------------------------------------------
 
 
@@ -476,14 +468,6 @@ def _poisson_info(n, q, cap, seed, *, streaming, batches_per_pass) -> BatchingIn
         info.truncated_batches = tf.Variable(0, dtype=tf.int64, trainable=False, name="truncated_batches")
         info.truncated_examples = tf.Variable(0, dtype=tf.int64, trainable=False, name="truncated_examples")
     return info
-
-
-def _make_generator(seed: int | None) -> tf.random.Generator:
-    if seed is None:
-        return tf.random.Generator.from_non_deterministic_state()
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"`seed` must be an int or None (OS entropy); received {seed!r}.")
-    return tf.random.Generator.from_seed(seed)
 
 
 def _check_q(q) -> float:

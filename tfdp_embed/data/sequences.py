@@ -30,6 +30,7 @@ import os
 
 import numpy as np
 
+from tfdp_embed._checks import check_int
 from tfdp_embed._keras import tf
 
 
@@ -161,8 +162,7 @@ def split_sequences(users: dict[int, list[int]], *, max_len: int) -> SequenceDat
     Raises:
       ValueError: `max_len` < 2 or no user.
     """
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
-        raise ValueError(f"`max_len` must be an int >= 2; received {max_len!r}.")
+    max_len = check_int("max_len", max_len, minimum=2)
     if not users:
         raise ValueError("`users` is empty: no sequences to split.")
     order = sorted(users)

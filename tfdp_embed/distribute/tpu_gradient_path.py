@@ -7,7 +7,7 @@ The engine sums every feature's activation gradients per row, so sending
                     (noise_feature_rows), gradients N(0, stddev^2) (noise_feature_gradients)
 
 gives each row its clipped sum / B plus exactly one draw of noise. Also the
-row helpers `TpuDPStep` uses (`_owned_rows`, `_values_at`, `_is_member`).
+row helpers `TpuDPStep` uses (`_owned_rows`, `_values_at`).
 
 References: EANA (RecSys 2022) §3 (noise on the rows of the batch);
 docs/tpu_sparsecore.md.
@@ -119,11 +119,3 @@ def _values_at(slices: tf.IndexedSlices, ids: tf.Tensor) -> tf.Tensor:
     padded = tf.concat([values, tf.zeros([1, tf.shape(values)[1]], values.dtype)], 0)
     rows = tf.gather(padded, tf.gather(tf.concat([order, [tf.size(indices)]], 0), at))
     return rows * tf.cast(found, values.dtype)[:, None]
-
-
-def _is_member(values: tf.Tensor, ordered: tf.Tensor) -> tf.Tensor:
-    """Mask (shape of `values`) of entries present in sorted int64 `ordered`."""
-    flat = tf.reshape(values, [-1])
-    padded = tf.concat([ordered, tf.constant([-1], tf.int64)], 0)
-    at = tf.searchsorted(ordered, flat, side="left")
-    return tf.reshape(tf.equal(tf.gather(padded, at), flat), tf.shape(values))

@@ -11,6 +11,7 @@ References: EANA (RecSys 2022) §3, Alg. 2; DP-FEST / DP-AdaFEST (NeurIPS
 from __future__ import annotations
 
 from tfdp_embed._keras import tf
+from tfdp_embed._sorted_sets import is_member
 from tfdp_embed.distribute.collectives import (
     _decode_grad,
     _encode_grad,
@@ -26,7 +27,6 @@ from tfdp_embed.distribute.tpu_engine_table import (
 )
 from tfdp_embed.distribute.tpu_gradient_path import (
     NOISE_FEATURE_SUFFIX,
-    _is_member,
     _owned_rows,
     _values_at,
     clipped_activation_gradients,
@@ -79,11 +79,10 @@ class TpuDPStep:
     `update` (O(rows x dim)) and a copy of the mechanism's variables per step
     (DP-FEST: its [vocabulary] int32 position map).
 
-    Never run on a TPU (none was available): the engine is an argument, tested
-    with a CPU engine of the same interface. On a TPU, TPU shapes are static:
-    `tf.unique` / boolean masks inside the clipping rules and mechanisms would
-    need padding to static maxima for XLA (the noise feature already is padded
-    to `max_noise_rows`). See docs/tpu_sparsecore.md.
+    On a TPU, shapes are static: `tf.unique` / boolean masks inside the
+    clipping rules and mechanisms would need padding to static maxima for XLA
+    (the noise feature already is padded to `max_noise_rows`). See
+    docs/tpu_sparsecore.md.
 
     Args:
       engine: the embedding engine, with `TPUEmbeddingV2`'s interface:
@@ -327,7 +326,7 @@ class TpuDPStep:
             for f in self._features_of(table):
                 grad = clipped_activation_gradients(act_grads[f.name], step.clip_factors, expected_batch_size=B)
                 if f.combiner is None:  # sequence feature: occurrences of rows outside M get nothing
-                    keep = _is_member(tf.cast(ids[f.name], tf.int64), rows)
+                    keep = is_member(tf.cast(ids[f.name], tf.int64), rows)
                     grad = grad * tf.cast(keep, grad.dtype)[..., None]
                 gradients[f.name] = tf.ensure_shape(grad, acts[f.name].shape)
         with tf.control_dependencies(checks):

@@ -68,6 +68,18 @@ class EmbeddingOccurrences:
     batch_size: tf.Tensor
 
 
+def _pooled(ids, segments, weights, batch) -> EmbeddingOccurrences:
+    """Occurrences whose segments are the examples (a combiner pools each example's ids)."""
+    return EmbeddingOccurrences(
+        ids=ids,
+        segments=segments,
+        weights=weights,
+        num_segments=batch,
+        segment_examples=tf.range(batch),
+        batch_size=batch,
+    )
+
+
 @keras.saving.register_keras_serializable(package="tfdp_embed")
 class DPEmbedding(keras.layers.Layer):
     """Embedding table for DP training; subclass it freely.
@@ -211,14 +223,7 @@ class DPEmbedding(keras.layers.Layer):
             segments = tf.cast(ids.value_rowids(), tf.int32)
             lengths = tf.cast(ids.row_lengths(), tf.float32)
             weights = self._combiner_weights(tf.gather(lengths, segments))
-            return EmbeddingOccurrences(
-                ids=flat,
-                segments=segments,
-                weights=weights,
-                num_segments=batch,
-                segment_examples=tf.range(batch),
-                batch_size=batch,
-            )
+            return _pooled(flat, segments, weights, batch)
         rank = ids.shape.rank
         if rank not in (1, 2):
             raise ValueError(
@@ -242,14 +247,7 @@ class DPEmbedding(keras.layers.Layer):
             )
         segments = tf.range(n) // per_example
         weights = self._combiner_weights(tf.fill([n], tf.cast(per_example, tf.float32)))
-        return EmbeddingOccurrences(
-            ids=flat,
-            segments=segments,
-            weights=weights,
-            num_segments=batch,
-            segment_examples=tf.range(batch),
-            batch_size=batch,
-        )
+        return _pooled(flat, segments, weights, batch)
 
     def _require_combiner(self, what: str) -> None:
         if self.combiner is None:
@@ -335,3 +333,16 @@ class DPEmbedding(keras.layers.Layer):
             embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
         )
         return config
+
+
+@contextlib.contextmanager
+def read_hooks_removed(tables):
+    """No read hook (LazyDP's catch-up) runs inside the block: the code there reads, never updates."""
+    hooks = [table.read_hook for table in tables]
+    try:
+        for table in tables:
+            table.set_read_hook(None)
+        yield
+    finally:
+        for table, hook in zip(tables, hooks):
+            table.set_read_hook(hook)

@@ -19,11 +19,8 @@ Cost per step and table: one `Unique` over the gradient rows, the
 contribution pairs and the noise draw, one Gaussian per touched row for the
 map, and the gradient noise and the optimizer's write on the survivors:
 touched survivors plus ~p V noise-only rows. At a fixed tau the noise-only
-rows grow with the vocabulary (p V), and they are cold rows: on the
-step_time workload at 5e7 rows x 64, writing 4,858 of them alone took the
-non-private step from 3.54 to 5.64 ms (benchmarks/RESULTS.md, analysis under
-the 12:55:35Z step_time section). The
-paper tunes tau per setting; `threshold_for_noise_rows` sets tau for a fixed
+rows grow with the vocabulary (p V), and they are cold rows, so at large V
+writing them dominates the step. The paper tunes tau per setting; `threshold_for_noise_rows` sets tau for a fixed
 expected number of noise-only rows, which keeps the step flat in V.
 
 Contribution clipping is joint over all tables: [v_i]_{C1} scales example
@@ -59,7 +56,7 @@ from typing import Sequence
 
 import dp_accounting
 
-from tfdp_embed._checks import check_positive
+from tfdp_embed._checks import check_int, check_positive
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
@@ -176,8 +173,7 @@ def threshold_for_noise_rows(
 
     References: DP-AdaFEST App. B.2 (noise-only survivors), App. D.1 (tau tuned).
     """
-    if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or vocabulary_size < 1:
-        raise ValueError(f"`vocabulary_size` must be an int >= 1; received {vocabulary_size!r}.")
+    vocabulary_size = check_int("vocabulary_size", vocabulary_size)
     rows = check_positive("expected_noise_rows", expected_noise_rows)
     if rows > vocabulary_size / 2:
         raise ValueError(
@@ -316,18 +312,6 @@ def geometric_skip_positions(generator, size: int, probability: float) -> tf.Ten
         shape_invariants=(tf.TensorShape([None]),),
     )
     return tf.cast(tf.boolean_mask(positions, positions < limit), tf.int64)
-
-
-def is_member(values: tf.Tensor, ordered: tf.Tensor) -> tf.Tensor:
-    """Mask of `values` present in `ordered`, in O(n log k).
-
-    Args:
-      values: int64 `[n]`.
-      ordered: int64 `[k + 1]`, sorted, ending with a sentinel larger than
-        every value (so every searchsorted position can be gathered).
-    """
-    at = tf.searchsorted(ordered, values, side="left")
-    return tf.equal(tf.gather(ordered, at), values)
 
 
 class DPAdaFEST(NoiseMechanism):

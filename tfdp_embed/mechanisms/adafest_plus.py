@@ -38,7 +38,8 @@ import dp_accounting
 import numpy as np
 
 from tfdp_embed._keras import tf
-from tfdp_embed.mechanisms.adafest import DPAdaFEST, geometric_skip_positions, is_member
+from tfdp_embed._sorted_sets import is_member
+from tfdp_embed.mechanisms.adafest import DPAdaFEST, geometric_skip_positions
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 
 

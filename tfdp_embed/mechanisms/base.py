@@ -27,6 +27,7 @@ import dp_accounting
 
 from tfdp_embed._checks import check_positive
 from tfdp_embed._keras import tf
+from tfdp_embed._rng import make_generator
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.capabilities import MechanismCapabilities, capabilities_of, how_to_declare
@@ -87,17 +88,6 @@ class ClippedGradients:
     batch_size: tf.Tensor
 
 
-def make_generator(seed: int | None) -> tf.random.Generator:
-    """Noise RNG: OS entropy unless an explicit seed is given (tests only)."""
-    if seed is None:
-        return tf.random.Generator.from_non_deterministic_state()
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"`seed` must be an int or None (OS entropy); received {seed!r}.")
-    # from_seed(s) and from_seed(s + 1) are the same Philox stream shifted by a few
-    # numbers; using the seed as the Philox *key* gives independent streams.
-    return tf.random.Generator.from_key_counter(key=seed, counter=[0, 0], alg="philox")
-
-
 class NoiseMechanism(tf.Module, abc.ABC):
     """Base class of all noise mechanisms.
 
@@ -123,7 +113,7 @@ class NoiseMechanism(tf.Module, abc.ABC):
         self.l2_norm_clip = check_positive("l2_norm_clip", l2_norm_clip)
         self.noise_multiplier = check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
         self.seed = seed
-        self.generator = make_generator(seed)
+        self.generator = make_generator(seed, seed_as="key")
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         self._tables: list = []
         self._dense_variables: list = []

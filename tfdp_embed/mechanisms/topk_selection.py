@@ -20,10 +20,8 @@ is k_f * eps_f-DP (e.g. for a bucket whose count dominates, the probability
 of *leaving it out* changes by e^{k_f eps_f} when its count moves by 1), so
 we use scale k_f / eps_f to make the stated eps_1 true.
 
-Accounting event. dp-accounting 0.4.3 has no pure-DP, zCDP or
-exponential-mechanism event (its events: Gaussian, Laplace, Poisson/
-without-replacement sampling, composition, tree aggregation,
-repeat-and-select, unsupported), and the zCDP route (rho = eps^2/8 per
+Accounting event. dp-accounting has no pure-DP, zCDP or
+exponential-mechanism event, and the zCDP route (rho = eps^2/8 per
 round, Cesar & Rogers 2021) is only an RDP statement: a Gaussian event with
 the same rho would be honest under `RdpAccountant` but not under
 `PLDAccountant`, which treats a Gaussian event as its exact privacy-loss

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tfdp_embed._checks import check_int
 from tfdp_embed._keras import tf
 
 
@@ -92,8 +93,7 @@ def ranking_metrics(ranks, k: int = 10) -> dict:
 
 
 def _check(ranks: np.ndarray, k) -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"`k` must be an int >= 1; received {k!r}.")
+    check_int("k", k)
     if ranks.ndim != 1 or (ranks.size and ranks.min() < 0):
         raise ValueError(f"`ranks` must be a 1-D array of 0-based ranks >= 0; received shape {ranks.shape}.")
 

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tfdp_embed._checks import check_int
 from tfdp_embed._keras import tf
 
 DEFAULT_KS = (1, 5, 10, 20)
@@ -105,12 +106,7 @@ def precision_recall_at_k(
     if n == 0:
         raise ValueError("`queries` is empty: no query to evaluate.")
     ks = _check_ks(ks, m)
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, int)
-        or batch_size < 1
-    ):
-        raise ValueError(f"`batch_size` must be an int >= 1; received {batch_size!r}.")
+    batch_size = check_int("batch_size", batch_size)
     ids = (
         np.arange(m, dtype=np.int64)
         if candidate_ids is None

@@ -101,9 +101,9 @@ class CTRServingModule(tf.Module):
         if not isinstance(config, CTRModelConfig):
             raise TypeError(f"`config` must be a CTRModelConfig; received {type(config).__name__}.")
         # Only the variables are tracked: the SavedModel then holds the weights
-        # and the `serve` graph, not a Keras object graph (12 s -> 2 s to save,
-        # 4 s -> 0.5 s to load for the 26-table model). A traced op that
-        # captured any other state (a mechanism's) would make saving fail.
+        # and the `serve` graph, not a Keras object graph (much faster to save
+        # and load). A traced op that captured any other state (a mechanism's)
+        # would make saving fail.
         self.model_variables = list(model.variables)
         object.__setattr__(self, "_model", model)
         self._vocab = config.vocab_by_feature

@@ -38,6 +38,7 @@ import dataclasses
 
 import numpy as np
 
+from tfdp_embed._checks import check_int
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.attention import re_attention as ra
 from tfdp_embed.attention.causal_attention import CausalSelfAttention
@@ -76,9 +77,7 @@ class SASRecConfig:
 
     def __post_init__(self):
         for name in ("num_items", "max_len", "dim", "blocks"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be an int >= 1; received {value!r}.")
+            check_int(name, getattr(self, name))
         if not 0 <= self.dropout < 1:
             raise ValueError(f"`dropout` must lie in [0, 1); received {self.dropout!r}.")
         k = self.head_items

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     if fast_normal.compiler() is None:
         _warn(
             "no C++ compiler found (g++ or $CXX): the fast Gaussian op is not built; "
-            "tfdp_embed falls back to tf.random.Generator.normal (correct, ~10x slower noise)."
+            "tfdp_embed falls back to tf.random.Generator.normal (correct, much slower noise)."
         )
         return 1 if args.strict else 0
     start = time.perf_counter()

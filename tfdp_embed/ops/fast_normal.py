@@ -281,7 +281,7 @@ def _op_or_none():
             _warned = True
             warnings.warn(
                 "tfdp_embed: the fast Gaussian sampler op is unavailable; using "
-                f"tf.random.Generator.normal instead (~10x slower, equally exact). Reason: {err}",
+                f"tf.random.Generator.normal instead (much slower, equally exact). Reason: {err}",
                 RuntimeWarning,
                 stacklevel=3,
             )
