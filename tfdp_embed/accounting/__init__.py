@@ -18,7 +18,7 @@ from tfdp_embed.accounting.calibration import (
 from tfdp_embed.accounting.events import EventSource, accountable_event
 from tfdp_embed.accounting.ledger import PrivacyLedger
 from tfdp_embed.accounting.periods import Period, PeriodBudget, calibrate_periods, period_ledger, period_ledgers
-from tfdp_embed.accounting.planning import (
+from tfdp_embed.accounting.releases import (
     calibrate_noise_multiplier_with_releases,
     release_epsilon,
     release_noise_multiplier,

@@ -1,4 +1,4 @@
-"""Planning a run that releases something once before training (with `dp_accounting` only).
+"""One-off releases charged before training, composed with the steps (with `dp_accounting` only).
 
 A run may release data-dependent statistics once, before training: item
 frequencies (DPFormer's Re-Attention, a popularity prior, head rows), a
