@@ -11,8 +11,9 @@ the answer, k and k + 1 (`accounting.coarse_to_exact`), and a search that
 runs over a second says so. It then records one step per batch in the ledger and sets
 `model.stop_training = True` after the last allowed step, so the step that
 would exceed the budget never runs. Epsilon is computed at epoch end (and
-put into the epoch logs, so `History` and `TensorBoard` see it) and at
-train end, never per step: one PLD evaluation costs ~0.1-2 s.
+put into the epoch logs, so `History` sees it, and written to TensorBoard
+by the callback itself: `log_dir`) and at train end, never per step: one
+PLD evaluation costs ~0.1-2 s.
 
 Resuming (`resume_from(ledger)`, done by `tfdp_embed.checkpointing`): the
 checkpointed ledger replaces the empty one, so a resumed run's budget counts
@@ -48,6 +49,7 @@ References: Abadi et al. 2016 §3.1 (privacy accounting during training);
 from __future__ import annotations
 
 import logging
+import os
 
 import dp_accounting
 
@@ -66,6 +68,7 @@ from tfdp_embed.accounting.coarse_to_exact import largest_count
 from tfdp_embed.accounting.events import EventSource, accountable_event, check_event_source, steps_taken
 from tfdp_embed.accounting.ledger import PrivacyLedger
 from tfdp_embed.accounting.progress import announced
+from tfdp_embed.accounting.summaries import EpochScalars
 from tfdp_embed.data.provenance import NOT_VERIFIED, UNVERIFIED, FedBatching
 from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
 
@@ -103,6 +106,10 @@ class PrivacyBudget(keras.callbacks.Callback):
         "fixed_shuffled" or `BatchingInfo` is checked against it: claiming
         Poisson for data that is not verified (or declared) Poisson raises;
         a non-Poisson value is reported as given.
+      log_dir: TensorBoard's `log_dir`: epsilon is written there (run
+        "train", tag `epoch_epsilon`) at every epoch end, whatever the order
+        of the callbacks. None writes it to the default summary writer if
+        one is active (`accounting.summaries`).
 
     Attributes:
       ledger: the `PrivacyLedger` (save it next to the model).
@@ -133,6 +140,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         report_path: str | None = None,
         dataset_size: int | None = None,
         batching=None,
+        log_dir: str | os.PathLike | None = None,
     ):
         super().__init__()
         if report_path is not None and (
@@ -156,6 +164,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         self.report_path = None if report_path is None else str(report_path)
         self.dataset_size = dataset_size
         self.batching = batching  # the caller's explicit claim, or None
+        self.scalars = EpochScalars(log_dir)
         self.fed_batching = None  # the least private batching fed in this callback's fits
         self.ledger = PrivacyLedger() if ledger is None else ledger
         self.is_dp = bool(mechanism.is_dp)
@@ -302,6 +311,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         epsilon = self._current_epsilon()
         if logs is not None:
             logs[self.log_key] = epsilon
+        self.scalars.write(self.log_key, epsilon, epoch=epoch)
 
     def on_train_end(self, logs=None):
         epsilon = self._current_epsilon()
@@ -315,6 +325,7 @@ class PrivacyBudget(keras.callbacks.Callback):
             ", stopped by the privacy budget" if self.stopped_by_budget else "",
         )
         self._write_report(stopped=self.stopped_by_budget, refused_to_start=False)
+        self.scalars.close()
 
     def _write_report(self, *, stopped: bool, refused_to_start: bool) -> None:
         """Writes the privacy report to `report_path` (if set), with the budget's outcome."""
