@@ -1,4 +1,4 @@
-"""Privacy accounting with `dp_accounting` only: calibration, releases, ledger, budgets, periods, report.
+"""Privacy accounting with `dp_accounting` only: calibration, releases, ledger, budgets, periods, report (JSON, text).
 
 Events are data (`dp_accounting.DpEvent`s reported by the mechanisms, read
 through `EventSource`), accountants (PLD by default, RDP) interpret them;
@@ -29,6 +29,7 @@ from tfdp_embed.accounting.report import (
     truncation_delta,
     write_privacy_report,
 )
+from tfdp_embed.accounting.report_text import format_report
 
 __all__ = [
     "EventSource",
@@ -42,6 +43,7 @@ __all__ = [
     "calibrate_periods",
     "compute_epsilon",
     "dpsgd_event",
+    "format_report",
     "make_accountant",
     "period_ledger",
     "period_ledgers",
