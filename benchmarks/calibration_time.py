@@ -174,7 +174,7 @@ def plot(document: dict, path: str) -> None:
         widths = [r["seconds"][phase]["median_s"] for r in rows]
         ax.barh(labels, widths, left=left, label=phase.replace("_", " "))
         left = [a + b for a, b in zip(left, widths)]
-    ax.set_xlabel("seconds before the first training step (median)")
+    ax.set_xlabel("seconds of privacy accounting (median): plan + budget before the first step, final ε after the last")
     ax.set_title(f"Privacy planning time — {document['machine']['date_utc'][:10]}", fontsize=9)
     ax.invert_yaxis()
     ax.legend(fontsize=8)
