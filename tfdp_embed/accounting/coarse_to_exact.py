@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from scipy import optimize
 
@@ -75,22 +76,23 @@ def smallest_parameter(
     Raises:
       Unreachable: levels[-1](highest) > target.
     """
-    exact, x, at_lowest = levels[-1], None, False
+    exact, found, at_lowest = levels[-1], None, False
     for i, level in enumerate(levels):
         try:
-            if x is None:
+            if found is None:
                 lo, x = _bracket(level, target, start=start, factor=factor, lowest=lowest, highest=highest)
             else:
-                lo, x = _bracket_near(level, levels[i - 1], target, x, rtol=rtol, lowest=lowest, highest=highest)
+                lo, x = _bracket_near(level, levels[i - 1], target, found, rtol=rtol, lowest=lowest, highest=highest)
         except Unreachable:
             if level is exact or exact(highest) > target:
                 raise Unreachable(exact(highest)) from None
-            x = None  # a coarse grid's artefact: search the finer grid from scratch
+            found = None  # a coarse grid's artefact: search the finer grid from scratch
             continue
         at_lowest = lo is None
-        if not at_lowest and x - lo > rtol * x:
+        if lo is not None and x - lo > rtol * x:
             x = _brent(level, target, lo, x, tol=rtol * x)
-    return x, at_lowest
+        found = x
+    return cast(float, found), at_lowest  # the exact level answered (or raised)
 
 
 def largest_count(levels: Sequence[Level], target: float, *, start: int, highest: int) -> int:
@@ -105,7 +107,7 @@ def largest_count(levels: Sequence[Level], target: float, *, start: int, highest
     Returns:
       k with levels[-1](k) <= target and (k == highest or levels[-1](k + 1) > target).
     """
-    k = None
+    k: int | None = None
     for level in levels:
         if k is None:
             lo, hi = _bracket_count(level, target, lo=0, start=start, highest=highest)
@@ -118,13 +120,15 @@ def largest_count(levels: Sequence[Level], target: float, *, start: int, highest
             extra = (target**2 - e1) / (e1 - e0) if e1 > e0 else k
             lo, hi = _bracket_count(level, target, lo=k + 1, start=k + 2 + int(1.1 * extra), highest=highest)
         k = lo if hi is None else _largest_fitting(level, target, lo, hi)
-    return k
+    return cast(int, k)  # the first level always answers
 
 
 # -- continuous parameter -------------------------------------------------------------------
 
 
-def _bracket_near(level: Level, coarser: Level, target: float, x: float, *, rtol, lowest, highest):
+def _bracket_near(
+    level: Level, coarser: Level, target: float, x: float, *, rtol: float, lowest: float, highest: float
+) -> tuple[float | None, float]:
     """(lo, hi) around this grid's root, at most `rtol` wide when the secant steps converge; x: the coarser root.
 
     Secant steps on this grid, the first with the coarser grid's slope at x,

@@ -17,6 +17,7 @@ value under the same tag and step from the epoch logs.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from tfdp_embed._keras import tf
 
@@ -26,7 +27,7 @@ class EpochScalars:
 
     def __init__(self, log_dir: str | os.PathLike | None):
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
-        self._writer = None
+        self._writer: Any = None
 
     def write(self, key: str, value: float, *, epoch: int) -> None:
         """Writes `epoch_<key>` = value at step `epoch`."""
@@ -37,9 +38,10 @@ class EpochScalars:
             return
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "train"))
-        with self._writer.as_default():
+        writer = self._writer
+        with writer.as_default():
             tf.summary.scalar(tag, value, step=int(epoch))
-        self._writer.flush()
+        writer.flush()
 
     def close(self) -> None:
         if self._writer is not None:

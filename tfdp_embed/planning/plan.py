@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from tfdp_embed.accounting.calibration import check_accountant, check_delta, check_epsilon
 from tfdp_embed.accounting.periods import Period, calibrate_periods
@@ -61,7 +62,7 @@ def plan_run(
     delta, accountant = check_delta(target_delta), check_accountant(accountant)
     periods, parallel = _periods(sampling_probability, steps, periods)
     releases = tuple(releases)
-    common = dict(mechanism_name=mechanism, target_delta=delta, accountant=accountant, periods=periods,
+    common: dict[str, Any] = dict(mechanism_name=mechanism, target_delta=delta, accountant=accountant, periods=periods,
                   parallel=parallel, assumptions=tuple(assumptions))  # fmt: skip
     if "noise_multiplier" not in allowed:
         return _non_private(common, target_epsilon, noise_multiplier, releases, options, seed)
@@ -70,7 +71,7 @@ def plan_run(
             f"Mechanism {mechanism!r} needs exactly one of `target_epsilon` (sigma is calibrated) and "
             f"`noise_multiplier`; received {target_epsilon!r}, {noise_multiplier!r}."
         )
-    if target_epsilon is None:
+    if noise_multiplier is not None:
         sigma, training, source = float(noise_multiplier), None, "given"
         planned = plan_event_releases(releases, delta=delta, accountant=accountant)
     else:

@@ -11,6 +11,7 @@ App. C.3 (selection + steps).
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import dp_accounting
 
@@ -117,7 +118,7 @@ def plan_releases(releases: tuple, *, target: float, delta: float, accountant: s
         if not isinstance(release, Release):
             raise TypeError(f"`releases` must hold `Release`s; received {release!r}.")
         if release.pure:
-            epsilon = target * release.epsilon_share
+            epsilon = target * cast(float, release.epsilon_share)  # a pure release has a share
             training -= epsilon  # basic composition with a pure-DP release
             each = dp_accounting.LaplaceDpEvent(release.count / epsilon)  # exactly (epsilon / count)-DP
             events = () if release.name == SELECTION else (each,) * release.count
@@ -151,15 +152,17 @@ def plan_event_releases(releases: tuple, *, delta: float, accountant: str) -> tu
 def plan_composed(release: Release, target: float | None, delta: float, accountant: str) -> PlannedRelease:
     """A release composed by the accountant: its event (sized for its share if it has one) and what it spends."""
     event = release.event
-    if event is None:
+    if event is None:  # a share with `noise`, planned against a target
+        noise = cast(str, release.noise)
         z = release_noise_multiplier(
-            epsilon=release.epsilon_share * target, delta=delta, mechanism=release.noise, accountant=accountant
-        )
-        event = RELEASE_MECHANISMS[release.noise](z)
+            epsilon=cast(float, release.epsilon_share) * cast(float, target), delta=delta, mechanism=noise,
+            accountant=accountant,
+        )  # fmt: skip
+        event = RELEASE_MECHANISMS[noise](z)
     spent = release_epsilon([event], delta=delta, accountant=accountant)
     share = release.epsilon_share if release.epsilon_share is not None else None if target is None else spent / target
-    z = getattr(event, "noise_multiplier", None)
-    return PlannedRelease(release.name, ACCOUNTANT, spent, share, 1, z, (event,))
+    noise_multiplier = getattr(event, "noise_multiplier", None)
+    return PlannedRelease(release.name, ACCOUNTANT, spent, share, 1, noise_multiplier, (event,))
 
 
 __all__ = ["ACCOUNTANT", "BASIC", "SELECTION", "PlannedRelease", "Release", "plan_event_releases", "plan_releases"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tfdp_embed.accounting import PrivacyBudget, PrivacyLedger, privacy_report
 from tfdp_embed.accounting.periods import Period, PeriodBudget, add_period_accounting, parallel_epsilon, period_ledgers
@@ -97,7 +98,9 @@ class RunPlan:
             raise ValueError(
                 f"This plan ({self.mechanism_name}, noise {self.noise_source}) has no epsilon target to enforce."
             )
-        target = dict(target_epsilon=self.target_epsilon, target_delta=self.target_delta, accountant=self.accountant)
+        target: dict[str, Any] = dict(
+            target_epsilon=self.target_epsilon, target_delta=self.target_delta, accountant=self.accountant
+        )
         if not self.parallel:
             if period is not None:
                 raise ValueError("`period` is only for plans with several streaming `periods`.")
