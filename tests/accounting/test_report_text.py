@@ -56,6 +56,8 @@ def test_a_pipelines_details_not_released_note_and_warnings_follow(tmp_path):
     lines = text.splitlines()
     assert lines[0] == "== criteo report =="
     assert lines[lines.index("caveats:") - 1] == "AUC                0.71"
+    long = format_report(report, details={"a label longer than the column": "x"})
+    assert "a label longer than the column x" in long.splitlines()
     assert "skipped" not in text
     assert lines[-2:] == ["not released: metrics are not DP", "WARNING: a table dropped most rows"]
 

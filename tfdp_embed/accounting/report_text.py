@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-_WIDTH = 19  # label column
+_WIDTH = 19  # label column (a longer label is followed by one space)
 
 
 def format_report(report: Mapping, *, title: str = "privacy report", details: Mapping | None = None) -> str:
@@ -44,7 +44,7 @@ def format_report(report: Mapping, *, title: str = "privacy report", details: Ma
     lines = [f"== {title} =="]
     for label, value in [*_privacy_lines(report), *(details or {}).items()]:
         if value is not None:
-            lines.append(f"{label:<{_WIDTH}}{value}")
+            lines.append(f"{label:<{_WIDTH - 1}} {value}")
     lines += ["caveats:"] + [f"  - {caveat}" for caveat in report.get("caveats", [])]
     if report.get("not_released"):
         lines.append(f"not released: {report['not_released']}")
