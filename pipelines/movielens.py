@@ -42,7 +42,7 @@ import numpy as np
 
 from pipelines import cli_types, movielens_privacy
 from pipelines.criteo_training import StepTimer
-from tfdp_embed import DPModel, keras, tf
+from tfdp_embed import DPModel, accounting, keras, tf
 from tfdp_embed.accounting import write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data import poisson_batches, with_lookahead
@@ -598,30 +598,20 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
 
 
 def format_report(report: dict) -> str:
-    """The summary printed at the end of a run."""
-    eps = report.get("epsilon")
-    lines = [
-        "== movielens two-tower report ==",
-        f"mechanism        {report['mechanism']} ({'DP' if report['is_dp'] else 'NOT differentially private'})",
-        f"guarantee        {report.get('guarantee')}",
-        f"epsilon / delta  {'n/a' if eps is None else f'{eps:.4g}'} / {report['delta']:.3g}",
-        f"noise multiplier {report.get('noise_multiplier')} ({report.get('noise_source')})",
-        f"steps, q         {report['steps_run']}, {report['sampling_probability']:.4g}",
-        "precision@k      "
-        + ", ".join(f"@{k} {report[f'precision@{k}']:.4f}" for k in DEFAULT_KS),
-        "recall@k         "
-        + ", ".join(f"@{k} {report[f'recall@{k}']:.4f}" for k in DEFAULT_KS),
-        f"test examples    {report['test_examples']}",
-        f"median step      {_milliseconds(report.get('median_step_s'))}",
-    ]
-    if "eana_bound" in report:
-        bound = report["eana_bound"]
-        lines.append(
-            f"EANA bound       data-dependent eps {bound['data_dependent_epsilon']:.4g} (NOT DP: {bound['label']})"
-        )
-    lines += ["caveats:"] + [f"  - {c}" for c in report.get("caveats", [])]
-    lines += [f"WARNING: {w}" for w in report.get("warnings", [])]
-    return "\n".join(lines)
+    """The summary printed at the end of a run: the library's privacy lines, then the retrieval metrics."""
+    bound = report.get("eana_bound")
+    details = {
+        "noise source": report.get("noise_source"),
+        "steps run": report["steps_run"],
+        "precision@k": ", ".join(f"@{k} {report[f'precision@{k}']:.4f}" for k in DEFAULT_KS),
+        "recall@k": ", ".join(f"@{k} {report[f'recall@{k}']:.4f}" for k in DEFAULT_KS),
+        "test examples": report["test_examples"],
+        "median step": _milliseconds(report.get("median_step_s")),
+        "EANA bound": None if bound is None else (
+            f"data-dependent eps {bound['data_dependent_epsilon']:.4g} (NOT DP: {bound['label']})"
+        ),
+    }  # fmt: skip
+    return accounting.format_report(report, title="movielens two-tower report", details=details)
 
 
 def _milliseconds(seconds) -> str:

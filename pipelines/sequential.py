@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pipelines import cli_types, sequential_eval, sequential_privacy
 from pipelines.criteo_report import write_report
 from pipelines.criteo_training import StepTimer
-from tfdp_embed import DPModel, export_saved_model, keras, tf
+from tfdp_embed import DPModel, accounting, export_saved_model, keras, tf
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.attention import effective_errors
 from tfdp_embed.data import poisson_batches
@@ -409,22 +409,16 @@ def _frequency_summary(info: dict) -> str:
 
 
 def format_summary(report: dict) -> str:
-    eps = report.get("epsilon")
+    """The summary printed at the end of a run: the library's privacy lines, then the ranking metrics."""
     frequencies = report.get("extra", {}).get("item_frequencies")
-    return "\n".join(
-        [
-            "== sequential report ==",
-            f"model                {report['model']}",
-            f"guarantee            {report.get('guarantee')}",
-            f"epsilon              {'n/a (non-private)' if eps is None else f'{eps:.4g}'}",
-            f"noise multiplier     {report['noise_multiplier']:.4g}",
-            f"item frequencies     {_frequency_summary(frequencies) if frequencies else 'n/a'}",
-            f"steps                {report['steps']}",
-            f"NDCG@10 / HIT@10     {100 * report['ndcg@10']:.2f}% / {100 * report['hit@10']:.2f}% "
-            f"({report['test']['users']} test users, all items ranked)",
-            f"wall time            {report['wall_seconds']:.1f} s",
-        ]
-    )
+    details = {
+        "model": report["model"],
+        "item frequencies": _frequency_summary(frequencies) if frequencies else "n/a",
+        "NDCG@10 / HIT@10": f"{100 * report['ndcg@10']:.2f}% / {100 * report['hit@10']:.2f}% "
+        f"({report['test']['users']} test users, all items ranked)",
+        "wall time": f"{report['wall_seconds']:.1f} s",
+    }
+    return accounting.format_report(report, title="sequential report", details=details)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,7 +28,7 @@ import dataclasses
 import math
 
 from tfdp_embed import Release, RunPlan, plan_run
-from tfdp_embed.accounting.planning import RELEASE_MECHANISMS
+from tfdp_embed.accounting.releases import RELEASE_MECHANISMS
 from tfdp_embed.attention import (
     ItemFrequencies,
     exact_item_frequencies,
