@@ -47,8 +47,8 @@ import time
 from collections.abc import Sequence
 
 from pipelines import cli_types, sequential_eval, sequential_privacy
-from pipelines.criteo_report import write_report
-from pipelines.criteo_training import StepTimer
+from pipelines.criteo.report import write_report
+from pipelines.criteo.training import StepTimer
 from tfdp_embed import DPModel, export_saved_model, keras, tf
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.attention import effective_errors

@@ -16,10 +16,10 @@ What happens:
      one validating scan counts the rows (and, for DP-FEST / AdaFEST+, the
      bucket counts), then exact Poisson batches are read from the files,
      G = `--stream-buffer-rows` // B batches per pass, so memory does not
-     grow with the rows (`pipelines.criteo_data`);
+     grow with the rows (`pipelines.criteo.data`);
   2. calibrate the noise for (epsilon, delta = 1/N by default), q = B / N and
      T = epochs x round(N / B) steps with `dp_accounting` (PLD); several
-     streaming periods compose in parallel (`tfdp_embed.plan_run`, `pipelines.criteo_privacy`);
+     streaming periods compose in parallel (`tfdp_embed.plan_run`, `pipelines.criteo.privacy`);
   3. train the DP-FEST App. D.1 pCTR model (or DCN-v2) with `DPModel` on
      Poisson-sampled batches (LazyDP: with the one-batch lookahead; DP-FEST and
      DP-AdaFEST+: DP top-k selection from bucket counts, DP-FEST re-selected
@@ -30,7 +30,7 @@ What happens:
   5. flush owed noise, then the DP output calibration (`--calibration-fraction`
      of epsilon, default 5%): shift the output bias so the mean prediction
      matches a DP estimate of the click rate, which corrects DP-SGD's
-     clipping bias (`pipelines.criteo_calibration`);
+     clipping bias (`pipelines.criteo.calibration`);
   6. export `OUT/saved_model` (no optimizer or mechanism state;
      `serving_default` takes the raw Criteo fields as strings, see
      `tfdp_embed.models.ctr_serving`) with `privacy_report.json` beside it;
@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_CALIBRATION_FRACTION,
         help="share of epsilon for the DP output calibration after training (Laplace histogram of logits; fixes "
-        "the clipping bias of the mean prediction, see pipelines/criteo_calibration.py); 0 turns it off "
+        "the clipping bias of the mean prediction, see pipelines/criteo/calibration.py); 0 turns it off "
         "(default %(default)s)",
     )
     train = p.add_argument_group("training")
