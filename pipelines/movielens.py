@@ -41,7 +41,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipelines import cli_types, movielens_privacy
-from pipelines.criteo.training import StepTimer
+from pipelines.step_timer import StepTimer
 from tfdp_embed import DPModel, keras, tf
 from tfdp_embed.accounting import write_privacy_report
 from tfdp_embed.accounting.report import not_released_note

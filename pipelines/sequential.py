@@ -47,9 +47,9 @@ import time
 from collections.abc import Sequence
 
 from pipelines import cli_types, sequential_eval, sequential_privacy
-from pipelines.criteo.report import write_report
-from pipelines.criteo.training import StepTimer
+from pipelines.step_timer import StepTimer
 from tfdp_embed import DPModel, export_saved_model, keras, tf
+from tfdp_embed.accounting import write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.attention import effective_errors
 from tfdp_embed.data import poisson_batches
@@ -395,7 +395,7 @@ def run(config: SequentialConfig) -> SequentialResult:
             ),
         }
     )
-    write_report(os.path.join(config.out, "report.json"), report)
+    write_privacy_report(os.path.join(config.out, "report.json"), report)
     return SequentialResult(report=report, model=model, serving=serving)
 
 

@@ -53,7 +53,7 @@ import dataclasses
 import dp_accounting
 import numpy as np
 
-from pipelines import criteo_eval
+from pipelines.criteo import evaluation as criteo_eval
 from tfdp_embed import tf
 
 LOGIT_RANGE = 10.0

@@ -26,7 +26,10 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines import criteo, criteo_calibration, criteo_data, criteo_eval
+from pipelines import criteo
+from pipelines.criteo import calibration as criteo_calibration
+from pipelines.criteo import data as criteo_data
+from pipelines.criteo import evaluation as criteo_eval
 from pipelines.criteo.report import REQUIRED_KEYS
 from tfdp_embed._keras import tf
 from tfdp_embed.accounting import PrivacyLedger
