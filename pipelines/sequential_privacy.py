@@ -69,7 +69,6 @@ class SequentialPrivacy:
     def private(self) -> bool:
         return self.run.is_dp
 
-
     def frequency_report(self) -> dict:
         """What the privacy report says about the item frequencies (share and epsilon of their release)."""
         released = ITEM_FREQUENCIES in [r.name for r in self.run.releases]
@@ -91,7 +90,9 @@ def check_frequency_options(
     if frequencies == "private" and frequencies_file is not None:
         raise ValueError("`frequencies_file` is read only with `frequencies='public'`; received 'private'.")
     if frequencies == "public" and (epsilon_share is not None or noise_multiplier is not None):
-        raise ValueError("Public frequencies are not released: drop `frequency_epsilon_share`/`frequency_noise_multiplier`.")
+        raise ValueError(
+            "Public frequencies are not released: drop `frequency_epsilon_share`/`frequency_noise_multiplier`."
+        )
     if epsilon_share is not None and noise_multiplier is not None:
         raise ValueError("Pass `frequency_epsilon_share` or `frequency_noise_multiplier`, not both.")
     if epsilon_share is not None and not 0 < epsilon_share < 1:
@@ -144,14 +145,7 @@ def plan(
                   sampling_probability=batch / n, steps=epochs * max(1, round(n / batch)), seed=seed)  # fmt: skip
     dp = dict(target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, **common)
     if frequencies == "public":
-        freq = read_item_frequencies(frequencies_file, num_items=data.num_items)
-        assumptions = (
-            f"the item frequencies supplied in {frequencies_file!r} are independent of the training data (public); "
-            "they and everything computed from them (Re-Attention's errors, the popularity prior, head rows) are "
-            "released without privacy cost",
-        )
-        run = plan_run("dense", **dp, assumptions=assumptions) if private else plan_run("none", **common)
-        return SequentialPrivacy(run, float(epsilon), freq)
+        return _public_plan(data, frequencies_file, float(epsilon), dp=dp if private else None, common=common)
     counts = data.item_user_counts()
     if not private:  # a non-private reference run: nothing is guaranteed, the exact counts are used
         exact = exact_item_frequencies(counts, num_users=n)
@@ -166,6 +160,21 @@ def plan(
     if (freq.event,) != release.events:
         raise AssertionError(f"The frequency release {freq.event} is not the planned {release.events}.")
     return SequentialPrivacy(run, float(epsilon), freq)
+
+
+def _public_plan(data: SequenceData, frequencies_file: str, epsilon: float, *, dp: dict | None, common: dict):
+    """The plan with public frequencies read from a file: nothing is released, the guarantee assumes them public.
+
+    `dp` holds the DP-SGD arguments of a private run; None for a non-private one.
+    """
+    freq = read_item_frequencies(frequencies_file, num_items=data.num_items)
+    assumptions = (
+        f"the item frequencies supplied in {frequencies_file!r} are independent of the training data (public); "
+        "they and everything computed from them (Re-Attention's errors, the popularity prior, head rows) are "
+        "released without privacy cost",
+    )
+    run = plan_run("dense", **dp, assumptions=assumptions) if dp is not None else plan_run("none", **common)
+    return SequentialPrivacy(run, epsilon, freq)
 
 
 def _frequency_release(share: float | None, noise_multiplier: float | None, mechanism: str) -> Release:

@@ -17,14 +17,10 @@ import types
 import numpy as np
 import pytest
 
-from pipelines import (
-    criteo,
-    criteo_privacy,
-    movielens,
-    movielens_privacy,
-    sequential,
-    sequential_privacy,
-)
+from pipelines import movielens, movielens_privacy, sequential, sequential_privacy
+from pipelines.criteo import cli as criteo_cli
+from pipelines.criteo import pipeline as criteo_pipeline
+from pipelines.criteo import privacy as criteo_privacy
 from tfdp_embed import DPEmbedding
 from tfdp_embed.accounting import compute_epsilon, dpsgd_event, period_ledger
 from tfdp_embed.data.sequences import load_sequences, write_synthetic_sequences
@@ -51,11 +47,11 @@ TABLE_VOCAB = 200
 # -- adapters: CLI flags -> what the pipeline plans ----------------------------------------------
 def criteo_numbers(flags: str, period_sizes: list) -> dict:
     """The Criteo pipeline's plan for `flags` and training periods of `period_sizes` rows."""
-    config = criteo.parse_args([*flags.split(), "--verbose", "0", "--out", "unused"])
+    config = criteo_cli.parse_args([*flags.split(), "--verbose", "0", "--out", "unused"])
     data = types.SimpleNamespace(periods=[types.SimpleNamespace(size=n) for n in period_sizes], rows=sum(period_sizes))
-    settings = criteo._settings(config, data)
+    settings = criteo_pipeline._settings(config, data)
     counts = {"t": np.arange(TABLE_VOCAB, dtype=np.int64)} if criteo_privacy.selects_rows(settings.mechanism) else None
-    plan = criteo_privacy.plan(settings, periods=criteo._periods(config, data), counts=counts)
+    plan = criteo_privacy.plan(settings, periods=criteo_pipeline._periods(config, data), counts=counts)
     selection = [r for r in plan.releases if r.name == SELECTION]
     arguments, mechanism = plan.mechanism_arguments, plan.mechanism
     out = {

@@ -24,8 +24,8 @@ import dataclasses
 
 import numpy as np
 
-from tfdp_embed.data.criteo_errors import SKIP_REASONS, CriteoFormatError
-from tfdp_embed.data.criteo_schema import CAT_FEATURES, INT_FEATURES, NUM_FIELDS
+from tfdp_embed.data.criteo.errors import SKIP_REASONS, CriteoFormatError
+from tfdp_embed.data.criteo.schema import CAT_FEATURES, INT_FEATURES, NUM_FIELDS
 
 MAX_INT_DIGITS = 18
 MAX_CAT_BYTES = 64

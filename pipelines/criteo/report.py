@@ -17,7 +17,7 @@ import json
 import math
 import os
 
-from pipelines.criteo_privacy import output_calibration_epsilon
+from pipelines.criteo.privacy import output_calibration_epsilon
 from tfdp_embed import RunPlan, accounting
 from tfdp_embed.accounting import write_privacy_report
 
