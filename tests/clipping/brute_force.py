@@ -61,9 +61,7 @@ def run_step(model, inputs, *, registry=None, l2_norm_clip: float = 1.0) -> Step
     return StepResult(step, jacobians, variables, int(loss.shape[0]))
 
 
-def check_against_brute_force(
-    model, inputs, *, registry=None, seed: int = 0, rtol: float = RTOL
-) -> StepResult:
+def check_against_brute_force(model, inputs, *, registry=None, seed: int = 0, rtol: float = RTOL) -> StepResult:
     """Asserts exact per-example norms and clipped sums for every layer of `model`."""
     result = run_step(model, inputs, registry=registry)
     rng = np.random.default_rng(seed)

@@ -61,9 +61,7 @@ def layer_gradients(
         _check_not_reached(tap, variables, var_grads)
     result = []
     for tap, output_grads in zip(used, grads):
-        output_grads = [
-            tf.zeros_like(c.outputs) if g is None else g for c, g in zip(tap.calls, output_grads)
-        ]
+        output_grads = [tf.zeros_like(c.outputs) if g is None else g for c, g in zip(tap.calls, output_grads)]
         fn = registry.lookup(tap.layer)
         expected = registry.tapped_method(tap.layer)
         if tap.method != expected:
