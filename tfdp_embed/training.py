@@ -160,9 +160,7 @@ class DPModel(keras.Model):
     ):
         super().__init__(name=name or f"dp_{model.name}")
         if not isinstance(mechanism, NoiseMechanism):
-            raise TypeError(
-                f"`mechanism` must be a tfdp_embed NoiseMechanism; received {type(mechanism).__name__}."
-            )
+            raise TypeError(f"`mechanism` must be a tfdp_embed NoiseMechanism; received {type(mechanism).__name__}.")
         if mechanism.clips_per_example:
             if expected_batch_size is None:
                 raise ValueError(
@@ -214,8 +212,7 @@ class DPModel(keras.Model):
         """
         if loss is None and not hasattr(self.inner, "compute_loss"):
             raise ValueError(
-                "`loss` is required unless the wrapped model defines `compute_loss` "
-                "returning one loss per example."
+                "`loss` is required unless the wrapped model defines `compute_loss` returning one loss per example."
             )
         if loss is None and loss_weights is not None:
             raise ValueError(
@@ -296,16 +293,14 @@ class DPModel(keras.Model):
         self._tapped_layers = layers_owning_weights(self.inner)
         for layer in self._tapped_layers:
             self.registry.lookup(layer)  # refuses subclasses the clipping rules cannot describe
-        self._tables = [
-            layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)
-        ]
+        mixed_precision.check_variable_dtypes(self.inner)
+        self._loss_scale = mixed_precision.loss_scale(self.inner, self.optimizer)
+        self._tables = [layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)]
         if batch is not None:
             # Before mechanism.init: no read hook (LazyDP) runs on the check's forward passes.
             self._check_contract(batch=batch)
         table_vars = {layer.embeddings.ref() for layer in self._tables}
         dense = [v for v in self.inner.trainable_variables if v.ref() not in table_vars]
-        mixed_precision.check_variable_dtypes(self.inner)
-        self._loss_scale = mixed_precision.loss_scale(self.inner, self.optimizer)
         strategy = self.distribute_strategy
         distribute.check_supported(self.mechanism, strategy)
         distribute.check_tables(self.inner)
@@ -362,6 +357,7 @@ class DPModel(keras.Model):
                 fallback=self._fallback,
                 loss_name=self._loss_name(),
                 check_per_example=self.check_per_example,
+                loss_scale=self._loss_scale,
             )
         self._contract_pending = not ran and not self._prepared
         if not ran and self._prepared:  # fit's data: there is no later chance
@@ -497,9 +493,7 @@ class DPModel(keras.Model):
         grads = tape.gradient(loss, variables)
         if scaled:
             grads = self.optimizer.get_unscaled_gradients(grads)
-        self.optimizer.apply_gradients(
-            [(g, v) for g, v in zip(grads, variables) if g is not None]
-        )
+        self.optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
         return self._update_metrics(losses, y, sample_weight)
 
     def _assemble(self, step, taps, batch_size) -> ClippedGradients:

@@ -80,15 +80,15 @@ def layer_gradients(
     # tape, so this is right whether or not the caller is still inside `with tape:`.
     scale = _check_loss_scale(loss_scale)
     grads, missed = tape.gradient(
-        per_example_loss, (outputs, unused_vars), output_gradients=tf.fill(tf.shape(per_example_loss), tf.cast(scale, per_example_loss.dtype))
+        per_example_loss,
+        (outputs, unused_vars),
+        output_gradients=tf.fill(tf.shape(per_example_loss), tf.cast(scale, per_example_loss.dtype)),
     )
     for tap, variables, var_grads in zip(unused, unused_vars, missed):
         _check_not_reached(tap, variables, var_grads)
     result = []
     for tap, output_grads in zip(used, grads):
-        output_grads = [
-            tf.zeros_like(c.outputs) if g is None else _finite(g) for c, g in zip(tap.calls, output_grads)
-        ]
+        output_grads = [tf.zeros_like(c.outputs) if g is None else _finite(g) for c, g in zip(tap.calls, output_grads)]
         tap = _finite_calls(tap)
         fn = registry.lookup(tap.layer)
         expected = registry.tapped_method(tap.layer)

@@ -32,7 +32,14 @@ ATOL = 1e-6  # of the model's largest gradient entry: for gradients that cancel 
 
 
 def check_rules_cover_gradients(
-    model, layers: list, *, registry, fallback, forward: Callable[[], tf.Tensor], rtol: float = RTOL
+    model,
+    layers: list,
+    *,
+    registry,
+    fallback,
+    forward: Callable[[], tf.Tensor],
+    rtol: float = RTOL,
+    loss_scale: float = 1.0,
 ) -> None:
     """Refuses the model if some variable's rule-built gradient sum differs from its true gradient.
 
@@ -44,16 +51,19 @@ def check_rules_cover_gradients(
       forward: runs one forward pass and returns the per-example losses `[n]`.
       rtol: the largest difference taken for round-off, relative to the
         variable's largest gradient entry (larger for float16/bfloat16 compute).
+      loss_scale: the fixed loss scale of DPModel's backward pass (float16),
+        so that the check sees the gradients training computes.
 
     Raises:
       PrivacyContractError: naming the layer whose weights the rules miss.
     """
     with tf.GradientTape(persistent=True) as tape, record_taps(layers, registry) as taps:
         loss = forward()
-    infos = layer_gradients(taps, loss, tape, registry, fallback)
+    infos = layer_gradients(taps, loss, tape, registry, fallback, loss_scale=loss_scale)
     variables = model.trainable_variables
-    true = tape.gradient(loss, variables, output_gradients=tf.ones_like(loss))
-    recorded = _through_recorded_outputs(tape, loss, taps, infos) if rtol > RTOL else None
+    start = tf.fill(tf.shape(loss), tf.cast(loss_scale, loss.dtype))  # as DPModel's backward pass
+    true = [_unscaled(g, loss_scale) for g in tape.gradient(loss, variables, output_gradients=start)]
+    recorded = _through_recorded_outputs(tape, loss, start, loss_scale, taps, infos) if rtol > RTOL else None
     del tape
     ones = tf.ones_like(loss)
     built = {}
@@ -72,18 +82,27 @@ def check_rules_cover_gradients(
                 raise PrivacyContractError(_message(owner, variable, difference, scale))
 
 
-def _through_recorded_outputs(tape, loss, taps, infos) -> dict:
+def _through_recorded_outputs(tape, loss, start, loss_scale, taps, infos) -> dict:
     """variable ref -> the gradient of sum_i loss_i that reaches it through its layer's recorded outputs."""
     recorded_taps = {id(tap.layer): tap for tap in taps}  # `infos` holds copies made finite, off the tape
     out = {}
     for used, info in infos:
         tap = recorded_taps[id(used.layer)]
         outputs = [call.outputs for call in tap.calls]
-        output_grads = tape.gradient(loss, outputs, output_gradients=tf.ones_like(loss))
+        output_grads = tape.gradient(loss, outputs, output_gradients=start)
         output_grads = [tf.zeros_like(o) if g is None else g for o, g in zip(outputs, output_grads)]
         grads = tape.gradient(outputs, info.variables, output_gradients=output_grads)
-        out.update((v.ref(), g) for v, g in zip(info.variables, grads))
+        out.update((v.ref(), _unscaled(g, loss_scale)) for v, g in zip(info.variables, grads))
     return out
+
+
+def _unscaled(grad, scale):
+    """`grad` / `scale` (dense or IndexedSlices; None stays None)."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(scale, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad / tf.cast(scale, grad.dtype)
 
 
 def _owns(layer, variable) -> bool:

@@ -34,6 +34,7 @@ def check_model(
     fallback,
     loss_name: str,
     check_per_example: bool,
+    loss_scale: float = 1.0,
 ) -> bool:
     """Checks `model` on `batch` = (x, y, sample_weight); True when the independence check ran.
 
@@ -45,6 +46,7 @@ def check_model(
       registry, fallback: what DPModel clips with.
       loss_name: the loss as error messages name it.
       check_per_example: False runs the state check only (and warns).
+      loss_scale: DPModel's fixed loss scale (float16 compute), for the rules check.
 
     Raises:
       PrivacyContractError: the model breaks the per-example contract.
@@ -64,9 +66,7 @@ def check_model(
     mode = "training"
     independence_rtol, rules_rtol = tolerances(model)
     if ran:
-        mode = check_independence(
-            model, forward_as_loss(forward), batch, loss_name=loss_name, rtol=independence_rtol
-        )
+        mode = check_independence(model, forward_as_loss(forward), batch, loss_name=loss_name, rtol=independence_rtol)
     with deterministic(model):
         check_rules_cover_gradients(
             model,
@@ -75,6 +75,7 @@ def check_model(
             fallback=fallback,
             forward=lambda: forward(mode == "training", *batch),
             rtol=rules_rtol,
+            loss_scale=loss_scale,
         )
     return ran
 
