@@ -45,7 +45,9 @@ from __future__ import annotations
 
 from tfdp_embed._keras import keras, tf
 
-FLOAT16_LOSS_SCALE = 2.0**8  # for the sum of per-example losses: Keras' mean-loss 2**15 over a batch of ~2**7
+FLOAT16_LOSS_SCALE = (
+    2.0**8
+)  # DP backpropagates the sum of per-example losses, not their mean: a smaller scale than Keras' 2**15
 
 _REDUCED = (tf.float16, tf.bfloat16)
 
