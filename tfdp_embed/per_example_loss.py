@@ -150,9 +150,7 @@ def align(struct, outputs, names, *, argument: str) -> list:
     if isinstance(struct, dict) and (not tf.nest.is_nested(outputs) or flat_list):
         unknown = sorted(set(struct) - set(names), key=str)
         if unknown:
-            raise ValueError(
-                f"`{argument}` has keys {unknown} that name no model output; the outputs are {names}."
-            )
+            raise ValueError(f"`{argument}` has keys {unknown} that name no model output; the outputs are {names}.")
         struct = [struct.get(name) for name in names]
         struct = struct[0] if len(struct) == 1 and not tf.nest.is_nested(outputs) else struct
     return _align(struct, outputs, argument)
@@ -182,9 +180,7 @@ def _align(struct, outputs, argument: str) -> list:
         return [entry for s, o in zip(struct, outputs) for entry in _align(s, o, argument)]
     if isinstance(struct, (list, tuple)) and len(struct) == 1:
         return _align(struct[0], outputs, argument)
-    raise ValueError(
-        f"`{argument}` must be one entry for the model's single output; received {_describe(struct)}."
-    )
+    raise ValueError(f"`{argument}` must be one entry for the model's single output; received {_describe(struct)}.")
 
 
 def _output_loss(loss, y_true, y_pred, sample_weight, name: str) -> tf.Tensor:
@@ -196,9 +192,7 @@ def _output_loss(loss, y_true, y_pred, sample_weight, name: str) -> tf.Tensor:
     # compile_utils.match_dtype_and_rank
     if y_true.shape.rank == 1 and y_pred.shape.rank == 2:
         y_true = tf.expand_dims(y_true, -1)
-    if (y_true.dtype.is_floating and y_pred.dtype.is_floating) or (
-        y_true.dtype.is_integer and y_pred.dtype.is_integer
-    ):
+    if (y_true.dtype.is_floating and y_pred.dtype.is_floating) or (y_true.dtype.is_integer and y_pred.dtype.is_integer):
         y_true = tf.cast(y_true, y_pred.dtype)
     values = tf.cast(loss(y_true, y_pred), tf.float32)
     if sample_weight is not None:
