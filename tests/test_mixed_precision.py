@@ -5,7 +5,8 @@ float32 weights, and the noise it adds to a coordinate whose gradient is
 zero has the standard deviation of the formula (sigma C lr / B per step);
 the clipped sum's sensitivity stays <= C; float16's loss scaling keeps
 small gradients from underflowing; policies with float16/bfloat16
-variables are refused.
+variables, and mechanisms whose class does not declare
+`capabilities.mixed_precision`, are refused up front.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.layers.embedding import DPEmbedding
-from tfdp_embed.mechanisms import create
+from tfdp_embed.mechanisms import DenseDPSGD, LazyDP, MechanismCapabilities, create
 from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, B = 200, 4, 3, 8
@@ -190,3 +191,27 @@ def test_policies_with_reduced_precision_variables_are_refused(policy):
     dp = _dp(ctr_model(), create("dense", **NOISE))
     with pytest.raises(ValueError, match=rf"is {policy} \(dtype policy '{policy}'\): use .*'mixed_{policy}'"):
         dp.fit(_dataset(1), epochs=1, verbose=0)
+
+
+class _Undeclared(DenseDPSGD):
+    """DenseDPSGD's update under a capabilities declaration without `mixed_precision`."""
+
+    capabilities = MechanismCapabilities(needs_lookups=False)
+
+
+class _MyLazy(LazyDP):
+    name = "my_lazy"  # inherits LazyDP's declaration
+
+
+@pytest.mark.parametrize("policy", POLICIES, indirect=True)
+def test_a_mechanism_not_declaring_mixed_precision_is_refused_at_construction(policy):
+    dtype = policy.split("_")[1]
+    with pytest.raises(
+        ValueError,
+        match=rf"_Undeclared \(name 'dense'\) does not declare `mixed_precision` .* computes in {dtype} "
+        rf"\(policy '{policy}'\): train under .*'float32'\), or declare",
+    ):
+        DPModel(ctr_model(), mechanism=_Undeclared(**NOISE), expected_batch_size=B)
+    DPModel(ctr_model(), mechanism=_MyLazy(**NOISE), expected_batch_size=B)  # inherited: accepted
+    keras.mixed_precision.set_global_policy("float32")
+    DPModel(ctr_model(), mechanism=_Undeclared(**NOISE), expected_batch_size=B)  # float32: accepted

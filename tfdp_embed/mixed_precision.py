@@ -27,6 +27,10 @@ their variables in float32. Under DP:
   applied by its inner optimizer, which the mechanism also sees (LazyDP's
   `keras.optimizers.legacy.SGD`).
 
+Only mechanisms whose class declares `capabilities.mixed_precision` (every
+library mechanism does) train a model computing in float16 or bfloat16;
+`DPModel` refuses any other at construction (`check_mechanism`).
+
 Policies that keep variables in float16 or bfloat16 (`"float16"`,
 `"bfloat16"`) are refused: the clipped sums and noise would be rounded to
 the variable's precision inside the mechanisms' state.
@@ -44,6 +48,7 @@ scaling); Abadi et al. 2016 (per-example clipping).
 from __future__ import annotations
 
 from tfdp_embed._keras import keras, tf
+from tfdp_embed.mechanisms.capabilities import capabilities_of
 
 FLOAT16_LOSS_SCALE = (
     2.0**8
@@ -103,3 +108,24 @@ def check_variable_dtypes(model) -> None:
                 f"keras.mixed_precision.set_global_policy('mixed_{dtype.name}'), which computes in "
                 f"{dtype.name} and keeps float32 variables."
             )
+
+
+def check_mechanism(mechanism, model) -> None:
+    """Refuses a mechanism whose class does not declare `mixed_precision` for a model computing in 16 bits.
+
+    Raises:
+      ValueError: naming the mechanism class, the model's compute dtype and
+        the two ways out.
+    """
+    dtype = compute_dtype(model)
+    if dtype == tf.float32 or capabilities_of(mechanism).mixed_precision:
+        return
+    cls = type(mechanism)
+    raise ValueError(
+        f"Mechanism class {cls.__name__} (name {getattr(cls, 'name', '?')!r}) does not declare "
+        f"`mixed_precision` in its `capabilities`, so it cannot train model {model.name!r}, which computes "
+        f"in {dtype.name} (policy 'mixed_{dtype.name}'): train under "
+        "keras.mixed_precision.set_global_policy('float32'), or declare "
+        "`capabilities = MechanismCapabilities(..., mixed_precision=True)` on the class once it keeps its "
+        "state, noise and updates in the variables' dtype."
+    )

@@ -173,6 +173,7 @@ class DPModel(keras.Model):
         # Undeclared capabilities (strategy, lookahead, deferred noise) fail here, not in a traced step.
         distribute.check_supported(mechanism)
         check_declared_use(mechanism, lookahead=lookahead)
+        mixed_precision.check_mechanism(mechanism, model)
         distribute.check_tables(model)
         from tfdp_embed import clipping  # registry functions live in the clipping package
 
@@ -294,6 +295,7 @@ class DPModel(keras.Model):
         for layer in self._tapped_layers:
             self.registry.lookup(layer)  # refuses subclasses the clipping rules cannot describe
         mixed_precision.check_variable_dtypes(self.inner)
+        mixed_precision.check_mechanism(self.mechanism, self.inner)  # again: layers created while building
         self._loss_scale = mixed_precision.loss_scale(self.inner, self.optimizer)
         self._tables = [layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)]
         if batch is not None:

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 import statistics
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import dp_accounting
 
@@ -67,9 +67,7 @@ from tfdp_embed.ops import sparse_rows
 _DENSE_WARNING_PROBABILITY = 0.05
 
 
-def effective_noise_multiplier(
-    contribution_noise_multiplier: float, noise_multiplier: float
-) -> float:
+def effective_noise_multiplier(contribution_noise_multiplier: float, noise_multiplier: float) -> float:
     """The one Gaussian equivalent to one DP-AdaFEST step.
 
         sigma = (sigma1^-2 + sigma2^-2)^(-1/2)
@@ -240,9 +238,7 @@ def contribution_pairs(tables: Sequence, batch_size, contribution_clip: float, k
     batch_size = tf.cast(batch_size, tf.int32)
     touched = tf.zeros([batch_size], tf.float32)
     for _, examples in pairs:
-        touched += tf.math.unsorted_segment_sum(
-            tf.ones_like(examples, tf.float32), examples, batch_size
-        )
+        touched += tf.math.unsorted_segment_sum(tf.ones_like(examples, tf.float32), examples, batch_size)
     scale = tf.minimum(1.0, contribution_clip * tf.math.rsqrt(tf.maximum(touched, 1.0)))
     return [(rows, tf.gather(scale, examples)) for rows, examples in pairs]
 
@@ -264,9 +260,7 @@ def _distinct_example_rows(table) -> tuple:
     examples = examples[0] if len(examples) == 1 else tf.concat(examples, 0)
     keys = tf.cast(examples, tf.int64) * vocab + ids
     distinct, position = sparse_rows.unique(keys)
-    first = tf.math.unsorted_segment_min(
-        tf.range(tf.size(keys)), position, tf.size(distinct)
-    )
+    first = tf.math.unsorted_segment_min(tf.range(tf.size(keys)), position, tf.size(distinct))
     return tf.gather(ids, first), tf.gather(examples, first)
 
 
@@ -346,7 +340,7 @@ class DPAdaFEST(NoiseMechanism):
     """
 
     name = "adafest"
-    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True)
+    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, mixed_precision=True)
 
     def __init__(
         self,
@@ -411,14 +405,10 @@ class DPAdaFEST(NoiseMechanism):
                 f"the step has {len(clipped.tables)}."
             )
         out = self._dense_noised(clipped, self.noise_multiplier)
-        pairs = contribution_pairs(
-            clipped.tables, clipped.batch_size, self.contribution_clip, keep=self._keep_mask
-        )
+        pairs = contribution_pairs(clipped.tables, clipped.batch_size, self.contribution_clip, keep=self._keep_mask)
         stats = []
         for index, (table, (rows, weights)) in enumerate(zip(clipped.tables, pairs)):
-            slices, table_stats = self._noised_table(
-                index, table, rows, weights, clipped.expected_batch_size
-            )
+            slices, table_stats = self._noised_table(index, table, rows, weights, clipped.expected_batch_size)
             out.append((slices, table.variable))
             stats.append(table_stats)
         if stats:
@@ -454,12 +444,8 @@ class DPAdaFEST(NoiseMechanism):
         num_rows = tf.size(rows)
         # First-appearance numbering: the touched entries' positions are exactly [0, m).
         num_touched = tf.maximum(tf.reduce_max(position[:num_touched_entries]), -1) + 1
-        count = tf.math.unsorted_segment_sum(
-            pair_weights, position[num_grad:num_touched_entries], num_touched
-        )
-        noisy = count + self._noise_like(
-            [num_touched], self.contribution_noise_multiplier * self.contribution_clip
-        )
+        count = tf.math.unsorted_segment_sum(pair_weights, position[num_grad:num_touched_entries], num_touched)
+        noisy = count + self._noise_like([num_touched], self.contribution_noise_multiplier * self.contribution_clip)
         survive_touched = noisy >= self.threshold
         allowed = self._keep_mask(index, rows[:num_touched])
         if allowed is not None:  # AdaFEST+: rows outside the selection never update
@@ -539,8 +525,7 @@ class DPAdaFEST(NoiseMechanism):
                         # Survivors of the noisy threshold: post-processing of the DP map.
                         "mean_rows_noised": float(self.rows_noised[i].numpy()) / max(steps, 1),
                         # A constant: V * P(N(0, sigma1^2 C1^2) >= tau).
-                        "expected_noise_only_rows": table.vocabulary_size
-                        * self.noise_survival_probability,
+                        "expected_noise_only_rows": table.vocabulary_size * self.noise_survival_probability,
                     }
                 )
         report.update(

@@ -65,7 +65,7 @@ class EANA(NoiseMechanism):
 
     name = "eana"
     is_dp = False
-    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, needs_lookups=False)
+    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, needs_lookups=False, mixed_precision=True)
 
     def update(self, clipped: ClippedGradients) -> list:
         """Noises the touched rows (IndexedSlices) and the dense variables; divides by B."""
@@ -76,7 +76,7 @@ class EANA(NoiseMechanism):
         touched = [table.gradient.values for table in clipped.tables]
         noised = self._noised_sums(dense + touched, std, clipped.expected_batch_size)
         out = [(grad, variable) for grad, (variable, _) in zip(noised, clipped.dense)]
-        for table, values in zip(clipped.tables, noised[len(dense):]):
+        for table, values in zip(clipped.tables, noised[len(dense) :]):
             grad = table.gradient
             out.append((tf.IndexedSlices(values, grad.indices, grad.dense_shape), table.variable))
         self.steps.assign_add(1)
