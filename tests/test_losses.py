@@ -14,7 +14,7 @@ import pytest
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
-from tfdp_embed.mechanisms.dense import DenseDPSGD
+from tfdp_embed.mechanisms import DenseDPSGD, create
 from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, N, B = 40, 4, 3, 32, 8
@@ -51,8 +51,9 @@ def _dataset(ids, labels, sample_weight=None, batch=B):
     return tf.data.Dataset.from_tensor_slices(parts).batch(batch)
 
 
-def _dp(model, *, clip=1e6, **compile_kwargs):
-    dp = DPModel(model, mechanism=DenseDPSGD(l2_norm_clip=clip, noise_multiplier=0.0, seed=0), expected_batch_size=B)
+def _dp(model, *, clip=1e6, mechanism="dense", **compile_kwargs):
+    noise = create(mechanism, l2_norm_clip=clip, noise_multiplier=0.0, seed=0)
+    dp = DPModel(model, mechanism=noise, expected_batch_size=B)
     dp.compile(optimizer=keras.optimizers.legacy.SGD(0.5), **compile_kwargs)
     return dp
 
@@ -112,13 +113,16 @@ def test_each_example_is_clipped_on_its_weighted_sum_of_output_losses():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
-def test_dict_losses_with_zero_noise_and_huge_clip_train_like_keras():
+@pytest.mark.parametrize("mechanism", ["dense", "lazy"])
+def test_dict_losses_with_zero_noise_and_huge_clip_train_like_keras(mechanism):
     ids, labels, sw = _data()
     compile_kwargs = dict(loss={"click": BCE, "conversion": "binary_crossentropy"}, loss_weights=WEIGHTS)
     keras_model = _keras(ctr_model(), **compile_kwargs)
     keras_model.fit(_dataset(ids, labels, sw), epochs=2, verbose=0, shuffle=False)
     model = ctr_model()
-    history = _dp(model, **compile_kwargs).fit(_dataset(ids, labels, sw), epochs=2, verbose=0)
+    dp = _dp(model, mechanism=mechanism, **compile_kwargs)
+    history = dp.fit(_dataset(ids, labels, sw), epochs=2, verbose=0)
+    dp.flush()  # LazyDP: the (zero) noise it owes
     assert _max_diff(keras_model, model) < 1e-5
     assert _max_diff(ctr_model(), model) > 1e-3  # it trained
     assert {"loss", "click_loss", "conversion_loss"} <= set(history.history)
@@ -133,14 +137,17 @@ def test_one_loss_applies_to_every_dict_output_as_in_keras():
     assert _max_diff(keras_model, model) < 1e-5
 
 
-def test_list_outputs_take_losses_and_weights_by_position():
+@pytest.mark.parametrize("mechanism", ["dense", "lazy"])
+def test_list_outputs_take_losses_and_weights_by_position(mechanism):
     ids, labels, sw = _data()
     targets = (labels["click"], labels["conversion"])
     compile_kwargs = dict(loss=[BCE, "mse"], loss_weights=[1.0, 0.25])
     keras_model = _keras(ctr_model(outputs="list"), **compile_kwargs)
     keras_model.fit(_dataset(ids, targets, sw), epochs=1, verbose=0, shuffle=False)
     model = ctr_model(outputs="list")
-    history = _dp(model, **compile_kwargs).fit(_dataset(ids, targets, sw), epochs=1, verbose=0)
+    dp = _dp(model, mechanism=mechanism, **compile_kwargs)
+    history = dp.fit(_dataset(ids, targets, sw), epochs=1, verbose=0)
+    dp.flush()
     assert _max_diff(keras_model, model) < 1e-5
     assert {"click_loss", "conversion_loss"} <= set(history.history)  # named after the output layers
 
@@ -155,8 +162,11 @@ def test_dict_losses_name_the_outputs_of_a_list_model():
     assert _max_diff(keras_model, model) < 1e-5
 
 
-@pytest.mark.parametrize("loss", [BCE, "binary_crossentropy", keras.losses.binary_crossentropy])
-def test_one_dimensional_labels_against_b_by_1_logits_train_like_keras(loss):
+@pytest.mark.parametrize(
+    "loss, mechanism",
+    [(BCE, "dense"), ("binary_crossentropy", "dense"), (keras.losses.binary_crossentropy, "dense"), (BCE, "lazy")],
+)
+def test_one_dimensional_labels_against_b_by_1_logits_train_like_keras(loss, mechanism):
     ids, labels, _ = _data(label_rank=1)
     labels_2d = {k: v[:, None] for k, v in labels.items()}
     keras_model = _keras(ctr_model(), loss=loss)
@@ -164,7 +174,9 @@ def test_one_dimensional_labels_against_b_by_1_logits_train_like_keras(loss):
     trained = []
     for targets in (labels, labels_2d):
         model = ctr_model()
-        _dp(model, loss=loss).fit(_dataset(ids, targets), epochs=1, verbose=0)
+        dp = _dp(model, mechanism=mechanism, loss=loss)
+        dp.fit(_dataset(ids, targets), epochs=1, verbose=0)
+        dp.flush()
         trained.append(model)
     assert _max_diff(trained[0], trained[1]) < 1e-6
     assert _max_diff(keras_model, trained[0]) < 1e-5
