@@ -40,7 +40,7 @@ import functools
 import warnings
 from typing import NamedTuple
 
-from tfdp_embed import contract, distribute, mixed_precision, read_guard
+from tfdp_embed import contract, distribute, mixed_precision, optimizer_check, read_guard
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
@@ -467,7 +467,9 @@ class DPModel(keras.Model):
             pairs = distribute.noised_gradients(self.mechanism, clipped)
             self._check_every_variable_noised(pairs)
             # Unscaled and finite: a LossScaleOptimizer's inner optimizer applies them.
-            distribute.apply_gradients(mixed_precision.inner_optimizer(self.optimizer), pairs)
+            optimizer = mixed_precision.inner_optimizer(self.optimizer)
+            optimizer_check.warn_dense_table_rewrite(optimizer, pairs)
+            distribute.apply_gradients(optimizer, pairs)
             self.mechanism.after_apply(lookahead)
         return self._update_metrics(losses._replace(per_example=per_example_loss), y, sample_weight)
 

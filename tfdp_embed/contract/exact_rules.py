@@ -85,7 +85,7 @@ def check_rules_cover_gradients(
 def _through_recorded_outputs(tape, loss, start, loss_scale, taps, infos) -> dict:
     """variable ref -> the gradient of sum_i loss_i that reaches it through its layer's recorded outputs."""
     recorded_taps = {id(tap.layer): tap for tap in taps}  # `infos` holds copies made finite, off the tape
-    out = {}
+    out: dict = {}
     for used, info in infos:
         tap = recorded_taps[id(used.layer)]
         outputs = [call.outputs for call in tap.calls]
