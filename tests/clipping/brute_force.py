@@ -37,7 +37,7 @@ class StepResult:
     batch_size: int
 
 
-def run_step(model, inputs, *, registry=None, l2_norm_clip: float = 1.0) -> StepResult:
+def run_step(model, inputs, *, registry=None, l2_norm_clip: float = 1.0, loss_scale: float = 1.0) -> StepResult:
     """One recorded forward pass: `clipped_step` plus the brute-force jacobians."""
     registry = registry or default_registry()
     model(inputs)  # builds subclassed models, so that their layers own weights
@@ -54,6 +54,7 @@ def run_step(model, inputs, *, registry=None, l2_norm_clip: float = 1.0) -> Step
         registry=registry,
         fallback=vectorized_layer_gradients,
         l2_norm_clip=l2_norm_clip,
+        loss_scale=loss_scale,
     )
     variables = model.trainable_variables
     jac = tape.jacobian(loss, variables)
@@ -61,9 +62,11 @@ def run_step(model, inputs, *, registry=None, l2_norm_clip: float = 1.0) -> Step
     return StepResult(step, jacobians, variables, int(loss.shape[0]))
 
 
-def check_against_brute_force(model, inputs, *, registry=None, seed: int = 0, rtol: float = RTOL) -> StepResult:
+def check_against_brute_force(
+    model, inputs, *, registry=None, seed: int = 0, rtol: float = RTOL, loss_scale: float = 1.0
+) -> StepResult:
     """Asserts exact per-example norms and clipped sums for every layer of `model`."""
-    result = run_step(model, inputs, registry=registry)
+    result = run_step(model, inputs, registry=registry, loss_scale=loss_scale)
     rng = np.random.default_rng(seed)
     covered, total = [], np.zeros(result.batch_size)
     for tap, info in result.step.layers:
