@@ -1,7 +1,7 @@
 """Dense item ids: a file's own (possibly sparse) item ids mapped to 1..n, 0 kept for padding.
 
-Public datasets number items sparsely (ML-20M's movieIds reach 131,262 for
-26,744 movies; ml-latest's reach 193,609 for 9,742). An embedding table
+Public datasets number items sparsely (a ml-latest-small copy has movieIds
+up to 163,949 for 9,066 movies). An embedding table
 indexed by the raw id would hold a row for every unused number: slower,
 larger, and (under DP-SGD) noising rows that never occur. `ItemIdMap` sorts
 the distinct original ids and numbers them 1..n, so tables have n + 1 rows
