@@ -503,6 +503,11 @@ def _warnings(config: MovieLensConfig, data: MovieLensData, final_loss: float | 
         )
     rated = data.rated_items if data.rated_items is not None else data.num_items
     table = table_size_warning(table_rows=data.num_items + 1, distinct_ids=rated, what="item")
+    if table and data.item_ids is not None and data.item_ids.source.startswith("catalogue"):
+        table += (
+            f" Here the {data.item_ids.source} lists movies nobody rated: `--item-catalogue none` numbers only the "
+            "rated ones."
+        )
     return warnings + ([table] if table else [])
 
 

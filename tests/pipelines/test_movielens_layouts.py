@@ -117,3 +117,13 @@ def test_a_failed_run_leaves_no_out_directory(tmp_path, monkeypatch, capsys):
     (out / "keep.txt").write_text("mine")
     assert movielens.main([*FLAGS, "--data", str(bad), "--out", str(out)]) == 1
     assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_a_catalogue_much_larger_than_the_rated_movies_is_warned_about(tmp_path):
+    data_dir = write_ml_latest(tmp_path / "ml", users=12, length=6)
+    with open(os.path.join(data_dir, "movies.csv"), "w") as f:
+        f.write("movieId,title,genres\n" + "".join(f"{movie},M{movie},Drama\n" for movie in range(1, 163950)))
+    data = movielens.load_movielens(movielens.MovieLensConfig(data_path=data_dir, context_length=3, mechanism="none"))
+    assert data.num_items == 163949 and data.rated_items <= 30
+    (warning,) = movielens._warnings(movielens.MovieLensConfig(mechanism="none"), data, final_loss=1.0)
+    assert f"163950 rows for {data.rated_items} distinct ids" in warning and "--item-catalogue none" in warning
