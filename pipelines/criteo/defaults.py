@@ -29,10 +29,9 @@ q = B / N):
   larger C adds no noise per step and leaves a clipped example's move as it
   was, but clips fewer examples: at C = 1 every example is clipped and each
   pushes the click logit with the same force whatever its error, so the
-  73% non-clicks drive the mean prediction far below the click rate
-  (clipping bias; Chen, Wu & Hong 2020). On 1,000 generated rows at B = 64
-  the mean prediction ended at 0.05 (click rate 0.27) with C = 1 and 0.24
-  with C = 10.
+  majority of non-clicks drive the mean prediction far below the click
+  rate (clipping bias; Chen, Wu & Hong 2020), which on a small file the
+  output calibration is too noisy to undo.
 
 Every setting the user gave is kept as given; `resolve` says which were chosen.
 
