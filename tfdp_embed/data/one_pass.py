@@ -273,8 +273,9 @@ def _example_specs(dataset, source_batched: bool):
         raise TypeError(f"`dataset` must be a `tf.data.Dataset`; received {type(dataset).__name__}.")
     specs = dataset.element_spec
     for spec in tf.nest.flatten(specs):
-        shape = spec.shape[1:] if source_batched and isinstance(spec, tf.TensorSpec) else getattr(spec, "shape", None)
-        if not isinstance(spec, tf.TensorSpec) or not shape.is_fully_defined() or spec.dtype == tf.string:
+        dense = isinstance(spec, tf.TensorSpec)
+        shape = (spec.shape[1:] if source_batched else spec.shape) if dense else None
+        if shape is None or not shape.is_fully_defined() or spec.dtype == tf.string:
             raise ValueError(
                 "`one_pass_poisson_batches` needs numeric examples with fully defined shapes (pad variable-length "
                 f"features, hash strings first); received element spec {specs}"
