@@ -255,16 +255,20 @@ def _read_bucket(path: str, b: int, layout: _Layout, cap, rng, stats: SpillStats
     stats.largest_bucket_records = max(stats.largest_bucket_records, int(records.size))
     first = b * layout.steps_per_bucket
     count = min(layout.steps_per_bucket, layout.steps - first)
-    records = records[np.argsort(records["step"], kind="stable")]
-    bounds = np.searchsorted(records["step"], first + np.arange(count + 1))
-    names = [f"c{i}" for i in range(len(layout.dtype.names) - 1)]
+    order = np.argsort(records["step"], kind="stable")
+    bounds = np.searchsorted(records["step"][order], first + np.arange(count + 1))
+    # One gather per component for the whole bucket; each batch is then a contiguous slice.
+    columns = [records[f"c{i}"][order] for i in range(len(layout.dtype.names) - 1)]
+    del records, order
     for t in range(count):
-        batch = records[bounds[t] : bounds[t + 1]]
+        lo, hi = int(bounds[t]), int(bounds[t + 1])
         cut = 0
-        if cap is not None and batch.size > cap:
-            cut = int(batch.size - cap)
-            batch = batch[np.sort(rng.choice(batch.size, size=cap, replace=False))]
-        yield tuple(np.ascontiguousarray(batch[name]) for name in names), np.int64(cut)
+        if cap is not None and hi - lo > cap:
+            cut = hi - lo - cap
+            keep = lo + np.sort(rng.choice(hi - lo, size=cap, replace=False))
+            yield tuple(c[keep] for c in columns), np.int64(cut)
+        else:
+            yield tuple(c[lo:hi] for c in columns), np.int64(cut)
 
 
 def _example_specs(dataset, source_batched: bool):
