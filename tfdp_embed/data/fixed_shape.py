@@ -63,8 +63,15 @@ def fixed_shape_batches(batches: tf.data.Dataset, info: BatchingInfo) -> tuple[t
     if registered_info(batches) is not info:
         raise ValueError("`batches` is not the output of the sampler that returned `info` (see tfdp_embed.data).")
     spec = batches.element_spec
-    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
-        raise ValueError(f"`batches` elements must be (features, labels[, sample_weight]); received {spec}.")
+    if (
+        not isinstance(spec, tuple)
+        or len(spec) not in (2, 3)
+        or (len(spec) == 3 and not isinstance(spec[2], tf.TensorSpec))
+    ):
+        raise ValueError(
+            "`batches` elements must be (features, labels[, sample_weight]) (pad before `with_lookahead`); "
+            f"received {spec}."
+        )
     for leaf in tf.nest.flatten(spec):
         if not isinstance(leaf, tf.TensorSpec):
             raise ValueError(f"`fixed_shape_batches` pads dense tensors only; received a component {leaf}.")

@@ -8,7 +8,7 @@ the N examples is in each batch independently with probability q:
 Batch sizes vary, a batch can be empty (that step is noise only), and one
 "epoch" here is round(1/q) batches (about N examples in total).
 
-Two exact samplers:
+Two exact samplers here (and a third, one-pass, in `one_pass.py`):
 
 * `poisson_batches` (data that fits in memory): the examples are loaded once
   into tensors (or given as arrays: no copy through `tf.data`, whose
@@ -30,6 +30,9 @@ Two exact samplers:
   passes (e.g. a reshuffling reader): the index sets are independent of the
   order, so inclusions stay independent Bernoulli(q); it must yield each of
   its `num_examples` examples exactly once per pass (checked at run time).
+* `tfdp_embed.data.one_pass_poisson_batches` (large data, one read per
+  epoch): every example draws the steps it joins, the sampled records are
+  spilled to local disk and read back in step order (`one_pass.py`).
 
 Oversized batches (`max_batch_size`): a batch larger than the cap is cut to
 a uniformly random subset of `max_batch_size` examples (which ones are cut
