@@ -81,15 +81,21 @@ def _add_data_flags(data) -> None:
         choices=criteo_data.STREAMING_MODES,
         default="auto",
         help="keep a period's rows in memory (off), stream them from the files with exact Poisson batches (on: memory "
-        f"independent of the rows, the files are read once per group of batches), or stream periods above "
+        f"independent of the rows, the files read once per epoch, the sampled rows spilled to --spill-dir), or "
+        "stream periods above "
         f"{criteo_data.STREAMING_ROW_THRESHOLD:,} rows (auto, default)",
     )
     data.add_argument(
         "--stream-buffer-rows",
         type=cli_types.positive(int),
         default=criteo_data.DEFAULT_STREAM_BUFFER_ROWS,
-        help="streaming: rows of training batches held at once; G = this // batch batches per pass "
-        "(default %(default)s, ~170 MB)",
+        help="streaming: rows of training batches held at once (one spill bucket) (default %(default)s, ~170 MB)",
+    )
+    data.add_argument(
+        "--spill-dir",
+        metavar="DIR",
+        help="streaming: local directory for the epoch's sampled rows (about one copy of the rows as binary; "
+        "default: the system temp directory)",
     )
     data.add_argument(
         "--hash-size",
@@ -311,6 +317,7 @@ def _config(a: argparse.Namespace) -> PipelineConfig:
         streaming_periods=a.streaming_periods,
         streaming=a.streaming,
         stream_buffer_rows=a.stream_buffer_rows,
+        spill_dir=a.spill_dir,
         max_steps=a.max_steps,
         model=a.model,
         seed=a.seed,

@@ -29,6 +29,7 @@ class PipelineConfig:
     streaming_periods: bool = False
     streaming: str = "auto"
     stream_buffer_rows: int = criteo_data.DEFAULT_STREAM_BUFFER_ROWS
+    spill_dir: str | None = None
     max_steps: int | None = None
     model: str = "mlp"
     seed: int | None = None

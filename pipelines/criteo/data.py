@@ -12,12 +12,15 @@ A period then lives in one of two forms (`--streaming {auto,on,off}`):
 * **streaming** (`scan_period`): one pass counts the valid rows (N, needed
   for q = B / N and for the pass check) and, when a mechanism selects rows,
   the per-bucket counts; no row is kept. Training batches are then drawn by
-  `tfdp_embed.data.streaming_poisson_batches`, which reads the files once per
-  group of G batches and holds only the rows of those G batches, so memory
-  is bounded by G x B rows (`stream_buffer_rows`), independent of N. The
-  price is reading: an epoch of round(N / B) batches reads the files
-  ceil(round(N / B) / G) times (`BatchingInfo.batches_per_pass`; the report
-  says `passes_per_epoch`). Evaluation data is streamed in batches.
+  `tfdp_embed.data.one_pass_poisson_batches` (default): each epoch reads the
+  files once, every row draws the steps it joins, the sampled rows are
+  spilled to local disk (`spill_dir`, about N rows per epoch, removed as
+  they are read back) and read back in step order one bucket of
+  `stream_buffer_rows` rows at a time, so memory is independent of N.
+  `sampler="multi_pass"` uses `streaming_poisson_batches` instead (no
+  disk; the files are read ceil(round(N / B) / G) times per epoch, G =
+  `stream_buffer_rows` // B; the report says `passes_per_epoch`).
+  Evaluation data is streamed in batches.
 
 `--streaming auto` (default) keeps a period in memory up to
 `STREAMING_ROW_THRESHOLD` rows and streams larger ones: the in-memory read
@@ -56,6 +59,7 @@ from tfdp_embed import tf
 from tfdp_embed.data import (
     BatchingInfo,
     fixed_size_batches,
+    one_pass_poisson_batches,
     poisson_batches,
     streaming_poisson_batches,
     with_lookahead,
@@ -73,7 +77,8 @@ STREAMING_MODES = ("auto", "on", "off")
 STREAMING_ROW_THRESHOLD = 1_000_000
 """`--streaming auto`: periods with more valid rows than this are streamed."""
 DEFAULT_STREAM_BUFFER_ROWS = 1 << 19
-"""Streaming: rows of training batches held at once (G = this // B batches per pass)."""
+"""Streaming: rows of training batches held at once (one spill bucket; multi-pass: G = this // B batches per pass)."""
+STREAM_SAMPLERS = ("one_pass", "multi_pass")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,12 +331,16 @@ def train_batches(
     lookahead: bool,
     seed: int | None,
     stream_buffer_rows: int = DEFAULT_STREAM_BUFFER_ROWS,
+    sampler: str = "one_pass",
+    spill_dir: str | None = None,
 ) -> tuple[tf.data.Dataset, BatchingInfo]:
     """Training batches of one period: Poisson (q = B / N) or, on request, fixed-size shuffled.
 
     One iteration of the returned dataset is one epoch: round(N / B) Poisson
     batches (fresh ones on every iteration), or floor(N / B) shuffled ones.
-    In memory: `poisson_batches`; streaming: `streaming_poisson_batches` with
+    In memory: `poisson_batches`; streaming: `one_pass_poisson_batches`
+    (files read once per epoch, sampled rows spilled to `spill_dir`), or
+    with `sampler="multi_pass"` `streaming_poisson_batches` with
     G = `stream_buffer_rows` // B batches per pass over the files.
 
     Args:
@@ -341,20 +350,34 @@ def train_batches(
       lookahead: append `{layer name: next batch's distinct rows}` (LazyDP).
       seed: sampling seed (None: OS entropy).
       stream_buffer_rows: streaming only: rows of batches held at once.
+      sampler: streaming Poisson only: "one_pass" (default) or "multi_pass".
+      spill_dir: one-pass only: directory for the spill (None: the system temp directory).
 
     Returns:
       `(dataset, BatchingInfo)` from `tfdp_embed.data`.
 
     Raises:
-      ValueError: `batch_size` larger than the period.
+      ValueError: `batch_size` larger than the period, or an unknown `sampler`.
     """
     if batch_size > period.size:
         raise ValueError(
             f"`--batch` {batch_size} is larger than the {period.size} training rows of "
             f"{period.files}; allowed: 1..{period.size}."
         )
+    if sampler not in STREAM_SAMPLERS:
+        raise ValueError(f"`sampler` must be one of {STREAM_SAMPLERS}; received {sampler!r}.")
     q = batch_size / period.size
-    if period.streaming and poisson:
+    if period.streaming and poisson and sampler == "one_pass":
+        batches, info = one_pass_poisson_batches(
+            period.source().map(lambda features, labels: (features, labels[:, None])),
+            sampling_probability=q,
+            num_examples=period.size,
+            seed=seed,
+            spill_dir=spill_dir,
+            bucket_rows=stream_buffer_rows,
+            source_batched=True,
+        )
+    elif period.streaming and poisson:
         source = period.source().map(lambda features, labels: (features, labels[:, None]))
         batches, info = streaming_poisson_batches(
             source,
@@ -401,10 +424,10 @@ def _streaming_shuffled_batches(
 
 def passes_per_epoch(info: BatchingInfo) -> int:
     """Reads of the training files per epoch: 0 in memory (read once, before training); streaming:
-    ceil(batches / G) for Poisson batches, 1 for shuffled ones."""
+    ceil(batches / G) for multi-pass Poisson batches, 1 for one-pass and shuffled ones."""
     if not info.streaming:
         return 0
-    if not info.batches_per_pass:
+    if not info.batches_per_pass:  # one-pass (spill) or shuffled
         return 1
     return math.ceil(info.batches_per_epoch / min(info.batches_per_pass, info.batches_per_epoch))
 
@@ -448,6 +471,7 @@ __all__ = [
     "DEFAULT_STREAM_BUFFER_ROWS",
     "STREAMING_MODES",
     "STREAMING_ROW_THRESHOLD",
+    "STREAM_SAMPLERS",
     "Period",
     "SyntheticSpec",
     "TouchedRows",

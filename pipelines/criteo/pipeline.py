@@ -278,6 +278,7 @@ def _fit_period(config: PipelineConfig, data: _Data, training: _Training, index:
         lookahead=config.mechanism == "lazy",
         seed=None if config.seed is None else config.seed * 1009 + index,
         stream_buffer_rows=config.stream_buffer_rows,
+        spill_dir=config.spill_dir,
     )
     trained["infos"].append(info)
     if several:
@@ -325,6 +326,8 @@ def _sampler(data: _Data, infos: list) -> dict:
     poisson = infos[0].batching == "poisson"
     if not poisson:
         kind = "shuffled fixed-size batches (NOT Poisson)"
+    elif all(streamed) and all(i.sampler == "one_pass_spill" for i in infos):
+        kind = "streaming exact Poisson, one pass + disk spill (tfdp_embed.data.one_pass_poisson_batches)"
     elif all(streamed):
         kind = "streaming exact Poisson (tfdp_embed.data.streaming_poisson_batches)"
     elif not any(streamed):
@@ -449,6 +452,7 @@ def _settings_report(config: PipelineConfig, data: _Data, sampler: dict) -> dict
         "vocabulary": data.chosen.vocabulary if data.chosen else f"hash size {config.hash_size}",
         **sampler,
         "stream_buffer_rows": config.stream_buffer_rows,
+        "spill_dir": config.spill_dir,
     }
     return {"training": training, "data": files}
 

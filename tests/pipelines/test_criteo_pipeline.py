@@ -148,8 +148,12 @@ def test_end_to_end_report_and_saved_model(mechanism, days, tmp_path_factory, ca
     assert report["data"]["streaming_mode"] == ("on" if streamed else "auto")
     if mechanism not in ("none", "dense"):
         assert report["sampler"].startswith("streaming exact Poisson" if streamed else "in-memory exact Poisson")
-    if mechanism == "adafest":  # 4 batches per epoch, G = 200 // 100 = 2 per pass
-        assert report["data"]["batches_per_pass"] == [2] and report["data"]["passes_per_epoch"] == [2]
+    if streamed and mechanism != "dense":  # one-pass sampler: the files are read once per epoch, rows spilled
+        assert "one pass + disk spill" in report["sampler"]
+        assert set(report["data"]["passes_per_epoch"]) == {1}
+    if mechanism == "adafest":  # one streaming period: the sampler's own info is in the report
+        assert report["batching_details"]["sampler"] == "one_pass_spill"
+        assert report["batching_details"]["streaming"] and report["batching_details"]["batches_per_pass"] is None
 
     # DP output calibration: 5% of epsilon, a Laplace event in the ledger; none skips it.
     if mechanism == "none":
@@ -344,18 +348,23 @@ def test_streaming_and_in_memory_periods_hold_the_same_rows(days):
             np.testing.assert_array_equal(fs[name], fm[name])
     # Streaming Poisson batches: round(N / B) per epoch, G per pass, real rows, none twice in a batch.
     all_rows = _row_keys(memory.features, memory.labels)
-    batches, info = criteo_data.train_batches(
-        stream, batch_size=50, poisson=True, lookahead=False, seed=1, stream_buffer_rows=150
-    )
-    assert info.streaming and info.batches_per_epoch == 8 and info.batches_per_pass == 3
-    assert criteo_data.passes_per_epoch(info) == 3
-    epoch = list(batches)
-    assert len(epoch) == 8
-    sizes = [int(y.shape[0]) for _, y in epoch]
-    assert 0 < sum(sizes) and len(set(sizes)) > 1  # Poisson: sizes vary
-    for features, labels in epoch:
-        keys = _row_keys(features, labels.numpy()[:, 0])
-        assert len(keys) == int(labels.shape[0]) and keys <= all_rows
+    for sampler in ("multi_pass", "one_pass"):
+        batches, info = criteo_data.train_batches(
+            stream, batch_size=50, poisson=True, lookahead=False, seed=1, stream_buffer_rows=150, sampler=sampler
+        )
+        assert info.streaming and info.batches_per_epoch == 8
+        if sampler == "multi_pass":
+            assert info.batches_per_pass == 3 and criteo_data.passes_per_epoch(info) == 3
+        else:
+            assert info.sampler == "one_pass_spill" and criteo_data.passes_per_epoch(info) == 1
+        epoch = list(batches)
+        assert len(epoch) == 8
+        sizes = [int(y.shape[0]) for _, y in epoch]
+        assert 0 < sum(sizes) and len(set(sizes)) > 1  # Poisson: sizes vary
+        for features, labels in epoch:
+            keys = _row_keys(features, labels.numpy()[:, 0])
+            assert len(keys) == int(labels.shape[0]) and keys <= all_rows
+    assert info.spill.epochs == 1 and info.spill.records_written == sum(sizes)
     with pytest.raises(ValueError, match="`streaming` must be one of"):
         criteo_data.open_period([days[1]], streaming="sometimes", **read)
     with pytest.raises(ValueError, match="is streamed"):

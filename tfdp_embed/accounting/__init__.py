@@ -30,6 +30,7 @@ from tfdp_embed.accounting.report import (
     write_privacy_report,
 )
 from tfdp_embed.accounting.report_text import format_report
+from tfdp_embed.accounting.truncated import TruncatedSteps, truncate_event, truncated_steps
 
 __all__ = [
     "EventSource",
@@ -52,5 +53,8 @@ __all__ = [
     "release_epsilon",
     "release_noise_multiplier",
     "truncation_delta",
+    "TruncatedSteps",
+    "truncate_event",
+    "truncated_steps",
     "write_privacy_report",
 ]

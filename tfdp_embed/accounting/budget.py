@@ -69,6 +69,7 @@ from tfdp_embed.accounting.events import EventSource, accountable_event, check_e
 from tfdp_embed.accounting.ledger import PrivacyLedger
 from tfdp_embed.accounting.progress import announced
 from tfdp_embed.accounting.summaries import EpochScalars
+from tfdp_embed.accounting.truncated import TruncatedSteps, check_matches_batching
 from tfdp_embed.data.provenance import NOT_VERIFIED, UNVERIFIED, FedBatching
 from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
 
@@ -380,6 +381,8 @@ class PrivacyBudget(keras.callbacks.Callback):
                 "describe this run. Feed batches from tfdp_embed.data.poisson_batches / "
                 "streaming_poisson_batches, or drop `batching` (the report then says how the data was batched)."
             )
+        if isinstance(self.mechanism, TruncatedSteps):  # truncated events describe only batches cut at that cap
+            check_matches_batching(self.mechanism, fed.info.report() if fed.info is not None else None)
 
     def _record_setup_events(self) -> bool:
         """Records one-off events the ledger lacks (by multiplicity); True if any was new."""

@@ -49,6 +49,7 @@ from tfdp_embed.accounting.calibration import check_sampling_probability, check_
 from tfdp_embed.accounting.events import EventSource, accountable_event
 from tfdp_embed.accounting.ledger import PrivacyLedger
 from tfdp_embed.accounting.releases import calibrate_noise_multiplier_with_releases
+from tfdp_embed.accounting.truncated import truncate_event
 from tfdp_embed.errors import PrivacyBudgetExceededError
 
 PARALLEL = "parallel over streaming periods"
@@ -56,14 +57,43 @@ PARALLEL = "parallel over streaming periods"
 
 @dataclasses.dataclass(frozen=True)
 class Period:
-    """One streaming period: its Poisson rate q_p = B / N_p and its planned steps T_p."""
+    """One streaming period: its Poisson rate q_p = B / N_p and its planned steps T_p.
+
+    With `max_batch_size` (and the period's `dataset_size` N_p), its batches
+    are truncated at that cap and each step is accounted as
+    `TruncatedSubsampledGaussianDpEvent(N_p, q_p, cap, sigma)` (PLD only;
+    `accounting.truncated`).
+    """
 
     sampling_probability: float
     steps: int
+    dataset_size: int | None = None
+    max_batch_size: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "sampling_probability", check_sampling_probability(self.sampling_probability))
         object.__setattr__(self, "steps", check_steps(self.steps, allow_zero=True))
+        if (self.dataset_size is None) != (self.max_batch_size is None):
+            raise ValueError(
+                "A truncated period needs both `dataset_size` and `max_batch_size`; received "
+                f"{self.dataset_size!r}, {self.max_batch_size!r}."
+            )
+
+    @property
+    def truncation(self) -> tuple[int, int] | None:
+        """(N_p, cap) of truncated batches, else None."""
+        if self.dataset_size is None or self.max_batch_size is None:
+            return None
+        return (self.dataset_size, self.max_batch_size)
+
+    def step_event(self, source: EventSource) -> dp_accounting.DpEvent:
+        """One step of `source` on this period's batches (nominal for non-DP sources; truncated when capped)."""
+        q = self.sampling_probability
+        event = accountable_event(source.step_event(q), source=source, sampling_probability=q)
+        if self.truncation is None:
+            return event
+        n, cap = self.truncation
+        return truncate_event(event, dataset_size=n, max_batch_size=cap)
 
 
 def calibrate_periods(
@@ -87,15 +117,16 @@ def calibrate_periods(
         raise ValueError("`periods` is empty: calibration needs at least one period.")
     target, releases = (float(target_epsilon), float(target_delta)), tuple(releases)
     return max(
-        _calibrate(*target, p.sampling_probability, p.steps, releases, accountant) for p in dict.fromkeys(periods)
+        _calibrate(*target, p.sampling_probability, p.steps, releases, accountant, p.truncation)
+        for p in dict.fromkeys(periods)
     )
 
 
 @functools.lru_cache(maxsize=256)
-def _calibrate(target_epsilon, target_delta, sampling_probability, steps, releases, accountant) -> float:
+def _calibrate(target_epsilon, target_delta, sampling_probability, steps, releases, accountant, truncation) -> float:
     return calibrate_noise_multiplier_with_releases(
         target_epsilon=target_epsilon, target_delta=target_delta, sampling_probability=sampling_probability,
-        steps=steps, releases=list(releases), accountant=accountant,
+        steps=steps, releases=list(releases), accountant=accountant, truncation=truncation,
     )  # fmt: skip
 
 
@@ -125,10 +156,7 @@ def period_ledger(
     reserved = made[-1:] * max(0, int(planned_one_off_events) - len(made))
     for event in made + reserved + list(events):
         ledger.record_setup(event)
-    step = accountable_event(
-        source.step_event(period.sampling_probability), source=source, sampling_probability=period.sampling_probability
-    )
-    ledger.record_steps(step, period.steps)
+    ledger.record_steps(period.step_event(source), period.steps)
     return ledger
 
 
@@ -215,8 +243,7 @@ class PeriodBudget(keras.callbacks.Callback):
                 f"plus every one-off release of the run) spends epsilon {self.planned_epsilon:.6g} > target "
                 f"{self.target_epsilon:g} at delta={self.target_delta:g}: the calibration does not cover it."
             )
-        q = self.period.sampling_probability
-        self._step = accountable_event(self.source.step_event(q), source=self.source, sampling_probability=q)
+        self._step = self.period.step_event(self.source)
 
     def on_train_batch_end(self, batch, logs=None):
         self.ledger.record_steps(self._step, 1)

@@ -132,6 +132,7 @@ def calibrate_noise_multiplier_with_releases(
     releases: Sequence[dp_accounting.DpEvent] = (),
     accountant: str = "pld",
     value_discretization_interval: float | None = None,
+    truncation: tuple[int, int] | None = None,
 ) -> float:
     """The smallest DP-SGD noise multiplier sigma with eps(releases + T steps, delta) <= target.
 
@@ -155,6 +156,8 @@ def calibrate_noise_multiplier_with_releases(
         (empty: the same as `calibrate_noise_multiplier`).
       accountant: "pld" (default) or "rdp".
       value_discretization_interval: PLD grid step (PLD only).
+      truncation: (N, B) for Poisson batches of N examples truncated at B:
+        each step is `TruncatedSubsampledGaussianDpEvent(N, q, B, sigma)` (PLD only).
 
     Returns:
       sigma (float).
@@ -170,6 +173,9 @@ def calibrate_noise_multiplier_with_releases(
     steps = check_steps(steps)
     accountant = check_accountant(accountant)
     releases = _check_releases(releases, accountant)
+    if truncation is not None:
+        return _truncated_sigma(releases, q, steps, target_epsilon, delta, accountant, value_discretization_interval,
+                                truncation)  # fmt: skip
     common = dict(target_delta=delta, sampling_probability=q, steps=steps, accountant=accountant,
                   value_discretization_interval=value_discretization_interval)  # fmt: skip
     if not releases:
@@ -208,11 +214,39 @@ def calibrate_noise_multiplier_with_releases(
 # -- helpers -----------------------------------------------------------------------
 
 
-def _pld_sigma(releases: list, q: float, steps: int, target: float, delta: float, interval, unreachable: str) -> float:
+def _truncated_sigma(releases, q, steps, target, delta, accountant, interval, truncation) -> float:
+    """The PLD search for steps on Poisson batches of N truncated at B (`TruncatedSubsampledGaussianDpEvent`)."""
+    if accountant != "pld":
+        raise ValueError(
+            f"Truncated Poisson steps (`truncation`={truncation!r}) are composed by the PLD accountant only; "
+            f"received `accountant`={accountant!r}."
+        )
+    n, cap = truncation
+    unreachable = (
+        f"`target_epsilon`={target!r} cannot be met at `target_delta`={delta!r} with q={q!r}, {steps} steps on "
+        f"batches truncated at {cap} and the releases given: it would need a noise multiplier above "
+        f"{MAX_NOISE_MULTIPLIER:g}."
+    )
+
+    def step_of(sigma: float) -> dp_accounting.DpEvent:
+        return dp_accounting.TruncatedSubsampledGaussianDpEvent(int(n), q, int(cap), sigma)
+
+    with announced(f"calibrating the noise multiplier for epsilon={target:g} (truncated at {cap}, PLD)") as note:
+        sigma = _pld_sigma(releases, q, steps, target, delta, interval, unreachable, step_of=step_of)
+        note.result = f"noise multiplier {sigma:.6g} (truncated at {cap})"
+    return sigma
+
+
+def _pld_sigma(
+    releases: list, q: float, steps: int, target: float, delta: float, interval, unreachable: str, *, step_of=None
+) -> float:
     """The PLD search, coarse grids first (`coarse_to_exact`); the result meets the target on the exact grid."""
 
     def make_entries(sigma: float) -> tuple:
-        step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+        if step_of is not None:
+            step = step_of(sigma)
+        else:
+            step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
         return (*((release, 1) for release in releases), (step, steps))
 
     levels = epsilon_levels(make_entries, delta=delta, accountant="pld", interval=pld_interval("pld", interval))

@@ -54,6 +54,7 @@ from tfdp_embed.accounting.calibration import (
     compute_epsilon,
 )
 from tfdp_embed.accounting.ledger import PrivacyLedger, event_to_dict
+from tfdp_embed.accounting.truncated import check_matches_batching
 from tfdp_embed.data.provenance import DECLARED, FedBatching
 
 BATCHINGS = ("poisson", "fixed_shuffled", "unverified")
@@ -194,7 +195,9 @@ def privacy_report(
         assumptions=list(assumptions),
     )
     caveats.extend(f"The guarantee holds only if {text}" for text in assumptions)
-    _add_batching_section(report, caveats, batching)
+    _add_batching_section(
+        report, caveats, batching, exact_truncation=check_matches_batching(mechanism, batching.details)
+    )
     report["caveats"] = caveats
     report["mechanism_report"] = _jsonable(mech)
     if ledger is not None:
@@ -267,7 +270,7 @@ def _not_dp_fields(name: str, nominal_epsilon: float | None, caveats: list) -> d
     return fields
 
 
-def _add_batching_section(report: dict, caveats: list, batching: _Batching) -> None:
+def _add_batching_section(report: dict, caveats: list, batching: _Batching, *, exact_truncation: bool) -> None:
     """Caveats on how the data was batched; the guarantee says when Poisson sampling was not verified."""
     caveats.extend(batching.caveats)
     if batching.name == "fixed_shuffled":
@@ -281,13 +284,26 @@ def _add_batching_section(report: dict, caveats: list, batching: _Batching) -> N
         )
     if batching.details is not None:
         report["batching_details"] = batching.details
-        _add_truncation(report, caveats, batching)
+        _add_truncation(report, caveats, batching, exact=exact_truncation)
 
 
-def _add_truncation(report: dict, caveats: list, batching: _Batching) -> None:
-    """Truncated Poisson batches: `delta_with_truncation` and a caveat saying what it adds."""
+def _add_truncation(report: dict, caveats: list, batching: _Batching, *, exact: bool) -> None:
+    """Truncated Poisson batches: exact (truncated events) or `delta_with_truncation` and a caveat saying what it adds."""
     cap = batching.details.get("max_batch_size")
     if batching.name != "poisson" or cap is None:
+        return
+    cut = (
+        f"({batching.details.get('truncated_batches', 0)} batches, "
+        f"{batching.details.get('truncated_examples', 0)} examples cut)"
+    )
+    shape = " and padded with weight-0 examples to that fixed shape" if batching.details.get("fixed_shape") else ""
+    if exact:
+        report["step_accounting"] = "truncated_poisson"
+        caveats.append(
+            f"Poisson batches were truncated at max_batch_size={cap}{shape} {cut}; every step is accounted "
+            "as dp-accounting's TruncatedSubsampledGaussianDpEvent (Poisson sampling, then truncation), so "
+            "epsilon and delta already include the truncation."
+        )
         return
     extra_delta = truncation_delta(
         dataset_size=report["dataset_size"],
@@ -298,9 +314,7 @@ def _add_truncation(report: dict, caveats: list, batching: _Batching) -> None:
     )
     report["delta_with_truncation"] = min(1.0, report["delta"] + extra_delta)
     caveats.append(
-        f"Poisson batches were truncated at max_batch_size={cap} "
-        f"({batching.details.get('truncated_batches', 0)} batches, "
-        f"{batching.details.get('truncated_examples', 0)} examples cut). The guarantee holds with "
+        f"Poisson batches were truncated at max_batch_size={cap}{shape} {cut}. The guarantee holds with "
         f"delta + (1 + e^eps) * steps * P[Binomial(N + 1, q) > {cap}] = "
         f"{report['delta_with_truncation']:.3g} (see delta_with_truncation)."
     )

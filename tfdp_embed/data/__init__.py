@@ -19,6 +19,9 @@ from tfdp_embed.data.criteo import (  # noqa: F401
 )
 from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo  # noqa: F401
 
+# Poisson batches padded to one static shape (weight-0 padding).
+from tfdp_embed.data.fixed_shape import fixed_shape_batches  # noqa: F401
+
 # The one-batch lookahead (LazyDP).
 from tfdp_embed.data.lookahead import with_lookahead  # noqa: F401
 
@@ -29,6 +32,9 @@ from tfdp_embed.data.movielens import (  # noqa: F401
     load_movielens_data,
     read_ratings,
 )
+
+# One-pass exact Poisson batches: map to steps, spill to disk, read back by step.
+from tfdp_embed.data.one_pass import SpillStats, one_pass_poisson_batches  # noqa: F401
 
 # Poisson-sampled batches (honest accounting).
 from tfdp_embed.data.poisson import (  # noqa: F401

@@ -8,7 +8,7 @@ the N examples is in each batch independently with probability q:
 Batch sizes vary, a batch can be empty (that step is noise only), and one
 "epoch" here is round(1/q) batches (about N examples in total).
 
-Two exact samplers:
+Two exact samplers here (and a third, one-pass, in `one_pass.py`):
 
 * `poisson_batches` (data that fits in memory): the examples are loaded once
   into tensors (or given as arrays: no copy through `tf.data`, whose
@@ -30,6 +30,9 @@ Two exact samplers:
   passes (e.g. a reshuffling reader): the index sets are independent of the
   order, so inclusions stay independent Bernoulli(q); it must yield each of
   its `num_examples` examples exactly once per pass (checked at run time).
+* `tfdp_embed.data.one_pass_poisson_batches` (large data, one read per
+  epoch): every example draws the steps it joins, the sampled records are
+  spilled to local disk and read back in step order (`one_pass.py`).
 
 Oversized batches (`max_batch_size`): a batch larger than the cap is cut to
 a uniformly random subset of `max_batch_size` examples (which ones are cut
@@ -101,6 +104,12 @@ class BatchingInfo:
       truncated_batches: int64 `tf.Variable`, batches cut to the cap so far
         (counts batches the pipeline produced, including prefetched ones).
       truncated_examples: int64 `tf.Variable`, examples removed by the cap.
+      sampler: which sampler drew the batches: "in_memory", "multi_pass"
+        (`streaming_poisson_batches`), "one_pass_spill"
+        (`one_pass_poisson_batches`), or None (shuffled batches).
+      fixed_shape: True when every batch is padded to `max_batch_size`
+        (`fixed_shape_batches`; padding examples carry weight 0).
+      spill: the one-pass sampler's `SpillStats` (disk and memory it used), else None.
     """
 
     batching: str
@@ -114,6 +123,9 @@ class BatchingInfo:
     seeded: bool = False
     truncated_batches: tf.Variable | None = None
     truncated_examples: tf.Variable | None = None
+    sampler: str | None = None
+    fixed_shape: bool = False
+    spill: object = None
 
     def report(self) -> dict:
         """Plain-Python fields for `privacy_report(batching=...)`."""
@@ -127,6 +139,8 @@ class BatchingInfo:
             "streaming": self.streaming,
             "batches_per_pass": self.batches_per_pass,
             "seeded": self.seeded,
+            "sampler": self.sampler,
+            "fixed_shape": self.fixed_shape,
         }
         if self.truncated_batches is not None:
             out["truncated_batches"] = int(self.truncated_batches.numpy())
@@ -464,6 +478,7 @@ def _poisson_info(n, q, cap, seed, *, streaming, batches_per_pass) -> BatchingIn
         batches_per_pass=batches_per_pass,
         seeded=seed is not None,
     )
+    info.sampler = "multi_pass" if streaming else "in_memory"
     if cap is not None:
         info.truncated_batches = tf.Variable(0, dtype=tf.int64, trainable=False, name="truncated_batches")
         info.truncated_examples = tf.Variable(0, dtype=tf.int64, trainable=False, name="truncated_examples")

@@ -27,6 +27,8 @@ def plan_run(
     seed: int | None = None,
     noise_multiplier: float | None = None,
     assumptions: Sequence[str] = (),
+    dataset_size: int | None = None,
+    max_batch_size: int | None = None,
     **mechanism_options,
 ) -> RunPlan:
     """Plans a run: calibrates every noise multiplier and builds the mechanism (`mechanisms.create`).
@@ -44,6 +46,11 @@ def plan_run(
       seed: noise seed (None: OS entropy).
       noise_multiplier: sigma given instead of `target_epsilon` (nothing is calibrated).
       assumptions: conditions the guarantee rests on (e.g. public data), for the report.
+      dataset_size, max_batch_size: N and the cap B of Poisson batches
+        truncated at B (`tfdp_embed.data`, `fixed_shape_batches`): every
+        step is calibrated, budgeted and reported as
+        `TruncatedSubsampledGaussianDpEvent(N, q, B, sigma)` (PLD only). With
+        `periods`, give them in each `Period` instead.
       **mechanism_options: the mechanism's constructor options (`mechanisms.options(name)`),
         plus `ratio` (sigma1 / sigma2 of a contribution map, default 1) and
         `threshold_sigmas` (tau in units of sigma1 x contribution_clip).
@@ -60,7 +67,7 @@ def plan_run(
     options = dict(mechanism_options)
     allowed = factory.options(mechanism, counts="counts" in options)
     delta, accountant = check_delta(target_delta), check_accountant(accountant)
-    periods, parallel = _periods(sampling_probability, steps, periods)
+    periods, parallel = _periods(sampling_probability, steps, periods, (dataset_size, max_batch_size))
     releases = tuple(releases)
     common: dict[str, Any] = dict(mechanism_name=mechanism, target_delta=delta, accountant=accountant, periods=periods,
                   parallel=parallel, assumptions=tuple(assumptions))  # fmt: skip
@@ -91,14 +98,16 @@ def plan_run(
 # -- helpers -----------------------------------------------------------------------------
 
 
-def _periods(sampling_probability, steps, periods) -> tuple[tuple, bool]:
-    """(periods, parallel): one `Period` from (q, T), or the given ones."""
+def _periods(sampling_probability, steps, periods, truncation: tuple) -> tuple[tuple, bool]:
+    """(periods, parallel): one `Period` from (q, T[, N, B]), or the given ones."""
     if periods is None:
         if sampling_probability is None or steps is None:
             raise ValueError("Pass `sampling_probability` and `steps`, or `periods`.")
-        return (Period(sampling_probability, steps),), False
-    if sampling_probability is not None or steps is not None:
-        raise ValueError("Pass `periods` or (`sampling_probability`, `steps`), not both.")
+        return (Period(sampling_probability, steps, *truncation),), False
+    if sampling_probability is not None or steps is not None or truncation != (None, None):
+        raise ValueError(
+            "Pass `periods` or (`sampling_probability`, `steps`[, `dataset_size`, `max_batch_size`]), not both."
+        )
     periods = tuple(periods)
     if not periods or not all(isinstance(p, Period) for p in periods):
         raise ValueError(f"`periods` must be a non-empty sequence of `Period`s; received {periods!r}.")

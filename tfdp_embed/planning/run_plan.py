@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfdp_embed.accounting import PrivacyBudget, PrivacyLedger, privacy_report
-from tfdp_embed.accounting.periods import Period, PeriodBudget, add_period_accounting, parallel_epsilon, period_ledgers
+from tfdp_embed.accounting.periods import PeriodBudget, add_period_accounting, parallel_epsilon, period_ledgers
+from tfdp_embed.accounting.truncated import truncated_steps
 from tfdp_embed.mechanisms.base import NoiseMechanism
 from tfdp_embed.planning.releases import SELECTION, PlannedRelease
 
@@ -52,6 +53,14 @@ class RunPlan:
     @property
     def is_dp(self) -> bool:
         return bool(self.mechanism.is_dp)
+
+    @property
+    def step_source(self):
+        """What the budget and report charge: the mechanism, as `truncated_steps` when the batches are truncated."""
+        truncation = self.periods[0].truncation
+        if self.parallel or truncation is None or self.mechanism_name == "none":
+            return self.mechanism  # several periods: each `Period` truncates its own steps
+        return truncated_steps(self.mechanism, dataset_size=truncation[0], max_batch_size=truncation[1])
 
     @property
     def sampling_probability(self) -> float:
@@ -105,7 +114,7 @@ class RunPlan:
             if period is not None:
                 raise ValueError("`period` is only for plans with several streaming `periods`.")
             kwargs.setdefault("ledger", self.ledger())
-            return PrivacyBudget(self.mechanism, sampling_probability=self.sampling_probability, **target, **kwargs)
+            return PrivacyBudget(self.step_source, sampling_probability=self.sampling_probability, **target, **kwargs)
         if period is None or not 0 <= period < len(self.periods):
             raise ValueError(f"`period` must be an index in [0, {len(self.periods)}); received {period!r}.")
         return PeriodBudget(
@@ -149,7 +158,7 @@ class RunPlan:
         if ledger is not None and not self.is_dp:
             steps, ledger = ledger.steps if steps is None else steps, None
         common = dict(
-            mechanism=self.mechanism, delta=self.target_delta, dataset_size=int(dataset_size), batching=batching,
+            mechanism=self.step_source, delta=self.target_delta, dataset_size=int(dataset_size), batching=batching,
             accountant=accountant or self.accountant, assumptions=[*self.assumptions, *assumptions],
             extra={"plan": self.summary(), **(extra or {})},
         )  # fmt: skip
@@ -196,7 +205,7 @@ class RunPlan:
     def _parallel_report(self, common: dict, *, steps, steps_by_period) -> dict:
         if steps_by_period is None or len(steps_by_period) != len(self.periods):
             raise ValueError(f"`steps_by_period` must give the steps of each of the {len(self.periods)} periods.")
-        ran = [Period(p.sampling_probability, s) for p, s in zip(self.periods, steps_by_period)]
+        ran = [dataclasses.replace(p, steps=s) for p, s in zip(self.periods, steps_by_period)]
         ledgers = period_ledgers(self.mechanism, ran, events=self.events)
         epsilons, worst = [None] * len(ledgers), 0
         if self.is_dp:

@@ -1,0 +1,171 @@
+"""One-pass exact Poisson batches with a disk spill (tfdp_embed/data/one_pass.py) and fixed-shape padding.
+
+Statistical checks use 5-standard-deviation binomial tolerances (seeds are
+fixed, so the tests are deterministic).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tfdp_embed._keras import tf
+from tfdp_embed.data import fed_batching, fixed_shape_batches, one_pass_poisson_batches, poisson_batches
+from tfdp_embed.data.one_pass import _joined_cells
+
+N = 300
+
+
+def _source(n=N, batched=None):
+    """Example i is (features {"id": i, "x": [i, 2i]}, label i % 2); optionally in chunks."""
+    ids = np.arange(n, dtype=np.int64)
+    data = ({"id": ids, "x": np.stack([ids, 2 * ids], 1).astype(np.float32)}, (ids % 2).astype(np.float32))
+    ds = tf.data.Dataset.from_tensor_slices(data)
+    return ds.batch(batched) if batched else ds
+
+
+def _membership(batches, epochs, n=N):
+    """[batches, n] 0/1 matrix; checks every record is its example's, and no example twice in a batch."""
+    rows = []
+    for features, labels in batches.repeat(epochs):
+        ids = features["id"].numpy()
+        assert len(np.unique(ids)) == len(ids)
+        np.testing.assert_array_equal(features["x"].numpy(), np.stack([ids, 2 * ids], 1))
+        np.testing.assert_array_equal(labels.numpy(), ids % 2)
+        row = np.zeros(n, np.int64)
+        row[ids] = 1
+        rows.append(row)
+    return np.array(rows)
+
+
+def _check_poisson(m, q):
+    t, n = m.shape
+    sd = np.sqrt(q * (1 - q) / (t * n))  # overall inclusion rate ~ Binomial(t n, q) / (t n)
+    assert abs(m.mean() - q) < 5 * sd, (m.mean(), q, sd)
+    sizes = m.sum(1)  # batch sizes ~ Binomial(n, q): mean n q, variance n q (1 - q)
+    assert abs(sizes.mean() - n * q) < 5 * np.sqrt(n * q * (1 - q) / t)
+    assert abs(sizes.var(ddof=1) / (n * q * (1 - q)) - 1) < 5 * np.sqrt(2 / (t - 1))
+    per_example = m.sum(0)  # ~ Binomial(t, q): not ~constant as with shuffling
+    assert abs(per_example.var(ddof=1) / (t * q * (1 - q)) - 1) < 5 * np.sqrt(2 / (n - 1))
+    for lag in (1, 3):  # co-inclusion in steps t and t + lag: q^2 (independence across steps)
+        both, trials = (m[lag:] * m[:-lag]).sum(), (t - lag) * n
+        assert abs(both / trials - q * q) < 5 * np.sqrt(q * q * (1 - q * q) / trials)
+
+
+def test_joined_cells_are_independent_bernoulli():
+    rng = np.random.Generator(np.random.PCG64(0))
+    q, cells = 0.03, 2_000_000
+    joined = _joined_cells(rng, cells, q)
+    assert np.all(np.diff(joined) > 0) and joined[0] >= 0 and joined[-1] < cells
+    assert abs(joined.size - cells * q) < 5 * np.sqrt(cells * q * (1 - q))
+    grid = np.zeros(cells, bool)
+    grid[joined] = True
+    both = (grid[1:] & grid[:-1]).sum()  # neighbouring cells: q^2
+    assert abs(both / (cells - 1) - q * q) < 5 * np.sqrt(q * q / (cells - 1))
+    np.testing.assert_array_equal(_joined_cells(rng, 7, 1.0), np.arange(7))
+
+
+@pytest.mark.parametrize("batched", [None, 37])
+def test_one_pass_batches_are_poisson_and_read_the_source_once(batched, tmp_path):
+    reads = tf.Variable(0, dtype=tf.int64)
+
+    def count(*element):
+        reads.assign_add(tf.size(element[1], out_type=tf.int64))  # labels: a scalar or a chunk
+        return element
+
+    q = 0.05
+    source = _source(batched=batched).map(count)
+    batches, info = one_pass_poisson_batches(
+        source, sampling_probability=q, num_examples=N, seed=1, spill_dir=str(tmp_path), bucket_rows=60,
+        source_batched=batched is not None, read_chunk_size=64,
+    )  # fmt: skip
+    assert info.batching == "poisson" and info.sampler == "one_pass_spill" and info.batches_per_epoch == 20
+    assert info.spill.buckets == 5  # 60 // (q N = 15) = 4 steps per bucket
+    m = _membership(batches, epochs=12)
+    assert m.shape == (240, N)
+    assert int(reads.numpy()) == 12 * N  # the source is read once per epoch
+    assert info.spill.epochs == 12 and info.spill.rows_read == 12 * N
+    assert info.spill.records_written == m.sum()  # every sampled record comes back, once
+    assert os.listdir(tmp_path) == []  # spill removed
+    _check_poisson(m, q)
+    assert fed_batching(batches.prefetch(1)).verified_poisson
+
+
+def test_memory_is_one_bucket_independent_of_n(tmp_path):
+    q_n, bucket_rows = 20, 100
+    for n in (400, 4000):
+        batches, info = one_pass_poisson_batches(
+            _source(n, batched=256), sampling_probability=q_n / n, num_examples=n, seed=2,
+            spill_dir=str(tmp_path), bucket_rows=bucket_rows, source_batched=True,
+        )  # fmt: skip
+        for _ in batches:
+            pass
+        # A bucket holds 5 steps: ~Binomial(5 n, q) records, mean 100, sd 10.
+        assert 0 < info.spill.largest_bucket_records <= bucket_rows + 6 * 10
+    assert info.spill.buckets == 4000 // q_n // 5
+
+
+def test_seeds_reproduce_and_epochs_differ(tmp_path):
+    def epochs(seed):
+        batches, _ = one_pass_poisson_batches(_source(), sampling_probability=0.1, num_examples=N, seed=seed)
+        return [[f["id"].numpy().tolist() for f, _ in batches] for _ in range(2)]
+
+    first, again = epochs(5), epochs(5)
+    assert first == again and first[0] != first[1]
+
+
+def test_wrong_count_and_bad_arguments_raise():
+    batches, _ = one_pass_poisson_batches(_source(), sampling_probability=0.1, num_examples=N + 1, seed=0)
+    with pytest.raises(tf.errors.OpError, match="not `num_examples`=301"):
+        list(batches)
+    with pytest.raises(ValueError, match="`num_examples`"):
+        one_pass_poisson_batches(_source(), sampling_probability=0.1, num_examples=0)
+    with pytest.raises(ValueError, match="`sampling_probability`"):
+        one_pass_poisson_batches(_source(), sampling_probability=1.5, num_examples=N)
+    ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3]]))
+    with pytest.raises(ValueError, match="fully defined"):
+        one_pass_poisson_batches(ragged, sampling_probability=0.5, num_examples=2)
+
+
+def test_truncation_cuts_to_a_subset_and_is_counted():
+    # The spill uses the RNG before any cut, so the same seed without a cap gives the uncut batches.
+    q, cap = 0.2, 55  # batch sizes ~ Binomial(300, 0.2): mean 60, so most batches are cut
+    common = dict(sampling_probability=q, num_examples=N, seed=3)
+    full = _membership(one_pass_poisson_batches(_source(), **common)[0], epochs=1)
+    batches, info = one_pass_poisson_batches(_source(), **common, max_batch_size=cap)
+    cut = _membership(batches, epochs=1)
+    sizes = full.sum(1)
+    np.testing.assert_array_equal(cut.sum(1), np.minimum(sizes, cap))
+    assert np.all(cut <= full)  # a subset of the Poisson batch
+    report = info.report()
+    assert report["truncated_batches"] == int((sizes > cap).sum()) > 0
+    assert report["truncated_examples"] == int(np.maximum(sizes - cap, 0).sum())
+
+
+@pytest.mark.parametrize("sampler", ["in_memory", "one_pass"])
+def test_fixed_shape_batches_pad_with_weight_zero(sampler):
+    q, cap = 0.1, 36  # mean 30, sd ~5.2: some batches cut, most padded
+    if sampler == "in_memory":
+        batches, info = poisson_batches(_source(), sampling_probability=q, seed=4, max_batch_size=cap)
+    else:
+        batches, info = one_pass_poisson_batches(
+            _source(), sampling_probability=q, num_examples=N, seed=4, max_batch_size=cap
+        )
+    fixed, fixed_info = fixed_shape_batches(batches, info)
+    assert fixed_info.fixed_shape and fixed_info.report()["fixed_shape"] is True
+    assert fixed.element_spec[0]["id"].shape == [cap] and fixed.element_spec[2].shape == [cap]
+    assert fed_batching(fixed.prefetch(1)).info is fixed_info
+    real = 0
+    for features, labels, weights in fixed:
+        w = weights.numpy()
+        k = int(w.sum())
+        np.testing.assert_array_equal(w, [1.0] * k + [0.0] * (cap - k))
+        assert not features["id"].numpy()[k:].any() and not labels.numpy()[k:].any()
+        real += k
+    assert 0 < real <= 10 * cap
+    with pytest.raises(ValueError, match="max_batch_size"):
+        fixed_shape_batches(*poisson_batches(_source(), sampling_probability=q, seed=4))
+    with pytest.raises(ValueError, match="not the output"):
+        fixed_shape_batches(batches.shuffle(2), info)
