@@ -66,8 +66,10 @@ def layer_gradients(
     for tap, variables, var_grads in zip(unused, unused_vars, missed):
         _check_not_reached(tap, variables, var_grads)
     per_example = _shared_call_grads(shared, scores, score_grads)
+    batch_size = per_example_loss.shape[0] if per_example_loss.shape.rank == 1 else None
     result = []
     for tap, output_grads in zip(used, grads):
+        _check_leading_axis(tap, batch_size)
         output_grads = [
             per_example.get(id(c), tf.zeros_like(c.outputs) if g is None else g)
             for c, g in zip(tap.calls, output_grads)
@@ -94,6 +96,21 @@ def _shared_call_grads(shared: list, scores: list, score_grads: list) -> dict:
         for call, grad in zip(computation.calls, computation.per_example_output_grads(grads)):
             out[id(call)] = grad
     return out
+
+
+def _check_leading_axis(tap: LayerTaps, batch_size) -> None:
+    """A per-example call's output starts with the batch axis; anything else is a shared computation."""
+    for call in tap.calls:
+        shape = call.outputs.shape
+        if call.shared is None and batch_size is not None and shape.rank and shape[0] not in (None, batch_size):
+            raise PrivacyContractError(
+                f"Layer {tap.layer.name!r} ({type(tap.layer).__name__}) was called on something other than "
+                f"the batch: its output has leading size {shape[0]}, the batch {batch_size} examples. A "
+                "computation every example's loss depends on (e.g. a candidate tower run over the item "
+                "catalogue) must run inside `with tfdp_embed.clipping.shared_computation() as shared:` "
+                "(see `tfdp_embed.clipping.shared`), or use `tfdp_embed.retrieval.Retrieval`, which does; "
+                "otherwise its rows would be clipped as if they were examples."
+            )
 
 
 def _no_shared_rule(tap: LayerTaps, rule) -> str:

@@ -64,6 +64,10 @@ from tfdp_embed.retrieval.catalogue import Catalogue
 from tfdp_embed.retrieval.negatives import FullSoftmax, SampledSoftmax
 from tfdp_embed.retrieval.top_k import TopKMetrics, check_ks
 
+def _default_ks(num_items: int) -> tuple:
+    return tuple(k for k in (1, 5, 10, 50, 100) if k <= num_items)
+
+
 MIN_LOGIT = float(np.finfo(np.float32).min / 100.0)  # a masked logit (TFRS' MIN_FLOAT)
 
 
@@ -90,7 +94,8 @@ class Retrieval(keras.layers.Layer, tfrs.tasks.Task):
         `candidate_ids` are these ids, else catalogue rows in [0, N).
       negatives: `FullSoftmax()` (default) or `SampledSoftmax(...)` (keyword-only).
       temperature: optional softmax temperature T (scores are divided by it).
-      ks: cut-offs of the top-k metrics (each <= N).
+      ks: cut-offs of the top-k metrics (each <= N); default those of
+        (1, 5, 10, 50, 100) that are <= N.
       name: layer name.
 
     Raises:
@@ -105,7 +110,7 @@ class Retrieval(keras.layers.Layer, tfrs.tasks.Task):
         identifiers=None,
         negatives: FullSoftmax | SampledSoftmax | None = None,
         temperature: float | None = None,
-        ks: Sequence[int] = (1, 5, 10),
+        ks: Sequence[int] | None = None,
         name: str = "retrieval",
     ):
         super().__init__(name=name, autocast=False)  # scores in the towers' dtype
@@ -119,7 +124,7 @@ class Retrieval(keras.layers.Layer, tfrs.tasks.Task):
         catalogue = Catalogue(candidates, identifiers=identifiers)
         if not negatives.full:
             negatives.check_catalogue(catalogue.size)
-        ks = check_ks(ks, catalogue.size)
+        ks = check_ks(ks, catalogue.size) if ks is not None else _default_ks(catalogue.size)
         self.candidate_tower = candidate_tower
         self.negatives = negatives
         self.temperature = None if temperature is None else float(temperature)
