@@ -203,7 +203,9 @@ def markdown(results: list[dict], *, command: str, info: dict, args, minutes: fl
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.criteo_memory", description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=cli_args.ints, default=(100_000, 1_000_000, 4_000_000), help="training rows per file")
+    parser.add_argument(
+        "--rows", type=cli_args.ints, default=(100_000, 1_000_000, 4_000_000), help="training rows per file"
+    )
     parser.add_argument("--mechanisms", default="adafest,lazy")
     parser.add_argument("--modes", default="off,on", help="--streaming values to compare")
     parser.add_argument("--max-steps", type=int, default=3)

@@ -210,7 +210,7 @@ def markdown(
     summary: dict, *, command: str, machine: str, epsilons, seeds, minutes: float, png: str, diagnosis: str = ""
 ) -> str:
     """The RESULTS.md section."""
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     none = summary.get(("none", None))
     lines = [
         f"## criteo_realdata — {date} — Kaggle sample, 7,200 training rows: AUC and log loss vs epsilon",
@@ -426,7 +426,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"command": command, "machine": machine, "runs": runs, "diagnosis": diagnosis_runs, "not_measured": skipped},
+                {
+                    "command": command,
+                    "machine": machine,
+                    "runs": runs,
+                    "diagnosis": diagnosis_runs,
+                    "not_measured": skipped,
+                },
                 f,
                 indent=2,
             )

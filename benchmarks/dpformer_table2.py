@@ -216,11 +216,19 @@ def markdown(a, summary, info, command) -> str:
         f"{a.max_len}, peak lr {a.lr} (Adam, weight decay 1e-5, 20% warm-up then linear decay), dropout {a.dropout}, "
         "clip 1.0, d=64, 1 head, 2 blocks, shared input/output item table, delta = 1/N (N = 31,013 users), PLD "
         f"accountant, user-level DP, {frequency_words(summary['rows'])}, effective-error scale 1"
-        + ("; every model adds the fixed log item-frequency prior to its logits (`--popularity-prior`: the same "
-           "frequencies, not trained)" if a.popularity_prior else "")
-        + (f"; the item table has rows for the {a.head_items:,} most frequent items only (`--head-items`, chosen "
-           "with the same frequencies), every other item shares one row and is told apart by its prior; the "
-           "loss is still the softmax over all items, and all items are ranked. " if a.head_items else ". ")
+        + (
+            "; every model adds the fixed log item-frequency prior to its logits (`--popularity-prior`: the same "
+            "frequencies, not trained)"
+            if a.popularity_prior
+            else ""
+        )
+        + (
+            f"; the item table has rows for the {a.head_items:,} most frequent items only (`--head-items`, chosen "
+            "with the same frequencies), every other item shares one row and is told apart by its prior; the "
+            "loss is still the softmax over all items, and all items are ranked. "
+            if a.head_items
+            else ". "
+        )
         + "Metrics: test users (last item), ALL 23,715 items ranked, history items kept, pessimistic ties; one seed.",
         "",
         "| model | eps target | eps spent | sigma | steps | item frequencies | NDCG@10 % | HIT@10 % | paper NDCG/HIT % "
@@ -254,7 +262,10 @@ def markdown(a, summary, info, command) -> str:
             f"{pop['ndcg@10_pct']:.2f} %, HIT@10 {pop['hit@10_pct']:.2f} % on the same {pop['users']} test users.",
         ]
     if summary["missing"]:
-        lines += ["", f"Missing (did not finish in the time available; not estimated): {', '.join(summary['missing'])}."]
+        lines += [
+            "",
+            f"Missing (did not finish in the time available; not estimated): {', '.join(summary['missing'])}.",
+        ]
     png = outputs.shown_path(a.png) if a.png else "not written"
     data = outputs.shown_path(a.json) if a.json else "not written"
     lines += ["", f"Plot: `{png}`; data: `{data}`.", ""]
@@ -289,7 +300,9 @@ def main(argv=None) -> int:
         "--popularity-prior", action="store_true", help="every run adds the log item-frequency prior to its logits"
     )
     p.add_argument(
-        "--head-items", type=int, help="every run trains table rows for the K most frequent items only (see the pipeline)"
+        "--head-items",
+        type=int,
+        help="every run trains table rows for the K most frequent items only (see the pipeline)",
     )
     p.add_argument(
         "--frequency-epsilon-share",
@@ -319,7 +332,9 @@ def main(argv=None) -> int:
         files={"json": ".json", "png": ".png"},
     )  # fmt: skip
     if a.frequencies_file is not None and a.frequency_epsilon_share is not None:
-        p.error("--frequencies-file (public frequencies) and --frequency-epsilon-share (a DP release) exclude each other.")
+        p.error(
+            "--frequencies-file (public frequencies) and --frequency-epsilon-share (a DP release) exclude each other."
+        )
     if not os.path.exists(a.data):
         print(f"data file not found: {a.data} (../shared/data is needed for this benchmark)", file=sys.stderr)
         return 2

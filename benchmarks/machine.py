@@ -129,7 +129,7 @@ def machine_info(repo: str) -> dict:
     total_kb = meminfo_kb("MemTotal") or 0
     available_kb = meminfo_kb("MemAvailable") or 0
     return {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "hostname": platform.node(),
         "nproc": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),

@@ -64,9 +64,7 @@ def _row(report: dict, wall: float) -> dict:
         **{f"precision@{k}": report[f"precision@{k}"] for k in KS},
         **{f"recall@{k}": report[f"recall@{k}"] for k in KS},
         "final_train_loss": report["final_train_loss"],
-        "median_step_ms": None
-        if report["median_step_s"] is None
-        else 1e3 * report["median_step_s"],
+        "median_step_ms": None if report["median_step_s"] is None else 1e3 * report["median_step_s"],
         "wall_s": wall,
         "eana_data_dependent_epsilon": bound.get("data_dependent_epsilon"),
         "eana_history_rows_never_touched": bound.get("history_rows_never_touched"),
@@ -82,9 +80,7 @@ def _number(value, fmt="{:.4f}") -> str:
     return fmt.format(value)
 
 
-def _markdown(
-    command: str, info: dict, config: dict, rows: list, data: dict, peak_mb: float
-) -> str:
+def _markdown(command: str, info: dict, config: dict, rows: list, data: dict, peak_mb: float) -> str:
     v = info["versions"]
     lines = [
         f"## movielens — {info['date_utc']} — two-tower precision@k / recall@k on ml-100k (none, DP-SGD, EANA, LazyDP)",
@@ -144,11 +140,7 @@ def _markdown(
         ),
         "Spread: one seed per setting; the run-to-run spread is not measured.",
     ]
-    warn = [
-        f"{r['mechanism']} sigma {r['noise_multiplier']}: {w}"
-        for r in rows
-        for w in r["warnings"]
-    ]
+    warn = [f"{r['mechanism']} sigma {r['noise_multiplier']}: {w}" for r in rows for w in r["warnings"]]
     if warn:
         lines += [""] + [f"WARNING: {w}" for w in warn]
     lines.append("")
@@ -207,9 +199,7 @@ def main(argv=None) -> int:
     from pipelines import movielens
 
     info = machine_info(ROOT)
-    command = "python -m benchmarks.movielens_utility " + " ".join(
-        shlex.quote(a) for a in (argv or sys.argv[1:])
-    )
+    command = "python -m benchmarks.movielens_utility " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     sigmas = [float(s) for s in args.noise_multipliers.split(",") if s]
     base = movielens.MovieLensConfig(
         epochs=args.epochs, batch_size=args.batch_size, seed=args.seed, accountant=args.accountant, verbose=0,

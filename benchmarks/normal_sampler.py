@@ -112,7 +112,9 @@ def _load() -> str:
 def _busy_processes(limit: int = 4) -> str:
     """The other processes using the most CPU now (ps), as 'pcpu% command' strings."""
     try:
-        out = subprocess.run(["ps", "-eo", "pid=,pcpu=,args=", "--sort=-pcpu"], capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run(
+            ["ps", "-eo", "pid=,pcpu=,args=", "--sort=-pcpu"], capture_output=True, text=True, timeout=20
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     rows = []
@@ -191,8 +193,12 @@ def main(argv=None) -> int:
     )
 
     flags = _cpu_flags()
-    isas = [isa for isa, flag in (("avx512", "avx512f"), ("avx2", "avx2"), ("portable", None)) if flag is None or flag in flags]
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    isas = [
+        isa
+        for isa, flag in (("avx512", "avx512f"), ("avx2", "avx2"), ("portable", None))
+        if flag is None or flag in flags
+    ]
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     load_start = _load()
     busy_start = _busy_processes()
     reason = fast_normal.unavailable_reason()
@@ -203,11 +209,18 @@ def main(argv=None) -> int:
         ref = float(np.median(times["tf_generator_normal"]))
         for name, ts in times.items():
             ns = np.asarray(ts) * 1e9 / n
-            rows.append({
-                "n": n, "sampler": name, "median": float(np.median(ns)), "p10": float(np.percentile(ns, 10)),
-                "p90": float(np.percentile(ns, 90)), "ms": float(np.median(ts)) * 1e3,
-                "speedup": ref / float(np.median(ts)), "timed": len(ts),
-            })
+            rows.append(
+                {
+                    "n": n,
+                    "sampler": name,
+                    "median": float(np.median(ns)),
+                    "p10": float(np.percentile(ns, 10)),
+                    "p90": float(np.percentile(ns, 90)),
+                    "ms": float(np.median(ts)) * 1e3,
+                    "speedup": ref / float(np.median(ts)),
+                    "timed": len(ts),
+                }
+            )
     load_end = _load()
 
     header = "| floats/call | sampler | median ns/float | p10 – p90 ns/float | median ms/call | speed-up vs tf_generator_normal |"
@@ -238,30 +251,33 @@ def main(argv=None) -> int:
     if args.results_md:
         dirty = [line[3:] for line in _git("status", "--porcelain", "--", "tfdp_embed").splitlines() if line.strip()]
         threads = tf.config.threading.get_intra_op_parallelism_threads()
-        section = "\n".join([
-            f"## normal_sampler — {started} — exact Gaussian sampling, ns per float32",
-            "",
-            f"- Command: `{command}`",
-            f"- Machine: {_cpu_model()}, nproc {os.cpu_count()}, {_mem_gib()} RAM; CPU flags used: "
-            f"{', '.join(i for i in isas if i != 'portable') or 'none'}; GPU: not used (CPU kernel only).",
-            f"- Load average (1/5/15 min): {load_start} at start, {load_end} at end — the machine was shared "
-            "(2 cores, other engineers' jobs): compare the ratios, measured round-robin in one process. "
-            f"Busiest other processes at start: {busy_start}.",
-            f"- Versions: Python {platform.python_version()}, tensorflow {tf.__version__}, numpy {np.__version__}; "
-            f"TF intra-op threads: {threads or f'default ({os.cpu_count()})'}.",
-            f"- Library: commit `{_git('rev-parse', '--short=12', 'HEAD').strip() or 'unknown'}`"
-            + (f"; uncommitted library files: {', '.join(dirty)}" if dirty else "") + ".",
-            f"- Protocol: {args.warmup} warm-up calls each, then {args.repeats} rounds calling every sampler once "
-            "in random order; TF samplers inside `tf.function` with the key/seed drawn from a `tf.random.Generator` "
-            "in the function (no constant folding); numpy outside TF, one thread.",
-            "- fast_normal: Philox4x32-10 + Box-Muller, float32 log/sin/cos within 1.7 ulp of double libm, "
-            "outputs within 3.5 ulp of the float64 transform (tfdp_embed/ops/README.md); [auto] = widest ISA.",
-            *([f"- fast_normal not measured: {reason}"] if reason else []),
-            "",
-            table,
-            "",
-            *[f"{note}\n" for note in args.note],  # "(--note)" texts, verbatim
-        ])
+        section = "\n".join(
+            [
+                f"## normal_sampler — {started} — exact Gaussian sampling, ns per float32",
+                "",
+                f"- Command: `{command}`",
+                f"- Machine: {_cpu_model()}, nproc {os.cpu_count()}, {_mem_gib()} RAM; CPU flags used: "
+                f"{', '.join(i for i in isas if i != 'portable') or 'none'}; GPU: not used (CPU kernel only).",
+                f"- Load average (1/5/15 min): {load_start} at start, {load_end} at end — the machine was shared "
+                "(2 cores, other engineers' jobs): compare the ratios, measured round-robin in one process. "
+                f"Busiest other processes at start: {busy_start}.",
+                f"- Versions: Python {platform.python_version()}, tensorflow {tf.__version__}, numpy {np.__version__}; "
+                f"TF intra-op threads: {threads or f'default ({os.cpu_count()})'}.",
+                f"- Library: commit `{_git('rev-parse', '--short=12', 'HEAD').strip() or 'unknown'}`"
+                + (f"; uncommitted library files: {', '.join(dirty)}" if dirty else "")
+                + ".",
+                f"- Protocol: {args.warmup} warm-up calls each, then {args.repeats} rounds calling every sampler once "
+                "in random order; TF samplers inside `tf.function` with the key/seed drawn from a `tf.random.Generator` "
+                "in the function (no constant folding); numpy outside TF, one thread.",
+                "- fast_normal: Philox4x32-10 + Box-Muller, float32 log/sin/cos within 1.7 ulp of double libm, "
+                "outputs within 3.5 ulp of the float64 transform (tfdp_embed/ops/README.md); [auto] = widest ISA.",
+                *([f"- fast_normal not measured: {reason}"] if reason else []),
+                "",
+                table,
+                "",
+                *[f"{note}\n" for note in args.note],  # "(--note)" texts, verbatim
+            ]
+        )
         outputs.append_section(args.results_md, section, files=(args.json, args.png))
         print(f"appended to {args.results_md}")
     return 0

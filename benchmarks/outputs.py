@@ -29,7 +29,7 @@ ARCHIVE_DIR = os.path.join(BENCHMARKS, "archive")
 AUTO = "auto"
 NEW_HEADING = "## New measurements (not yet folded in)"
 PAGE_HEADER = (
-    "# Benchmark results\n\nProtocol: `../shared/BENCHMARKS.md`. \"not measured\" means exactly that "
+    '# Benchmark results\n\nProtocol: `../shared/BENCHMARKS.md`. "not measured" means exactly that '
     "(never an estimate).\n"
 )
 NEW_INTRO = (
@@ -40,8 +40,8 @@ NEW_INTRO = (
 
 def utc_stamp(when: datetime.datetime | None = None) -> str:
     """'20261121T211854Z' for `when` (default: now, UTC)."""
-    when = when or datetime.datetime.now(datetime.timezone.utc)
-    return when.astimezone(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    when = when or datetime.datetime.now(datetime.UTC)
+    return when.astimezone(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 def short_number(value: float) -> str:

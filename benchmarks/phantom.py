@@ -71,9 +71,7 @@ def scored_positions(positions: str, length: int) -> int:
     return length if positions == "all" else 1
 
 
-def estimate_gb(
-    method: str, *, vocab: int, batch: int, length: int, dim: int, positions: str
-) -> float:
+def estimate_gb(method: str, *, vocab: int, batch: int, length: int, dim: int, positions: str) -> float:
     logits = batch * scored_positions(positions, length) * vocab * 4 / 2**30
     if method == "brute_force":
         return _BASE_GB + 2.0 * logits + 3.5 * batch * vocab * dim * 4 / 2**30
@@ -89,18 +87,14 @@ def _worker(spec_path: str, out_path: str) -> int:
     for batch, methods in spec["configs"]:
         report["running"] = batch
         _write(out_path, report)
-        report["results"][str(batch)] = _measure_batch(
-            spec, batch, methods, report, out_path
-        )
+        report["results"][str(batch)] = _measure_batch(spec, batch, methods, report, out_path)
         gc.collect()
     report["running"] = None
     _write(out_path, report)
     return 0
 
 
-def _measure_batch(
-    spec: dict, batch: int, methods: list, report: dict, out_path: str
-) -> dict:
+def _measure_batch(spec: dict, batch: int, methods: list, report: dict, out_path: str) -> dict:
     """Builds the methods' steps at one batch size; memory phase, then interleaved timing."""
     import numpy as np
 
@@ -114,9 +108,7 @@ def _measure_batch(
     vocab, length, dim = spec["vocab"], spec["length"], spec["dim"]
     last_only = spec["positions"] == "last"
     clip, sigma = spec["l2_norm_clip"], spec["noise_multiplier"]
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=keras.losses.Reduction.NONE
-    )
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=keras.losses.Reduction.NONE)
 
     def build():
         keras.utils.set_random_seed(spec["seed"])
@@ -160,9 +152,7 @@ def _measure_batch(
 
     if "phantom" in methods:
         dp_model = build()
-        mechanism = MECHANISMS["dense"](
-            l2_norm_clip=clip, noise_multiplier=sigma, seed=spec["seed"]
-        )
+        mechanism = MECHANISMS["dense"](l2_norm_clip=clip, noise_multiplier=sigma, seed=spec["seed"])
         dp = DPModel(dp_model, mechanism=mechanism, expected_batch_size=batch)
         dp.compile(
             optimizer=keras.optimizers.legacy.SGD(LEARNING_RATE),
@@ -189,22 +179,11 @@ def _measure_batch(
                     loss = per_example_loss(bf_model, x[None], y[None])[0]
                 return [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
 
-            per_example = tf.vectorized_map(
-                one_example, (ids, labels)
-            )  # [B, *v.shape] each
-            squared = tf.add_n(
-                [
-                    tf.reduce_sum(tf.square(tf.reshape(g, [batch, -1])), 1)
-                    for g in per_example
-                ]
-            )
+            per_example = tf.vectorized_map(one_example, (ids, labels))  # [B, *v.shape] each
+            squared = tf.add_n([tf.reduce_sum(tf.square(tf.reshape(g, [batch, -1])), 1) for g in per_example])
             factors = clip / tf.maximum(tf.sqrt(squared), clip)
             grads = [
-                (
-                    tf.tensordot(factors, g, 1)
-                    + fast_normal.normal(generator, tf.shape(v), sigma * clip)
-                )
-                / batch
+                (tf.tensordot(factors, g, 1) + fast_normal.normal(generator, tf.shape(v), sigma * clip)) / batch
                 for g, v in zip(per_example, variables)
             ]
             bf_optimizer.apply_gradients(zip(grads, variables))
@@ -219,9 +198,7 @@ def _measure_batch(
 
     results = {}
     report["results"][str(batch)] = results
-    for (
-        name
-    ) in steps:  # memory phase: warm-up (tracing included), VmHWM reset per method
+    for name in steps:  # memory phase: warm-up (tracing included), VmHWM reset per method
         gc.collect()
         reset = machine.reset_peak_rss()
         before = machine.status_kb("VmRSS") / 1024
@@ -229,9 +206,7 @@ def _measure_batch(
         results[name] = {
             "peak_rss_mb": round(machine.status_kb("VmHWM") / 1024, 1),
             "rss_before_mb": round(before, 1),
-            "peak_scope": "method (VmHWM reset)"
-            if reset
-            else "process (VmHWM reset refused)",
+            "peak_scope": "method (VmHWM reset)" if reset else "process (VmHWM reset refused)",
             "warmup_s": [round(t, 3) for t in warm],
         }
         _write(out_path, report)
@@ -262,15 +237,12 @@ def _write(path: str, report: dict) -> None:
 
 # -- driver ----------------------------------------------------------------------------
 
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.phantom", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.phantom", description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=cli_args.ints, default=cli_args.ints("1000,10000,24000"))
     parser.add_argument("--batch", type=cli_args.ints, default=cli_args.ints("32,128,256"))
-    parser.add_argument(
-        "--positions", default="all,last", help="'all', 'last' or both, comma-separated"
-    )
+    parser.add_argument("--positions", default="all,last", help="'all', 'last' or both, comma-separated")
     parser.add_argument("--length", type=int, default=50)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument(
@@ -298,18 +270,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     parser.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     parser.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' to skip")
-    parser.add_argument(
-        "--note", default="", help="free text added to the RESULTS.md section"
-    )
-    parser.add_argument(
-        "--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS
-    )
+    parser.add_argument("--note", default="", help="free text added to the RESULTS.md section")
+    parser.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.positions = [p.strip() for p in args.positions.split(",") if p.strip()]
     if not args.positions or any(p not in ("all", "last") for p in args.positions):
-        parser.error(
-            f"--positions must list 'all' and/or 'last'; received {args.positions}"
-        )
+        parser.error(f"--positions must list 'all' and/or 'last'; received {args.positions}")
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be >= 1")
     if not args.worker:
@@ -336,9 +302,7 @@ def run_vocab(args, *, positions: str, vocab: int, workdir: str) -> list:
             need = estimate_gb(method, **shape)
             row = {"method": method, **shape, "estimate_gb": round(need, 2)}
             if need > args.max_gb:
-                row["not_measured"] = (
-                    f"not run: would need ~{need:.1f} GB (> --max-gb {args.max_gb:g})"
-                )
+                row["not_measured"] = f"not run: would need ~{need:.1f} GB (> --max-gb {args.max_gb:g})"
             else:
                 methods.append(method)
             rows.append(row)
@@ -347,9 +311,7 @@ def run_vocab(args, *, positions: str, vocab: int, workdir: str) -> list:
     if not configs:
         return rows
     tag = f"{positions}_v{vocab}"
-    spec_path, out_path, log_path = (
-        os.path.join(workdir, f"{tag}.{x}") for x in ("spec.json", "out.json", "log")
-    )
+    spec_path, out_path, log_path = (os.path.join(workdir, f"{tag}.{x}") for x in ("spec.json", "out.json", "log"))
     spec = {
         "vocab": vocab, "length": args.length, "dim": args.dim, "positions": positions, "configs": configs,
         "steps": args.steps, "warmup": args.warmup, "max_seconds": args.max_seconds,
@@ -384,10 +346,7 @@ def run_vocab(args, *, positions: str, vocab: int, workdir: str) -> list:
             continue
         got = report["results"].get(str(row["batch"]), {}).get(row["method"])
         if got is None or "median_step_s" not in got:
-            why = (
-                killed
-                or f"worker exited with code {proc.returncode}: {_tail(log_path)}"
-            )
+            why = killed or f"worker exited with code {proc.returncode}: {_tail(log_path)}"
             if report.get("running") not in (None, row["batch"]):
                 why = f"not reached ({why} at B={report['running']})"
             row["not_measured"] = f"not measured: {why}"
@@ -399,29 +358,19 @@ def run_vocab(args, *, positions: str, vocab: int, workdir: str) -> list:
     for batch in args.batch:
         same = [r for r in rows if r["batch"] == batch]
         base = next(
-            (
-                r
-                for r in same
-                if r["method"] == "non_private" and r.get("median_step_s")
-            ),
+            (r for r in same if r["method"] == "non_private" and r.get("median_step_s")),
             None,
         )
         for row in same:
             if base and row.get("median_step_s"):
-                row["ratio_to_non_private"] = (
-                    row["median_step_s"] / base["median_step_s"]
-                )
+                row["ratio_to_non_private"] = row["median_step_s"] / base["median_step_s"]
     return rows
 
 
 def _tail(path: str) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            lines = [
-                x.strip()
-                for x in handle
-                if x.strip() and "cuInit" not in x and "cuda" not in x
-            ]
+            lines = [x.strip() for x in handle if x.strip() and "cuInit" not in x and "cuda" not in x]
     except OSError:
         return ""
     return " | ".join(lines[-2:])[:300]
@@ -462,11 +411,7 @@ def markdown_table(rows: list) -> str:
 def markdown_section(document: dict) -> str:
     m, s = document["machine"], document["settings"]
     v = m["versions"]
-    loads = [
-        r["load_average_before_worker"]
-        for r in document["results"]
-        if "load_average_before_worker" in r
-    ]
+    loads = [r["load_average_before_worker"] for r in document["results"] if "load_average_before_worker" in r]
     uncommitted = m["git"]["uncommitted_library_files"]
     lines = [
         (
@@ -483,11 +428,7 @@ def markdown_section(document: dict) -> str:
             f"{v['tf-keras']}, dp-accounting {v['dp-accounting']}, numpy {v['numpy']}."
         ),
         f"- Library: commit `{m['git']['commit'][:12]}`"
-        + (
-            f"; uncommitted library files at start: {', '.join(uncommitted)}."
-            if uncommitted
-            else ", clean."
-        ),
+        + (f"; uncommitted library files at start: {', '.join(uncommitted)}." if uncommitted else ", clean."),
         f"- Load: 1-min load average {m['load_average_at_start'][0]} at start, "
         + (f"{min(loads):.2f}–{max(loads):.2f} before the workers, " if loads else "")
         + f"{document['load_average_at_end'][0]} at end (2 cores shared with other engineers' jobs: compare "
@@ -537,9 +478,7 @@ def plot(rows: list, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     scored = list(dict.fromkeys(r["positions"] for r in rows))
-    fig, axes = plt.subplots(
-        len(scored), 2, figsize=(11, 4.2 * len(scored)), dpi=110, squeeze=False
-    )
+    fig, axes = plt.subplots(len(scored), 2, figsize=(11, 4.2 * len(scored)), dpi=110, squeeze=False)
     colors = {"non_private": "black", "phantom": "tab:blue", "brute_force": "tab:red"}
     vocabs = sorted({r["vocab"] for r in rows})
     styles = dict(zip(vocabs, ["-", "--", ":", "-."] * 3))
@@ -568,13 +507,9 @@ def plot(rows: list, path: str, title: str) -> None:
                     "label": f"{method}, V={vocab:,}",
                 }
                 row_axes[0].plot(b, t, **kw)
-                if (
-                    method != "non_private"
-                ):  # its "extra" is over the previous batch size's leftovers
+                if method != "non_private":  # its "extra" is over the previous batch size's leftovers
                     row_axes[1].plot(b, mem, **kw)
-        label = (
-            "every position scored" if positions == "all" else "last position scored"
-        )
+        label = "every position scored" if positions == "all" else "last position scored"
         row_axes[0].set(
             xscale="log",
             yscale="log",
@@ -611,11 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "phantom",
         "command": "python -m benchmarks.phantom " + shlex.join(argv),
         "machine": machine.machine_info(REPO),
-        "settings": {
-            k: v
-            for k, v in vars(args).items()
-            if k not in ("json", "png", "results_md", "worker", "note")
-        },
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png", "results_md", "worker", "note")},
         "note": args.note,
     }
     configs = [(p, v) for p in args.positions for v in args.vocab]
@@ -624,9 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="phantom_") as workdir:
         for positions, vocab in progress:
             if tqdm:
-                progress.set_postfix_str(
-                    f"scored {positions}, V={vocab}, B={args.batch}"
-                )
+                progress.set_postfix_str(f"scored {positions}, V={vocab}, B={args.batch}")
             rows += run_vocab(args, positions=positions, vocab=vocab, workdir=workdir)
     document["results"] = rows
     document["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -635,9 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     document["png"] = os.path.abspath(args.png) if args.png else None
     print()
     print(markdown_table(rows))
-    measured = [
-        r for r in rows if r["method"] == "phantom" and r.get("ratio_to_non_private")
-    ]
+    measured = [r for r in rows if r["method"] == "phantom" and r.get("ratio_to_non_private")]
     if measured:
         best = min(measured, key=lambda r: r["ratio_to_non_private"])
         worst = max(measured, key=lambda r: r["ratio_to_non_private"])

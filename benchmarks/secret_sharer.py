@@ -71,9 +71,7 @@ class Setting:
         return f"{self.mechanism} z={self.noise_multiplier:g}"
 
 
-def settings_for(
-    mechanisms: Sequence[str], noise_multipliers: Sequence[float], epsilon: float | None
-) -> list:
+def settings_for(mechanisms: Sequence[str], noise_multipliers: Sequence[float], epsilon: float | None) -> list:
     """`none` once, then every other mechanism at every noise multiplier and at the target epsilon."""
     out = [Setting("none")] if "none" in mechanisms else []
     for mechanism in mechanisms:
@@ -121,9 +119,7 @@ def _report_numbers(report: dict) -> dict:
     }
 
 
-def run_setting(
-    movielens, audit, data, base: dict, setting: Setting, *, canaries, candidates, controls, out_dir
-):
+def run_setting(movielens, audit, data, base: dict, setting: Setting, *, canaries, candidates, controls, out_dir):
     """Trains one setting with the canaries inserted and audits it. Returns a JSON-able dict."""
     config = _config_for(movielens, base, setting, out_dir)
     run_dir = os.path.join(out_dir, setting.name.replace(" ", "_").replace("=", "")) if out_dir else None
@@ -259,10 +255,7 @@ def markdown(document: dict) -> str:
             "",
             f"{title}; control = never-inserted sequences:",
             "",
-            "| run | "
-            + " | ".join(f"x{c}" for c in counts)
-            + " | control |"
-            + (" fit KS |" if fit_column else ""),
+            "| run | " + " | ".join(f"x{c}" for c in counts) + " | control |" + (" fit KS |" if fit_column else ""),
             "|---|" + "---:|" * (len(counts) + 1 + fit_column),
         ]
         for run in runs:
@@ -435,9 +428,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--data", default=DEFAULT_DATA, help="MovieLens u.data")
-    parser.add_argument(
-        "--mechanisms", default=",".join(MECHANISMS), help=f"subset of {','.join(MECHANISMS)}"
-    )
+    parser.add_argument("--mechanisms", default=",".join(MECHANISMS), help=f"subset of {','.join(MECHANISMS)}")
     parser.add_argument("--noise-multipliers", type=cli_args.floats, default=(0.01, 0.001), help="EANA's settings")
     parser.add_argument("--epsilon", type=float, default=8.0, help="calibrated target epsilon; <= 0 skips")
     parser.add_argument("--delta", type=float, default=None, help="delta; default: the pipeline's default")
@@ -454,18 +445,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--insertion-counts", type=cli_args.ints, default=(1, 2, 3, 4, 5, 10, 20, 50, 100))
     parser.add_argument("--canaries-per-count", type=int, default=20, help="EANA: 50")
     parser.add_argument("--num-candidates", type=int, default=16384)
-    parser.add_argument(
-        "--num-controls", type=int, default=100, help="never-inserted sequences scored as canaries"
-    )
+    parser.add_argument("--num-controls", type=int, default=100, help="never-inserted sequences scored as canaries")
     parser.add_argument("--seed", type=int, default=0, help="canaries, candidates, training")
     parser.add_argument(
         "--out",
         default="",
         help="if set, each run writes DIR/<run>/report.json and a retrieval SavedModel there",
     )
-    parser.add_argument(
-        "--verbose", type=int, default=0, help="Keras progress bar inside each run (1) or not (0)"
-    )
+    parser.add_argument("--verbose", type=int, default=0, help="Keras progress bar inside each run (1) or not (0)")
     parser.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     parser.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' skips")
     parser.add_argument("--png-exposure", default=outputs.AUTO, help="'auto': a new file; '' skips")
@@ -497,9 +484,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1; received {getattr(args, name)}.")
     if not os.path.isfile(args.data):
-        parser.error(
-            f"--data: {args.data} does not exist (ml-100k's u.data lives in ../shared/data/movielens)."
-        )
+        parser.error(f"--data: {args.data} does not exist (ml-100k's u.data lives in ../shared/data/movielens).")
     return args
 
 
@@ -555,12 +540,8 @@ def render_from_json(args) -> int:
         path = os.path.join(ROOT, document["parameters"]["data"])
         data = movielens.load_movielens(movielens.MovieLensConfig(data_path=path, mechanism="none"))
         document["popularity_baseline"] = popularity_baseline(data)
-    document["parameters"]["png_exposure"] = (
-        _shown_path(args.png_exposure) if args.png_exposure else "not written"
-    )
-    document["parameters"]["png_precision"] = (
-        _shown_path(args.png_precision) if args.png_precision else "not written"
-    )
+    document["parameters"]["png_exposure"] = _shown_path(args.png_exposure) if args.png_exposure else "not written"
+    document["parameters"]["png_precision"] = _shown_path(args.png_precision) if args.png_precision else "not written"
     return _write_outputs(document, args)
 
 
@@ -589,9 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "accountant": args.accountant,
     }  # fmt: skip
     base["batch_size"] = args.batch_size
-    if (
-        args.learning_rate > 0
-    ):  # one rate for all runs: the comparison then differs only in clipping and noise
+    if args.learning_rate > 0:  # one rate for all runs: the comparison then differs only in clipping and noise
         base["learning_rate"] = args.learning_rate
     if args.delta is not None:
         base["delta"] = args.delta
@@ -618,9 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         exclude=taken,
     )  # fmt: skip
 
-    settings = settings_for(
-        args.mechanisms, args.noise_multipliers, args.epsilon if args.epsilon > 0 else None
-    )
+    settings = settings_for(args.mechanisms, args.noise_multipliers, args.epsilon if args.epsilon > 0 else None)
     runs = []
     progress = tqdm(settings, desc="secret_sharer", unit="run")
     for setting in progress:
@@ -693,9 +670,7 @@ def _write_outputs(document: dict, args) -> int:
         plot_precision(runs, args.png_precision)
     section = markdown(document)
     if args.results_md:
-        outputs.append_section(
-            args.results_md, section, files=(args.json, args.png_exposure, args.png_precision)
-        )
+        outputs.append_section(args.results_md, section, files=(args.json, args.png_exposure, args.png_precision))
     print(section)
     return 0
 

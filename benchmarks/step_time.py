@@ -110,7 +110,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-seconds-per-mechanism", type=float, default=120.0)
     parser.add_argument("--isolation", choices=("mechanism", "vocab"), default="mechanism")
     parser.add_argument(
-        "--repeats", type=int, default=1,
+        "--repeats",
+        type=int,
+        default=1,
         help="processes per (vocab, mechanism), round-robin; rows report medians over them (BENCHMARKS.md: repeat)",
     )
     parser.add_argument("--max-rss-gb", type=float, default=round(max(1.0, total_gb - 3.0), 1))
@@ -128,7 +130,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--adafest-contribution-clip", type=float, default=1.0)
     parser.add_argument("--adafest-threshold", type=float, default=19.0)
     parser.add_argument(
-        "--adafest-noise-rows", type=float, default=1000.0,
+        "--adafest-noise-rows",
+        type=float,
+        default=1000.0,
         help="also time adafest@R: tau per vocabulary with R expected noise-only rows (0: off)",
     )
     parser.add_argument("--tfp-microbatches", default="auto")
@@ -296,7 +300,9 @@ def _run_group(spec: dict, workdir: str, args: argparse.Namespace, tag: str, pro
         tried = ", ".join(str(m) for m, _ in attempts)
         for result in results:
             result["failed_attempts"] = [f"{m} microbatches: {why}" for m, why in attempts]
-            result["notes"] = "; ".join(filter(None, [result.get("notes", ""), f"auto: {tried} microbatches ran out of memory first"]))
+            result["notes"] = "; ".join(
+                filter(None, [result.get("notes", ""), f"auto: {tried} microbatches ran out of memory first"])
+            )
     return results
 
 
@@ -376,8 +382,16 @@ def _run_adafest_budget(base_spec: dict, vocab: int, workdir: str, args: argpars
     name = adafest_budget_name(args.adafest_noise_rows)
     if args.adafest_noise_rows > vocab / 2:
         why = f"--adafest-noise-rows {args.adafest_noise_rows:g} is more than half of the {vocab:,} rows (tau would be < 0)"
-        row = {"mechanism": name, "median_step_s": None, "p10_step_s": None, "p90_step_s": None, "steps_timed": 0,
-               "peak_rss_mb": None, "not_measured": why, "notes": f"not measured: {why}"}
+        row = {
+            "mechanism": name,
+            "median_step_s": None,
+            "p10_step_s": None,
+            "p90_step_s": None,
+            "steps_timed": 0,
+            "peak_rss_mb": None,
+            "not_measured": why,
+            "notes": f"not measured: {why}",
+        }
         row.update(vocab=vocab, dim=args.dim, batch=args.batch, zipf=args.zipf)
         print("    " + format_line(row), flush=True)
         return [row]
@@ -390,7 +404,11 @@ def _run_adafest_budget(base_spec: dict, vocab: int, workdir: str, args: argpars
         result["adafest_threshold"] = tau
         result["adafest_expected_noise_rows"] = args.adafest_noise_rows
         result["process_ru_maxrss_mb"] = processes[-1]["ru_maxrss_mb"]
-        result["notes"] = "; ".join(filter(None, [f"tau={tau:.4g} for {args.adafest_noise_rows:g} expected noise-only rows", result.get("notes")]))
+        result["notes"] = "; ".join(
+            filter(
+                None, [f"tau={tau:.4g} for {args.adafest_noise_rows:g} expected noise-only rows", result.get("notes")]
+            )
+        )
         print("    " + format_line(result), flush=True)
     return rows
 
@@ -432,7 +450,9 @@ def speedup_table(rows: list) -> str:
             "not measured" if e[f"{peer}_over_mechanism"] is None else fmt_ratio(e[f"{peer}_over_mechanism"])
             for peer in ("dense", "tfp_keras_sgd")
         ]
-        lines.append(f"| {e['mechanism']} | {e['vocab']:,} | {fmt_time(e['median_step_s'])} | {cells[0]} | {cells[1]} |")
+        lines.append(
+            f"| {e['mechanism']} | {e['vocab']:,} | {fmt_time(e['median_step_s'])} | {cells[0]} | {cells[1]} |"
+        )
     return "\n".join(lines)
 
 
@@ -466,8 +486,14 @@ def merge_repeats(runs: list) -> dict:
     if not measured:
         return runs[0]
     row = dict(measured[0])
-    for key in ("median_step_s", "p10_step_s", "p90_step_s", "none_in_process_median_s",
-                "cpu_median_step_s", "none_in_process_cpu_median_s"):
+    for key in (
+        "median_step_s",
+        "p10_step_s",
+        "p90_step_s",
+        "none_in_process_median_s",
+        "cpu_median_step_s",
+        "none_in_process_cpu_median_s",
+    ):
         row[key] = _median([r.get(key) for r in measured])
     row["steps_timed"] = sum(int(r.get("steps_timed") or 0) for r in measured)
     row["peak_rss_mb"] = max((r.get("peak_rss_mb") or 0) for r in measured) or None
@@ -481,7 +507,9 @@ def merge_repeats(runs: list) -> dict:
         notes.insert(0, f"{len(measured)} processes, × none (same process) each: {shown}")
     failed = [r for r in runs if not r.get("median_step_s")]
     if failed:
-        notes.append(f"{len(failed)} of {len(runs)} processes not measured: {failed[0].get('not_measured') or failed[0].get('notes')}")
+        notes.append(
+            f"{len(failed)} of {len(runs)} processes not measured: {failed[0].get('not_measured') or failed[0].get('notes')}"
+        )
     row["notes"] = "; ".join(notes)
     return row
 
@@ -589,10 +617,14 @@ def markdown_section(document: dict) -> str:
             if s.get("repeats", 1) > 1
             else ""
         )
-        + (f"{s['num_batches']} pre-generated batches cycled" if s["num_batches"] else "pre-generated batches, none used twice")
-        + ". \"× none (same process)\" divides by "
-        "the plain step timed on the same model in the same process, alternating step by step; \"× `none` row\" "
-        "divides by the `none` row; \"× none, CPU time\" is the same ratio of median process CPU "
+        + (
+            f"{s['num_batches']} pre-generated batches cycled"
+            if s["num_batches"]
+            else "pre-generated batches, none used twice"
+        )
+        + '. "× none (same process)" divides by '
+        'the plain step timed on the same model in the same process, alternating step by step; "× `none` row" '
+        'divides by the `none` row; "× none, CPU time" is the same ratio of median process CPU '
         "time per step (all threads; steadier than wall time when other processes compete for the cores). "
         "Peak RSS is the process VmHWM: ~0.6 GB of TensorFlow + the table "
         "(written in 2^18-row chunks, no table-sized init temporaries) + whatever the step allocates "
@@ -604,7 +636,8 @@ def markdown_section(document: dict) -> str:
                 {
                     f"{r['mechanism']}: {r['hyperparameters']}"
                     for r in document["results"]
-                    if r.get("hyperparameters") and (r["mechanism"] in ("fest", "adafest") or r["mechanism"].startswith("adafest@"))
+                    if r.get("hyperparameters")
+                    and (r["mechanism"] in ("fest", "adafest") or r["mechanism"].startswith("adafest@"))
                 }
             )
         )

@@ -23,7 +23,7 @@ import types
 import numpy as np
 
 from benchmarks import step_time_worker as worker
-from tfdp_embed._keras import keras, tf  # noqa: I001
+from tfdp_embed._keras import keras, tf
 
 _WRAPPERS = ("__inference", "Run", "Process", "Executor", "Record", "StartRegion", "StopRegion")
 
@@ -44,8 +44,10 @@ def _step_functions(name: str, spec: dict, batches: list) -> types.SimpleNamespa
     mechanism = worker.make_mechanism(worker.registry_name(name), spec, counts)
     lookahead = name == worker.LAZY_LOOKAHEAD
     dp = DPModel(model, mechanism=mechanism, expected_batch_size=spec["batch"], lookahead=lookahead)
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(worker.LEARNING_RATE),
-               loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    dp.compile(
+        optimizer=keras.optimizers.legacy.SGD(worker.LEARNING_RATE),
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
     dp.prepare()
     fn = tf.function(dp.train_step)
     if lookahead:
@@ -97,8 +99,7 @@ def untouched_rows_floor(spec: dict, batches: list, rows: int, steps: int, mecha
     generator = tf.random.Generator.from_seed(1)
     rng = np.random.default_rng(1)
     row_sets = [
-        tf.constant(np.sort(rng.choice(spec["vocab"], size=rows, replace=False)), tf.int64)
-        for _ in range(steps + 5)
+        tf.constant(np.sort(rng.choice(spec["vocab"], size=rows, replace=False)), tf.int64) for _ in range(steps + 5)
     ]
 
     @tf.function
@@ -173,33 +174,58 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--adafest-threshold", type=float, default=19.0, help="tau (step_time's default)")
-    parser.add_argument("--untouched-rows", type=int, default=0,
-                        help="instead: time plain, plain + noising and writing this many untouched rows, and --mechanism, interleaved")
+    parser.add_argument(
+        "--untouched-rows",
+        type=int,
+        default=0,
+        help="instead: time plain, plain + noising and writing this many untouched rows, and --mechanism, interleaved",
+    )
     args = parser.parse_args(argv)
-    spec = dict(vocab=args.vocab, dim=args.dim, batch=args.batch, l2_norm_clip=1.0, noise_multiplier=1.0, seed=0,
-                fest_top_k=4096, fest_selection_epsilon=0.1, adafest_ratio=5.0, adafest_contribution_clip=1.0,
-                adafest_threshold=args.adafest_threshold)
+    spec = dict(
+        vocab=args.vocab,
+        dim=args.dim,
+        batch=args.batch,
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        seed=0,
+        fest_top_k=4096,
+        fest_selection_epsilon=0.1,
+        adafest_ratio=5.0,
+        adafest_contribution_clip=1.0,
+        adafest_threshold=args.adafest_threshold,
+    )
     batches = worker.make_batches(vocab=args.vocab, batch=args.batch, count=40, zipf=None, seed=0)
     batches = [(tf.constant(ids), tf.constant(labels)) for ids, labels in batches]
     if args.untouched_rows:
         with_mechanism = args.mechanism if args.mechanism not in ("", "none") else None
         medians = untouched_rows_floor(spec, batches, args.untouched_rows, args.steps, with_mechanism)
         base = medians["plain"]
-        print(f"vocab {args.vocab:,}, dim {args.dim}, batch {args.batch}, {args.steps} interleaved steps "
-              f"(plain+write: {args.untouched_rows} untouched rows noised and written):")
+        print(
+            f"vocab {args.vocab:,}, dim {args.dim}, batch {args.batch}, {args.steps} interleaved steps "
+            f"(plain+write: {args.untouched_rows} untouched rows noised and written):"
+        )
         for name, m in medians.items():
-            print(f"  {name:14s} wall {m['wall_s'] * 1e3:7.2f} ms ({m['wall_s'] / base['wall_s']:.2f}x)   "
-                  f"CPU {m['cpu_s'] * 1e3:7.2f} ms ({m['cpu_s'] / base['cpu_s']:.2f}x)")
+            print(
+                f"  {name:14s} wall {m['wall_s'] * 1e3:7.2f} ms ({m['wall_s'] / base['wall_s']:.2f}x)   "
+                f"CPU {m['cpu_s'] * 1e3:7.2f} ms ({m['cpu_s'] / base['cpu_s']:.2f}x)"
+            )
         return 0
     steps_on_model = _step_functions(args.mechanism, spec, batches)
     mechanism = steps_on_model.mechanism
-    results = {"plain": profile(steps_on_model.plain, args.steps), args.mechanism: profile(steps_on_model.step, args.steps)}
+    results = {
+        "plain": profile(steps_on_model.plain, args.steps),
+        args.mechanism: profile(steps_on_model.step, args.steps),
+    }
     (pw, pc, plain), (mw, mc, mech) = results["plain"], results[args.mechanism]
     print(f"vocab {args.vocab:,}, dim {args.dim}, batch {args.batch}, {args.steps} steps")
-    print(f"wall/step: plain {pw * 1e3:.2f} ms, {args.mechanism} {mw * 1e3:.2f} ms ({mw / pw:.2f}x); "
-          f"process CPU/step: {pc * 1e3:.2f} ms, {mc * 1e3:.2f} ms ({mc / pc:.2f}x)")
-    print(f"summed op time/step: plain {sum(v[0] for v in plain.values()) / 1e3:.2f} ms, "
-          f"{args.mechanism} {sum(v[0] for v in mech.values()) / 1e3:.2f} ms")
+    print(
+        f"wall/step: plain {pw * 1e3:.2f} ms, {args.mechanism} {mw * 1e3:.2f} ms ({mw / pw:.2f}x); "
+        f"process CPU/step: {pc * 1e3:.2f} ms, {mc * 1e3:.2f} ms ({mc / pc:.2f}x)"
+    )
+    print(
+        f"summed op time/step: plain {sum(v[0] for v in plain.values()) / 1e3:.2f} ms, "
+        f"{args.mechanism} {sum(v[0] for v in mech.values()) / 1e3:.2f} ms"
+    )
     if hasattr(mechanism, "rows_noised"):
         steps = max(1, int(mechanism.steps.numpy()))
         print(f"rows noised/step: {float(mechanism.rows_noised.numpy()[0]) / steps:.0f}")

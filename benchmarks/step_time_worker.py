@@ -29,7 +29,7 @@ import traceback
 import numpy as np
 
 from benchmarks import machine
-from tfdp_embed._keras import keras, tf  # noqa: I001  (sets TF_USE_LEGACY_KERAS first)
+from tfdp_embed._keras import keras, tf
 
 TABLE_NAME = "table"
 IDS_PER_EXAMPLE = 4
@@ -262,7 +262,9 @@ class Setup:
             m = int(spec["tfp_microbatches"])
             self.extra["num_microbatches"] = m
             self.notes.append(f"num_microbatches={m}")
-            fn = tfp_step(model, l2_norm_clip=spec["l2_norm_clip"], noise_multiplier=spec["noise_multiplier"], microbatches=m)
+            fn = tfp_step(
+                model, l2_norm_clip=spec["l2_norm_clip"], noise_multiplier=spec["noise_multiplier"], microbatches=m
+            )
             self.step = lambda i: fn(*self._batch(i))
             self.concrete = lambda: fn.get_concrete_function(*self._batch(0))
             self._with_baseline(model)
@@ -278,7 +280,9 @@ class Setup:
         mechanism = make_mechanism("none" if name == DPMODEL_NONE else registry_name(name), spec, counts)
         lookahead = name == LAZY_LOOKAHEAD
         dp = DPModel(model, mechanism=mechanism, expected_batch_size=spec["batch"], lookahead=lookahead)
-        dp.compile(optimizer=keras.optimizers.legacy.SGD(LEARNING_RATE), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+        dp.compile(
+            optimizer=keras.optimizers.legacy.SGD(LEARNING_RATE), loss=keras.losses.BinaryCrossentropy(from_logits=True)
+        )
         dp.prepare()
         self.dp, self.mechanism = dp, mechanism
         fn = tf.function(dp.train_step)
@@ -353,10 +357,6 @@ def _timed(fn, i: int, cpu: list | None = None) -> float:
     if cpu is not None:
         cpu.append(time.process_time() - cpu_start)
     return time.perf_counter() - start
-
-
-
-
 
 
 def _peak_rss_mb() -> float:
@@ -458,7 +458,9 @@ def _not_measured(name: str, reason: str) -> dict:
 
 
 def _unregistered(name: str, registered) -> dict:
-    result = _not_measured(name, f"'{name}' is not in tfdp_embed.mechanisms.MECHANISMS ({', '.join(sorted(registered))})")
+    result = _not_measured(
+        name, f"'{name}' is not in tfdp_embed.mechanisms.MECHANISMS ({', '.join(sorted(registered))})"
+    )
     result["skipped"] = True
     return result
 

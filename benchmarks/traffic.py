@@ -200,8 +200,10 @@ def measure(strategy, name: str, spec: dict, batches: list, pids: dict) -> dict:
         meter = tf.Variable(0, dtype=tf.int64, trainable=False, name="applied_bytes")
         mechanism = make_mechanism(name, spec, None)
         dp = DPModel(model, mechanism=mechanism, expected_batch_size=spec["batch"])
-        dp.compile(optimizer=metered_sgd_class()(spec["learning_rate"], meter=meter),
-                   loss=keras.losses.BinaryCrossentropy(from_logits=True))
+        dp.compile(
+            optimizer=metered_sgd_class()(spec["learning_rate"], meter=meter),
+            loss=keras.losses.BinaryCrossentropy(from_logits=True),
+        )
     table = model.get_layer("table").embeddings
     dp.fit(creator, epochs=1, steps_per_epoch=spec["warmup"], verbose=0)
     for pid in pids.values():
@@ -253,39 +255,51 @@ def markdown_section(document: dict) -> str:
         f"## traffic — {m['date_utc']} — worker→parameter-server bytes per step, {ids}, dim {s['dim']}, batch {s['batch']}",
         "",
         f"- Command: `{document['command']}`",
-        (f"- Machine: {m['cpu_model']}, nproc {m['nproc']}, {m['memory_total_gb']} GiB RAM, GPU: "
-        f"{', '.join(m['gpus']) or 'none (CPU only)'}; 1-min load average {m['load_average_at_start'][0]} at start."),
-        (f"- Versions: Python {v['python']}, tensorflow {v['tensorflow']}, tf-keras {v['tf-keras']}, "
-        f"dp-accounting {v['dp-accounting']}, numpy {v['numpy']}. Library commit "
-        f"`{m['git']['commit'][:12]}`; uncommitted library files at start: "
-        f"{', '.join(m['git']['uncommitted_library_files']) or 'none'}."),
-        ("- Cluster: coordinator (this process) + 1 worker + 1 parameter server, each a separate process "
-        "on loopback gRPC; ParameterServerStrategy, Keras `fit` with `DatasetCreator`; every variable "
-        "(table, dense layers, mechanism state) on the parameter server."),
-        (f"- Protocol: {s['warmup']} warm-up steps, then {s['steps']} measured steps per (mechanism, "
-        "vocabulary), all in this one process run side by side. **wire**: TCP payload bytes received by "
-        "the parameter server's sockets from the worker process's sockets (kernel `tcp_info` "
-        "`bytes_received` via `ss -tinp`, sockets attributed to processes by port), divided by the steps: "
-        "everything the worker sent the server, with gRPC/protobuf framing, read requests, ids and "
-        "LazyDP's catch-up writes. **applied**: bytes of the gradient tensors the optimizer applied to "
-        "server variables (values + indices of IndexedSlices; whole tensor when dense), summed inside "
-        "the step. Both are per-step means over the measured steps; bytes are exact counts, not samples, "
-        "so there is no spread to report beyond the step-to-step variation of the number of distinct rows."),
+        (
+            f"- Machine: {m['cpu_model']}, nproc {m['nproc']}, {m['memory_total_gb']} GiB RAM, GPU: "
+            f"{', '.join(m['gpus']) or 'none (CPU only)'}; 1-min load average {m['load_average_at_start'][0]} at start."
+        ),
+        (
+            f"- Versions: Python {v['python']}, tensorflow {v['tensorflow']}, tf-keras {v['tf-keras']}, "
+            f"dp-accounting {v['dp-accounting']}, numpy {v['numpy']}. Library commit "
+            f"`{m['git']['commit'][:12]}`; uncommitted library files at start: "
+            f"{', '.join(m['git']['uncommitted_library_files']) or 'none'}."
+        ),
+        (
+            "- Cluster: coordinator (this process) + 1 worker + 1 parameter server, each a separate process "
+            "on loopback gRPC; ParameterServerStrategy, Keras `fit` with `DatasetCreator`; every variable "
+            "(table, dense layers, mechanism state) on the parameter server."
+        ),
+        (
+            f"- Protocol: {s['warmup']} warm-up steps, then {s['steps']} measured steps per (mechanism, "
+            "vocabulary), all in this one process run side by side. **wire**: TCP payload bytes received by "
+            "the parameter server's sockets from the worker process's sockets (kernel `tcp_info` "
+            "`bytes_received` via `ss -tinp`, sockets attributed to processes by port), divided by the steps: "
+            "everything the worker sent the server, with gRPC/protobuf framing, read requests, ids and "
+            "LazyDP's catch-up writes. **applied**: bytes of the gradient tensors the optimizer applied to "
+            "server variables (values + indices of IndexedSlices; whole tensor when dense), summed inside "
+            "the step. Both are per-step means over the measured steps; bytes are exact counts, not samples, "
+            "so there is no spread to report beyond the step-to-step variation of the number of distinct rows."
+        ),
         f"- Hyperparameters: C = {s['l2_norm_clip']:g}, σ = {s['noise_multiplier']:g}, lr {s['learning_rate']:g}; "
         + "; ".join(
             f"{r['mechanism']}: {r['hyperparameters']}"
             for r in document["rows"]
             if r["vocab"] == s["vocab"][0] and r["mechanism"] == "adafest" and "hyperparameters" in r
         ),
-        ("- LazyDP runs without lookahead (its read hook catches rows up before each lookup). "
-        "Peak RSS: VmHWM of the worker and server processes, reset to the current RSS before each "
-        "measured run (`/proc/PID/clear_refs`), so it includes memory the processes kept from earlier "
-        "runs. Coordinator s/step is wall time seen by the coordinator on a shared machine "
-        f"(1-min load average {m['load_average_at_start'][0]} at start, "
-        f"{m.get('load_average_at_end', ['not measured'])[0]} at end): context, not a latency benchmark."),
+        (
+            "- LazyDP runs without lookahead (its read hook catches rows up before each lookup). "
+            "Peak RSS: VmHWM of the worker and server processes, reset to the current RSS before each "
+            "measured run (`/proc/PID/clear_refs`), so it includes memory the processes kept from earlier "
+            "runs. Coordinator s/step is wall time seen by the coordinator on a shared machine "
+            f"(1-min load average {m['load_average_at_start'][0]} at start, "
+            f"{m.get('load_average_at_end', ['not measured'])[0]} at end): context, not a latency benchmark."
+        ),
         "",
-        ("| mechanism | vocab | table | wire worker→PS / step | applied update / step | wire PS→worker / step | "
-        "coordinator s/step | peak RSS worker / PS | notes |"),
+        (
+            "| mechanism | vocab | table | wire worker→PS / step | applied update / step | wire PS→worker / step | "
+            "coordinator s/step | peak RSS worker / PS | notes |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in document["rows"]:
@@ -326,14 +340,24 @@ def plot(document: dict, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for name in document["settings"]["mechanisms"]:
-        rows = sorted((r for r in document["rows"] if r["mechanism"] == name and "error" not in r),
-                      key=lambda r: r["vocab"])
+        rows = sorted(
+            (r for r in document["rows"] if r["mechanism"] == name and "error" not in r), key=lambda r: r["vocab"]
+        )
         if not rows:
             continue
-        line, = ax.plot([r["vocab"] for r in rows], [r["worker_to_ps_bytes_per_step"] for r in rows],
-                        marker="o", label=f"{name} (wire)")
-        ax.plot([r["vocab"] for r in rows], [max(r["applied_bytes_per_step"], 1) for r in rows],
-                linestyle="--", color=line.get_color(), alpha=0.6)
+        (line,) = ax.plot(
+            [r["vocab"] for r in rows],
+            [r["worker_to_ps_bytes_per_step"] for r in rows],
+            marker="o",
+            label=f"{name} (wire)",
+        )
+        ax.plot(
+            [r["vocab"] for r in rows],
+            [max(r["applied_bytes_per_step"], 1) for r in rows],
+            linestyle="--",
+            color=line.get_color(),
+            alpha=0.6,
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("vocabulary (rows of 64 float32)")
@@ -425,8 +449,20 @@ def main(argv=None) -> int:
             except Exception as error:  # noqa: BLE001 - one failed run is reported, not fatal
                 row = {"mechanism": name, "vocab": vocab, "error": f"{type(error).__name__}: {error}"}
             rows.append(row)
-            tqdm.write(json.dumps({k: row.get(k) for k in ("mechanism", "vocab", "worker_to_ps_bytes_per_step",
-                                                           "applied_bytes_per_step", "error")}))
+            tqdm.write(
+                json.dumps(
+                    {
+                        k: row.get(k)
+                        for k in (
+                            "mechanism",
+                            "vocab",
+                            "worker_to_ps_bytes_per_step",
+                            "applied_bytes_per_step",
+                            "error",
+                        )
+                    }
+                )
+            )
     finally:
         stop_cluster(processes)
     document = {

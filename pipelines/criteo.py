@@ -188,7 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="noise mechanism (default %(default)s; eana is NOT DP, none is non-private)",
     )
     priv.add_argument(
-        "--epsilon", type=cli_types.positive(float), default=DEFAULT_EPSILON, help=f"target epsilon (default {DEFAULT_EPSILON})"
+        "--epsilon",
+        type=cli_types.positive(float),
+        default=DEFAULT_EPSILON,
+        help=f"target epsilon (default {DEFAULT_EPSILON})",
     )
     priv.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1/N, N = training rows)")
     priv.add_argument(
@@ -306,7 +309,9 @@ def parse_args(argv: Sequence[str] | None = None) -> PipelineConfig:
     if not 0 <= a.calibration_fraction < 0.5:
         parser.error(f"--calibration-fraction must lie in [0, 0.5); received {a.calibration_fraction!r}.")
     if criteo_privacy.selects_rows(a.mechanism) and a.selection_fraction + a.calibration_fraction >= 1:
-        parser.error("--selection-fraction + --calibration-fraction must be < 1 (the rest of epsilon pays for training).")
+        parser.error(
+            "--selection-fraction + --calibration-fraction must be < 1 (the rest of epsilon pays for training)."
+        )
     if not 0 < a.top_fraction <= 1:
         parser.error(f"--top-fraction must lie in (0, 1]; received {a.top_fraction!r}.")
     if not 0 <= a.momentum < 1:
@@ -464,7 +469,9 @@ def _periods(config: PipelineConfig, data: _Data) -> list:
     """Per period q_p = B / N_p and T_p = epochs x batches per epoch (at most `--max-steps`)."""
     periods = []
     for period in data.periods:
-        per_epoch = period.size // config.batch if config.fixed_size_batches else max(1, round(period.size / config.batch))
+        per_epoch = (
+            period.size // config.batch if config.fixed_size_batches else max(1, round(period.size / config.batch))
+        )
         steps = config.epochs * per_epoch
         if config.max_steps is not None:
             steps = min(steps, config.max_steps)
@@ -664,7 +671,10 @@ def run(config: PipelineConfig) -> PipelineResult:
             epsilon=criteo_privacy.output_calibration_epsilon(plan),
             seed=None if config.seed is None else config.seed * 7919 + 1,
         )
-        _log(config, f"output calibration: bias shifted by {output_calibration.shift:+.3f} (eps_c {output_calibration.epsilon:g})")
+        _log(
+            config,
+            f"output calibration: bias shifted by {output_calibration.shift:+.3f} (eps_c {output_calibration.epsilon:g})",
+        )
     privacy = _privacy(config, data, training, trained)
     serving = CTRServingModule(model, model_config)
     saved_model = os.path.join(config.out, "saved_model")

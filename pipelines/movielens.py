@@ -58,9 +58,7 @@ from tfdp_embed.models.two_tower import TwoTowerModel, two_tower_registry
 from tfdp_embed.models.two_tower_serving import RetrievalServingModule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_DATA_PATH = os.path.join(
-    ROOT, "..", "shared", "data", "movielens", "ml-100k", "u.data"
-)
+DEFAULT_DATA_PATH = os.path.join(ROOT, "..", "shared", "data", "movielens", "ml-100k", "u.data")
 # SGD step sizes (momentum 0.9, batch 256, dim 32), from 2-epoch runs on ml-100k (seed 0):
 # none: lr 0.2 / 1.0 / 3.0 gave recall@10 0.080 / 0.087 / 0.032; EANA at sigma 0.01: lr 0.5 / 2.0 /
 # 5.0 gave 0.047 / 0.095 / 0.037. A DP step divides the clipped sum by the expected batch, so clipped
@@ -140,18 +138,10 @@ class MovieLensConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be an int >= 1; received {value!r}.")
-        for name in ("l2_norm_clip",) + (
-            ("learning_rate",) if self.learning_rate is not None else ()
-        ):
+        for name in ("l2_norm_clip",) + (("learning_rate",) if self.learning_rate is not None else ()):
             value = getattr(self, name)
-            if (
-                not isinstance(value, (int, float))
-                or not value > 0
-                or not math.isfinite(value)
-            ):
-                raise ValueError(
-                    f"`{name}` must be a finite number > 0; received {value!r}."
-                )
+            if not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+                raise ValueError(f"`{name}` must be a finite number > 0; received {value!r}.")
         if self.delta is not None and not 0 < self.delta < 1:
             raise ValueError(f"`delta` must lie in (0, 1); received {self.delta!r}.")
 
@@ -203,13 +193,9 @@ class MovieLensResult:
         Raises:
           ValueError: shapes that do not match; `tf.errors.InvalidArgumentError` for ids out of range.
         """
-        contexts, labels = _check_examples(
-            contexts, labels, self.model.num_items, "log_probs"
-        )
+        contexts, labels = _check_examples(contexts, labels, self.model.num_items, "log_probs")
         out = [
-            self.model.log_probs(
-                contexts[i : i + batch_size], labels[i : i + batch_size]
-            ).numpy()
+            self.model.log_probs(contexts[i : i + batch_size], labels[i : i + batch_size]).numpy()
             for i in range(0, len(labels), batch_size)
         ]
         return np.concatenate(out).astype(np.float64) if out else np.zeros([0])
@@ -223,19 +209,13 @@ def _check_examples(contexts, labels, num_items: int, what: str) -> tuple:
             f"and {labels.shape}."
         )
     if contexts.dtype.kind not in "iu" or labels.dtype.kind not in "iu":
-        raise ValueError(
-            f"`{what}`: contexts and labels must be integer item ids (0 = padding in contexts)."
-        )
+        raise ValueError(f"`{what}`: contexts and labels must be integer item ids (0 = padding in contexts).")
     if contexts.size and (contexts.min() < 0 or contexts.max() > num_items):
-        raise ValueError(
-            f"`{what}`: context ids must lie in [0, {num_items}] (0 = padding)."
-        )
+        raise ValueError(f"`{what}`: context ids must lie in [0, {num_items}] (0 = padding).")
     if labels.size and (labels.min() < 1 or labels.max() > num_items):
         raise ValueError(f"`{what}`: labels must be item ids in [1, {num_items}].")
     if contexts.size and not np.all(np.any(contexts != PADDING_ID, axis=1)):
-        raise ValueError(
-            f"`{what}`: every context needs at least one item id (a row holds only padding)."
-        )
+        raise ValueError(f"`{what}`: every context needs at least one item id (a row holds only padding).")
     return contexts.astype(np.int32), labels.astype(np.int32)
 
 
@@ -244,12 +224,8 @@ def _training_pool(data: MovieLensData, extra) -> tuple:
     if extra is None:
         return contexts, labels, 0
     if not isinstance(extra, (tuple, list)) or len(extra) != 2:
-        raise ValueError(
-            "`extra_train_examples` must be a pair (contexts [n, context_length], labels [n])."
-        )
-    extra_contexts, extra_labels = _check_examples(
-        extra[0], extra[1], data.num_items, "extra_train_examples"
-    )
+        raise ValueError("`extra_train_examples` must be a pair (contexts [n, context_length], labels [n]).")
+    extra_contexts, extra_labels = _check_examples(extra[0], extra[1], data.num_items, "extra_train_examples")
     if extra_contexts.shape[1] != data.context_length:
         raise ValueError(
             f"`extra_train_examples` contexts must have context_length {data.context_length} columns; "
@@ -269,9 +245,7 @@ def _batches(contexts, labels, *, q, seed, lookahead: bool, counter, table_name:
     `DPModel.fit` still sees the Poisson sampler it was fed.
     """
     pool = tf.data.Dataset.from_tensor_slices((contexts.astype(np.int32), labels.astype(np.int32)))
-    batches, info = poisson_batches(
-        pool, sampling_probability=q, seed=seed, num_examples=len(labels)
-    )
+    batches, info = poisson_batches(pool, sampling_probability=q, seed=seed, num_examples=len(labels))
     counter.batches_per_epoch = info.batches_per_epoch
 
     def record(batch_contexts):
@@ -289,15 +263,10 @@ def _batches(contexts, labels, *, q, seed, lookahead: bool, counter, table_name:
     return dataset, info
 
 
-def evaluate(
-    model: TwoTowerModel, contexts, labels, *, ks=DEFAULT_KS, batch_size: int = 2048
-) -> dict:
+def evaluate(model: TwoTowerModel, contexts, labels, *, ks=DEFAULT_KS, batch_size: int = 2048) -> dict:
     """precision@k / recall@k ranking all items for every (context, label) pair."""
     queries = np.concatenate(
-        [
-            model.query(contexts[i : i + batch_size]).numpy()
-            for i in range(0, len(labels), batch_size)
-        ]
+        [model.query(contexts[i : i + batch_size]).numpy() for i in range(0, len(labels), batch_size)]
     )
     candidates = model.item_embedding.candidates().numpy()
     return precision_recall_at_k(
@@ -339,9 +308,7 @@ def train_and_evaluate(
     contexts, labels, num_extra = _training_pool(data, extra_train_examples)
     n = len(labels)
     if config.batch_size > n:
-        raise ValueError(
-            f"`batch_size` {config.batch_size} exceeds the {n} training examples."
-        )
+        raise ValueError(f"`batch_size` {config.batch_size} exceeds the {n} training examples.")
     q = config.batch_size / n
     steps_per_epoch = max(1, round(1 / q))
     steps = config.epochs * steps_per_epoch
@@ -376,9 +343,7 @@ def train_and_evaluate(
         lookahead=lazy,
     )
     dp_model.compile(
-        optimizer=keras.optimizers.legacy.SGD(
-            learning_rate=config.resolved_learning_rate, momentum=config.momentum
-        )
+        optimizer=keras.optimizers.legacy.SGD(learning_rate=config.resolved_learning_rate, momentum=config.momentum)
     )
     budget = plan.budget() if plan.is_dp and plan.target_epsilon is not None else None
 
@@ -393,15 +358,11 @@ def train_and_evaluate(
     # draw (and count) a Poisson batch the model never trains on.
     probe = tf.data.Dataset.from_tensors((contexts[:8], labels[:8]))
     if lazy:
-        probe = with_lookahead(
-            probe, lambda features: {model.history_embedding.name: features}
-        )
+        probe = with_lookahead(probe, lambda features: {model.history_embedding.name: features})
     dp_model.prepare(probe)
     timer = StepTimer()
     callbacks = [timer] + ([budget] if budget is not None else [])
-    history = dp_model.fit(
-        batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose
-    )
+    history = dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
     train_seconds = time.perf_counter() - started
 
     # Release: flush owed noise (LazyDP), detach read hooks, evaluate the released model.
@@ -433,9 +394,7 @@ def train_and_evaluate(
         ),
     )  # fmt: skip
     warnings = []
-    final_loss = (
-        float(history.history["loss"][-1]) if history.history.get("loss") else None
-    )
+    final_loss = float(history.history["loss"][-1]) if history.history.get("loss") else None
     if final_loss is not None and not math.isfinite(final_loss):
         warnings.append(
             f"Training diverged (final loss {final_loss}): the metrics are meaningless. Lower the learning "
@@ -508,9 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
         "privacy; report precision@k/recall@k (k = 1, 5, 10, 20 over all items) and export a retrieval SavedModel.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument(
-        "--mechanism", choices=movielens_privacy.MECHANISM_NAMES, required=True
-    )
+    p.add_argument("--mechanism", choices=movielens_privacy.MECHANISM_NAMES, required=True)
     noise = p.add_mutually_exclusive_group()
     noise.add_argument(
         "--noise-multiplier",
@@ -534,9 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="writes DIR/report.json and DIR/retrieval_saved_model/",
     )
-    p.add_argument(
-        "--data", default=DEFAULT_DATA_PATH, metavar="PATH", help="ml-100k u.data"
-    )
+    p.add_argument("--data", default=DEFAULT_DATA_PATH, metavar="PATH", help="ml-100k u.data")
     p.add_argument(
         "--batch-size",
         type=cli_types.positive(int),
@@ -558,12 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="seed for init, batches and noise (default: OS entropy)",
     )
-    p.add_argument(
-        "--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant"
-    )
-    p.add_argument(
-        "--k", type=cli_types.positive(int), default=10, help="top-k of the exported signature"
-    )
+    p.add_argument("--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant")
+    p.add_argument("--k", type=cli_types.positive(int), default=10, help="top-k of the exported signature")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -572,17 +523,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
     """(MovieLensConfig, out_dir) from command-line flags; exits with status 2 on bad flags."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if (
-        args.mechanism != "none"
-        and args.noise_multiplier is None
-        and args.epsilon is None
-    ):
-        parser.error(
-            f"--mechanism {args.mechanism} needs --noise-multiplier or --epsilon"
-        )
-    if args.mechanism == "none" and (
-        args.noise_multiplier is not None or args.epsilon is not None
-    ):
+    if args.mechanism != "none" and args.noise_multiplier is None and args.epsilon is None:
+        parser.error(f"--mechanism {args.mechanism} needs --noise-multiplier or --epsilon")
+    if args.mechanism == "none" and (args.noise_multiplier is not None or args.epsilon is not None):
         parser.error("--mechanism none takes neither --noise-multiplier nor --epsilon")
     if args.delta is not None and args.delta >= 1:
         parser.error(f"--delta must lie in (0, 1); received {args.delta}")
@@ -607,10 +550,8 @@ def format_report(report: dict) -> str:
         f"epsilon / delta  {'n/a' if eps is None else f'{eps:.4g}'} / {report['delta']:.3g}",
         f"noise multiplier {report.get('noise_multiplier')} ({report.get('noise_source')})",
         f"steps, q         {report['steps_run']}, {report['sampling_probability']:.4g}",
-        "precision@k      "
-        + ", ".join(f"@{k} {report[f'precision@{k}']:.4f}" for k in DEFAULT_KS),
-        "recall@k         "
-        + ", ".join(f"@{k} {report[f'recall@{k}']:.4f}" for k in DEFAULT_KS),
+        "precision@k      " + ", ".join(f"@{k} {report[f'precision@{k}']:.4f}" for k in DEFAULT_KS),
+        "recall@k         " + ", ".join(f"@{k} {report[f'recall@{k}']:.4f}" for k in DEFAULT_KS),
         f"test examples    {report['test_examples']}",
         f"median step      {_milliseconds(report.get('median_step_s'))}",
     ]

@@ -122,11 +122,7 @@ class TouchCounter:
         return int(sum(self.steps_per_epoch))
 
     def total(self) -> np.ndarray:
-        return (
-            np.sum(self.epochs, axis=0)
-            if self.epochs
-            else np.zeros(self.num_rows, np.int64)
-        )
+        return np.sum(self.epochs, axis=0) if self.epochs else np.zeros(self.num_rows, np.int64)
 
 
 def _dense_coordinates(model) -> int:
@@ -134,22 +130,14 @@ def _dense_coordinates(model) -> int:
         model.history_embedding.embeddings.ref(),
         model.item_embedding.embeddings.ref(),
     }
-    return int(
-        sum(
-            int(np.prod(v.shape))
-            for v in model.trainable_variables
-            if v.ref() not in tables
-        )
-    )
+    return int(sum(int(np.prod(v.shape)) for v in model.trainable_variables if v.ref() not in tables))
 
 
 def _sum_and_convert(kind: str, bounds: list, delta: float, source: str) -> dict:
     orders = np.asarray(bounds[0].orders)
     rdp = np.sum([np.asarray(b.rdp) for b in bounds], axis=0)
     rdp = np.where(np.isfinite(rdp), rdp, np.inf)
-    eps, order = rdp_privacy_accountant.compute_epsilon(
-        orders.tolist(), rdp.tolist(), delta
-    )
+    eps, order = rdp_privacy_accountant.compute_epsilon(orders.tolist(), rdp.tolist(), delta)
     return {
         "kind": kind,
         "is_dp": False,
@@ -172,16 +160,12 @@ def eana_theorem_bound(*, model, counter: TouchCounter, noise_multiplier: float,
     d0 = context_length * dim + num_items * dim + _dense_coordinates(model)
     bounds = []
     for counts, steps in zip(counter.epochs, counter.steps_per_epoch):
-        touch = np.concatenate(
-            [counts[1:], [steps]]
-        )  # item rows / dense: `steps` draws in this pass
+        touch = np.concatenate([counts[1:], [steps]])  # item rows / dense: `steps` draws in this pass
         bounds.append(
             eana_rdp_bound(noise_multiplier=noise_multiplier, touch_counts=touch,
                            max_coordinates_per_example=d0, delta=delta)
         )  # fmt: skip
-    out = _sum_and_convert(
-        "theorem_3_1", bounds, delta, "Theorem 3.1, eq. 1, summed over passes"
-    )
+    out = _sum_and_convert("theorem_3_1", bounds, delta, "Theorem 3.1, eq. 1, summed over passes")
     total = counter.total()[1:]
     out.update(
         d0=d0,
@@ -197,9 +181,7 @@ def eana_theorem_bound(*, model, counter: TouchCounter, noise_multiplier: float,
     return out
 
 
-def _per_row_squared_norms(
-    model, context: np.ndarray, label: np.ndarray, l2_norm_clip: float
-) -> tuple:
+def _per_row_squared_norms(model, context: np.ndarray, label: np.ndarray, l2_norm_clip: float) -> tuple:
     """Per-row squared (clipped) gradient norms of one example: history rows, item rows, dense total."""
     with tf.GradientTape() as tape:
         loss = model.compute_loss((context[None], label[None]))[0]
@@ -234,15 +216,11 @@ def eana_per_instance_bounds(*, model, counter: TouchCounter, contexts: np.ndarr
     """
     out = []
     for context, label in zip(contexts, labels):
-        hist_sq, item_sq, dense_sq = _per_row_squared_norms(
-            model, context, label, l2_norm_clip
-        )
+        hist_sq, item_sq, dense_sq = _per_row_squared_norms(model, context, label, l2_norm_clip)
         rows = np.unique(context[context != 0])
         bounds = []
         for counts, steps in zip(counter.epochs, counter.steps_per_epoch):
-            touch = np.concatenate(
-                [counts[rows], np.full(model.num_items, steps), [steps]]
-            )
+            touch = np.concatenate([counts[rows], np.full(model.num_items, steps), [steps]])
             norms = np.concatenate([hist_sq[rows], item_sq[1:], [dense_sq]])
             dims = np.concatenate(
                 [
@@ -255,15 +233,11 @@ def eana_per_instance_bounds(*, model, counter: TouchCounter, contexts: np.ndarr
                                             row_squared_norms=norms, row_dims=dims, delta=delta,
                                             l2_norm_clip=l2_norm_clip, orders=DEFAULT_ORDERS)
             )  # fmt: skip
-        record = _sum_and_convert(
-            "remark_2_eq_9", bounds, delta, "Remark 2, eq. 9, summed over passes"
-        )
+        record = _sum_and_convert("remark_2_eq_9", bounds, delta, "Remark 2, eq. 9, summed over passes")
         record.update(
             label_item=int(label),
             context_rows=rows.tolist(),
-            min_context_row_count=int(counter.total()[rows].min())
-            if rows.size
-            else None,
+            min_context_row_count=int(counter.total()[rows].min()) if rows.size else None,
         )
         out.append(record)
     return out

@@ -131,7 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (report.json, saved_model/)")
     p.add_argument("--model", choices=MODELS, default="dpformer", help="transformer: vanilla; dpformer: + Re-Attention")
     p.add_argument("--mechanism", choices=MECHANISM_NAMES, default="dense", help="dense: DP-SGD; none: non-private")
-    p.add_argument("--epsilon", type=cli_types.positive(float, allow_inf=True), default=8.0, help="target epsilon (inf: non-private)")
+    p.add_argument(
+        "--epsilon",
+        type=cli_types.positive(float, allow_inf=True),
+        default=8.0,
+        help="target epsilon (inf: non-private)",
+    )
     p.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1/N, N = users)")
     p.add_argument("--epochs", type=cli_types.positive(int), default=5)
     p.add_argument("--batch", type=cli_types.positive(int), default=256, help="expected (Poisson) batch size B = qN")
@@ -144,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Adam's epsilon (Keras default 1e-7); near the per-coordinate noise std it damps steps on noise-only coordinates",
     )
     p.add_argument("--warmup-fraction", type=float, default=0.2, help="share of steps with linear warm-up")
-    p.add_argument("--max-len", type=cli_types.positive(int), default=50, help="sequence length L (most recent items kept)")
+    p.add_argument(
+        "--max-len", type=cli_types.positive(int), default=50, help="sequence length L (most recent items kept)"
+    )
     p.add_argument("--dim", type=cli_types.positive(int), default=64)
     p.add_argument("--blocks", type=cli_types.positive(int), default=2)
     p.add_argument("--dropout", type=float, default=0.5, help="dropout rate (DPFormer: 0.5 on Amazon)")
@@ -174,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="z of the private count release (instead of --frequency-epsilon-share)",
     )
     p.add_argument("--frequency-mechanism", choices=("gaussian", "laplace"), default="gaussian")
-    p.add_argument("--error-scale", type=cli_types.positive(float), default=1.0, help="multiplies every effective error")
+    p.add_argument(
+        "--error-scale", type=cli_types.positive(float), default=1.0, help="multiplies every effective error"
+    )
     p.add_argument(
         "--popularity-prior",
         action="store_true",
@@ -187,7 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: every item has its own row)",
     )
     p.add_argument("--eval-batch", type=cli_types.positive(int), default=512)
-    p.add_argument("--max-eval-users", type=cli_types.positive(int), help="evaluate only the first N users (quick runs)")
+    p.add_argument(
+        "--max-eval-users", type=cli_types.positive(int), help="evaluate only the first N users (quick runs)"
+    )
     p.add_argument("--seed", type=int, help="seed for sampling, init and noise (tests/reproductions only)")
     p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1, help="Keras progress bar (1), per epoch (2)")
     return p
@@ -328,9 +339,11 @@ def run(config: SequentialConfig) -> SequentialResult:
     model.set_effective_errors(item_err, weight_err)
     dp_model = DPModel(model, mechanism=run.mechanism, expected_batch_size=config.batch)
     schedule = WarmupLinearDecay(config.learning_rate, run.steps, config.warmup_fraction)
-    dp_model.compile(optimizer=keras.optimizers.Adam(
-        learning_rate=schedule, epsilon=config.adam_epsilon, weight_decay=config.weight_decay or None
-    ))
+    dp_model.compile(
+        optimizer=keras.optimizers.Adam(
+            learning_rate=schedule, epsilon=config.adam_epsilon, weight_decay=config.weight_decay or None
+        )
+    )
     budget = run.budget() if privacy.private else None  # its ledger holds the frequency release
     batches, _ = poisson_batches(
         training_dataset(data), sampling_probability=run.sampling_probability, seed=config.seed

@@ -69,7 +69,6 @@ class SequentialPrivacy:
     def private(self) -> bool:
         return self.run.is_dp
 
-
     def frequency_report(self) -> dict:
         """What the privacy report says about the item frequencies (share and epsilon of their release)."""
         released = ITEM_FREQUENCIES in [r.name for r in self.run.releases]
@@ -91,7 +90,9 @@ def check_frequency_options(
     if frequencies == "private" and frequencies_file is not None:
         raise ValueError("`frequencies_file` is read only with `frequencies='public'`; received 'private'.")
     if frequencies == "public" and (epsilon_share is not None or noise_multiplier is not None):
-        raise ValueError("Public frequencies are not released: drop `frequency_epsilon_share`/`frequency_noise_multiplier`.")
+        raise ValueError(
+            "Public frequencies are not released: drop `frequency_epsilon_share`/`frequency_noise_multiplier`."
+        )
     if epsilon_share is not None and noise_multiplier is not None:
         raise ValueError("Pass `frequency_epsilon_share` or `frequency_noise_multiplier`, not both.")
     if epsilon_share is not None and not 0 < epsilon_share < 1:

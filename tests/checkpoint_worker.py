@@ -68,13 +68,9 @@ def build(
         "seed": NOISE_SEED,
     }
     lazy = mechanism_name == "lazy"
-    if (
-        mechanism_name == "fest"
-    ):  # DP top-k selection from the label-independent id counts
+    if mechanism_name == "fest":  # DP top-k selection from the label-independent id counts
         counts = np.bincount(ids.ravel(), minlength=vocab)
-        mechanism = DPFEST(
-            **kwargs, selection_epsilon=1.0, top_k=10, counts={"emb": counts}
-        )
+        mechanism = DPFEST(**kwargs, selection_epsilon=1.0, top_k=10, counts={"emb": counts})
     elif mechanism_name == "eana":  # not DP: the budget logs a nominal epsilon
         mechanism = EANA(**kwargs)
     elif mechanism_name == "adafest":
@@ -209,12 +205,8 @@ def run(mode: str, mechanism_name: str, directory: str, out: str | None) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("full", "crash", "resume"))
-    parser.add_argument(
-        "--mechanisms", default="lazy,dense", help="comma-separated: lazy, dense"
-    )
-    parser.add_argument(
-        "--directory", required=True, help="checkpoints go to DIRECTORY/<mechanism>"
-    )
+    parser.add_argument("--mechanisms", default="lazy,dense", help="comma-separated: lazy, dense")
+    parser.add_argument("--directory", required=True, help="checkpoints go to DIRECTORY/<mechanism>")
     parser.add_argument("--out", help="results go to OUT/<mode>_<mechanism>.npz")
     args = parser.parse_args(argv)
     for name in args.mechanisms.split(","):
@@ -222,11 +214,7 @@ def main(argv=None) -> int:
             parser.error(f"unknown mechanism {name!r}; allowed: lazy, dense")
         directory = os.path.join(args.directory, name)
         os.makedirs(directory, exist_ok=True)
-        out = (
-            None
-            if args.out is None
-            else os.path.join(args.out, f"{args.mode}_{name}.npz")
-        )
+        out = None if args.out is None else os.path.join(args.out, f"{args.mode}_{name}.npz")
         code = run(args.mode, name, directory, out)
         if code:
             return code

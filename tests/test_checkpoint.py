@@ -35,9 +35,7 @@ from tfdp_embed.checkpointing import (
 from tfdp_embed.checkpointing.position import normalized_position
 from tfdp_embed.export import export_saved_model
 
-WORKER = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "checkpoint_worker.py"
-)
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_worker.py")
 ROOT = os.path.dirname(os.path.dirname(WORKER))
 
 
@@ -69,31 +67,20 @@ def _start(mode, mechanisms, directory, out):
 
 def _finish(process, what, timeout=240):
     output, _ = process.communicate(timeout=timeout)
-    assert process.returncode == 0, (
-        f"{what} failed ({process.returncode}):\n{output[-3000:]}"
-    )
+    assert process.returncode == 0, f"{what} failed ({process.returncode}):\n{output[-3000:]}"
 
 
 def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     full = _start("full", "lazy,dense", tmp_path / "unused", out)
-    crashes = {
-        name: _start("crash", name, tmp_path / "ckpt", None)
-        for name in ("lazy", "dense")
-    }
+    crashes = {name: _start("crash", name, tmp_path / "ckpt", None) for name in ("lazy", "dense")}
     for name, process in crashes.items():
         hung = tmp_path / "ckpt" / name / "hung"
         deadline = time.monotonic() + 240
-        while (
-            not hung.exists()
-        ):  # poll: the worker is past step 65, checkpoints 7..63 exist
-            assert process.poll() is None, (
-                f"crash worker {name} exited early:\n{process.communicate()[0][-3000:]}"
-            )
-            assert time.monotonic() < deadline, (
-                f"crash worker {name} never reached its hang point"
-            )
+        while not hung.exists():  # poll: the worker is past step 65, checkpoints 7..63 exist
+            assert process.poll() is None, f"crash worker {name} exited early:\n{process.communicate()[0][-3000:]}"
+            assert time.monotonic() < deadline, f"crash worker {name} never reached its hang point"
             time.sleep(0.05)
         assert (tmp_path / "ckpt" / name / "ckpt-63.manifest.json").exists()
         os.kill(process.pid, signal.SIGKILL)
@@ -131,9 +118,7 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tmp_path):
         # ... so the resumed run drew exactly the uninterrupted run's noise: same weights,
         # raw (LazyDP: un-flushed) and after the flush export performs.
         for key in [k for k in a.files if k.startswith(("raw_", "flushed_"))]:
-            np.testing.assert_allclose(
-                b[key], a[key], rtol=0, atol=1e-6, err_msg=f"{name} {key}"
-            )
+            np.testing.assert_allclose(b[key], a[key], rtol=0, atol=1e-6, err_msg=f"{name} {key}")
 
 
 # -- in-process helpers ------------------------------------------------------------------
@@ -142,9 +127,7 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tmp_path):
 def _variables(dp):
     """Every variable a checkpoint holds (model, optimizer, mechanism, noise RNG)."""
     # Creation order (and the name scope of `iterations`) varies with what created them first.
-    optimizer = sorted(
-        dp.optimizer.variables(), key=lambda v: v.name.removeprefix("SGD/")
-    )
+    optimizer = sorted(dp.optimizer.variables(), key=lambda v: v.name.removeprefix("SGD/"))
     variables = list(dp.inner.weights) + optimizer + list(dp.mechanism.variables)
     return variables + [dp.mechanism.generator.state]
 
@@ -243,16 +226,11 @@ def test_no_checkpoint_means_initialize_and_nothing_touched(tmp_path):
     assert int(dp.optimizer.iterations.numpy()) == 0
 
 
-def test_lazy_checkpoint_is_unflushed_training_state_never_the_model(
-    trained_lazy, tmp_path
-):
+def test_lazy_checkpoint_is_unflushed_training_state_never_the_model(trained_lazy, tmp_path):
     directory, trained = trained_lazy
     directory = _copy(directory, tmp_path)
     manifest = json.loads((directory / "ckpt-12.manifest.json").read_text())
-    assert (
-        manifest["progress"]["owes_noise"] is True
-        and "NOT releasable" in manifest["release"]
-    )
+    assert manifest["progress"]["owes_noise"] is True and "NOT releasable" in manifest["release"]
     # A plain Keras load finds no model at the checkpoint's root: it refuses, nothing loaded.
     plain = worker.build("lazy")[0].inner
     table = plain.get_layer("emb").embeddings.numpy().copy()
@@ -272,12 +250,8 @@ def test_lazy_checkpoint_is_unflushed_training_state_never_the_model(
         trained.inner.get_layer("emb").embeddings.numpy(),
     )
     loaded = tf.saved_model.load(str(tmp_path / "export"))
-    exported = [
-        v.numpy() for v in loaded.variables if v.shape == (worker.VOCAB, worker.DIM)
-    ]
-    np.testing.assert_array_equal(
-        exported[0], dp.inner.get_layer("emb").embeddings.numpy()
-    )
+    exported = [v.numpy() for v in loaded.variables if v.shape == (worker.VOCAB, worker.DIM)]
+    np.testing.assert_array_equal(exported[0], dp.inner.get_layer("emb").embeddings.numpy())
 
 
 # -- refused checkpoints: nothing is loaded ---------------------------------------------------------
@@ -313,9 +287,7 @@ def _corrupt_manifest(directory):
         (_corrupt_manifest, "cannot be read"),
     ],
 )
-def test_corrupted_checkpoint_is_refused_before_loading(
-    trained_lazy, tmp_path, corrupt, message
-):
+def test_corrupted_checkpoint_is_refused_before_loading(trained_lazy, tmp_path, corrupt, message):
     directory = _copy(trained_lazy[0], tmp_path)
     corrupt(directory)
     dp, budget, ckpt, _ = _fresh(directory)
@@ -328,24 +300,14 @@ def test_corrupted_checkpoint_is_refused_before_loading(
     assert budget.ledger.steps == 0 and int(dp.optimizer.iterations.numpy()) == 0
 
 
-def test_incomplete_checkpoint_without_manifest_is_never_picked_up(
-    trained_lazy, tmp_path, caplog
-):
+def test_incomplete_checkpoint_without_manifest_is_never_picked_up(trained_lazy, tmp_path, caplog):
     directory = _copy(trained_lazy[0], tmp_path)
-    os.remove(
-        directory / "ckpt-12.manifest.json"
-    )  # the writer was killed before the manifest
-    (directory / "checkpoint").write_text(
-        "garbled {{"
-    )  # TensorFlow's state file is not needed
+    os.remove(directory / "ckpt-12.manifest.json")  # the writer was killed before the manifest
+    (directory / "checkpoint").write_text("garbled {{")  # TensorFlow's state file is not needed
     _, budget, ckpt, _ = _fresh(directory)
     with caplog.at_level("WARNING"):
         info = ckpt.restore_or_initialize()
-    assert (
-        os.path.basename(info.path) == "ckpt-10"
-        and info.step == 10
-        and budget.ledger.steps == 10
-    )
+    assert os.path.basename(info.path) == "ckpt-10" and info.step == 10 and budget.ledger.steps == 10
     assert "Ignoring incomplete checkpoint ckpt-12" in caplog.text
 
 
@@ -359,9 +321,7 @@ def test_incomplete_checkpoint_without_manifest_is_never_picked_up(
         ({"optimizer": "adam"}, "optimizer.class"),
     ],
 )
-def test_mismatched_checkpoint_is_refused_before_loading(
-    trained_lazy, tmp_path, kwargs, difference
-):
+def test_mismatched_checkpoint_is_refused_before_loading(trained_lazy, tmp_path, kwargs, difference):
     directory = _copy(trained_lazy[0], tmp_path)
     kwargs = dict(kwargs)
     mechanism = kwargs.pop("mechanism", "lazy")
@@ -381,9 +341,7 @@ def test_mismatched_checkpoint_is_refused_before_loading(
     assert int(dp.optimizer.iterations.numpy()) == 0
 
 
-def test_a_new_run_does_not_mix_its_checkpoints_with_an_earlier_runs(
-    trained_lazy, tmp_path
-):
+def test_a_new_run_does_not_mix_its_checkpoints_with_an_earlier_runs(trained_lazy, tmp_path):
     directory = _copy(trained_lazy[0], tmp_path)
     _, _, ckpt, _ = _fresh(directory)  # forgot restore_or_initialize()
     with pytest.raises(
@@ -395,12 +353,8 @@ def test_a_new_run_does_not_mix_its_checkpoints_with_an_earlier_runs(
 
 def test_save_refuses_a_ledger_that_lags_the_mechanism(tmp_path):
     dp, batches, _, _, _ = worker.build("dense")
-    ckpt = DPCheckpoint(
-        str(tmp_path), dp_model=dp, ledger=PrivacyLedger(), every_n_steps=2
-    )
-    with pytest.raises(
-        CheckpointError, match="ledger holds 0 steps but mechanism 'dense' has taken 2"
-    ):
+    ckpt = DPCheckpoint(str(tmp_path), dp_model=dp, ledger=PrivacyLedger(), every_n_steps=2)
+    with pytest.raises(CheckpointError, match="ledger holds 0 steps but mechanism 'dense' has taken 2"):
         dp.fit(batches.take(3), epochs=1, callbacks=[ckpt], verbose=0)
 
 
@@ -433,9 +387,7 @@ def test_rest_of_epoch_continues_the_poisson_stream():
     )
     rest = [x[0].numpy().tolist() for x in rest_of_epoch(batches, position)]
     assert len(rest) == per_epoch - 7
-    assert (
-        rest + stream(batches, 1) == uninterrupted[consumed:]
-    )  # no batch replayed or skipped
+    assert rest + stream(batches, 1) == uninterrupted[consumed:]  # no batch replayed or skipped
     at_boundary = normalized_position(
         batches_consumed=per_epoch,
         epoch=0,
@@ -457,17 +409,13 @@ def test_selection_and_counter_state_round_trips(tmp_path, mechanism):
     assert os.path.basename(ckpt.last_saved) == "ckpt-6"
     dp, budget, fresh, _ = _fresh(tmp_path, mechanism)
     fresh.restore_or_initialize()
-    _assert_same_state(
-        _state(trained), dp
-    )  # DP-FEST rows/positions, AdaFEST counters, RNG
+    _assert_same_state(_state(trained), dp)  # DP-FEST rows/positions, AdaFEST counters, RNG
     # DP-FEST's selection (a one-off event) is in the restored ledger once, not again.
     kinds = [e.kind for e in budget.ledger.entries]
     assert kinds == (["setup", "step"] if mechanism == "fest" else ["step"])
     budget.on_train_begin()
     assert [e.kind for e in budget.ledger.entries] == kinds and budget.ledger.steps == 6
-    if (
-        mechanism == "eana"
-    ):  # not DP: its ledger keeps dp_accounting's UnsupportedDpEvent
+    if mechanism == "eana":  # not DP: its ledger keeps dp_accounting's UnsupportedDpEvent
         assert budget.ledger.entries[0].event == dp.mechanism.step_event(worker.Q)
         assert budget.log_key == "epsilon_not_dp"
 
@@ -477,9 +425,7 @@ def test_resumed_run_with_nearly_spent_budget_stops_at_the_uninterrupted_step(tm
 
     from tfdp_embed.accounting import compute_epsilon
 
-    step = dp_accounting.PoissonSampledDpEvent(
-        worker.Q, dp_accounting.GaussianDpEvent(1.0)
-    )
+    step = dp_accounting.PoissonSampledDpEvent(worker.Q, dp_accounting.GaussianDpEvent(1.0))
 
     def eps(k):
         return compute_epsilon(
@@ -502,21 +448,11 @@ def test_resumed_run_with_nearly_spent_budget_stops_at_the_uninterrupted_step(tm
         sampler_seed=worker.SAMPLER_SEED,
     )
     position = ckpt.restore_or_initialize().position
-    dp.fit(
-        rest_of_epoch(batches, position), epochs=1, callbacks=[budget, ckpt], verbose=0
-    )
+    dp.fit(rest_of_epoch(batches, position), epochs=1, callbacks=[budget, ckpt], verbose=0)
     # Stopped after 9 more steps, at step 21: the step that would exceed the target never ran.
     assert int(dp.mechanism.steps.numpy()) == budget.ledger.steps == allowed
     assert budget.stopped_by_budget and budget.max_steps == allowed
     report = json.loads((tmp_path / "report.json").read_text())
-    assert (
-        report["steps"] == allowed
-        and report["extra"]["budget"]["stopped_by_budget"] is True
-    )
-    assert (
-        report["epsilon"] == pytest.approx(eps(allowed), rel=1e-9)
-        and report["epsilon"] <= target
-    )
-    assert (
-        os.path.basename(ckpt.last_saved) == f"ckpt-{allowed}"
-    )  # the final state is checkpointed
+    assert report["steps"] == allowed and report["extra"]["budget"]["stopped_by_budget"] is True
+    assert report["epsilon"] == pytest.approx(eps(allowed), rel=1e-9) and report["epsilon"] <= target
+    assert os.path.basename(ckpt.last_saved) == f"ckpt-{allowed}"  # the final state is checkpointed

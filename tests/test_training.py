@@ -94,9 +94,7 @@ def test_tfrs_model_with_per_example_compute_loss():
             self.emb = DPEmbedding(VOCAB, DIM, combiner="mean")
             self.out = keras.layers.Dense(1)
             self.task = tfrs.tasks.Ranking(
-                loss=keras.losses.BinaryCrossentropy(
-                    from_logits=True, reduction=keras.losses.Reduction.NONE
-                )
+                loss=keras.losses.BinaryCrossentropy(from_logits=True, reduction=keras.losses.Reduction.NONE)
             )
 
         def call(self, features):
@@ -186,8 +184,14 @@ def test_callbacks_and_metrics_work():
         def on_train_batch_end(self, batch, logs=None):
             seen.append(logs["loss"])
 
-    dp = DPModel(functional_model(), mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=0.5, seed=0), expected_batch_size=BATCH)
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=BCE, metrics=[keras.metrics.AUC(from_logits=True, name="auc")])
+    dp = DPModel(
+        functional_model(),
+        mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=0.5, seed=0),
+        expected_batch_size=BATCH,
+    )
+    dp.compile(
+        optimizer=keras.optimizers.legacy.SGD(0.1), loss=BCE, metrics=[keras.metrics.AUC(from_logits=True, name="auc")]
+    )
     history = dp.fit(_dataset(), epochs=1, verbose=0, callbacks=[Count()])
     assert len(seen) == 4
     assert "auc" in history.history
@@ -222,14 +226,22 @@ def test_missing_expected_batch_size_raises():
 
 
 def test_nan_loss_raises_clear_error():
-    dp = DPModel(functional_model(), mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0), expected_batch_size=BATCH)
+    dp = DPModel(
+        functional_model(),
+        mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0),
+        expected_batch_size=BATCH,
+    )
     dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=lambda y, p: tf.math.log(-tf.abs(p[:, 0]) - 1.0))
     with pytest.raises(tf.errors.InvalidArgumentError, match="per-example loss is NaN or Inf"):
         dp.fit(_dataset(), epochs=1, verbose=0)
 
 
 def test_scalar_loss_is_rejected():
-    dp = DPModel(functional_model(), mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0), expected_batch_size=BATCH)
+    dp = DPModel(
+        functional_model(),
+        mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0),
+        expected_batch_size=BATCH,
+    )
     dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=lambda y, p: tf.reduce_mean(p))
     with pytest.raises(PrivacyContractError, match="one value per example"):
         dp.fit(_dataset(), epochs=1, verbose=0)
@@ -287,7 +299,11 @@ def test_a_variable_the_mechanism_leaves_out_is_an_error():
         def update(self, clipped):
             return [(g, v) for g, v in super().update(clipped) if "embedding" in v.name]
 
-    dp = DPModel(functional_model(), mechanism=DropsDense(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0), expected_batch_size=BATCH)
+    dp = DPModel(
+        functional_model(),
+        mechanism=DropsDense(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0),
+        expected_batch_size=BATCH,
+    )
     dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=BCE)
     with pytest.raises(PrivacyContractError, match="not handled by mechanism"):
         dp.fit(_dataset(), epochs=1, verbose=0)
@@ -303,8 +319,11 @@ def test_table_gradient_averaged_is_the_clipped_sum_over_the_expected_batch_size
             seen.append((table.gradient, table.averaged(), table.averaged_gradient(clipped.expected_batch_size)))
             return super().update(clipped)
 
-    dp = DPModel(functional_model(), mechanism=Recording(l2_norm_clip=0.1, noise_multiplier=0.0, seed=0),
-                 expected_batch_size=BATCH)
+    dp = DPModel(
+        functional_model(),
+        mechanism=Recording(l2_norm_clip=0.1, noise_multiplier=0.0, seed=0),
+        expected_batch_size=BATCH,
+    )
     dp.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss=BCE, run_eagerly=True)
     dp.fit(_dataset(16), epochs=1, verbose=0)
     assert len(seen) == 2

@@ -13,8 +13,8 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
-import tf_keras as keras  # noqa: E402
+import tensorflow as tf
+import tf_keras as keras
 
 
 def _check_legacy_keras() -> None:

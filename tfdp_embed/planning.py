@@ -105,7 +105,7 @@ class Release:
             raise ValueError(f"Release {self.name!r}: `count` > 1 is for pure-DP shares (no `noise`, no `event`).")
 
     @classmethod
-    def selection(cls, epsilon_share: float, *, count: int = 1) -> "Release":
+    def selection(cls, epsilon_share: float, *, count: int = 1) -> Release:
         """A mechanism's DP selection (DP-FEST top-k): pure DP, `count` selections of s x eps / count each."""
         return cls(SELECTION, epsilon_share=epsilon_share, count=count)
 

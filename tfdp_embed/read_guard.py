@@ -62,9 +62,7 @@ def active() -> bool:
 
 def _resource_variables(variable) -> list:
     """The resource variables holding `variable`'s value (one; PS strategies wrap it)."""
-    inner = getattr(
-        variable, "_v", None
-    )  # tf.distribute's AggregatingVariable delegates to `_v`
+    inner = getattr(variable, "_v", None)  # tf.distribute's AggregatingVariable delegates to `_v`
     if isinstance(inner, tf.Variable):
         return _resource_variables(inner)
     if all(hasattr(variable, name) for name in (*_GUARDED_METHODS, "handle")):
@@ -79,9 +77,7 @@ def _guarded(method, variable):
     def read(*args, **kwargs):
         before_read = variable.__dict__.get(_GUARD_ATTRIBUTE)
         if before_read is not None and active():
-            with (
-                unguarded()
-            ):  # the guard's own reads (and a flush's) are not guarded again
+            with unguarded():  # the guard's own reads (and a flush's) are not guarded again
                 before_read()
         return method(variable, *args, **kwargs)
 
@@ -107,7 +103,4 @@ def remove(variable: tf.Variable) -> None:
 
 def is_guarded(variable: tf.Variable) -> bool:
     """True when `install` guards `variable`."""
-    return all(
-        _GUARD_ATTRIBUTE in resource.__dict__
-        for resource in _resource_variables(variable)
-    )
+    return all(_GUARD_ATTRIBUTE in resource.__dict__ for resource in _resource_variables(variable))

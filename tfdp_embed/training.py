@@ -163,9 +163,7 @@ class DPModel(keras.Model):
     ):
         super().__init__(name=name or f"dp_{model.name}")
         if not isinstance(mechanism, NoiseMechanism):
-            raise TypeError(
-                f"`mechanism` must be a tfdp_embed NoiseMechanism; received {type(mechanism).__name__}."
-            )
+            raise TypeError(f"`mechanism` must be a tfdp_embed NoiseMechanism; received {type(mechanism).__name__}.")
         if mechanism.clips_per_example:
             if expected_batch_size is None:
                 raise ValueError(
@@ -211,8 +209,7 @@ class DPModel(keras.Model):
         """Like `keras.Model.compile`; `loss` is applied per example (no reduction)."""
         if loss is None and not hasattr(self.inner, "compute_loss"):
             raise ValueError(
-                "`loss` is required unless the wrapped model defines `compute_loss` "
-                "returning one loss per example."
+                "`loss` is required unless the wrapped model defines `compute_loss` returning one loss per example."
             )
         self._loss_fn = keras.losses.get(loss) if loss is not None else None
         super().compile(optimizer=optimizer, metrics=metrics, **kwargs)
@@ -281,9 +278,7 @@ class DPModel(keras.Model):
         self._tapped_layers = layers_owning_weights(self.inner)
         for layer in self._tapped_layers:
             self.registry.lookup(layer)  # refuses subclasses the clipping rules cannot describe
-        self._tables = [
-            layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)
-        ]
+        self._tables = [layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)]
         if batch is not None:
             # Before mechanism.init: no read hook (LazyDP) runs on the check's forward passes.
             self._check_contract(batch=batch)
@@ -380,7 +375,11 @@ class DPModel(keras.Model):
             y_pred = None
         else:
             y_pred = self.inner(x, training=training)
-            loss = self._loss_fn.call(y, y_pred) if isinstance(self._loss_fn, keras.losses.Loss) else self._loss_fn(y, y_pred)
+            loss = (
+                self._loss_fn.call(y, y_pred)
+                if isinstance(self._loss_fn, keras.losses.Loss)
+                else self._loss_fn(y, y_pred)
+            )
             if loss.shape.rank is not None and loss.shape.rank > 1:
                 loss = tf.reduce_mean(loss, axis=list(range(1, loss.shape.rank)))
         loss = tf.convert_to_tensor(loss)
@@ -459,9 +458,7 @@ class DPModel(keras.Model):
             loss = distribute.mean_loss(per_example_loss)  # the global-batch mean under replicas
         variables = self.inner.trainable_variables
         grads = tape.gradient(loss, variables)
-        self.optimizer.apply_gradients(
-            [(g, v) for g, v in zip(grads, variables) if g is not None]
-        )
+        self.optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
         return self._update_metrics(per_example_loss, y, y_pred, sample_weight)
 
     def _assemble(self, step, taps, batch_size) -> ClippedGradients:

@@ -164,8 +164,12 @@ def test_steps_before_this_run_count():
     assert budget.ledger.steps == k_max
     # initial_steps larger than mechanism.steps wins (conservative).
     budget = PrivacyBudget(
-        FakeMechanism(noise_multiplier=SIGMA), sampling_probability=Q, target_epsilon=target, target_delta=DELTA,
-        accountant="rdp", initial_steps=10,
+        FakeMechanism(noise_multiplier=SIGMA),
+        sampling_probability=Q,
+        target_epsilon=target,
+        target_delta=DELTA,
+        accountant="rdp",
+        initial_steps=10,
     )
     budget.on_train_begin()
     assert budget.remaining_steps == 2
@@ -175,8 +179,12 @@ def test_already_over_budget_raises_at_train_begin():
     ledger = PrivacyLedger()
     ledger.record_steps(dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(SIGMA)), 1000)
     budget = PrivacyBudget(
-        FakeMechanism(noise_multiplier=SIGMA), sampling_probability=Q, target_epsilon=1.0, target_delta=DELTA,
-        accountant="rdp", ledger=ledger,
+        FakeMechanism(noise_multiplier=SIGMA),
+        sampling_probability=Q,
+        target_epsilon=1.0,
+        target_delta=DELTA,
+        accountant="rdp",
+        ledger=ledger,
     )
     model = _model()
     with pytest.raises(PrivacyBudgetExceededError, match=r"already spent epsilon .* > `target_epsilon`=1"):
@@ -242,8 +250,13 @@ def test_resume_from_checkpointed_ledger_stops_at_the_uninterrupted_step_and_wri
 
     def budget(**kwargs):
         return PrivacyBudget(
-            mechanism, sampling_probability=Q, target_epsilon=target, target_delta=DELTA, accountant="rdp",
-            dataset_size=N, **kwargs,
+            mechanism,
+            sampling_probability=Q,
+            target_epsilon=target,
+            target_delta=DELTA,
+            accountant="rdp",
+            dataset_size=N,
+            **kwargs,
         )
 
     class StopAt(keras.callbacks.Callback):
@@ -280,8 +293,13 @@ def test_budget_refusing_to_start_says_so_and_writes_report(tmp_path):
     spent = PrivacyLedger()
     spent.record_steps(mechanism.step_event(Q), k_max)
     budget = PrivacyBudget(
-        mechanism, sampling_probability=Q, target_epsilon=target, target_delta=DELTA, accountant="rdp",
-        report_path=str(tmp_path / "report.json"), dataset_size=N,
+        mechanism,
+        sampling_probability=Q,
+        target_epsilon=target,
+        target_delta=DELTA,
+        accountant="rdp",
+        report_path=str(tmp_path / "report.json"),
+        dataset_size=N,
     )
     budget.resume_from(spent)
     with pytest.raises(PrivacyBudgetExceededError, match="Not even one more step"):

@@ -81,8 +81,12 @@ def test_per_instance_hand_computed():
     # row 2: 2 * 0.64 / (2 * 98 * 0.25) = 0.0261224490;  0.5 ln(100/99) = 0.0050251681;  0.5 ln(100/98) = 0.0101013536
     # total = 0.48 + 0.1115717757 + 0.2554128119 + 0.0261224490 + 0.0050251681 + 0.0101013536 = 0.8882335583
     bound = eana_per_instance_rdp_bound(
-        noise_multiplier=0.5, touch_counts=[4, 99], row_squared_norms=[0.36, 0.64], row_dims=1,
-        delta=1e-5, orders=[2, 5, 6],
+        noise_multiplier=0.5,
+        touch_counts=[4, 99],
+        row_squared_norms=[0.36, 0.64],
+        row_dims=1,
+        delta=1e-5,
+        orders=[2, 5, 6],
     )
     assert bound.kind == "remark_2_eq_9" and bound.is_dp is False
     assert bound.rdp[0] == pytest.approx(0.8882335583, rel=1e-9)
@@ -91,8 +95,12 @@ def test_per_instance_hand_computed():
     # Embedding rows of dimension 2: the log terms count twice (one per coordinate):
     # 0.48 + 0.0261224490 + 2 * (0.1115717757 + 0.2554128119 + 0.0050251681 + 0.0101013536) = 1.2703446676
     two = eana_per_instance_rdp_bound(
-        noise_multiplier=0.5, touch_counts=[4, 99], row_squared_norms=[0.36, 0.64], row_dims=[2, 2],
-        delta=1e-5, orders=[2, 4.9],
+        noise_multiplier=0.5,
+        touch_counts=[4, 99],
+        row_squared_norms=[0.36, 0.64],
+        row_dims=[2, 2],
+        delta=1e-5,
+        orders=[2, 4.9],
     )
     assert two.rdp[0] == pytest.approx(1.2703446676, rel=1e-9)
     assert math.isfinite(two.rdp[1])
@@ -104,11 +112,19 @@ def test_per_instance_matches_theorem_at_worst_case():
     s = rng.random(6)
     s = 2.0**2 * s / s.sum()  # L = 2
     per = eana_per_instance_rdp_bound(
-        noise_multiplier=0.7, l2_norm_clip=2.0, touch_counts=[50] * 6, row_squared_norms=s,
-        row_dims=4, delta=1e-6, orders=[2, 7, 30],
+        noise_multiplier=0.7,
+        l2_norm_clip=2.0,
+        touch_counts=[50] * 6,
+        row_squared_norms=s,
+        row_dims=4,
+        delta=1e-6,
+        orders=[2, 7, 30],
     )
     thm = eana_rdp_bound(
-        noise_multiplier=0.7, touch_counts=[50, 80], max_coordinates_per_example=24, delta=1e-6,
+        noise_multiplier=0.7,
+        touch_counts=[50, 80],
+        max_coordinates_per_example=24,
+        delta=1e-6,
         orders=[2, 7, 30],
     )
     np.testing.assert_allclose(per.rdp, thm.rdp, rtol=1e-12)

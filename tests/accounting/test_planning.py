@@ -81,7 +81,9 @@ def test_no_release_is_plain_calibration():
     assert calibrate_noise_multiplier_with_releases(**kwargs) == calibrate_noise_multiplier(**kwargs)
 
 
-@pytest.mark.parametrize("mechanism, event", [("gaussian", dp_accounting.GaussianDpEvent), ("laplace", dp_accounting.LaplaceDpEvent)])
+@pytest.mark.parametrize(
+    "mechanism, event", [("gaussian", dp_accounting.GaussianDpEvent), ("laplace", dp_accounting.LaplaceDpEvent)]
+)
 def test_release_noise_multiplier_is_the_smallest(mechanism, event):
     z = release_noise_multiplier(epsilon=0.5, delta=1e-5, mechanism=mechanism)
     assert _epsilon([event(z)], 1e-5, "pld") <= 0.5 < _epsilon([event(z * 0.995)], 1e-5, "pld")
@@ -94,7 +96,9 @@ def test_release_noise_multiplier_is_the_smallest(mechanism, event):
 def test_unreachable_targets_raise_clear_errors():
     common = dict(target_delta=1e-5, sampling_probability=0.01, steps=100, accountant="rdp")
     with pytest.raises(ValueError, match="releases alone spend epsilon .* >= `target_epsilon`=1.0"):
-        calibrate_noise_multiplier_with_releases(target_epsilon=1.0, releases=[dp_accounting.GaussianDpEvent(1.0)], **common)
+        calibrate_noise_multiplier_with_releases(
+            target_epsilon=1.0, releases=[dp_accounting.GaussianDpEvent(1.0)], **common
+        )
     with pytest.raises(ValueError, match="cannot be met"):  # the steps alone cannot meet it either
         calibrate_noise_multiplier_with_releases(
             target_epsilon=0.05, target_delta=1e-5, sampling_probability=1.0, steps=10**6, accountant="rdp",

@@ -43,15 +43,34 @@ def test_dp_report_has_every_field_and_the_ledger_epsilon(tmp_path):
     mechanism = DenseDPSGD(l2_norm_clip=0.5, noise_multiplier=1.1, seed=0)
     ledger = _ledger(mechanism)
     report = privacy_report(
-        mechanism=mechanism, ledger=ledger, delta=DELTA, accountant="rdp", sampling_probability=Q, dataset_size=N,
-        batching=_verified_poisson(), extra={"run": "test"},
+        mechanism=mechanism,
+        ledger=ledger,
+        delta=DELTA,
+        accountant="rdp",
+        sampling_probability=Q,
+        dataset_size=N,
+        batching=_verified_poisson(),
+        extra={"run": "test"},
     )
     expected = compute_epsilon(
         dpsgd_event(sampling_probability=Q, noise_multiplier=1.1, steps=STEPS), target_delta=DELTA, accountant="rdp"
     )
     assert report["epsilon"] == pytest.approx(expected, rel=1e-12)
-    for key in ("epsilon", "delta", "accountant", "mechanism", "noise_multiplier", "noise_multipliers",
-                "l2_norm_clip", "sampling_probability", "steps", "dataset_size", "batching", "is_dp", "caveats"):
+    for key in (
+        "epsilon",
+        "delta",
+        "accountant",
+        "mechanism",
+        "noise_multiplier",
+        "noise_multipliers",
+        "l2_norm_clip",
+        "sampling_probability",
+        "steps",
+        "dataset_size",
+        "batching",
+        "is_dp",
+        "caveats",
+    ):
         assert key in report, key
     assert report["is_dp"] is True and report["mechanism"] == "dense"
     assert report["noise_multiplier"] == 1.1 and report["l2_norm_clip"] == 0.5
@@ -64,7 +83,12 @@ def test_dp_report_has_every_field_and_the_ledger_epsilon(tmp_path):
     assert read_privacy_report(path) == json.loads(json.dumps(report))
     # Without a ledger the report composes setup + steps itself: same epsilon.
     direct = privacy_report(
-        mechanism=mechanism, delta=DELTA, accountant="rdp", sampling_probability=Q, dataset_size=N, steps=STEPS,
+        mechanism=mechanism,
+        delta=DELTA,
+        accountant="rdp",
+        sampling_probability=Q,
+        dataset_size=N,
+        steps=STEPS,
         batching=_verified_poisson(),
     )
     assert direct["epsilon"] == pytest.approx(expected, rel=1e-12)
@@ -73,7 +97,11 @@ def test_dp_report_has_every_field_and_the_ledger_epsilon(tmp_path):
 def test_non_dp_mechanism_report_says_not_dp_and_has_no_epsilon(tmp_path):
     mechanism = EANA(l2_norm_clip=1.0, noise_multiplier=0.5, seed=0)
     report = privacy_report(
-        mechanism=mechanism, ledger=_ledger(mechanism), delta=DELTA, sampling_probability=Q, dataset_size=N,
+        mechanism=mechanism,
+        ledger=_ledger(mechanism),
+        delta=DELTA,
+        sampling_probability=Q,
+        dataset_size=N,
         batching=_verified_poisson(),
     )
     assert report["is_dp"] is False
@@ -84,7 +112,12 @@ def test_non_dp_mechanism_report_says_not_dp_and_has_no_epsilon(tmp_path):
     assert written["epsilon"] is None
     # A nominal number passed in is labelled as such, never as epsilon.
     nominal = privacy_report(
-        mechanism=mechanism, epsilon=2.0, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=STEPS,
+        mechanism=mechanism,
+        epsilon=2.0,
+        delta=DELTA,
+        sampling_probability=Q,
+        dataset_size=N,
+        steps=STEPS,
         batching=_verified_poisson(),
     )
     assert nominal["epsilon"] is None and nominal["nominal_epsilon_not_dp"] == 2.0
@@ -96,7 +129,12 @@ def test_fixed_shuffled_batches_get_the_not_poisson_caveat():
     _, info = fixed_size_batches(ds, batch_size=100, seed=0, num_examples=N)
     for batching in ("fixed_shuffled", info):
         report = privacy_report(
-            mechanism=mechanism, epsilon=1.0, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=STEPS,
+            mechanism=mechanism,
+            epsilon=1.0,
+            delta=DELTA,
+            sampling_probability=Q,
+            dataset_size=N,
+            steps=STEPS,
             batching=batching,
         )
         assert report["batching"] == "fixed_shuffled"
@@ -115,7 +153,12 @@ def test_truncated_poisson_batches_are_accounted():
     mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.1, seed=0)
     _, info = poisson_batches(tf.data.Dataset.range(N), sampling_probability=Q, seed=0, max_batch_size=180)
     report = privacy_report(
-        mechanism=mechanism, epsilon=1.0, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=STEPS,
+        mechanism=mechanism,
+        epsilon=1.0,
+        delta=DELTA,
+        sampling_probability=Q,
+        dataset_size=N,
+        steps=STEPS,
         batching=info,
     )
     assert report["batching"] == "poisson"
@@ -125,7 +168,12 @@ def test_truncated_poisson_batches_are_accounted():
     assert any("truncated at max_batch_size=180" in c for c in report["caveats"])
     with pytest.raises(ValueError, match="sampled with q=0.01"):
         privacy_report(
-            mechanism=mechanism, epsilon=1.0, delta=DELTA, sampling_probability=0.02, dataset_size=N, steps=STEPS,
+            mechanism=mechanism,
+            epsilon=1.0,
+            delta=DELTA,
+            sampling_probability=0.02,
+            dataset_size=N,
+            steps=STEPS,
             batching=info,
         )
 
@@ -168,7 +216,12 @@ def test_bad_arguments():
 def test_assumptions_make_the_guarantee_conditional():
     mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.1, seed=0)
     common = dict(
-        mechanism=mechanism, epsilon=1.0, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=STEPS,
+        mechanism=mechanism,
+        epsilon=1.0,
+        delta=DELTA,
+        sampling_probability=Q,
+        dataset_size=N,
+        steps=STEPS,
         batching=_verified_poisson(),
     )
     plain = privacy_report(**common)

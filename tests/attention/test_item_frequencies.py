@@ -96,6 +96,8 @@ def test_bad_input_rejected():
     with pytest.raises(ValueError, match="`noise_multiplier`"):
         private_item_frequencies(np.array([0, 1]), num_users=5, max_items_per_user=2, noise_multiplier=0.0)
     with pytest.raises(ValueError, match="`mechanism`"):
-        private_item_frequencies(np.array([0, 1]), num_users=5, max_items_per_user=2, noise_multiplier=1.0, mechanism="exp")
+        private_item_frequencies(
+            np.array([0, 1]), num_users=5, max_items_per_user=2, noise_multiplier=1.0, mechanism="exp"
+        )
     with pytest.raises(ValueError, match="`max_items_per_user`"):
         private_item_frequencies(np.array([0, 1]), num_users=5, max_items_per_user=0, noise_multiplier=1.0)

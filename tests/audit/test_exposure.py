@@ -111,9 +111,7 @@ def test_deep_tail_is_computed_in_log_space():
         assert dist.log_tail([x])[0] == pytest.approx(float(special.log_ndtr(-x)), rel=1e-7)
     # with skew: the direct survival function and the log-space integral agree where both work
     skewed = ScoreDistribution("skewnorm", -3.0, 0.5, 2.0, 100, 0.0)
-    xs = np.array(
-        [2.0, 4.0, 6.0]
-    )  # SF 7.8e-4, 7.1e-10, 5.1e-20: direct for the first, integral for the others
+    xs = np.array([2.0, 4.0, 6.0])  # SF 7.8e-4, 7.1e-10, 5.1e-20: direct for the first, integral for the others
     np.testing.assert_allclose(skewed.log_tail(xs), stats.skewnorm(-3.0, 0.5, 2.0).logsf(xs), rtol=1e-6)
 
 

@@ -27,9 +27,7 @@ def setup(per_count=10, counts=(1, 10, 100), n=2048):
         insertion_counts=counts,
         canaries_per_count=per_count,
     )
-    candidates = sample_candidates(
-        item_ids=ITEMS, context_length=6, num_candidates=n, seed=1, exclude=canaries
-    )
+    candidates = sample_candidates(item_ids=ITEMS, context_length=6, num_candidates=n, seed=1, exclude=canaries)
     return canaries, candidates
 
 

@@ -46,8 +46,16 @@ def test_public_file_is_passed_as_public(tmp_path):
 @pytest.mark.parametrize(
     "info, expected",
     [
-        ({"source": "private-gaussian", "noise_multiplier": 4.231, "dp_event": "GaussianDpEvent(4.231)",
-          "release_epsilon": 0.8, "epsilon_share": 0.1}, "private-gaussian z=4.23, eps 0.8 (10%)"),  # fmt: skip
+        (
+            {
+                "source": "private-gaussian",
+                "noise_multiplier": 4.231,
+                "dp_event": "GaussianDpEvent(4.231)",
+                "release_epsilon": 0.8,
+                "epsilon_share": 0.1,
+            },
+            "private-gaussian z=4.23, eps 0.8 (10%)",
+        ),  # fmt: skip
         ({"source": "public-file", "dp_event": None}, "public-file"),
     ],
 )

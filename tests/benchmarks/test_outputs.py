@@ -61,7 +61,9 @@ def test_resolve_fills_auto_keeps_explicit_and_refuses_a_cited_file(results_dir)
 def test_sections_go_under_new_measurements_one_level_down(tmp_path):
     page = tmp_path / "RESULTS.md"
     page.write_text("# Benchmark results\n\n## (a) Speed\n\ntext\n")
-    outputs.append_section(str(page), "## step_time — t1\n\n- Command: `x`\n\n### detail\n", files=(str(tmp_path / "a.json"), ""))
+    outputs.append_section(
+        str(page), "## step_time — t1\n\n- Command: `x`\n\n### detail\n", files=(str(tmp_path / "a.json"), "")
+    )
     outputs.append_section(str(page), "## step_time — t2\n\nPlot: `b.png`.\n", files=(str(tmp_path / "b.png"),))
     text = page.read_text()
     assert text.count(outputs.NEW_HEADING) == 1

@@ -73,7 +73,10 @@ def test_repeats_merge_into_the_median_of_per_process_ratios():
     failed = {"mechanism": "lazy", "vocab": 10, "median_step_s": None, "not_measured": "killed: RSS"}
     partial = step_time.merge_repeats([runs[1], failed])
     step_time._add_ratios([partial])
-    assert partial["ratio_to_none"] == pytest.approx(1.20) and "1 of 2 processes not measured: killed: RSS" in partial["notes"]
+    assert (
+        partial["ratio_to_none"] == pytest.approx(1.20)
+        and "1 of 2 processes not measured: killed: RSS" in partial["notes"]
+    )
     assert step_time.merge_repeats([failed, dict(failed)])["median_step_s"] is None
 
 

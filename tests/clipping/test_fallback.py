@@ -19,11 +19,7 @@ def _normal(*shape, seed=0):
 
 
 def _fallback_warnings(caught, layer):
-    return [
-        w
-        for w in caught
-        if issubclass(w.category, RuntimeWarning) and repr(layer.name) in str(w.message)
-    ]
+    return [w for w in caught if issubclass(w.category, RuntimeWarning) and repr(layer.name) in str(w.message)]
 
 
 def test_conv1d_warns_once_per_layer():
@@ -90,9 +86,7 @@ def test_subclassed_model_owning_a_weight():
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         result = check_against_brute_force(model, _normal(4, 4, seed=2))
-    assert [v.name for v in infos_by_layer(result)[model.name].variables] == [
-        model.temperature.name
-    ]
+    assert [v.name for v in infos_by_layer(result)[model.name].variables] == [model.temperature.name]
 
 
 def test_empty_registry_routes_everything_to_the_fallback():

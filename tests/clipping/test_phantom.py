@@ -158,11 +158,7 @@ def test_no_per_example_table_sized_tensor_is_built():
         tf.TensorSpec([batch, length, dim]),
         tf.TensorSpec([batch, length, vocab]),
     ).graph
-    largest = max(
-        out.shape.num_elements() or 0
-        for op in graph.get_operations()
-        for out in op.outputs
-    )
+    largest = max(out.shape.num_elements() or 0 for op in graph.get_operations() for out in op.outputs)
     # The logits gradient [B, L, V] (48,000) is the largest; B * V * d would be 64,000.
     assert largest <= batch * length * vocab < batch * vocab * dim
 
@@ -179,15 +175,9 @@ def test_registry_routes_shared_embedding_before_dp_embedding():
 def test_bad_mode_in_a_recorded_call_is_rejected():
     table = _table()
     table.build(None)
-    call = LayerCall(
-        args=(tf.zeros([1, DIM], tf.float64),), kwargs={"mode": "score"}, outputs=None
-    )
-    with pytest.raises(
-        ValueError, match=r"`mode`='score'; allowed: \('embed', 'logits'\)"
-    ):
-        phantom_layer_gradients(
-            table, LayerTaps(table, table.call, [call]), [tf.zeros([1, VOCAB])]
-        )
+    call = LayerCall(args=(tf.zeros([1, DIM], tf.float64),), kwargs={"mode": "score"}, outputs=None)
+    with pytest.raises(ValueError, match=r"`mode`='score'; allowed: \('embed', 'logits'\)"):
+        phantom_layer_gradients(table, LayerTaps(table, table.call, [call]), [tf.zeros([1, VOCAB])])
 
 
 # -- inside DPModel ------------------------------------------------------------------
@@ -240,9 +230,7 @@ def test_dpmodel_routes_the_table_to_phantom_clipping():
     assert calls and set(calls) == {"items"}  # at trace time (Keras may trace twice)
     model, _ = _sasrec32()
     assert (
-        DPModel(model, mechanism=dense, expected_batch_size=B).registry.lookup(
-            model.get_layer("items")
-        )
+        DPModel(model, mechanism=dense, expected_batch_size=B).registry.lookup(model.get_layer("items"))
         is phantom_layer_gradients
     )
 
@@ -265,9 +253,7 @@ def test_noise_reaches_every_row_of_the_shared_table_with_the_formula_std():
     sigma, clip = 2.0, 0.5
     tables = []
     for noise_multiplier in (sigma, 0.0):
-        dense = MECHANISMS["dense"](
-            l2_norm_clip=clip, noise_multiplier=noise_multiplier, seed=7
-        )
+        dense = MECHANISMS["dense"](l2_norm_clip=clip, noise_multiplier=noise_multiplier, seed=7)
         _, table, _ = _fit(dense, lr=1.0)
         tables.append(table.embeddings.numpy())
     noise = (tables[1] - tables[0]) * B
@@ -280,13 +266,9 @@ def test_noise_reaches_every_row_of_the_shared_table_with_the_formula_std():
 def test_clipping_is_active_and_bounds_the_update():
     # Tiny clip, no noise: the table moves by at most lr * C per step (sum of B clipped / B).
     clip, lr = 1e-3, 1.0
-    _, table, _ = _fit(
-        MECHANISMS["dense"](l2_norm_clip=clip, noise_multiplier=0.0, seed=0), lr=lr
-    )
+    _, table, _ = _fit(MECHANISMS["dense"](l2_norm_clip=clip, noise_multiplier=0.0, seed=0), lr=lr)
     before, _ = _sasrec32()
-    moved = np.linalg.norm(
-        table.embeddings.numpy() - before.get_layer("items").embeddings.numpy()
-    )
+    moved = np.linalg.norm(table.embeddings.numpy() - before.get_layer("items").embeddings.numpy())
     assert 0 < moved <= lr * clip * (1 + 1e-5)
 
 

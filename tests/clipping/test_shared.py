@@ -70,9 +70,7 @@ def _catalogue():
 class TwoTower(tfrs.Model):
     def __init__(self, negatives, *, positives_from_user=False):
         super().__init__()
-        self.user_model = keras.Sequential(
-            [DPEmbedding(NUM_USERS, DIM, dtype=F64), keras.layers.Dense(DIM, dtype=F64)]
-        )
+        self.user_model = keras.Sequential([DPEmbedding(NUM_USERS, DIM, dtype=F64), keras.layers.Dense(DIM, dtype=F64)])
         self.item_model = ItemTower()
         self.positives_from_user = positives_from_user
         self.task = Retrieval(self.item_model, _catalogue(), negatives=negatives, ks=(1, 5))
@@ -101,7 +99,12 @@ def _model(negatives, **kwargs):
 
 @pytest.mark.parametrize("positives_from_user", [False, True])
 @pytest.mark.parametrize(
-    "negatives", [FullSoftmax(), SampledSoftmax(5, seed=3), SampledSoftmax(8, proposal=np.full(12, 1 / 12), proposal_provenance="public", seed=4)],
+    "negatives",
+    [
+        FullSoftmax(),
+        SampledSoftmax(5, seed=3),
+        SampledSoftmax(8, proposal=np.full(12, 1 / 12), proposal_provenance="public", seed=4),
+    ],
     ids=["full", "sampled_uniform", "sampled_given"],
 )
 def test_item_tower_norms_and_clipped_sums_match_brute_force(negatives, positives_from_user):
@@ -139,10 +142,12 @@ def test_traced_step_matches_brute_force():
     def traced(batch):
         with tf.GradientTape() as tape, record_taps(layers, registry) as taps:
             loss = tf.cast(model.compute_loss(batch, training=True), tf.float32)
-        step = clipped_step(
-            taps, loss, tape, registry=registry, fallback=vectorized_layer_gradients, l2_norm_clip=1.0
-        )
-        sums = {v.name: tf.convert_to_tensor(g) for _, info in step.layers for v, g in zip(info.variables, info.clipped_sum(c))}
+        step = clipped_step(taps, loss, tape, registry=registry, fallback=vectorized_layer_gradients, l2_norm_clip=1.0)
+        sums = {
+            v.name: tf.convert_to_tensor(g)
+            for _, info in step.layers
+            for v, g in zip(info.variables, info.clipped_sum(c))
+        }
         return tf.square(step.norms), sums
 
     with model.task.frozen_randomness():

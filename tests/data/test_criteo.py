@@ -224,9 +224,7 @@ def test_parse_raw_fields_in_a_saved_model_signature(tmp_path):
     export_dir = str(tmp_path / "serving")
     tf.saved_model.save(Serving(), export_dir)
     loaded = tf.saved_model.load(export_dir)
-    out = loaded.serve(
-        tf.constant([["1", "-3"] + [""] * 11]), tf.constant([[TOKEN] + [""] * 25])
-    )
+    out = loaded.serve(tf.constant([["1", "-3"] + [""] * 11]), tf.constant([[TOKEN] + [""] * 25]))
     assert out["C1"].numpy().tolist() == [bucket(TOKEN, "C1")]
     np.testing.assert_allclose(out["I2"].numpy(), [-math.log(4)], rtol=1e-6)
 

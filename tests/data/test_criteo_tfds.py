@@ -35,12 +35,12 @@ def _by_key(features: dict, labels) -> dict:
 
 def test_download_and_prepare_from_manual_dir(manual_dir, tmp_path):
     builder = CriteoDisplayAds(data_dir=str(tmp_path / "tfds"))
-    builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=str(manual_dir))
-    )
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(manual_dir)))
     assert builder.info.name == "criteo_display_ads"
     assert {s: builder.info.splits[s].num_examples for s in ["train", "dev", "test"]} == {
-        "train": 80, "dev": 80, "test": 80,
+        "train": 80,
+        "dev": 80,
+        "test": 80,
     }
     # Same rows, labels and model features as the streaming reader (TFDS reorders rows).
     reader = criteo_dataset(str(manual_dir / "dev.tsv"), include_raw=True, batch_size=1000)
@@ -81,6 +81,4 @@ def test_bad_row_stops_preparation_with_file_and_line(tmp_path):
     (manual / "train.tsv").write_text(f"{good}\n{good}\n2\t1\n")
     builder = CriteoDisplayAds(data_dir=str(tmp_path / "tfds"))
     with pytest.raises(CriteoFormatError, match=r"train.tsv, line 3: label"):
-        builder.download_and_prepare(
-            download_config=tfds.download.DownloadConfig(manual_dir=str(manual))
-        )
+        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(manual)))

@@ -61,7 +61,7 @@ def test_lookahead_matches_the_batches_of_a_random_pipeline():
 
 def test_single_batch_and_sample_weights():
     ds = tf.data.Dataset.from_tensors((tf.constant([[3, 3]]), tf.constant([1.0]), tf.constant([0.5])))
-    (features, labels, weights, lookahead), = list(with_lookahead(ds, lambda f: {"t": f}))
+    ((features, labels, weights, lookahead),) = list(with_lookahead(ds, lambda f: {"t": f}))
     assert features.numpy().tolist() == [[3, 3]] and weights.numpy().tolist() == [0.5]
     assert lookahead["t"].shape == [0]
     assert list(with_lookahead(ds.take(0), lambda f: {"t": f})) == []

@@ -48,9 +48,7 @@ def test_contexts_are_previous_items_left_aligned_and_zero_padded():
     timeline = np.array([5, 6, 7, 8, 9], np.int32)
     windows = context_windows(timeline, np.array([1, 2, 4]), context_length=3)
     assert windows.tolist() == [[5, 0, 0], [5, 6, 0], [6, 7, 8]]
-    contexts, labels = timeline_examples(
-        [timeline, np.array([3], np.int32)], context_length=2
-    )
+    contexts, labels = timeline_examples([timeline, np.array([3], np.int32)], context_length=2)
     # Positions 1..4 of the first timeline; a one-item timeline has no example.
     assert labels.tolist() == [6, 7, 8, 9]
     assert contexts.tolist() == [[5, 0], [5, 6], [6, 7], [7, 8]]
@@ -93,21 +91,11 @@ def test_missing_and_empty_files(tmp_path):
 
 def test_load_builds_every_position_of_both_splits(tmp_path):
     rng = np.random.default_rng(0)
-    lines = [
-        f"{u}\t{rng.integers(1, 30)}\t3\t{t}"
-        for u in range(1, 11)
-        for t in range(u + 1)
-    ]
-    data = load_movielens_data(
-        _write(tmp_path, lines), context_length=4, test_fraction=0.3, split_seed=1
-    )
+    lines = [f"{u}\t{rng.integers(1, 30)}\t3\t{t}" for u in range(1, 11) for t in range(u + 1)]
+    data = load_movielens_data(_write(tmp_path, lines), context_length=4, test_fraction=0.3, split_seed=1)
     assert len(data.test_timelines) == 3 and len(data.train_timelines) == 7
-    assert data.num_train_examples == sum(
-        len(t) - 1 for t in data.train_timelines.values()
-    )
-    assert data.num_test_examples == sum(
-        len(t) - 1 for t in data.test_timelines.values()
-    )
+    assert data.num_train_examples == sum(len(t) - 1 for t in data.train_timelines.values())
+    assert data.num_test_examples == sum(len(t) - 1 for t in data.test_timelines.values())
     assert np.all(np.any(data.train_contexts != 0, axis=1))  # no empty context
     assert data.num_items == max(int(line.split("\t")[1]) for line in lines)
 

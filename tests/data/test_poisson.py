@@ -124,7 +124,10 @@ def test_streaming_reads_a_batched_source_of_uneven_chunks():
     with pytest.raises(ValueError, match="first dimension may vary"):
         streaming_poisson_batches(
             tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[[1]], [[2, 3]]])),
-            sampling_probability=0.5, num_examples=2, batches_per_pass=1, source_batched=True,
+            sampling_probability=0.5,
+            num_examples=2,
+            batches_per_pass=1,
+            source_batched=True,
         )
 
 
@@ -139,6 +142,7 @@ def test_seeds_are_reproducible_and_epochs_differ():
     epoch_1 = [b.numpy().tolist() for b in batches]
     epoch_2 = [b.numpy().tolist() for b in batches]
     assert epoch_1 == first_epoch(7) and epoch_2 != epoch_1  # fresh batches every epoch
+
     def stream():
         batches, _ = streaming_poisson_batches(
             _ids(), sampling_probability=0.1, num_examples=N, batches_per_pass=5, seed=7
@@ -220,7 +224,9 @@ def test_empty_dataset_and_bad_arguments():
     with pytest.raises(ValueError, match="fully defined shapes"):
         streaming_poisson_batches(
             tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3]])),
-            sampling_probability=0.5, num_examples=2, batches_per_pass=1,
+            sampling_probability=0.5,
+            num_examples=2,
+            batches_per_pass=1,
         )
     # The stream must hold exactly `num_examples`: checked while reading.
     batches, _ = streaming_poisson_batches(

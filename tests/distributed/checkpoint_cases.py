@@ -81,9 +81,7 @@ def _build(name: str):
             optimizer=keras.optimizers.legacy.SGD(0.5, momentum=0.9),
             loss=keras.losses.BinaryCrossentropy(from_logits=True),
         )
-    budget = PrivacyBudget(
-        mechanism, sampling_probability=Q, target_epsilon=50.0, target_delta=1e-5, accountant="rdp"
-    )
+    budget = PrivacyBudget(mechanism, sampling_probability=Q, target_epsilon=50.0, target_delta=1e-5, accountant="rdp")
     # Built from fixed batches, not from the seeded sampler (see checkpoint_worker.build).
     dp.prepare(tf.data.Dataset.from_tensor_slices((ids[:8], labels[:8])).batch(4))
     return dp, batches, budget, info
@@ -129,8 +127,13 @@ def case(name: str) -> dict:
     directory = tempfile.mkdtemp(prefix=f"ckpt_mirrored_{name}_")
     dp, batches, budget, info = _build(name)
     checkpoint = DPCheckpoint(
-        directory, dp_model=dp, budget=budget, every_n_steps=EVERY, save_at_train_end=False,
-        batches_per_epoch=info.batches_per_epoch, sampler_seed=SAMPLER_SEED,
+        directory,
+        dp_model=dp,
+        budget=budget,
+        every_n_steps=EVERY,
+        save_at_train_end=False,
+        batches_per_epoch=info.batches_per_epoch,
+        sampler_seed=SAMPLER_SEED,
     )
     dp.fit(batches, epochs=EPOCHS, callbacks=[checkpoint, budget, _StopAfter(STOP_AFTER)], verbose=0)
     stopped_steps = int(dp.mechanism.steps.numpy())
@@ -138,8 +141,12 @@ def case(name: str) -> dict:
     dp, batches, budget, info = _build(name)  # fresh objects, same strategy
     initial = [w.numpy() for w in dp.inner.weights]
     checkpoint = DPCheckpoint(
-        directory, dp_model=dp, budget=budget, every_n_steps=EVERY,
-        batches_per_epoch=info.batches_per_epoch, sampler_seed=SAMPLER_SEED,
+        directory,
+        dp_model=dp,
+        budget=budget,
+        every_n_steps=EVERY,
+        batches_per_epoch=info.batches_per_epoch,
+        sampler_seed=SAMPLER_SEED,
     )
     resumed = checkpoint.restore_or_initialize()
     position = resumed.position
@@ -157,7 +164,9 @@ def case(name: str) -> dict:
     rest = rest_of_epoch(batches, position)
     dp.fit(rest, epochs=position.epoch + 1, initial_epoch=position.epoch, callbacks=[budget, checkpoint], verbose=0)
     if position.next_full_epoch < EPOCHS:
-        dp.fit(batches, epochs=EPOCHS, initial_epoch=position.next_full_epoch, callbacks=[budget, checkpoint], verbose=0)
+        dp.fit(
+            batches, epochs=EPOCHS, initial_epoch=position.next_full_epoch, callbacks=[budget, checkpoint], verbose=0
+        )
     return {"full": full, "resumed": _state(dp, budget), "restored": restored, "stopped_steps": stopped_steps}
 
 

@@ -68,7 +68,9 @@ class CpuEngine:
                 activations[name] = rows
             else:
                 w = self._occurrence_weights(name, ids, weights)
-                activations[name] = rows * w[..., None] if ids.shape.rank == 1 else tf.reduce_sum(rows * w[..., None], 1)
+                activations[name] = (
+                    rows * w[..., None] if ids.shape.rank == 1 else tf.reduce_sum(rows * w[..., None], 1)
+                )
         return activations, partitioned
 
     def apply_gradients(self, gradients, preserved):

@@ -82,32 +82,51 @@ def _replica_spread(dp) -> float:
 
 def case_exact() -> dict:
     """Zero noise, huge clip on 2 replicas vs one-device non-private SGD on the global batch."""
-    return _exact({
-        "none": NonPrivate(),
-        "eana": EANA(l2_norm_clip=1e6, noise_multiplier=0.0, seed=1),
-        # threshold 0 with a tiny map noise keeps every touched row (and about half of the
-        # untouched ones, which get a zero gradient): the update equals plain SGD.
-        "adafest": DPAdaFEST(
-            l2_norm_clip=1e6, noise_multiplier=0.0, contribution_clip=1.0,
-            contribution_noise_multiplier=1e-3, threshold=0.0, seed=1,
-        ),
-    })
+    return _exact(
+        {
+            "none": NonPrivate(),
+            "eana": EANA(l2_norm_clip=1e6, noise_multiplier=0.0, seed=1),
+            # threshold 0 with a tiny map noise keeps every touched row (and about half of the
+            # untouched ones, which get a zero gradient): the update equals plain SGD.
+            "adafest": DPAdaFEST(
+                l2_norm_clip=1e6,
+                noise_multiplier=0.0,
+                contribution_clip=1.0,
+                contribution_noise_multiplier=1e-3,
+                threshold=0.0,
+                seed=1,
+            ),
+        }
+    )
 
 
 def case_exact_more() -> dict:
     """As `exact` for DP-FEST and DP-AdaFEST+ with every row selected."""
     import dp_accounting
 
-    return _exact({
-        "dense": DenseDPSGD(l2_norm_clip=1e6, noise_multiplier=0.0, seed=1),
-        "fest": DPFEST(l2_norm_clip=1e6, noise_multiplier=0.0, selection_epsilon=1.0, top_k=VOCAB,
-                       counts={"table": np.arange(VOCAB)}, seed=1),
-        "adafest+": DPAdaFESTPlus(
-            selected_rows={"table": range(VOCAB)}, selection_event=dp_accounting.NoOpDpEvent(),
-            l2_norm_clip=1e6, noise_multiplier=0.0, contribution_clip=1.0,
-            contribution_noise_multiplier=1e-3, threshold=0.0, seed=1,
-        ),
-    })
+    return _exact(
+        {
+            "dense": DenseDPSGD(l2_norm_clip=1e6, noise_multiplier=0.0, seed=1),
+            "fest": DPFEST(
+                l2_norm_clip=1e6,
+                noise_multiplier=0.0,
+                selection_epsilon=1.0,
+                top_k=VOCAB,
+                counts={"table": np.arange(VOCAB)},
+                seed=1,
+            ),
+            "adafest+": DPAdaFESTPlus(
+                selected_rows={"table": range(VOCAB)},
+                selection_event=dp_accounting.NoOpDpEvent(),
+                l2_norm_clip=1e6,
+                noise_multiplier=0.0,
+                contribution_clip=1.0,
+                contribution_noise_multiplier=1e-3,
+                threshold=0.0,
+                seed=1,
+            ),
+        }
+    )
 
 
 def _exact(mechanisms: dict) -> dict:
@@ -141,8 +160,12 @@ def case_uneven() -> dict:
 
     def mechanism():
         return DPAdaFEST(
-            l2_norm_clip=0.05, noise_multiplier=0.0, contribution_clip=0.5,
-            contribution_noise_multiplier=1e-3, threshold=0.3, seed=1,
+            l2_norm_clip=0.05,
+            noise_multiplier=0.0,
+            contribution_clip=0.5,
+            contribution_noise_multiplier=1e-3,
+            threshold=0.3,
+            seed=1,
         )
 
     one_mechanism, two_mechanism = mechanism(), mechanism()
@@ -192,8 +215,10 @@ def _noise_case(mechanism, steps=40, dim=16, lr=1.0) -> dict:
     dp = _train(mechanism, _strategy(), _zero_gradient_data(steps), dim=dim, lr=lr, callbacks=[snapshots])
     table = np.stack([s[0] for s in snapshots.weights])  # [steps, vocab, dim]
     deltas = np.diff(table, axis=0) * BATCH / lr  # = -noise per step
-    other = [np.diff(np.stack([s[i] for s in snapshots.weights]), axis=0) * BATCH / lr
-             for i in range(1, len(snapshots.weights[0]))]
+    other = [
+        np.diff(np.stack([s[i] for s in snapshots.weights]), axis=0) * BATCH / lr
+        for i in range(1, len(snapshots.weights[0]))
+    ]
     rows_replica0, rows_replica1 = [0, 1, 2, 3], [10, 11, 12, 13]
     untouched = [r for r in range(VOCAB) if r not in rows_replica0 + rows_replica1]
     return {
@@ -227,8 +252,11 @@ def case_unsupported() -> dict:
         else:
             lazy = "no error"
         try:
-            DPModel(model, mechanism=DPFEST(l2_norm_clip=1.0, noise_multiplier=1.0, selection_epsilon=1.0, top_k=4),
-                    expected_batch_size=BATCH)
+            DPModel(
+                model,
+                mechanism=DPFEST(l2_norm_clip=1.0, noise_multiplier=1.0, selection_epsilon=1.0, top_k=4),
+                expected_batch_size=BATCH,
+            )
             fest = "accepted"
         except Exception as error:  # noqa: BLE001 - reported to the test
             fest = f"{type(error).__name__}: {error}"
@@ -309,9 +337,15 @@ def case_tpu_step() -> dict:
             hidden.set_weights(reference.layers[2].get_weights())
             out.set_weights(reference.layers[3].get_weights())
             step = distribute.TpuDPStep(
-                engine, model=tower, features=[distribute.TpuFeature("f", "table", "mean")],
-                mechanism=mechanism, loss=BCE, optimizer=keras.optimizers.legacy.SGD(0.5),
-                expected_batch_size=BATCH, table_sizes={"table": (VOCAB, 4)}, max_noise_rows=24,
+                engine,
+                model=tower,
+                features=[distribute.TpuFeature("f", "table", "mean")],
+                mechanism=mechanism,
+                loss=BCE,
+                optimizer=keras.optimizers.legacy.SGD(0.5),
+                expected_batch_size=BATCH,
+                table_sizes={"table": (VOCAB, 4)},
+                max_noise_rows=24,
             )
         return engine, step, table
 
@@ -320,13 +354,11 @@ def case_tpu_step() -> dict:
     strategy = _strategy()
     two_engine, two_step, _ = build(strategy)
     halves = strategy.experimental_distribute_values_from_function(
-        lambda ctx: (ids[ctx.replica_id_in_sync_group * 4:][:4], y[ctx.replica_id_in_sync_group * 4:][:4])
+        lambda ctx: (ids[ctx.replica_id_in_sync_group * 4 :][:4], y[ctx.replica_id_in_sync_group * 4 :][:4])
     )
     strategy.run(lambda part: two_step({"f": part[0]}, part[1]), args=(halves,))
 
-    owned = [
-        sorted(int(r) for r, w in zip(call[0], call[1]) if w == 1) for call in two_engine.applied(noise)
-    ]
+    owned = [sorted(int(r) for r, w in zip(call[0], call[1]) if w == 1) for call in two_engine.applied(noise)]
     one = [one_engine.embedding_tables["table"].numpy()] + one_step.model.get_weights()
     two = [two_engine.embedding_tables["table"].numpy()] + two_step.model.get_weights()
     spread = 0.0

@@ -59,14 +59,21 @@ def main():
     # Noise from OS entropy (seed=None); DP-FEST also selects its rows in init with the
     # (synchronised) generator.
     noisy, noisy_steps = _train(
-        DPFEST(l2_norm_clip=1.0, noise_multiplier=1.0, selection_epsilon=1.0, top_k=8,
-               counts={"table": np.arange(VOCAB)}),
+        DPFEST(
+            l2_norm_clip=1.0, noise_multiplier=1.0, selection_epsilon=1.0, top_k=8, counts={"table": np.arange(VOCAB)}
+        ),
         STRATEGY,
     )
     # A DP-AdaFEST+ selection drawn with OS entropy on each worker differs: refused at prepare.
     plus = DPAdaFESTPlus.from_counts(
-        {"table": np.arange(VOCAB)}, top_k={"table": 8}, selection_epsilon=0.5, l2_norm_clip=1.0,
-        noise_multiplier=1.0, contribution_clip=1.0, contribution_noise_multiplier=1.0, threshold=3.0,
+        {"table": np.arange(VOCAB)},
+        top_k={"table": 8},
+        selection_epsilon=0.5,
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=1.0,
+        threshold=3.0,
     )
     try:
         _train(plus, STRATEGY)

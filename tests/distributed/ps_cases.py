@@ -165,11 +165,16 @@ def case_mechanisms(strategy) -> dict:
     adafest = {"contribution_clip": 1.0, "contribution_noise_multiplier": 1.0, "threshold": 0.5}
     mechanisms = {
         "dense": DenseDPSGD(**common),
-        "fest": DPFEST(**common, selection_epsilon=1.0, top_k=10,
-                       counts={"table_a": np.arange(VOCAB), "table_b": np.arange(VOCAB)}),
+        "fest": DPFEST(
+            **common, selection_epsilon=1.0, top_k=10, counts={"table_a": np.arange(VOCAB), "table_b": np.arange(VOCAB)}
+        ),
         "adafest": DPAdaFEST(**common, **adafest),
-        "adafest+": DPAdaFESTPlus(**common, **adafest, selected_rows={"table_a": range(0, 50, 2), "table_b": range(10)},
-                                  selection_event=dp_accounting.NoOpDpEvent()),
+        "adafest+": DPAdaFESTPlus(
+            **common,
+            **adafest,
+            selected_rows={"table_a": range(0, 50, 2), "table_b": range(10)},
+            selection_event=dp_accounting.NoOpDpEvent(),
+        ),
     }
     out = {}
     for name, mechanism in mechanisms.items():
@@ -196,7 +201,9 @@ def case_sharded_refused(strategy) -> dict:
     del strategy
     sharded = tf.distribute.experimental.ParameterServerStrategy(
         _RESOLVER[0],
-        variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=256, max_shards=2),
+        variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
+            min_shard_bytes=256, max_shards=2
+        ),
     )
     with sharded.scope():
         keras.utils.set_random_seed(3)

@@ -9,7 +9,9 @@ import pytest
 
 @pytest.fixture(scope="module")
 def results(script_runner):
-    return script_runner("mirrored_cases.py", "exact", "uneven", "noise_eana", "unsupported", "tpu_noise_feature", "tpu_step")
+    return script_runner(
+        "mirrored_cases.py", "exact", "uneven", "noise_eana", "unsupported", "tpu_noise_feature", "tpu_step"
+    )
 
 
 @pytest.fixture(scope="module")

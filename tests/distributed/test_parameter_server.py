@@ -49,7 +49,9 @@ def test_lazy_under_ps_equals_dense_dp_sgd_after_flush(one_worker):
 def test_lazy_with_two_workers_and_sharded_tables_are_refused(script_runner):
     rows = script_runner("ps_cases.py", "--workers", "2", "--ps", "2", "lazy_refused", "sharded_refused")
     lazy = rows["lazy_refused"]["error"]
-    assert lazy.startswith("DistributionNotSupportedError: Mechanism 'lazy' supports ParameterServerStrategy with exactly one worker")
+    assert lazy.startswith(
+        "DistributionNotSupportedError: Mechanism 'lazy' supports ParameterServerStrategy with exactly one worker"
+    )
     sharded = rows["sharded_refused"]["error"]
     assert sharded.startswith("DistributionNotSupportedError: DPEmbedding 'table_a' is split into 2 shards")
 

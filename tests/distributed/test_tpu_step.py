@@ -140,8 +140,12 @@ def _fest(seed=5, k=10):
 
 def _adafest(seed=6):
     return DPAdaFEST(
-        l2_norm_clip=0.05, noise_multiplier=1.5, contribution_clip=1.0,
-        contribution_noise_multiplier=0.5, threshold=0.6, seed=seed,
+        l2_norm_clip=0.05,
+        noise_multiplier=1.5,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=0.5,
+        threshold=0.6,
+        seed=seed,
     )
 
 
@@ -149,9 +153,14 @@ def _adafest_plus(seed=6):
     import dp_accounting
 
     return DPAdaFESTPlus(
-        selected_rows={"table": range(0, VOCAB, 2)}, selection_event=dp_accounting.NoOpDpEvent(),
-        l2_norm_clip=0.05, noise_multiplier=1.5, contribution_clip=1.0,
-        contribution_noise_multiplier=0.5, threshold=0.6, seed=seed,
+        selected_rows={"table": range(0, VOCAB, 2)},
+        selection_event=dp_accounting.NoOpDpEvent(),
+        l2_norm_clip=0.05,
+        noise_multiplier=1.5,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=0.5,
+        threshold=0.6,
+        seed=seed,
     )
 
 
@@ -165,7 +174,7 @@ def test_fest_and_adafest_on_sequence_features_equal_dp_model_and_freeze_dropped
     _assert_weights_equal(_tpu_weights(engine, step), want)
     # The noise feature lists exactly the rows the mechanism changed; every other row,
     # touched or not, is bit-for-bit unchanged (masked per id, never cancelled).
-    (noise_ids, noise_weights, _), = engine.applied(distribute.noise_feature_name("table"))
+    ((noise_ids, noise_weights, _),) = engine.applied(distribute.noise_feature_name("table"))
     noised = sorted(int(r) for r, w in zip(noise_ids, noise_weights) if w == 1)
     after = engine.embedding_tables["table"].numpy()
     changed = sorted(np.flatnonzero(np.any(after != before, axis=1)).tolist())
@@ -187,7 +196,11 @@ def test_fest_and_adafest_on_sequence_features_equal_dp_model_and_freeze_dropped
 def test_eana_noise_feature_is_the_union_of_touched_rows_with_std_sigma_c_over_b():
     vocab, dim, steps, sigma, clip, batch = 400, 8, 5, 2.0, 0.5, 4 * BATCH
     engine, step, before = _tpu_setup(
-        EANA(l2_norm_clip=clip, noise_multiplier=sigma, seed=9), "mean", max_noise_rows=64, vocab=vocab, dim=dim,
+        EANA(l2_norm_clip=clip, noise_multiplier=sigma, seed=9),
+        "mean",
+        max_noise_rows=64,
+        vocab=vocab,
+        dim=dim,
         expected_batch_size=batch,
     )
     ids_seen, noise = set(), []
@@ -195,7 +208,7 @@ def test_eana_noise_feature_is_the_union_of_touched_rows_with_std_sigma_c_over_b
         ids, y = _data(10 + s, batch=batch, vocab=vocab)
         ids_seen |= set(ids.ravel().tolist())
         step({"f": ids}, y)
-        (noise_ids, noise_weights, grads), = engine.applied(distribute.noise_feature_name("table"))[-1:]
+        ((noise_ids, noise_weights, grads),) = engine.applied(distribute.noise_feature_name("table"))[-1:]
         owned = noise_weights == 1
         assert sorted(noise_ids[owned].tolist()) == sorted(set(ids.ravel().tolist()))  # the union, once each
         assert np.all(grads[~owned] == 0) and np.all(noise_ids[~owned] == 0)
@@ -218,9 +231,9 @@ def test_every_engine_call_has_the_interface_shapes():
     kinds = [(c[0], c[1]) for c in engine.calls]
     noise = distribute.noise_feature_name("table")
     assert kinds == [("enqueue", "f"), ("enqueue", noise), ("apply_gradients", "f"), ("apply_gradients", noise)]
-    (f_ids, f_weights, f_grads), = engine.applied("f")
+    ((f_ids, f_weights, f_grads),) = engine.applied("f")
     assert f_ids.shape == (BATCH, IDS) and f_weights is None and f_grads.shape == (BATCH, DIM)
-    (n_ids, n_weights, n_grads), = engine.applied(noise)
+    ((n_ids, n_weights, n_grads),) = engine.applied(noise)
     assert n_ids.shape == (32,) and n_weights.shape == (32,) and n_grads.shape == (32, DIM)
     assert int(logs["noise_rows"]["table"]) == len(set(ids.ravel().tolist()))
 
@@ -238,7 +251,9 @@ def test_mechanisms_the_engine_cannot_run_are_refused_with_the_reason():
 def test_bad_input_is_refused_with_clear_errors():
     ids, y = _data()
     engine, step, _ = _tpu_setup(EANA(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0), "mean", max_noise_rows=4)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="more noise-feature rows on this replica than max_noise_rows=4"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match="more noise-feature rows on this replica than max_noise_rows=4"
+    ):
         step({"f": ids}, y)
     with pytest.raises(ValueError, match="lacks \\['f'\\]"):
         step({"g": ids}, y)
@@ -247,15 +262,22 @@ def test_bad_input_is_refused_with_clear_errors():
     reference = _reference("mean")
     tower = _tower(reference, "mean")
     common = {
-        "model": tower, "mechanism": EANA(l2_norm_clip=1.0, noise_multiplier=1.0), "loss": BCE,
-        "optimizer": keras.optimizers.legacy.SGD(LR), "expected_batch_size": BATCH, "max_noise_rows": 8,
+        "model": tower,
+        "mechanism": EANA(l2_norm_clip=1.0, noise_multiplier=1.0),
+        "loss": BCE,
+        "optimizer": keras.optimizers.legacy.SGD(LR),
+        "expected_batch_size": BATCH,
+        "max_noise_rows": 8,
         "table_sizes": {"table": (VOCAB, DIM)},
     }
     with pytest.raises(ValueError, match="reads table 'nope', which `table_sizes` does not have"):
         distribute.TpuDPStep(engine, features=[distribute.TpuFeature("f", "nope")], **common)
     with pytest.raises(ValueError, match="different combiners"):
-        distribute.TpuDPStep(engine, features=[distribute.TpuFeature("f", "table", "mean"),
-                                               distribute.TpuFeature("g", "table", "sum")], **common)
+        distribute.TpuDPStep(
+            engine,
+            features=[distribute.TpuFeature("f", "table", "mean"), distribute.TpuFeature("g", "table", "sum")],
+            **common,
+        )
     with pytest.raises(ValueError, match="`max_noise_rows` for table 'table' must be an int > 0"):
         distribute.TpuDPStep(engine, features=[distribute.TpuFeature("f", "table")], **{**common, "max_noise_rows": 0})
     with pytest.raises(ValueError, match=r"`table_sizes\['table'\]` must be \(vocabulary_size, dim\)"):

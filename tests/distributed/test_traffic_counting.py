@@ -49,9 +49,14 @@ def test_socket_bytes_sees_a_real_loopback_transfer_from_a_child_process():
     server.listen()
     port = server.getsockname()[1]
     child = subprocess.Popen(
-        [sys.executable, "-c",
-         (f"import socket, time; s = socket.create_connection(('127.0.0.1', {port})); "
-         "s.sendall(b'x' * 123456); time.sleep(30)")]
+        [
+            sys.executable,
+            "-c",
+            (
+                f"import socket, time; s = socket.create_connection(('127.0.0.1', {port})); "
+                "s.sendall(b'x' * 123456); time.sleep(30)"
+            ),
+        ]
     )
     try:
         connection, _ = server.accept()

@@ -40,9 +40,7 @@ def test_combiners_dense_ragged_sparse(combiner, reduce):
     ragged = tf.ragged.constant(rows)
     np.testing.assert_allclose(layer(ragged), expected, rtol=1e-6)
     np.testing.assert_allclose(layer(ragged.to_sparse()), expected, rtol=1e-6)
-    np.testing.assert_allclose(
-        layer(tf.constant([[1, 2, 2]])), expected[:1], rtol=1e-6
-    )
+    np.testing.assert_allclose(layer(tf.constant([[1, 2, 2]])), expected[:1], rtol=1e-6)
 
 
 def test_ragged_without_combiner_is_rejected():
@@ -153,7 +151,11 @@ def test_read_hook_gather_supplies_the_rows(ragged, combiner):
     layer.set_read_hook(hook)
     got = layer(ids).numpy()
     assert [c[0] for c in calls] == ["gather"]
-    count = 1.0 if combiner is None else np.asarray(ids.row_lengths() if isinstance(ids, tf.RaggedTensor) else [2, 2])[:, None]
+    count = (
+        1.0
+        if combiner is None
+        else np.asarray(ids.row_lengths() if isinstance(ids, tf.RaggedTensor) else [2, 2])[:, None]
+    )
     np.testing.assert_allclose(got, want + count, rtol=1e-6)
     hook.gather = lambda flat: None  # declines: the hook runs, the layer gathers
     calls.clear()
@@ -162,10 +164,7 @@ def test_read_hook_gather_supplies_the_rows(ragged, combiner):
 
 
 def test_keras3_in_process_is_refused_with_a_clear_message():
-    code = (
-        "import os; os.environ['TF_USE_LEGACY_KERAS']='0'\n"
-        "import tfdp_embed\n"
-    )
+    code = "import os; os.environ['TF_USE_LEGACY_KERAS']='0'\nimport tfdp_embed\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "needs Keras 2" in result.stderr
@@ -174,8 +173,6 @@ def test_keras3_in_process_is_refused_with_a_clear_message():
 def test_keras3_already_loaded_is_refused_with_a_clear_message():
     code = "import tensorflow as tf\ntf.keras.layers.Dense\nimport tfdp_embed\n"
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
-    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode != 0
     assert "already Keras 3" in result.stderr

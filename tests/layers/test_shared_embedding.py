@@ -59,9 +59,7 @@ def test_padding_reads_zeros_and_gets_no_lookup_gradient():
 def test_padding_row_still_scores_in_logits_mode():
     layer = _layer(padding_id=0)
     logits = layer(tf.ones([1, 3]), mode="logits").numpy()
-    np.testing.assert_allclose(
-        logits[0, 0], layer.embeddings.numpy()[0].sum(), rtol=1e-6
-    )
+    np.testing.assert_allclose(logits[0, 0], layer.embeddings.numpy()[0].sum(), rtol=1e-6)
 
 
 def test_read_hook_sees_looked_up_ids_and_every_row_for_logits():

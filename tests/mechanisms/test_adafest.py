@@ -70,9 +70,7 @@ def make_mechanism(tables, dense_variables=(), **kwargs):
     )
     args.update(kwargs)
     mechanism = DPAdaFEST(**args)
-    mechanism.init(
-        tables=[t.layer for t in tables], dense_variables=list(dense_variables), optimizer=None
-    )
+    mechanism.init(tables=[t.layer for t in tables], dense_variables=list(dense_variables), optimizer=None)
     return mechanism
 
 
@@ -94,9 +92,7 @@ def test_zero_noise_huge_clip_reproduces_sgd_sum():
     table = make_table(100, 3, [[1, 5, 5], [5, 7], [99]])
     dense_var = tf.Variable(tf.zeros([2, 2]))
     dense_grad = tf.constant([[1.0, 2.0], [3.0, 4.0]])
-    mechanism = make_mechanism(
-        [table], [dense_var], l2_norm_clip=1e6, contribution_clip=1e3, threshold=0.5
-    )
+    mechanism = make_mechanism([table], [dense_var], l2_norm_clip=1e6, contribution_clip=1e3, threshold=0.5)
     assert mechanism.noise_survival_probability == 0.0
     out = mechanism.update(make_step([table], 3, 4.0, dense=[(dense_var, dense_grad)]))
     (dense_out, var), (slices, _) = out
@@ -196,10 +192,13 @@ def test_gradient_noise_std_on_touched_and_noise_only_survivors():
     # touched rows (count 1) survive w.p. P(N(0,1) >= 1.3) ~ 0.097; untouched
     # rows w.p. P(N(0,1) >= 2.3) ~ 0.0107, i.e. ~1030 rows.
     mechanism = make_mechanism(
-        [table], l2_norm_clip=0.5, noise_multiplier=2.0, contribution_noise_multiplier=1.0,
+        [table],
+        l2_norm_clip=0.5,
+        noise_multiplier=2.0,
+        contribution_noise_multiplier=1.0,
         threshold=2.3,
     )
-    (slices, _), = mechanism.update(make_step([table], len(ids)))
+    ((slices, _),) = mechanism.update(make_step([table], len(ids)))
     got = as_dict(slices)
     grads = dict(zip(range(4000), table.gradient.values.numpy()))
     touched_noise = np.array([got[r] - grads[r] for r in got if r < 4000]).ravel()
@@ -218,16 +217,14 @@ def test_noise_only_survivor_count_is_binomial():
     table = make_table(vocab, 1, [[r] for r in touched])
     scale = 2.0  # sigma1 C1 = 1.0 * 2.0
     tau = 3.0 * scale  # p = P(Z >= 3) = 0.0013499
-    mechanism = make_mechanism(
-        [table], contribution_clip=2.0, contribution_noise_multiplier=1.0, threshold=tau
-    )
+    mechanism = make_mechanism([table], contribution_clip=2.0, contribution_noise_multiplier=1.0, threshold=tau)
     p = mechanism.noise_survival_probability
     assert p == pytest.approx(stats.norm.sf(3.0), rel=1e-12)
     steps = 5
     touched_set = set(touched)
     total = 0
     for _ in range(steps):
-        (slices, _), = mechanism.update(make_step([table], len(touched_set)))
+        ((slices, _),) = mechanism.update(make_step([table], len(touched_set)))
         total += sum(1 for r in slices.indices.numpy() if r not in touched_set)
     n = steps * (vocab - len(touched_set))  # Bernoulli trials on untouched rows
     mean, sd = n * p, math.sqrt(n * p * (1 - p))  # ~6733 +- 82
@@ -239,12 +236,10 @@ def test_noise_only_positions_are_uniform_distinct_and_untouched():
     vocab = 50_000
     touched = set(range(0, vocab, 10))  # every tenth row touched
     table = make_table(vocab, 1, [[r] for r in sorted(touched)])
-    mechanism = make_mechanism(
-        [table], contribution_noise_multiplier=1.0, threshold=threshold_for(0.02, 1.0)
-    )
+    mechanism = make_mechanism([table], contribution_noise_multiplier=1.0, threshold=threshold_for(0.02, 1.0))
     positions = []
     for _ in range(10):
-        (slices, _), = mechanism.update(make_step([table], len(touched)))
+        ((slices, _),) = mechanism.update(make_step([table], len(touched)))
         rows = slices.indices.numpy()
         assert len(np.unique(rows)) == len(rows)
         extra = rows[~np.isin(rows, sorted(touched))]
@@ -281,13 +276,15 @@ def test_per_step_work_does_not_scale_with_vocabulary(vocab):
     table = make_table(vocab, 16, [[3, 10**6], [5]])
     p = 800.0 / vocab
     mechanism = make_mechanism(
-        [table], noise_multiplier=1.0, contribution_noise_multiplier=1.0,
+        [table],
+        noise_multiplier=1.0,
+        contribution_noise_multiplier=1.0,
         threshold=threshold_for(p, 1.0),
     )
     assert mechanism.noise_survival_probability == pytest.approx(p, rel=1e-6)
     mechanism.update(make_step([table], 2))  # warm up
     start = time.perf_counter()
-    (slices, _), = mechanism.update(make_step([table], 2))
+    ((slices, _),) = mechanism.update(make_step([table], 2))
     elapsed = time.perf_counter() - start
     n = slices.indices.shape[0]
     assert abs(n - 800) < 6 * math.sqrt(800) + 3
@@ -327,7 +324,7 @@ def test_threshold_drops_rows_with_few_contributors():
     # Row 4 is touched by one example (count 1), row 6 by two (count 2).
     table = make_table(10, 2, [[4, 6], [6]])
     mechanism = make_mechanism([table], contribution_clip=5.0, threshold=1.5)
-    (slices, _), = mechanism.update(make_step([table], 2))
+    ((slices, _),) = mechanism.update(make_step([table], 2))
     assert slices.indices.numpy().tolist() == [6]
     np.testing.assert_allclose(slices.values.numpy()[0], table.gradient.values.numpy()[1])
 
@@ -361,8 +358,12 @@ def test_split_noise_multiplier_rejects_bad_values(kwargs, match):
 def test_step_event_is_one_poisson_gaussian_with_composed_sigma():
     s1, s2 = split_noise_multiplier(1.1, ratio=2.0)
     mechanism = DPAdaFEST(
-        l2_norm_clip=1.0, noise_multiplier=s2, contribution_clip=1.0,
-        contribution_noise_multiplier=s1, threshold=5.0, seed=0,
+        l2_norm_clip=1.0,
+        noise_multiplier=s2,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=s1,
+        threshold=5.0,
+        seed=0,
     )
     event = mechanism.step_event(0.01)
     assert isinstance(event, dp_accounting.PoissonSampledDpEvent)
@@ -396,8 +397,11 @@ def test_step_event_is_one_poisson_gaussian_with_composed_sigma():
 )
 def test_bad_hyperparameters_raise_clear_errors(override, match):
     args = dict(
-        l2_norm_clip=1.0, noise_multiplier=1.0, contribution_clip=1.0,
-        contribution_noise_multiplier=1.0, threshold=3.0,
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=1.0,
+        threshold=3.0,
     )
     args.update(override)
     with pytest.raises(ValueError, match=match) as info:
@@ -415,15 +419,22 @@ def test_privacy_arguments_are_keyword_only_and_required():
 def test_low_threshold_warns_that_gradient_is_dense():
     with pytest.warns(UserWarning, match="threshold"):
         DPAdaFEST(
-            l2_norm_clip=1.0, noise_multiplier=1.0, contribution_clip=1.0,
-            contribution_noise_multiplier=1.0, threshold=0.0,
+            l2_norm_clip=1.0,
+            noise_multiplier=1.0,
+            contribution_clip=1.0,
+            contribution_noise_multiplier=1.0,
+            threshold=0.0,
         )
 
 
 def test_update_before_init_raises():
     mechanism = DPAdaFEST(
-        l2_norm_clip=1.0, noise_multiplier=1.0, contribution_clip=1.0,
-        contribution_noise_multiplier=1.0, threshold=3.0, seed=0,
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=1.0,
+        threshold=3.0,
+        seed=0,
     )
     with pytest.raises(RuntimeError, match="init"):
         mechanism.update(make_step([], 1))

@@ -58,7 +58,7 @@ def make_mechanism(tables, selected, **kwargs):
 def test_zero_noise_updates_exactly_the_selected_touched_rows():
     table = make_table(100, 3, [[1, 5, 5], [5, 7], [99]], "t")
     mechanism = make_mechanism([table], {"t": [5, 7, 50]}, l2_norm_clip=1e6)
-    (slices, _), = mechanism.update(make_step([table], 3, 2.0))
+    ((slices, _),) = mechanism.update(make_step([table], 3, 2.0))
     got = dict(zip(slices.indices.numpy().tolist(), slices.values.numpy()))
     assert sorted(got) == [5, 7]  # 1 and 99 are touched but not selected; 50 untouched
     grads = dict(zip([1, 5, 7, 99], table.gradient.values.numpy()))
@@ -72,15 +72,19 @@ def test_selecting_everything_equals_adafest():
 
     table = make_table(1000, 4, [[r, r + 1] for r in range(0, 600, 3)], "t")
     kwargs = dict(
-        l2_norm_clip=1.0, noise_multiplier=1.0, contribution_clip=1.0,
-        contribution_noise_multiplier=1.0, threshold=2.0, seed=5,
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=1.0,
+        threshold=2.0,
+        seed=5,
     )
     plus = DPAdaFESTPlus(selected_rows={"t": range(1000)}, selection_event=SELECTION_EVENT, **kwargs)
     plain = DPAdaFEST(**kwargs)
     for m in (plus, plain):
         m.init(tables=[table.layer], dense_variables=[], optimizer=None)
-    (a, _), = plus.update(make_step([table], 200))
-    (b, _), = plain.update(make_step([table], 200))
+    ((a, _),) = plus.update(make_step([table], 200))
+    ((b, _),) = plain.update(make_step([table], 200))
     # Same seed and same draws in the same order: identical outputs.
     np.testing.assert_array_equal(a.indices.numpy(), b.indices.numpy())
     np.testing.assert_allclose(a.values.numpy(), b.values.numpy())
@@ -93,13 +97,13 @@ def test_contribution_clipping_counts_only_selected_rows():
     table = make_table(1000, 2, [list(range(100)), [0]], "t")
     selected = {"t": [0, 10, 20, 30]}
     mechanism = make_mechanism([table], selected, threshold=0.45)
-    (slices, _), = mechanism.update(make_step([table], 2))
+    ((slices, _),) = mechanism.update(make_step([table], 2))
     assert sorted(slices.indices.numpy().tolist()) == [0, 10, 20, 30]
     mechanism = make_mechanism([table], selected, threshold=0.55)
-    (slices, _), = mechanism.update(make_step([table], 2))
+    ((slices, _),) = mechanism.update(make_step([table], 2))
     assert slices.indices.numpy().tolist() == [0]
     mechanism = make_mechanism([table], selected, threshold=1.45)
-    (slices, _), = mechanism.update(make_step([table], 2))
+    ((slices, _),) = mechanism.update(make_step([table], 2))
     assert slices.indices.numpy().tolist() == [0]
 
 
@@ -111,14 +115,17 @@ def test_noise_survivors_only_among_selected_rows_binomial_and_uniform():
     table = make_table(vocab, 2, [[r] for r in touched], "t")
     p = 0.01
     mechanism = make_mechanism(
-        [table], {"t": selected}, noise_multiplier=1.0, contribution_noise_multiplier=1.0,
+        [table],
+        {"t": selected},
+        noise_multiplier=1.0,
+        contribution_noise_multiplier=1.0,
         threshold=float(stats.norm.isf(p)),
     )
     touched_set = set(touched)
     untouched_selected = np.setdiff1d(selected, touched)
     extras = []
     for _ in range(5):
-        (slices, _), = mechanism.update(make_step([table], len(touched)))
+        ((slices, _),) = mechanism.update(make_step([table], len(touched)))
         rows = slices.indices.numpy()
         assert np.isin(rows, selected).all()  # nothing outside the selection
         extras.append([r for r in rows if r not in touched_set])
@@ -139,10 +146,12 @@ def test_huge_vocabulary_costs_only_the_selection():
     selected = np.arange(0, 10**12, 10**7)  # 100,000 selected rows
     table = make_table(vocab, 8, [[0, 10**7], [123]], "t")
     mechanism = make_mechanism(
-        [table], {"t": selected}, contribution_noise_multiplier=1.0,
+        [table],
+        {"t": selected},
+        contribution_noise_multiplier=1.0,
         threshold=float(stats.norm.isf(0.005)),
     )
-    (slices, _), = mechanism.update(make_step([table], 2))
+    ((slices, _),) = mechanism.update(make_step([table], 2))
     n = slices.indices.shape[0]
     assert abs(n - 500) < 6 * math.sqrt(500) + 3
     assert np.all(slices.indices.numpy() % 10**7 == 0)
@@ -177,8 +186,12 @@ def test_bad_selection_arguments_raise():
         make_mechanism([table], {"t": [1]}, threshold=-1.0)
     with pytest.raises(TypeError):
         DPAdaFESTPlus(  # selection_event is required: no silent "free" selection
-            selected_rows={"t": [1]}, l2_norm_clip=1.0, noise_multiplier=1.0,
-            contribution_clip=1.0, contribution_noise_multiplier=1.0, threshold=3.0,
+            selected_rows={"t": [1]},
+            l2_norm_clip=1.0,
+            noise_multiplier=1.0,
+            contribution_clip=1.0,
+            contribution_noise_multiplier=1.0,
+            threshold=3.0,
         )
 
 
@@ -192,13 +205,17 @@ def test_end_to_end_fest_selection_then_adafest_in_dpmodel():
     ids = np.minimum(rng.zipf(1.5, size=(256, 3)) - 1, vocab - 1).astype("int32")
     labels = rng.normal(size=(256, 1)).astype("float32")
     data = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(64)
-    counts = bucket_counts(
-        data, vocabulary_sizes={"table": vocab}, ids_fn=lambda element: {"table": element[0]}
-    )
+    counts = bucket_counts(data, vocabulary_sizes={"table": vocab}, ids_fn=lambda element: {"table": element[0]})
     mechanism = DPAdaFESTPlus.from_counts(
-        counts, top_k={"table": 10}, selection_epsilon=1.0,
-        l2_norm_clip=1.0, noise_multiplier=0.8, contribution_clip=1.0,
-        contribution_noise_multiplier=2.0, threshold=8.0, seed=0,
+        counts,
+        top_k={"table": 10},
+        selection_epsilon=1.0,
+        l2_norm_clip=1.0,
+        noise_multiplier=0.8,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=2.0,
+        threshold=8.0,
+        seed=0,
     )
     selected = mechanism._selected_rows["table"]
     assert selected.size == 10 and mechanism.selection_epsilon == pytest.approx(1.0)

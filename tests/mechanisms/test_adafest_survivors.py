@@ -57,15 +57,18 @@ RUNS = 3000
 def _step(layer):
     occ = layer.occurrences(tf.ragged.constant(EXAMPLES, dtype=tf.int64))
     rows = sorted({r for ex in EXAMPLES for r in ex})
-    grad = tf.IndexedSlices(
-        tf.ones([len(rows), 2]), tf.constant(rows, tf.int64), tf.constant([VOCAB, 2], tf.int64)
-    )
+    grad = tf.IndexedSlices(tf.ones([len(rows), 2]), tf.constant(rows, tf.int64), tf.constant([VOCAB, 2], tf.int64))
     table = TableGradient(
-        layer=layer, variable=None, gradient=grad, occurrences=[occ],
+        layer=layer,
+        variable=None,
+        gradient=grad,
+        occurrences=[occ],
         clip_factors=tf.ones([len(EXAMPLES)]),
     )
     return ClippedGradients(
-        tables=[table], dense=[], expected_batch_size=1.0,
+        tables=[table],
+        dense=[],
+        expected_batch_size=1.0,
         batch_size=tf.constant(len(EXAMPLES), tf.int32),
     )
 
@@ -78,7 +81,7 @@ def _survivor_bits(mechanism, runs: int) -> np.ndarray:
 
     @tf.function
     def survivors():
-        (slices, _), = mechanism.update(step)
+        ((slices, _),) = mechanism.update(step)
         return slices.indices
 
     bits = np.zeros((runs, VOCAB), np.int8)
@@ -131,8 +134,13 @@ def _check_against_exact_law(bits: np.ndarray, q: np.ndarray) -> None:
 def _mechanism(cls=DPAdaFEST, **extra):
     with pytest.warns(UserWarning, match="fraction of every table"):  # q = 0.067: dense on purpose
         return cls(
-            l2_norm_clip=1.0, noise_multiplier=0.0, contribution_clip=10.0,
-            contribution_noise_multiplier=0.1, threshold=TAU, seed=123, **extra,
+            l2_norm_clip=1.0,
+            noise_multiplier=0.0,
+            contribution_clip=10.0,
+            contribution_noise_multiplier=0.1,
+            threshold=TAU,
+            seed=123,
+            **extra,
         )
 
 
@@ -148,9 +156,7 @@ def test_adafest_plus_survivors_have_the_law_of_per_row_tests_inside_the_selecti
     # 16..23 must never survive.
     selected = np.array([0, 3, 5] + list(range(7, 16)))
     allowed = np.isin(np.arange(VOCAB), selected)
-    mechanism = _mechanism(
-        DPAdaFESTPlus, selected_rows={"t": selected}, selection_event=dp_accounting.NoOpDpEvent()
-    )
+    mechanism = _mechanism(DPAdaFESTPlus, selected_rows={"t": selected}, selection_event=dp_accounting.NoOpDpEvent())
     bits = _survivor_bits(mechanism, RUNS)
     assert not bits[:, ~allowed].any()
     _check_against_exact_law(bits, _exact_probabilities(allowed))
@@ -161,49 +167,63 @@ def test_adafest_plus_survivors_have_the_law_of_per_row_tests_inside_the_selecti
 @pytest.mark.parametrize("rows,c1,sigma1", [(1000.0, 1.0, 5.1), (10.0, 2.0, 0.7), (1.0, 1.0, 3.0)])
 def test_threshold_for_noise_rows_gives_that_many_rows(vocab, rows, c1, sigma1):
     tau = threshold_for_noise_rows(
-        vocabulary_size=vocab, expected_noise_rows=rows, contribution_clip=c1,
+        vocabulary_size=vocab,
+        expected_noise_rows=rows,
+        contribution_clip=c1,
         contribution_noise_multiplier=sigma1,
     )
     assert tau == pytest.approx(c1 * sigma1 * stats.norm.isf(rows / vocab), rel=1e-9)
-    p = noise_survival_probability(
-        threshold=tau, contribution_clip=c1, contribution_noise_multiplier=sigma1
-    )
+    p = noise_survival_probability(threshold=tau, contribution_clip=c1, contribution_noise_multiplier=sigma1)
     assert p * vocab == pytest.approx(rows, rel=1e-9)
 
 
 def test_threshold_for_noise_rows_grows_with_vocabulary_and_is_zero_at_half():
     taus = [
         threshold_for_noise_rows(
-            vocabulary_size=v, expected_noise_rows=1000, contribution_clip=1.0,
+            vocabulary_size=v,
+            expected_noise_rows=1000,
+            contribution_clip=1.0,
             contribution_noise_multiplier=5.1,
         )
         for v in (10**4, 10**5, 10**6, 10**7, 5 * 10**7)
     ]
     assert all(a < b for a, b in itertools.pairwise(taus))
-    assert threshold_for_noise_rows(
-        vocabulary_size=10, expected_noise_rows=5, contribution_clip=1.0,
-        contribution_noise_multiplier=1.0,
-    ) == 0.0
+    assert (
+        threshold_for_noise_rows(
+            vocabulary_size=10,
+            expected_noise_rows=5,
+            contribution_clip=1.0,
+            contribution_noise_multiplier=1.0,
+        )
+        == 0.0
+    )
 
 
 def test_mechanism_with_that_threshold_draws_that_many_rows_per_step():
     vocab, rows = 10**10, 500.0  # unbuilt layer: the vocabulary costs nothing
     tau = threshold_for_noise_rows(
-        vocabulary_size=vocab, expected_noise_rows=rows, contribution_clip=1.0,
+        vocabulary_size=vocab,
+        expected_noise_rows=rows,
+        contribution_clip=1.0,
         contribution_noise_multiplier=2.0,
     )
     mechanism = DPAdaFEST(
-        l2_norm_clip=1.0, noise_multiplier=1.0, contribution_clip=1.0,
-        contribution_noise_multiplier=2.0, threshold=tau, seed=5,
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=2.0,
+        threshold=tau,
+        seed=5,
     )
     layer = DPEmbedding(vocab, 4, combiner="sum", name="big")
     mechanism.init(tables=[layer], dense_variables=[], optimizer=None)
     occ = layer.occurrences(tf.ragged.constant([[3], [7]], dtype=tf.int64))
     grad = tf.IndexedSlices(tf.ones([2, 4]), tf.constant([3, 7], tf.int64), tf.constant([vocab, 4], tf.int64))
     step = ClippedGradients(
-        tables=[TableGradient(layer=layer, variable=None, gradient=grad, occurrences=[occ],
-                              clip_factors=tf.ones([2]))],
-        dense=[], expected_batch_size=2.0, batch_size=tf.constant(2, tf.int32),
+        tables=[TableGradient(layer=layer, variable=None, gradient=grad, occurrences=[occ], clip_factors=tf.ones([2]))],
+        dense=[],
+        expected_batch_size=2.0,
+        batch_size=tf.constant(2, tf.int32),
     )
     steps = 8
     total = sum(int(mechanism.update(step)[0][0].indices.shape[0]) for _ in range(steps))
@@ -224,8 +244,9 @@ def test_mechanism_with_that_threshold_draws_that_many_rows_per_step():
     ],
 )
 def test_threshold_for_noise_rows_rejects_bad_arguments(kwargs, match):
-    args = dict(vocabulary_size=1000, expected_noise_rows=10.0, contribution_clip=1.0,
-                contribution_noise_multiplier=1.0)
+    args = dict(
+        vocabulary_size=1000, expected_noise_rows=10.0, contribution_clip=1.0, contribution_noise_multiplier=1.0
+    )
     args.update(kwargs)
     with pytest.raises(ValueError, match=match) as info:
         threshold_for_noise_rows(**args)

@@ -65,7 +65,11 @@ def test_noise_std_on_touched_rows_and_untouched_rows_unchanged():
     rows = np.arange(0, 2_000, 2)  # every other row of the first 2,000
     dense_var = tf.Variable(tf.zeros([40_000]))
     layer, variable, step = table_step(
-        vocab, dim, rows, np.zeros((len(rows), dim)), expected_batch_size=1.0,
+        vocab,
+        dim,
+        rows,
+        np.zeros((len(rows), dim)),
+        expected_batch_size=1.0,
         dense=[(dense_var, tf.zeros([40_000]))],
     )
     mechanism = make(layer, [dense_var], l2_norm_clip=0.5, noise_multiplier=2.0)

@@ -18,8 +18,15 @@ OPTIONS = {
     "eana": NOISE,
     "fest": dict(NOISE, selection_epsilon=0.1, top_k=3, counts=COUNTS),
     "adafest": dict(NOISE, contribution_clip=1.0, contribution_noise_multiplier=2.0, threshold=8.0),
-    "adafest+": dict(NOISE, contribution_clip=1.0, contribution_noise_multiplier=2.0, threshold=8.0,
-                     selection_epsilon=0.1, top_k={"t": 3}, counts=COUNTS),  # fmt: skip
+    "adafest+": dict(
+        NOISE,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=2.0,
+        threshold=8.0,
+        selection_epsilon=0.1,
+        top_k={"t": 3},
+        counts=COUNTS,
+    ),  # fmt: skip
 }
 
 

@@ -91,7 +91,7 @@ def test_noise_on_every_selected_row_zero_change_elsewhere():
     touched = np.array([3, 10, 799, 1_000, 3_999])  # 3 selected, 2 not
     grads = np.full((len(touched), dim), 100.0, np.float32)
     variable, step = table_step(layer, touched, grads, expected_batch_size=1.0)
-    (table_grad, tv), = mechanism.update(step)
+    ((table_grad, tv),) = mechanism.update(step)
     assert table_grad.values.shape == (k, dim)  # O(k x dim): all selected rows
     np.testing.assert_array_equal(table_grad.indices.numpy(), selected)
     values = table_grad.values.numpy()
@@ -137,7 +137,7 @@ def test_selection_state_is_checkpointed(tmp_path):
     np.testing.assert_array_equal(fresh.selected_rows("t"), [26, 27, 28, 29])
     assert int(fresh.selection_count.numpy()) == 1
     _, step = table_step(layer, [27, 3], np.ones((2, 2)))
-    (grad, _), = fresh.update(step)  # restored selection is usable
+    ((grad, _),) = fresh.update(step)  # restored selection is usable
     np.testing.assert_array_equal(grad.indices.numpy(), [27])
 
 
@@ -211,9 +211,7 @@ def test_end_to_end_dpmodel():
     reference = tiny_model(2)
     reference.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss=loss)
     reference.fit(ds, epochs=2, shuffle=False, verbose=0)
-    counts = bucket_counts(
-        ds.map(lambda x, y: ({"emb": x}, y)), vocabulary_sizes={"emb": 40}
-    )
+    counts = bucket_counts(ds.map(lambda x, y: ({"emb": x}, y)), vocabulary_sizes={"emb": 40})
     # All rows kept, sigma = 0, huge clip: exactly non-private SGD.
     model = tiny_model(2)
     mech = DPFEST(

@@ -45,7 +45,15 @@ class Harness:
     """Model + optimizer + mechanism + a traced DP step; `reset(seed)` starts a fresh run."""
 
     def __init__(
-        self, mechanism, *, momentum=0.0, nesterov=False, learning_rate=None, decay=0.0, lookahead=True, before_init=None
+        self,
+        mechanism,
+        *,
+        momentum=0.0,
+        nesterov=False,
+        learning_rate=None,
+        decay=0.0,
+        lookahead=True,
+        before_init=None,
     ):
         ids = keras.Input((IDS,), dtype="int32")
         self.table = DPEmbedding(
@@ -192,7 +200,11 @@ def _dp_model_run(mechanism, steps=12, momentum=0.9):
     )
     inputs = keras.Input((IDS,), dtype="int32")
     table = DPEmbedding(
-        VOCAB, DIM, combiner="mean", name="items", embeddings_initializer=keras.initializers.RandomUniform(-0.5, 0.5, seed=1)
+        VOCAB,
+        DIM,
+        combiner="mean",
+        name="items",
+        embeddings_initializer=keras.initializers.RandomUniform(-0.5, 0.5, seed=1),
     )
     outputs = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=2))(table(inputs))
     model = keras.Model(inputs, outputs)

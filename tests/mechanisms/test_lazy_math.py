@@ -43,9 +43,7 @@ def _running_sums(w, beta):
     return lazy_math.RunningSums(*[tf.stack([getattr(s, f) for s in sums]) for f in lazy_math.RunningSums._fields])
 
 
-@pytest.mark.parametrize(
-    "beta,nesterov", [(0.0, False), (0.5, False), (0.9, False), (0.99, False), (0.9, True)]
-)
+@pytest.mark.parametrize("beta,nesterov", [(0.0, False), (0.5, False), (0.9, False), (0.99, False), (0.9, True)])
 def test_moments_match_brute_force_with_schedule(beta, nesterov):
     steps, window = 60, 8
     w = _weights(steps)

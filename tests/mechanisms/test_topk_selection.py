@@ -80,8 +80,7 @@ def test_small_epsilon_is_noisy():
     counts = np.arange(200, dtype=np.int64) * 3  # top-10 is rows 190..199, gaps of 3
     true = set(range(190, 200))
     overlaps = [
-        len(true & set(dp_top_k(counts, k=10, epsilon=0.1, rng=np.random.default_rng(s)).tolist()))
-        for s in range(10)
+        len(true & set(dp_top_k(counts, k=10, epsilon=0.1, rng=np.random.default_rng(s)).tolist())) for s in range(10)
     ]
     # Gumbel scale k / eps = 100 >> gaps of 3: the true top-10 is essentially never recovered.
     assert max(overlaps) < 10

@@ -27,12 +27,8 @@ def test_matches_numpy_brute_force_single_and_multiple_relevant():
     queries, candidates = rng.normal(size=(37, 4)), rng.normal(size=(25, 4))
     ids = np.arange(100, 125)
     single = rng.choice(ids, size=37)
-    expected = _brute_force(
-        queries, candidates, [{int(x)} for x in single], ids, (1, 5, 10, 20)
-    )
-    got = precision_recall_at_k(
-        queries, candidates, single, candidate_ids=ids, batch_size=8
-    )
+    expected = _brute_force(queries, candidates, [{int(x)} for x in single], ids, (1, 5, 10, 20))
+    got = precision_recall_at_k(queries, candidates, single, candidate_ids=ids, batch_size=8)
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, abs=1e-12), key
     assert got["queries"] == 37
@@ -44,9 +40,7 @@ def test_matches_numpy_brute_force_single_and_multiple_relevant():
         multi[i, : len(r)] = r
         sets.append(set(r.tolist()))
     expected = _brute_force(queries, candidates, sets, ids, (1, 3, 7))
-    got = precision_recall_at_k(
-        queries, candidates, multi, candidate_ids=ids, ks=(1, 3, 7), padding_id=-1
-    )
+    got = precision_recall_at_k(queries, candidates, multi, candidate_ids=ids, ks=(1, 3, 7), padding_id=-1)
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, abs=1e-12), key
 

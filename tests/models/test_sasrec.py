@@ -120,7 +120,9 @@ def test_popularity_prior_adds_log_frequencies_and_keeps_norms_exact():
     # Only the table's own logits reach its gradient: per-example norms stay exact with the prior.
     with tf.GradientTape(persistent=True) as tape, record_taps(layers_owning_weights(model)) as taps:
         loss = model.compute_loss((IDS, TARGETS), training=False)
-    step = clipped_step(taps, loss, tape, registry=default_registry(), fallback=vectorized_layer_gradients, l2_norm_clip=1.0)
+    step = clipped_step(
+        taps, loss, tape, registry=default_registry(), fallback=vectorized_layer_gradients, l2_norm_clip=1.0
+    )
     jac = tape.jacobian(loss, model.trainable_variables, experimental_use_pfor=False)
     brute = sum(np.sum(np.square(np.reshape(tf.convert_to_tensor(j), [len(IDS), -1])), axis=1) for j in jac)
     np.testing.assert_allclose(step.norms.numpy() ** 2, brute, rtol=2e-4, atol=1e-9)

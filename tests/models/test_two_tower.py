@@ -24,9 +24,7 @@ NUM_ITEMS, DIM, L = 7, 3, 4
 
 def _batch():
     # Padding (0) anywhere, repeated ids inside one history, one label also in its own context.
-    contexts = np.array(
-        [[1, 2, 2, 0], [3, 0, 0, 0], [7, 6, 5, 4], [0, 2, 0, 6], [5, 5, 5, 5]], np.int32
-    )
+    contexts = np.array([[1, 2, 2, 0], [3, 0, 0, 0], [7, 6, 5, 4], [0, 2, 0, 6], [5, 5, 5, 5]], np.int32)
     labels = np.array([3, 3, 1, 2, 5], np.int32)
     return contexts, labels
 
@@ -66,9 +64,7 @@ def _registry_vs_jacobian(model, contexts, labels, *, registry):
     for _, info in step.layers:
         for v, g in zip(info.variables, info.clipped_sum(step.clip_factors)):
             grads[v.ref()] = tf.convert_to_tensor(g).numpy()
-    assert set(grads) == {v.ref() for v in variables}, (
-        "every trainable variable must be covered"
-    )
+    assert set(grads) == {v.ref() for v in variables}, "every trainable variable must be covered"
     for v, j in zip(variables, jac):
         np.testing.assert_allclose(
             grads[v.ref()],
@@ -108,9 +104,7 @@ def test_shapes_log_probs_and_padding():
     log_p = model.log_probs(contexts, labels).numpy()
     expected = tf.nn.log_softmax(logits).numpy()[np.arange(5), labels - 1]
     np.testing.assert_allclose(log_p, expected, rtol=1e-6)
-    np.testing.assert_allclose(
-        np.exp(tf.nn.log_softmax(logits).numpy()).sum(1), 1.0, rtol=1e-5
-    )
+    np.testing.assert_allclose(np.exp(tf.nn.log_softmax(logits).numpy()).sum(1), 1.0, rtol=1e-5)
     # Padding is ignored: [1, 2, 2, 0] pools like the mean of rows 1, 2, 2.
     table = model.history_embedding.embeddings.numpy()
     pooled = model.history_embedding(contexts[:1]).numpy()
@@ -125,17 +119,11 @@ def test_shapes_log_probs_and_padding():
 
 def test_bad_inputs_are_rejected_with_messages():
     model = TwoTowerModel(num_items=NUM_ITEMS, embedding_dim=DIM, hidden_units=())
-    with pytest.raises(
-        tf.errors.InvalidArgumentError, match="at least one id other than the padding"
-    ):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="at least one id other than the padding"):
         model(np.array([[1, 2], [0, 0]], np.int32))
-    with pytest.raises(
-        tf.errors.InvalidArgumentError, match=r"ids must lie in \[0, 8\)"
-    ):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids must lie in \[0, 8\)"):
         model(np.array([[1, 9]], np.int32))
-    with pytest.raises(
-        tf.errors.InvalidArgumentError, match=r"labels must be item ids in \[1, 7\]"
-    ):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"labels must be item ids in \[1, 7\]"):
         model.compute_loss((np.array([[1, 2]], np.int32), np.array([0], np.int32)))
     with pytest.raises(ValueError, match="padded histories of shape"):
         model(np.array([1, 2], np.int32))
@@ -169,9 +157,7 @@ def test_zero_noise_huge_clip_equals_non_private_training():
     )
     baseline = _fit(mechanisms.NonPrivate(), contexts=contexts, labels=labels)
     for a, b in zip(private.trainable_variables, baseline.trainable_variables):
-        np.testing.assert_allclose(
-            a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6, err_msg=a.name
-        )
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6, err_msg=a.name)
 
 
 def test_eana_noises_every_item_row_but_only_touched_history_rows():
@@ -187,14 +173,8 @@ def test_eana_noises_every_item_row_but_only_touched_history_rows():
                  expected_batch_size=1.0, registry=two_tower_registry())  # fmt: skip
     dp.compile(optimizer=keras.optimizers.legacy.SGD(1.0))
     dp.fit(tf.data.Dataset.from_tensors((contexts, labels)), epochs=1, verbose=0)
-    history = (
-        model.history_embedding.embeddings.numpy()
-        - before[model.history_embedding.embeddings.name]
-    )
-    items = (
-        model.item_embedding.embeddings.numpy()
-        - before[model.item_embedding.embeddings.name]
-    )
+    history = model.history_embedding.embeddings.numpy() - before[model.history_embedding.embeddings.name]
+    items = model.item_embedding.embeddings.numpy() - before[model.item_embedding.embeddings.name]
     untouched = [0, 3, 4, 5, 6, 7]
     assert np.all(history[untouched] == 0)
     assert np.all(np.abs(history[[1, 2]]) > 0)

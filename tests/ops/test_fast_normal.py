@@ -55,7 +55,12 @@ def philox(c0, c1, c2, c3, k0, k1):
     m0, m1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
     for _ in range(10):
         p0, p1 = c0 * m0, c2 * m1
-        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & np.uint64(MASK32), (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & np.uint64(MASK32)
+        c0, c1, c2, c3 = (
+            (p1 >> np.uint64(32)) ^ c1 ^ k0,
+            p1 & np.uint64(MASK32),
+            (p0 >> np.uint64(32)) ^ c3 ^ k1,
+            p0 & np.uint64(MASK32),
+        )
         k0 = np.uint64((int(k0) + 0x9E3779B9) & MASK32)
         k1 = np.uint64((int(k1) + 0xBB67AE85) & MASK32)
     return c0, c1, c2, c3
@@ -151,7 +156,12 @@ def test_tail_refinement_end_cell(op):
     radius_word = int(w[2 * pair])
     assert radius_word in (0, MASK32)
     p = 2 * block + pair  # refinement block of this pair: top bit of counter word 1 set
-    y = [int(x[0]) for x in philox([p & MASK32], [(p >> 32) | 0x80000000], [key1 & MASK32], [key1 >> 32], key0 & MASK32, key0 >> 32)]
+    y = [
+        int(x[0])
+        for x in philox(
+            [p & MASK32], [(p >> 32) | 0x80000000], [key1 & MASK32], [key1 >> 32], key0 & MASK32, key0 >> 32
+        )
+    ]
     i = next(i for i, v in enumerate(y) if v != 0 or i == 3)
     v = (y[i] + 0.5) * 2.0 ** (-64 - 32 * i)
     log_u = math.log1p(-v) if radius_word == MASK32 else math.log(v)
@@ -386,7 +396,14 @@ def test_mechanism_noise_uses_the_op(op):
 # ----------------------------------------------------------------------------
 def _run(script, env_extra, timeout=240):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO), **env_extra)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
 def test_fallback_when_disabled_and_without_compiler(tmp_path):
@@ -416,8 +433,10 @@ def test_fallback_when_disabled_and_without_compiler(tmp_path):
     no_cxx = _run(script, {"CXX": str(tmp_path / "no-such-compiler"), "TFDP_EMBED_CACHE": str(tmp_path / "b")})
     assert no_cxx.returncode == 0, no_cxx.stderr[-3000:]
     assert "warnings: 1" in no_cxx.stdout and "available: False" in no_cxx.stdout
-    build = _run("from tfdp_embed.ops import build; raise SystemExit(build.main([]))",
-                 {"CXX": str(tmp_path / "no-such-compiler"), "TFDP_EMBED_CACHE": str(tmp_path / "c")})
+    build = _run(
+        "from tfdp_embed.ops import build; raise SystemExit(build.main([]))",
+        {"CXX": str(tmp_path / "no-such-compiler"), "TFDP_EMBED_CACHE": str(tmp_path / "c")},
+    )
     assert build.returncode == 0 and "WARNING" in build.stderr and "falls back" in build.stderr
 
 
@@ -427,14 +446,16 @@ def test_parallel_builds_compile_once(op, tmp_path):
     real = fast_normal.build()
     log = tmp_path / "compilations.log"
     fake = tmp_path / "fake-g++"
-    fake.write_text(textwrap.dedent(f"""\
+    fake.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         if [ "$1" = "--version" ]; then echo "fake-g++ 1.0"; exit 0; fi
         echo compile >> {log}
         sleep 2
         while [ "$#" -gt 0 ]; do if [ "$1" = "-o" ]; then out="$2"; fi; shift; done
         cp {real} "$out"
-    """))
+    """)
+    )
     fake.chmod(0o755)
     env = {"CXX": str(fake), "TFDP_EMBED_CACHE": str(tmp_path / "cache")}
     # Each process waits at a barrier so that all three call build() at once.
@@ -450,8 +471,14 @@ def test_parallel_builds_compile_once(op, tmp_path):
         print("LIB", fast_normal.build())
     """)
     procs = [
-        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO), **env), cwd=REPO)
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO), **env),
+            cwd=REPO,
+        )
         for _ in range(3)
     ]
     outs = [p.communicate(timeout=240) for p in procs]
@@ -466,11 +493,36 @@ def test_benchmark_smoke(tmp_path):
 
     results, out_json, png = tmp_path / "RESULTS.md", tmp_path / "ns.json", tmp_path / "ns.png"
     files = ["--json", str(out_json), "--png", str(png)]
-    assert normal_sampler.main(["--sizes", "4096", "--repeats", "2", "--warmup", "1", "--results-md", str(results), *files]) == 0
+    assert (
+        normal_sampler.main(
+            ["--sizes", "4096", "--repeats", "2", "--warmup", "1", "--results-md", str(results), *files]
+        )
+        == 0
+    )
     assert results.read_text().startswith("# Benchmark results\n\nProtocol:")
     assert json.loads(out_json.read_text())["rows"][0]["n"] == 4096 and png.stat().st_size > 1000
     results.write_text("# Benchmark results\n")
-    assert normal_sampler.main(["--sizes", "4096", "--repeats", "2", "--warmup", "1", "--results-md", str(results), "--note", "a note", "--json", "", "--png", ""]) == 0
+    assert (
+        normal_sampler.main(
+            [
+                "--sizes",
+                "4096",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "--results-md",
+                str(results),
+                "--note",
+                "a note",
+                "--json",
+                "",
+                "--png",
+                "",
+            ]
+        )
+        == 0
+    )
     text = results.read_text()
     assert text.startswith("# Benchmark results\n\n## New measurements (not yet folded in)\n")
     assert "\n### normal_sampler — " in text

@@ -360,8 +360,15 @@ def test_bad_inputs_raise_clear_errors(op):
         sparse_rows.lazy_record_step(v["p_hi"], v["p_lo"], v["steps"], v["stream"], 0.1, 1.0, [1, 2], first_stream=-1)
     wrong = tf.Variable(tf.zeros([4, 2], tf.float64))
     with pytest.raises(tf.errors.InvalidArgumentError, match="`table` must be an initialized float variable of rank 2"):
-        op.tfdp_embed_lazy_catch_up(wrong.handle, v["history"].handle, [1], v["p_hi"].handle, v["p_lo"].handle,
-                                    v["steps"].handle, v["stream"].handle)
+        op.tfdp_embed_lazy_catch_up(
+            wrong.handle,
+            v["history"].handle,
+            [1],
+            v["p_hi"].handle,
+            v["p_lo"].handle,
+            v["steps"].handle,
+            v["stream"].handle,
+        )
 
 
 def test_fallback_runs_the_references_and_training_still_works(tmp_path):
@@ -400,8 +407,14 @@ def test_fallback_runs_the_references_and_training_still_works(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
     runs = {}
     for mode, extra in [("op", {}), ("fallback", {"TFDP_EMBED_FAST_NORMAL": "0"})]:
-        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                              env=dict(env, **extra), timeout=300, cwd=REPO)
+        proc = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(script)],
+            capture_output=True,
+            text=True,
+            env=dict(env, **extra),
+            timeout=300,
+            cwd=REPO,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[mode] = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
     assert runs["fallback"]["available"] == "False"
@@ -410,7 +423,10 @@ def test_fallback_runs_the_references_and_training_still_works(tmp_path):
         assert runs["op"][field] == runs["fallback"][field], field
     # No noise: the same training; the Dense ghost norms sum in another order (ulp-level).
     np.testing.assert_allclose(
-        np.array(ast.literal_eval(runs["op"]["eana_weights"])), np.array(ast.literal_eval(runs["fallback"]["eana_weights"])), rtol=1e-5, atol=1e-7
+        np.array(ast.literal_eval(runs["op"]["eana_weights"])),
+        np.array(ast.literal_eval(runs["fallback"]["eana_weights"])),
+        rtol=1e-5,
+        atol=1e-7,
     )
     assert runs["op"]["wsq"] == "[1.5625, 0.0]"
     assert runs["fallback"]["lazy_finite"] == "True" and runs["op"]["lazy_finite"] == "True"
@@ -423,7 +439,9 @@ def test_noised_values_streams_are_the_offset_keys(op):
     gen.reset_from_key_counter(key=5, counter=[0, 0])
     key = gen.uniform_full_int([2], dtype=tf.int64)
     for stream, (got, v) in enumerate(zip(many, values)):
-        np.testing.assert_array_equal(got.numpy(), sparse_rows.noised_values_reference(v, key, 2.0, 4.0, stream).numpy())
+        np.testing.assert_array_equal(
+            got.numpy(), sparse_rows.noised_values_reference(v, key, 2.0, 4.0, stream).numpy()
+        )
     # Different streams of one key are different noise.
     a, b = sparse_rows.noised_values_many(gen, [tf.zeros([256]), tf.zeros([256])], stddev=1.0, divisor=1.0)
     assert abs(np.corrcoef(a.numpy(), b.numpy())[0, 1]) < 5 / np.sqrt(256)
@@ -443,18 +461,24 @@ def test_lazy_lookahead_with_out_of_range_ids_is_refused(op):
         mech.after_apply({"t": tf.constant([[1, 12]], tf.int64)})
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("objdump") is None,
-                    reason="checks x86 machine code with objdump")
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or shutil.which("objdump") is None,
+    reason="checks x86 machine code with objdump",
+)
 def test_catch_up_row_prefetches_survive_compilation(op):
     """The catch-up prefetches the table rows it will add noise to. GCC 12 silently deleted
     those prefetches when they were `__builtin_prefetch` loops inlined into the shard
     lambda (the catch-up then stalled on every row); the inline-asm prefetch must be
     in the compiled catch-up."""
     library = fast_normal.build()
-    listing = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", str(library)], capture_output=True,
-                             text=True, timeout=120).stdout
+    listing = subprocess.run(
+        ["objdump", "-d", "-C", "--no-show-raw-insn", str(library)], capture_output=True, text=True, timeout=120
+    ).stdout
     functions = listing.split("\n\n")
-    catch_up = [f for f in functions
-                if re.search(r"LazyCatchUpOp(<\w+>)?::AddNoise", f.split("\n", 1)[0]) and "_M_invoke" in f.split("\n", 1)[0]]
+    catch_up = [
+        f
+        for f in functions
+        if re.search(r"LazyCatchUpOp(<\w+>)?::AddNoise", f.split("\n", 1)[0]) and "_M_invoke" in f.split("\n", 1)[0]
+    ]
     assert catch_up, "the catch-up's shard function was not found in the library"
     assert all("prefetcht0" in f for f in catch_up), "the catch-up's row prefetches were compiled away"

@@ -24,9 +24,7 @@ def write_ratings(path, *, users=40, length=16, seed=0) -> str:
     for user in range(1, users + 1):
         start = int(rng.integers(0, NUM_ITEMS))
         for t in range(length):
-            lines.append(
-                f"{user}\t{(start + t) % NUM_ITEMS + 1}\t{int(rng.integers(1, 6))}\t{1000 + 10 * t}"
-            )
+            lines.append(f"{user}\t{(start + t) % NUM_ITEMS + 1}\t{int(rng.integers(1, 6))}\t{1000 + 10 * t}")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return str(path)
@@ -82,31 +80,19 @@ def test_every_mechanism_reports_metrics_and_the_right_guarantee(runs, data):
         report = result if name == "none" else result.report
         assert report["mechanism"] == name
         for k in (1, 5, 10, 20):
-            assert (
-                0 <= report[f"precision@{k}"] <= 1 and 0 <= report[f"recall@{k}"] <= 1
-            )
-            assert report[f"precision@{k}"] == pytest.approx(
-                report[f"recall@{k}"] / k
-            )  # one label per query
+            assert 0 <= report[f"precision@{k}"] <= 1 and 0 <= report[f"recall@{k}"] <= 1
+            assert report[f"precision@{k}"] == pytest.approx(report[f"recall@{k}"] / k)  # one label per query
         assert report["test_examples"] == data.num_test_examples
         assert report["steps_run"] == report["planned_steps"] or name == "lazy"
         assert report["privacy_unit"].startswith("one (context, label) example")
     assert runs["dense"][0].report["is_dp"] and runs["dense"][0].report["epsilon"] > 0
     lazy = runs["lazy"][0].report
-    assert (
-        lazy["is_dp"]
-        and lazy["epsilon"] <= 20.0 + 1e-6
-        and lazy["noise_source"] == "calibrated for dense DP-SGD"
-    )
+    assert lazy["is_dp"] and lazy["epsilon"] <= 20.0 + 1e-6 and lazy["noise_source"] == "calibrated for dense DP-SGD"
     eana = runs["eana"][0].report
     assert not eana["is_dp"] and eana["epsilon"] is None
+    assert "NOT differentially private" in eana["guarantee"] or "not" in eana["guarantee"].lower()
     assert (
-        "NOT differentially private" in eana["guarantee"]
-        or "not" in eana["guarantee"].lower()
-    )
-    assert (
-        eana["eana_bound"]["is_dp"] is False
-        and "NOT a differential-privacy guarantee" in eana["eana_bound"]["label"]
+        eana["eana_bound"]["is_dp"] is False and "NOT a differential-privacy guarantee" in eana["eana_bound"]["label"]
     )
     assert len(eana["eana_per_instance_bounds"]) == 3
     assert runs["none"][0]["epsilon"] is None
@@ -138,19 +124,13 @@ def test_canaries_join_the_poisson_pool(runs, data):
 def test_settings_and_canaries_are_validated(ratings, data):
     config = tiny_config(ratings, mechanism="eana", noise_multiplier=0.01, epochs=1)
     with pytest.raises(ValueError, match="context_length 3 columns"):
-        movielens.train_and_evaluate(
-            config, data=data, extra_train_examples=(np.ones((1, 5), np.int32), [3])
-        )
+        movielens.train_and_evaluate(config, data=data, extra_train_examples=(np.ones((1, 5), np.int32), [3]))
     with pytest.raises(ValueError, match="only padding"):
-        movielens.train_and_evaluate(
-            config, data=data, extra_train_examples=(np.zeros((1, 3), np.int32), [3])
-        )
+        movielens.train_and_evaluate(config, data=data, extra_train_examples=(np.zeros((1, 3), np.int32), [3]))
     with pytest.raises(ValueError, match="exactly one of `noise_multiplier`"):
         movielens.train_and_evaluate(tiny_config(ratings, mechanism="dense"), data=data)
     with pytest.raises(ValueError, match="mechanism 'none' trains without"):
-        movielens.train_and_evaluate(
-            tiny_config(ratings, mechanism="none", epsilon=1.0), data=data
-        )
+        movielens.train_and_evaluate(tiny_config(ratings, mechanism="none", epsilon=1.0), data=data)
     with pytest.raises(ValueError, match="`mechanism` must be one of"):
         tiny_config(ratings, mechanism="fest")
 
@@ -187,8 +167,7 @@ def test_exported_retrieval_model_reloads_in_a_fresh_process_and_matches(runs, d
     assert lines[-1] == "ERROR: True"
     # In process: the same top-k from the released model's towers.
     scores = (
-        result.model.query(np.array(history, np.int32)).numpy()
-        @ result.model.item_embedding.candidates().numpy().T
+        result.model.query(np.array(history, np.int32)).numpy() @ result.model.item_embedding.candidates().numpy().T
     )
     expected_ids = np.argsort(-scores, axis=1, kind="stable")[:, :5] + 1
     np.testing.assert_array_equal(np.array(served["ids"]), expected_ids)
@@ -210,9 +189,7 @@ def test_serving_input_checks_name_the_problem():
         check_history([1, 2], num_items=NUM_ITEMS)
 
 
-def test_cli_writes_report_and_saved_model_and_rejects_bad_input(
-    runs, tmp_path, capsys
-):
+def test_cli_writes_report_and_saved_model_and_rejects_bad_input(runs, tmp_path, capsys):
     out = runs["none"][1]
     assert os.path.exists(os.path.join(out, "retrieval_saved_model", "saved_model.pb"))
     missing = [
@@ -228,9 +205,7 @@ def test_cli_writes_report_and_saved_model_and_rejects_bad_input(
     assert movielens.main(missing + ["--epsilon", "1", "--quiet"]) == 1
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
-        movielens.main(
-            ["--mechanism", "dense", "--epochs", "1", "--out", str(tmp_path)]
-        )
+        movielens.main(["--mechanism", "dense", "--epochs", "1", "--out", str(tmp_path)])
     assert exit_.value.code == 2
     assert "needs --noise-multiplier or --epsilon" in capsys.readouterr().err
 

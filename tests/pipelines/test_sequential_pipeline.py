@@ -36,7 +36,9 @@ def data_file(tmp_path_factory):
 
 def test_dpformer_run_report_and_reloaded_saved_model(data_file, tmp_path):
     out = tmp_path / "run"
-    assert sequential.main(["--data", data_file, "--model", "dpformer", "--epsilon", "5", "--out", str(out), *TINY]) == 0
+    assert (
+        sequential.main(["--data", data_file, "--model", "dpformer", "--epsilon", "5", "--out", str(out), *TINY]) == 0
+    )
     report = json.loads((out / "report.json").read_text())
     for key in sequential.REQUIRED_KEYS:
         assert key in report, key

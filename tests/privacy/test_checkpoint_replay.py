@@ -79,9 +79,7 @@ def _checkpoint(directory, make_mechanism, *, seed):
     dp, _ = _dp_model(make_mechanism(seed))
     dp.fit(_batches(rng.integers(0, TOUCHED, (STEPS_BEFORE * BATCH, IDS))), epochs=1, verbose=0)
     assert int(dp.mechanism.steps.numpy()) == STEPS_BEFORE
-    TrainingCheckpoint(directory, dp_model=dp).save(
-        position=DataPosition(STEPS_BEFORE, 1, 0, STEPS_BEFORE)
-    )
+    TrainingCheckpoint(directory, dp_model=dp).save(position=DataPosition(STEPS_BEFORE, 1, 0, STEPS_BEFORE))
 
 
 def _two_restores(tmp_path, make_mechanism, *, seed=None):

@@ -65,9 +65,7 @@ class _FirstEpochIsBest(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs["score"] = -float(epoch)
         if epoch == 0:
-            self.first_epoch_weights = [
-                w.copy() for w in self.model.inner.get_weights()
-            ]
+            self.first_epoch_weights = [w.copy() for w in self.model.inner.get_weights()]
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
@@ -82,9 +80,7 @@ def test_restore_best_weights_never_rolls_back_the_spent_budget(name):
         accountant="rdp",
     )
     probe = _FirstEpochIsBest()
-    stop = keras.callbacks.EarlyStopping(
-        monitor="score", mode="max", patience=EPOCHS, restore_best_weights=True
-    )
+    stop = keras.callbacks.EarlyStopping(monitor="score", mode="max", patience=EPOCHS, restore_best_weights=True)
     dp.fit(_dataset(), epochs=EPOCHS, verbose=0, callbacks=[budget, probe, stop])
     assert stop.best_epoch == 0 and probe.steps_run == EPOCHS * N // BATCH
 
@@ -130,8 +126,6 @@ def test_load_weights_over_an_unflushed_table_gets_no_stale_noise(tmp_path):
     assert dp.mechanism.owes_noise()
     steps = int(dp.mechanism.steps.numpy())
     dp.load_weights(path)
-    assert (
-        int(dp.mechanism.steps.numpy()) == steps
-    )  # mechanism state is not in a weights file
+    assert int(dp.mechanism.steps.numpy()) == steps  # mechanism state is not in a weights file
     for got, want in zip(dp.inner.get_weights(), saved):
         np.testing.assert_array_equal(got, want)

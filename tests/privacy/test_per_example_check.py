@@ -68,8 +68,11 @@ def _no_warnings(fn):
 def test_mixing_layer_behind_a_first_batch_of_one_example_is_refused():
     # A one-example first batch cannot show mixing; the check must look at the next batch.
     ids, labels = _data()
-    ds = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(1).take(1).concatenate(
-        tf.data.Dataset.from_tensor_slices((ids, labels)).batch(N)
+    ds = (
+        tf.data.Dataset.from_tensor_slices((ids, labels))
+        .batch(1)
+        .take(1)
+        .concatenate(tf.data.Dataset.from_tensor_slices((ids, labels)).batch(N))
     )
     with pytest.raises(PrivacyContractError, match="'centre'"):
         _dp(_model(CentreOverBatch(name="centre"))).fit(ds, epochs=1, verbose=0)
@@ -157,7 +160,9 @@ class _StatefulScale(keras.layers.Layer):
 
     def build(self, input_shape):
         self.scale = self.add_weight(name="scale", shape=input_shape[1:], initializer="ones")
-        self.last_input = self.add_weight(name="last_input", shape=input_shape[1:], trainable=False, initializer="zeros")
+        self.last_input = self.add_weight(
+            name="last_input", shape=input_shape[1:], trainable=False, initializer="zeros"
+        )
 
     def call(self, x):
         self.last_input.assign(x[0])

@@ -78,9 +78,7 @@ def _clipped_sum(dp, batch) -> np.ndarray:
     before = [v.numpy().copy() for v in variables]
     dp.fit(tf.data.Dataset.from_tensors(batch), epochs=1, verbose=0)
     step = [
-        (b - v.numpy()).ravel()
-        for v, b in zip(variables, before)
-        if any(v is t for t in dp.inner.trainable_variables)
+        (b - v.numpy()).ravel() for v, b in zip(variables, before) if any(v is t for t in dp.inner.trainable_variables)
     ]
     for v, b in zip(variables, before):
         v.assign(b)
@@ -92,9 +90,7 @@ def sensitivity(model, batch, loss=BCE, **dp_kwargs) -> float:
     dp = _dp(model, C, loss, **dp_kwargs)
     dp.prepare(tf.data.Dataset.from_tensors(batch))  # builds a subclassed model
     whole = _clipped_sum(dp, batch)
-    return max(
-        float(np.linalg.norm(whole - _clipped_sum(dp, _without(batch, j)))) for j in range(N)
-    )
+    return max(float(np.linalg.norm(whole - _clipped_sum(dp, _without(batch, j)))) for j in range(N))
 
 
 def per_example_gradients(model, batch, loss=BCE, **dp_kwargs) -> np.ndarray:
@@ -265,9 +261,7 @@ class RetrievalInsideComputeLoss(_Towers):
     def compute_loss(self, inputs, training=False):
         import tensorflow_recommenders as tfrs
 
-        task = tfrs.tasks.Retrieval(
-            loss=keras.losses.CategoricalCrossentropy(from_logits=True, reduction="none")
-        )
+        task = tfrs.tasks.Retrieval(loss=keras.losses.CategoricalCrossentropy(from_logits=True, reduction="none"))
         queries, items = self.towers(*inputs)
         return task(queries, items, compute_metrics=False)
 
@@ -364,9 +358,7 @@ def test_custom_in_batch_negative_loss_is_refused():
 
 
 def test_retrieval_task_created_inside_compute_loss_is_refused():
-    message = _assert_refused(
-        RetrievalInsideComputeLoss, r"compute_loss.*mixes examples", loss=None, batch=_pairs()
-    )
+    message = _assert_refused(RetrievalInsideComputeLoss, r"compute_loss.*mixes examples", loss=None, batch=_pairs())
     assert "full item table" in message and "Retrieval" in message
 
 
@@ -393,9 +385,7 @@ def test_embedding_subclass_overriding_lookup_is_refused():
 # -- what the refusal leaves behind ------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "norm", [keras.layers.BatchNormalization, keras.layers.experimental.SyncBatchNormalization]
-)
+@pytest.mark.parametrize("norm", [keras.layers.BatchNormalization, keras.layers.experimental.SyncBatchNormalization])
 def test_refusal_leaves_every_variable_and_the_moving_statistics_untouched(norm):
     # Old code: SyncBatchNormalization trained, and the per-example fallback's re-runs folded
     # single training rows into `moving_mean`.

@@ -92,7 +92,9 @@ def _assert_release_accounted(report, shipped):
         setup = ledger.entries[0]
         assert setup.kind == "setup" and setup.event == dp_accounting.GaussianDpEvent(frequencies["noise_multiplier"])
         assert frequencies["release_epsilon"] == pytest.approx(0.5, rel=1e-3)  # 10% of epsilon 5
-        assert compute_epsilon(ledger, target_delta=r["delta"], accountant=r["accountant"]) == pytest.approx(r["epsilon"], rel=1e-9)
+        assert compute_epsilon(ledger, target_delta=r["delta"], accountant=r["accountant"]) == pytest.approx(
+            r["epsilon"], rel=1e-9
+        )
         assert 5.0 * (1 - 1e-3) <= r["epsilon"] <= 5.0
 
 

@@ -73,13 +73,8 @@ def _noiseless_table() -> np.ndarray:
     table = model.get_weights()[0]
     for i in range(BATCH):  # step 1, one example at a time
         with tf.GradientTape() as tape:
-            loss = tf.nn.sigmoid_cross_entropy_with_logits(
-                y[i : i + 1], model(x[i : i + 1])
-            )
-        grads = [
-            tf.convert_to_tensor(g).numpy()
-            for g in tape.gradient(loss, model.trainable_variables)
-        ]
+            loss = tf.nn.sigmoid_cross_entropy_with_logits(y[i : i + 1], model(x[i : i + 1]))
+        grads = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, model.trainable_variables)]
         factor = min(1.0, CLIP / np.sqrt(sum(float(np.sum(g * g)) for g in grads)))
         table = table - LR * factor * grads[0] / BATCH
     return table
@@ -107,9 +102,7 @@ def _inner_get_weights(tmp_path):
 def _callback_get_weights(tmp_path):
     seen = []
 
-    class ReadWeights(
-        keras.callbacks.Callback
-    ):  # what TensorBoard(histogram_freq=1) does
+    class ReadWeights(keras.callbacks.Callback):  # what TensorBoard(histogram_freq=1) does
         def on_train_batch_end(self, batch, logs=None):
             if batch == STEPS - 1:
                 seen.append(self.model.get_weights()[0][ROW].copy())
@@ -123,9 +116,7 @@ def _table_in_h5(path):
     with h5py.File(path, "r") as f:
         f.visititems(
             lambda name, obj: (
-                found.append(obj[()])
-                if isinstance(obj, h5py.Dataset) and obj.shape == (VOCAB, DIM)
-                else None
+                found.append(obj[()]) if isinstance(obj, h5py.Dataset) and obj.shape == (VOCAB, DIM) else None
             )
         )
     assert found, "no table in the file"
@@ -214,15 +205,11 @@ def test_the_oracle_is_right_and_training_itself_never_flushes():
 
     dp = _train()
     mechanism = dp.mechanism
-    assert (
-        int(mechanism.flushed_at.numpy()) == 0 and mechanism.owes_noise()
-    )  # no guard flush in fit
+    assert int(mechanism.flushed_at.numpy()) == 0 and mechanism.owes_noise()  # no guard flush in fit
     with read_guard.unguarded():  # training-internal raw read
         raw = dp.inner.get_layer("items").embeddings.numpy()
     np.testing.assert_allclose(raw[ROW], _noiseless_row(), rtol=0, atol=1e-6)
-    np.testing.assert_array_equal(
-        raw[32:], _model().get_weights()[0][32:]
-    )  # never read: still init
+    np.testing.assert_array_equal(raw[32:], _model().get_weights()[0][32:])  # never read: still init
 
 
 def test_released_rows_carry_the_noise_they_owed():
@@ -231,9 +218,7 @@ def test_released_rows_carry_the_noise_they_owed():
     rows = np.r_[0:8, 32:64]
     deviation = (table - _noiseless_table())[rows].ravel()  # 160 draws
     std = STEP_NOISE_STD * np.sqrt(STEPS)
-    assert np.std(deviation) == pytest.approx(
-        std, rel=0.25
-    )  # sample sd has relative sd ~6%
+    assert np.std(deviation) == pytest.approx(std, rel=0.25)  # sample sd has relative sd ~6%
     assert abs(np.mean(deviation)) < 5 * std / np.sqrt(deviation.size)
 
 
@@ -246,30 +231,18 @@ def test_a_checkpoint_of_model_and_mechanism_is_taken_after_one_flush(tmp_path):
     """
     dp = _train()
     mechanism = dp.mechanism
-    path = tf.train.Checkpoint(model=dp.inner, mechanism=mechanism).save(
-        str(tmp_path / "ckpt")
-    )
+    path = tf.train.Checkpoint(model=dp.inner, mechanism=mechanism).save(str(tmp_path / "ckpt"))
     assert not mechanism.owes_noise()
-    entries = {
-        n: tf.train.load_variable(path, n) for n, _ in tf.train.list_variables(path)
-    }
+    entries = {n: tf.train.load_variable(path, n) for n, _ in tf.train.list_variables(path)}
     (history,) = [v for n, v in entries.items() if "_histories/0/" in n]
-    np.testing.assert_array_equal(
-        history, np.full(VOCAB, 2 * STEPS)
-    )  # every row current
+    np.testing.assert_array_equal(history, np.full(VOCAB, 2 * STEPS))  # every row current
     (stream,) = [v for n, v in entries.items() if "_stream/" in n]
-    np.testing.assert_array_equal(
-        stream, mechanism._stream.numpy()
-    )  # after the flush's draws
-    assert (
-        float(np.abs(_table_in_checkpoint(path)[ROW] - _noiseless_row()).max()) > 1e-3
-    )
+    np.testing.assert_array_equal(stream, mechanism._stream.numpy())  # after the flush's draws
+    assert float(np.abs(_table_in_checkpoint(path)[ROW] - _noiseless_row()).max()) > 1e-3
 
 
 @pytest.mark.parametrize("save", ["tf.saved_model.save(inner)", "inner.save(dir)"])
-def test_a_savedmodel_of_the_inner_model_is_flushed_and_traces_no_mechanism(
-    save, tmp_path
-):
+def test_a_savedmodel_of_the_inner_model_is_flushed_and_traces_no_mechanism(save, tmp_path):
     dp = _train()
     path = str(tmp_path / "saved")
     if save == "inner.save(dir)":
@@ -277,18 +250,8 @@ def test_a_savedmodel_of_the_inner_model_is_flushed_and_traces_no_mechanism(
     else:
         tf.saved_model.save(dp.inner, path)
     names = [n for n, _ in tf.train.list_variables(f"{path}/variables/variables")]
-    assert len(names) == 1 + len(dp.inner.weights), (
-        names
-    )  # + the object graph: no mechanism state
-    assert (
-        float(
-            np.abs(
-                _table_in_checkpoint(f"{path}/variables/variables")[ROW]
-                - _noiseless_row()
-            ).max()
-        )
-        > 1e-3
-    )
+    assert len(names) == 1 + len(dp.inner.weights), names  # + the object graph: no mechanism state
+    assert float(np.abs(_table_in_checkpoint(f"{path}/variables/variables")[ROW] - _noiseless_row()).max()) > 1e-3
     served = tf.saved_model.load(path)
     ids = np.array([[ROW, 40]], np.int32)
     np.testing.assert_allclose(served(ids).numpy(), dp.inner(ids).numpy(), rtol=1e-6)

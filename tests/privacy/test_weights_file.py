@@ -80,13 +80,7 @@ def _entries(path: str) -> dict:
     if path.endswith(".h5"):
         found = {}
         with h5py.File(path, "r") as f:
-            f.visititems(
-                lambda name, obj: (
-                    found.__setitem__(name, obj[()])
-                    if isinstance(obj, h5py.Dataset)
-                    else None
-                )
-            )
+            f.visititems(lambda name, obj: found.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
         return found
     return {
         name: tf.train.load_variable(path, name)
@@ -121,13 +115,9 @@ def _regenerated_dense_noise(name: str, state: np.ndarray) -> list:
     table = model.get_layer("items")
     dense = [v for v in model.trainable_variables if v is not table.embeddings]
     mechanism = MECHANISMS[name](l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=0)
-    mechanism.init(
-        tables=[table], dense_variables=dense, optimizer=keras.optimizers.legacy.SGD(LR)
-    )
+    mechanism.init(tables=[table], dense_variables=dense, optimizer=keras.optimizers.legacy.SGD(LR))
     mechanism.generator.reset(state)
-    empty = tf.IndexedSlices(
-        tf.zeros([0, DIM]), tf.zeros([0], tf.int64), tf.constant([VOCAB, DIM], tf.int64)
-    )
+    empty = tf.IndexedSlices(tf.zeros([0, DIM]), tf.zeros([0], tf.int64), tf.constant([VOCAB, DIM], tf.int64))
     zero_sums = ClippedGradients(
         tables=[TableGradient(table, table.embeddings, empty, [], tf.ones([BATCH]))],
         dense=[(v, tf.zeros_like(v)) for v in dense],
@@ -135,9 +125,7 @@ def _regenerated_dense_noise(name: str, state: np.ndarray) -> list:
         batch_size=tf.constant(BATCH),
     )
     by_variable = {id(v): g for g, v in mechanism.update(zero_sums)}
-    return [
-        np.asarray(by_variable[id(v)]) * BATCH for v in dense
-    ]  # (0 + Z) / B, times B
+    return [np.asarray(by_variable[id(v)]) * BATCH for v in dense]  # (0 + Z) / B, times B
 
 
 def _true_clipped_dense_sum(weights: list, step: int) -> list:
@@ -150,39 +138,26 @@ def _true_clipped_dense_sum(weights: list, step: int) -> list:
     sums = [np.zeros_like(w) for w in weights]
     for i in range(BATCH):
         with tf.GradientTape() as tape:
-            loss = tf.nn.sigmoid_cross_entropy_with_logits(
-                y[i : i + 1], model(x[i : i + 1])
-            )
-        grads = [
-            tf.convert_to_tensor(g).numpy()
-            for g in tape.gradient(loss, model.trainable_variables)
-        ]
+            loss = tf.nn.sigmoid_cross_entropy_with_logits(y[i : i + 1], model(x[i : i + 1]))
+        grads = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, model.trainable_variables)]
         norm = np.sqrt(sum(float(np.sum(g * g)) for g in grads))
         factor = min(1.0, CLIP / norm)
         sums = [s + factor * g for s, g in zip(sums, grads)]
     return sums[1:]
 
 
-def _recovery_error(
-    name: str, before: list, after: list, state_before_step: np.ndarray, step: int
-) -> float:
+def _recovery_error(name: str, before: list, after: list, state_before_step: np.ndarray, step: int) -> float:
     """Max |S_recovered - S_true| over the dense variables, for step `step`."""
     noise = _regenerated_dense_noise(name, state_before_step)
-    recovered = [
-        -(a - b) * BATCH / LR - z for a, b, z in zip(after[1:], before[1:], noise)
-    ]
+    recovered = [-(a - b) * BATCH / LR - z for a, b, z in zip(after[1:], before[1:], noise)]
     truth = _true_clipped_dense_sum(before, step)
     return max(float(np.abs(r - t).max()) for r, t in zip(recovered, truth))
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
-def test_modelcheckpoint_files_do_not_let_an_attacker_regenerate_the_noise(
-    name, tmp_path
-):
+def test_modelcheckpoint_files_do_not_let_an_attacker_regenerate_the_noise(name, tmp_path):
     trainer = _TrainerView()
-    checkpoint = keras.callbacks.ModelCheckpoint(
-        str(tmp_path / "w-{batch:02d}"), save_weights_only=True, save_freq=1
-    )
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "w-{batch:02d}"), save_weights_only=True, save_freq=1)
     dp = _train(name, callbacks=[checkpoint, trainer])
     files = [_entries(str(tmp_path / f"w-{t:02d}")) for t in range(1, STEPS + 1)]
     before, after = _weights_in(files[-2]), _weights_in(files[-1])
@@ -193,9 +168,7 @@ def test_modelcheckpoint_files_do_not_let_an_attacker_regenerate_the_noise(
     # Positive control: with the state the trainer holds after the last step, rewound by one
     # step, the attack recovers the noise-free sum (noise std per coordinate is sigma C = 1;
     # float rounding is ~1e-6).
-    assert (
-        _recovery_error(name, before, after, trainer.states[-1] - advance, STEPS) < 1e-4
-    )
+    assert _recovery_error(name, before, after, trainer.states[-1] - advance, STEPS) < 1e-4
 
     # The attack on the released files: they must not hold what it needs.
     last = _generator_state(files[-1])
@@ -245,28 +218,18 @@ def _write_tf_checkpoint(dp, tmp_path):
         "tf_train_checkpoint_of_dp",
     ],
 )
-def test_a_weights_file_of_dp_holds_the_flushed_model_weights_and_nothing_else(
-    name, write, tmp_path
-):
+def test_a_weights_file_of_dp_holds_the_flushed_model_weights_and_nothing_else(name, write, tmp_path):
     dp = _train(name)
     path = write(dp, tmp_path)
     entries = _entries(path)
     if write is _write_tf_checkpoint:
-        entries.pop(
-            "save_counter/.ATTRIBUTES/VARIABLE_VALUE"
-        )  # the Checkpoint object's own counter
+        entries.pop("save_counter/.ATTRIBUTES/VARIABLE_VALUE")  # the Checkpoint object's own counter
     released = dp.inner.get_weights()  # flushed (LazyDP) by the write, and by this read
     assert not dp.mechanism.owes_noise()
-    leaked = [
-        n
-        for n in entries
-        if any(s in n for s in ("mechanism", "generator", "optimizer", "loss_tracker"))
-    ]
+    leaked = [n for n in entries if any(s in n for s in ("mechanism", "generator", "optimizer", "loss_tracker"))]
     assert not leaked, f"the file holds training state: {leaked}"
     assert len(entries) == len(released), sorted(entries)
-    got = sorted(
-        (np.asarray(v).shape, np.asarray(v).tobytes()) for v in entries.values()
-    )
+    got = sorted((np.asarray(v).shape, np.asarray(v).tobytes()) for v in entries.values())
     want = sorted((w.shape, w.tobytes()) for w in released)
     assert got == want  # exactly the released weights, bit for bit
 
@@ -301,9 +264,7 @@ def test_dp_weights_file_loads_into_the_bare_model_and_back(suffix, tmp_path):
 
 
 @pytest.mark.parametrize("filename", ["saved", "model.keras"])
-def test_saving_the_training_wrapper_itself_is_refused_with_the_export_path(
-    filename, tmp_path
-):
+def test_saving_the_training_wrapper_itself_is_refused_with_the_export_path(filename, tmp_path):
     """tf.saved_model.save(dp) and keras.models.save_model(dp, ...) would write the wrapper's training state."""
     from tfdp_embed.errors import PrivacyContractError
 
@@ -316,17 +277,13 @@ def test_saving_the_training_wrapper_itself_is_refused_with_the_export_path(
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
-@pytest.mark.parametrize(
-    "filename", ["model.keras", "saved_model"], ids=["keras", "savedmodel"]
-)
+@pytest.mark.parametrize("filename", ["model.keras", "saved_model"], ids=["keras", "savedmodel"])
 def test_dp_save_writes_the_released_model_only(name, filename, tmp_path):
     dp = _train(name)
     path = str(tmp_path / filename)
     dp.save(path)
     assert not dp.mechanism.owes_noise()
-    loaded = keras.models.load_model(
-        path
-    )  # DPEmbedding is registered: no custom_objects
+    loaded = keras.models.load_model(path)  # DPEmbedding is registered: no custom_objects
     assert len(loaded.weights) == len(dp.inner.weights)
     for got, want in zip(loaded.get_weights(), dp.inner.get_weights()):
         np.testing.assert_array_equal(got, want)
@@ -335,6 +292,4 @@ def test_dp_save_writes_the_released_model_only(name, filename, tmp_path):
         assert len(names) == 1 + len(dp.inner.weights), names  # + the object graph
         served = tf.saved_model.load(path)
         ids = np.array([[1, 2], [3, 3]], np.int32)
-        np.testing.assert_allclose(
-            served(ids).numpy(), dp.inner(ids).numpy(), rtol=1e-6
-        )
+        np.testing.assert_allclose(served(ids).numpy(), dp.inner(ids).numpy(), rtol=1e-6)

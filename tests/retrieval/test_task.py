@@ -153,8 +153,12 @@ def test_tfrs_retrieval_is_refused_naming_this_task():
         def compute_loss(self, features, training=False):
             return self.task(self.query(features), self.query(features))
 
-    with pytest.raises(PrivacyContractError, match=r"tfdp_embed\.retrieval\.Retrieval.*drawn independently of the data"):
-        DPModel(InBatch(), mechanism=mechanisms.DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0), expected_batch_size=4)
+    with pytest.raises(
+        PrivacyContractError, match=r"tfdp_embed\.retrieval\.Retrieval.*drawn independently of the data"
+    ):
+        DPModel(
+            InBatch(), mechanism=mechanisms.DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0), expected_batch_size=4
+        )
 
 
 def test_full_softmax_default_and_repr():

@@ -133,9 +133,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         if report_path is not None and (
             isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1
         ):
-            raise ValueError(
-                f"`dataset_size` (an int >= 1) is required with `report_path`; received {dataset_size!r}."
-            )
+            raise ValueError(f"`dataset_size` (an int >= 1) is required with `report_path`; received {dataset_size!r}.")
         check_event_source(mechanism)
         if ledger is not None and not isinstance(ledger, PrivacyLedger):
             raise TypeError(f"`ledger` must be a `PrivacyLedger` or None; received {type(ledger).__name__}.")

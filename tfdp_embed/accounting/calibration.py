@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import dp_accounting
 
@@ -75,9 +75,7 @@ def make_accountant(
     if interval is None:
         interval = PLD_VALUE_DISCRETIZATION_INTERVAL
     if not (isinstance(interval, (int, float)) and 0 < interval <= 1):
-        raise ValueError(
-            f"`value_discretization_interval` must be a number in (0, 1]; received {interval!r}."
-        )
+        raise ValueError(f"`value_discretization_interval` must be a number in (0, 1]; received {interval!r}.")
     return dp_accounting.pld.PLDAccountant(value_discretization_interval=float(interval))
 
 

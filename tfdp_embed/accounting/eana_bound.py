@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
@@ -290,8 +290,7 @@ def eana_per_instance_rdp_bound(
     norms = np.asarray(row_squared_norms, dtype=np.float64).reshape(-1)
     if norms.shape != counts.shape:
         raise ValueError(
-            f"`row_squared_norms` needs one value per row of `touch_counts` ({counts.size}); "
-            f"received {norms.size}."
+            f"`row_squared_norms` needs one value per row of `touch_counts` ({counts.size}); received {norms.size}."
         )
     if np.any(norms < 0) or not np.all(np.isfinite(norms)):
         raise ValueError(f"`row_squared_norms` must be finite and >= 0; received {norms.tolist()!r}.")

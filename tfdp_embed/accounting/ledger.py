@@ -154,7 +154,9 @@ class PrivacyLedger:
             raise TypeError(f"`saved` must be a PrivacyLedger; received {type(saved).__name__}.")
         mine, theirs = self._entries, saved._entries
         prefix_ok = len(mine) <= len(theirs) and all(
-            a.kind == b.kind and a.event == b.event and (a.count == b.count or (i == len(mine) - 1 and a.count <= b.count))
+            a.kind == b.kind
+            and a.event == b.event
+            and (a.count == b.count or (i == len(mine) - 1 and a.count <= b.count))
             for i, (a, b) in enumerate(zip(mine, theirs))
         )
         if not prefix_ok:
@@ -187,9 +189,7 @@ class PrivacyLedger:
                 "format": _FORMAT,
                 "version": _VERSION,
                 "steps": self.steps,
-                "entries": [
-                    {"kind": e.kind, "count": e.count, "event": event_to_dict(e.event)} for e in self._entries
-                ],
+                "entries": [{"kind": e.kind, "count": e.count, "event": event_to_dict(e.event)} for e in self._entries],
             },
             indent=indent,
         )

@@ -208,7 +208,9 @@ def _try_below_rdp(make_event, target: float, delta: float, interval, releases, 
     """PLD's sigma by Brent's method in [0.85, 1] x the RDP sigma, or None when that does not bracket it."""
     try:
         rdp = calibrate_noise_multiplier_with_releases(
-            target_epsilon=target, releases=releases, **dict(common, accountant="rdp", value_discretization_interval=None)
+            target_epsilon=target,
+            releases=releases,
+            **dict(common, accountant="rdp", value_discretization_interval=None),
         )
         return _brent(make_event, target, delta, "pld", interval, _PLD_BRACKET_LOW * rdp, rdp)
     except ValueError:

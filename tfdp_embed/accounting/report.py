@@ -40,8 +40,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import dp_accounting
 from scipy import stats

@@ -146,9 +146,7 @@ def _check_seed(seed) -> None:
         raise TypeError(f"`seed` must be an int (audits are reproducible); received {seed!r}.")
 
 
-def _draw(
-    ids: np.ndarray, context_length: int, n: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
+def _draw(ids: np.ndarray, context_length: int, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """n rows of context_length + 1 distinct items drawn uniformly (the last one is the label)."""
     width = context_length + 1
     picks = np.empty((n, width), np.int64)
@@ -284,9 +282,7 @@ def sample_candidates(
     taken: set = set()
     if exclude is not None:
         if exclude.contexts.ndim != 2 or exclude.contexts.shape[1] != context_length:
-            raise ValueError(
-                f"`exclude` contexts have shape {exclude.contexts.shape}; expected [k, {context_length}]."
-            )
+            raise ValueError(f"`exclude` contexts have shape {exclude.contexts.shape}; expected [k, {context_length}].")
         taken = exclude.keys()
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA0D]))
     contexts, labels = _draw_distinct(ids, context_length, n, rng, taken)

@@ -60,9 +60,7 @@ def check_scores(name: str, scores, *, min_size: int = 1) -> np.ndarray:
     """A 1-D float64 array of finite scores, or a ValueError naming the argument."""
     array = np.asarray(scores, dtype=np.float64)
     if array.ndim != 1:
-        raise ValueError(
-            f"`{name}` must be a 1-D array of scores (one per sequence); received shape {array.shape}."
-        )
+        raise ValueError(f"`{name}` must be a 1-D array of scores (one per sequence); received shape {array.shape}.")
     if array.size < min_size:
         raise ValueError(f"`{name}` needs at least {min_size} score(s); received {array.size}.")
     bad = ~np.isfinite(array)

@@ -157,9 +157,7 @@ class SecretSharerAudit:
             "chance_exposure": CHANCE_EXPOSURE_BITS,
             "ties": self.ties,
             "fit": self.fit.as_dict(),
-            "by_insertion_count": summarize_exposure(
-                self.insertion_counts, self.exposure, self.extrapolated_exposure
-            ),
+            "by_insertion_count": summarize_exposure(self.insertion_counts, self.exposure, self.extrapolated_exposure),
         }
 
     def as_dict(self) -> dict:

@@ -75,13 +75,9 @@ class DPCheckpoint(keras.callbacks.Callback):
     ):
         super().__init__()
         if every_n_steps is not None and (
-            isinstance(every_n_steps, bool)
-            or not isinstance(every_n_steps, int)
-            or every_n_steps < 1
+            isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1
         ):
-            raise ValueError(
-                f"`every_n_steps` must be an int >= 1 or None; received {every_n_steps!r}."
-            )
+            raise ValueError(f"`every_n_steps` must be an int >= 1 or None; received {every_n_steps!r}.")
         self.checkpoint = TrainingCheckpoint(
             directory,
             dp_model=dp_model,
@@ -98,9 +94,7 @@ class DPCheckpoint(keras.callbacks.Callback):
         self._consumed = 0  # batches trained on since the start of training (all runs)
         self._epoch = 0
         self._in_epoch = 0
-        self._resume_offset: tuple[int, int] | None = (
-            None  # (epoch, batches already done in it)
-        )
+        self._resume_offset: tuple[int, int] | None = None  # (epoch, batches already done in it)
         self._batch_begin = 0
         self._since_save = 0
         self._due = False
@@ -127,11 +121,7 @@ class DPCheckpoint(keras.callbacks.Callback):
         position = info.position
         self._consumed = position.batches_consumed
         self._epoch, self._in_epoch = position.epoch, position.batch_in_epoch
-        self._resume_offset = (
-            (position.epoch, position.batch_in_epoch)
-            if position.batch_in_epoch
-            else None
-        )
+        self._resume_offset = (position.epoch, position.batch_in_epoch) if position.batch_in_epoch else None
         if self.checkpoint.batches_per_epoch is None:
             self.checkpoint.batches_per_epoch = position.batches_per_epoch
         self.last_saved = info.path
@@ -150,19 +140,13 @@ class DPCheckpoint(keras.callbacks.Callback):
         self.last_saved = self.checkpoint.save(position=self.position())
         self._due = self._dirty = False
         self._since_save = 0
-        _LOG.info(
-            "DPCheckpoint: wrote %s (%d batches).", self.last_saved, self._consumed
-        )
+        _LOG.info("DPCheckpoint: wrote %s (%d batches).", self.last_saved, self._consumed)
         return self.last_saved
 
     # -- Keras hooks ----------------------------------------------------------------
     def on_train_begin(self, logs=None):
         steps = (self.params or {}).get("steps")
-        if (
-            self.checkpoint.batches_per_epoch is None
-            and self._resume_offset is None
-            and steps
-        ):
+        if self.checkpoint.batches_per_epoch is None and self._resume_offset is None and steps:
             self.checkpoint.batches_per_epoch = int(steps)
 
     def on_epoch_begin(self, epoch, logs=None):

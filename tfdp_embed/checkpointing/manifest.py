@@ -70,9 +70,7 @@ def _config_value(value):
         return bool(value)
     if isinstance(value, (int, np.integer)):
         return int(value)
-    if isinstance(value, (float, np.floating)) or (
-        isinstance(value, np.ndarray) and value.shape == ()
-    ):
+    if isinstance(value, (float, np.floating)) or (isinstance(value, np.ndarray) and value.shape == ()):
         return float(np.float32(value))
     return _jsonable(value)
 
@@ -131,15 +129,11 @@ def describe_training_state(
     mechanism = dp_model.mechanism
     mechanism_vars = [v for v in mechanism.variables if v.ref() not in owned]
     generator_state = getattr(getattr(mechanism, "generator", None), "state", None)
-    if generator_state is not None and generator_state.ref() not in {
-        v.ref() for v in mechanism_vars
-    }:
+    if generator_state is not None and generator_state.ref() not in {v.ref() for v in mechanism_vars}:
         mechanism_vars.append(generator_state)
     config = dict(optimizer.get_config())
     config.pop("name", None)
-    learning_rate = config.pop(
-        "learning_rate", None
-    )  # may be changed by callbacks; info only
+    learning_rate = config.pop("learning_rate", None)  # may be changed by callbacks; info only
     accounting = None
     if budget is not None:
         accounting = {
@@ -152,9 +146,7 @@ def describe_training_state(
         "optimizer": {
             "class": type(optimizer).__module__ + "." + type(optimizer).__qualname__,
             "config": _config_value(config),
-            "variables": sorted(
-                (variable_descriptor(v) for v in optimizer_vars), key=json.dumps
-            ),
+            "variables": sorted((variable_descriptor(v) for v in optimizer_vars), key=json.dumps),
             "learning_rate_at_save": _config_value(learning_rate),
         },
         "mechanism": {
@@ -201,19 +193,13 @@ def signature_differences(
         if section in ("accounting", "data") and (old is None or new is None):
             continue
         for key in sorted(set(old or {}) | set(new or {})):
-            if (
-                (section, key) in _INFO_ONLY
-                or (section, key) == skip
-                or (only and (section, key) != only)
-            ):
+            if (section, key) in _INFO_ONLY or (section, key) == skip or (only and (section, key) != only):
                 continue
             a, b = (old or {}).get(key), (new or {}).get(key)
             if section == "data" and (a is None or b is None):
                 continue
             if a != b:
-                problems.append(
-                    f"{section}.{key}: checkpoint has {_short(a)}, this run has {_short(b)}"
-                )
+                problems.append(f"{section}.{key}: checkpoint has {_short(a)}, this run has {_short(b)}")
     return problems
 
 
@@ -229,9 +215,7 @@ def checkpoint_files(prefix: str) -> list[str]:
     """The files TensorFlow wrote for checkpoint `prefix` (index + data shards), sorted."""
     directory, base = os.path.split(prefix)
     names = [
-        name
-        for name in os.listdir(directory or ".")
-        if name == base + ".index" or name.startswith(base + ".data-")
+        name for name in os.listdir(directory or ".") if name == base + ".index" or name.startswith(base + ".data-")
     ]
     return sorted(names)
 
@@ -268,13 +252,9 @@ def file_problems(prefix: str, files: dict) -> list[str]:
             continue
         size = os.path.getsize(path)
         if size != expected["bytes"]:
-            problems.append(
-                f"{name} has {size} bytes, the manifest says {expected['bytes']} (truncated or extended)"
-            )
+            problems.append(f"{name} has {size} bytes, the manifest says {expected['bytes']} (truncated or extended)")
         elif file_digest(path) != expected["sha256"]:
-            problems.append(
-                f"{name} has a different SHA-256 than the manifest records (garbled)"
-            )
+            problems.append(f"{name} has a different SHA-256 than the manifest records (garbled)")
     return problems
 
 
@@ -319,18 +299,14 @@ def read_manifest(path: str) -> dict[str, Any]:
             f"Checkpoint manifest {path} cannot be read ({error}); nothing was loaded."
         ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointCorruptedError(
-            f"{path} is not a {FORMAT} manifest; nothing was loaded."
-        )
+        raise CheckpointCorruptedError(f"{path} is not a {FORMAT} manifest; nothing was loaded.")
     if data.get("version") != VERSION:
         raise CheckpointCorruptedError(
             f"{path} has manifest version {data.get('version')!r}; this library reads version {VERSION}."
         )
     for key in ("checkpoint", "signature", "files", "progress"):
         if key not in data:
-            raise CheckpointCorruptedError(
-                f"Checkpoint manifest {path} lacks `{key}`; nothing was loaded."
-            )
+            raise CheckpointCorruptedError(f"Checkpoint manifest {path} lacks `{key}`; nothing was loaded.")
     return data
 
 

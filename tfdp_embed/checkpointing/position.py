@@ -82,14 +82,10 @@ def normalized_position(
     """A position with a finished epoch written as (epoch + 1, 0)."""
     if batches_per_epoch is not None and batch_in_epoch >= batches_per_epoch:
         epoch, batch_in_epoch = epoch + 1, 0
-    return DataPosition(
-        int(batches_consumed), int(epoch), int(batch_in_epoch), batches_per_epoch
-    )
+    return DataPosition(int(batches_consumed), int(epoch), int(batch_in_epoch), batches_per_epoch)
 
 
-def rest_of_epoch(
-    batches: tf.data.Dataset, position: DataPosition
-) -> tf.data.Dataset | None:
+def rest_of_epoch(batches: tf.data.Dataset, position: DataPosition) -> tf.data.Dataset | None:
     """The remaining batches of the interrupted epoch, continuing the uninterrupted stream.
 
     Args:
@@ -107,9 +103,7 @@ def rest_of_epoch(
         different number of batches per epoch than the checkpointed run.
     """
     if not isinstance(batches, tf.data.Dataset):
-        raise TypeError(
-            f"`batches` must be a tf.data.Dataset; received {type(batches).__name__}."
-        )
+        raise TypeError(f"`batches` must be a tf.data.Dataset; received {type(batches).__name__}.")
     if position.batch_in_epoch == 0:
         return None
     per_epoch = position.batches_per_epoch

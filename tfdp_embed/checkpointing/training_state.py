@@ -115,16 +115,10 @@ class _Progress(tf.Module):
 
     def __init__(self):
         super().__init__(name="progress")
-        self.ledger_json = tf.Variable(
-            "", dtype=tf.string, trainable=False, name="ledger_json"
-        )
-        self.batches_consumed = tf.Variable(
-            0, dtype=tf.int64, trainable=False, name="batches_consumed"
-        )
+        self.ledger_json = tf.Variable("", dtype=tf.string, trainable=False, name="ledger_json")
+        self.batches_consumed = tf.Variable(0, dtype=tf.int64, trainable=False, name="batches_consumed")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        self.batch_in_epoch = tf.Variable(
-            0, dtype=tf.int64, trainable=False, name="batch_in_epoch"
-        )
+        self.batch_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch_in_epoch")
 
 
 class TrainingCheckpoint:
@@ -160,45 +154,27 @@ class TrainingCheckpoint:
         from tfdp_embed.training import DPModel
 
         if not isinstance(dp_model, DPModel):
-            raise TypeError(
-                f"`dp_model` must be a tfdp_embed DPModel; received {type(dp_model).__name__}."
-            )
+            raise TypeError(f"`dp_model` must be a tfdp_embed DPModel; received {type(dp_model).__name__}.")
         if getattr(dp_model, "optimizer", None) is None:
-            raise ValueError(
-                "`dp_model` must be compiled (it needs its optimizer) before checkpointing."
-            )
+            raise ValueError("`dp_model` must be compiled (it needs its optimizer) before checkpointing.")
         if budget is not None and not isinstance(budget, PrivacyBudget):
-            raise TypeError(
-                f"`budget` must be a PrivacyBudget or None; received {type(budget).__name__}."
-            )
+            raise TypeError(f"`budget` must be a PrivacyBudget or None; received {type(budget).__name__}.")
         if budget is not None and ledger is not None:
-            raise ValueError(
-                "Pass `budget` (its ledger is checkpointed) or `ledger`, not both."
-            )
+            raise ValueError("Pass `budget` (its ledger is checkpointed) or `ledger`, not both.")
         if ledger is not None and not isinstance(ledger, PrivacyLedger):
-            raise TypeError(
-                f"`ledger` must be a PrivacyLedger or None; received {type(ledger).__name__}."
-            )
+            raise TypeError(f"`ledger` must be a PrivacyLedger or None; received {type(ledger).__name__}.")
         if budget is not None and budget.mechanism is not dp_model.mechanism:
-            raise ValueError(
-                "`budget` accounts for another mechanism than `dp_model.mechanism`."
-            )
+            raise ValueError("`budget` accounts for another mechanism than `dp_model.mechanism`.")
         for name, value in (
             ("max_to_keep", max_to_keep),
             ("batches_per_epoch", batches_per_epoch),
         ):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(
                     f"`{name}` must be an int >= 1{' or None' if name != 'max_to_keep' else ''}; received {value!r}."
                 )
-        if sampler_seed is not None and (
-            isinstance(sampler_seed, bool) or not isinstance(sampler_seed, int)
-        ):
-            raise TypeError(
-                f"`sampler_seed` must be an int or None; received {sampler_seed!r}."
-            )
+        if sampler_seed is not None and (isinstance(sampler_seed, bool) or not isinstance(sampler_seed, int)):
+            raise TypeError(f"`sampler_seed` must be an int or None; received {sampler_seed!r}.")
         self.directory = os.fspath(directory)
         os.makedirs(self.directory, exist_ok=True)
         self.dp_model = dp_model
@@ -206,13 +182,9 @@ class TrainingCheckpoint:
         self._ledger = ledger
         self.batches_per_epoch = batches_per_epoch
         self.sampler_seed = sampler_seed
-        self._adopted = (
-            False  # True once this run restored from, or started, the directory
-        )
+        self._adopted = False  # True once this run restored from, or started, the directory
         self._progress = _Progress()
-        self._root = tf.train.Checkpoint(
-            training_state=_TrainingState(dp_model), progress=self._progress
-        )
+        self._root = tf.train.Checkpoint(training_state=_TrainingState(dp_model), progress=self._progress)
         self._manager = tf.train.CheckpointManager(
             self._root,
             self.directory,
@@ -229,11 +201,7 @@ class TrainingCheckpoint:
     def complete_checkpoints(self) -> list[str]:
         """Prefixes of checkpoints that have a manifest, oldest first."""
         found = []
-        for path in glob.glob(
-            os.path.join(
-                glob.escape(self.directory), "*" + manifest_lib.MANIFEST_SUFFIX
-            )
-        ):
+        for path in glob.glob(os.path.join(glob.escape(self.directory), "*" + manifest_lib.MANIFEST_SUFFIX)):
             prefix = path[: -len(manifest_lib.MANIFEST_SUFFIX)]
             match = _NUMBER.match(os.path.basename(prefix))
             if match:
@@ -269,17 +237,13 @@ class TrainingCheckpoint:
                 f"{mechanism.name!r} has taken {step}; after a resume a step would be accounted twice or "
                 "not at all. Record every step in the ledger (PrivacyBudget does) before saving."
             )
-        self._progress.ledger_json.assign(
-            "" if ledger is None else ledger.to_json(indent=None)
-        )
+        self._progress.ledger_json.assign("" if ledger is None else ledger.to_json(indent=None))
         self._progress.batches_consumed.assign(position.batches_consumed)
         self._progress.epoch.assign(position.epoch)
         self._progress.batch_in_epoch.assign(position.batch_in_epoch)
         # A manifest left by an earlier checkpoint with this number (e.g. after restoring an
         # older one) must not vouch for the files about to be written.
-        stale = manifest_lib.manifest_path(
-            os.path.join(self.directory, f"{CHECKPOINT_NAME}-{step}")
-        )
+        stale = manifest_lib.manifest_path(os.path.join(self.directory, f"{CHECKPOINT_NAME}-{step}"))
         if os.path.exists(stale):
             os.remove(stale)
         # Training state, not a release: the table is saved un-flushed, with the history of
@@ -314,10 +278,7 @@ class TrainingCheckpoint:
     def _remove_stale_manifests(self) -> None:
         """Deletes manifests whose checkpoint the manager rotated away."""
         for prefix in self.complete_checkpoints():
-            if (
-                not os.path.exists(prefix + ".index")
-                and prefix not in self._manager.checkpoints
-            ):
+            if not os.path.exists(prefix + ".index") and prefix not in self._manager.checkpoints:
                 os.remove(manifest_lib.manifest_path(prefix))
 
     def _signature(self) -> dict:
@@ -365,9 +326,7 @@ class TrainingCheckpoint:
         if prefix is None:
             complete = self.complete_checkpoints()
             if not complete:
-                raise CheckpointError(
-                    f"No complete checkpoint (one with a manifest) in {self.directory}."
-                )
+                raise CheckpointError(f"No complete checkpoint (one with a manifest) in {self.directory}.")
             prefix = complete[-1]
         manifest = manifest_lib.read_manifest(manifest_lib.manifest_path(prefix))
         self.dp_model.prepare(data)
@@ -382,11 +341,7 @@ class TrainingCheckpoint:
             raise CheckpointCorruptedError(
                 f"Checkpoint {prefix} is corrupted; nothing was loaded:\n  - "
                 + "\n  - ".join(broken)
-                + (
-                    f"\nOlder complete checkpoints: {older} (restore one with `restore(prefix)`)."
-                    if older
-                    else ""
-                )
+                + (f"\nOlder complete checkpoints: {older} (restore one with `restore(prefix)`)." if older else "")
             )
         optimizer = self.dp_model.optimizer
         iterations_before = int(optimizer.iterations.numpy())
@@ -394,9 +349,7 @@ class TrainingCheckpoint:
         try:
             self._refuse_if_different(prefix, manifest, only=slots)
         except CheckpointError:
-            optimizer.iterations.assign(
-                iterations_before
-            )  # undo the slot-creating zero step
+            optimizer.iterations.assign(iterations_before)  # undo the slot-creating zero step
             raise
         # Training state: restored as saved and left un-flushed (a LazyDP flushes when a checkpoint
         # outside `unguarded()` lists it, see LazyDP._trackable_children).
@@ -404,9 +357,7 @@ class TrainingCheckpoint:
             status = self._root.restore(prefix)
             try:
                 status.assert_consumed()
-            except (
-                AssertionError
-            ) as error:  # the manifest matched, so this means a library bug
+            except AssertionError as error:  # the manifest matched, so this means a library bug
                 raise CheckpointMismatchError(
                     f"Checkpoint {prefix} held values no variable of this run took ({error}); training state "
                     "is inconsistent, do not continue from it."
@@ -416,15 +367,11 @@ class TrainingCheckpoint:
         return self._resume_info(prefix, manifest)
 
     def _refuse_if_different(self, prefix: str, manifest: dict, **which) -> None:
-        problems = manifest_lib.signature_differences(
-            manifest["signature"], self._signature(), **which
-        )
+        problems = manifest_lib.signature_differences(manifest["signature"], self._signature(), **which)
         if problems:
             raise CheckpointMismatchError(
                 f"Checkpoint {prefix} was written by a different training setup; nothing was loaded. "
-                "Differences:\n  - "
-                + "\n  - ".join(problems)
-                + "\nResume with the same model, optimizer, "
+                "Differences:\n  - " + "\n  - ".join(problems) + "\nResume with the same model, optimizer, "
                 "mechanism and hyperparameters, or start in a new directory."
             )
 
@@ -475,11 +422,7 @@ class TrainingCheckpoint:
         slots; an FTRL optimizer's weights) is overwritten by the restore.
         """
         dp = self.dp_model
-        tables = {
-            layer.embeddings.ref(): layer
-            for layer in dp.inner.submodules
-            if isinstance(layer, DPEmbedding)
-        }
+        tables = {layer.embeddings.ref(): layer for layer in dp.inner.submodules if isinstance(layer, DPEmbedding)}
         pairs = []
         for variable in dp.inner.trainable_variables:
             layer = tables.get(variable.ref())
@@ -497,9 +440,7 @@ class TrainingCheckpoint:
     def _log_incomplete(self) -> None:
         """Logs checkpoint files without a manifest (a run stopped while writing them): never used."""
         complete = {os.path.basename(p) for p in self.complete_checkpoints()}
-        for index in glob.glob(
-            os.path.join(glob.escape(self.directory), CHECKPOINT_NAME + "-*.index")
-        ):
+        for index in glob.glob(os.path.join(glob.escape(self.directory), CHECKPOINT_NAME + "-*.index")):
             name = os.path.basename(index)[: -len(".index")]
             if name not in complete:
                 _LOG.warning(
@@ -526,7 +467,9 @@ def _rekey(dp_model) -> None:
     mechanism = dp_model.mechanism
     if mechanism.rekey_from_entropy():
         distribute.synchronize_generator(mechanism, dp_model.distribute_strategy)
-        _LOG.info("Restored mechanism %r re-keyed from OS entropy: no noise of the saved run is replayed.", mechanism.name)
+        _LOG.info(
+            "Restored mechanism %r re-keyed from OS entropy: no noise of the saved run is replayed.", mechanism.name
+        )
 
 
 def _library_version() -> str:

@@ -46,12 +46,8 @@ def default_registry() -> LayerRegistry:
     or LayerNormalization subclass overriding `call` gets the exact fallback.
     """
     registry = LayerRegistry()
-    registry.register(
-        SharedEmbedding, phantom_layer_gradients, described=("lookup",), if_overridden="refuse"
-    )
-    registry.register(
-        DPEmbedding, embedding_layer_gradients, tapped_method="lookup", if_overridden="refuse"
-    )
+    registry.register(SharedEmbedding, phantom_layer_gradients, described=("lookup",), if_overridden="refuse")
+    registry.register(DPEmbedding, embedding_layer_gradients, tapped_method="lookup", if_overridden="refuse")
     registry.register(keras.layers.Dense, dense_layer_gradients)
     registry.register(keras.layers.LayerNormalization, layer_norm_layer_gradients)
     return registry

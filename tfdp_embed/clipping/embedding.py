@@ -49,9 +49,7 @@ from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.ops import sparse_rows
 
 
-def embedding_layer_gradients(
-    layer: DPEmbedding, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
-) -> LayerGradients:
+def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: Sequence[tf.Tensor]) -> LayerGradients:
     """Exact per-example squared norms and the sparse clipped sum of one table.
 
     ||grad_i||^2 = sum_r ||sum_{k in i, id_k = r} w_k g_{segment_k}||^2, over all calls.
@@ -111,9 +109,7 @@ def embedding_layer_gradients(
 
     def clipped_sum(clip_factors: tf.Tensor) -> list:
         c = tf.gather(tf.cast(clip_factors, dtype), group_examples)
-        values = tf.math.unsorted_segment_sum(
-            c[:, None] * per_example_rows, group_rows, tf.size(unique_rows)
-        )
+        values = tf.math.unsorted_segment_sum(c[:, None] * per_example_rows, group_rows, tf.size(unique_rows))
         return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
 
     return LayerGradients(

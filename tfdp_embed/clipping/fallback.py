@@ -112,9 +112,7 @@ def vectorized_layer_gradients(
         squared += tf.cast(tf.reduce_sum(tf.square(flat_grads), axis=1), tf.float32)
 
     def clipped_sum(clip_factors: tf.Tensor) -> list:
-        return [
-            tf.tensordot(tf.cast(clip_factors, grads.dtype), grads, axes=1) for grads in per_example
-        ]
+        return [tf.tensordot(tf.cast(clip_factors, grads.dtype), grads, axes=1) for grads in per_example]
 
     return LayerGradients(variables=variables, squared_norms=squared, clipped_sum=clipped_sum)
 

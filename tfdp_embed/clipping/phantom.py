@@ -96,9 +96,7 @@ def phantom_layer_gradients(
             lookup_grads.append(a * layer.padding_weights(x, dtype)[..., None])
         else:
             hidden.append(tf.reshape(tf.cast(inputs, dtype), [batch_size, -1, dim]))
-            logit_grads.append(
-                tf.reshape(tf.cast(grad, dtype), [batch_size, -1, vocab])
-            )
+            logit_grads.append(tf.reshape(tf.cast(grad, dtype), [batch_size, -1, vocab]))
     h = tf.concat(hidden, axis=1)  # [B, Q, d]
     z = tf.concat(logit_grads, axis=1)  # [B, Q, V]
 
@@ -109,33 +107,21 @@ def phantom_layer_gradients(
         a = tf.concat(lookup_grads, axis=1)  # [B, P, d], zero at padding
         # Lookup term (eq. 19): sum_{p,p'} [x_p = x_p'] <a_p, a_p'>.
         same_id = tf.cast(tf.equal(x[:, :, None], x[:, None, :]), dtype)
-        squared += tf.reduce_sum(
-            same_id * tf.matmul(a, a, transpose_b=True), axis=[1, 2]
-        )
+        squared += tf.reduce_sum(same_id * tf.matmul(a, a, transpose_b=True), axis=[1, 2])
         # Cross term (eq. 22): sum_{p,q} z_q[x_p] <a_p, h_q>; z_q[x_p] is a gather.
         z_at_ids = tf.gather(z, x, axis=2, batch_dims=1)  # [B, Q, P]
-        squared += 2.0 * tf.reduce_sum(
-            z_at_ids * tf.matmul(h, a, transpose_b=True), axis=[1, 2]
-        )
+        squared += 2.0 * tf.reduce_sum(z_at_ids * tf.matmul(h, a, transpose_b=True), axis=[1, 2])
     else:
         x = a = None
 
     def clipped_sum(clip_factors: tf.Tensor) -> list:
         c = tf.cast(clip_factors, dtype)[:, None, None]
         # sum_i Z_i^T (c_i H_i): [V, d], scaling the small factor, not the [B, Q, V] one.
-        values = tf.matmul(
-            tf.reshape(z, [-1, vocab]), tf.reshape(h * c, [-1, dim]), transpose_a=True
-        )
+        values = tf.matmul(tf.reshape(z, [-1, vocab]), tf.reshape(h * c, [-1, dim]), transpose_a=True)
         if x is not None:
-            values = tf.tensor_scatter_nd_add(
-                values, tf.reshape(x, [-1, 1]), tf.reshape(a * c, [-1, dim])
-            )
+            values = tf.tensor_scatter_nd_add(values, tf.reshape(x, [-1, 1]), tf.reshape(a * c, [-1, dim]))
         rows = tf.range(vocab, dtype=tf.int64)
-        return [
-            tf.IndexedSlices(
-                values, rows, dense_shape=tf.shape(table, out_type=tf.int64)
-            )
-        ]
+        return [tf.IndexedSlices(values, rows, dense_shape=tf.shape(table, out_type=tf.int64))]
 
     return LayerGradients(
         variables=[table],
@@ -148,9 +134,7 @@ def phantom_layer_gradients(
 def _gram_product(z: tf.Tensor, h: tf.Tensor) -> tf.Tensor:
     """||Z_i^T H_i||_F^2 per example without the [V, d] product: sum(Z Z^T * H H^T)."""
     if z.shape[1] == 1:  # one scored position: ||z||^2 ||h||^2
-        return tf.reduce_sum(tf.square(z), axis=[1, 2]) * tf.reduce_sum(
-            tf.square(h), axis=[1, 2]
-        )
+        return tf.reduce_sum(tf.square(z), axis=[1, 2]) * tf.reduce_sum(tf.square(h), axis=[1, 2])
     zz = tf.matmul(z, z, transpose_b=True)  # [B, Q, Q]
     hh = tf.matmul(h, h, transpose_b=True)
     return tf.reduce_sum(zz * hh, axis=[1, 2])
@@ -160,7 +144,6 @@ def _mode_of(layer, call: LayerCall) -> str:
     mode = call.args[1] if len(call.args) > 1 else call.kwargs.get("mode", "embed")
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(
-            f"Phantom Clipping of SharedEmbedding {layer.name!r}: a call used `mode`={mode!r}; "
-            f"allowed: {MODES}."
+            f"Phantom Clipping of SharedEmbedding {layer.name!r}: a call used `mode`={mode!r}; allowed: {MODES}."
         )
     return mode

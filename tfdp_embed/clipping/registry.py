@@ -121,8 +121,7 @@ class LayerRegistry:
         for name in (tapped_method, *described):
             if not callable(getattr(layer_class, name, None)):
                 raise ValueError(
-                    f"`tapped_method`/`described` must name methods of {layer_class.__name__}; "
-                    f"received {name!r}."
+                    f"`tapped_method`/`described` must name methods of {layer_class.__name__}; received {name!r}."
                 )
         if if_overridden not in _IF_OVERRIDDEN:
             raise ValueError(f"`if_overridden` must be one of {_IF_OVERRIDDEN}; received {if_overridden!r}.")

@@ -71,8 +71,7 @@ class SharedComputation:
         tensor = tf.convert_to_tensor(tensor)
         if tensor.shape.rank != 2:
             raise ValueError(
-                f"A shared computation's output must be a [num_candidates, dim] matrix; received shape "
-                f"{tensor.shape}."
+                f"A shared computation's output must be a [num_candidates, dim] matrix; received shape {tensor.shape}."
             )
         if self.result is not None:
             raise ValueError("A shared computation has one output; `output` was called twice.")

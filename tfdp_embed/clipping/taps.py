@@ -177,8 +177,7 @@ def record_taps(layers: Sequence[keras.layers.Layer], registry=None) -> Iterator
         registry = default_registry()
     methods = [registry.tapped_method(layer) for layer in layers]
     taps = Recording(
-        LayerTaps(layer=layer, call_fn=getattr(layer, method), method=method)
-        for layer, method in zip(layers, methods)
+        LayerTaps(layer=layer, call_fn=getattr(layer, method), method=method) for layer, method in zip(layers, methods)
     )
     # Keras sometimes runs layers symbolically in a scratch graph (e.g. a Sequential
     # model inferring its shape): only calls in the graph of this block are taps.

@@ -23,9 +23,7 @@ RTOL = 1e-4  # of the variable's largest gradient entry: float32 round-off passe
 ATOL = 1e-6  # of the model's largest gradient entry: for gradients that cancel to ~0 (a key's bias)
 
 
-def check_rules_cover_gradients(
-    model, layers: list, *, registry, fallback, forward: Callable[[], tf.Tensor]
-) -> None:
+def check_rules_cover_gradients(model, layers: list, *, registry, fallback, forward: Callable[[], tf.Tensor]) -> None:
     """Refuses the model if some variable's rule-built gradient sum differs from its true gradient.
 
     Args:

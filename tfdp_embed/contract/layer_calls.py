@@ -95,9 +95,7 @@ def recorded_calls(model):
                 outputs = original(*args, **kwargs)
             finally:
                 stack.pop()
-            records.append(
-                LayerCall(layer, parent, tf.nest.flatten((args, kwargs)), tf.nest.flatten(outputs))
-            )
+            records.append(LayerCall(layer, parent, tf.nest.flatten((args, kwargs)), tf.nest.flatten(outputs)))
             return outputs
 
         return call

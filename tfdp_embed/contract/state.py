@@ -38,9 +38,7 @@ def check_no_state_updates(model: keras.Model, forward: Callable[[], object]) ->
             variable.assign(old)
     if changed:
         owners = _owners(model, [v for v, _ in changed])
-        described = "; ".join(
-            f"layer {layer.name!r} ({type(layer).__name__}): {names}" for layer, names in owners
-        )
+        described = "; ".join(f"layer {layer.name!r} ({type(layer).__name__}): {names}" for layer, names in owners)
         raise PrivacyContractError(
             f"A training-mode forward pass changes non-trainable state ({described}). That "
             "state is computed from raw training examples with no clipping and no noise and is "

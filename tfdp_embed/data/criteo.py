@@ -159,9 +159,7 @@ def criteo_dataset(
         )
         if include_raw:
             features["raw_ints"] = ints
-            features["raw_cats"] = tf.cond(
-                as_strings, lambda: cat_strings, lambda: cat_bytes_to_strings(cat_bytes)
-            )
+            features["raw_cats"] = tf.cond(as_strings, lambda: cat_strings, lambda: cat_bytes_to_strings(cat_bytes))
         return features, labels
 
     if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
@@ -207,14 +205,11 @@ def day_files(directory: PathLike) -> list[str]:
             day = int(match.group(1))
             if day in found:
                 raise ValueError(
-                    f"Two files for day {day} in {directory}: {os.path.basename(found[day])} "
-                    f"and {name}; keep one."
+                    f"Two files for day {day} in {directory}: {os.path.basename(found[day])} and {name}; keep one."
                 )
             found[day] = os.path.join(directory, name)
     if not found:
-        raise ValueError(
-            f"No day files in {directory}; expected names like day_0, day_1.gz, day_2.tsv."
-        )
+        raise ValueError(f"No day files in {directory}; expected names like day_0, day_1.gz, day_2.tsv.")
     return [found[day] for day in sorted(found)]
 
 
@@ -250,13 +245,10 @@ def streaming_periods(
     References: DP-FEST §4.3 and App. D.2 Table 5 (streaming period T).
     """
     days = [
-        [os.fspath(day)] if isinstance(day, (str, os.PathLike)) else [os.fspath(p) for p in day]
-        for day in files_by_day
+        [os.fspath(day)] if isinstance(day, (str, os.PathLike)) else [os.fspath(p) for p in day] for day in files_by_day
     ]
     if len(days) < 2:
-        raise ValueError(
-            f"`files_by_day` needs at least 2 days (training and evaluation), got {len(days)}."
-        )
+        raise ValueError(f"`files_by_day` needs at least 2 days (training and evaluation), got {len(days)}.")
     if num_train_days is None:
         num_train_days = max(1, 3 * len(days) // 4)
     if not 1 <= num_train_days < len(days):

@@ -110,9 +110,7 @@ def parse_block(
         if not _is_number(data[start[0, 0] : start[0, 0] + length[0, 0]]):
             reason[0] = _CODE["header"]
     mark(~label_ok, "bad_label")
-    ints, ints_missing, ints_ok = _parse_ints(
-        padded, start[:, 1 : 1 + _NUM_INTS], length[:, 1 : 1 + _NUM_INTS]
-    )
+    ints, ints_missing, ints_ok = _parse_ints(padded, start[:, 1 : 1 + _NUM_INTS], length[:, 1 : 1 + _NUM_INTS])
     mark(~ints_ok.all(axis=1), "bad_integer")
     cat_length = length[:, 1 + _NUM_INTS :]
     cats_ok = cat_length <= MAX_CAT_BYTES
@@ -155,14 +153,10 @@ def parse_block(
 
 def _windows(a: np.ndarray, width: int) -> np.ndarray:
     """Read-only `[a.size - width + 1, width]` view: row i is `a[i : i + width]`."""
-    return np.lib.stride_tricks.as_strided(
-        a, shape=(a.size - width + 1, width), strides=(1, 1), writeable=False
-    )
+    return np.lib.stride_tricks.as_strided(a, shape=(a.size - width + 1, width), strides=(1, 1), writeable=False)
 
 
-def _parse_ints(
-    a: np.ndarray, start: np.ndarray, length: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _parse_ints(a: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Values (0 if missing or bad), missing mask and validity of `[n, 13]` fields.
 
     `a` is the block with `_PAD` bytes around it; `start` is unpadded. Each

@@ -40,8 +40,32 @@ CRITEO_VOCAB_SIZES: Mapping[str, int] = dict(
     zip(
         CAT_FEATURES,
         (
-            1472, 577, 82741, 18940, 305, 23, 1172, 633, 3, 9090, 5918, 64300, 3207,
-            27, 1550, 44262, 10, 5485, 2161, 3, 56473, 17, 15, 27360, 104, 12934,
+            1472,
+            577,
+            82741,
+            18940,
+            305,
+            23,
+            1172,
+            633,
+            3,
+            9090,
+            5918,
+            64300,
+            3207,
+            27,
+            1550,
+            44262,
+            10,
+            5485,
+            2161,
+            3,
+            56473,
+            17,
+            15,
+            27360,
+            104,
+            12934,
         ),
     )
 )
@@ -106,15 +130,11 @@ def resolve_vocab_sizes(
     else:
         values = list(vocab_sizes)
         if len(values) != len(CAT_FEATURES):
-            raise ValueError(
-                f"`vocab_sizes` as a sequence must have 26 entries (C1..C26), got {len(values)}."
-            )
+            raise ValueError(f"`vocab_sizes` as a sequence must have 26 entries (C1..C26), got {len(values)}.")
         sizes = dict(zip(CAT_FEATURES, values))
     for name, size in sizes.items():
         if isinstance(size, bool) or int(size) != size or int(size) < 1:
-            raise ValueError(
-                f"Vocabulary size of {name} must be a positive integer, got {size!r}."
-            )
+            raise ValueError(f"Vocabulary size of {name} must be a positive integer, got {size!r}.")
         sizes[name] = int(size)
     return sizes
 

@@ -66,15 +66,33 @@ _INT_MISSING_GROUPS: tuple[tuple[tuple[str, ...], float], ...] = (
 )
 # (median, log-scale spread, cap) of each integer feature, Kaggle-like.
 _INT_SHAPE: dict[str, tuple[float, float, int]] = {
-    "I1": (1, 1.3, 1_000), "I2": (3, 2.0, 20_000), "I3": (7, 1.5, 70_000),
-    "I4": (4, 1.0, 300), "I5": (2_800, 1.8, 2_000_000), "I6": (40, 1.6, 15_000),
-    "I7": (3, 1.4, 1_500), "I8": (7, 1.0, 600), "I9": (42, 1.3, 6_000),
-    "I10": (0, 0.6, 4), "I11": (1, 1.0, 80), "I12": (0, 1.2, 100), "I13": (5, 1.1, 800),
+    "I1": (1, 1.3, 1_000),
+    "I2": (3, 2.0, 20_000),
+    "I3": (7, 1.5, 70_000),
+    "I4": (4, 1.0, 300),
+    "I5": (2_800, 1.8, 2_000_000),
+    "I6": (40, 1.6, 15_000),
+    "I7": (3, 1.4, 1_500),
+    "I8": (7, 1.0, 600),
+    "I9": (42, 1.3, 6_000),
+    "I10": (0, 0.6, 4),
+    "I11": (1, 1.0, 80),
+    "I12": (0, 1.2, 100),
+    "I13": (5, 1.1, 800),
 }
 # Label model: categorical weight spread and integer coefficients.
 _CAT_SIGNAL: dict[str, float] = {
-    "C1": 0.5, "C2": 0.4, "C3": 0.4, "C5": 0.4, "C6": 0.5, "C8": 0.3,
-    "C9": 0.5, "C14": 0.4, "C17": 0.5, "C20": 0.4, "C23": 0.5,
+    "C1": 0.5,
+    "C2": 0.4,
+    "C3": 0.4,
+    "C5": 0.4,
+    "C6": 0.5,
+    "C8": 0.3,
+    "C9": 0.5,
+    "C14": 0.4,
+    "C17": 0.5,
+    "C20": 0.4,
+    "C23": 0.5,
 }
 _INT_SIGNAL: dict[str, float] = {"I1": 0.35, "I6": -0.3, "I7": 0.3, "I11": 0.3}
 
@@ -273,10 +291,7 @@ def write_synthetic_criteo(
       ValueError: a bad argument (message names it and the allowed range).
     """
     _check_args(num_rows, days, vocab_scale, zipf_exponent, ctr, daily_drift)
-    vocab = {
-        name: max(1, int(round(size * vocab_scale)))
-        for name, size in resolve_vocab_sizes(vocab_sizes).items()
-    }
+    vocab = {name: max(1, int(round(size * vocab_scale))) for name, size in resolve_vocab_sizes(vocab_sizes).items()}
     model = _Model(vocab, zipf_exponent, seed, ctr)
     os.makedirs(path, exist_ok=True)
     per_day = [num_rows // days + (1 if d < num_rows % days else 0) for d in range(days)]
@@ -337,9 +352,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         paths = write_synthetic_criteo(
-            args.out, num_rows=args.rows, seed=args.seed, days=args.days,
-            vocab_scale=args.vocab_scale, zipf_exponent=args.zipf_exponent, ctr=args.ctr,
-            daily_drift=args.daily_drift, gzip=args.gzip,
+            args.out,
+            num_rows=args.rows,
+            seed=args.seed,
+            days=args.days,
+            vocab_scale=args.vocab_scale,
+            zipf_exponent=args.zipf_exponent,
+            ctr=args.ctr,
+            daily_drift=args.daily_drift,
+            gzip=args.gzip,
         )
     except ValueError as exc:
         parser.error(str(exc))

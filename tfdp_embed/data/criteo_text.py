@@ -158,13 +158,9 @@ def check_file(path: str) -> None:
     """`check_files` for one file."""
     if not os.path.isfile(path):
         what = "is a directory" if os.path.isdir(path) else "does not exist"
-        raise CriteoFormatError(
-            path, None, "missing_file", f"{what}; expected a Criteo TSV file (plain or .gz)"
-        )
+        raise CriteoFormatError(path, None, "missing_file", f"{what}; expected a Criteo TSV file (plain or .gz)")
     if os.path.getsize(path) == 0:
-        raise CriteoFormatError(
-            path, None, "empty_file", "file is empty (0 bytes); expected Criteo TSV rows"
-        )
+        raise CriteoFormatError(path, None, "empty_file", "file is empty (0 bytes); expected Criteo TSV rows")
     head = b""
     try:
         for block in _iter_blocks(path, block_bytes=_SNIFF_BYTES, stop_after=_SNIFF_BYTES):
@@ -217,9 +213,7 @@ def _corrupt_error(path: str, line: int, exc: Exception) -> CriteoFormatError:
     )
 
 
-def _iter_blocks(
-    path: str, *, block_bytes: int = _READ_BLOCK_BYTES, stop_after: int | None = None
-) -> Iterator[bytes]:
+def _iter_blocks(path: str, *, block_bytes: int = _READ_BLOCK_BYTES, stop_after: int | None = None) -> Iterator[bytes]:
     """Yields the (decompressed) bytes of `path` block by block.
 
     Handles multi-member gzip. A gzip stream that stops early raises
@@ -268,9 +262,7 @@ class _GzipCorrupt(Exception):
     pass
 
 
-def iter_line_blocks(
-    path: str, *, block_bytes: int = _READ_BLOCK_BYTES
-) -> Iterator[tuple[int, bytes]]:
+def iter_line_blocks(path: str, *, block_bytes: int = _READ_BLOCK_BYTES) -> Iterator[tuple[int, bytes]]:
     """Yields `(first_line_number, data)`: whole lines, each ending in `\\n`.
 
     `\\r\\n` line ends become `\\n`; a last line without a newline gets one.
@@ -350,7 +342,10 @@ def iter_chunks(
             if skipped_here:
                 _LOG.warning(
                     "%s: skipped %d of %d lines (%s); first: %s",
-                    path, sum(skipped_here.values()), lines, skipped_here,
+                    path,
+                    sum(skipped_here.values()),
+                    lines,
+                    skipped_here,
                     stats.first_skipped.get(next(iter(skipped_here)), ""),
                 )
             with stats._lock:  # noqa: SLF001

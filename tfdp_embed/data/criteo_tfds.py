@@ -82,13 +82,9 @@ class CriteoDisplayAds(tfds.core.GeneratorBasedBuilder):
             features=tfds.features.FeaturesDict(
                 {
                     "label": tfds.features.ClassLabel(names=["no_click", "click"]),
-                    "int_features": tfds.features.Tensor(
-                        shape=(len(INT_FEATURES),), dtype=np.int64
-                    ),
+                    "int_features": tfds.features.Tensor(shape=(len(INT_FEATURES),), dtype=np.int64),
                     "int_missing": tfds.features.Tensor(shape=(len(INT_FEATURES),), dtype=np.bool_),
-                    "cat_features": tfds.features.Tensor(
-                        shape=(len(CAT_FEATURES),), dtype=tf.string
-                    ),
+                    "cat_features": tfds.features.Tensor(shape=(len(CAT_FEATURES),), dtype=tf.string),
                 }
             ),
             homepage="https://ailab.criteo.com/ressources/",
@@ -96,10 +92,7 @@ class CriteoDisplayAds(tfds.core.GeneratorBasedBuilder):
 
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
         manual_dir = os.fspath(dl_manager.manual_dir)
-        return {
-            split: self._generate_examples(path)
-            for split, path in find_split_files(manual_dir).items()
-        }
+        return {split: self._generate_examples(path) for split, path in find_split_files(manual_dir).items()}
 
     def _generate_examples(self, path: str):
         name = os.path.basename(path)
@@ -107,12 +100,15 @@ class CriteoDisplayAds(tfds.core.GeneratorBasedBuilder):
         for chunk in iter_chunks([path]):
             cats = chunk.cats.tolist()
             for i in range(len(chunk)):
-                yield f"{name}:{row}", {
-                    "label": int(chunk.labels[i]),
-                    "int_features": chunk.ints[i],
-                    "int_missing": chunk.ints_missing[i],
-                    "cat_features": cats[i],
-                }
+                yield (
+                    f"{name}:{row}",
+                    {
+                        "label": int(chunk.labels[i]),
+                        "int_features": chunk.ints[i],
+                        "int_missing": chunk.ints_missing[i],
+                        "cat_features": cats[i],
+                    },
+                )
                 row += 1
 
 
@@ -125,8 +121,7 @@ def find_split_files(manual_dir: str | os.PathLike) -> dict[str, str]:
     manual_dir = os.fspath(manual_dir)
     if not os.path.isdir(manual_dir):
         raise ValueError(
-            f"`manual_dir` {manual_dir!r} is not a directory. "
-            + CriteoDisplayAds.MANUAL_DOWNLOAD_INSTRUCTIONS
+            f"`manual_dir` {manual_dir!r} is not a directory. " + CriteoDisplayAds.MANUAL_DOWNLOAD_INSTRUCTIONS
         )
     splits: dict[str, str] = {}
     for name in sorted(os.listdir(manual_dir)):

@@ -87,8 +87,7 @@ def parse_raw_fields(
             features[name] = buckets[..., k]
     else:
         raise ValueError(
-            "`cats` must be tf.string [..., 26] or uint8 [..., 26, 8] (raw Criteo values), "
-            f"got {cats.dtype.name}."
+            f"`cats` must be tf.string [..., 26] or uint8 [..., 26, 8] (raw Criteo values), got {cats.dtype.name}."
         )
     return features
 
@@ -104,9 +103,7 @@ def _int_features(ints: tf.Tensor, ints_missing: tf.Tensor | None) -> dict[str, 
         values = tf.cast(ints, tf.float64)
         missing = tf.zeros_like(values, dtype=tf.bool)
     else:
-        raise ValueError(
-            f"`ints` must be tf.string, a float or an integer dtype, got {ints.dtype.name}."
-        )
+        raise ValueError(f"`ints` must be tf.string, a float or an integer dtype, got {ints.dtype.name}.")
     if ints_missing is not None:
         missing = tf.logical_or(missing, tf.cast(ints_missing, tf.bool))
     values = tf.where(missing, tf.zeros_like(values), values)
@@ -147,7 +144,4 @@ def _check_shape(arg: str, tensor: tf.Tensor, trailing: list[int]) -> None:
     dims = tensor.shape.as_list()[-len(trailing) :] if rank and rank >= len(trailing) else None
     if dims != trailing:
         want = ", ".join(["..."] + [str(d) for d in trailing])
-        raise ValueError(
-            f"`{arg}` must have shape [{want}] (one column per Criteo field), "
-            f"got shape {tensor.shape}."
-        )
+        raise ValueError(f"`{arg}` must have shape [{want}] (one column per Criteo field), got shape {tensor.shape}.")

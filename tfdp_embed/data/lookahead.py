@@ -62,8 +62,7 @@ def with_lookahead(dataset: tf.data.Dataset, ids_fn: Callable[[object], Mapping[
     spec = dataset.element_spec
     if not isinstance(spec, tuple) or len(spec) < 2:
         raise ValueError(
-            "`dataset` elements must be tuples `(features, labels[, sample_weight])`; received "
-            f"element spec {spec}."
+            f"`dataset` elements must be tuples `(features, labels[, sample_weight])`; received element spec {spec}."
         )
     sentinel = tf.nest.map_structure(_empty_like, spec)
 
@@ -104,9 +103,7 @@ def with_lookahead(dataset: tf.data.Dataset, ids_fn: Callable[[object], Mapping[
         tf.data.Dataset.from_tensors((sentinel_components, tf.constant(False)))
     )
     paired = flagged.scan((sentinel_components, tf.constant(False)), step)
-    out = paired.filter(lambda valid, previous, ids: valid).map(
-        lambda valid, previous, ids: (*rebuild(previous), ids)
-    )
+    out = paired.filter(lambda valid, previous, ids: valid).map(lambda valid, previous, ids: (*rebuild(previous), ids))
     # The same batches, in order, each with ids appended: the batching of `dataset` carries over.
     info = registered_info(dataset)
     return out if info is None else register(out, info)

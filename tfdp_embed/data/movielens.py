@@ -112,9 +112,7 @@ def read_ratings(path: str | os.PathLike) -> Ratings:
                     continue
                 rows.append(_parse_line(line, path, number))
         except UnicodeDecodeError as error:
-            raise MovieLensFormatError(
-                f"{path}: not a UTF-8 text file ({error})."
-            ) from None
+            raise MovieLensFormatError(f"{path}: not a UTF-8 text file ({error}).") from None
     if not rows:
         raise MovieLensFormatError(f"{path}: no ratings (the file is empty).")
     table = np.asarray(rows, dtype=np.int64)
@@ -157,9 +155,7 @@ def user_timelines(ratings: Ratings) -> dict:
     return {int(users[s]): items[s:e] for s, e in zip(starts, ends)}
 
 
-def split_users(
-    user_ids: Sequence[int], *, test_fraction: float = 0.2, seed: int = 0
-) -> tuple:
+def split_users(user_ids: Sequence[int], *, test_fraction: float = 0.2, seed: int = 0) -> tuple:
     """A seeded split of users into (train, test), each a sorted int array.
 
     Args:
@@ -174,14 +170,10 @@ def split_users(
       ValueError: a fraction outside (0, 1), fewer than 2 users, or duplicate ids.
     """
     if not isinstance(test_fraction, (int, float)) or not 0 < test_fraction < 1:
-        raise ValueError(
-            f"`test_fraction` must be a number in (0, 1); received {test_fraction!r}."
-        )
+        raise ValueError(f"`test_fraction` must be a number in (0, 1); received {test_fraction!r}.")
     users = np.asarray(sorted(user_ids), dtype=np.int64)
     if users.size < 2:
-        raise ValueError(
-            f"Splitting users needs at least 2 users; received {users.size}."
-        )
+        raise ValueError(f"Splitting users needs at least 2 users; received {users.size}.")
     if np.unique(users).size != users.size:
         raise ValueError("`user_ids` must be distinct.")
     n_test = min(users.size - 1, max(1, round(test_fraction * users.size)))
@@ -189,9 +181,7 @@ def split_users(
     return np.sort(permuted[n_test:]), np.sort(permuted[:n_test])
 
 
-def context_windows(
-    timeline: np.ndarray, positions: np.ndarray, *, context_length: int
-) -> np.ndarray:
+def context_windows(timeline: np.ndarray, positions: np.ndarray, *, context_length: int) -> np.ndarray:
     """The contexts of `positions` in one timeline: int32 `[len(positions), context_length]`.
 
     Row j holds timeline[max(0, p - L) : p] for p = positions[j], left-aligned, 0-padded.
@@ -202,9 +192,7 @@ def context_windows(
     starts = np.maximum(positions - context_length, 0)
     index = starts[:, None] + offsets[None, :]
     valid = index < positions[:, None]
-    out = np.where(
-        valid, timeline[np.minimum(index, max(len(timeline) - 1, 0))], PADDING_ID
-    )
+    out = np.where(valid, timeline[np.minimum(index, max(len(timeline) - 1, 0))], PADDING_ID)
     return out.astype(np.int32)
 
 
@@ -229,9 +217,7 @@ def timeline_examples(timelines: Sequence[np.ndarray], *, context_length: int) -
         if len(timeline) < 2:
             continue
         positions = np.arange(1, len(timeline))
-        contexts.append(
-            context_windows(timeline, positions, context_length=context_length)
-        )
+        contexts.append(context_windows(timeline, positions, context_length=context_length))
         labels.append(timeline[1:])
     if not contexts:
         return np.zeros([0, context_length], np.int32), np.zeros([0], np.int32)
@@ -309,21 +295,13 @@ def load_movielens_data(
     """
     ratings = read_ratings(path)
     timelines = user_timelines(ratings)
-    train_users, test_users = split_users(
-        list(timelines), test_fraction=test_fraction, seed=split_seed
-    )
+    train_users, test_users = split_users(list(timelines), test_fraction=test_fraction, seed=split_seed)
     train = {int(u): timelines[int(u)] for u in train_users}
     test = {int(u): timelines[int(u)] for u in test_users}
-    train_contexts, train_labels = timeline_examples(
-        list(train.values()), context_length=context_length
-    )
-    test_contexts, test_labels = timeline_examples(
-        list(test.values()), context_length=context_length
-    )
+    train_contexts, train_labels = timeline_examples(list(train.values()), context_length=context_length)
+    test_contexts, test_labels = timeline_examples(list(test.values()), context_length=context_length)
     if train_labels.size == 0:
-        raise ValueError(
-            f"{os.fspath(path)}: no training example (every training user has fewer than 2 ratings)."
-        )
+        raise ValueError(f"{os.fspath(path)}: no training example (every training user has fewer than 2 ratings).")
     return MovieLensData(
         train_timelines=train,
         test_timelines=test,

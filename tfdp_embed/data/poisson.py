@@ -507,9 +507,7 @@ def _load_all(dataset):
         return data
     for spec in tf.nest.flatten(dataset.element_spec):
         if not isinstance(spec, (tf.TensorSpec, tf.RaggedTensorSpec)):
-            raise ValueError(
-                f"`dataset` elements must be tensors or ragged tensors; received a component {spec}."
-            )
+            raise ValueError(f"`dataset` elements must be tensors or ragged tensors; received a component {spec}.")
     n = int(dataset.cardinality())
     if n == tf.data.INFINITE_CARDINALITY:
         raise ValueError("`dataset` is infinite (e.g. `.repeat()`d); pass one pass over the examples.")

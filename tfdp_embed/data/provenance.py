@@ -154,7 +154,9 @@ def fed_batching(x, *, declared: BatchingInfo | None = None) -> FedBatching:
                 f"`batching` declares {declared.batching!r} batches but the dataset was made by a tfdp_embed.data "
                 f"sampler of {info.batching!r} batches; drop `batching` (it is read from the dataset)."
             )
-        return FedBatching(info.batching, VERIFIED, f"tf.data.Dataset from a tfdp_embed.data sampler ({info.batching})", info)
+        return FedBatching(
+            info.batching, VERIFIED, f"tf.data.Dataset from a tfdp_embed.data sampler ({info.batching})", info
+        )
     described = _describe(x, stopped_at)
     if _is_arrays(x):
         if declared is not None and declared.batching == POISSON:

@@ -99,8 +99,7 @@ def _flatten(clipped: ClippedGradients):
         g = table.gradient
         slots = (push(g.values), push(g.indices), push(g.dense_shape), push(table.clip_factors))
         occ_slots = [
-            tuple(push(getattr(o, f.name)) for f in dataclasses.fields(EmbeddingOccurrences))
-            for o in table.occurrences
+            tuple(push(getattr(o, f.name)) for f in dataclasses.fields(EmbeddingOccurrences)) for o in table.occurrences
         ]
         plan.append((table, slots, occ_slots))
     dense_slots = [push(g) for _, g in clipped.dense]

@@ -159,7 +159,9 @@ def unsupported_reason(mechanism, kind: str) -> str | None:
     declared = ", ".join(STRATEGY_TITLES[k] for k in capabilities.strategies)
     why = capabilities.reason(kind)
     return (
-        f"it declares {declared} only" + (f" ({why})" if why else "") + ". "
+        f"it declares {declared} only"
+        + (f" ({why})" if why else "")
+        + ". "
         + how_to_declare(cls, f"{STRATEGY_TITLES[kind]} (`strategies` holding {kind!r})")
     )
 

@@ -55,7 +55,11 @@ def noise_feature_rows(touched_rows: tf.Tensor, *, max_rows: int, ctx=None) -> t
         replicas, me = ctx.num_replicas_in_sync, ctx.replica_id_in_sync_group
     union = tf.sort(tf.unique(rows).y)  # the same order on every replica
     return _owned_rows(
-        union, max_rows, replicas, me, message=f"noise_feature_rows: more owned rows than max_rows={max_rows}; raise it."
+        union,
+        max_rows,
+        replicas,
+        me,
+        message=f"noise_feature_rows: more owned rows than max_rows={max_rows}; raise it.",
     )
 
 
@@ -79,7 +83,9 @@ def noise_feature_gradients(generator, weights: tf.Tensor, *, dim: int, stddev: 
     return fast_normal.normal(generator, [size, dim], stddev) * weights[:, None]
 
 
-def clipped_activation_gradients(activation_gradients: tf.Tensor, clip_factors: tf.Tensor, *, expected_batch_size: float):
+def clipped_activation_gradients(
+    activation_gradients: tf.Tensor, clip_factors: tf.Tensor, *, expected_batch_size: float
+):
     """Per-example activation gradients scaled by c_i / B: the engine's per-row sum is then the clipped sum / B.
 
     Args:

@@ -47,37 +47,48 @@ _NOISE_FEATURE = (
 TPU_PLANS = {
     "none": TpuEmbeddingPlan("none", True, "plain TPUEmbedding training (no clipping, no noise)", ()),
     "eana": TpuEmbeddingPlan(
-        "eana", True, f"{_CLIP}; {_NOISE_FEATURE}.",
-        ("TPUEmbeddingV2.apply_gradients with explicit activation gradients", "extra FeatureConfig on the table",
-         "ids of the batch on the TensorCore (ghost norms, union of rows)"),
+        "eana",
+        True,
+        f"{_CLIP}; {_NOISE_FEATURE}.",
+        (
+            "TPUEmbeddingV2.apply_gradients with explicit activation gradients",
+            "extra FeatureConfig on the table",
+            "ids of the batch on the TensorCore (ghost norms, union of rows)",
+        ),
     ),
     "fest": TpuEmbeddingPlan(
-        "fest", True,
+        "fest",
+        True,
         f"{_CLIP}; unselected rows must get no gradient: ids as sequence features "
         "(max_sequence_length > 0, pooling on the TensorCore) so each occurrence's gradient can be "
         "masked; noise feature over the k selected rows every step.",
         ("sequence features (per-id activations)", "extra FeatureConfig with k ids per step"),
     ),
     "adafest": TpuEmbeddingPlan(
-        "adafest", True,
+        "adafest",
+        True,
         f"{_CLIP}; contribution map and thresholding on the TensorCore from the ids; touched rows "
         "below tau masked per occurrence (sequence features); noise feature over the survivors "
         "(touched survivors plus noise-only rows, a variable count padded to a static maximum).",
         ("sequence features (per-id activations)", "static maximum of survivors per step"),
     ),
     "adafest+": TpuEmbeddingPlan(
-        "adafest+", True, "as adafest, restricted to the DP-FEST selection.",
+        "adafest+",
+        True,
+        "as adafest, restricted to the DP-FEST selection.",
         ("sequence features (per-id activations)", "static maximum of survivors per step"),
     ),
     "dense": TpuEmbeddingPlan(
-        "dense", False,
+        "dense",
+        False,
         "dense DP-SGD adds noise to every row every step; SparseCore updates only rows that appear in "
         "the step's features, so it would need all vocabulary ids as a feature each step (a "
         "table-sized activation gradient): not feasible beyond small tables.",
         (),
     ),
     "lazy": TpuEmbeddingPlan(
-        "lazy", False,
+        "lazy",
+        False,
         "LazyDP must add a row's owed noise before the row is read; TPUEmbedding reads rows inside "
         "the engine with no read hook. Plain SGD could be served by the lookahead (owed noise of the "
         "next batch's rows sent through the noise feature as gradient -owed/lr, history table on the "

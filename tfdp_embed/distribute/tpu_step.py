@@ -153,9 +153,7 @@ class TpuDPStep:
         _check_tpu_capable(mechanism)
         for method in ("enqueue", "dequeue", "apply_gradients"):
             if not callable(getattr(engine, method, None)):
-                raise TypeError(
-                    f"`engine` must have TPUEmbeddingV2's {method}(); {type(engine).__name__} has none."
-                )
+                raise TypeError(f"`engine` must have TPUEmbeddingV2's {method}(); {type(engine).__name__} has none.")
         table_sizes = _check_table_sizes(table_sizes)
         features = list(features)
         if not features or not all(isinstance(f, TpuFeature) for f in features):
@@ -171,7 +169,9 @@ class TpuDPStep:
                     f"{sorted(table_sizes)}."
                 )
             if f.name.endswith(NOISE_FEATURE_SUFFIX):
-                raise ValueError(f"Feature name {f.name!r} ends with {NOISE_FEATURE_SUFFIX!r}, reserved for noise features.")
+                raise ValueError(
+                    f"Feature name {f.name!r} ends with {NOISE_FEATURE_SUFFIX!r}, reserved for noise features."
+                )
             if combiners.setdefault(f.table, f.combiner) != f.combiner:
                 raise ValueError(
                     f"The features of table {f.table!r} use different combiners ({combiners[f.table]!r}, "
@@ -260,7 +260,10 @@ class TpuDPStep:
         for table, rows in zip(self.tables, planned):
             limit = self.max_noise_rows[table.name]
             owned, weights, count = _owned_rows(
-                rows, limit, replicas, me,
+                rows,
+                limit,
+                replicas,
+                me,
                 message=f"TpuDPStep: table {table.name!r} needs more noise-feature rows on this replica than "
                 f"max_noise_rows={limit}; raise it (and the engine's noise feature size with it).",
             )
@@ -395,9 +398,7 @@ class TpuDPStep:
             )
             for t in self.tables
         ]
-        dense = [
-            (v, grads[id(v)] if id(v) in grads else tf.zeros_like(v)) for v in self.model.trainable_variables
-        ]
+        dense = [(v, grads[id(v)] if id(v) in grads else tf.zeros_like(v)) for v in self.model.trainable_variables]
         return ClippedGradients(
             tables=tables, dense=dense, expected_batch_size=self.expected_batch_size, batch_size=batch_size
         )
@@ -419,7 +420,9 @@ class TpuDPStep:
                 )
             )
         dense = [(v, tf.zeros_like(v)) for v in self.model.trainable_variables]
-        dry = ClippedGradients(tables=tables, dense=dense, expected_batch_size=self.expected_batch_size, batch_size=batch_size)
+        dry = ClippedGradients(
+            tables=tables, dense=dense, expected_batch_size=self.expected_batch_size, batch_size=batch_size
+        )
         pairs, _ = self._run_mechanism(dry, ctx, dry=True)
         by_variable = {id(v): g for g, v in pairs}
         return [tf.sort(tf.cast(by_variable[id(t.embeddings)].indices, tf.int64)) for t in self.tables]
@@ -474,12 +477,17 @@ def _check_tpu_capable(mechanism: NoiseMechanism) -> None:
         why = f"{plan.path} " if plan is not None and not plan.possible else ""
         raise DistributionNotSupportedError(
             f"Mechanism {mechanism.name!r} cannot run with its tables on the TPU embedding engine "
-            f"(class {type(mechanism).__name__}): {why}" + how_to_declare(mechanism, "TPU support (`tpu=True`)")
+            f"(class {type(mechanism).__name__}): {why}"
+            + how_to_declare(mechanism, "TPU support (`tpu=True`)")
             + f" TPU-possible library mechanisms: {possible} (docs/tpu_sparsecore.md)."
         )
     if plan is None or not plan.possible:
-        why = plan.path if plan is not None else (
-            f"no TPU plan exists for {type(mechanism).__name__} (it derives from no library mechanism in TPU_PLANS)"
+        why = (
+            plan.path
+            if plan is not None
+            else (
+                f"no TPU plan exists for {type(mechanism).__name__} (it derives from no library mechanism in TPU_PLANS)"
+            )
         )
         raise DistributionNotSupportedError(
             f"Mechanism {mechanism.name!r} cannot run with its tables on the TPU embedding engine "

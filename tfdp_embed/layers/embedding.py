@@ -40,8 +40,10 @@ from tfdp_embed._keras import keras, tf
 try:  # TensorFlow's flag for "a SavedModel is being traced" (no public accessor)
     from tensorflow.python.saved_model.save_context import in_save_context as _in_save_context
 except ImportError:  # pragma: no cover
+
     def _in_save_context() -> bool:
         return False
+
 
 _COMBINERS = (None, "sum", "mean", "sqrtn")
 
@@ -118,9 +120,7 @@ class DPEmbedding(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         if not isinstance(vocabulary_size, int) or vocabulary_size <= 0:
-            raise ValueError(
-                f"`vocabulary_size` must be a positive int; received {vocabulary_size!r}."
-            )
+            raise ValueError(f"`vocabulary_size` must be a positive int; received {vocabulary_size!r}.")
         if not isinstance(output_dim, int) or output_dim <= 0:
             raise ValueError(f"`output_dim` must be a positive int; received {output_dim!r}.")
         if combiner not in _COMBINERS:
@@ -175,9 +175,7 @@ class DPEmbedding(keras.layers.Layer):
         if isinstance(ids, tf.RaggedTensor):
             return ids.with_flat_values(self.bucket_ids(ids.flat_values, check_range=check_range))
         if isinstance(ids, tf.SparseTensor):
-            return tf.SparseTensor(
-                ids.indices, self.bucket_ids(ids.values, check_range=check_range), ids.dense_shape
-            )
+            return tf.SparseTensor(ids.indices, self.bucket_ids(ids.values, check_range=check_range), ids.dense_shape)
         ids = tf.convert_to_tensor(ids)
         if self.hash_ids:
             if ids.dtype != tf.string:
@@ -227,8 +225,7 @@ class DPEmbedding(keras.layers.Layer):
         rank = ids.shape.rank
         if rank not in (1, 2):
             raise ValueError(
-                f"DPEmbedding {self.name!r} takes ids of shape [batch] or [batch, n]; "
-                f"received shape {ids.shape}."
+                f"DPEmbedding {self.name!r} takes ids of shape [batch] or [batch, n]; received shape {ids.shape}."
             )
         batch = tf.shape(ids)[0]
         per_example = 1 if rank == 1 else tf.shape(ids)[1]
@@ -305,8 +302,7 @@ class DPEmbedding(keras.layers.Layer):
             return tf.reduce_sum(rows, axis=1) * tf.math.rsqrt(tf.maximum(lengths, 1.0))
         if ids.shape.rank not in (1, 2):
             raise ValueError(
-                f"DPEmbedding {self.name!r} takes ids of shape [batch] or [batch, n]; "
-                f"received shape {ids.shape}."
+                f"DPEmbedding {self.name!r} takes ids of shape [batch] or [batch, n]; received shape {ids.shape}."
             )
         if read is None:
             with self._own_read():

@@ -84,14 +84,9 @@ class SharedEmbedding(DPEmbedding):
             **kwargs,
         )
         if padding_id is not None and (
-            isinstance(padding_id, bool)
-            or not isinstance(padding_id, int)
-            or not 0 <= padding_id < vocabulary_size
+            isinstance(padding_id, bool) or not isinstance(padding_id, int) or not 0 <= padding_id < vocabulary_size
         ):
-            raise ValueError(
-                f"`padding_id` must be None or an int in [0, {vocabulary_size}); "
-                f"received {padding_id!r}."
-            )
+            raise ValueError(f"`padding_id` must be None or an int in [0, {vocabulary_size}); received {padding_id!r}.")
         self.padding_id = padding_id
 
     # -- ids ----------------------------------------------------------------
@@ -150,9 +145,7 @@ class SharedEmbedding(DPEmbedding):
           "logits": `[..., vocabulary_size]` scores `inputs @ table^T`.
         """
         if not isinstance(mode, str) or mode not in MODES:
-            raise ValueError(
-                f"SharedEmbedding {self.name!r}: `mode` must be one of {MODES}; received {mode!r}."
-            )
+            raise ValueError(f"SharedEmbedding {self.name!r}: `mode` must be one of {MODES}; received {mode!r}.")
         if mode == "logits":
             return self._logits(inputs)
         self._check_ids(inputs)

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import dp_accounting
 
@@ -66,9 +66,7 @@ from tfdp_embed.ops import sparse_rows
 _DROPPED_WARNING_FRACTION = 0.5
 
 
-def effective_noise_multiplier(
-    contribution_noise_multiplier: float, noise_multiplier: float
-) -> float:
+def effective_noise_multiplier(contribution_noise_multiplier: float, noise_multiplier: float) -> float:
     """The one Gaussian equivalent to one DP-AdaFEST step.
 
         sigma = (sigma1^-2 + sigma2^-2)^(-1/2)
@@ -238,9 +236,7 @@ def contribution_pairs(tables: Sequence, batch_size, contribution_clip: float, k
     batch_size = tf.cast(batch_size, tf.int32)
     touched = tf.zeros([batch_size], tf.float32)
     for _, examples in pairs:
-        touched += tf.math.unsorted_segment_sum(
-            tf.ones_like(examples, tf.float32), examples, batch_size
-        )
+        touched += tf.math.unsorted_segment_sum(tf.ones_like(examples, tf.float32), examples, batch_size)
     scale = tf.minimum(1.0, contribution_clip * tf.math.rsqrt(tf.maximum(touched, 1.0)))
     return [(rows, tf.gather(scale, examples)) for rows, examples in pairs]
 
@@ -262,9 +258,7 @@ def _distinct_example_rows(table) -> tuple:
     examples = examples[0] if len(examples) == 1 else tf.concat(examples, 0)
     keys = tf.cast(examples, tf.int64) * vocab + ids
     distinct, position = sparse_rows.unique(keys)
-    first = tf.math.unsorted_segment_min(
-        tf.range(tf.size(keys)), position, tf.size(distinct)
-    )
+    first = tf.math.unsorted_segment_min(tf.range(tf.size(keys)), position, tf.size(distinct))
     return tf.gather(ids, first), tf.gather(examples, first)
 
 
@@ -379,9 +373,7 @@ class DPAdaFEST(NoiseMechanism):
         self.contribution_noise_multiplier = check_positive(
             "contribution_noise_multiplier", contribution_noise_multiplier
         )
-        self._thresholds = TableThresholds(
-            threshold, scale=self.contribution_noise_multiplier * self.contribution_clip
-        )
+        self._thresholds = TableThresholds(threshold, scale=self.contribution_noise_multiplier * self.contribution_clip)
         self.threshold = self._thresholds.given  # a number, or {table: tau}
         self.effective_noise_multiplier = effective_noise_multiplier(
             self.contribution_noise_multiplier, self.noise_multiplier
@@ -420,14 +412,10 @@ class DPAdaFEST(NoiseMechanism):
                 f"the step has {len(clipped.tables)}."
             )
         out = self._dense_noised(clipped, self.noise_multiplier)
-        pairs = contribution_pairs(
-            clipped.tables, clipped.batch_size, self.contribution_clip, keep=self._keep_mask
-        )
+        pairs = contribution_pairs(clipped.tables, clipped.batch_size, self.contribution_clip, keep=self._keep_mask)
         stats = []
         for index, (table, (rows, weights)) in enumerate(zip(clipped.tables, pairs)):
-            slices, table_stats = self._noised_table(
-                index, table, rows, weights, clipped.expected_batch_size
-            )
+            slices, table_stats = self._noised_table(index, table, rows, weights, clipped.expected_batch_size)
             out.append((slices, table.variable))
             stats.append(table_stats)
         if stats:
@@ -466,9 +454,7 @@ class DPAdaFEST(NoiseMechanism):
         # First-appearance numbering: the touched entries' positions are exactly [0, m).
         num_touched = tf.maximum(tf.reduce_max(position[:num_touched_entries]), -1) + 1
         count = tf.math.unsorted_segment_sum(pair_weights, position[num_grad:num_counted], num_touched)
-        noisy = count + self._noise_like(
-            [num_touched], self.contribution_noise_multiplier * self.contribution_clip
-        )
+        noisy = count + self._noise_like([num_touched], self.contribution_noise_multiplier * self.contribution_clip)
         # Rows every example scores against (data-independent) always survive.
         scored = tf.math.unsorted_segment_max(
             tf.ones_like(shared, tf.int32), position[num_counted:num_touched_entries], num_touched

@@ -32,7 +32,7 @@ Training of Large Embedding Models", NeurIPS 2023: §4.2 (DP-AdaFEST+),
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import dp_accounting
 import numpy as np
@@ -108,8 +108,7 @@ class DPAdaFESTPlus(DPAdaFEST):
         )
         if not isinstance(selected_rows, Mapping):
             raise TypeError(
-                "`selected_rows` must map DPEmbedding layer names to row ids; received "
-                f"{type(selected_rows).__name__}."
+                f"`selected_rows` must map DPEmbedding layer names to row ids; received {type(selected_rows).__name__}."
             )
         if not isinstance(selection_event, dp_accounting.DpEvent):
             raise TypeError(
@@ -123,7 +122,7 @@ class DPAdaFESTPlus(DPAdaFEST):
         self._selected: list = []
 
     @classmethod
-    def from_selection(cls, selection, **kwargs) -> "DPAdaFESTPlus":
+    def from_selection(cls, selection, **kwargs) -> DPAdaFESTPlus:
         """Builds the mechanism from a `topk_selection.TopKSelection` (its rows and event).
 
         Args:
@@ -143,7 +142,7 @@ class DPAdaFESTPlus(DPAdaFEST):
         top_k: Mapping[str, int] | None = None,
         top_fraction: float | None = None,
         **kwargs,
-    ) -> "DPAdaFESTPlus":
+    ) -> DPAdaFESTPlus:
         """Runs the DP-FEST selection (eps1, DP top-k per table) and builds the mechanism.
 
             rows_f = top-k_f(h_f + Gumbel(k_f / eps_f)),  eps_f = eps1 / #tables that choose
@@ -193,18 +192,14 @@ class DPAdaFESTPlus(DPAdaFEST):
             )
         unused = sorted(set(self._selected_rows) - set(names))
         if unused:
-            raise ValueError(
-                f"`selected_rows` names {unused}, which are not tables of this model "
-                f"(tables: {names})."
-            )
+            raise ValueError(f"`selected_rows` names {unused}, which are not tables of this model (tables: {names}).")
         self._selected = []
         for i, table in enumerate(self._tables):
             rows = self._selected_rows[table.name]
             vocab = int(table.vocabulary_size)
             if rows.size and (rows[0] < 0 or rows[-1] >= vocab):
                 raise ValueError(
-                    f"`selected_rows[{table.name!r}]` has rows outside [0, {vocab}): "
-                    f"min {rows[0]}, max {rows[-1]}."
+                    f"`selected_rows[{table.name!r}]` has rows outside [0, {vocab}): min {rows[0]}, max {rows[-1]}."
                 )
             self._selected.append(
                 tf.Variable(
@@ -243,9 +238,7 @@ class DPAdaFESTPlus(DPAdaFEST):
         report = super().report()
         report["selection_event"] = repr(self.selection_event)
         report["selection_epsilon"] = self.selection_epsilon
-        report["selected_rows"] = {
-            name: int(rows.size) for name, rows in self._selected_rows.items()
-        }
+        report["selected_rows"] = {name: int(rows.size) for name, rows in self._selected_rows.items()}
         for i, entry in enumerate(report["tables"]):
             entry["expected_noise_only_rows"] = self._selected_rows[entry["table"]].size * self._thresholds.survival(i)
         report["caveats"] = list(report["caveats"]) + [

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import dp_accounting
 

@@ -165,9 +165,7 @@ def check_declared_use(mechanism, *, lookahead: bool) -> None:
             + " Build DPModel with lookahead=False for it (only lazy mechanisms use the lookahead)."
         )
     cls = type(mechanism)
-    if capabilities.defers_noise and (
-        cls.flush is NoiseMechanism.flush or cls.owes_noise is NoiseMechanism.owes_noise
-    ):
+    if capabilities.defers_noise and (cls.flush is NoiseMechanism.flush or cls.owes_noise is NoiseMechanism.owes_noise):
         raise PrivacyContractError(
             f"Mechanism class {cls.__name__} declares `defers_noise` but does not override both `flush` and "
             "`owes_noise`: a release could not add the noise it still owes. Implement them."

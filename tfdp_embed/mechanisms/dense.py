@@ -62,9 +62,7 @@ class DenseDPSGD(NoiseMechanism):
                 noise = tf.zeros_like(var)
             # One table-sized tensor (every row gets noise, drawn already divided by B);
             # the touched rows of the clipped sum are scattered into it.
-            dense = tf.tensor_scatter_nd_add(
-                noise, tf.cast(sparse.indices, tf.int64)[:, None], sparse.values / batch
-            )
+            dense = tf.tensor_scatter_nd_add(noise, tf.cast(sparse.indices, tf.int64)[:, None], sparse.values / batch)
             out.append((dense, var))
         self.steps.assign_add(1)
         return out

@@ -76,7 +76,7 @@ class EANA(NoiseMechanism):
         touched = [table.gradient.values for table in clipped.tables]
         noised = self._noised_sums(dense + touched, std, clipped.expected_batch_size)
         out = [(grad, variable) for grad, (variable, _) in zip(noised, clipped.dense)]
-        for table, values in zip(clipped.tables, noised[len(dense):]):
+        for table, values in zip(clipped.tables, noised[len(dense) :]):
             grad = table.gradient
             out.append((tf.IndexedSlices(values, grad.indices, grad.dense_shape), table.variable))
         self.steps.assign_add(1)

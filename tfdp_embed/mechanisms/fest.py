@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import dp_accounting
 import numpy as np
@@ -129,9 +129,7 @@ class DPFEST(NoiseMechanism):
     """
 
     name = "fest"
-    capabilities = MechanismCapabilities(
-        strategies=ALL_STRATEGIES, tpu=True, one_off_events=True, needs_lookups=False
-    )
+    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, one_off_events=True, needs_lookups=False)
 
     def __init__(
         self,
@@ -188,9 +186,7 @@ class DPFEST(NoiseMechanism):
                 self._positions[table.name] = tf.Variable(
                     tf.fill([table.vocabulary_size], -1), trainable=False, name="fest_positions"
                 )
-                self._rows[table.name] = tf.Variable(
-                    tf.zeros([k], tf.int64), trainable=False, name="fest_rows"
-                )
+                self._rows[table.name] = tf.Variable(tf.zeros([k], tf.int64), trainable=False, name="fest_rows")
         if self._config.counts is not None:
             self.select(self._config.counts)
 
@@ -299,7 +295,7 @@ class DPFEST(NoiseMechanism):
         dense = [grad for _, grad in clipped.dense]
         noised = self._noised_sums(dense + blocks, std, clipped.expected_batch_size)
         out = [(grad, variable) for grad, (variable, _) in zip(noised, clipped.dense)]
-        for table, values, rows in zip(clipped.tables, noised[len(dense):], rows_out):
+        for table, values, rows in zip(clipped.tables, noised[len(dense) :], rows_out):
             out.append((tf.IndexedSlices(values, rows, table.gradient.dense_shape), table.variable))
         self.steps.assign_add(1)
         return out

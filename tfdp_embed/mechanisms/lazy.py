@@ -80,7 +80,7 @@ _LAZY_SYNC_REASON = (
 
 # Per-mechanism traced flush functions; kept out of the mechanism so checkpoints and
 # SavedModels never see them.
-_FLUSH_FUNCTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_FLUSH_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # Everything here is straight-line TF with explicit tf.cond: autograph would only slow tracing.
 _plain_python = tf.autograph.experimental.do_not_convert
@@ -328,9 +328,7 @@ class LazyDP(NoiseMechanism):
             return
         for name, ids in lookahead.items():
             if name not in self._by_name:
-                raise KeyError(
-                    f"`lookahead` names table {name!r}; LazyDP's tables are {sorted(self._by_name)}."
-                )
+                raise KeyError(f"`lookahead` names table {name!r}; LazyDP's tables are {sorted(self._by_name)}.")
             index = self._by_name[name]
             rows = self._lookahead_rows(index, ids)
             if self._fused(index):  # the op deduplicates (same rows, same order)
@@ -434,7 +432,9 @@ class LazyDP(NoiseMechanism):
         """
         if not self._fused(index):
             return None
-        return lazy_fused.catch_up_and_gather(self._tables[index].embeddings, self._histories[index], ids, self._op_state())
+        return lazy_fused.catch_up_and_gather(
+            self._tables[index].embeddings, self._histories[index], ids, self._op_state()
+        )
 
     @_plain_python
     @_raw_reads

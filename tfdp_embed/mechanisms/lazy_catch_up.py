@@ -22,7 +22,7 @@ References: LazyDP (Lim et al., ASPLOS 2024) §5.2, Alg. 1.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms import lazy_history, lazy_math
@@ -121,7 +121,9 @@ class OwedNoise:
         scale = -tf.sqrt(tf.maximum(self.step_sums.weights(pair_steps), 0.0))
         z = self.normals(tf.gather(rows, owner), pair_steps, [dim])
         u = tf.cast(scale, tf.float32)[:, None] * z
-        coef_m, coef_theta = lazy_math.propagation_coefficients(now - pair_steps, beta=self.beta, nesterov=self.nesterov)
+        coef_m, coef_theta = lazy_math.propagation_coefficients(
+            now - pair_steps, beta=self.beta, nesterov=self.nesterov
+        )
         theta = tf.math.unsorted_segment_sum(tf.cast(coef_theta, tf.float32)[:, None] * u, owner, n)
         if self.beta == 0:
             return None, theta

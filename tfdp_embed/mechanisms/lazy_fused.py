@@ -68,9 +68,7 @@ def new_catch_up_stream(seed: int | None) -> tf.Variable:
     come from the generator, whose sequence feeds the dense noise.
     """
     initial = np.random.SeedSequence(seed).generate_state(2, np.uint64).view(np.int64)
-    return tf.Variable(
-        np.concatenate([initial, np.zeros([1], np.int64)]), trainable=False, name="catch_up_stream"
-    )
+    return tf.Variable(np.concatenate([initial, np.zeros([1], np.int64)]), trainable=False, name="catch_up_stream")
 
 
 def rekey(stream: tf.Variable) -> None:

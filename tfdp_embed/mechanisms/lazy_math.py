@@ -141,9 +141,7 @@ def advance_running_sums(previous: RunningSums, weight, *, beta: float) -> Runni
     w = _as64(weight)
     hi = previous.p_hi + w
     # Neumaier: the rounding error of hi = p_hi + w, exactly.
-    err = tf.where(
-        tf.abs(previous.p_hi) >= tf.abs(w), (previous.p_hi - hi) + w, (w - hi) + previous.p_hi
-    )
+    err = tf.where(tf.abs(previous.p_hi) >= tf.abs(w), (previous.p_hi - hi) + w, (w - hi) + previous.p_hi)
     beta = float(beta)
     return RunningSums(
         p_hi=hi,
@@ -231,7 +229,9 @@ def windowed_moments(recent_weights, *, beta: float, nesterov: bool = False) -> 
     return cumulative[0], cumulative[1], cumulative[2]
 
 
-def owed_noise_moments(start: RunningSums, end: RunningSums, steps, recent_weights, *, beta: float, nesterov: bool = False) -> tuple:
+def owed_noise_moments(
+    start: RunningSums, end: RunningSums, steps, recent_weights, *, beta: float, nesterov: bool = False
+) -> tuple:
     """(Var M, Cov, Var Theta) owed for steps (t - k, t]: direct sums for k <= K, range sums beyond.
 
     With the window, the relative error of Var Theta is at most about

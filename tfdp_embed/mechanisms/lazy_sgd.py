@@ -47,7 +47,7 @@ def sgd_settings(optimizer) -> SgdSettings:
                 "noiseless sparse gradient instead of dense DP-SGD's noisy one, so the model "
                 "would differ from DP-SGD. Per-example clipping already bounds the gradient."
             )
-    momentum = getattr(optimizer, "momentum")
+    momentum = optimizer.momentum
     if callable(momentum) and not isinstance(momentum, tf.Variable):
         raise ValueError(
             "LazyDP needs a constant `momentum` (the deferred-noise closed form depends on it); "

@@ -21,7 +21,7 @@ References: LazyDP §5.2 (Alg. 1 with ANS disabled reproduces DP-SGD's draws).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from tfdp_embed._keras import tf
 

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import dp_accounting
 import numpy as np
@@ -147,8 +147,7 @@ def _gumbel(rng, size: int, scale: float) -> np.ndarray:
         u = np.maximum(u, np.finfo(np.float64).tiny)
         return -scale * np.log(-np.log(u))
     raise TypeError(
-        "`rng` must be a numpy Generator, a tf.random.Generator or None (OS entropy); "
-        f"received {type(rng).__name__}."
+        f"`rng` must be a numpy Generator, a tf.random.Generator or None (OS entropy); received {type(rng).__name__}."
     )
 
 
@@ -312,8 +311,7 @@ def _default_ids_fn(element):
     features = element[0] if isinstance(element, tuple) else element
     if not isinstance(features, Mapping):
         raise ValueError(
-            "`bucket_counts` needs `ids_fn` unless the dataset yields a dict of features "
-            "(or (features, labels))."
+            "`bucket_counts` needs `ids_fn` unless the dataset yields a dict of features (or (features, labels))."
         )
     return features
 

@@ -37,16 +37,10 @@ DEFAULT_KS = (1, 5, 10, 20)
 
 def _check_ks(ks: Sequence[int], num_candidates: int) -> tuple:
     ks = tuple(ks)
-    if not ks or any(
-        isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 for k in ks
-    ):
-        raise ValueError(
-            f"`ks` must be a non-empty list of ints >= 1; received {ks!r}."
-        )
+    if not ks or any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 for k in ks):
+        raise ValueError(f"`ks` must be a non-empty list of ints >= 1; received {ks!r}.")
     if max(ks) > num_candidates:
-        raise ValueError(
-            f"`ks` has k = {max(ks)} but there are only {num_candidates} candidates."
-        )
+        raise ValueError(f"`ks` has k = {max(ks)} but there are only {num_candidates} candidates.")
     return tuple(int(k) for k in ks)
 
 
@@ -93,11 +87,7 @@ def precision_recall_at_k(
     """
     queries = np.asarray(queries, dtype=np.float32)
     candidates = np.asarray(candidates, dtype=np.float32)
-    if (
-        queries.ndim != 2
-        or candidates.ndim != 2
-        or queries.shape[1] != candidates.shape[1]
-    ):
+    if queries.ndim != 2 or candidates.ndim != 2 or queries.shape[1] != candidates.shape[1]:
         raise ValueError(
             f"`queries` [n, d] and `candidates` [m, d] must share d; received shapes {queries.shape} "
             f"and {candidates.shape}."
@@ -107,24 +97,16 @@ def precision_recall_at_k(
         raise ValueError("`queries` is empty: no query to evaluate.")
     ks = _check_ks(ks, m)
     batch_size = check_int("batch_size", batch_size)
-    ids = (
-        np.arange(m, dtype=np.int64)
-        if candidate_ids is None
-        else np.asarray(candidate_ids, dtype=np.int64)
-    )
+    ids = np.arange(m, dtype=np.int64) if candidate_ids is None else np.asarray(candidate_ids, dtype=np.int64)
     if ids.shape != (m,):
-        raise ValueError(
-            f"`candidate_ids` needs one id per candidate ({m}); received shape {ids.shape}."
-        )
+        raise ValueError(f"`candidate_ids` needs one id per candidate ({m}); received shape {ids.shape}.")
     rel = _relevant_matrix(relevant, padding_id)
     if rel.shape[0] != n:
         raise ValueError(f"`relevant` has {rel.shape[0]} rows for {n} queries.")
     valid = np.ones_like(rel, dtype=bool) if padding_id is None else rel != padding_id
     counts = valid.sum(axis=1)
     if np.any(counts == 0):
-        raise ValueError(
-            f"Query {int(np.argmax(counts == 0))} has no relevant id; every query needs at least one."
-        )
+        raise ValueError(f"Query {int(np.argmax(counts == 0))} has no relevant id; every query needs at least one.")
 
     cand = tf.constant(candidates)
     kmax = max(ks)
@@ -132,14 +114,10 @@ def precision_recall_at_k(
     for start in range(0, n, batch_size):
         stop = min(start + batch_size, n)
         scores = tf.matmul(tf.constant(queries[start:stop]), cand, transpose_b=True)
-        top = ids[
-            tf.math.top_k(scores, k=kmax).indices.numpy()
-        ]  # [b, kmax] candidate ids
+        top = ids[tf.math.top_k(scores, k=kmax).indices.numpy()]  # [b, kmax] candidate ids
         block_rel, block_valid = rel[start:stop], valid[start:stop]
         # found[b, j]: the j-th ranked candidate is relevant to query b.
-        found = np.any(
-            (top[:, :, None] == block_rel[:, None, :]) & block_valid[:, None, :], axis=2
-        )
+        found = np.any((top[:, :, None] == block_rel[:, None, :]) & block_valid[:, None, :], axis=2)
         cumulative = np.cumsum(found, axis=1)
         for k in ks:
             hits[k][start:stop] = cumulative[:, k - 1]

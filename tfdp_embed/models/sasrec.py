@@ -149,9 +149,7 @@ class SASRec(keras.Model):
         self.blocks = [_Block(self, i, config) for i in range(config.blocks)]
         self.final_norm = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="final_norm")
         # Re-Attention's effective errors: data, not trainable (DPFormer Claims 4.3-4.4).
-        self.item_errors = tf.Variable(
-            tf.zeros([config.table_rows]), trainable=False, name="item_effective_errors"
-        )
+        self.item_errors = tf.Variable(tf.zeros([config.table_rows]), trainable=False, name="item_effective_errors")
         # Item id -> table row (`head_items`): until `set_item_rows`, ids 1..k are the head.
         self.item_rows = None
         if config.head_items is not None:
@@ -235,7 +233,9 @@ class SASRec(keras.Model):
           ValueError: without `popularity_prior` in the config, or for bad shapes/values.
         """
         if not self.config.popularity_prior:
-            raise ValueError("`set_item_prior` needs SASRecConfig(popularity_prior=True); the logits ignore it otherwise.")
+            raise ValueError(
+                "`set_item_prior` needs SASRecConfig(popularity_prior=True); the logits ignore it otherwise."
+            )
         freq = self._item_frequencies(item_frequencies)
         if not (isinstance(min_frequency, (int, float)) and 0 < min_frequency <= 1):
             raise ValueError(f"`min_frequency` must be in (0, 1]; received {min_frequency!r}.")
@@ -276,7 +276,9 @@ class SASRec(keras.Model):
             h_var = ra.layer_norm_output_variance(x, var, block.attn_norm.gamma, block.attn_norm.epsilon)
             key_var = ra.dense_output_variance(h, h_var, block.key.kernel, s_w)
             correction = tf.stop_gradient(ra.re_attention_correction(q, key_var))
-        out, weights = block.attention(q, k, v, key_mask=mask, correction=correction, training=training, return_weights=True)
+        out, weights = block.attention(
+            q, k, v, key_mask=mask, correction=correction, training=training, return_weights=True
+        )
         x = x + block.dropout(block.output(out), training=training)
         x = x * mask[..., None]
         if var is not None:

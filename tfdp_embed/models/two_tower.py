@@ -147,9 +147,7 @@ class ItemEmbedding(DPEmbedding):
         num_items = check_int("num_items", num_items)
         kwargs.pop("combiner", None)
         kwargs.pop("vocabulary_size", None)
-        super().__init__(
-            num_items + 1, output_dim, combiner=None, hash_ids=False, **kwargs
-        )
+        super().__init__(num_items + 1, output_dim, combiner=None, hash_ids=False, **kwargs)
         self.num_items = num_items
 
     def candidates(self) -> tf.Tensor:
@@ -163,25 +161,17 @@ class ItemEmbedding(DPEmbedding):
         return super().call(inputs)
 
     def _all_item_logits(self, queries):
-        if queries.shape.rank != 2 or (
-            queries.shape[-1] is not None and queries.shape[-1] != self.output_dim
-        ):
+        if queries.shape.rank != 2 or (queries.shape[-1] is not None and queries.shape[-1] != self.output_dim):
             raise ValueError(
                 f"ItemEmbedding {self.name!r} scores float queries of shape [batch, {self.output_dim}]; "
                 f"received shape {queries.shape}."
             )
         if self.read_hook is not None:  # every item row is read
             self.read_hook(tf.range(1, self.vocabulary_size, dtype=tf.int64))
-        return tf.matmul(
-            queries, tf.cast(self.candidates(), queries.dtype), transpose_b=True
-        )
+        return tf.matmul(queries, tf.cast(self.candidates(), queries.dtype), transpose_b=True)
 
     def occurrences(self, ids, *, check_range: bool = True):
-        ids_tensor = (
-            ids
-            if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor))
-            else tf.convert_to_tensor(ids)
-        )
+        ids_tensor = ids if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else tf.convert_to_tensor(ids)
         if ids_tensor.dtype.is_floating:
             raise TypeError(
                 f"ItemEmbedding {self.name!r} was called with float queries (the full softmax over all "
@@ -238,28 +228,18 @@ class TwoTowerModel(tfrs.Model):
         super().__init__(name=name)
         embedding_dim = check_int("embedding_dim", embedding_dim)
         hidden_units = tuple(hidden_units)
-        if any(
-            isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in hidden_units
-        ):
-            raise ValueError(
-                f"`hidden_units` must be ints >= 1; received {hidden_units!r}."
-            )
+        if any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in hidden_units):
+            raise ValueError(f"`hidden_units` must be ints >= 1; received {hidden_units!r}.")
         self.num_items = num_items
         self.embedding_dim = embedding_dim
         self.hidden_units = hidden_units
-        self.history_embedding = HistoryEmbedding(
-            num_items + 1, embedding_dim, name="history_embedding"
-        )
+        self.history_embedding = HistoryEmbedding(num_items + 1, embedding_dim, name="history_embedding")
         self.hidden_layers = [
             keras.layers.Dense(units, activation="relu", name=f"context_hidden_{i}")
             for i, units in enumerate(hidden_units)
         ]
-        self.query_projection = keras.layers.Dense(
-            embedding_dim, name="query_projection"
-        )
-        self.item_embedding = ItemEmbedding(
-            num_items, embedding_dim, name="item_embedding"
-        )
+        self.query_projection = keras.layers.Dense(embedding_dim, name="query_projection")
+        self.item_embedding = ItemEmbedding(num_items, embedding_dim, name="item_embedding")
 
     # -- towers ---------------------------------------------------------------
     def query(self, contexts, training=False) -> tf.Tensor:
@@ -279,17 +259,13 @@ class TwoTowerModel(tfrs.Model):
 
     def score(self, contexts, item_ids) -> tf.Tensor:
         """Dot-product score of (context, item) pairs, `[batch]`."""
-        return tf.reduce_sum(
-            self.query(contexts) * self.item_vectors(item_ids), axis=-1
-        )
+        return tf.reduce_sum(self.query(contexts) * self.item_vectors(item_ids), axis=-1)
 
     # -- loss ----------------------------------------------------------------
     def _checked_labels(self, labels) -> tf.Tensor:
         labels = tf.reshape(tf.cast(labels, tf.int64), [-1])
         check = tf.debugging.Assert(
-            tf.logical_and(
-                tf.reduce_all(labels >= 1), tf.reduce_all(labels <= self.num_items)
-            ),
+            tf.logical_and(tf.reduce_all(labels >= 1), tf.reduce_all(labels <= self.num_items)),
             [
                 f"TwoTowerModel: labels must be item ids in [1, {self.num_items}]; min and max received:",
                 tf.reduce_min(labels),
@@ -310,9 +286,7 @@ class TwoTowerModel(tfrs.Model):
         contexts, labels = inputs
         labels = self._checked_labels(labels)
         logits = self(contexts, training=training)
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=labels - 1, logits=logits
-        )
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels - 1, logits=logits)
 
 
 __all__ = [

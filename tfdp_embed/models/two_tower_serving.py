@@ -50,29 +50,17 @@ class RetrievalServingModule(tf.Module):
       ValueError: `k` outside 1..num_items.
     """
 
-    def __init__(
-        self, model: TwoTowerModel, *, k: int = 10, name: str = "two_tower_retrieval"
-    ):
+    def __init__(self, model: TwoTowerModel, *, k: int = 10, name: str = "two_tower_retrieval"):
         super().__init__(name=name)
         if not isinstance(model, TwoTowerModel):
-            raise TypeError(
-                f"`model` must be a TwoTowerModel; received {type(model).__name__}."
-            )
-        if (
-            isinstance(k, bool)
-            or not isinstance(k, int)
-            or not 1 <= k <= model.num_items
-        ):
-            raise ValueError(
-                f"`k` must be an int in [1, {model.num_items}]; received {k!r}."
-            )
+            raise TypeError(f"`model` must be a TwoTowerModel; received {type(model).__name__}.")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= model.num_items:
+            raise ValueError(f"`k` must be an int in [1, {model.num_items}]; received {k!r}.")
         self.k = k
         self.num_items = model.num_items
         # Tracked: the query tower's variables (not the item table: the index holds a copy).
         self.query_variables = [
-            v
-            for v in model.trainable_variables
-            if v.ref() != model.item_embedding.embeddings.ref()
+            v for v in model.trainable_variables if v.ref() != model.item_embedding.embeddings.ref()
         ]
         object.__setattr__(self, "_model", model)
         self.index = tfrs.layers.factorized_top_k.BruteForce(k=k, name="item_index")
@@ -109,9 +97,7 @@ class RetrievalServingModule(tf.Module):
 
     def top_k(self, history) -> dict:
         """In-process retrieval with the same index (for comparison with the SavedModel)."""
-        return self._serve(
-            tf.constant(check_history(history, num_items=self.num_items))
-        )
+        return self._serve(tf.constant(check_history(history, num_items=self.num_items)))
 
 
 def check_history(history, *, num_items: int) -> np.ndarray:

@@ -34,7 +34,17 @@ def ulp_check(exhaustive: bool) -> int:
     source = fast_normal.SOURCE.with_name("ulp_check.cc")
     binary = fast_normal.build_dir(cxx) / "ulp_check"
     binary.parent.mkdir(parents=True, exist_ok=True)
-    command = [cxx, "-std=c++17", "-O3", "-ffp-contract=off", "-fno-fast-math", "-pthread", str(source), "-o", str(binary)]
+    command = [
+        cxx,
+        "-std=c++17",
+        "-O3",
+        "-ffp-contract=off",
+        "-fno-fast-math",
+        "-pthread",
+        str(source),
+        "-o",
+        str(binary),
+    ]
     print(" ".join(command), flush=True)
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -67,12 +77,16 @@ def main(argv=None) -> int:
 
         z = fast_normal.fast_normal([1 << 16], tf.constant([1, 2], tf.int64), 1.0).numpy()
     except Exception as err:  # noqa: BLE001 (report every failure the same way)
-        _warn(f"the fast Gaussian op could not be built or loaded; tfdp_embed falls back to "
-              f"tf.random.Generator.normal. Reason: {err}")
+        _warn(
+            f"the fast Gaussian op could not be built or loaded; tfdp_embed falls back to "
+            f"tf.random.Generator.normal. Reason: {err}"
+        )
         return 1 if args.strict else 0
     mean, var = float(z.mean()), float(z.var())
-    print(f"fast_normal op: {library} ({time.perf_counter() - start:.1f} s); known-answer test ok; "
-          f"65,536 draws: mean {mean:+.4f}, variance {var:.4f}")
+    print(
+        f"fast_normal op: {library} ({time.perf_counter() - start:.1f} s); known-answer test ok; "
+        f"65,536 draws: mean {mean:+.4f}, variance {var:.4f}"
+    )
     if args.ulp_check:
         return ulp_check(args.exhaustive)
     return 0

@@ -67,7 +67,15 @@ ISAS = ("auto", "avx512", "avx2", "portable")
 # -O3 without -march: the AVX2/AVX-512 paths carry their own target
 # attributes and are chosen at run time. -ffp-contract=off: no FMA
 # contraction, so that every path rounds identically.
-CXXFLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-Wno-deprecated-declarations")
+CXXFLAGS = (
+    "-std=c++17",
+    "-O3",
+    "-fPIC",
+    "-shared",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-Wno-deprecated-declarations",
+)
 
 
 class BuildError(RuntimeError):
@@ -207,8 +215,14 @@ def build(force: bool = False, verbose: bool = False) -> Path:
 # in tests/ops/test_fast_normal.py. A library that disagrees (a miscompiled
 # kernel would silently break the privacy guarantee) is not used.
 _KAT_INDICES = (0, 1, 2, 3, 17, 63)
-_KAT_VALUES = (-0.4288627505302429, 0.5014969706535339, -0.6345771551132202,
-               -0.4304758310317993, -0.642013669013977, 2.4611282348632812)
+_KAT_VALUES = (
+    -0.4288627505302429,
+    0.5014969706535339,
+    -0.6345771551132202,
+    -0.4304758310317993,
+    -0.642013669013977,
+    2.4611282348632812,
+)
 
 
 def _known_answer_test(module) -> None:
@@ -236,7 +250,7 @@ def _load():
             library = build()
             try:
                 module = tf.load_op_library(str(library))
-            except Exception as err:  # noqa: BLE001 (TF raises NotFoundError, OSError, ...)
+            except Exception as err:
                 raise BuildError(f"loading {library} failed: {err}") from err
             for name in OP_NAMES:
                 tf.no_gradient(name)

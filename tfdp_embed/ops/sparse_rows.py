@@ -202,9 +202,7 @@ def noised_values_many(generator: tf.random.Generator, values_list, *, stddev, d
     if key is None:
         key = generator.uniform_full_int([2], dtype=tf.int64)
     stddev, divisor = tf.cast(stddev, tf.float32), tf.cast(divisor, tf.float32)
-    return [
-        op.tfdp_embed_noised_values(v, key, stddev, divisor, stream=i) for i, v in enumerate(values_list)
-    ]
+    return [op.tfdp_embed_noised_values(v, key, stddev, divisor, stream=i) for i, v in enumerate(values_list)]
 
 
 def noised_values_reference(values, key, stddev, divisor, stream: int = 0) -> tf.Tensor:
@@ -236,9 +234,7 @@ def noised_values(generator: tf.random.Generator, values, *, stddev, divisor) ->
     if op is None:
         return (values + fast_normal.normal(generator, tf.shape(values), stddev, dtype=values.dtype)) / divisor
     key = generator.uniform_full_int([2], dtype=tf.int64)
-    return op.tfdp_embed_noised_values(
-        values, key, tf.cast(stddev, tf.float32), tf.cast(divisor, tf.float32)
-    )
+    return op.tfdp_embed_noised_values(values, key, tf.cast(stddev, tf.float32), tf.cast(divisor, tf.float32))
 
 
 # -- LazyDP (plain SGD, aggregated noise sampling) --------------------------------
@@ -303,7 +299,9 @@ def lazy_catch_up_reference(table, history, rows, p_hi, p_lo, steps, stream) -> 
         )
         std = tf.cast(tf.sqrt(s0), tf.float32)
         words = stream.read_value()
-        z = _stream_normal(tf.stack([count, tf.shape(table, out_type=tf.int64)[1]]), tf.stack([words[0], words[1] + words[2]]))
+        z = _stream_normal(
+            tf.stack([count, tf.shape(table, out_type=tf.int64)[1]]), tf.stack([words[0], words[1] + words[2]])
+        )
         with tf.control_dependencies([z]):
             advanced = stream.assign_add(tf.constant([0, 0, 1], tf.int64))
         with tf.control_dependencies([advanced]):
@@ -394,7 +392,12 @@ def lazy_catch_up_split(table: tf.Variable, history: tf.Variable, rows, p_hi, p_
     if op is None:
         return lazy_catch_up_reference(table, history, rows, p_hi, p_lo, steps, stream)
     stale, noise = op.tfdp_embed_lazy_catch_up_noise(
-        history.handle, _flat_rows(rows), p_hi.handle, p_lo.handle, steps.handle, stream.handle,
+        history.handle,
+        _flat_rows(rows),
+        p_hi.handle,
+        p_lo.handle,
+        steps.handle,
+        stream.handle,
         dim=int(table.shape[1]),
     )
     op.tfdp_embed_lazy_add_rows(table.handle, stale, noise)

@@ -107,7 +107,9 @@ class Catalogue:
             key_dtype = self.identifiers.dtype
             ids = tf.cast(ids, key_dtype) if key_dtype.is_integer and ids.dtype.is_integer else ids
             rows = self._table.lookup(ids)
-            message = "Retrieval: `candidate_ids` holds ids that are not in the catalogue's `identifiers`; first unknown:"
+            message = (
+                "Retrieval: `candidate_ids` holds ids that are not in the catalogue's `identifiers`; first unknown:"
+            )
             bad = tf.boolean_mask(ids, rows < 0)[:3]
         else:
             if not ids.dtype.is_integer:
@@ -137,7 +139,9 @@ class Catalogue:
 def _paths(structure) -> list:
     """Names of the leaves of a nested structure, for error messages."""
     if isinstance(structure, dict):
-        return [f"{key}/{sub}" if sub != "" else str(key) for key in sorted(structure) for sub in _paths(structure[key])]
+        return [
+            f"{key}/{sub}" if sub != "" else str(key) for key in sorted(structure) for sub in _paths(structure[key])
+        ]
     if isinstance(structure, (list, tuple)):
         return [f"{i}/{sub}" if sub != "" else str(i) for i, item in enumerate(structure) for sub in _paths(item)]
     return [""]

@@ -117,9 +117,7 @@ class SampledSoftmax:
         """int32 `[K]` catalogue rows drawn from the proposal, a function of (seed, step) only."""
         seed = tf.stack([tf.constant(self.seed % (2**63 - 1), tf.int64), tf.cast(step, tf.int64)])
         if self.probabilities is None:
-            return tf.random.stateless_uniform(
-                [self.num_negatives], seed=seed, minval=0, maxval=size, dtype=tf.int32
-            )
+            return tf.random.stateless_uniform([self.num_negatives], seed=seed, minval=0, maxval=size, dtype=tf.int32)
         cdf = tf.constant(np.cumsum(self.probabilities), tf.float64)
         u = tf.random.stateless_uniform([self.num_negatives], seed=seed, dtype=tf.float64) * cdf[-1]
         rows = tf.searchsorted(cdf, u, side="right", out_type=tf.int32)

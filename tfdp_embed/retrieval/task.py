@@ -64,6 +64,7 @@ from tfdp_embed.retrieval.catalogue import Catalogue
 from tfdp_embed.retrieval.negatives import FullSoftmax, SampledSoftmax
 from tfdp_embed.retrieval.top_k import TopKMetrics, check_ks
 
+
 def _default_ks(num_items: int) -> tuple:
     return tuple(k for k in (1, 5, 10, 50, 100) if k <= num_items)
 

@@ -33,7 +33,9 @@ def check_ks(ks: Sequence[int], num_items: int) -> tuple:
     """The cut-offs as a tuple of ints in [1, num_items]; ValueError otherwise."""
     ks = tuple(ks)
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= num_items for k in ks):
-        raise ValueError(f"`ks` must be a non-empty list of ints in [1, {num_items}] (the catalogue size); received {ks!r}.")
+        raise ValueError(
+            f"`ks` must be a non-empty list of ints in [1, {num_items}] (the catalogue size); received {ks!r}."
+        )
     return ks
 
 
