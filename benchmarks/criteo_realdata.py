@@ -225,7 +225,7 @@ def markdown(
         "(1.3 M dense weights for 7,200 examples), Poisson batches of expected size 512 (q = 0.071), 5 epochs = 70 "
         "steps, SGD lr 0.3 momentum 0.9, clip norm 1, delta = 1/7,200, PLD accounting; adafest: sigma1/sigma2 = 1, "
         "tau = 2 sigma1 C1, C1 = 1; fest: top 10% of each table, 10% of epsilon for the selection; DP output "
-        "calibration after training with 5% of epsilon (`pipelines/criteo_calibration.py`: Laplace histogram of "
+        "calibration after training with 5% of epsilon (`pipelines/criteo/calibration.py`: Laplace histogram of "
         "logits + click count; training calibrated for the other 95%; not for none).",
         f"- Seeds {', '.join(map(str, seeds))} (sampling, initialisation and noise; one seed gives the same batches, "
         "initialisation and noise stream at every epsilon, so the epsilon columns are paired); a cell is the mean "
@@ -293,7 +293,7 @@ def _limits(summary: dict, epsilons) -> str:
         "utility for DP noise to take away, and delta = 1/N = 1.4e-4 is large by DP standards. DP-FEST reports its "
         "AUC numbers and its ranking of mechanisms on the 45 M-row Criteo Kaggle set and the 4 B-row Criteo-1TB; "
         "reproducing those needs millions of rows. Scale and step-time comparisons belong to "
-        "the synthetic generator (`make run`, `tfdp_embed.data.criteo_synthetic`, `benchmarks/step_time.py`)."
+        "the synthetic generator (`make run`, `tfdp_embed.data.criteo.synthetic`, `benchmarks/step_time.py`)."
     )
 
 

@@ -50,10 +50,12 @@ def _step_functions(name: str, spec: dict, batches: list) -> types.SimpleNamespa
     )
     dp.prepare()
     fn = tf.function(dp.train_step)
-    if lookahead:
-        step = lambda i: fn(batches[i % len(batches)] + ({worker.TABLE_NAME: batches[(i + 1) % len(batches)][0]},))
-    else:
-        step = lambda i: fn(batches[i % len(batches)])
+
+    def step(i):
+        if lookahead:
+            return fn(batches[i % len(batches)] + ({worker.TABLE_NAME: batches[(i + 1) % len(batches)][0]},))
+        return fn(batches[i % len(batches)])
+
     plain = worker.plain_step(model)
     layers = [layer for layer in model.layers if hasattr(layer, "set_read_hook")]
     hooks = [layer.read_hook for layer in layers]

@@ -96,9 +96,9 @@ def start_cluster() -> tuple[dict, dict]:
             try:
                 with socket.create_connection(("localhost", port), timeout=1):
                     break
-            except OSError:
+            except OSError as error:
                 if processes[job].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the {job} server did not start (exit code {processes[job].poll()})")
+                    raise RuntimeError(f"the {job} server did not start (exit code {processes[job].poll()})") from error
                 time.sleep(0.5)
     return cluster, processes
 

@@ -41,9 +41,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipelines import cli_types, movielens_privacy
-from pipelines.criteo_training import StepTimer
-from tfdp_embed import DPModel, keras, tf
-from tfdp_embed.accounting import write_privacy_report
+from pipelines.step_timer import StepTimer
+from tfdp_embed import DPModel, RunPlan, accounting, keras, tf
+from tfdp_embed.accounting import PrivacyBudget, write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data import poisson_batches, with_lookahead
 from tfdp_embed.data.movielens import (
@@ -67,7 +67,7 @@ DEFAULT_DATA_PATH = os.path.join(ROOT, "..", "shared", "data", "movielens", "ml-
 # 0.074 / 0.082 / 0.022 at lr 0.25 / 0.5 / 2.0: calibrated runs default to 0.5.
 DEFAULT_LEARNING_RATES = {"none": 1.0, "dense": 2.0, "eana": 2.0, "lazy": 2.0}
 LARGE_NOISE_LEARNING_RATE = 0.5
-"""Default SGD rate of noised runs with `epsilon` set or sigma >= SMALL_SIGMA_FOR_PLD (measured above)."""
+"""Default SGD rate of noised runs with `epsilon` set or sigma >= SMALL_SIGMA_FOR_PLD (see the comment above)."""
 SMALL_SIGMA_FOR_PLD = 0.3
 """Below this noise multiplier epsilon is reported with the RDP accountant (PLD needs too much memory)."""
 PRIVACY_UNIT = (
@@ -279,6 +279,35 @@ def evaluate(model: TwoTowerModel, contexts, labels, *, ks=DEFAULT_KS, batch_siz
     )
 
 
+@dataclasses.dataclass
+class _Setup:
+    """Stage 1's output: the training pool (the privacy units) and the plan for it."""
+
+    contexts: np.ndarray
+    labels: np.ndarray
+    num_extra: int
+    sampling_probability: float
+    steps: int
+    delta: float
+    plan: RunPlan
+
+    @property
+    def size(self) -> int:
+        return len(self.labels)
+
+
+@dataclasses.dataclass
+class _Trained:
+    """Stages 2-3's output: the model, its DP wrapper and budget, and what training recorded."""
+
+    model: TwoTowerModel
+    dp_model: DPModel
+    budget: PrivacyBudget | None
+    counter: movielens_privacy.TouchCounter
+    timer: StepTimer
+    history: keras.callbacks.History
+
+
 def train_and_evaluate(
     config: MovieLensConfig,
     *,
@@ -305,28 +334,53 @@ def train_and_evaluate(
     """
     started = time.perf_counter()
     data = data if data is not None else load_movielens(config)
+    setup = _plan(config, data, extra_train_examples)
+    trained = _train(config, data, setup, _build(config, data, setup))
+    train_seconds = time.perf_counter() - started
+    metrics, test_examples = _release_and_evaluate(config, data, trained)
+    privacy = _privacy_report(config, setup, trained)
+    report = _report(config, data, setup, trained, privacy, metrics, test_examples, train_seconds=train_seconds)
+    if out_dir is not None:
+        report["saved_model"] = _export(config, trained, privacy, out_dir)
+    report["wall_seconds"] = time.perf_counter() - started
+    report["not_released"] = not_released_note(
+        ["the precision/recall metrics", "eana_bound", "eana_per_instance_bounds", "data"],
+        release="retrieval_saved_model/",
+    )
+    if out_dir is not None:
+        write_privacy_report(os.path.join(out_dir, "report.json"), report)
+    return MovieLensResult(model=trained.model, report=report, data=data)
+
+
+def _plan(config: MovieLensConfig, data: MovieLensData, extra_train_examples) -> _Setup:
+    """Stage 1: the training pool (plus any extra examples), q = B / N, T steps, and the privacy plan."""
     contexts, labels, num_extra = _training_pool(data, extra_train_examples)
     n = len(labels)
     if config.batch_size > n:
         raise ValueError(f"`batch_size` {config.batch_size} exceeds the {n} training examples.")
     q = config.batch_size / n
-    steps_per_epoch = max(1, round(1 / q))
-    steps = config.epochs * steps_per_epoch
+    steps = config.epochs * max(1, round(1 / q))
     delta = config.delta if config.delta is not None else 1.0 / n
     plan = movielens_privacy.plan(
         mechanism=config.mechanism, noise_multiplier=config.noise_multiplier, epsilon=config.epsilon, delta=delta,
         sampling_probability=q, steps=steps, l2_norm_clip=config.l2_norm_clip, accountant=config.accountant,
         seed=config.seed,
     )  # fmt: skip
-    sigma, mechanism = plan.noise_multiplier, plan.mechanism
     if config.verbose:
         print(
-            f"movielens: {config.mechanism}, sigma {sigma:.4g} ({movielens_privacy.noise_source(plan)}), N {n} "
-            f"({num_extra} extra), q {q:.4g}, {steps} steps, delta {delta:.3g}",
+            f"movielens: {config.mechanism}, sigma {plan.noise_multiplier:.4g} ({movielens_privacy.noise_source(plan)}), "
+            f"N {n} ({num_extra} extra), q {q:.4g}, {steps} steps, delta {delta:.3g}",
             flush=True,
         )
+    return _Setup(contexts, labels, num_extra, q, steps, delta, plan)
 
-    # Build: model, mechanism, DP wrapper, budget.
+
+def _build(config: MovieLensConfig, data: MovieLensData, setup: _Setup) -> tuple:
+    """Stage 2: the two-tower model, its `DPModel` around the plan's mechanism, and the budget.
+
+    Returns:
+      `(model, dp_model, budget)`; the budget is None unless the run is DP with a target epsilon.
+    """
     if config.seed is not None:
         keras.utils.set_random_seed(config.seed)
     model = TwoTowerModel(
@@ -334,87 +388,110 @@ def train_and_evaluate(
         embedding_dim=config.embedding_dim,
         hidden_units=tuple(config.hidden_units),
     )
-    lazy = config.mechanism == "lazy"
     dp_model = DPModel(
         model,
-        mechanism=mechanism,
-        expected_batch_size=q * n,
+        mechanism=setup.plan.mechanism,
+        expected_batch_size=setup.sampling_probability * setup.size,
         registry=two_tower_registry(),
-        lookahead=lazy,
+        lookahead=config.mechanism == "lazy",
     )
     dp_model.compile(
         optimizer=keras.optimizers.legacy.SGD(learning_rate=config.resolved_learning_rate, momentum=config.momentum)
     )
+    plan = setup.plan
     budget = plan.budget() if plan.is_dp and plan.target_epsilon is not None else None
+    return model, dp_model, budget
 
-    # Train.
+
+def _train(config: MovieLensConfig, data: MovieLensData, setup: _Setup, built: tuple) -> _Trained:
+    """Stage 3: fit on Poisson batches, counting the history rows each batch touches (EANA's bound)."""
+    model, dp_model, budget = built
+    lazy = config.mechanism == "lazy"
     counter = movielens_privacy.TouchCounter(data.num_items + 1)
     batches, _ = _batches(
-        contexts, labels, q=q, seed=config.seed, lookahead=lazy, counter=counter,
-        table_name=model.history_embedding.name,
+        setup.contexts, setup.labels, q=setup.sampling_probability, seed=config.seed, lookahead=lazy,
+        counter=counter, table_name=model.history_embedding.name,
     )  # fmt: skip
     # Build the model, check the per-example contract and init the mechanism from a separate
     # probe batch (>= 2 examples: the independence check needs them), so that `fit` does not
     # draw (and count) a Poisson batch the model never trains on.
-    probe = tf.data.Dataset.from_tensors((contexts[:8], labels[:8]))
+    probe = tf.data.Dataset.from_tensors((setup.contexts[:8], setup.labels[:8]))
     if lazy:
         probe = with_lookahead(probe, lambda features: {model.history_embedding.name: features})
     dp_model.prepare(probe)
     timer = StepTimer()
     callbacks = [timer] + ([budget] if budget is not None else [])
     history = dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
-    train_seconds = time.perf_counter() - started
+    return _Trained(model, dp_model, budget, counter, timer, history)
 
-    # Release: flush owed noise (LazyDP), detach read hooks, evaluate the released model.
-    release_ready(dp_model)
+
+def _release_and_evaluate(config: MovieLensConfig, data: MovieLensData, trained: _Trained) -> tuple:
+    """Stage 4: flush owed noise (LazyDP), detach read hooks, evaluate the released model.
+
+    Returns:
+      `(metrics, number of test examples)`.
+    """
+    release_ready(trained.dp_model)
+    mechanism = trained.dp_model.mechanism
     if hasattr(mechanism, "detach"):
         mechanism.detach()
-    test_contexts, test_labels = data.test_contexts, data.test_labels
-    if config.max_test_examples is not None:
-        test_contexts, test_labels = (
-            test_contexts[: config.max_test_examples],
-            test_labels[: config.max_test_examples],
-        )
-    metrics = evaluate(model, test_contexts, test_labels)
+    limit = config.max_test_examples
+    test_contexts, test_labels = data.test_contexts[:limit], data.test_labels[:limit]
+    return evaluate(trained.model, test_contexts, test_labels), len(test_labels)
 
-    steps_run = counter.steps
-    # PLD's privacy-loss grid grows without bound as sigma -> 0 (sigma = 0.01 took > 4 GB here);
+
+def _privacy_report(config: MovieLensConfig, setup: _Setup, trained: _Trained) -> dict:
+    """The privacy report: the budget's ledger, or the steps run; EANA's nominal epsilon."""
+    plan, budget, steps_run = setup.plan, trained.budget, trained.counter.steps
+    sigma = plan.noise_multiplier
+    # PLD's privacy-loss grid grows without bound as sigma -> 0 (gigabytes at EANA's sigma 0.01);
     # RDP is cheap there, and over-states epsilon slightly (never under-states it).
     accountant = config.accountant if sigma >= SMALL_SIGMA_FOR_PLD else "rdp"
-    privacy = plan.report(
-        dataset_size=n,
-        dp_model=dp_model,  # what fit was fed (verified from the data)
+    return plan.report(
+        dataset_size=setup.size,
+        dp_model=trained.dp_model,  # what fit was fed (verified from the data)
         ledger=budget.ledger if budget is not None else None,
         steps=None if budget is not None else steps_run,
         accountant=accountant,
         epsilon=(
-            movielens_privacy.nominal_epsilon(noise_multiplier=sigma, sampling_probability=q, steps=steps_run,
-                                              delta=delta, accountant=accountant)
+            movielens_privacy.nominal_epsilon(noise_multiplier=sigma, sampling_probability=setup.sampling_probability,
+                                              steps=steps_run, delta=setup.delta, accountant=accountant)
             if config.mechanism == "eana" else None
         ),
     )  # fmt: skip
-    warnings = []
+
+
+def _warnings(config: MovieLensConfig, final_loss: float | None) -> list:
+    if final_loss is None or math.isfinite(final_loss):
+        return []
+    return [
+        f"Training diverged (final loss {final_loss}): the metrics are meaningless. Lower the learning "
+        f"rate (now {config.resolved_learning_rate:g}) or the momentum (now {config.momentum:g})."
+    ]
+
+
+def _report(
+    config: MovieLensConfig, data: MovieLensData, setup: _Setup, trained: _Trained, privacy: dict, metrics: dict,
+    test_examples: int, *, train_seconds: float,
+) -> dict:  # fmt: skip
+    """Stage 5: the report, the privacy report plus metrics, counts, timings, settings (and EANA's bounds)."""
+    counter, history = trained.counter, trained.history
     final_loss = float(history.history["loss"][-1]) if history.history.get("loss") else None
-    if final_loss is not None and not math.isfinite(final_loss):
-        warnings.append(
-            f"Training diverged (final loss {final_loss}): the metrics are meaningless. Lower the learning "
-            f"rate (now {config.resolved_learning_rate:g}) or the momentum (now {config.momentum:g})."
-        )
     report = dict(privacy)
     report.update(
-        warnings=warnings,
+        warnings=_warnings(config, final_loss),
         privacy_unit=PRIVACY_UNIT,
-        noise_source=movielens_privacy.noise_source(plan),
-        target_epsilon=plan.target_epsilon,
+        noise_source=movielens_privacy.noise_source(setup.plan),
+        target_epsilon=setup.plan.target_epsilon,
         **metrics,
-        train_examples=n,
-        extra_train_examples=num_extra,
-        test_examples=len(test_labels),
-        planned_steps=steps,
-        steps_run=steps_run,
+        train_examples=setup.size,
+        extra_train_examples=setup.num_extra,
+        test_examples=test_examples,
+        planned_steps=setup.steps,
+        steps_run=counter.steps,
         final_train_loss=final_loss,
         mean_history_rows_per_step=float(np.mean(counter.rows_per_step)) if counter.rows_per_step else None,
-        median_step_s=timer.median(),
+        median_step_s=trained.timer.median(),
         train_seconds=train_seconds,
         data=data.summary(),
         model={"embedding_dim": config.embedding_dim, "hidden_units": list(config.hidden_units),
@@ -423,40 +500,39 @@ def train_and_evaluate(
                   "learning_rate": config.resolved_learning_rate, "momentum": config.momentum,
                   "optimizer": "keras.optimizers.legacy.SGD", "seed": config.seed},
     )  # fmt: skip
-    if config.mechanism == "eana" and sigma > 0 and steps_run > 0:
-        report["eana_bound"] = movielens_privacy.eana_theorem_bound(
-            model=model,
-            counter=counter,
-            noise_multiplier=sigma,
-            context_length=data.context_length,
-            delta=delta,
-        )
-        k = min(config.eana_bound_examples, n)
-        report["eana_per_instance_bounds"] = movielens_privacy.eana_per_instance_bounds(
-            model=model, counter=counter, contexts=contexts[:k], labels=labels[:k], noise_multiplier=sigma,
-            l2_norm_clip=config.l2_norm_clip, delta=delta,
-        )  # fmt: skip
+    if config.mechanism == "eana" and setup.plan.noise_multiplier > 0 and counter.steps > 0:
+        report.update(_eana_bounds(config, data, setup, trained))
+    return report
 
-    if out_dir is not None:
-        os.makedirs(out_dir, exist_ok=True)
-        serving = RetrievalServingModule(model, k=config.k)
-        path = os.path.join(out_dir, "retrieval_saved_model")
-        export_saved_model(
-            dp_model,
-            path,
-            serving_module=serving,
-            signatures={"serving_default": serving.serve},
-            report=privacy,
-        )
-        report["saved_model"] = path
-    report["wall_seconds"] = time.perf_counter() - started
-    report["not_released"] = not_released_note(
-        ["the precision/recall metrics", "eana_bound", "eana_per_instance_bounds", "data"],
-        release="retrieval_saved_model/",
+
+def _eana_bounds(config: MovieLensConfig, data: MovieLensData, setup: _Setup, trained: _Trained) -> dict:
+    """EANA's data-dependent bound (Theorem 3.1) and per-instance bounds of the first examples: NOT DP."""
+    sigma, k = setup.plan.noise_multiplier, min(config.eana_bound_examples, setup.size)
+    return {
+        "eana_bound": movielens_privacy.eana_theorem_bound(
+            model=trained.model, counter=trained.counter, noise_multiplier=sigma,
+            context_length=data.context_length, delta=setup.delta,
+        ),
+        "eana_per_instance_bounds": movielens_privacy.eana_per_instance_bounds(
+            model=trained.model, counter=trained.counter, contexts=setup.contexts[:k], labels=setup.labels[:k],
+            noise_multiplier=sigma, l2_norm_clip=config.l2_norm_clip, delta=setup.delta,
+        ),
+    }  # fmt: skip
+
+
+def _export(config: MovieLensConfig, trained: _Trained, privacy: dict, out_dir: str) -> str:
+    """Exports `out_dir/retrieval_saved_model/` (history -> top-k ids, privacy report beside it); its path."""
+    os.makedirs(out_dir, exist_ok=True)
+    serving = RetrievalServingModule(trained.model, k=config.k)
+    path = os.path.join(out_dir, "retrieval_saved_model")
+    export_saved_model(
+        trained.dp_model,
+        path,
+        serving_module=serving,
+        signatures={"serving_default": serving.serve},
+        report=privacy,
     )
-    if out_dir is not None:
-        write_privacy_report(os.path.join(out_dir, "report.json"), report)
-    return MovieLensResult(model=model, report=report, data=data)
+    return path
 
 
 # -- command line -------------------------------------------------------------------------
@@ -467,23 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
         "privacy; report precision@k/recall@k (k = 1, 5, 10, 20 over all items) and export a retrieval SavedModel.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--mechanism", choices=movielens_privacy.MECHANISM_NAMES, required=True)
-    noise = p.add_mutually_exclusive_group()
-    noise.add_argument(
-        "--noise-multiplier",
-        type=cli_types.non_negative_float,
-        help="sigma (e.g. EANA's 0.01 or 0.001)",
-    )
-    noise.add_argument(
-        "--epsilon",
-        type=cli_types.positive(float),
-        help="target epsilon (sigma calibrated; nominal for eana)",
-    )
-    p.add_argument(
-        "--delta",
-        type=cli_types.positive(float),
-        help="delta (default 1/N, N training examples)",
-    )
+    _add_privacy_flags(p)
     p.add_argument("--epochs", type=cli_types.positive(int), required=True)
     p.add_argument(
         "--out",
@@ -519,6 +579,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_privacy_flags(p: argparse.ArgumentParser) -> None:
+    """The mechanism and its noise: a given sigma or a target epsilon (exclusive), and delta."""
+    p.add_argument("--mechanism", choices=movielens_privacy.MECHANISM_NAMES, required=True)
+    noise = p.add_mutually_exclusive_group()
+    noise.add_argument(
+        "--noise-multiplier",
+        type=cli_types.non_negative_float,
+        help="sigma (e.g. EANA's 0.01 or 0.001)",
+    )
+    noise.add_argument(
+        "--epsilon",
+        type=cli_types.positive(float),
+        help="target epsilon (sigma calibrated; nominal for eana)",
+    )
+    p.add_argument(
+        "--delta",
+        type=cli_types.positive(float),
+        help="delta (default 1/N, N training examples)",
+    )
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple:
     """(MovieLensConfig, out_dir) from command-line flags; exits with status 2 on bad flags."""
     parser = build_parser()
@@ -541,28 +622,20 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
 
 
 def format_report(report: dict) -> str:
-    """The summary printed at the end of a run."""
-    eps = report.get("epsilon")
-    lines = [
-        "== movielens two-tower report ==",
-        f"mechanism        {report['mechanism']} ({'DP' if report['is_dp'] else 'NOT differentially private'})",
-        f"guarantee        {report.get('guarantee')}",
-        f"epsilon / delta  {'n/a' if eps is None else f'{eps:.4g}'} / {report['delta']:.3g}",
-        f"noise multiplier {report.get('noise_multiplier')} ({report.get('noise_source')})",
-        f"steps, q         {report['steps_run']}, {report['sampling_probability']:.4g}",
-        "precision@k      " + ", ".join(f"@{k} {report[f'precision@{k}']:.4f}" for k in DEFAULT_KS),
-        "recall@k         " + ", ".join(f"@{k} {report[f'recall@{k}']:.4f}" for k in DEFAULT_KS),
-        f"test examples    {report['test_examples']}",
-        f"median step      {_milliseconds(report.get('median_step_s'))}",
-    ]
-    if "eana_bound" in report:
-        bound = report["eana_bound"]
-        lines.append(
-            f"EANA bound       data-dependent eps {bound['data_dependent_epsilon']:.4g} (NOT DP: {bound['label']})"
-        )
-    lines += ["caveats:"] + [f"  - {c}" for c in report.get("caveats", [])]
-    lines += [f"WARNING: {w}" for w in report.get("warnings", [])]
-    return "\n".join(lines)
+    """The summary printed at the end of a run: the library's privacy lines, then the retrieval metrics."""
+    bound = report.get("eana_bound")
+    details = {
+        "noise source": report.get("noise_source"),
+        "steps run": report["steps_run"],
+        "precision@k": ", ".join(f"@{k} {report[f'precision@{k}']:.4f}" for k in DEFAULT_KS),
+        "recall@k": ", ".join(f"@{k} {report[f'recall@{k}']:.4f}" for k in DEFAULT_KS),
+        "test examples": report["test_examples"],
+        "median step": _milliseconds(report.get("median_step_s")),
+        "EANA bound": None if bound is None else (
+            f"data-dependent eps {bound['data_dependent_epsilon']:.4g} (NOT DP: {bound['label']})"
+        ),
+    }  # fmt: skip
+    return accounting.format_report(report, title="movielens two-tower report", details=details)
 
 
 def _milliseconds(seconds) -> str:

@@ -47,9 +47,9 @@ import time
 from collections.abc import Sequence
 
 from pipelines import cli_types, sequential_eval, sequential_privacy
-from pipelines.criteo_report import write_report
-from pipelines.criteo_training import StepTimer
-from tfdp_embed import DPModel, export_saved_model, keras, tf
+from pipelines.step_timer import StepTimer
+from tfdp_embed import DPModel, accounting, export_saved_model, keras, tf
+from tfdp_embed.accounting import write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.attention import effective_errors
 from tfdp_embed.data import poisson_batches
@@ -157,6 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dropout", type=float, default=0.5, help="dropout rate (DPFormer: 0.5 on Amazon)")
     p.add_argument("--clip", type=cli_types.positive(float), default=1.0, help="per-user L2 clip norm C")
     p.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
+    _add_frequency_flags(p)
+    p.add_argument("--eval-batch", type=cli_types.positive(int), default=512)
+    p.add_argument(
+        "--max-eval-users", type=cli_types.positive(int), help="evaluate only the first N users (quick runs)"
+    )
+    p.add_argument("--seed", type=int, help="seed for sampling, init and noise (tests/reproductions only)")
+    p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1, help="Keras progress bar (1), per epoch (2)")
+    return p
+
+
+def _add_frequency_flags(p: argparse.ArgumentParser) -> None:
+    """Where the item frequencies come from, and what they feed (Re-Attention's errors, prior, head rows)."""
     p.add_argument(
         "--frequencies",
         choices=sequential_privacy.SOURCES,
@@ -195,13 +207,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="train rows only for the K most frequent items (the run's frequencies); the rest share one row "
         "(default: every item has its own row)",
     )
-    p.add_argument("--eval-batch", type=cli_types.positive(int), default=512)
-    p.add_argument(
-        "--max-eval-users", type=cli_types.positive(int), help="evaluate only the first N users (quick runs)"
-    )
-    p.add_argument("--seed", type=int, help="seed for sampling, init and noise (tests/reproductions only)")
-    p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1, help="Keras progress bar (1), per epoch (2)")
-    return p
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
@@ -284,6 +289,42 @@ def run(config: SequentialConfig) -> SequentialResult:
     os.makedirs(config.out, exist_ok=True)
     data = load_sequences(config.data, max_len=config.max_len)
     _log(config, f"read {config.data}: {data.summary()}")
+    privacy = _plan(config, data)
+    model, dp_model, budget = _build(config, data, privacy)
+    timer, history = _train(config, data, privacy, dp_model, budget)
+    train_seconds = time.perf_counter() - started
+    valid, test = _evaluate(config, data, model)
+    report_privacy, serving, saved_model = _release(config, data, privacy, model, dp_model, budget, timer)
+    report = dict(report_privacy)
+    report.update(
+        {
+            "ndcg@10": test["ndcg@10"],
+            "hit@10": test["hit@10"],
+            "test": test,
+            "validation": valid,
+            "model": config.model,
+            "target_epsilon": privacy.epsilon,
+            "noise_multiplier": privacy.run.noise_multiplier,
+            "steps": len(timer.durations),
+            "loss_per_epoch": [float(x) for x in history.history.get("loss", [])],
+            "median_step_s": timer.median(),
+            "train_seconds": train_seconds,
+            "wall_seconds": time.perf_counter() - started,
+            "data": {"file": config.data, **data.summary()},
+            "settings": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("data", "out")},
+            "metric_protocol": "full ranking over all items (no sampling), history items kept, ties pessimistic",
+            "saved_model": saved_model,
+            "not_released": not_released_note(
+                ["ndcg@10", "hit@10", "test", "validation", "loss_per_epoch", "data"], release="saved_model/"
+            ),
+        }
+    )
+    write_privacy_report(os.path.join(config.out, "report.json"), report)
+    return SequentialResult(report=report, model=model, serving=serving)
+
+
+def _plan(config: SequentialConfig, data) -> sequential_privacy.SequentialPrivacy:
+    """Stage 2: the item frequencies (released or public) and the library's plan for the rest of the budget."""
     privacy = sequential_privacy.plan(
         data,
         epsilon=config.epsilon,
@@ -307,10 +348,11 @@ def run(config: SequentialConfig) -> SequentialResult:
         f"epsilon {privacy.epsilon:g}, delta {run.target_delta:.3g}, q {run.sampling_probability:.4g}, "
         f"{run.steps} steps; item frequencies {_frequency_summary(privacy.frequency_report())}",
     )
+    return privacy
 
-    # Stage 3: model, mechanism, DP wrapper, budget.
-    if config.seed is not None:
-        keras.utils.set_random_seed(config.seed)
+
+def _model(config: SequentialConfig, data, privacy: sequential_privacy.SequentialPrivacy) -> SASRec:
+    """The SASRec / DPFormer model, its head rows, prior and effective errors set from the frequencies."""
     model = SASRec(
         SASRecConfig(
             num_items=data.num_items,
@@ -330,13 +372,26 @@ def run(config: SequentialConfig) -> SequentialResult:
     if config.popularity_prior:
         model.set_item_prior(item_frequencies, min_frequency=0.5 / data.num_users)
     item_err, weight_err = effective_errors(
-        noise_multiplier=run.noise_multiplier,
+        noise_multiplier=privacy.run.noise_multiplier,
         batch_size=config.batch,
         item_frequencies=model.row_frequencies(item_frequencies),
         min_frequency=1.0 / data.num_users,
         error_scale=config.error_scale,
     )
     model.set_effective_errors(item_err, weight_err)
+    return model
+
+
+def _build(config: SequentialConfig, data, privacy: sequential_privacy.SequentialPrivacy) -> tuple:
+    """Stage 3: the model, its `DPModel` around the plan's mechanism (Adam, warm-up then decay), the budget.
+
+    Returns:
+      `(model, dp_model, budget)`; the budget is None for a non-private run.
+    """
+    if config.seed is not None:
+        keras.utils.set_random_seed(config.seed)
+    model = _model(config, data, privacy)
+    run = privacy.run
     dp_model = DPModel(model, mechanism=run.mechanism, expected_batch_size=config.batch)
     schedule = WarmupLinearDecay(config.learning_rate, run.steps, config.warmup_fraction)
     dp_model.compile(
@@ -345,18 +400,22 @@ def run(config: SequentialConfig) -> SequentialResult:
         )
     )
     budget = run.budget() if privacy.private else None  # its ledger holds the frequency release
-    batches, _ = poisson_batches(
-        training_dataset(data), sampling_probability=run.sampling_probability, seed=config.seed
-    )
+    return model, dp_model, budget
 
-    # Stage 4: train (Poisson batches of users; the budget stops at T steps).
+
+def _train(config: SequentialConfig, data, privacy, dp_model: DPModel, budget) -> tuple:
+    """Stage 4: fit on Poisson batches of users; the budget stops at T steps. Returns `(timer, history)`."""
+    batches, _ = poisson_batches(
+        training_dataset(data), sampling_probability=privacy.run.sampling_probability, seed=config.seed
+    )
     timer = StepTimer()
     callbacks = [timer] + ([budget] if budget is not None else [])
     history = dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
-    train_seconds = time.perf_counter() - started
-    steps = len(timer.durations)
+    return timer, history
 
-    # Stage 5: evaluate (all items ranked).
+
+def _evaluate(config: SequentialConfig, data, model: SASRec) -> tuple:
+    """Stage 5: `(validation, test)` metrics, all items ranked."""
     limit = config.max_eval_users
     valid = sequential_eval.evaluate(
         model, data.valid_histories[:limit], data.valid_targets[:limit], batch_size=config.eval_batch
@@ -365,13 +424,17 @@ def run(config: SequentialConfig) -> SequentialResult:
         model, data.test_histories[:limit], data.test_targets[:limit], batch_size=config.eval_batch
     )
     _log(config, f"validation {valid}; test {test}")
+    return valid, test
 
-    # Stage 6: release.
+
+def _release(config: SequentialConfig, data, privacy, model, dp_model, budget, timer) -> tuple:
+    """Stage 6: the privacy report and the export of `OUT/saved_model`. Returns `(privacy report, serving, path)`."""
+    run = privacy.run
     report_privacy = run.report(
         dataset_size=data.num_users,
         dp_model=dp_model,  # what fit was fed (verified from the data)
         ledger=budget.ledger if budget is not None else None,
-        steps=None if budget is not None else steps,
+        steps=None if budget is not None else len(timer.durations),
         extra={
             "privacy_unit": "user (one training sequence per user: user-level DP)",
             "item_frequencies": privacy.frequency_report(),
@@ -384,32 +447,7 @@ def run(config: SequentialConfig) -> SequentialResult:
         dp_model, saved_model, serving_module=serving, signatures={"serving_default": serving.serve},
         report=report_privacy,
     )  # fmt: skip
-    report = dict(report_privacy)
-    report.update(
-        {
-            "ndcg@10": test["ndcg@10"],
-            "hit@10": test["hit@10"],
-            "test": test,
-            "validation": valid,
-            "model": config.model,
-            "target_epsilon": privacy.epsilon,
-            "noise_multiplier": run.noise_multiplier,
-            "steps": steps,
-            "loss_per_epoch": [float(x) for x in history.history.get("loss", [])],
-            "median_step_s": timer.median(),
-            "train_seconds": train_seconds,
-            "wall_seconds": time.perf_counter() - started,
-            "data": {"file": config.data, **data.summary()},
-            "settings": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("data", "out")},
-            "metric_protocol": "full ranking over all items (no sampling), history items kept, ties pessimistic",
-            "saved_model": saved_model,
-            "not_released": not_released_note(
-                ["ndcg@10", "hit@10", "test", "validation", "loss_per_epoch", "data"], release="saved_model/"
-            ),
-        }
-    )
-    write_report(os.path.join(config.out, "report.json"), report)
-    return SequentialResult(report=report, model=model, serving=serving)
+    return report_privacy, serving, saved_model
 
 
 def _frequency_summary(info: dict) -> str:
@@ -422,22 +460,16 @@ def _frequency_summary(info: dict) -> str:
 
 
 def format_summary(report: dict) -> str:
-    eps = report.get("epsilon")
+    """The summary printed at the end of a run: the library's privacy lines, then the ranking metrics."""
     frequencies = report.get("extra", {}).get("item_frequencies")
-    return "\n".join(
-        [
-            "== sequential report ==",
-            f"model                {report['model']}",
-            f"guarantee            {report.get('guarantee')}",
-            f"epsilon              {'n/a (non-private)' if eps is None else f'{eps:.4g}'}",
-            f"noise multiplier     {report['noise_multiplier']:.4g}",
-            f"item frequencies     {_frequency_summary(frequencies) if frequencies else 'n/a'}",
-            f"steps                {report['steps']}",
-            f"NDCG@10 / HIT@10     {100 * report['ndcg@10']:.2f}% / {100 * report['hit@10']:.2f}% "
-            f"({report['test']['users']} test users, all items ranked)",
-            f"wall time            {report['wall_seconds']:.1f} s",
-        ]
-    )
+    details = {
+        "model": report["model"],
+        "item frequencies": _frequency_summary(frequencies) if frequencies else "n/a",
+        "NDCG@10 / HIT@10": f"{100 * report['ndcg@10']:.2f}% / {100 * report['hit@10']:.2f}% "
+        f"({report['test']['users']} test users, all items ranked)",
+        "wall time": f"{report['wall_seconds']:.1f} s",
+    }
+    return accounting.format_report(report, title="sequential report", details=details)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,7 +28,7 @@ import dataclasses
 import math
 
 from tfdp_embed import Release, RunPlan, plan_run
-from tfdp_embed.accounting.planning import RELEASE_MECHANISMS
+from tfdp_embed.accounting.releases import RELEASE_MECHANISMS
 from tfdp_embed.attention import (
     ItemFrequencies,
     exact_item_frequencies,
@@ -145,14 +145,7 @@ def plan(
                   sampling_probability=batch / n, steps=epochs * max(1, round(n / batch)), seed=seed)  # fmt: skip
     dp = dict(target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, **common)
     if frequencies == "public":
-        freq = read_item_frequencies(frequencies_file, num_items=data.num_items)
-        assumptions = (
-            f"the item frequencies supplied in {frequencies_file!r} are independent of the training data (public); "
-            "they and everything computed from them (Re-Attention's errors, the popularity prior, head rows) are "
-            "released without privacy cost",
-        )
-        run = plan_run("dense", **dp, assumptions=assumptions) if private else plan_run("none", **common)
-        return SequentialPrivacy(run, float(epsilon), freq)
+        return _public_plan(data, frequencies_file, float(epsilon), dp=dp if private else None, common=common)
     counts = data.item_user_counts()
     if not private:  # a non-private reference run: nothing is guaranteed, the exact counts are used
         exact = exact_item_frequencies(counts, num_users=n)
@@ -167,6 +160,21 @@ def plan(
     if (freq.event,) != release.events:
         raise AssertionError(f"The frequency release {freq.event} is not the planned {release.events}.")
     return SequentialPrivacy(run, float(epsilon), freq)
+
+
+def _public_plan(data: SequenceData, frequencies_file: str, epsilon: float, *, dp: dict | None, common: dict):
+    """The plan with public frequencies read from a file: nothing is released, the guarantee assumes them public.
+
+    `dp` holds the DP-SGD arguments of a private run; None for a non-private one.
+    """
+    freq = read_item_frequencies(frequencies_file, num_items=data.num_items)
+    assumptions = (
+        f"the item frequencies supplied in {frequencies_file!r} are independent of the training data (public); "
+        "they and everything computed from them (Re-Attention's errors, the popularity prior, head rows) are "
+        "released without privacy cost",
+    )
+    run = plan_run("dense", **dp, assumptions=assumptions) if dp is not None else plan_run("none", **common)
+    return SequentialPrivacy(run, epsilon, freq)
 
 
 def _frequency_release(share: float | None, noise_multiplier: float | None, mechanism: str) -> Release:

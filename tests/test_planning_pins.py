@@ -17,14 +17,10 @@ import types
 import numpy as np
 import pytest
 
-from pipelines import (
-    criteo,
-    criteo_privacy,
-    movielens,
-    movielens_privacy,
-    sequential,
-    sequential_privacy,
-)
+from pipelines import movielens, movielens_privacy, sequential, sequential_privacy
+from pipelines.criteo import cli as criteo_cli
+from pipelines.criteo import pipeline as criteo_pipeline
+from pipelines.criteo import privacy as criteo_privacy
 from tfdp_embed import DPEmbedding
 from tfdp_embed.accounting import compute_epsilon, dpsgd_event, period_ledger
 from tfdp_embed.data.sequences import load_sequences, write_synthetic_sequences
@@ -38,6 +34,12 @@ RTOL = 1e-9
 # by 0.4e-5 to 1.1e-4 relative, epsilon by up to ~3x that). Those pins hold to 6e-4, and only in the safe
 # direction: never less noise, never more epsilon.
 SELECTION_RTOL = 6e-4
+# The PLD cases are calibrated coarse-to-exact since issue 18 (coarse grids search, the exact grid confirms):
+# sigma still meets the target on the exact grid and lies within the calibrator's relative tolerance (1e-4)
+# of the smallest sigma that does, but not at the same point of that interval as before (sigma moved by -6.2e-5
+# to +4.3e-5 relative, epsilon by up to 1.7e-4). Those pins hold to 4e-4 either way, and no epsilon exceeds
+# the target.
+PLD_RTOL = 4e-4
 SELECTING_CASES = {"fest", "adafest+", "fest_periods", "adafest+_periods", "fest_pld"}
 TABLE_VOCAB = 200
 
@@ -45,11 +47,11 @@ TABLE_VOCAB = 200
 # -- adapters: CLI flags -> what the pipeline plans ----------------------------------------------
 def criteo_numbers(flags: str, period_sizes: list) -> dict:
     """The Criteo pipeline's plan for `flags` and training periods of `period_sizes` rows."""
-    config = criteo.parse_args([*flags.split(), "--verbose", "0", "--out", "unused"])
+    config = criteo_cli.parse_args([*flags.split(), "--verbose", "0", "--out", "unused"])
     data = types.SimpleNamespace(periods=[types.SimpleNamespace(size=n) for n in period_sizes], rows=sum(period_sizes))
-    settings = criteo._settings(config, data)
+    settings = criteo_pipeline._settings(config, data)
     counts = {"t": np.arange(TABLE_VOCAB, dtype=np.int64)} if criteo_privacy.selects_rows(settings.mechanism) else None
-    plan = criteo_privacy.plan(settings, periods=criteo._periods(config, data), counts=counts)
+    plan = criteo_privacy.plan(settings, periods=criteo_pipeline._periods(config, data), counts=counts)
     selection = [r for r in plan.releases if r.name == SELECTION]
     arguments, mechanism = plan.mechanism_arguments, plan.mechanism
     out = {
@@ -446,21 +448,34 @@ def sequential_flags(flags: str, files, public: bool) -> str:
     return f"{flags} --frequencies-file {files[1]}" if public else flags
 
 
-def assert_pinned(got: dict, pinned: dict, *, rtol: float = RTOL):
-    """`got` equals `pinned` (floats within `rtol`); with a looser `rtol`, noise may only grow and epsilon shrink."""
+def assert_pinned(got: dict, pinned: dict, *, rtol: float = RTOL, target_epsilon: float | None = None):
+    """`got` equals `pinned` (floats within `rtol`); with a looser `rtol`, noise may only grow and epsilon shrink.
+
+    With `target_epsilon` (the PLD cases) floats may move either way within `rtol`, and the run's epsilons
+    (`epsilon`, `planned_epsilons`) must stay within the target.
+    """
     assert set(got) == set(pinned)
+    one_way = target_epsilon is None
     for key, want in pinned.items():
         value = got[key]
         if isinstance(want, list):
             assert len(value) == len(want), key
             for a, b in zip(value, want):
                 assert a == pytest.approx(b, rel=rtol), key
-                assert "epsilon" not in key or a <= b * (1 + RTOL), key
+                assert not one_way or "epsilon" not in key or a <= b * (1 + RTOL), key
         elif want is None or isinstance(want, (int, str)) and not isinstance(want, bool):
             assert value == want, key
         else:
             assert value == pytest.approx(want, rel=rtol), key
-            assert "noise_multiplier" not in key or value >= want * (1 - RTOL), key
+            assert not one_way or "noise_multiplier" not in key or value >= want * (1 - RTOL), key
+    if not one_way:
+        spent = [got[k] for k in ("epsilon", "planned_epsilons") if k in got]
+        assert all(e <= target_epsilon for e in np.ravel(spent)), spent
+
+
+def pld_pin_options(flags: str, rtol: float = RTOL) -> dict:
+    """`assert_pinned` options for a PLD case: `PLD_RTOL` either way, and the flags' `--epsilon` as the target."""
+    return {"rtol": max(rtol, PLD_RTOL), "target_epsilon": float(flags.split("--epsilon ")[1].split()[0])}
 
 
 @pytest.mark.parametrize("case", sorted(CRITEO))
@@ -475,7 +490,7 @@ def test_criteo_pins(case):
 def test_criteo_pins_pld(case):
     flags, sizes = CRITEO_SLOW[case]
     rtol = SELECTION_RTOL if case in SELECTING_CASES else RTOL
-    assert_pinned(criteo_numbers(flags, sizes), PINS["criteo"][case], rtol=rtol)
+    assert_pinned(criteo_numbers(flags, sizes), PINS["criteo"][case], **pld_pin_options(flags, rtol))
 
 
 @pytest.mark.parametrize("case", sorted(MOVIELENS))
@@ -488,7 +503,7 @@ def test_movielens_pins(case):
 @pytest.mark.parametrize("case", sorted(MOVIELENS_SLOW))
 def test_movielens_pins_pld(case):
     flags, n = MOVIELENS_SLOW[case]
-    assert_pinned(movielens_numbers(flags, n), PINS["movielens"][case])
+    assert_pinned(movielens_numbers(flags, n), PINS["movielens"][case], **pld_pin_options(flags))
 
 
 @pytest.mark.parametrize("case", sorted(SEQUENTIAL))
@@ -503,4 +518,4 @@ def test_sequential_pins(case, sequence_files):
 def test_sequential_pins_pld(case, sequence_files):
     flags, public = SEQUENTIAL_SLOW[case]
     got = sequential_numbers(sequential_flags(flags, sequence_files, public), sequence_files[0])
-    assert_pinned(got, PINS["sequential"][case])
+    assert_pinned(got, PINS["sequential"][case], **pld_pin_options(flags))

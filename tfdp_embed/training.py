@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import warnings
 
-from tfdp_embed import contract, distribute, read_guard
+from tfdp_embed import contract, distribute, optimizer_check, read_guard
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
@@ -436,6 +436,7 @@ class DPModel(keras.Model):
             # One device: mechanism.update(clipped). Mirrored strategies: all-reduce, noise once.
             pairs = distribute.noised_gradients(self.mechanism, clipped)
             self._check_every_variable_noised(pairs)
+            optimizer_check.warn_dense_table_rewrite(self.optimizer, pairs)
             distribute.apply_gradients(self.optimizer, pairs)
             self.mechanism.after_apply(lookahead)
         return self._update_metrics(per_example_loss, y, y_pred, sample_weight)

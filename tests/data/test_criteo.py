@@ -26,8 +26,8 @@ from tfdp_embed.data.criteo import (
     streaming_periods,
     table_sizes,
 )
-from tfdp_embed.data.criteo_synthetic import write_synthetic_criteo
-from tfdp_embed.data.criteo_text import iter_chunks
+from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
+from tfdp_embed.data.criteo.text import iter_chunks
 
 TOKEN = "68fd1e64"
 

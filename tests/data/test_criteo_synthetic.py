@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from tfdp_embed.data.criteo_schema import CAT_FEATURES, CRITEO_VOCAB_SIZES
-from tfdp_embed.data.criteo_synthetic import main, write_synthetic_criteo
-from tfdp_embed.data.criteo_text import iter_chunks, scan_files
+from tfdp_embed.data.criteo.schema import CAT_FEATURES, CRITEO_VOCAB_SIZES
+from tfdp_embed.data.criteo.synthetic import main, write_synthetic_criteo
+from tfdp_embed.data.criteo.text import iter_chunks, scan_files
 
 
 def load(paths):

@@ -10,8 +10,8 @@ import pytest
 tfds = pytest.importorskip("tensorflow_datasets")
 
 from tfdp_embed.data.criteo import CriteoFormatError, criteo_dataset  # noqa: E402
-from tfdp_embed.data.criteo_synthetic import write_synthetic_criteo  # noqa: E402
-from tfdp_embed.data.criteo_tfds import (  # noqa: E402
+from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo  # noqa: E402
+from tfdp_embed.data.criteo.tfds import (  # noqa: E402
     CriteoDisplayAds,
     find_split_files,
     to_model_inputs,

@@ -26,12 +26,15 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines import criteo, criteo_calibration, criteo_data, criteo_eval
-from pipelines.criteo_report import REQUIRED_KEYS
+from pipelines import criteo
+from pipelines.criteo import calibration as criteo_calibration
+from pipelines.criteo import data as criteo_data
+from pipelines.criteo import evaluation as criteo_eval
+from pipelines.criteo.report import REQUIRED_KEYS
 from tfdp_embed._keras import tf
 from tfdp_embed.accounting import PrivacyLedger
 from tfdp_embed.data.criteo import CAT_FEATURES, criteo_dataset, resolve_vocab_sizes
-from tfdp_embed.data.criteo_synthetic import write_synthetic_criteo
+from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
 from tfdp_embed.export import REPORT_FILENAME
 from tfdp_embed.models.ctr_serving import RAW_FIELDS, check_request
 

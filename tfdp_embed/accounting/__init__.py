@@ -1,4 +1,4 @@
-"""Privacy accounting with `dp_accounting` only: calibration, releases, ledger, budgets, periods, report.
+"""Privacy accounting with `dp_accounting` only: calibration, releases, ledger, budgets, periods, report (JSON, text).
 
 Events are data (`dp_accounting.DpEvent`s reported by the mechanisms, read
 through `EventSource`), accountants (PLD by default, RDP) interpret them;
@@ -18,7 +18,7 @@ from tfdp_embed.accounting.calibration import (
 from tfdp_embed.accounting.events import EventSource, accountable_event
 from tfdp_embed.accounting.ledger import PrivacyLedger
 from tfdp_embed.accounting.periods import Period, PeriodBudget, calibrate_periods, period_ledger, period_ledgers
-from tfdp_embed.accounting.planning import (
+from tfdp_embed.accounting.releases import (
     calibrate_noise_multiplier_with_releases,
     release_epsilon,
     release_noise_multiplier,
@@ -29,6 +29,7 @@ from tfdp_embed.accounting.report import (
     truncation_delta,
     write_privacy_report,
 )
+from tfdp_embed.accounting.report_text import format_report
 
 __all__ = [
     "EventSource",
@@ -42,6 +43,7 @@ __all__ = [
     "calibrate_periods",
     "compute_epsilon",
     "dpsgd_event",
+    "format_report",
     "make_accountant",
     "period_ledger",
     "period_ledgers",

@@ -6,11 +6,14 @@ steps k such that
     eps(ledger + setup_event + k * step_event, delta) <= target_epsilon
 
 (everything already in the ledger counts: a resumed run spends only what is
-left). It then records one step per batch in the ledger and sets
+left). The search runs on coarse PLD grids; the budget's own grid checks
+the answer, k and k + 1 (`accounting.coarse_to_exact`), and a search that
+runs over a second says so. It then records one step per batch in the ledger and sets
 `model.stop_training = True` after the last allowed step, so the step that
 would exceed the budget never runs. Epsilon is computed at epoch end (and
-put into the epoch logs, so `History` and `TensorBoard` see it) and at
-train end, never per step: one PLD evaluation costs ~0.1-2 s.
+put into the epoch logs, so `History` sees it, and written to TensorBoard
+by the callback itself: `log_dir`) and at train end, never per step: one
+PLD evaluation costs ~0.1-2 s.
 
 Resuming (`resume_from(ledger)`, done by `tfdp_embed.checkpointing`): the
 checkpointed ledger replaces the empty one, so a resumed run's budget counts
@@ -46,7 +49,7 @@ References: Abadi et al. 2016 §3.1 (privacy accounting during training);
 from __future__ import annotations
 
 import logging
-import math
+import os
 
 import dp_accounting
 
@@ -57,10 +60,15 @@ from tfdp_embed.accounting.calibration import (
     check_epsilon,
     check_sampling_probability,
     check_steps,
-    compute_epsilon,
+    entries_epsilon,
+    epsilon_levels,
+    pld_interval,
 )
+from tfdp_embed.accounting.coarse_to_exact import largest_count
 from tfdp_embed.accounting.events import EventSource, accountable_event, check_event_source, steps_taken
 from tfdp_embed.accounting.ledger import PrivacyLedger
+from tfdp_embed.accounting.progress import announced
+from tfdp_embed.accounting.summaries import EpochScalars
 from tfdp_embed.data.provenance import NOT_VERIFIED, UNVERIFIED, FedBatching
 from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
 
@@ -98,6 +106,10 @@ class PrivacyBudget(keras.callbacks.Callback):
         "fixed_shuffled" or `BatchingInfo` is checked against it: claiming
         Poisson for data that is not verified (or declared) Poisson raises;
         a non-Poisson value is reported as given.
+      log_dir: TensorBoard's `log_dir`: epsilon is written there (run
+        "train", tag `epoch_epsilon`) at every epoch end, whatever the order
+        of the callbacks. None writes it to the default summary writer if
+        one is active (`accounting.summaries`).
 
     Attributes:
       ledger: the `PrivacyLedger` (save it next to the model).
@@ -128,6 +140,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         report_path: str | None = None,
         dataset_size: int | None = None,
         batching=None,
+        log_dir: str | os.PathLike | None = None,
     ):
         super().__init__()
         if report_path is not None and (
@@ -149,6 +162,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         self.report_path = None if report_path is None else str(report_path)
         self.dataset_size = dataset_size
         self.batching = batching  # the caller's explicit claim, or None
+        self.scalars = EpochScalars(log_dir)
         self.fed_batching = None  # the least private batching fed in this callback's fits
         self.ledger = PrivacyLedger() if ledger is None else ledger
         self.is_dp = bool(mechanism.is_dp)
@@ -295,6 +309,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         epsilon = self._current_epsilon()
         if logs is not None:
             logs[self.log_key] = epsilon
+        self.scalars.write(self.log_key, epsilon, epoch=epoch)
 
     def on_train_end(self, logs=None):
         epsilon = self._current_epsilon()
@@ -308,6 +323,7 @@ class PrivacyBudget(keras.callbacks.Callback):
             ", stopped by the privacy budget" if self.stopped_by_budget else "",
         )
         self._write_report(stopped=self.stopped_by_budget, refused_to_start=False)
+        self.scalars.close()
 
     def _write_report(self, *, stopped: bool, refused_to_start: bool) -> None:
         """Writes the privacy report to `report_path` (if set), with the budget's outcome."""
@@ -408,20 +424,21 @@ class PrivacyBudget(keras.callbacks.Callback):
             self._epsilon_steps = self.ledger.steps
         return self.epsilon
 
-    def _epsilon_after(self, extra_steps: int) -> float:
-        """epsilon of the ledger plus `extra_steps` more steps (nominal events for non-DP)."""
-        step_event = self._accounting_event(self._step_event or self.mechanism.step_event(self.sampling_probability))
-        events = [
-            dp_accounting.SelfComposedDpEvent(self._accounting_event(e.event), e.count) for e in self.ledger.entries
-        ]
-        if extra_steps:
-            events.append(dp_accounting.SelfComposedDpEvent(step_event, int(extra_steps)))
-        return compute_epsilon(
-            events,
-            target_delta=self.target_delta,
-            accountant=self.accountant,
-            value_discretization_interval=self.value_discretization_interval,
+    def _epsilon_after(self, extra_steps: int, interval: float | None = None) -> float:
+        """epsilon of the ledger plus `extra_steps` more steps (nominal events for non-DP), memoised."""
+        if interval is None:
+            interval = self.value_discretization_interval
+        return entries_epsilon(
+            self._entries_after(extra_steps), delta=self.target_delta, accountant=self.accountant, interval=interval
         )
+
+    def _entries_after(self, extra_steps: int) -> tuple:
+        """The ledger's `(event, count)` entries plus `extra_steps` more steps, as the accountant charges them."""
+        step_event = self._accounting_event(self._step_event or self.mechanism.step_event(self.sampling_probability))
+        entries = [(self._accounting_event(e.event), e.count) for e in self.ledger.entries]
+        if extra_steps:
+            entries.append((step_event, int(extra_steps)))
+        return tuple(entries)
 
     def _accounting_event(self, event: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
         """The event as is for DP mechanisms; for non-DP ones, DP-SGD's (nominal) event if unsupported."""
@@ -430,57 +447,27 @@ class PrivacyBudget(keras.callbacks.Callback):
         )
 
     def _max_extra_steps(self, spent: float) -> int:
-        """Largest k >= 0 with eps(ledger + k steps) <= target; eps(0) = `spent` <= target.
+        """Largest k >= 0 with eps(ledger + k steps) <= target < eps(ledger + k + 1 steps); eps(0) = `spent`.
 
-        Bracketing by extrapolation (eps grows at least like sqrt(k), so
-        k * (target / eps_k)^2 tends to overshoot), then interpolation in
-        eps^2 with bisection as a safeguard; every probe is one accountant
-        call, memoised.
+        The search runs on coarse PLD grids first; the budget's own grid
+        decides (`coarse_to_exact.largest_count`: it checks k and k + 1).
         """
-        target = self.target_epsilon
-        cache = {0: spent}
-
-        def eps(k: int) -> float:
-            if k not in cache:
-                cache[k] = self._epsilon_after(k)
-            return cache[k]
-
-        lo, hi = 0, None
-        k = max(1, round(1.0 / self.sampling_probability))
-        while hi is None:
-            k = min(k, MAX_STEPS)
-            if eps(k) > target:
-                hi = k
-                break
-            lo = k
-            if k == MAX_STEPS:
-                _LOG.warning("PrivacyBudget: the budget allows more than %d steps; capping there.", MAX_STEPS)
-                return MAX_STEPS
-            ratio = (target / cache[k]) ** 2 if cache[k] > 0 else math.inf
-            k = int(min(k * max(2.0, 1.1 * ratio), k * 1024.0, float(MAX_STEPS)))
-        bisect = False
-        while hi - lo > 1:
-            width = hi - lo
-            if bisect:
-                guess = (lo + hi) // 2
-            else:
-                e_lo, e_hi = cache[lo] ** 2, cache[hi] ** 2
-                frac = (target**2 - e_lo) / (e_hi - e_lo) if math.isfinite(e_hi) and e_hi > e_lo else 0.5
-                guess = lo + int(round(frac * width))
-            guess = min(max(guess, lo + 1), hi - 1)
-            # Probe a little beyond the guess too: an accurate guess then leaves a
-            # bracket of width ~width/256 (or ends the search when it is 1).
-            offset = max(1, width // 256)
-            if eps(guess) <= target:
-                lo = guess
-                if guess + offset < hi and eps(guess + offset) > target:
-                    hi = guess + offset
-            else:
-                hi = guess
-                if guess - offset > lo and eps(guess - offset) <= target:
-                    lo = guess - offset
-            bisect = (hi - lo) > width / 2
-        return lo
+        interval = pld_interval(self.accountant, self.value_discretization_interval)
+        levels = epsilon_levels(
+            self._entries_after, delta=self.target_delta, accountant=self.accountant, interval=interval
+        )
+        what = (
+            f"epsilon={self.target_epsilon:g} at delta={self.target_delta:.3g} "
+            f"(q={self.sampling_probability:.4g}, {self.accountant.upper()})"
+        )
+        with announced(f"PrivacyBudget: counting the steps that fit {what}") as note:
+            k = largest_count(
+                levels, self.target_epsilon, start=max(1, round(1.0 / self.sampling_probability)), highest=MAX_STEPS
+            )
+            note.result = f"PrivacyBudget: {k} more steps fit {what}"
+        if k == MAX_STEPS:
+            _LOG.warning("PrivacyBudget: the budget allows more than %d steps; capping there.", MAX_STEPS)
+        return k
 
 
 def _claims_poisson(batching) -> bool:

@@ -8,8 +8,10 @@ DP-SGD with Poisson sampling rate q, noise multiplier sigma and T steps is the
 and `calibrate_noise_multiplier` finds the smallest sigma whose epsilon at
 `target_delta` is at most `target_epsilon`. All accounting is done by
 `dp_accounting` accountants; this module only builds events, validates
-arguments and brackets the search so that the slow PLD accountant is never
-asked about absurd (tiny) noise multipliers.
+arguments and searches. A PLD search runs on coarse grids and asks the
+exact grid (the one asked for) only to confirm the answer
+(`accounting.coarse_to_exact`); a search that runs over a second says so
+(`accounting.progress`).
 
 Example:
     >>> sigma = calibrate_noise_multiplier(target_epsilon=3.0, target_delta=1e-5,
@@ -24,12 +26,16 @@ Mironov, Talwar, Zhang 2019 (RDP of the sampled Gaussian); Koskela et al.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import numbers
 from collections.abc import Callable, Iterable
 
 import dp_accounting
+
+from tfdp_embed.accounting.coarse_to_exact import Unreachable, search_intervals, smallest_parameter
+from tfdp_embed.accounting.progress import announced
 
 _LOG = logging.getLogger(__name__)
 
@@ -154,10 +160,14 @@ def calibrate_noise_multiplier(
 
     sigma* = min{sigma : eps(SelfComposed(PoissonSampled(q, Gaussian(sigma)), T), delta) <= eps_target}
 
-    The bracket is found cheaply (with RDP first when `accountant="pld"`: RDP
-    over-states epsilon, so the RDP sigma is an upper end the PLD search
-    starts from), then `dp_accounting.calibrate_dp_mechanism` (Brent's
-    method) finds sigma; the value returned always satisfies the target.
+    With PLD, Brent's method runs on coarse grids (1e-2, then 1e-3), each
+    narrowing the bracket for the next; the exact grid then confirms that
+    sigma meets the target and that sigma / (1 + 1e-4) would not (that
+    neighbour predicted from the 1e-3 grid's slope), or searches on (see
+    `accounting.coarse_to_exact`). With RDP, Brent's method
+    (`dp_accounting.calibrate_dp_mechanism`) runs directly. Either way the
+    value returned meets the target under the accountant and grid asked
+    for. Results are memoised (a pure function of the arguments).
 
     Args:
       target_epsilon: epsilon > 0.
@@ -186,64 +196,126 @@ def calibrate_noise_multiplier(
     q = check_sampling_probability(sampling_probability)
     steps = check_steps(steps)
     accountant = check_accountant(accountant)
+    interval = pld_interval(accountant, value_discretization_interval)
+    what = f"epsilon={target_epsilon:g} at delta={delta:.3g} (q={q:.4g}, {steps} steps, {accountant.upper()})"
+    with announced(f"calibrating the noise multiplier for {what}") as note:
+        sigma = _calibrated_sigma(target_epsilon, delta, q, steps, accountant, interval)
+        note.result = f"noise multiplier {sigma:.6g} for {what}"
+    return sigma
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrated_sigma(target_epsilon: float, delta: float, q: float, steps: int, accountant: str, interval) -> float:
+    """`calibrate_noise_multiplier` on checked arguments (memoised: a pure function of them)."""
 
     def make_event(sigma: float) -> dp_accounting.DpEvent:
         return dpsgd_event(sampling_probability=q, noise_multiplier=sigma, steps=steps)
-
-    def make_fresh() -> dp_accounting.PrivacyAccountant:
-        return make_accountant(accountant, value_discretization_interval=value_discretization_interval)
-
-    def epsilon_of(sigma: float) -> float:
-        return float(make_fresh().compose(make_event(sigma)).get_epsilon(delta))
 
     unreachable = (
         f"`target_epsilon`={target_epsilon!r} cannot be met at `target_delta`={delta!r} with "
         f"`sampling_probability`={q!r} and `steps`={steps!r} using the {accountant!r} accountant"
     )
-    start = 1.0
     if accountant == "pld":
-        try:  # RDP is cheap and over-states epsilon: its sigma is a good upper start.
-            start = calibrate_noise_multiplier(
-                target_epsilon=target_epsilon, target_delta=delta, sampling_probability=q, steps=steps, accountant="rdp"
-            )
-        except ValueError:
-            start = MAX_NOISE_MULTIPLIER  # RDP's floor is above the target; PLD may still meet it.
-        if start <= MIN_NOISE_MULTIPLIER:
-            _LOG.warning(
-                "target_epsilon=%g is met even with the minimum noise multiplier %g under RDP "
-                "(q=%g, steps=%d); returning it (conservative). Is `sampling_probability` below "
-                "`target_delta`?",
-                target_epsilon,
-                MIN_NOISE_MULTIPLIER,
-                q,
-                steps,
-            )
-            return start
-        # PLD's sigma is usually 3-12% below RDP's: try that bracket first, unverified
-        # (`calibrate_dp_mechanism` raises ValueError when it does not bracket the root).
+
+        def make_entries(sigma: float) -> tuple:
+            return ((dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps),)
+
+        levels = epsilon_levels(make_entries, delta=delta, accountant="pld", interval=interval)
         try:
-            return _calibrate(make_fresh, make_event, target_epsilon, delta, _PLD_BRACKET_LOW * start, start)
-        except ValueError:
-            pass
-    lo, hi = _bracket(
-        epsilon_of, target_epsilon, start=start, factor=_SEARCH_FACTOR[accountant], unreachable=unreachable
-    )
+            sigma, at_lowest = smallest_parameter(
+                levels, target_epsilon, start=1.0, factor=2.0,
+                lowest=MIN_NOISE_MULTIPLIER, highest=MAX_NOISE_MULTIPLIER, rtol=_SIGMA_RTOL,
+            )  # fmt: skip
+        except Unreachable as err:
+            raise ValueError(_unreachable_message(unreachable, err.epsilon_at_highest)) from None
+        if at_lowest:
+            _warn_lowest(sigma, target_epsilon, q, steps)
+        return sigma
+
+    def make_fresh() -> dp_accounting.PrivacyAccountant:
+        return make_accountant(accountant)
+
+    def epsilon_of(sigma: float) -> float:
+        return float(make_fresh().compose(make_event(sigma)).get_epsilon(delta))
+
+    lo, hi = _bracket(epsilon_of, target_epsilon, start=1.0, factor=_SEARCH_FACTOR[accountant], unreachable=unreachable)
     if lo is None:
-        _LOG.warning(
-            "Even noise_multiplier=%g meets target_epsilon=%g (q=%g, steps=%d); returning it (conservative).",
-            hi,
-            target_epsilon,
-            q,
-            steps,
-        )
+        _warn_lowest(hi, target_epsilon, q, steps)
         return float(hi)
     return _calibrate(make_fresh, make_event, target_epsilon, delta, lo, hi)
 
 
+def pld_interval(accountant: str, value_discretization_interval: float | None) -> float | None:
+    """The PLD grid step asked for (the default if None); None for RDP."""
+    if accountant != "pld":
+        return None
+    if value_discretization_interval is None:
+        return PLD_VALUE_DISCRETIZATION_INTERVAL
+    make_accountant("pld", value_discretization_interval=value_discretization_interval)  # checks it
+    return float(value_discretization_interval)
+
+
+def epsilon_levels(make_entries: Callable, *, delta: float, accountant: str, interval: float | None) -> list:
+    """eps(make_entries(x), delta) on each grid of a coarse-to-exact search (`search_intervals`; RDP: one).
+
+    `make_entries(x)` gives `(event, count)` entries (`entries_epsilon`).
+    """
+    grids = search_intervals(interval) if accountant == "pld" else (None,)
+
+    def level(grid: float | None) -> Callable[[float], float]:
+        return lambda x: entries_epsilon(make_entries(x), delta=delta, accountant=accountant, interval=grid)
+
+    return [level(grid) for grid in grids]
+
+
+def entries_epsilon(entries: tuple, *, delta: float, accountant: str, interval: float | None) -> float:
+    """epsilon of `(event, count)` entries, each `SelfComposed(event, count)`, all composed.
+
+    Neighbouring entries of the same event are merged into one
+    self-composition. Memoised when the events are hashable (a pure
+    function), so a budget's search reuses what a calibration computed.
+    """
+    merged: list = []
+    for event, count in entries:
+        if merged and merged[-1][0] == event:
+            merged[-1] = (event, merged[-1][1] + count)
+        else:
+            merged.append((event, int(count)))
+    interval = pld_interval(accountant, interval)  # one memo key for the default grid, however it is named
+    try:
+        return _entries_epsilon(tuple(merged), delta, accountant, interval)
+    except TypeError:  # an unhashable event: compute without the memo
+        return _entries_epsilon.__wrapped__(tuple(merged), delta, accountant, interval)
+
+
+@functools.lru_cache(maxsize=1024)
+def _entries_epsilon(entries: tuple, delta: float, accountant: str, interval: float | None) -> float:
+    events = [dp_accounting.SelfComposedDpEvent(event, count) for event, count in entries]
+    return compute_epsilon(events, target_delta=delta, accountant=accountant, value_discretization_interval=interval)
+
+
+def _warn_lowest(sigma: float, target_epsilon: float, q: float, steps: int) -> None:
+    _LOG.warning(
+        "Even noise_multiplier=%g meets target_epsilon=%g (q=%g, steps=%d); returning it (conservative). "
+        "Is `sampling_probability` below `target_delta`?",
+        sigma,
+        target_epsilon,
+        q,
+        steps,
+    )
+
+
+def _unreachable_message(unreachable: str, eps_max: float) -> str:
+    return (
+        f"{unreachable}: even `noise_multiplier`={MAX_NOISE_MULTIPLIER:g} gives "
+        f"epsilon={eps_max:.6g}. Allowed: a larger `target_epsilon`, fewer `steps` "
+        "or a smaller `sampling_probability`."
+    )
+
+
 # Relative tolerance on sigma: epsilon then lies within ~0.05% below the target.
 _SIGMA_RTOL = 1e-4
-_PLD_BRACKET_LOW = 0.85
-_SEARCH_FACTOR = {"rdp": 2.0, "pld": 1.25}
+_SEARCH_FACTOR = {"rdp": 2.0}
 
 
 def _calibrate(make_fresh, make_event, target_epsilon: float, delta: float, lo: float, hi: float) -> float:
@@ -284,11 +356,7 @@ def _bracket(
         if hi >= MAX_NOISE_MULTIPLIER:
             eps_max = epsilon_of(MAX_NOISE_MULTIPLIER)
             if eps_max > target:
-                raise ValueError(
-                    f"{unreachable}: even `noise_multiplier`={MAX_NOISE_MULTIPLIER:g} gives "
-                    f"epsilon={eps_max:.6g}. Allowed: a larger `target_epsilon`, fewer `steps` "
-                    "or a smaller `sampling_probability`."
-                )
+                raise ValueError(_unreachable_message(unreachable, eps_max))
             return lo, MAX_NOISE_MULTIPLIER
         if epsilon_of(hi) <= target:
             return lo, hi

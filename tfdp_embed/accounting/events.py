@@ -21,7 +21,7 @@ References: `dp_accounting.dp_event` (events as data).
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import dp_accounting
 
@@ -68,7 +68,7 @@ def check_event_source(source, name: str = "mechanism") -> EventSource:
 
 def steps_taken(source: EventSource) -> int:
     """The source's step count as an int (from an int, a numpy or a TF scalar)."""
-    steps = source.steps
+    steps: Any = source.steps
     if hasattr(steps, "numpy"):
         steps = steps.numpy()
     return int(steps)

@@ -48,7 +48,7 @@ from tfdp_embed._keras import keras
 from tfdp_embed.accounting.calibration import check_sampling_probability, check_steps
 from tfdp_embed.accounting.events import EventSource, accountable_event
 from tfdp_embed.accounting.ledger import PrivacyLedger
-from tfdp_embed.accounting.planning import calibrate_noise_multiplier_with_releases
+from tfdp_embed.accounting.releases import calibrate_noise_multiplier_with_releases
 from tfdp_embed.errors import PrivacyBudgetExceededError
 
 PARALLEL = "parallel over streaming periods"

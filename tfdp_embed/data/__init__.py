@@ -1,6 +1,6 @@
 """Data pipelines: streaming readers, synthetic generators, TFDS builders.
 
-The TFDS builders (e.g. `tfdp_embed.data.criteo_tfds`) are not imported
+The TFDS builders (e.g. `tfdp_embed.data.criteo.tfds`) are not imported
 here, so that `tensorflow_datasets` is only loaded when asked for.
 """
 
@@ -17,7 +17,7 @@ from tfdp_embed.data.criteo import (  # noqa: F401
     streaming_periods,
     table_sizes,
 )
-from tfdp_embed.data.criteo_synthetic import write_synthetic_criteo  # noqa: F401
+from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo  # noqa: F401
 
 # The one-batch lookahead (LazyDP).
 from tfdp_embed.data.lookahead import with_lookahead  # noqa: F401

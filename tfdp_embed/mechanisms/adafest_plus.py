@@ -174,6 +174,7 @@ class DPAdaFESTPlus(DPAdaFEST):
             if not number or not 0 < top_fraction <= 1:
                 raise ValueError(f"`top_fraction` must be a number in (0, 1]; received {top_fraction!r}.")
             top_k = {name: max(1, int(math.floor(top_fraction * len(c)))) for name, c in counts.items()}
+        assert top_k is not None
         seed = kwargs.get("seed")
         rng = None if seed is None else np.random.default_rng([int(seed), 0x5E1EC7])
         selection = select_top_k(counts, top_k=top_k, epsilon=selection_epsilon, rng=rng)

@@ -471,7 +471,7 @@ class LazyDP(NoiseMechanism):
         if index not in cache:
             mechanism = weakref.ref(self)  # the cache must not keep its key alive
             cache[index] = tf.function(
-                lambda start, stop: mechanism()._bring_current(index, tf.range(start, stop), unique=True),
+                lambda start, stop: mechanism()._bring_current(index, tf.range(start, stop), unique=True),  # noqa: SLF001
                 input_signature=[tf.TensorSpec([], tf.int64)] * 2,
                 autograph=False,
             )

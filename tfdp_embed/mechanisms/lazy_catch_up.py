@@ -72,9 +72,14 @@ class OwedNoise:
     seed: int | None
     noise_like: Callable
 
+    def _sums(self) -> lazy_history.StepSums:
+        assert self.step_sums is not None, "owed noise is sampled only when sigma > 0"
+        return self.step_sums
+
     def normals(self, rows, steps, shape) -> tf.Tensor:
         """float32 `[n, *shape]` standard normals for `rows` at `steps`."""
         if self.row_noise == "stateless":
+            assert self.seed is not None, "stateless row noise needs a seed"
             return stateless_row_normals(seed=self.seed, steps=steps, rows=rows, shape=shape)
         return self.noise_like(tf.concat([tf.shape(rows), shape], 0), 1.0)
 
@@ -83,7 +88,7 @@ class OwedNoise:
         if not self.aggregate:
             return self._per_step(rows, noise_from, now, dim)
         if self.beta == 0:
-            sums = self.step_sums
+            sums = self._sums()
             s0, _, _ = lazy_math.range_sums(sums.at(noise_from), sums.at(now), now - noise_from, beta=0.0)
             z = self.normals(rows, -now, [dim])  # negative steps: a key space apart from per-step draws
             return None, tf.cast(tf.sqrt(s0), tf.float32)[:, None] * z
@@ -91,7 +96,7 @@ class OwedNoise:
 
     def _aggregated_with_momentum(self, rows, noise_from, now, dim: int) -> tuple:
         """One 2x2 Cholesky per row; a row owing one step draws `dim` normals, others `2 dim`."""
-        sums = self.step_sums
+        sums = self._sums()
         var_m, cov, var_theta = lazy_math.owed_noise_moments(
             sums.at(noise_from),
             sums.at(now),
@@ -118,7 +123,7 @@ class OwedNoise:
         steps = tf.ragged.range(noise_from + 1, now + 1)
         pair_steps = steps.flat_values
         owner = tf.cast(steps.value_rowids(), tf.int32)
-        scale = -tf.sqrt(tf.maximum(self.step_sums.weights(pair_steps), 0.0))
+        scale = -tf.sqrt(tf.maximum(self._sums().weights(pair_steps), 0.0))
         z = self.normals(tf.gather(rows, owner), pair_steps, [dim])
         u = tf.cast(scale, tf.float32)[:, None] * z
         coef_m, coef_theta = lazy_math.propagation_coefficients(
@@ -176,6 +181,7 @@ def catch_up_rows(target: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> 
         if m_new is not None:
             m_new = m_new + tf.cast(noise_m, var.dtype)
     if m_new is not None:
+        assert target.momentum is not None, "m_new exists only with momentum"
         target.momentum.scatter_update(tf.IndexedSlices(m_new, rows))
     if theta_delta is not None:
         var.scatter_add(tf.IndexedSlices(theta_delta, rows))

@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         library = fast_normal.build(force=args.force, verbose=args.verbose)
         from tfdp_embed._keras import tf
 
-        fast_normal._load()  # loads and runs the known-answer test
+        fast_normal._load()  # noqa: SLF001 (loads and runs the known-answer test)
 
         z = fast_normal.fast_normal([1 << 16], tf.constant([1, 2], tf.int64), 1.0).numpy()
     except Exception as err:  # noqa: BLE001 (report every failure the same way)

@@ -1,4 +1,4 @@
-"""Planning a run that releases something once before training (with `dp_accounting` only).
+"""One-off releases charged before training, composed with the steps (with `dp_accounting` only).
 
 A run may release data-dependent statistics once, before training: item
 frequencies (DPFormer's Re-Attention, a popularity prior, head rows), a
@@ -45,8 +45,12 @@ from tfdp_embed.accounting.calibration import (
     check_sampling_probability,
     check_steps,
     dpsgd_event,
+    epsilon_levels,
     make_accountant,
+    pld_interval,
 )
+from tfdp_embed.accounting.coarse_to_exact import Unreachable, smallest_parameter
+from tfdp_embed.accounting.progress import announced
 
 RELEASE_MECHANISMS: dict[str, Callable[[float], dp_accounting.DpEvent]] = {
     "gaussian": dp_accounting.GaussianDpEvent,
@@ -55,7 +59,6 @@ RELEASE_MECHANISMS: dict[str, Callable[[float], dp_accounting.DpEvent]] = {
 
 # Relative tolerance on the noise multiplier (as in `calibration`): epsilon lies just below the target.
 _RTOL = 1e-4
-_PLD_BRACKET_LOW = 0.85
 # First step above the steps-only sigma when bracketing: releases usually raise sigma by a few percent.
 _FIRST_STEP = 1.05
 
@@ -134,13 +137,14 @@ def calibrate_noise_multiplier_with_releases(
 
     sigma* = min{sigma : eps(Composed(r_1..r_m, SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)), delta) <= eps}
 
-    Composition only adds privacy loss, so sigma* is at least the sigma of
-    the steps alone (`calibrate_noise_multiplier`); the search starts there
-    and grows the upper end until it brackets the target, then Brent's
-    method (`dp_accounting.calibrate_dp_mechanism`) finds sigma*. With PLD
-    the RDP answer is tried first as the upper end (RDP over-states
-    epsilon), which usually saves the steps-only calibration. The epsilon
-    of sigma* never exceeds the target.
+    With PLD the search runs on coarse grids first and the exact grid
+    confirms the answer (`accounting.coarse_to_exact`, as in
+    `calibrate_noise_multiplier`). With RDP, composition only adds privacy
+    loss, so sigma* is at least the sigma of the steps alone: the search
+    starts there and grows the upper end until it brackets the target, then
+    Brent's method (`dp_accounting.calibrate_dp_mechanism`) finds sigma*.
+    The epsilon of sigma* never exceeds the target under the accountant and
+    grid asked for.
 
     Args:
       target_epsilon: epsilon > 0 for the whole run.
@@ -182,39 +186,56 @@ def calibrate_noise_multiplier_with_releases(
     def make_event(sigma: float) -> dp_accounting.DpEvent:
         return _compose([*releases, dpsgd_event(sampling_probability=q, noise_multiplier=sigma, steps=steps)])
 
-    if accountant == "pld":  # RDP over-states epsilon: its sigma is feasible, PLD's lies a little below
-        sigma = _try_below_rdp(make_event, target_epsilon, delta, value_discretization_interval, releases, common)
-        if sigma is not None:
-            return sigma
-    base = calibrate_noise_multiplier(target_epsilon=target_epsilon, **common)
-    epsilon_of = _epsilon_function(make_event, delta, accountant, value_discretization_interval)
-    lo, hi = _bracket_decreasing(epsilon_of, target_epsilon, start=base, factor=_FIRST_STEP, lowest=base)
-    if hi is None:
-        raise ValueError(
-            f"`target_epsilon`={target_epsilon!r} cannot be met at `target_delta`={delta!r} with "
-            f"`sampling_probability`={q!r}, `steps`={steps!r} and releases spending epsilon {spent:.6g}: it "
-            f"would need a noise multiplier above {MAX_NOISE_MULTIPLIER:g} ({accountant.upper()} accountant). "
-            "Allowed: a larger target, fewer steps, a smaller sampling probability or cheaper releases."
-        )
-    if lo is None:  # the steps' own sigma already pays for the releases (they cost almost nothing)
-        return float(hi)
-    return _brent(make_event, target_epsilon, delta, accountant, value_discretization_interval, lo, hi)
+    unreachable = (
+        f"`target_epsilon`={target_epsilon!r} cannot be met at `target_delta`={delta!r} with "
+        f"`sampling_probability`={q!r}, `steps`={steps!r} and releases spending epsilon {spent:.6g}: it "
+        f"would need a noise multiplier above {MAX_NOISE_MULTIPLIER:g} ({accountant.upper()} accountant). "
+        "Allowed: a larger target, fewer steps, a smaller sampling probability or cheaper releases."
+    )
+    what = (
+        f"epsilon={target_epsilon:g} at delta={delta:.3g} (q={q:.4g}, {steps} steps, {len(releases)} one-off "
+        f"release(s), {accountant.upper()})"
+    )
+    with announced(f"calibrating the noise multiplier for {what}") as note:
+        if accountant == "pld":
+            sigma = _pld_sigma(releases, q, steps, target_epsilon, delta, value_discretization_interval, unreachable)
+        else:
+            sigma = _rdp_sigma(make_event, target_epsilon, delta, common, unreachable)
+        note.result = f"noise multiplier {sigma:.6g} for {what}"
+    return sigma
 
 
 # -- helpers -----------------------------------------------------------------------
 
 
-def _try_below_rdp(make_event, target: float, delta: float, interval, releases, common: dict) -> float | None:
-    """PLD's sigma by Brent's method in [0.85, 1] x the RDP sigma, or None when that does not bracket it."""
+def _pld_sigma(releases: list, q: float, steps: int, target: float, delta: float, interval, unreachable: str) -> float:
+    """The PLD search, coarse grids first (`coarse_to_exact`); the result meets the target on the exact grid."""
+
+    def make_entries(sigma: float) -> tuple:
+        step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+        return (*((release, 1) for release in releases), (step, steps))
+
+    levels = epsilon_levels(make_entries, delta=delta, accountant="pld", interval=pld_interval("pld", interval))
     try:
-        rdp = calibrate_noise_multiplier_with_releases(
-            target_epsilon=target,
-            releases=releases,
-            **dict(common, accountant="rdp", value_discretization_interval=None),
-        )
-        return _brent(make_event, target, delta, "pld", interval, _PLD_BRACKET_LOW * rdp, rdp)
-    except ValueError:
-        return None
+        sigma, _ = smallest_parameter(
+            levels, target, start=1.0, factor=2.0, lowest=MIN_NOISE_MULTIPLIER, highest=MAX_NOISE_MULTIPLIER,
+            rtol=_RTOL,
+        )  # fmt: skip
+    except Unreachable:
+        raise ValueError(unreachable) from None
+    return sigma
+
+
+def _rdp_sigma(make_event, target: float, delta: float, common: dict, unreachable: str) -> float:
+    """The RDP search: up from the steps' own sigma (releases only add loss), then Brent's method."""
+    base = calibrate_noise_multiplier(target_epsilon=target, **common)
+    epsilon_of = _epsilon_function(make_event, delta, "rdp", None)
+    lo, hi = _bracket_decreasing(epsilon_of, target, start=base, factor=_FIRST_STEP, lowest=base)
+    if hi is None:
+        raise ValueError(unreachable)
+    if lo is None:  # the steps' own sigma already pays for the releases (they cost almost nothing)
+        return float(hi)
+    return _brent(make_event, target, delta, "rdp", None, lo, hi)
 
 
 def _check_releases(releases, accountant: str) -> list[dp_accounting.DpEvent]:

@@ -24,8 +24,8 @@ import dataclasses
 
 import numpy as np
 
-from tfdp_embed.data.criteo_errors import SKIP_REASONS, CriteoFormatError
-from tfdp_embed.data.criteo_schema import CAT_FEATURES, INT_FEATURES, NUM_FIELDS
+from tfdp_embed.data.criteo.errors import SKIP_REASONS, CriteoFormatError
+from tfdp_embed.data.criteo.schema import CAT_FEATURES, INT_FEATURES, NUM_FIELDS
 
 MAX_INT_DIGITS = 18
 MAX_CAT_BYTES = 64
@@ -99,7 +99,7 @@ def parse_block(
 
     reason = np.zeros(n, np.int8)
 
-    def mark(mask: np.ndarray, name: str) -> None:
+    def mark(mask: np.ndarray | np.bool_, name: str) -> None:
         reason[mask & (reason == 0)] = _CODE[name]
 
     mark((fields_per_line == 1) & (length[:, 0] == 0), "empty_line")

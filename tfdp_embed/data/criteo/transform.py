@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tfdp_embed._keras import tf
-from tfdp_embed.data.criteo_schema import (
+from tfdp_embed.data.criteo.schema import (
     CAT_FEATURES,
     INT_FEATURES,
     INT_MISSING,

@@ -1,41 +1,16 @@
-"""Training side of the Criteo pipeline: the DP model, its callbacks, gradient-size statistics.
+"""Training side of the Criteo pipeline: the DP model and gradient-size statistics.
 
 `make_dp_model` wraps the pCTR model in `DPModel` with the chosen mechanism
 and a `keras.optimizers.legacy.SGD` (sparse row updates; the only optimizer
-LazyDP can defer exactly). `StepTimer` records wall time per step;
-`gradient_size` turns the mechanism's statistics into DP-FEST's
-gradient-size reduction factor. The privacy budget itself is
-`tfdp_embed.accounting.PrivacyBudget`.
+LazyDP can defer exactly). `gradient_size` turns the mechanism's
+statistics into DP-FEST's gradient-size reduction factor. The privacy budget
+itself is `tfdp_embed.accounting.PrivacyBudget`; the step timer is
+`pipelines.step_timer`.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-
 from tfdp_embed import DPModel, keras
-
-WARMUP_STEPS = 3  # first steps trace the train function; excluded from the median
-
-
-class StepTimer(keras.callbacks.Callback):
-    """Wall time of every training step (data, forward, clip, noise, apply)."""
-
-    def __init__(self):
-        super().__init__()
-        self.durations: list[float] = []
-        self._start = None
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.durations.append(time.perf_counter() - self._start)
-
-    def median(self, skip: int = WARMUP_STEPS) -> float | None:
-        """Median step time in seconds, without the first `skip` steps (tracing) when possible."""
-        values = self.durations[skip:] if len(self.durations) > skip else self.durations
-        return statistics.median(values) if values else None
 
 
 def make_dp_model(
@@ -52,8 +27,8 @@ def make_dp_model(
     The optimizer's step counter, hyperparameters and momentum slots are
     created eagerly (public `OptimizerV2` accessors and `add_slot`) so that
     Keras traces the train step once instead of twice: variables created
-    inside the first trace force a second one, and with 26 tables one trace
-    takes 7-20 s.
+    inside the first trace force a second one, and a trace of the 26-table
+    model is slow.
     """
     dp_model = DPModel(model, mechanism=mechanism, expected_batch_size=expected_batch_size, lookahead=lookahead)
     optimizer = keras.optimizers.legacy.SGD(learning_rate=learning_rate, momentum=momentum)
@@ -75,7 +50,7 @@ def gradient_size(mechanism, tables, *, touched: float) -> dict:
       mechanism: the trained mechanism.
       tables: the model's `DPEmbedding` layers.
       touched: mean dim-weighted distinct rows a training batch reads
-        (`criteo_data.touched_rows`).
+        (`data.TouchedRows`).
 
     Returns:
       `{"gradient_size_fraction", "gradient_size_reduction", "gradient_size_basis"}`.
@@ -110,4 +85,4 @@ def gradient_size(mechanism, tables, *, touched: float) -> dict:
     return {"gradient_size_fraction": fraction, "gradient_size_reduction": reduction, "gradient_size_basis": basis}
 
 
-__all__ = ["StepTimer", "gradient_size", "make_dp_model"]
+__all__ = ["gradient_size", "make_dp_model"]

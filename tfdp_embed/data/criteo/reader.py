@@ -15,18 +15,18 @@ files (plain or gzip, many files in the given order, never loaded whole) as a
   (`table_sizes`);
 * label: float32 0/1.
 
-That transform is `parse_raw_fields` (`criteo_transform`), pure TF on raw
+That transform is `parse_raw_fields` (`transform.py`), pure TF on raw
 fields: the reader applies it to every chunk and a SavedModel serving
 signature applies it to raw request fields (13 numbers or strings, 26
 strings), so training and serving transform identically.
 
 Python reads the text, so errors name the file and line (row rules in
-`criteo_rows`, files in `criteo_text`): a bad row raises
+`rows.py`, files in `text.py`): a bad row raises
 `CriteoFormatError`, or with `skip_bad_rows=True` is dropped and counted per
 reason in a `CriteoReadStats` for the pipeline report. Parsing is vectorised
 numpy per 2 MiB block; no Python code runs per row.
 
-Throughput on 100k synthetic rows (`criteo_synthetic`), measured on the 2-core
+Throughput on 100k synthetic rows (`synthetic.py`), measured on the 2-core
 dev box while other jobs kept its load average near 6 (so expect more on an
 idle machine): the Python stage (read + validate + parse) runs at ~220k
 rows/s of its thread's CPU time for plain text, ~180k for gzip, and the TF
@@ -53,26 +53,19 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from tfdp_embed._keras import tf
-from tfdp_embed.data.criteo_errors import SKIP_REASONS, CriteoFormatError
-from tfdp_embed.data.criteo_schema import (
+from tfdp_embed.data.criteo.schema import (
     CAT_FEATURES,
-    CRITEO_VOCAB_SIZES,
     INT_FEATURES,
-    INT_MISSING,
-    LABEL,
-    MISSING_BUCKET,
-    embedding_dim,
     resolve_vocab_sizes,
     table_sizes,
 )
-from tfdp_embed.data.criteo_text import (
+from tfdp_embed.data.criteo.text import (
     CriteoReadStats,
     check_files,
     iter_chunks,
     normalize_paths,
-    scan_files,
 )
-from tfdp_embed.data.criteo_transform import CAT_BYTES, cat_bytes_to_strings, parse_raw_fields
+from tfdp_embed.data.criteo.transform import CAT_BYTES, cat_bytes_to_strings, parse_raw_fields
 
 VocabSizes = Mapping[str, int] | Sequence[int] | None
 PathLike = str | os.PathLike
@@ -338,22 +331,8 @@ def running_counts(
 
 
 __all__ = [
-    "CAT_FEATURES",
-    "CRITEO_VOCAB_SIZES",
-    "INT_FEATURES",
-    "INT_MISSING",
-    "LABEL",
-    "MISSING_BUCKET",
-    "SKIP_REASONS",
-    "CriteoFormatError",
-    "CriteoReadStats",
     "criteo_dataset",
     "day_files",
-    "embedding_dim",
-    "parse_raw_fields",
-    "resolve_vocab_sizes",
     "running_counts",
-    "scan_files",
     "streaming_periods",
-    "table_sizes",
 ]

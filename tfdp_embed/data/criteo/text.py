@@ -3,7 +3,7 @@
 This is the part of the Criteo reader that can name a file and a line: it
 streams plain or gzip files block by block (never loading one whole), hands
 blocks of whole lines to the vectorised row parser
-(`tfdp_embed.data.criteo_rows`, which states the row rules) and keeps
+(`tfdp_embed.data.criteo.rows`, which states the row rules) and keeps
 `CriteoReadStats`. File-level faults (missing path, empty file, binary file,
 truncated or corrupt gzip, a file with no valid row) always raise
 `CriteoFormatError`; bad rows raise too, or with `skip_bad_rows=True` are
@@ -22,8 +22,8 @@ import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tfdp_embed.data.criteo_errors import SKIP_REASONS, CriteoFormatError
-from tfdp_embed.data.criteo_rows import CriteoChunk, parse_block
+from tfdp_embed.data.criteo.errors import SKIP_REASONS, CriteoFormatError
+from tfdp_embed.data.criteo.rows import CriteoChunk, parse_block
 
 _LOG = logging.getLogger(__name__)
 _GZIP_MAGIC = b"\x1f\x8b"

@@ -4,7 +4,7 @@
 the unrelated uplift-modelling set) turns Criteo TSV files placed in
 `manual_dir` into a TFDS dataset. It stores the *raw* fields, so the hash
 vocabulary stays a model choice; `to_model_inputs` applies the same
-transform as the streaming reader (`criteo.parse_raw_fields`).
+transform as the streaming reader (`transform.parse_raw_fields`).
 
 Splits are named after the files found in `manual_dir`:
 `train` / `dev` / `validation` / `test` (`.tsv` or `.txt`, optionally `.gz`)
@@ -35,9 +35,9 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from tfdp_embed._keras import tf
-from tfdp_embed.data.criteo import parse_raw_fields
-from tfdp_embed.data.criteo_schema import CAT_FEATURES, INT_FEATURES
-from tfdp_embed.data.criteo_text import iter_chunks
+from tfdp_embed.data.criteo.schema import CAT_FEATURES, INT_FEATURES
+from tfdp_embed.data.criteo.text import iter_chunks
+from tfdp_embed.data.criteo.transform import parse_raw_fields
 
 _SPLIT_FILES = (
     re.compile(r"^(train|dev|validation|test)\.(?:tsv|txt)(?:\.gz)?$"),

@@ -5,10 +5,10 @@ Every file of a period is read and validated with
 naming file and line, or are skipped and counted with `--skip-bad-rows`).
 A period then lives in one of two forms (`--streaming {auto,on,off}`):
 
-* **in memory** (`read_period`): its rows as numpy arrays of model features
-  (312 bytes of features per row; the read, TensorFlow's copy for sampling
-  and the evaluation pass bring the peak to ~1.5 KB per row): fastest, one
-  read of the files in all.
+* **in memory** (`read_period`): its rows as numpy arrays of model
+  features, so memory grows with N (the read, TensorFlow's copy for
+  sampling and the evaluation pass add to the peak); fastest, one read of
+  the files in all.
 * **streaming** (`scan_period`): one pass counts the valid rows (N, needed
   for q = B / N and for the pass check) and, when a mechanism selects rows,
   the per-bucket counts; no row is kept. Training batches are then drawn by
@@ -20,10 +20,10 @@ A period then lives in one of two forms (`--streaming {auto,on,off}`):
   says `passes_per_epoch`). Evaluation data is streamed in batches.
 
 `--streaming auto` (default) keeps a period in memory up to
-`STREAMING_ROW_THRESHOLD` rows (10^6: measured +1.4 GiB of peak memory over
-streaming, `benchmarks/RESULTS.md` criteo_memory; +2.9 GiB at 2 x 10^6) and
-streams larger ones: the in-memory read stops at the threshold and the
-period is scanned instead.
+`STREAMING_ROW_THRESHOLD` rows and streams larger ones: the in-memory read
+stops at the threshold and the period is scanned instead. The threshold
+bounds the extra peak memory of the in-memory form (measured in
+`benchmarks/RESULTS.md`, "Criteo pipeline: peak RSS vs training rows").
 
 Batches (both forms) come from `tfdp_embed.data`:
 
@@ -290,8 +290,8 @@ def examples(period: Period) -> tuple:
     """`(features, labels [n, 1])` arrays of an in-memory period (what `poisson_batches` samples from).
 
     Passed as arrays, not as a `tf.data.Dataset` of examples: loading 40
-    per-example tensors per row through `tf.data` peaked at ~5.9 KB per row
-    (measured at 10^5 rows), the arrays take ~0.3 KB.
+    per-example tensors per row through `tf.data` takes many times the
+    memory of the arrays.
     """
     if period.features is None:
         raise ValueError(f"Period {period.files} is streamed: its rows are not in memory; use `period.source()`.")
@@ -355,23 +355,7 @@ def train_batches(
             source_batched=True,
         )
     elif period.streaming:
-        buffer = max(int(stream_buffer_rows), batch_size)
-        batches = (
-            period.source()
-            .unbatch()
-            .shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-            .batch(batch_size, drop_remainder=True)
-            .map(lambda features, labels: (features, labels[:, None]))
-        )
-        info = BatchingInfo(
-            batching="fixed_shuffled",
-            num_examples=period.size,
-            sampling_probability=q,
-            expected_batch_size=float(batch_size),
-            batches_per_epoch=period.size // batch_size,
-            streaming=True,
-            seeded=seed is not None,
-        )
+        batches, info = _streaming_shuffled_batches(period, batch_size, seed=seed, buffer_rows=stream_buffer_rows)
     elif poisson:
         batches, info = poisson_batches(examples(period), sampling_probability=q, seed=seed, num_examples=period.size)
     else:
@@ -379,6 +363,30 @@ def train_batches(
     if lookahead:
         batches = with_lookahead(batches, table_ids)
     return batches.prefetch(2), info
+
+
+def _streaming_shuffled_batches(
+    period: Period, batch_size: int, *, seed: int | None, buffer_rows: int
+) -> tuple[tf.data.Dataset, BatchingInfo]:
+    """Fixed-size batches of a streaming period, shuffled through a buffer of `buffer_rows` rows (NOT Poisson)."""
+    buffer = max(int(buffer_rows), batch_size)
+    batches = (
+        period.source()
+        .unbatch()
+        .shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+        .batch(batch_size, drop_remainder=True)
+        .map(lambda features, labels: (features, labels[:, None]))
+    )
+    info = BatchingInfo(
+        batching="fixed_shuffled",
+        num_examples=period.size,
+        sampling_probability=batch_size / period.size,
+        expected_batch_size=float(batch_size),
+        batches_per_epoch=period.size // batch_size,
+        streaming=True,
+        seeded=seed is not None,
+    )
+    return batches, info
 
 
 def passes_per_epoch(info: BatchingInfo) -> int:

@@ -17,8 +17,8 @@ import json
 import math
 import os
 
-from pipelines.criteo_privacy import output_calibration_epsilon
-from tfdp_embed import RunPlan
+from pipelines.criteo.privacy import output_calibration_epsilon
+from tfdp_embed import RunPlan, accounting
 from tfdp_embed.accounting import write_privacy_report
 
 REQUIRED_KEYS = (
@@ -83,35 +83,20 @@ def read_report(path: str) -> dict:
 
 
 def format_report(report: dict) -> str:
-    """The human-readable summary printed at the end of a run."""
-    eps, delta, step = report.get("epsilon"), report.get("delta"), report.get("median_step_s")
-    skipped = report.get("rows_skipped", {})
-    private = "differentially private" if report["is_dp"] else "NOT differentially private"
-    epsilon = "n/a" if eps is None else _number(eps)
+    """The human-readable summary printed at the end of a run: the library's privacy lines, then Criteo's own."""
+    step, skipped = report.get("median_step_s"), report.get("rows_skipped", {})
     rows = f"{report['rows_read']} / {sum(skipped.values())}" + (f" {skipped}" if any(skipped.values()) else "")
-    lines = [
-        "== privacy report ==",
-        f"mechanism            {report['mechanism']} ({private})",
-        f"guarantee            {report.get('guarantee')}",
-        f"epsilon              {epsilon} (target {report.get('target_epsilon')})",
-        f"delta                {'n/a' if delta is None else _number(delta)}",
-        f"accountant           {report.get('accountant')}",
-        f"noise multiplier     {_noise(report)}",
-        f"sampling             {report.get('batching')}, q = {_number(report.get('sampling_probability'))}",
-        f"sampler              {report.get('sampler')}{_passes(report)}",
-        f"composition          {report.get('composition')}",
-        f"steps                {report.get('steps')}",
-        f"rows read / skipped  {rows}",
-        f"AUC / log loss       {_number(report['auc'])} / {_number(report['logloss'])} on {report['eval_rows']} rows",
-        f"mean prediction      {_number(report.get('eval_mean_prediction'))} (click rate "
+    details = {
+        "sampler": f"{report.get('sampler')}{_passes(report)}",
+        "rows read / skipped": rows,
+        "AUC / log loss": f"{_number(report['auc'])} / {_number(report['logloss'])} on {report['eval_rows']} rows",
+        "mean prediction": f"{_number(report.get('eval_mean_prediction'))} (click rate "
         f"{_number(report.get('eval_click_rate'))}){_calibration(report)}",
-        f"gradient size        {_reduction(report)}",
-        f"median step          {'n/a' if step is None else f'{step * 1000:.1f} ms'}",
-        f"saved model          {report['saved_model']} (privacy_report.json beside it)",
-        "caveats:",
-    ] + [f"  - {c}" for c in report.get("caveats", [])]
-    lines += [f"WARNING: {w}" for w in report.get("warnings", [])]
-    return "\n".join(lines)
+        "gradient size": _reduction(report),
+        "median step": "n/a" if step is None else f"{step * 1000:.1f} ms",
+        "saved model": f"{report['saved_model']} (privacy_report.json beside it)",
+    }
+    return accounting.format_report(report, details=details)
 
 
 def _passes(report: dict) -> str:
@@ -125,12 +110,6 @@ def _calibration(report: dict) -> str:
     if not calibration:
         return ""
     return f"; output bias shifted by {calibration['shift']:+.3f} (DP, eps {_number(calibration['epsilon'])})"
-
-
-def _noise(report: dict) -> str:
-    effective = (report.get("noise_multipliers") or {}).get("effective_noise_multiplier")
-    text = _number(report.get("noise_multiplier"))
-    return text if effective is None else f"{text} (gradient); {_number(effective)} effective per step"
 
 
 def _number(value) -> str:

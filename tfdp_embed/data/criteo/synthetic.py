@@ -27,7 +27,7 @@ rows at a time, with no Python code per row. Throughput on 100k-400k rows:
 
 Example:
     >>> paths = write_synthetic_criteo("/tmp/criteo", num_rows=100_000, seed=0, days=3)
-    >>> # python -m tfdp_embed.data.criteo_synthetic --out /tmp/criteo --rows 100000 --days 3
+    >>> # python -m tfdp_embed.data.criteo.synthetic --out /tmp/criteo --rows 100000 --days 3
 
 References: DP-FEST (Ghazi et al., NeurIPS 2023) App. D.1 Table 3, §4.3.
 """
@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tfdp_embed.data.criteo_schema import CAT_FEATURES, INT_FEATURES, resolve_vocab_sizes
+from tfdp_embed.data.criteo.schema import CAT_FEATURES, INT_FEATURES, resolve_vocab_sizes
 
 _CHUNK_ROWS = 65_536
 _PILOT_ROWS = 50_000
@@ -334,9 +334,9 @@ def _check_args(num_rows, days, vocab_scale, zipf_exponent, ctr, daily_drift) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: `python -m tfdp_embed.data.criteo_synthetic --out DIR --rows N --days D`."""
+    """CLI: `python -m tfdp_embed.data.criteo.synthetic --out DIR --rows N --days D`."""
     parser = argparse.ArgumentParser(
-        prog="python -m tfdp_embed.data.criteo_synthetic",
+        prog="python -m tfdp_embed.data.criteo.synthetic",
         description="Write synthetic Criteo display-ads day files (Criteo TSV format).",
     )
     parser.add_argument("--out", required=True, help="output directory")

@@ -4,7 +4,7 @@ The library plans the run (`tfdp_embed.planning`): sigma for (epsilon,
 delta), q = B / N and T steps; AdaFEST's split by `--adafest-ratio`; EANA's
 nominal sigma. What this pipeline adds are its releases and its periods:
 
-* the DP output calibration (`criteo_calibration`, a Laplace histogram,
+* the DP output calibration (`calibration.py`, a Laplace histogram,
   pure DP) spends `--calibration-fraction` of epsilon, by basic composition;
 * fest and adafest+ select rows with DP top-k (`--selection-fraction` of
   epsilon, pure DP); fest re-selects from running counts once per streaming
@@ -48,7 +48,7 @@ class PrivacySettings:
       threshold_sigmas: default tau in units of the contribution-map noise std.
       contribution_clip: C1 of the contribution map.
       calibration_fraction: share of epsilon for the DP output calibration
-        (`criteo_calibration`), in [0, 1); 0 turns it off.
+        (`calibration.py`), in [0, 1); 0 turns it off.
       seed: noise seed (None: OS entropy; ints are for tests and reproducible runs).
     """
 

@@ -1,0 +1,326 @@
+"""The Criteo pipeline's command line: flags -> `PipelineConfig`, then `run`.
+
+Exit status: 0 on success, 2 for bad flags (argparse names the flag), 1 for
+input or settings the run cannot use (bad data, a privacy-contract
+violation, a target the accountant cannot meet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from pipelines import cli_types
+from pipelines.criteo import data as criteo_data
+from pipelines.criteo import privacy as criteo_privacy
+from pipelines.criteo import report as criteo_report
+from pipelines.criteo.config import (
+    DEFAULT_CALIBRATION_FRACTION,
+    DEFAULT_DP_LEARNING_RATE,
+    DEFAULT_EPSILON,
+    DEFAULT_LEARNING_RATE,
+    DEFAULT_MECHANISM,
+    PipelineConfig,
+)
+from pipelines.criteo.pipeline import run
+from tfdp_embed import PrivacyContractError
+from tfdp_embed.data.criteo import CriteoFormatError
+from tfdp_embed.models import ARCHITECTURES
+
+
+def _units(text):
+    try:
+        units = tuple(int(u) for u in text.split(",") if u.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints like 598,598; received {text!r}") from None
+    if not units or min(units) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive ints like 598,598; received {text!r}")
+    return units
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `python -m pipelines.criteo` parser: data, privacy and training flags, and `--out`."""
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.criteo",
+        description="Train the DP-FEST pCTR model on Criteo TSV with a DP mechanism; export a SavedModel.",
+    )
+    _add_data_flags(p.add_argument_group("data"))
+    _add_privacy_flags(p.add_argument_group("privacy"))
+    _add_training_flags(p.add_argument_group("training"))
+    p.add_argument("--out", required=True, help="output directory (report.json, saved_model/)")
+    return p
+
+
+def _add_data_flags(data) -> None:
+    """Which files, how to read them, and the default synthetic data."""
+    data.add_argument(
+        "--train",
+        nargs="+",
+        metavar="FILE",
+        help="training TSV files (.gz ok), in day order; default: generated synthetic data",
+    )
+    data.add_argument("--eval", nargs="+", metavar="FILE", help="evaluation TSV files (required with --train)")
+    data.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of failing")
+    data.add_argument(
+        "--streaming-periods",
+        action="store_true",
+        help="one period per --train file: train on it, evaluate on the next day (DP-FEST §4.3)",
+    )
+    data.add_argument(
+        "--streaming",
+        choices=criteo_data.STREAMING_MODES,
+        default="auto",
+        help="keep a period's rows in memory (off), stream them from the files with exact Poisson batches (on: memory "
+        f"independent of the rows, the files are read once per group of batches), or stream periods above "
+        f"{criteo_data.STREAMING_ROW_THRESHOLD:,} rows (auto, default)",
+    )
+    data.add_argument(
+        "--stream-buffer-rows",
+        type=cli_types.positive(int),
+        default=criteo_data.DEFAULT_STREAM_BUFFER_ROWS,
+        help="streaming: rows of training batches held at once; G = this // batch batches per pass "
+        "(default %(default)s, ~170 MB)",
+    )
+    data.add_argument(
+        "--hash-size",
+        type=cli_types.positive(int),
+        help="hash buckets per categorical feature (default: DP-FEST Table 3 vocabularies)",
+    )
+    data.add_argument(
+        "--synthetic-rows",
+        type=cli_types.positive(int),
+        default=criteo_data.SyntheticSpec.train_rows,
+        help="training rows of the default synthetic data",
+    )
+    data.add_argument(
+        "--synthetic-eval-rows",
+        type=cli_types.positive(int),
+        default=criteo_data.SyntheticSpec.eval_rows,
+        help="evaluation rows of the default synthetic data",
+    )
+
+
+def _add_privacy_flags(priv) -> None:
+    """The mechanism, the target (epsilon, delta), and how epsilon is shared out."""
+    priv.add_argument(
+        "--mechanism",
+        choices=criteo_privacy.MECHANISM_NAMES,
+        default=DEFAULT_MECHANISM,
+        help="noise mechanism (default %(default)s; eana is NOT DP, none is non-private)",
+    )
+    priv.add_argument(
+        "--epsilon",
+        type=cli_types.positive(float),
+        default=DEFAULT_EPSILON,
+        help=f"target epsilon (default {DEFAULT_EPSILON})",
+    )
+    priv.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1/N, N = training rows)")
+    priv.add_argument(
+        "--clip", type=cli_types.positive(float), default=1.0, help="per-example L2 clip norm C (default %(default)s)"
+    )
+    priv.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
+    priv.add_argument(
+        "--fixed-size-batches",
+        action="store_true",
+        help="shuffled fixed-size batches instead of Poisson sampling (the report says the guarantee assumes Poisson)",
+    )
+    priv.add_argument(
+        "--selection-fraction",
+        type=float,
+        default=0.1,
+        help="fest/adafest+: share of epsilon for the DP top-k selection, in (0, 1)",
+    )
+    priv.add_argument(
+        "--top-fraction",
+        type=float,
+        default=0.1,
+        help="fest/adafest+: fraction of each table kept by the selection, in (0, 1]",
+    )
+    priv.add_argument(
+        "--adafest-ratio",
+        type=cli_types.positive(float),
+        default=criteo_privacy.PrivacySettings.adafest_ratio,
+        help="adafest/adafest+: sigma1/sigma2 (App. D.1 tunes 0.1..10)",
+    )
+    priv.add_argument("--adafest-threshold", type=float, help="adafest/adafest+: tau (default 2 x sigma1 x C1)")
+    priv.add_argument("--contribution-clip", type=cli_types.positive(float), default=1.0, help="adafest/adafest+: C1")
+    priv.add_argument(
+        "--calibration-fraction",
+        type=float,
+        default=DEFAULT_CALIBRATION_FRACTION,
+        help="share of epsilon for the DP output calibration after training (Laplace histogram of logits; fixes "
+        "the clipping bias of the mean prediction, see pipelines/criteo/calibration.py); 0 turns it off "
+        "(default %(default)s)",
+    )
+
+
+def _add_training_flags(train) -> None:
+    """Steps, batches, optimizer, model shape, seed and verbosity."""
+    train.add_argument(
+        "--epochs",
+        type=cli_types.positive(int),
+        default=PipelineConfig.epochs,
+        help="passes over each period (default %(default)s)",
+    )
+    train.add_argument(
+        "--batch",
+        type=cli_types.positive(int),
+        default=PipelineConfig.batch,
+        help="expected batch size B, q = B/N (default %(default)s)",
+    )
+    train.add_argument(
+        "--max-steps",
+        type=cli_types.positive(int),
+        help="at most this many steps per period (the noise is calibrated for the steps that run; for quick runs)",
+    )
+    train.add_argument(
+        "--learning-rate",
+        type=cli_types.positive(float),
+        help=f"SGD learning rate (default {DEFAULT_DP_LEARNING_RATE} for DP mechanisms, 0.3 for none)",
+    )
+    train.add_argument(
+        "--momentum", type=float, default=PipelineConfig.momentum, help="SGD momentum in [0, 1) (default %(default)s)"
+    )
+    train.add_argument(
+        "--model",
+        choices=ARCHITECTURES,
+        default="mlp",
+        help="mlp: DP-FEST App. D.1; dcn: DCN-v2 cross layers + the same tower",
+    )
+    train.add_argument(
+        "--hidden-units", type=_units, default=(598, 598, 598, 598), help="ReLU tower widths (default 598,598,598,598)"
+    )
+    train.add_argument(
+        "--embedding-dim", type=cli_types.positive(int), help="one width for every table instead of int(2 V^0.25)"
+    )
+    train.add_argument(
+        "--seed",
+        type=int,
+        help="seed for data sampling, init and noise (default: OS entropy; set it only for tests and reproductions)",
+    )
+    train.add_argument(
+        "--verbose",
+        type=int,
+        choices=(0, 1, 2),
+        default=1,
+        help="Keras progress bar (1), one line per epoch (2), silent (0)",
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> PipelineConfig:
+    """Parses and validates the flags; exits with a message naming the bad flag."""
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    _check_files(parser, a)
+    _check_values(parser, a)
+    return _config(a)
+
+
+def _check_files(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """`--train`/`--eval` come together, exist, and suit the streaming flags."""
+    if a.train and not a.eval:
+        parser.error("--eval is required with --train (the AUC is measured on it).")
+    if a.eval and not a.train:
+        parser.error("--eval needs --train (without --train the synthetic data brings its own evaluation day).")
+    for path in (a.train or []) + (a.eval or []):
+        if not os.path.exists(path):
+            parser.error(f"file not found: {path!r} (given to --train/--eval).")
+    if a.streaming_periods and a.train and len(a.train) < 2:
+        parser.error(
+            f"--streaming-periods needs at least 2 --train day files (one per period); received {len(a.train)}."
+        )
+    if a.fixed_size_batches and a.streaming == "on" and a.stream_buffer_rows < a.batch:
+        parser.error("--fixed-size-batches with --streaming on needs --stream-buffer-rows >= --batch (shuffle buffer).")
+
+
+def _check_values(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Ranges argparse's types cannot express, and epsilon's shares leaving some for training."""
+    if a.delta is not None and not 0 < a.delta < 1:
+        parser.error(f"--delta must lie in (0, 1); received {a.delta!r}.")
+    if not 0 < a.selection_fraction < 1:
+        parser.error(f"--selection-fraction must lie in (0, 1); received {a.selection_fraction!r}.")
+    if not 0 <= a.calibration_fraction < 0.5:
+        parser.error(f"--calibration-fraction must lie in [0, 0.5); received {a.calibration_fraction!r}.")
+    if criteo_privacy.selects_rows(a.mechanism) and a.selection_fraction + a.calibration_fraction >= 1:
+        parser.error(
+            "--selection-fraction + --calibration-fraction must be < 1 (the rest of epsilon pays for training)."
+        )
+    if not 0 < a.top_fraction <= 1:
+        parser.error(f"--top-fraction must lie in (0, 1]; received {a.top_fraction!r}.")
+    if not 0 <= a.momentum < 1:
+        parser.error(f"--momentum must lie in [0, 1); received {a.momentum!r}.")
+    if a.adafest_threshold is not None and not a.adafest_threshold >= 0:
+        parser.error(f"--adafest-threshold must be >= 0; received {a.adafest_threshold!r}.")
+
+
+def _privacy_settings(a: argparse.Namespace) -> criteo_privacy.PrivacySettings:
+    return criteo_privacy.PrivacySettings(
+        mechanism=a.mechanism,
+        epsilon=a.epsilon,
+        delta=a.delta,
+        l2_norm_clip=a.clip,
+        accountant=a.accountant,
+        selection_fraction=a.selection_fraction,
+        top_fraction=a.top_fraction,
+        adafest_ratio=a.adafest_ratio,
+        adafest_threshold=a.adafest_threshold,
+        contribution_clip=a.contribution_clip,
+        calibration_fraction=a.calibration_fraction,
+        seed=a.seed,
+    )
+
+
+def _config(a: argparse.Namespace) -> PipelineConfig:
+    """The validated flags as a `PipelineConfig` (learning rate and synthetic data resolved)."""
+    synthetic = criteo_data.SyntheticSpec(
+        train_rows=a.synthetic_rows,
+        eval_rows=a.synthetic_eval_rows,
+        days=3 if a.streaming_periods else 1,
+        seed=0 if a.seed is None else a.seed,
+    )
+    return PipelineConfig(
+        out=a.out,
+        train=tuple(a.train or ()),
+        eval=tuple(a.eval or ()),
+        mechanism=a.mechanism,
+        epsilon=a.epsilon,
+        delta=a.delta,
+        epochs=a.epochs,
+        batch=a.batch,
+        streaming_periods=a.streaming_periods,
+        streaming=a.streaming,
+        stream_buffer_rows=a.stream_buffer_rows,
+        max_steps=a.max_steps,
+        model=a.model,
+        seed=a.seed,
+        skip_bad_rows=a.skip_bad_rows,
+        fixed_size_batches=a.fixed_size_batches,
+        hash_size=a.hash_size,
+        hidden_units=a.hidden_units,
+        embedding_dim=a.embedding_dim,
+        learning_rate=a.learning_rate
+        if a.learning_rate is not None
+        else DEFAULT_LEARNING_RATE.get(a.mechanism, DEFAULT_DP_LEARNING_RATE),
+        momentum=a.momentum,
+        privacy=_privacy_settings(a),
+        synthetic=synthetic,
+        verbose=a.verbose,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (2 for bad flags, 1 for bad data)."""
+    config = parse_args(argv)
+    try:
+        report = run(config).report
+    except (CriteoFormatError, PrivacyContractError, ValueError) as error:
+        print(f"python -m pipelines.criteo: error: {error}", file=sys.stderr)
+        return 1
+    print(criteo_report.format_report(report))
+    print(f"report: {os.path.join(config.out, 'report.json')}")
+    return 0
+
+
+__all__ = ["build_parser", "main", "parse_args"]
