@@ -97,7 +97,7 @@ def dense_layer_gradients(
     )
 
 
-dense_layer_gradients.supports_shared_calls = True
+dense_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
 
 
 def _broadcast_to_batch(t: tf.Tensor, per_example: tf.Tensor) -> tf.Tensor:

@@ -121,7 +121,7 @@ def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads:
     )
 
 
-embedding_layer_gradients.supports_shared_calls = True
+embedding_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
 
 
 def _per_example_block(occ, grad, dtype, dim) -> tuple:

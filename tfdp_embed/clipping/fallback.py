@@ -117,7 +117,7 @@ def vectorized_layer_gradients(
     return LayerGradients(variables=variables, squared_norms=squared, clipped_sum=clipped_sum)
 
 
-vectorized_layer_gradients.supports_shared_calls = True
+vectorized_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
 
 
 # Ops that write a variable (resource or reference), and ops that call a function body.

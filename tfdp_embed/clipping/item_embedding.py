@@ -154,4 +154,5 @@ def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: 
     )
 
 
-item_embedding_gradients.supports_shared_calls = True  # lookups in a candidate tower; refused with scoring
+# Lookups in a candidate tower; refused with scoring.
+item_embedding_gradients.supports_shared_calls = True  # type: ignore[attr-defined]

@@ -87,7 +87,7 @@ def layer_norm_layer_gradients(
     )
 
 
-layer_norm_layer_gradients.supports_shared_calls = True
+layer_norm_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
 
 
 def _zeros(output_grads: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -73,12 +73,23 @@ def deterministic(model):
 
         return call
 
+    with frozen_randomness(model), replaced_calls(layers, identity):
+        yield
+
+
+@contextlib.contextmanager
+def frozen_randomness(model):
+    """Inside the block, layers with a `frozen_randomness()` context manager keep their per-step randomness.
+
+    A retrieval task draws one negative sample per training step from a step
+    counter: a check's forward pass must not advance it, or the first
+    training step would not use step 0's sample.
+    """
     with contextlib.ExitStack() as stack:
         for layer in all_layers(model):
             freeze = getattr(layer, "frozen_randomness", None)
             if callable(freeze):
                 stack.enter_context(freeze())
-        stack.enter_context(replaced_calls(layers, identity))
         yield
 
 

@@ -380,7 +380,7 @@ class DPAdaFEST(NoiseMechanism):
         )
         # p for a scalar threshold, {table: p} for a mapping.
         self.noise_survival_probability = self._thresholds.probability()
-        self._epoch_marks = None  # (touched, dropped) counters at the last epoch warning
+        self._epoch_marks: tuple | None = None  # (touched, dropped) counters at the last epoch warning
         self._stats_ready = False
 
     # -- state --------------------------------------------------------------

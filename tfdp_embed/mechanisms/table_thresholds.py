@@ -48,11 +48,11 @@ class TableThresholds:
         if isinstance(threshold, Mapping):
             if not threshold:
                 raise ValueError("`threshold` is an empty mapping: give tau for every table, or one number.")
-            self.per_table = {
+            self.per_table: dict[str, float] | None = {
                 str(name): check_positive(f"threshold[{name!r}]", value, allow_zero=True)
                 for name, value in threshold.items()
             }
-            self.default = None
+            self.default: float | None = None
         else:
             self.per_table = None
             self.default = check_positive("threshold", threshold, allow_zero=True)

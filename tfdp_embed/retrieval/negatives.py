@@ -88,7 +88,7 @@ class SampledSoftmax:
         self.num_negatives = check_int("num_negatives", num_negatives)
         self.log_q_correction = bool(log_q_correction)
         self.remove_accidental_hits = bool(remove_accidental_hits)
-        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2**62))
+        self.seed = int(seed) if seed is not None else int(np.random.default_rng().integers(2**62))
         self.proposal_provenance = proposal_provenance
         if isinstance(proposal, str):
             if proposal != "uniform":

@@ -52,6 +52,7 @@ softmax); Yi et al., RecSys 2019 (log-Q correction); Abadi et al. 2016 §3.1
 from __future__ import annotations
 
 import contextlib
+import typing
 from collections.abc import Sequence
 
 import numpy as np
@@ -123,7 +124,7 @@ class Retrieval(keras.layers.Layer, tfrs.tasks.Task):
         if temperature is not None and not (isinstance(temperature, (int, float)) and temperature > 0):
             raise ValueError(f"`temperature` must be a number > 0 or None; received {temperature!r}.")
         catalogue = Catalogue(candidates, identifiers=identifiers)
-        if not negatives.full:
+        if isinstance(negatives, SampledSoftmax):
             negatives.check_catalogue(catalogue.size)
         ks = check_ks(ks, catalogue.size) if ks is not None else _default_ks(catalogue.size)
         self.candidate_tower = candidate_tower
@@ -237,7 +238,7 @@ class Retrieval(keras.layers.Layer, tfrs.tasks.Task):
         """This step's shared negatives: a function of the seed and the step counter only."""
         state = self._training_only
         step = tf.identity(state.step)
-        sample = self.negatives.sample(step, self.catalogue.size)
+        sample = typing.cast(SampledSoftmax, self.negatives).sample(step, self.catalogue.size)
         if training and not state.frozen:  # the next training step draws the next sample
             with tf.control_dependencies([sample]):
                 advance = state.step.assign_add(1)
