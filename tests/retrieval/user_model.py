@@ -9,10 +9,12 @@ multi-valued genre table, Dense), trained with
 from __future__ import annotations
 
 import numpy as np
-import tensorflow_recommenders as tfrs
+import pytest
 
 from tfdp_embed import DPEmbedding, DPModel, keras, tf
 from tfdp_embed.retrieval import Retrieval
+
+tfrs = pytest.importorskip("tensorflow_recommenders")  # after tfdp_embed: it selects Keras 2
 
 NUM_ITEMS, NUM_GENRES, NUM_USERS, DIM = 40, 6, 30, 8
 MOVIE_IDS = np.arange(1000, 1000 + NUM_ITEMS)  # the data's own item ids
