@@ -22,8 +22,10 @@ be built or loaded (no compiler, ...), `normal` falls back to
 `generator.normal` with a one-time warning; `TFDP_EMBED_FAST_NORMAL=0`
 forces the fallback without trying.
 
-Placement: there is only a CPU kernel. On a GPU machine TensorFlow places
-the op on the CPU (soft placement) and copies the noise to the GPU.
+Placement: there is only a CPU kernel. Where a GPU or TPU is visible, `normal`
+uses `generator.normal` (accelerator kernels; `placement`); the raw
+`fast_normal` op still runs on the CPU (soft placement) for LazyDP's keyed
+streams, whose values must not depend on the device.
 
 Example:
     >>> gen = tf.random.Generator.from_seed(0)
@@ -43,6 +45,7 @@ import warnings
 from pathlib import Path
 
 from tfdp_embed._keras import tf
+from tfdp_embed.ops import placement
 
 OP_NAME = "TfdpEmbedFastNormal"
 SOURCE = Path(__file__).with_name("fast_normal.cc")
@@ -363,7 +366,7 @@ def normal(generator: tf.random.Generator, shape, stddev=1.0, dtype=tf.float32) 
       `dtype` tensor of `shape`.
     """
     dtype = tf.as_dtype(dtype)
-    op = _op_or_none() if dtype == tf.float32 else None
+    op = _op_or_none() if dtype == tf.float32 and placement.fused_allowed_for() else None
     if op is None:
         return generator.normal(shape, stddev=stddev, dtype=dtype)
     key = generator.uniform_full_int([2], dtype=tf.int64)

@@ -31,11 +31,17 @@ ASPLOS 2024) §5.2, Alg. 1 (aggregated noise sampling).
 from __future__ import annotations
 
 from tfdp_embed._keras import tf
-from tfdp_embed.ops import fast_normal
+from tfdp_embed.ops import fast_normal, placement
 
 
-def _op():
-    """The loaded op module, or None (fallback, one warning per process)."""
+def _op(*variables):
+    """The loaded op module, or None: the reference runs (see `placement`).
+
+    None when the library is unavailable (one warning per process) or when an
+    accelerator is visible and `variables` do not all live on the CPU.
+    """
+    if not placement.fused_allowed_for(variables):
+        return None
     return fast_normal._op_or_none()  # noqa: SLF001 - same library, same fallback policy
 
 
@@ -338,7 +344,7 @@ def lazy_catch_up(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, st
       tf.errors.InvalidArgumentError: a row outside [0, vocab), an invalid
         history entry, step sums too short, or t > 2^30 - 1.
     """
-    op = _op()
+    op = _op(table, history, p_hi, p_lo, steps, stream)
     if op is None:
         return lazy_catch_up_reference(table, history, rows, p_hi, p_lo, steps, stream)
     return op.tfdp_embed_lazy_catch_up(
@@ -357,7 +363,7 @@ def lazy_catch_up_gather(table: tf.Variable, history: tf.Variable, rows, p_hi, p
     Returns:
       float32 `[n, dim]`, n the number of entries of `rows`.
     """
-    op = _op()
+    op = _op(table, history, p_hi, p_lo, steps, stream)
     flat = _flat_rows(rows)
     if op is None:
         with tf.control_dependencies([lazy_catch_up_reference(table, history, flat, p_hi, p_lo, steps, stream)]):
@@ -388,7 +394,7 @@ def lazy_catch_up_split(table: tf.Variable, history: tf.Variable, rows, p_hi, p_
     `TfdpEmbedLazyAddRows` then adds the rows. Same table, history and
     stream as `lazy_catch_up`, bit for bit. Args, Returns and Raises as there.
     """
-    op = _op()
+    op = _op(table, history, p_hi, p_lo, steps, stream)
     if op is None:
         return lazy_catch_up_reference(table, history, rows, p_hi, p_lo, steps, stream)
     stale, noise = op.tfdp_embed_lazy_catch_up_noise(
@@ -458,7 +464,7 @@ def lazy_record_step(p_hi, p_lo, steps, stream, learning_rate, noise_scale, key,
     """
     if not isinstance(first_stream, int) or first_stream < 0:
         raise ValueError(f"`first_stream` must be an int >= 0; received {first_stream!r}.")
-    op = _op()
+    op = _op(p_hi, p_lo, steps, stream)
     key = tf.convert_to_tensor(key, tf.int64)
     if op is None:
         return lazy_record_step_reference(
