@@ -4,7 +4,11 @@
     python -m pipelines.movielens --mechanism dense --epsilon 3 --epochs 5 --out runs/dense
 
 What happens:
-  1. read `u.data` (default ../shared/data/movielens/ml-100k/u.data), build
+  1. read the ratings (`--data`: ml-100k `u.data`, ml-latest / ML-20M
+     `ratings.csv`, ML-1M `ratings.dat`, or a dataset directory holding one;
+     default ../shared/data/movielens/ml-100k/u.data), number the movies
+     densely 1..n (from the catalogue beside the ratings, `movies.csv` /
+     `u.item`, when there is one; else from the ratings' distinct ids), build
      per-user timelines, split users 80/20 (seeded), build every (context,
      label) pair of the training users (the privacy units; see
      `tfdp_embed.data.movielens` for what an example is and what epsilon
@@ -16,9 +20,13 @@ What happens:
      with `DPModel` on Poisson-sampled batches (LazyDP with the one-batch
      lookahead), a privacy budget stopping DP runs at the target epsilon;
   4. flush (LazyDP's owed noise), evaluate precision@k / recall@k for
-     k in {1, 5, 10, 20} ranking all items for every test position;
-  5. with an output directory: export `DIR/retrieval_saved_model/` (history ->
-     top-k ids and scores, privacy report beside it) and write `DIR/report.json`.
+     k in {1, 5, 10, 20} ranking all items for every test position, next to
+     two references that are not released: chance and the most-popular
+     ranking of the training split (`tfdp_embed.metrics.baselines`);
+  5. with an output directory: export `DIR/retrieval_saved_model/` (history of
+     ORIGINAL movie ids -> top-k original ids and scores; the id map inside;
+     unknown ids dropped, see `two_tower_serving`; privacy report beside it)
+     and write `DIR/report.json`. A run that fails leaves no `DIR` behind.
 
 Public API (used by the secret-sharer audit): `MovieLensConfig`,
 `load_movielens`, `train_and_evaluate`, `MovieLensResult` (`.model`,
@@ -41,11 +49,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipelines import cli_types, movielens_privacy
+from pipelines.output_dir import removed_on_failure
 from pipelines.step_timer import StepTimer
 from tfdp_embed import DPModel, RunPlan, accounting, keras, tf
 from tfdp_embed.accounting import PrivacyBudget, write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data import poisson_batches, with_lookahead
+from tfdp_embed.data.item_ids import table_size_warning
 from tfdp_embed.data.movielens import (
     PADDING_ID,
     MovieLensData,
@@ -53,6 +63,7 @@ from tfdp_embed.data.movielens import (
     load_movielens_data,
 )
 from tfdp_embed.export import export_saved_model, release_ready
+from tfdp_embed.metrics.baselines import NOT_RELEASED_NOTE, chance_retrieval, item_counts, popularity_retrieval
 from tfdp_embed.metrics.retrieval import DEFAULT_KS, precision_recall_at_k
 from tfdp_embed.models.two_tower import TwoTowerModel, two_tower_registry
 from tfdp_embed.models.two_tower_serving import RetrievalServingModule
@@ -82,7 +93,9 @@ class MovieLensConfig:
     """One run's settings (CLI flags map onto these).
 
     Attributes:
-      data_path: ml-100k `u.data`.
+      data_path: the ratings file (u.data, ratings.csv, ratings.dat) or a dataset directory.
+      item_catalogue: how movies are numbered: "auto" (the catalogue beside the ratings if any),
+        a catalogue file (movies.csv, u.item), or None (the ratings' distinct movie ids).
       mechanism: "none", "dense" (DP-SGD), "eana" (not DP) or "lazy" (LazyDP).
       noise_multiplier: sigma; or None with `epsilon` set (calibrated).
       epsilon: target epsilon for dense/lazy (sigma calibrated; a nominal sigma for eana).
@@ -108,6 +121,7 @@ class MovieLensConfig:
     """
 
     data_path: str = DEFAULT_DATA_PATH
+    item_catalogue: str | None = "auto"
     mechanism: str = "eana"
     noise_multiplier: float | None = None
     epsilon: float | None = None
@@ -166,6 +180,7 @@ def load_movielens(config: MovieLensConfig) -> MovieLensData:
         context_length=config.context_length,
         test_fraction=config.test_fraction,
         split_seed=config.split_seed,
+        catalogue=config.item_catalogue,
     )
 
 
@@ -332,19 +347,24 @@ def train_and_evaluate(
       ValueError: bad settings or extra examples; PrivacyContractError if the model
         cannot be released (owed noise).
     """
+    with removed_on_failure(out_dir):  # a failed run leaves no `out_dir` behind
+        return _run(config, data, extra_train_examples, out_dir)
+
+
+def _run(config: MovieLensConfig, data: MovieLensData | None, extra_train_examples, out_dir: str | None):
     started = time.perf_counter()
     data = data if data is not None else load_movielens(config)
     setup = _plan(config, data, extra_train_examples)
     trained = _train(config, data, setup, _build(config, data, setup))
     train_seconds = time.perf_counter() - started
     metrics, test_examples = _release_and_evaluate(config, data, trained)
-    privacy = _privacy_report(config, setup, trained)
+    privacy = _privacy_report(config, data, setup, trained)
     report = _report(config, data, setup, trained, privacy, metrics, test_examples, train_seconds=train_seconds)
     if out_dir is not None:
-        report["saved_model"] = _export(config, trained, privacy, out_dir)
+        report["saved_model"] = _export(config, data, trained, privacy, out_dir)
     report["wall_seconds"] = time.perf_counter() - started
     report["not_released"] = not_released_note(
-        ["the precision/recall metrics", "eana_bound", "eana_per_instance_bounds", "data"],
+        ["the precision/recall metrics", "baselines", "eana_bound", "eana_per_instance_bounds", "data"],
         release="retrieval_saved_model/",
     )
     if out_dir is not None:
@@ -440,8 +460,8 @@ def _release_and_evaluate(config: MovieLensConfig, data: MovieLensData, trained:
     return evaluate(trained.model, test_contexts, test_labels), len(test_labels)
 
 
-def _privacy_report(config: MovieLensConfig, setup: _Setup, trained: _Trained) -> dict:
-    """The privacy report: the budget's ledger, or the steps run; EANA's nominal epsilon."""
+def _privacy_report(config: MovieLensConfig, data: MovieLensData, setup: _Setup, trained: _Trained) -> dict:
+    """The privacy report: the budget's ledger, or the steps run; EANA's nominal epsilon; the item ids' source."""
     plan, budget, steps_run = setup.plan, trained.budget, trained.counter.steps
     sigma = plan.noise_multiplier
     # PLD's privacy-loss grid grows without bound as sigma -> 0 (gigabytes at EANA's sigma 0.01);
@@ -458,16 +478,48 @@ def _privacy_report(config: MovieLensConfig, setup: _Setup, trained: _Trained) -
                                               steps=steps_run, delta=setup.delta, accountant=accountant)
             if config.mechanism == "eana" else None
         ),
+        assumptions=_item_id_assumptions(data),
+        extra={"item_ids": data.item_ids.summary() if data.item_ids is not None else None},
     )  # fmt: skip
 
 
-def _warnings(config: MovieLensConfig, final_loss: float | None) -> list:
-    if final_loss is None or math.isfinite(final_loss):
+def _item_id_assumptions(data: MovieLensData) -> list:
+    """The exported id map lists movie ids; read from the ratings (no catalogue), that list is not protected."""
+    if data.item_ids is None or data.item_ids.source.startswith("catalogue"):
         return []
     return [
-        f"Training diverged (final loss {final_loss}): the metrics are meaningless. Lower the learning "
-        f"rate (now {config.resolved_learning_rate:g}) or the momentum (now {config.momentum:g})."
+        f"the movie-id map shipped with the model ({data.item_ids.source}: every movie some user rated, train "
+        "and test) is public information, e.g. the dataset's catalogue; DP does not protect which movies occur "
+        "(put the catalogue, movies.csv or u.item, beside the ratings to number items from it instead)"
     ]
+
+
+def _warnings(config: MovieLensConfig, data: MovieLensData, final_loss: float | None) -> list:
+    warnings = []
+    if final_loss is not None and not math.isfinite(final_loss):
+        warnings.append(
+            f"Training diverged (final loss {final_loss}): the metrics are meaningless. Lower the learning "
+            f"rate (now {config.resolved_learning_rate:g}) or the momentum (now {config.momentum:g})."
+        )
+    rated = data.rated_items if data.rated_items is not None else data.num_items
+    table = table_size_warning(table_rows=data.num_items + 1, distinct_ids=rated, what="item")
+    if table and data.item_ids is not None and data.item_ids.source.startswith("catalogue"):
+        table += (
+            f" Here the {data.item_ids.source} lists movies nobody rated: `--item-catalogue none` numbers only the "
+            "rated ones."
+        )
+    return warnings + ([table] if table else [])
+
+
+def baselines(data: MovieLensData, labels: np.ndarray) -> dict:
+    """Chance and popularity precision@k / recall@k on the test `labels` (not released; see `metrics.baselines`)."""
+    counts = item_counts(np.concatenate(list(data.train_timelines.values())), data.num_items)
+    return {
+        "note": NOT_RELEASED_NOTE,
+        "chance": chance_retrieval(data.num_items, ks=DEFAULT_KS),
+        "popularity": popularity_retrieval(counts, labels, ks=DEFAULT_KS),
+        "popularity_counts": "ratings of each movie by the training users (exact counts, not private)",
+    }
 
 
 def _report(
@@ -479,7 +531,7 @@ def _report(
     final_loss = float(history.history["loss"][-1]) if history.history.get("loss") else None
     report = dict(privacy)
     report.update(
-        warnings=_warnings(config, final_loss),
+        warnings=_warnings(config, data, final_loss),
         privacy_unit=PRIVACY_UNIT,
         noise_source=movielens_privacy.noise_source(setup.plan),
         target_epsilon=setup.plan.target_epsilon,
@@ -487,6 +539,7 @@ def _report(
         train_examples=setup.size,
         extra_train_examples=setup.num_extra,
         test_examples=test_examples,
+        baselines=baselines(data, data.test_labels[: config.max_test_examples]),
         planned_steps=setup.steps,
         steps_run=counter.steps,
         final_train_loss=final_loss,
@@ -520,10 +573,11 @@ def _eana_bounds(config: MovieLensConfig, data: MovieLensData, setup: _Setup, tr
     }  # fmt: skip
 
 
-def _export(config: MovieLensConfig, trained: _Trained, privacy: dict, out_dir: str) -> str:
-    """Exports `out_dir/retrieval_saved_model/` (history -> top-k ids, privacy report beside it); its path."""
+def _export(config: MovieLensConfig, data: MovieLensData, trained: _Trained, privacy: dict, out_dir: str) -> str:
+    """Exports `out_dir/retrieval_saved_model/` (original movie ids -> top-k original ids, the id map inside,
+    the privacy report beside it); its path."""
     os.makedirs(out_dir, exist_ok=True)
-    serving = RetrievalServingModule(trained.model, k=config.k)
+    serving = RetrievalServingModule(trained.model, k=config.k, item_ids=data.item_ids)
     path = os.path.join(out_dir, "retrieval_saved_model")
     export_saved_model(
         trained.dp_model,
@@ -551,7 +605,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="writes DIR/report.json and DIR/retrieval_saved_model/",
     )
-    p.add_argument("--data", default=DEFAULT_DATA_PATH, metavar="PATH", help="ml-100k u.data")
+    p.add_argument(
+        "--data",
+        default=DEFAULT_DATA_PATH,
+        metavar="PATH",
+        help="ratings: ml-100k u.data, ml-latest/ML-20M ratings.csv, ML-1M ratings.dat, or a dataset directory",
+    )
+    p.add_argument(
+        "--item-catalogue",
+        default="auto",
+        metavar="PATH",
+        help="numbers the movies densely: 'auto' = movies.csv / movies.dat / u.item beside the ratings if present, "
+        "a catalogue file, or 'none' = the distinct movie ids of the ratings",
+    )
     p.add_argument(
         "--batch-size",
         type=cli_types.positive(int),
@@ -611,7 +677,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
     if args.delta is not None and args.delta >= 1:
         parser.error(f"--delta must lie in (0, 1); received {args.delta}")
     config = MovieLensConfig(
-        data_path=args.data, mechanism=args.mechanism, noise_multiplier=args.noise_multiplier,
+        data_path=args.data, item_catalogue=None if args.item_catalogue == "none" else args.item_catalogue,
+        mechanism=args.mechanism, noise_multiplier=args.noise_multiplier,
         epsilon=args.epsilon, delta=args.delta, l2_norm_clip=args.l2_norm_clip, epochs=args.epochs,
         batch_size=args.batch_size, learning_rate=args.learning_rate, momentum=args.momentum,
         embedding_dim=args.embedding_dim, context_length=args.context_length, seed=args.seed, k=args.k,
@@ -629,6 +696,7 @@ def format_report(report: dict) -> str:
         "steps run": report["steps_run"],
         "precision@k": ", ".join(f"@{k} {report[f'precision@{k}']:.4f}" for k in DEFAULT_KS),
         "recall@k": ", ".join(f"@{k} {report[f'recall@{k}']:.4f}" for k in DEFAULT_KS),
+        **_baseline_lines(report.get("baselines")),
         "test examples": report["test_examples"],
         "median step": _milliseconds(report.get("median_step_s")),
         "EANA bound": None if bound is None else (
@@ -636,6 +704,16 @@ def format_report(report: dict) -> str:
         ),
     }  # fmt: skip
     return accounting.format_report(report, title="movielens two-tower report", details=details)
+
+
+def _baseline_lines(baselines: dict | None) -> dict:
+    if not baselines:
+        return {}
+    return {
+        f"{name} recall@k": ", ".join(f"@{k} {baselines[name][f'recall@{k}']:.4f}" for k in DEFAULT_KS)
+        + (" (training-split counts, not private, not released)" if name == "popularity" else " (random ranking)")
+        for name in ("chance", "popularity")
+    }
 
 
 def _milliseconds(seconds) -> str:
@@ -647,7 +725,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config, out = parse_args(argv)
     try:
         result = train_and_evaluate(config, out_dir=out)
-    except (FileNotFoundError, MovieLensFormatError, ValueError) as error:
+    except (FileNotFoundError, MovieLensFormatError, ValueError) as error:  # `out` was removed again
         print(f"python -m pipelines.movielens: error: {error}", file=sys.stderr)
         return 1
     print(format_report(result.report))

@@ -4,7 +4,8 @@
         --model dpformer --epsilon 8 --delta 1e-5 --epochs 5 --out runs/games_dpformer
 
 What happens:
-  1. read the "user item" file (time-ordered per user), split leave-one-out
+  1. read the sequence file (time-ordered per user; SASRec "user item" pairs
+     or S3-Rec "user item item ..." lines, `--layout`), split leave-one-out
      (last item test, second-last validation), keep the last `--max-len`
      items, left-pad with 0. One training sequence per user: the privacy unit
      is the USER (user-level DP);
@@ -25,11 +26,14 @@ What happens:
      Clipping for the shared item table, ghost norms elsewhere), Adam with
      weight decay and DPFormer's schedule (20% linear warm-up, then linear
      decay); the plan's `PrivacyBudget` stops at the budget;
-  5. evaluate on validation and test users, ranking ALL items;
+  5. evaluate on validation and test users, ranking ALL items, next to two
+     references that are not released: chance and the most-popular ranking
+     of the training split (`tfdp_embed.metrics.baselines`);
   6. export `OUT/saved_model` through `tfdp_embed.export.export_saved_model`
-     (refuses a model that owes noise); `serving_default` maps a history
-     `[B, L]` to the top-10 items; `OUT/report.json` holds the metrics, the
-     privacy report and the settings.
+     (refuses a model that owes noise); `serving_default` maps a history of
+     any length `[B, any]` to the top-10 items (padded/trimmed inside, unknown
+     ids dropped: `SASRecServing`); `OUT/report.json` holds the metrics, the
+     privacy report and the settings. A run that fails leaves no `OUT` behind.
 
 `--epsilon inf` or `--mechanism none` trains without privacy (the reference).
 
@@ -47,17 +51,21 @@ import time
 from collections.abc import Sequence
 
 from pipelines import cli_types, sequential_eval, sequential_privacy
+from pipelines.output_dir import removed_on_failure
 from pipelines.step_timer import StepTimer
 from tfdp_embed import DPModel, accounting, export_saved_model, keras, tf
 from tfdp_embed.accounting import write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.attention import effective_errors
 from tfdp_embed.data import poisson_batches
+from tfdp_embed.data.item_ids import table_size_warning
+from tfdp_embed.data.sequence_files import LAYOUTS
 from tfdp_embed.data.sequences import (
     SequenceFormatError,
     load_sequences,
     training_dataset,
 )
+from tfdp_embed.metrics.baselines import NOT_RELEASED_NOTE, chance_ranking, item_counts, popularity_ranking
 from tfdp_embed.models.sasrec import SASRec, SASRecConfig, SASRecServing
 
 MODELS = ("transformer", "dpformer")
@@ -71,11 +79,13 @@ class SequentialConfig:
 
     data: str
     out: str
+    layout: str = "auto"
     model: str = "dpformer"
     mechanism: str = "dense"
     epsilon: float = 8.0
     delta: float | None = None
     epochs: int = 5
+    max_steps: int | None = None
     batch: int = 256
     learning_rate: float = 3e-3
     weight_decay: float = 1e-5
@@ -127,7 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a next-item Transformer (or DPFormer) with user-level DP; report NDCG@10/HIT@10.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--data", required=True, help="'user item' file, time-ordered per user (SASRec format)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="sequence file, time-ordered per user: 'user item' per line (SASRec) or 'user item item ...' (S3-Rec)",
+    )
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="auto",
+        help="--data layout: pairs = 'user item' per line; sequences = one user per line 'user item item ...'; "
+        "auto = sequences if the first line has more than 2 fields",
+    )
     p.add_argument("--out", required=True, help="output directory (report.json, saved_model/)")
     p.add_argument("--model", choices=MODELS, default="dpformer", help="transformer: vanilla; dpformer: + Re-Attention")
     p.add_argument("--mechanism", choices=MECHANISM_NAMES, default="dense", help="dense: DP-SGD; none: non-private")
@@ -139,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1/N, N = users)")
     p.add_argument("--epochs", type=cli_types.positive(int), default=5)
+    p.add_argument(
+        "--max-steps",
+        type=cli_types.positive(int),
+        help="stop after this many steps (noise calibrated for exactly these; default epochs x round(N / B))",
+    )
     p.add_argument("--batch", type=cli_types.positive(int), default=256, help="expected (Poisson) batch size B = qN")
     p.add_argument("--lr", type=cli_types.positive(float), default=3e-3, help="peak Adam learning rate")
     p.add_argument("--weight-decay", type=float, default=1e-5, help="Adam weight decay (DPFormer: 1e-5)")
@@ -234,11 +260,13 @@ def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
     return SequentialConfig(
         data=a.data,
         out=a.out,
+        layout=a.layout,
         model=a.model,
         mechanism=a.mechanism,
         epsilon=a.epsilon,
         delta=a.delta,
         epochs=a.epochs,
+        max_steps=a.max_steps,
         batch=a.batch,
         learning_rate=a.lr,
         weight_decay=a.weight_decay,
@@ -285,9 +313,14 @@ def run(config: SequentialConfig) -> SequentialResult:
       SequenceFormatError: a malformed input line (names file and line).
       ValueError: settings the data or the accountant cannot support.
     """
+    with removed_on_failure(config.out):  # a failed run leaves no `out` behind
+        return _run(config)
+
+
+def _run(config: SequentialConfig) -> SequentialResult:
     started = time.perf_counter()
+    data = load_sequences(config.data, max_len=config.max_len, layout=config.layout)
     os.makedirs(config.out, exist_ok=True)
-    data = load_sequences(config.data, max_len=config.max_len)
     _log(config, f"read {config.data}: {data.summary()}")
     privacy = _plan(config, data)
     model, dp_model, budget = _build(config, data, privacy)
@@ -302,6 +335,8 @@ def run(config: SequentialConfig) -> SequentialResult:
             "hit@10": test["hit@10"],
             "test": test,
             "validation": valid,
+            "baselines": baselines(data, limit=config.max_eval_users),
+            "warnings": _warnings(data),
             "model": config.model,
             "target_epsilon": privacy.epsilon,
             "noise_multiplier": privacy.run.noise_multiplier,
@@ -315,7 +350,8 @@ def run(config: SequentialConfig) -> SequentialResult:
             "metric_protocol": "full ranking over all items (no sampling), history items kept, ties pessimistic",
             "saved_model": saved_model,
             "not_released": not_released_note(
-                ["ndcg@10", "hit@10", "test", "validation", "loss_per_epoch", "data"], release="saved_model/"
+                ["ndcg@10", "hit@10", "test", "validation", "baselines", "loss_per_epoch", "data"],
+                release="saved_model/",
             ),
         }
     )
@@ -331,6 +367,7 @@ def _plan(config: SequentialConfig, data) -> sequential_privacy.SequentialPrivac
         delta=config.delta,
         batch=config.batch,
         epochs=config.epochs,
+        max_steps=config.max_steps,
         mechanism=config.mechanism,
         frequencies=config.frequencies,
         frequencies_file=config.frequencies_file,
@@ -409,9 +446,42 @@ def _train(config: SequentialConfig, data, privacy, dp_model: DPModel, budget) -
         training_dataset(data), sampling_probability=privacy.run.sampling_probability, seed=config.seed
     )
     timer = StepTimer()
-    callbacks = [timer] + ([budget] if budget is not None else [])
+    callbacks = [timer, _StopAfter(privacy.run.steps)] + ([budget] if budget is not None else [])
     history = dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
     return timer, history
+
+
+class _StopAfter(keras.callbacks.Callback):
+    """Stops `fit` after the planned steps (`--max-steps` may end it inside an epoch; sigma was calibrated for them)."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps, self.seen = int(steps), 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen >= self.steps:
+            self.model.stop_training = True
+
+
+def baselines(data, *, limit: int | None = None, k: int = 10) -> dict:
+    """Chance and popularity NDCG@k / HIT@k on the test users (references; not released, see `metrics.baselines`).
+
+    Popularity counts every item of the users' training sequences (inputs and their last target).
+    """
+    counts = item_counts(data.train_inputs, data.num_items) + item_counts(data.train_targets[:, -1], data.num_items)
+    return {
+        "note": NOT_RELEASED_NOTE,
+        "chance": chance_ranking(data.num_items, k=k),
+        "popularity": popularity_ranking(counts, data.test_targets[:limit], k=k),
+        "popularity_counts": "items of the training sequences (exact counts, not private)",
+    }
+
+
+def _warnings(data) -> list:
+    table = table_size_warning(table_rows=data.num_items + 1, distinct_ids=data.distinct_items or data.num_items,
+                               what="item")  # fmt: skip
+    return [table] if table else []
 
 
 def _evaluate(config: SequentialConfig, data, model: SASRec) -> tuple:
@@ -467,9 +537,20 @@ def format_summary(report: dict) -> str:
         "item frequencies": _frequency_summary(frequencies) if frequencies else "n/a",
         "NDCG@10 / HIT@10": f"{100 * report['ndcg@10']:.2f}% / {100 * report['hit@10']:.2f}% "
         f"({report['test']['users']} test users, all items ranked)",
+        **_baseline_lines(report.get("baselines")),
         "wall time": f"{report['wall_seconds']:.1f} s",
     }
     return accounting.format_report(report, title="sequential report", details=details)
+
+
+def _baseline_lines(baselines: dict | None) -> dict:
+    if not baselines:
+        return {}
+    return {
+        f"{name} reference": f"{100 * baselines[name]['ndcg@10']:.2f}% / {100 * baselines[name]['hit@10']:.2f}%"
+        + (" (training-split counts, not private, not released)" if name == "popularity" else " (random ranking)")
+        for name in ("chance", "popularity")
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -477,7 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     try:
         report = run(config).report
-    except (SequenceFormatError, ValueError) as error:
+    except (SequenceFormatError, ValueError) as error:  # `config.out` was removed again
         print(f"python -m pipelines.sequential: error: {error}", file=sys.stderr)
         return 1
     print(format_summary(report))

@@ -28,6 +28,7 @@ import dataclasses
 import math
 
 from tfdp_embed import Release, RunPlan, plan_run
+from tfdp_embed._checks import check_int
 from tfdp_embed.accounting.releases import RELEASE_MECHANISMS
 from tfdp_embed.attention import (
     ItemFrequencies,
@@ -109,6 +110,7 @@ def plan(
     batch: int,
     epochs: int,
     mechanism: str,
+    max_steps: int | None = None,
     l2_norm_clip: float = 1.0,
     frequencies: str = "private",
     frequencies_file: str | None = None,
@@ -126,6 +128,7 @@ def plan(
       frequency_epsilon_share: share of `epsilon` the release is sized for
         (default `DEFAULT_FREQUENCY_EPSILON_SHARE`); or give
         `frequency_noise_multiplier` (z) instead.
+      max_steps: at most this many steps (None: epochs x round(N / B)); sigma is calibrated for them.
       (the rest: the run's settings.)
 
     Raises:
@@ -141,8 +144,11 @@ def plan(
     if not 1 <= batch <= n:
         raise ValueError(f"`batch` must lie in [1, {n}] (the number of users); received {batch}.")
     private = mechanism != "none" and math.isfinite(epsilon)
+    steps = epochs * max(1, round(n / batch))
+    if max_steps is not None:
+        steps = min(steps, check_int("max_steps", max_steps))
     common = dict(target_delta=1.0 / n if delta is None else float(delta), accountant=accountant,
-                  sampling_probability=batch / n, steps=epochs * max(1, round(n / batch)), seed=seed)  # fmt: skip
+                  sampling_probability=batch / n, steps=steps, seed=seed)  # fmt: skip
     dp = dict(target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, **common)
     if frequencies == "public":
         return _public_plan(data, frequencies_file, float(epsilon), dp=dp if private else None, common=common)

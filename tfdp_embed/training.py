@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import NamedTuple
 
-from tfdp_embed import contract, distribute, optimizer_check, read_guard
+from tfdp_embed import contract, distribute, mixed_precision, optimizer_check, read_guard
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
@@ -49,6 +50,7 @@ from tfdp_embed.export import _without_read_hooks, release_ready
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
 from tfdp_embed.mechanisms.capabilities import check_declared_use
+from tfdp_embed.per_example_loss import PerExampleLoss
 
 _NON_PER_EXAMPLE_LAYERS = (keras.layers.BatchNormalization,)
 
@@ -99,15 +101,24 @@ class _MechanismWarnings(keras.callbacks.Callback):
             warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
+class _Losses(NamedTuple):
+    """One forward pass's losses: `[B]` float32 per example, predictions, each output's `[B]` loss."""
+
+    per_example: tf.Tensor
+    y_pred: object
+    per_output: list
+
+
 class _TrainingOnly:
     """State `DPModel` keeps out of Keras/TF tracking, so no weights file, checkpoint or SavedModel of it holds it."""
 
-    __slots__ = ("mechanism", "loss_tracker", "fed_batching")
+    __slots__ = ("mechanism", "loss_tracker", "fed_batching", "loss")
 
     def __init__(self, mechanism, loss_tracker):
         self.mechanism = mechanism
         self.loss_tracker = loss_tracker
         self.fed_batching = None
+        self.loss = None  # the compiled `PerExampleLoss` (None: the model's `compute_loss`)
 
 
 class DPModel(keras.Model):
@@ -176,6 +187,7 @@ class DPModel(keras.Model):
         # Undeclared capabilities (strategy, lookahead, deferred noise) fail here, not in a traced step.
         distribute.check_supported(mechanism)
         check_declared_use(mechanism, lookahead=lookahead)
+        mixed_precision.check_mechanism(mechanism, model)
         distribute.check_tables(model)
         from tfdp_embed import clipping  # registry functions live in the clipping package
 
@@ -185,8 +197,8 @@ class DPModel(keras.Model):
         self._fallback = clipping.vectorized_layer_gradients
         self.lookahead = bool(lookahead)
         self.check_per_example = bool(check_per_example)
-        self._loss_fn = None
         self._prepared = False
+        self._loss_scale = 1.0  # the fixed float16 loss scale (`tfdp_embed.mixed_precision`), set by prepare
         self._contract_pending = True
         self._trace_error = None
         self._training_only = _TrainingOnly(mechanism, keras.metrics.Mean(name="loss"))
@@ -205,14 +217,33 @@ class DPModel(keras.Model):
     def call(self, inputs, training=None):
         return self.inner(inputs, training=training)
 
-    def compile(self, optimizer="sgd", loss=None, metrics=None, **kwargs):
-        """Like `keras.Model.compile`; `loss` is applied per example (no reduction)."""
+    def compile(self, optimizer="sgd", loss=None, metrics=None, loss_weights=None, **kwargs):
+        """Like `keras.Model.compile`; `loss` and `loss_weights` give one loss per example.
+
+        They are matched to the outputs as Keras matches them (dict, list or
+        one loss for all outputs; see `tfdp_embed.per_example_loss`): example
+        i's loss is sum_o w_o loss_o(y_o, p_o)[i] times its sample weight. A
+        loss's `reduction` is not used.
+        """
         if loss is None and not hasattr(self.inner, "compute_loss"):
             raise ValueError(
                 "`loss` is required unless the wrapped model defines `compute_loss` returning one loss per example."
             )
-        self._loss_fn = keras.losses.get(loss) if loss is not None else None
+        if loss is None and loss_weights is not None:
+            raise ValueError(
+                "`loss_weights` weighs the losses given in `loss`; without `loss` the wrapped "
+                "model's `compute_loss` gives the loss, so weigh its terms there."
+            )
+        self._training_only.loss = (
+            None
+            if loss is None
+            else PerExampleLoss(loss, loss_weights, output_names=getattr(self.inner, "output_names", None))
+        )
         super().compile(optimizer=optimizer, metrics=metrics, **kwargs)
+
+    @property
+    def _loss_fn(self) -> PerExampleLoss | None:
+        return self._training_only.loss
 
     @property
     def batching(self):
@@ -221,7 +252,8 @@ class DPModel(keras.Model):
 
     @property
     def metrics(self):
-        return [self.loss_tracker, *super().metrics]
+        per_output = self._loss_fn.output_metrics if self._loss_fn is not None else []
+        return [self.loss_tracker, *per_output, *super().metrics]
 
     def fit(self, x=None, *args, batching=None, **kwargs):
         """Like `keras.Model.fit`; records how the batches were drawn in `self.batching`.
@@ -278,6 +310,9 @@ class DPModel(keras.Model):
         self._tapped_layers = layers_owning_weights(self.inner)
         for layer in self._tapped_layers:
             self.registry.lookup(layer)  # refuses subclasses the clipping rules cannot describe
+        mixed_precision.check_variable_dtypes(self.inner)
+        mixed_precision.check_mechanism(self.mechanism, self.inner)  # again: layers created while building
+        self._loss_scale = mixed_precision.loss_scale(self.inner, self.optimizer)
         self._tables = [layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)]
         if batch is not None:
             # Before mechanism.init: no read hook (LazyDP) runs on the check's forward passes.
@@ -290,7 +325,9 @@ class DPModel(keras.Model):
         # Workers share worker 0's noise stream before init draws anything (DP-FEST selects there).
         distribute.synchronize_generator(self.mechanism, strategy)
         with distribute.mechanism_state_scope(strategy, self._tables):
-            self.mechanism.init(tables=self._tables, dense_variables=dense, optimizer=self.optimizer)
+            self.mechanism.init(
+                tables=self._tables, dense_variables=dense, optimizer=mixed_precision.inner_optimizer(self.optimizer)
+            )
         distribute.check_identical_state(self.mechanism, strategy)
         self._prepared = True
 
@@ -332,12 +369,13 @@ class DPModel(keras.Model):
             ran = contract.check_model(
                 self.inner,
                 self._unpack(batch)[:3],
-                forward=lambda training, x, y, w: self._per_example_loss(x, y, w, training=training)[0],
+                forward=lambda training, x, y, w: self._per_example_loss(x, y, w, training=training).per_example,
                 tapped_layers=self._tapped_layers,
                 registry=self.registry,
                 fallback=self._fallback,
                 loss_name=self._loss_name(),
                 check_per_example=self.check_per_example,
+                loss_scale=self._loss_scale,
             )
         self._contract_pending = not ran and not self._prepared
         if not ran and self._prepared:  # fit's data: there is no later chance
@@ -351,8 +389,7 @@ class DPModel(keras.Model):
     def _loss_name(self) -> str:
         if self._loss_fn is None:
             return f"`{type(self.inner).__name__}.compute_loss`"
-        fn = self._loss_fn
-        return getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
+        return self._loss_fn.name
 
     # -- the step -------------------------------------------------------------
     def _unpack(self, data):
@@ -369,29 +406,37 @@ class DPModel(keras.Model):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         return x, y, sample_weight, lookahead
 
-    def _per_example_loss(self, x, y, sample_weight, training=True):
+    def _per_example_loss(self, x, y, sample_weight, training=True) -> _Losses:
+        """The `[B]` float32 per-example loss (sample weights applied), predictions, output losses."""
         if self._loss_fn is None:
-            loss = self.inner.compute_loss(x if y is None else (x, y), training=training)
-            y_pred = None
-        else:
-            y_pred = self.inner(x, training=training)
-            loss = (
-                self._loss_fn.call(y, y_pred)
-                if isinstance(self._loss_fn, keras.losses.Loss)
-                else self._loss_fn(y, y_pred)
+            return _Losses(self._compute_loss(x, y, sample_weight, training), None, [])
+        if y is None:
+            raise ValueError(
+                f"The compiled loss ({self._loss_name()}) needs labels: the data must yield "
+                "(features, labels) or (features, labels, sample_weight)."
             )
-            if loss.shape.rank is not None and loss.shape.rank > 1:
-                loss = tf.reduce_mean(loss, axis=list(range(1, loss.shape.rank)))
-        loss = tf.convert_to_tensor(loss)
+        y_pred = self.inner(x, training=training)
+        loss, per_output = self._loss_fn(y, y_pred, sample_weight)
+        self._check_per_example(loss)
+        return _Losses(loss, y_pred, per_output)
+
+    def _compute_loss(self, x, y, sample_weight, training):
+        """The wrapped model's `compute_loss`, which must return one loss per example."""
+        loss = self.inner.compute_loss(x if y is None else (x, y), training=training)
+        loss = tf.cast(tf.convert_to_tensor(loss), tf.float32)
+        self._check_per_example(loss)
+        if sample_weight is not None:
+            loss = loss * tf.cast(tf.reshape(sample_weight, [-1]), loss.dtype)
+        return loss
+
+    @staticmethod
+    def _check_per_example(loss) -> None:
         if loss.shape.rank != 1:
             raise PrivacyContractError(
                 f"The loss must be one value per example (shape [batch]); it has shape {loss.shape}. "
                 "DP clips each example's gradient: use a loss with reduction NONE and return it "
                 "unreduced from `compute_loss`."
             )
-        if sample_weight is not None:
-            loss = loss * tf.cast(tf.reshape(sample_weight, [-1]), loss.dtype)
-        return loss, y_pred
 
     def train_step(self, data):
         try:
@@ -413,10 +458,10 @@ class DPModel(keras.Model):
             return self._non_private_step(x, y, sample_weight)
         with record_taps(self._tapped_layers, self.registry) as taps:
             with tf.GradientTape() as tape:
-                per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight)
+                losses = self._per_example_loss(x, y, sample_weight)
                 # Inside the tape: the checked tensor is what the backward pass starts from.
                 per_example_loss = tf.debugging.assert_all_finite(
-                    per_example_loss,
+                    losses.per_example,
                     "The per-example loss is NaN or Inf: check the inputs and the learning "
                     "rate (training stopped rather than clip a non-finite gradient).",
                 )
@@ -427,6 +472,7 @@ class DPModel(keras.Model):
             registry=self.registry,
             fallback=self._fallback,
             l2_norm_clip=self.mechanism.l2_norm_clip,
+            loss_scale=self._loss_scale,
         )
         clipped = self._assemble(step, taps, tf.shape(per_example_loss)[0])
         # Keras runs the step function once more when the dataset is exhausted; state
@@ -436,10 +482,12 @@ class DPModel(keras.Model):
             # One device: mechanism.update(clipped). Mirrored strategies: all-reduce, noise once.
             pairs = distribute.noised_gradients(self.mechanism, clipped)
             self._check_every_variable_noised(pairs)
-            optimizer_check.warn_dense_table_rewrite(self.optimizer, pairs)
-            distribute.apply_gradients(self.optimizer, pairs)
+            # Unscaled and finite: a LossScaleOptimizer's inner optimizer applies them.
+            optimizer = mixed_precision.inner_optimizer(self.optimizer)
+            optimizer_check.warn_dense_table_rewrite(optimizer, pairs)
+            distribute.apply_gradients(optimizer, pairs)
             self.mechanism.after_apply(lookahead)
-        return self._update_metrics(per_example_loss, y, y_pred, sample_weight)
+        return self._update_metrics(losses._replace(per_example=per_example_loss), y, sample_weight)
 
     def _check_every_variable_noised(self, pairs) -> None:
         """Trace-time check: the mechanism returned a noised gradient for every variable."""
@@ -454,13 +502,19 @@ class DPModel(keras.Model):
                 )
 
     def _non_private_step(self, x, y, sample_weight):
+        """Plain training (`NonPrivate`); Keras' own (dynamic) loss scaling under mixed_float16."""
+        scaled = isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer)
         with tf.GradientTape() as tape:
-            per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight)
-            loss = distribute.mean_loss(per_example_loss)  # the global-batch mean under replicas
+            losses = self._per_example_loss(x, y, sample_weight)
+            loss = distribute.mean_loss(losses.per_example)  # the global-batch mean under replicas
+            if scaled:
+                loss = self.optimizer.get_scaled_loss(loss)
         variables = self.inner.trainable_variables
         grads = tape.gradient(loss, variables)
+        if scaled:
+            grads = self.optimizer.get_unscaled_gradients(grads)
         self.optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
-        return self._update_metrics(per_example_loss, y, y_pred, sample_weight)
+        return self._update_metrics(losses, y, sample_weight)
 
     def _assemble(self, step, taps, batch_size) -> ClippedGradients:
         """Collects every variable's clipped sum; zeros for layers not called this step."""
@@ -513,17 +567,20 @@ class DPModel(keras.Model):
             batch_size=batch_size,
         )
 
-    def _update_metrics(self, per_example_loss, y, y_pred, sample_weight):
-        self.loss_tracker.update_state(tf.reduce_mean(per_example_loss))
-        if y_pred is not None and y is not None:
-            self.compiled_metrics.update_state(y, y_pred, sample_weight)
+    def _update_metrics(self, losses: _Losses, y, sample_weight):
+        self.loss_tracker.update_state(tf.reduce_mean(losses.per_example))
+        if self._loss_fn is not None:
+            for metric, values in zip(self._loss_fn.output_metrics, losses.per_output):
+                metric.update_state(tf.reduce_mean(values))
+        if losses.y_pred is not None and y is not None:
+            self.compiled_metrics.update_state(y, losses.y_pred, sample_weight)
         return {m.name: m.result() for m in self.metrics}
 
     def test_step(self, data):
         x, y, sample_weight, _ = self._unpack(data)
         with read_guard.unguarded():  # as in train_step
-            per_example_loss, y_pred = self._per_example_loss(x, y, sample_weight, training=False)
-        return self._update_metrics(per_example_loss, y, y_pred, sample_weight)
+            losses = self._per_example_loss(x, y, sample_weight, training=False)
+        return self._update_metrics(losses, y, sample_weight)
 
     def predict_step(self, data):
         x = self._unpack(data)[0]

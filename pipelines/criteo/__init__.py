@@ -10,8 +10,11 @@ trains on it: `make run` runs exactly that, sized to finish in minutes on a
 small CPU.
 
 What happens (`pipeline.run`, one function per stage):
-  1. read and validate the files (bad rows: an error naming file and line, or
-     counted skips with `--skip-bad-rows`). `--streaming auto` (default)
+  1. read and validate the files, Criteo TSV or CSV (`--format`, detected per
+     file by default; bad rows: an error naming file, line and field, or
+     counted skips with `--skip-bad-rows`); choose the settings the flags
+     left unset from the training rows N (batch, tower, learning rate, hash
+     size; `defaults.py`) and print them. `--streaming auto` (default)
      keeps a period of up to 10^6 rows in memory and streams larger ones:
      one validating scan counts the rows (and, for DP-FEST / AdaFEST+, the
      bucket counts), then exact Poisson batches are read from the files,
@@ -30,11 +33,17 @@ What happens (`pipeline.run`, one function per stage):
   5. flush owed noise, then the DP output calibration (`--calibration-fraction`
      of epsilon, default 5%): shift the output bias so the mean prediction
      matches a DP estimate of the click rate, which corrects DP-SGD's
-     clipping bias (`calibration.py`);
+     clipping bias (`calibration.py`; by default skipped, its epsilon given
+     to training, when its noise, known in advance, is too large to help).
+     A run whose training loss turns non-finite or explodes, or whose model
+     then collapses, stops here with exit status 1 and exports nothing
+     (`divergence.py`);
   6. export `OUT/saved_model` (no optimizer or mechanism state;
      `serving_default` takes the raw Criteo fields as strings, see
      `tfdp_embed.models.ctr_serving`) with `privacy_report.json` beside it;
-  7. write `OUT/report.json` (AUC, log loss, mean prediction, privacy, which
+  7. write `OUT/report.json` (AUC (null with `auc_note` on a single-class
+     evaluation file), log loss and the base-rate log loss, mean prediction,
+     the chosen settings, privacy, which
      sampler, rows read and skipped, gradient-size reduction, median step
      time) and print the privacy report (`report.py`).
 

@@ -14,19 +14,19 @@ from collections.abc import Sequence
 
 from pipelines import cli_types
 from pipelines.criteo import data as criteo_data
+from pipelines.criteo import defaults as criteo_defaults
 from pipelines.criteo import privacy as criteo_privacy
 from pipelines.criteo import report as criteo_report
 from pipelines.criteo.config import (
     DEFAULT_CALIBRATION_FRACTION,
-    DEFAULT_DP_LEARNING_RATE,
     DEFAULT_EPSILON,
-    DEFAULT_LEARNING_RATE,
     DEFAULT_MECHANISM,
     PipelineConfig,
 )
 from pipelines.criteo.pipeline import run
 from tfdp_embed import PrivacyContractError
 from tfdp_embed.data.criteo import CriteoFormatError
+from tfdp_embed.data.criteo.layout import FORMATS
 from tfdp_embed.models import ARCHITECTURES
 
 
@@ -59,10 +59,18 @@ def _add_data_flags(data) -> None:
         "--train",
         nargs="+",
         metavar="FILE",
-        help="training TSV files (.gz ok), in day order; default: generated synthetic data",
+        help="training files (Criteo TSV or CSV, see --format; .gz ok), in day order; default: generated synthetic data",
     )
-    data.add_argument("--eval", nargs="+", metavar="FILE", help="evaluation TSV files (required with --train)")
+    data.add_argument("--eval", nargs="+", metavar="FILE", help="evaluation files, as --train (required with it)")
     data.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of failing")
+    data.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="auto",
+        help="text layout of --train/--eval: tsv (Criteo's: tab-separated label,I1..I13,C1..C26, no header), csv "
+        "(comma-separated, optional header line and leading Id column, as DeepCTR's criteo_sample.txt), or auto "
+        "(default: per file, from its first line); integers may be written as integral floats (260.0)",
+    )
     data.add_argument(
         "--streaming-periods",
         action="store_true",
@@ -86,7 +94,8 @@ def _add_data_flags(data) -> None:
     data.add_argument(
         "--hash-size",
         type=cli_types.positive(int),
-        help="hash buckets per categorical feature (default: DP-FEST Table 3 vocabularies)",
+        help="hash buckets per categorical feature (default: DP-FEST Table 3 vocabularies capped at "
+        "max(1000, N/10) buckets, N the training rows, in whole decades)",
     )
     data.add_argument(
         "--synthetic-rows",
@@ -118,7 +127,11 @@ def _add_privacy_flags(priv) -> None:
     )
     priv.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1/N, N = training rows)")
     priv.add_argument(
-        "--clip", type=cli_types.positive(float), default=1.0, help="per-example L2 clip norm C (default %(default)s)"
+        "--clip",
+        type=cli_types.positive(float),
+        default=criteo_defaults.DEFAULT_CLIP,
+        help="per-example L2 clip norm C (default %(default)s; the default learning rate is scaled by 1/C, so a "
+        "larger C adds no noise per step and clips fewer examples)",
     )
     priv.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
     priv.add_argument(
@@ -149,10 +162,10 @@ def _add_privacy_flags(priv) -> None:
     priv.add_argument(
         "--calibration-fraction",
         type=float,
-        default=DEFAULT_CALIBRATION_FRACTION,
         help="share of epsilon for the DP output calibration after training (Laplace histogram of logits; fixes "
-        "the clipping bias of the mean prediction, see pipelines/criteo/calibration.py); 0 turns it off "
-        "(default %(default)s)",
+        "the clipping bias of the mean prediction, see pipelines/criteo/calibration.py); 0 turns it off. Default "
+        f"{DEFAULT_CALIBRATION_FRACTION}, skipped (its epsilon given to training) when its noise, known in advance, "
+        "is too large to help; a value given here always runs",
     )
 
 
@@ -167,8 +180,7 @@ def _add_training_flags(train) -> None:
     train.add_argument(
         "--batch",
         type=cli_types.positive(int),
-        default=PipelineConfig.batch,
-        help="expected batch size B, q = B/N (default %(default)s)",
+        help="expected batch size B, q = B/N (default: N/16 rounded to a power of two, within [32, 2048])",
     )
     train.add_argument(
         "--max-steps",
@@ -178,7 +190,8 @@ def _add_training_flags(train) -> None:
     train.add_argument(
         "--learning-rate",
         type=cli_types.positive(float),
-        help=f"SGD learning rate (default {DEFAULT_DP_LEARNING_RATE} for DP mechanisms, 0.3 for none)",
+        help="SGD learning rate (default: B x 0.3/512, at most 1.0, for DP mechanisms (linear scaling rule); "
+        "0.3 for none). Small files: e.g. --hash-size 1000 --hidden-units 64,32 --learning-rate 0.3",
     )
     train.add_argument(
         "--momentum", type=float, default=PipelineConfig.momentum, help="SGD momentum in [0, 1) (default %(default)s)"
@@ -190,7 +203,10 @@ def _add_training_flags(train) -> None:
         help="mlp: DP-FEST App. D.1; dcn: DCN-v2 cross layers + the same tower",
     )
     train.add_argument(
-        "--hidden-units", type=_units, default=(598, 598, 598, 598), help="ReLU tower widths (default 598,598,598,598)"
+        "--hidden-units",
+        type=_units,
+        help="ReLU tower widths (default by training rows N: 64,32 below 1e5; 256,128 below 1e6; 512,256,128 "
+        "below 1e7; 598,598,598,598 (DP-FEST) above)",
     )
     train.add_argument(
         "--embedding-dim", type=cli_types.positive(int), help="one width for every table instead of int(2 V^0.25)"
@@ -231,7 +247,7 @@ def _check_files(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None
         parser.error(
             f"--streaming-periods needs at least 2 --train day files (one per period); received {len(a.train)}."
         )
-    if a.fixed_size_batches and a.streaming == "on" and a.stream_buffer_rows < a.batch:
+    if a.fixed_size_batches and a.streaming == "on" and a.batch and a.stream_buffer_rows < a.batch:
         parser.error("--fixed-size-batches with --streaming on needs --stream-buffer-rows >= --batch (shuffle buffer).")
 
 
@@ -241,6 +257,9 @@ def _check_values(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Non
         parser.error(f"--delta must lie in (0, 1); received {a.delta!r}.")
     if not 0 < a.selection_fraction < 1:
         parser.error(f"--selection-fraction must lie in (0, 1); received {a.selection_fraction!r}.")
+    a.calibration_auto = a.calibration_fraction is None
+    if a.calibration_auto:
+        a.calibration_fraction = DEFAULT_CALIBRATION_FRACTION
     if not 0 <= a.calibration_fraction < 0.5:
         parser.error(f"--calibration-fraction must lie in [0, 0.5); received {a.calibration_fraction!r}.")
     if criteo_privacy.selects_rows(a.mechanism) and a.selection_fraction + a.calibration_fraction >= 1:
@@ -296,13 +315,13 @@ def _config(a: argparse.Namespace) -> PipelineConfig:
         model=a.model,
         seed=a.seed,
         skip_bad_rows=a.skip_bad_rows,
+        format=a.format,
+        calibration_auto=a.calibration_auto,
         fixed_size_batches=a.fixed_size_batches,
         hash_size=a.hash_size,
         hidden_units=a.hidden_units,
         embedding_dim=a.embedding_dim,
-        learning_rate=a.learning_rate
-        if a.learning_rate is not None
-        else DEFAULT_LEARNING_RATE.get(a.mechanism, DEFAULT_DP_LEARNING_RATE),
+        learning_rate=a.learning_rate,
         momentum=a.momentum,
         privacy=_privacy_settings(a),
         synthetic=synthetic,
@@ -316,7 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = run(config).report
     except (CriteoFormatError, PrivacyContractError, ValueError) as error:
-        print(f"python -m pipelines.criteo: error: {error}", file=sys.stderr)
+        message = error.message(cli=True) if isinstance(error, CriteoFormatError) else str(error)
+        print(f"python -m pipelines.criteo: error: {message}", file=sys.stderr)
         return 1
     print(criteo_report.format_report(report))
     print(f"report: {os.path.join(config.out, 'report.json')}")

@@ -132,6 +132,7 @@ class Period:
       counts: `{Ck: int64 [V + 1]}` bucket counts of this period's rows when
         the scan was asked for them (streaming), else None. NON-private:
         only for a DP selection.
+      format: the files' text layout ("auto", "tsv", "csv"; `--format`).
     """
 
     files: list
@@ -142,6 +143,7 @@ class Period:
     features: dict | None = None
     labels: np.ndarray | None = None
     counts: dict | None = None
+    format: str = "auto"
 
     @property
     def streaming(self) -> bool:
@@ -160,13 +162,15 @@ class Period:
             skip_bad_rows=self.skip_bad_rows,
             stats=CriteoReadStats(),
             batch_size=batch_size,
+            format=self.format,
         )
 
 
-def _reader(files, vocab_sizes, skip_bad_rows, stats) -> tf.data.Dataset:
+def _reader(files, vocab_sizes, skip_bad_rows, stats, format="auto") -> tf.data.Dataset:
     return criteo_dataset(
-        list(files), vocab_sizes=dict(vocab_sizes), skip_bad_rows=skip_bad_rows, stats=stats, batch_size=_READ_BATCH
-    )
+        list(files), vocab_sizes=dict(vocab_sizes), skip_bad_rows=skip_bad_rows, stats=stats, batch_size=_READ_BATCH,
+        format=format,
+    )  # fmt: skip
 
 
 def read_period(
@@ -175,6 +179,7 @@ def read_period(
     vocab_sizes: Mapping[str, int],
     skip_bad_rows: bool,
     max_rows: int | None = None,
+    format: str = "auto",
 ) -> Period | None:
     """Reads and validates `files` into an in-memory `Period`.
 
@@ -192,7 +197,7 @@ def read_period(
     parts: dict[str, list] = {}
     labels, rows = [], 0
     with stats.python_errors():
-        for features, label in _reader(files, vocab_sizes, skip_bad_rows, stats).as_numpy_iterator():
+        for features, label in _reader(files, vocab_sizes, skip_bad_rows, stats, format).as_numpy_iterator():
             rows += label.size
             if max_rows is not None and rows > max_rows:
                 return None
@@ -202,7 +207,9 @@ def read_period(
     stats.raise_if_failed()
     features = {name: np.concatenate(values) for name, values in parts.items()}
     labels = np.concatenate(labels) if labels else np.zeros([0], np.float32)
-    return Period(list(files), dict(vocab_sizes), skip_bad_rows, stats, int(labels.size), features, labels)
+    return Period(
+        list(files), dict(vocab_sizes), skip_bad_rows, stats, int(labels.size), features, labels, format=format
+    )
 
 
 def scan_period(
@@ -211,6 +218,7 @@ def scan_period(
     vocab_sizes: Mapping[str, int],
     skip_bad_rows: bool,
     count_buckets: bool = False,
+    format: str = "auto",
 ) -> Period:
     """One validating pass over `files` that keeps no row: a streaming `Period`.
 
@@ -226,13 +234,13 @@ def scan_period(
     counts = {name: np.zeros(sizes[name], np.int64) for name in CAT_FEATURES} if count_buckets else None
     rows = 0
     with stats.python_errors():
-        for features, label in _reader(files, vocab_sizes, skip_bad_rows, stats).as_numpy_iterator():
+        for features, label in _reader(files, vocab_sizes, skip_bad_rows, stats, format).as_numpy_iterator():
             rows += label.size
             if counts is not None:
                 for name in CAT_FEATURES:
                     counts[name] += np.bincount(features[name], minlength=sizes[name])
     stats.raise_if_failed()
-    return Period(list(files), dict(vocab_sizes), skip_bad_rows, stats, rows, counts=counts)
+    return Period(list(files), dict(vocab_sizes), skip_bad_rows, stats, rows, counts=counts, format=format)
 
 
 def open_period(
@@ -243,6 +251,7 @@ def open_period(
     skip_bad_rows: bool,
     count_buckets: bool = False,
     threshold: int = STREAMING_ROW_THRESHOLD,
+    format: str = "auto",
 ) -> Period:
     """Reads a period in memory (`streaming="off"`), scans it (`"on"`), or picks by size (`"auto"`).
 
@@ -255,7 +264,7 @@ def open_period(
     """
     if streaming not in STREAMING_MODES:
         raise ValueError(f"`streaming` must be one of {STREAMING_MODES}; received {streaming!r}.")
-    read = dict(vocab_sizes=vocab_sizes, skip_bad_rows=skip_bad_rows)
+    read = dict(vocab_sizes=vocab_sizes, skip_bad_rows=skip_bad_rows, format=format)
     if streaming != "on":
         period = read_period(files, **read, max_rows=threshold if streaming == "auto" else None)
         if period is not None:
@@ -277,8 +286,9 @@ def bucket_counts(period: Period, *, counts: Mapping[str, np.ndarray] | None = N
         own = period.counts
     else:
         own = scan_period(
-            period.files, vocab_sizes=period.vocab_sizes, skip_bad_rows=period.skip_bad_rows, count_buckets=True
-        ).counts
+            period.files, vocab_sizes=period.vocab_sizes, skip_bad_rows=period.skip_bad_rows, count_buckets=True,
+            format=period.format,
+        ).counts  # fmt: skip
     result = {name: own[name].astype(np.int64) for name in CAT_FEATURES}
     if counts is not None:
         for name in CAT_FEATURES:

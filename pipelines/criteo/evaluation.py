@@ -88,23 +88,59 @@ def predict_logits(model, dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndar
     return np.concatenate(labels), np.concatenate(logits)
 
 
+def base_rate_log_loss(click_rate: float) -> float:
+    """Log loss of the constant prediction p = click rate: -(r log r + (1 - r) log(1 - r)); 0 for r in {0, 1}.
+
+    The reference a click model must beat: a model that learned nothing but the
+    click rate reaches it.
+
+    Example:
+        >>> base_rate_log_loss(0.25)  # -(0.25 log 0.25 + 0.75 log 0.75)
+        0.5623351446188083
+    """
+    r = float(click_rate)
+    if not 0.0 < r < 1.0:
+        return 0.0 if r in (0.0, 1.0) else math.nan
+    return -(r * math.log(r) + (1.0 - r) * math.log(1.0 - r))
+
+
+def auc_note(labels: np.ndarray) -> str | None:
+    """Why the AUC of `labels` is undefined (no click, or no non-click), or None when it is defined."""
+    labels = np.asarray(labels).reshape(-1)
+    if labels.size == 0:
+        return "AUC undefined: the evaluation data has no rows"
+    positives = int(np.sum(labels > 0.5))
+    if positives == 0:
+        return f"AUC undefined: all {labels.size} evaluation rows are non-clicks (label 0); it needs both classes"
+    if positives == labels.size:
+        return f"AUC undefined: all {labels.size} evaluation rows are clicks (label 1); it needs both classes"
+    return None
+
+
 def evaluate(model, dataset: tf.data.Dataset) -> dict:
-    """`{"auc", "logloss", "examples", "click_rate", "mean_prediction"}` of `model` on `dataset`.
+    """`{"auc", "auc_note", "logloss", "base_rate_logloss", "examples", "click_rate", "mean_prediction"}`.
 
     `mean_prediction` (mean predicted click probability) next to `click_rate`
     shows calibration-in-the-large: a model can rank well (AUC) and still
-    predict far too few or too many clicks (log loss).
+    predict far too few or too many clicks (log loss). `base_rate_logloss` is
+    the log loss of predicting the click rate for every row. Undefined values
+    are None, never NaN: `auc` is None with `auc_note` saying why (one class
+    only), the rest are None on empty data.
     """
     labels, logits = predict_logits(model, dataset)
     with np.errstate(over="ignore"):
         probabilities = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    note = auc_note(labels)
+    click_rate = float(labels.mean()) if labels.size else None
     return {
-        "auc": roc_auc(labels, logits),
-        "logloss": log_loss(labels, logits),
+        "auc": None if note else roc_auc(labels, logits),
+        "auc_note": note,
+        "logloss": log_loss(labels, logits) if labels.size else None,
+        "base_rate_logloss": None if click_rate is None else base_rate_log_loss(click_rate),
         "examples": int(labels.size),
-        "click_rate": float(labels.mean()) if labels.size else math.nan,
-        "mean_prediction": float(probabilities.mean()) if labels.size else math.nan,
+        "click_rate": click_rate,
+        "mean_prediction": float(probabilities.mean()) if labels.size else None,
     }
 
 
-__all__ = ["evaluate", "log_loss", "predict_logits", "roc_auc"]
+__all__ = ["auc_note", "base_rate_log_loss", "evaluate", "log_loss", "predict_logits", "roc_auc"]

@@ -14,16 +14,19 @@ import time
 
 from pipelines.criteo import calibration as criteo_calibration
 from pipelines.criteo import data as criteo_data
+from pipelines.criteo import defaults as criteo_defaults
+from pipelines.criteo import divergence
 from pipelines.criteo import evaluation as criteo_eval
 from pipelines.criteo import privacy as criteo_privacy
 from pipelines.criteo import report as criteo_report
 from pipelines.criteo import training as criteo_training
 from pipelines.criteo.config import PipelineConfig
 from pipelines.step_timer import StepTimer
-from tfdp_embed import DPEmbedding, RunPlan, export_saved_model, keras
+from tfdp_embed import DPEmbedding, RunPlan, export_saved_model, keras, tf
 from tfdp_embed.accounting import Period, PrivacyBudget
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data.criteo import CAT_FEATURES, resolve_vocab_sizes
+from tfdp_embed.data.criteo.text import estimate_rows
 from tfdp_embed.export import release_ready
 from tfdp_embed.models import CTRModelConfig, CTRServingModule, build_ctr_model
 
@@ -72,6 +75,8 @@ class _Data:
     vocab: dict
     periods: list  # one `criteo_data.Period` per streaming period (one without streaming)
     final_eval: criteo_data.Period
+    rows_estimate: int | None = None  # the estimate the default vocabulary was sized for
+    chosen: criteo_defaults.Chosen | None = None  # set by `_choose`
 
     @property
     def rows(self) -> int:
@@ -88,6 +93,7 @@ class _Training:
     dp_model: object
     budget: PrivacyBudget | None  # one period: the sequential budget; several: None (`plan.budget(period=i)` each)
     counts: dict | None
+    calibration_skipped: dict | None = None  # why the output calibration did not run, when it was asked for
 
     @property
     def mechanism(self):
@@ -103,25 +109,44 @@ def _read(config: PipelineConfig) -> _Data:
             config, f"no --train: writing synthetic Criteo data to {config.out}/data ({dataclasses.asdict(synthetic)})"
         )
         train_files, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
-    vocab = resolve_vocab_sizes(None, config.hash_size)
-    read = dict(vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming)
+    rows_estimate = None if config.hash_size else estimate_rows(train_files)
+    vocab = (
+        resolve_vocab_sizes(None, config.hash_size) if config.hash_size else criteo_defaults.vocabulary(rows_estimate)
+    )
+    read = dict(vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming, format=config.format)
     selecting = criteo_privacy.selects_rows(config.mechanism)
     groups = [[f] for f in train_files] if config.streaming_periods else [train_files]
     periods = [criteo_data.open_period(files, **read, count_buckets=selecting) for files in groups]
-    data = _Data(train_files, eval_files, synthetic, vocab, periods, criteo_data.open_period(eval_files, **read))
+    final_eval = criteo_data.open_period(eval_files, **read)
+    data = _Data(train_files, eval_files, synthetic, vocab, periods, final_eval, rows_estimate)
     streamed = sum(p.streaming for p in periods)
     _log(
         config,
         f"read {data.rows} training rows from {len(train_files)} file(s) ({streamed} of {len(periods)} period(s) "
         f"streamed), {data.final_eval.size} for evaluation",
     )
-    for period in periods:
+    return data
+
+
+def _choose(config: PipelineConfig, data: _Data) -> tuple[PipelineConfig, criteo_defaults.Chosen]:
+    """Stage 1b: batch, tower, learning rate (and, in `_read`, vocabulary) from N where the flags left them unset."""
+    clip, smallest = _settings(config, data).l2_norm_clip, min(p.size for p in data.periods)
+    chosen = criteo_defaults.resolve(
+        mechanism=config.mechanism, clip=clip, rows=data.rows, smallest_period=smallest, batch=config.batch,
+        hidden=config.hidden_units, lr=config.learning_rate, hash_size=config.hash_size,
+        rows_estimate=data.rows_estimate,
+    )  # fmt: skip
+    config = dataclasses.replace(
+        config, batch=chosen.batch, hidden_units=chosen.hidden_units, learning_rate=chosen.learning_rate
+    )
+    _log(config, chosen.describe())
+    for period in data.periods:
         if config.batch > period.size:
             raise ValueError(
                 f"`--batch` {config.batch} is larger than the {period.size} training rows of "
                 f"{period.files}; allowed: 1..{period.size}."
             )
-    return data
+    return config, chosen
 
 
 def _periods(config: PipelineConfig, data: _Data) -> list:
@@ -146,14 +171,37 @@ def _settings(config: PipelineConfig, data: _Data) -> criteo_privacy.PrivacySett
     return dataclasses.replace(settings, delta=config.delta if config.delta is not None else 1.0 / data.rows)
 
 
-def _plan(config: PipelineConfig, data: _Data) -> tuple[RunPlan, dict | None]:
+def _calibration_decision(config: PipelineConfig, data: _Data, settings) -> tuple:
+    """The settings without the output calibration when its public noise level says it cannot help, and why."""
+    fraction = settings.calibration_fraction
+    if settings.mechanism == "none" or not fraction > 0 or not config.calibration_auto:
+        return settings, None
+    epsilon = fraction * settings.epsilon
+    reason = criteo_calibration.skip_reason(data.rows, epsilon)
+    if reason is None:
+        return settings, None
+    _log(config, f"output calibration skipped: {reason}")
+    skipped = {
+        "skipped": True,
+        "reason": reason,
+        "epsilon_to_training": epsilon,
+        "laplace_scale": criteo_calibration.L1_SENSITIVITY / epsilon,
+        "expected_click_rate_error": criteo_calibration.expected_click_rate_error(data.rows, epsilon),
+        "max_click_rate_error": criteo_calibration.MAX_CLICK_RATE_ERROR,
+    }
+    return dataclasses.replace(settings, calibration_fraction=0.0), skipped
+
+
+def _plan(config: PipelineConfig, data: _Data) -> tuple[RunPlan, dict | None, dict | None]:
     """Stage 2: bucket counts for a DP selection, then the privacy plan (`criteo_privacy.plan`).
 
     One period: sequential accounting of its T steps. Several: parallel
     composition over periods (`tfdp_embed.accounting.periods`), sigma =
     max_p sigma(q_p, T_p), every DP selection charged to every period.
+    The output calibration is left out of the plan (its epsilon goes to
+    training) when its noise is too large to help (`calibration.skip_reason`).
     """
-    settings = _settings(config, data)
+    settings, skipped = _calibration_decision(config, data, _settings(config, data))
     counts = criteo_data.bucket_counts(data.periods[0]) if criteo_privacy.selects_rows(settings.mechanism) else None
     plan = criteo_privacy.plan(
         settings, periods=_periods(config, data), counts=None if counts is None else _layer_counts(counts)
@@ -165,7 +213,7 @@ def _plan(config: PipelineConfig, data: _Data) -> tuple[RunPlan, dict | None]:
         f"epsilon {settings.epsilon:g}, delta {settings.delta:.3g}, {composition}q {plan.sampling_probability:.4g}, "
         f"{plan.steps} steps",
     )
-    return plan, counts
+    return plan, counts, skipped
 
 
 def _build(config: PipelineConfig, model_config: CTRModelConfig, plan: RunPlan, counts: dict | None) -> _Training:
@@ -200,8 +248,12 @@ class _StopAfter(keras.callbacks.Callback):
 
 
 def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, training: _Training) -> dict:
-    """Stage 4: fit period by period (DP-FEST re-selects from running counts; each period evaluated on the next day)."""
-    trained = {"timer": StepTimer(), "infos": [], "fed": [], "periods": []}
+    """Stage 4: fit period by period (DP-FEST re-selects from running counts; each period evaluated on the next day).
+
+    Raises:
+      TrainingDivergedError: a non-finite or exploding training loss (`divergence.py`).
+    """
+    trained = {"timer": StepTimer(), "infos": [], "fed": [], "periods": [], "monitor": divergence.DivergenceMonitor()}
     touched = criteo_data.TouchedRows(dict(zip(CAT_FEATURES, model_config.dims)))
     counts = training.counts
     for index, period in enumerate(data.periods):
@@ -230,15 +282,27 @@ def _fit_period(config: PipelineConfig, data: _Data, training: _Training, index:
     trained["infos"].append(info)
     if several:
         _log(config, f"streaming period {index + 1}/{len(data.periods)}: {period.files[0]} ({period.size} rows)")
-    callbacks = [trained["timer"], _StopAfter(steps)]
+    callbacks = [trained["timer"], _StopAfter(steps), trained["monitor"]]
     if training.budget is not None:
         callbacks.append(training.budget)
     elif several and config.mechanism != "none":
         callbacks.append(training.plan.budget(period=index))  # parallel composition: this period's own ledger
-    epochs = math.ceil(steps / info.batches_per_epoch)
-    with period.stats.python_errors():
-        training.dp_model.fit(touched.wrap(batches), epochs=epochs, callbacks=callbacks, verbose=config.verbose)
+    epochs, monitor = math.ceil(steps / info.batches_per_epoch), trained["monitor"]
+    try:
+        with period.stats.python_errors():
+            training.dp_model.fit(touched.wrap(batches), epochs=epochs, callbacks=callbacks, verbose=config.verbose)
+    except tf.errors.InvalidArgumentError as error:  # DPModel refuses to clip a non-finite loss
+        if divergence.NON_FINITE_LOSS not in str(error):
+            raise
+        monitor.problem = f"a per-example training loss became NaN or Inf (step {monitor.steps + 1})"
+    if monitor.problem:
+        raise divergence.TrainingDivergedError(f"Training diverged: {monitor.problem}. {_advice(config, data)}")
     trained["fed"].append(training.dp_model.batching)  # read by fit from the data itself (Poisson only if verified)
+
+
+def _advice(config: PipelineConfig, data: _Data) -> str:
+    chosen = data.chosen.chosen if data.chosen is not None else ()
+    return divergence.advice(learning_rate=config.learning_rate, momentum=config.momentum, chosen=chosen)
 
 
 def _evaluate_period(config: PipelineConfig, data: _Data, training: _Training, index: int, timer) -> dict:
@@ -246,7 +310,7 @@ def _evaluate_period(config: PipelineConfig, data: _Data, training: _Training, i
     period = data.periods[index]
     following = data.periods[index + 1] if index + 1 < len(data.periods) else data.final_eval
     metrics = criteo_eval.evaluate(training.model, criteo_data.eval_dataset(following))
-    _log(config, f"period {index + 1}: AUC {metrics['auc']:.4f} on {following.files}")
+    _log(config, f"period {index + 1}: AUC {criteo_report.number(metrics['auc'])} on {following.files}")
     return {"period": index + 1, "train_files": period.files, "eval_files": following.files} | {
         "train_rows": period.size,
         "streamed": period.streaming,
@@ -339,10 +403,18 @@ def _calibrate(config: PipelineConfig, data: _Data, training: _Training):
 def _release(
     config: PipelineConfig, data: _Data, model_config: CTRModelConfig, training: _Training, trained: dict
 ) -> _Release:
-    """Stage 5: flush owed noise, DP output calibration, privacy report, export, evaluate the released model."""
+    """Stage 5: flush owed noise, DP output calibration, evaluate, privacy report, export.
+
+    Raises:
+      TrainingDivergedError: the released model diverged or collapsed (checked before export: nothing is written).
+    """
     mechanism, model = training.mechanism, training.model
     release_ready(training.dp_model)
     output_calibration = _calibrate(config, data, training)
+    final = criteo_eval.evaluate(model, criteo_data.eval_dataset(data.final_eval))
+    problem = divergence.released_model_problem(final)
+    if problem:
+        raise divergence.TrainingDivergedError(f"Training diverged: {problem}. {_advice(config, data)}")
     privacy = _privacy(config, data, training, trained)
     serving = CTRServingModule(model, model_config)
     saved_model = os.path.join(config.out, "saved_model")
@@ -350,19 +422,13 @@ def _release(
         training.dp_model, saved_model, serving_module=serving, signatures={"serving_default": serving.serve},
         report=privacy,
     )  # fmt: skip
-    if hasattr(mechanism, "detach"):  # LazyDP: flushed and done; evaluate without read hooks
+    if hasattr(mechanism, "detach"):  # LazyDP: flushed and done; later forward passes without read hooks
         mechanism.detach()
-    final = criteo_eval.evaluate(model, criteo_data.eval_dataset(data.final_eval))
     return _Release(output_calibration, privacy, serving, saved_model, final)
 
 
-def _warnings(config: PipelineConfig, final: dict) -> list:
-    if math.isfinite(final["logloss"]):
-        return []
-    return [
-        "Training diverged: the released model gives non-finite predictions (AUC is meaningless). "
-        f"Lower --learning-rate (now {config.learning_rate:g}) or --momentum (now {config.momentum:g})."
-    ]
+def _warnings(final: dict) -> list:
+    return [final["auc_note"] + "."] if final.get("auc_note") else []
 
 
 def _settings_report(config: PipelineConfig, data: _Data, sampler: dict) -> dict:
@@ -380,7 +446,7 @@ def _settings_report(config: PipelineConfig, data: _Data, sampler: dict) -> dict
         "train_files": data.train_files,
         "eval_files": data.eval_files,
         "synthetic": None if data.synthetic is None else dataclasses.asdict(data.synthetic),
-        "vocabulary": f"hash size {config.hash_size}" if config.hash_size else "DP-FEST Table 3",
+        "vocabulary": data.chosen.vocabulary if data.chosen else f"hash size {config.hash_size}",
         **sampler,
         "stream_buffer_rows": config.stream_buffer_rows,
     }
@@ -397,9 +463,11 @@ def _report(
     settings = _settings_report(config, data, sampler)
     report = dict(released.privacy)
     report.update(
-        warnings=_warnings(config, final),
+        warnings=_warnings(final),
         auc=final["auc"],
+        auc_note=final["auc_note"],
         logloss=final["logloss"],
+        base_rate_logloss=final["base_rate_logloss"],
         eval_rows=final["examples"],
         eval_click_rate=final["click_rate"],
         eval_mean_prediction=final["mean_prediction"],
@@ -414,7 +482,8 @@ def _report(
         training=settings["training"],
         data=settings["data"],
         sampler=sampler["sampler"],
-        output_calibration=None if output_calibration is None else output_calibration.report(),
+        output_calibration=output_calibration.report() if output_calibration else training.calibration_skipped,
+        defaults=data.chosen.report() if data.chosen is not None else None,
         saved_model=released.saved_model,
         **criteo_training.gradient_size(training.mechanism, training.tables, touched=trained["touched"]),
         not_released=not_released_note(
@@ -428,17 +497,23 @@ def _report(
 def run(config: PipelineConfig) -> PipelineResult:
     """Runs the pipeline (read -> plan -> build -> train -> release); writes `config.out/report.json`.
 
+    Settings left unset (batch, hidden units, learning rate, hash size) are
+    chosen from the data size (`defaults.py`) and logged.
+
     Raises:
       CriteoFormatError: unreadable input (names file and line).
       ValueError: settings the data cannot support (e.g. batch larger than the data).
+      TrainingDivergedError: training diverged (nothing exported; `divergence.py`).
       PrivacyBudgetExceededError: the budget allows no training step.
     """
     started = time.perf_counter()
     os.makedirs(config.out, exist_ok=True)
     data = _read(config)
+    config, data.chosen = _choose(config, data)
     model_config = _model_config(config, data)
-    plan, counts = _plan(config, data)
+    plan, counts, calibration_skipped = _plan(config, data)
     training = _build(config, model_config, plan, counts)
+    training.calibration_skipped = calibration_skipped
     trained = _train(config, data, model_config, training)
     train_seconds = time.perf_counter() - started
     released = _release(config, data, model_config, training, trained)

@@ -73,8 +73,18 @@ def run_privacy_report(
 
 
 def write_report(path: str, report: dict) -> str:
-    """Writes `report.json` (non-finite floats as strings, like the privacy report)."""
-    return write_privacy_report(path, report)
+    """Writes `report.json`; an undefined number (NaN) is null, with its reason beside it where one applies."""
+    return write_privacy_report(path, _nan_to_none(report))
+
+
+def _nan_to_none(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nan_to_none(v) for v in value]
+    return value
 
 
 def read_report(path: str) -> dict:
@@ -89,9 +99,11 @@ def format_report(report: dict) -> str:
     details = {
         "sampler": f"{report.get('sampler')}{_passes(report)}",
         "rows read / skipped": rows,
-        "AUC / log loss": f"{_number(report['auc'])} / {_number(report['logloss'])} on {report['eval_rows']} rows",
-        "mean prediction": f"{_number(report.get('eval_mean_prediction'))} (click rate "
-        f"{_number(report.get('eval_click_rate'))}){_calibration(report)}",
+        "settings": _settings(report),
+        "AUC / log loss": f"{_auc(report)} / {number(report['logloss'])} on {report['eval_rows']} rows (base-rate "
+        f"log loss {number(report.get('base_rate_logloss'))})",
+        "mean prediction": f"{number(report.get('eval_mean_prediction'))} (click rate "
+        f"{number(report.get('eval_click_rate'))}){_calibration(report)}",
         "gradient size": _reduction(report),
         "median step": "n/a" if step is None else f"{step * 1000:.1f} ms",
         "saved model": f"{report['saved_model']} (privacy_report.json beside it)",
@@ -105,14 +117,34 @@ def _passes(report: dict) -> str:
     return f"; reads the training files {max(passes)}x per epoch" if passes else ""
 
 
+def _settings(report: dict) -> str:
+    defaults = report.get("defaults") or {}
+    values, chosen = defaults.get("values") or {}, defaults.get("chosen_from_data") or []
+    parts = [
+        f"{name.replace('_', ' ')} {','.join(map(str, v)) if isinstance(v, list) else v}"
+        + (" (chosen)" if name in chosen else "")
+        for name, v in values.items()
+    ]
+    return "; ".join(parts) or "n/a"
+
+
+def _auc(report: dict) -> str:
+    if report.get("auc") is None and report.get("auc_note"):
+        return f"n/a ({report['auc_note']})"
+    return number(report.get("auc"))
+
+
 def _calibration(report: dict) -> str:
     calibration = report.get("output_calibration")
     if not calibration:
         return ""
-    return f"; output bias shifted by {calibration['shift']:+.3f} (DP, eps {_number(calibration['epsilon'])})"
+    if calibration.get("skipped"):
+        return f"; output calibration skipped: {calibration['reason']}"
+    return f"; output bias shifted by {calibration['shift']:+.3f} (DP, eps {number(calibration['epsilon'])})"
 
 
-def _number(value) -> str:
+def number(value) -> str:
+    """`value` with 4 significant digits, or as it is (None, a string, a non-finite float)."""
     if isinstance(value, (int, float)) and math.isfinite(value):
         return f"{value:.4g}"
     return str(value)
@@ -125,4 +157,4 @@ def _reduction(report: dict) -> str:
     return f"{reduction:.3g}x smaller than dense DP-SGD ({report.get('gradient_size_basis')})"
 
 
-__all__ = ["REQUIRED_KEYS", "format_report", "read_report", "run_privacy_report", "write_report"]
+__all__ = ["REQUIRED_KEYS", "format_report", "number", "read_report", "run_privacy_report", "write_report"]

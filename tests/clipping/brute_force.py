@@ -37,7 +37,9 @@ class StepResult:
     batch_size: int
 
 
-def run_step(model, inputs, *, registry=None, l2_norm_clip: float = 1.0, loss_fn=None) -> StepResult:
+def run_step(
+    model, inputs, *, registry=None, l2_norm_clip: float = 1.0, loss_scale: float = 1.0, loss_fn=None
+) -> StepResult:
     """One recorded forward pass: `clipped_step` plus the brute-force jacobians.
 
     `loss_fn(inputs)`, when given, returns the per-example losses instead of
@@ -58,6 +60,7 @@ def run_step(model, inputs, *, registry=None, l2_norm_clip: float = 1.0, loss_fn
         registry=registry,
         fallback=vectorized_layer_gradients,
         l2_norm_clip=l2_norm_clip,
+        loss_scale=loss_scale,
     )
     variables = model.trainable_variables
     jac = tape.jacobian(loss, variables)
@@ -66,14 +69,22 @@ def run_step(model, inputs, *, registry=None, l2_norm_clip: float = 1.0, loss_fn
 
 
 def check_against_brute_force(
-    model, inputs, *, registry=None, seed: int = 0, rtol: float = RTOL, loss_fn=None, atol: float = 0.0
+    model,
+    inputs,
+    *,
+    registry=None,
+    seed: int = 0,
+    rtol: float = RTOL,
+    loss_scale: float = 1.0,
+    loss_fn=None,
+    atol: float = 0.0,
 ) -> StepResult:
     """Asserts exact per-example norms and clipped sums for every layer of `model` (see `run_step`).
 
     `atol` floors the clipped sums' absolute tolerance, for gradients that are
     exactly zero (float64 round-off around 0 is then all that is compared).
     """
-    result = run_step(model, inputs, registry=registry, loss_fn=loss_fn)
+    result = run_step(model, inputs, registry=registry, loss_scale=loss_scale, loss_fn=loss_fn)
     rng = np.random.default_rng(seed)
     covered, total = [], np.zeros(result.batch_size)
     for tap, info in result.step.layers:

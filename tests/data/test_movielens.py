@@ -98,7 +98,9 @@ def test_load_builds_every_position_of_both_splits(tmp_path):
     assert data.num_train_examples == sum(len(t) - 1 for t in data.train_timelines.values())
     assert data.num_test_examples == sum(len(t) - 1 for t in data.test_timelines.values())
     assert np.all(np.any(data.train_contexts != 0, axis=1))  # no empty context
-    assert data.num_items == max(int(line.split("\t")[1]) for line in lines)
+    items = sorted({int(line.split("\t")[1]) for line in lines})
+    assert data.num_items == len(items)  # dense ids 1..n, n = distinct items (no catalogue beside the file)
+    assert data.item_ids.to_original(np.arange(1, len(items) + 1)).tolist() == items
 
 
 @pytest.mark.realdata

@@ -66,7 +66,7 @@ def test_left_pad_and_distinct_counts():
         ("1 2\n1\n", r"seq.txt:2: expected 2 fields"),
         ("1 2\n1 x\n", r"seq.txt:2: user and item must be integers"),
         ("1 0\n", r"seq.txt:1: ids must be >= 1"),
-        ("1 2 3\n", r"seq.txt:1: expected 2 fields"),
+        ("1 2\n1 2 3\n", r"seq.txt:2: expected 2 fields 'user item', found 3.*--layout sequences"),
         ("", r"no interactions"),
     ],
 )

@@ -6,15 +6,33 @@ tapped layer output; each layer's registry function turns that into exact
 per-example squared norms. The total norm of example i is
 ||g_i|| = sqrt(sum over layers of its squared norms); its clip factor is
 c_i = C / max(||g_i||, C), and every layer builds sum_i c_i g_i directly.
+
+Reduced precision (float16 or bfloat16 compute) changes two things, and
+neither lets an example past its clip:
+
+* Loss scaling (float16): the backward pass starts from S * 1 instead of
+  1, so small output gradients do not underflow. The rules are linear in
+  the output gradients, so their norms are divided by S and their sums
+  built with c_i / S: the unscaled values, in float32. S must not depend
+  on the data (a dynamic loss scale reacting to this batch's overflow
+  would make every example's update depend on the one that overflowed).
+* Non-finite values (a scaled gradient overflowing float16): every
+  non-finite entry of a recorded input, output or output gradient is
+  replaced by 0 before the rules run, an elementwise operation, so each
+  example's gradient stays a function of that example alone; its norm is
+  taken of what is summed, and an example whose norm is still not finite
+  gets c_i = 0. A NaN or Inf can therefore neither skip the clip nor reach
+  the other examples' sum.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from tfdp_embed._keras import tf
-from tfdp_embed.clipping.registry import LayerRegistry
+from tfdp_embed.clipping.registry import LayerGradients, LayerRegistry
 from tfdp_embed.clipping.taps import LayerTaps, own_trainable_variables
 from tfdp_embed.errors import PrivacyContractError
 
@@ -34,8 +52,14 @@ def layer_gradients(
     tape: tf.GradientTape,
     registry: LayerRegistry,
     fallback,
+    *,
+    loss_scale: float = 1.0,
 ) -> list:
-    """Runs each tapped layer's registry function (or `fallback`).
+    """Runs each tapped layer's registry function (or `fallback`) on finite, loss-scaled values.
+
+    The backward pass starts from `loss_scale` per example; the returned
+    norms and clipped sums are unscaled (see the module docstring), and
+    every non-finite recorded value is replaced by 0 first.
 
     Calls inside a shared computation (`tfdp_embed.clipping.shared`) get
     per-example output gradients `[B, *outputs.shape]` instead of the summed
@@ -60,8 +84,11 @@ def layer_gradients(
     scores = [[s for _, s in computation.scorers] for computation in shared]
     # d(sum_i loss_i)/d outputs via output_gradients=1: no new op has to be on the
     # tape, so this is right whether or not the caller is still inside `with tape:`.
+    scale = _check_loss_scale(loss_scale)
     grads, missed, score_grads = tape.gradient(
-        per_example_loss, (outputs, unused_vars, scores), output_gradients=tf.ones_like(per_example_loss)
+        per_example_loss,
+        (outputs, unused_vars, scores),
+        output_gradients=tf.fill(tf.shape(per_example_loss), tf.cast(scale, per_example_loss.dtype)),
     )
     for tap, variables, var_grads in zip(unused, unused_vars, missed):
         _check_not_reached(tap, variables, var_grads)
@@ -71,9 +98,12 @@ def layer_gradients(
     for tap, output_grads in zip(used, grads):
         _check_leading_axis(tap, batch_size)
         output_grads = [
-            per_example.get(id(c), tf.zeros_like(c.outputs) if g is None else g)
+            _finite(per_example[id(c)])
+            if id(c) in per_example
+            else (tf.zeros_like(c.outputs) if g is None else _finite(g))
             for c, g in zip(tap.calls, output_grads)
         ]
+        tap = _finite_calls(tap)
         fn = registry.lookup(tap.layer)
         expected = registry.tapped_method(tap.layer)
         if tap.method != expected:
@@ -84,7 +114,8 @@ def layer_gradients(
         rule = fn or fallback
         if any(c.shared is not None for c in tap.calls) and not getattr(rule, "supports_shared_calls", False):
             raise PrivacyContractError(_no_shared_rule(tap, rule))
-        result.append((tap, rule(tap.layer, tap, output_grads)))
+        info = rule(tap.layer, tap, output_grads)
+        result.append((tap, info if scale == 1.0 else _unscaled(info, scale)))
     return result
 
 
@@ -125,6 +156,44 @@ def _no_shared_rule(tap: LayerTaps, rule) -> str:
     )
 
 
+def _check_loss_scale(loss_scale) -> float:
+    scale = float(loss_scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"`loss_scale` must be a finite number > 0; received {loss_scale!r}.")
+    return scale
+
+
+def _finite(value):
+    """`value` with every non-finite entry 0 (float tensors; anything else as it is)."""
+    if isinstance(value, tf.Tensor) and value.dtype.is_floating:
+        return tf.where(tf.math.is_finite(value), value, tf.zeros_like(value))
+    return value
+
+
+def _finite_calls(tap: LayerTaps) -> LayerTaps:
+    """`tap` with the float tensors of each call (arguments and output) made finite."""
+    calls = [
+        dataclasses.replace(
+            call,
+            args=tuple(tf.nest.map_structure(_finite, list(call.args))),
+            kwargs=tf.nest.map_structure(_finite, call.kwargs),
+            outputs=_finite(call.outputs),
+        )
+        for call in tap.calls
+    ]
+    return dataclasses.replace(tap, calls=calls)
+
+
+def _unscaled(info: LayerGradients, scale: float) -> LayerGradients:
+    """`info` of output gradients scaled by `scale`, as if they were not (the rules are linear)."""
+    inner = info.clipped_sum
+    return dataclasses.replace(
+        info,
+        squared_norms=info.squared_norms / (scale * scale),
+        clipped_sum=lambda clip_factors: inner(clip_factors / scale),
+    )
+
+
 def _check_not_reached(tap: LayerTaps, variables: list, grads: list) -> None:
     reached = [v.name for v, g in zip(variables, grads) if g is not None]
     if reached:
@@ -140,9 +209,10 @@ def _check_not_reached(tap: LayerTaps, variables: list, grads: list) -> None:
 
 
 def clip_factors(squared_norms: tf.Tensor, l2_norm_clip: float) -> tuple:
-    """Returns (norms, c) with c_i = C / max(norm_i, C)."""
+    """Returns (norms, c) with c_i = C / max(norm_i, C), and c_i = 0 where norm_i is not finite."""
     norms = tf.sqrt(tf.maximum(squared_norms, 0.0))
-    return norms, l2_norm_clip / tf.maximum(norms, l2_norm_clip)
+    factors = l2_norm_clip / tf.maximum(norms, l2_norm_clip)
+    return norms, tf.where(tf.math.is_finite(norms), factors, tf.zeros_like(factors))
 
 
 def clipped_step(
@@ -153,9 +223,10 @@ def clipped_step(
     registry: LayerRegistry,
     fallback,
     l2_norm_clip: float,
+    loss_scale: float = 1.0,
 ) -> ClippedStep:
-    """Per-example norms and clip factors for the whole model."""
-    layers = layer_gradients(taps, per_example_loss, tape, registry, fallback)
+    """Per-example norms and clip factors for the whole model (`loss_scale`: see `layer_gradients`)."""
+    layers = layer_gradients(taps, per_example_loss, tape, registry, fallback, loss_scale=loss_scale)
     squared = tf.zeros_like(per_example_loss)
     for _, info in layers:
         squared = squared + info.squared_norms

@@ -8,6 +8,14 @@ clipped sum that miss that use. With every clip factor 1 the rules' clipped
 sums are sum_i g_i, which must equal the gradient of sum_i loss_i; on one
 batch, before training, every trainable variable is compared, and a
 mismatch names the layer that owns the variable.
+
+Under float16 or bfloat16 compute the true gradient is rounded to that
+precision while the rules work in float32, so the comparison is split in
+two. The true gradient is compared with the gradient that flows through
+the recorded outputs of the variable's layer alone (the same ops in the
+same precision: a use the taps miss shows, at float32's tolerance); the
+rules' sums are compared with that, at a tolerance of a few rounding
+errors of the compute dtype (`rtol`).
 """
 
 from __future__ import annotations
@@ -29,7 +37,16 @@ NORM_SUM_RTOL = 1e-5
 FLOAT32_EPS = 2.0**-23
 
 
-def check_rules_cover_gradients(model, layers: list, *, registry, fallback, forward: Callable[[], tf.Tensor]) -> None:
+def check_rules_cover_gradients(
+    model,
+    layers: list,
+    *,
+    registry,
+    fallback,
+    forward: Callable[[], tf.Tensor],
+    rtol: float = RTOL,
+    loss_scale: float = 1.0,
+) -> None:
     """Refuses the model if some variable's rule-built gradient sum differs from its true gradient.
 
     Args:
@@ -38,15 +55,21 @@ def check_rules_cover_gradients(model, layers: list, *, registry, fallback, forw
       registry: the `LayerRegistry` DPModel uses.
       fallback: the per-example fallback DPModel uses.
       forward: runs one forward pass and returns the per-example losses `[n]`.
+      rtol: the largest difference taken for round-off, relative to the
+        variable's largest gradient entry (larger for float16/bfloat16 compute).
+      loss_scale: the fixed loss scale of DPModel's backward pass (float16),
+        so that the check sees the gradients training computes.
 
     Raises:
       PrivacyContractError: naming the layer whose weights the rules miss.
     """
     with tf.GradientTape(persistent=True) as tape, record_taps(layers, registry) as taps:
         loss = forward()
-    infos = layer_gradients(taps, loss, tape, registry, fallback)
+    infos = layer_gradients(taps, loss, tape, registry, fallback, loss_scale=loss_scale)
     variables = model.trainable_variables
-    true = tape.gradient(loss, variables, output_gradients=tf.ones_like(loss))
+    start = tf.fill(tf.shape(loss), tf.cast(loss_scale, loss.dtype))  # as DPModel's backward pass
+    true = [_unscaled(g, loss_scale) for g in tape.gradient(loss, variables, output_gradients=start)]
+    recorded = _through_recorded_outputs(tape, loss, start, loss_scale, taps, infos) if rtol > RTOL else None
     del tape
     ones = tf.ones_like(loss)
     built, round_offs = {}, {}
@@ -55,12 +78,40 @@ def check_rules_cover_gradients(model, layers: list, *, registry, fallback, forw
         for variable, grad in zip(info.variables, info.clipped_sum(ones)):
             built[variable.ref()] = grad
             round_offs[variable.ref()] = round_off
-    compared = [(v, _difference(built.get(v.ref()), expected)) for v, expected in zip(variables, true)]
-    largest = max((scale for _, (_, scale) in compared), default=0.0)
-    for variable, (difference, scale) in compared:
-        if difference > RTOL * scale + ATOL * largest + round_offs.get(variable.ref(), 0.0):
-            owner = next((layer for layer in layers if _owns(layer, variable)), None)
-            raise PrivacyContractError(_message(owner, variable, difference, scale))
+    comparisons = [(built, true, RTOL)]  # (what is checked, against what, tolerance)
+    if recorded is not None:  # reduced precision: recorded vs true tightly, the rules vs recorded loosely
+        comparisons = [(recorded, true, RTOL), (built, [recorded.get(v.ref()) for v in variables], rtol)]
+    for got, expected_grads, tolerance in comparisons:
+        compared = [(v, _difference(got.get(v.ref()), expected)) for v, expected in zip(variables, expected_grads)]
+        largest = max((scale for _, (_, scale) in compared), default=0.0)
+        for variable, (difference, scale) in compared:
+            round_off = round_offs.get(variable.ref(), 0.0) if got is built else 0.0
+            if difference > tolerance * scale + ATOL * largest + round_off:
+                owner = next((layer for layer in layers if _owns(layer, variable)), None)
+                raise PrivacyContractError(_message(owner, variable, difference, scale))
+
+
+def _through_recorded_outputs(tape, loss, start, loss_scale, taps, infos) -> dict:
+    """variable ref -> the gradient of sum_i loss_i that reaches it through its layer's recorded outputs."""
+    recorded_taps = {id(tap.layer): tap for tap in taps}  # `infos` holds copies made finite, off the tape
+    out: dict = {}
+    for used, info in infos:
+        tap = recorded_taps[id(used.layer)]
+        outputs = [call.outputs for call in tap.calls]
+        output_grads = tape.gradient(loss, outputs, output_gradients=start)
+        output_grads = [tf.zeros_like(o) if g is None else g for o, g in zip(outputs, output_grads)]
+        grads = tape.gradient(outputs, info.variables, output_gradients=output_grads)
+        out.update((v.ref(), _unscaled(g, loss_scale)) for v, g in zip(info.variables, grads))
+    return out
+
+
+def _unscaled(grad, scale):
+    """`grad` / `scale` (dense or IndexedSlices; None stays None)."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(scale, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad / tf.cast(scale, grad.dtype)
 
 
 def _round_off_rtol(tap) -> float:

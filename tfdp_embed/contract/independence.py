@@ -42,6 +42,7 @@ def check_independence(
     batch: tuple,
     *,
     loss_name: str,
+    rtol: float = RTOL,
 ) -> str:
     """Refuses a model whose per-example losses depend on other examples.
 
@@ -50,6 +51,8 @@ def check_independence(
       per_example_loss: `(x, y, sample_weight, training) -> [n]` losses.
       batch: `(x, y, sample_weight)` of one batch with at least 2 examples.
       loss_name: how to name the loss in the error (e.g. "`Model.compute_loss`").
+      rtol: the largest difference taken for round-off, relative to the
+        largest magnitude compared (larger for float16/bfloat16 compute).
 
     Returns:
       "training" or "inference": the mode checked; "unchecked" if the losses
@@ -66,16 +69,16 @@ def check_independence(
     probe = select_examples(batch, range(m), n)
     with deterministic(model):
         try:
-            mode = _reproducible_mode(lambda training: per_example_loss(*probe, training), m)
+            mode = _reproducible_mode(lambda training: per_example_loss(*probe, training), m, rtol)
             if mode == "unchecked":
                 return mode
             training = mode == "training"
             full = np.asarray(per_example_loss(*probe, training))
             for keep in _subsets(m):
                 part = select_examples(probe, keep, m)
-                if not _close(full[keep], np.asarray(per_example_loss(*part, training))):
+                if not _close(full[keep], np.asarray(per_example_loss(*part, training)), rtol):
                     raise PrivacyContractError(
-                        _blame(model, per_example_loss, probe, part, keep, m, training, loss_name)
+                        _blame(model, per_example_loss, probe, part, keep, m, training, loss_name, rtol)
                     )
         except (tf.errors.InvalidArgumentError, ValueError) as error:
             _warn_unchecked(f"the model does not run on part of the batch ({type(error).__name__}: {error})")
@@ -92,12 +95,12 @@ def _subsets(m: int) -> list:
     return subsets
 
 
-def _reproducible_mode(losses: Callable, m: int) -> str:
+def _reproducible_mode(losses: Callable, m: int, rtol: float) -> str:
     for training in (True, False):
         first = np.asarray(losses(training))
         if first.shape != (m,):
             raise ValueError(f"the losses of {m} examples have shape {first.shape}")
-        if _close(first, np.asarray(losses(training))):
+        if _close(first, np.asarray(losses(training)), rtol):
             if not training:
                 warnings.warn(
                     "DPModel could not check in training mode that each example's loss depends "
@@ -121,7 +124,7 @@ def _warn_unchecked(why: str) -> None:
     )
 
 
-def _close(a, b) -> bool:
+def _close(a, b, rtol: float) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return False
@@ -135,10 +138,10 @@ def _close(a, b) -> bool:
     if np.isnan(difference).any():
         return False
     scale = max(np.nanmax(np.abs(a), initial=0.0), np.nanmax(np.abs(b), initial=0.0))
-    return bool(difference.max() <= RTOL * scale)
+    return bool(difference.max() <= rtol * scale)
 
 
-def _rows_differ(whole: list, part: list, keep: np.ndarray, m: int) -> bool:
+def _rows_differ(whole: list, part: list, keep: np.ndarray, m: int, rtol: float) -> bool:
     """Whether some batched dense tensor of `whole` differs from `part` on the kept rows."""
     dense = (tf.Tensor, np.ndarray)  # ragged, sparse and variables are not compared
     for a, b in zip(whole, part):
@@ -147,12 +150,12 @@ def _rows_differ(whole: list, part: list, keep: np.ndarray, m: int) -> bool:
         shape_a, shape_b = a.shape, b.shape
         if len(shape_a) == 0 or shape_a[0] != m or len(shape_b) == 0 or shape_b[0] != len(keep):
             continue
-        if not _close(np.asarray(a)[keep], np.asarray(b)):
+        if not _close(np.asarray(a)[keep], np.asarray(b), rtol):
             return True
     return False
 
 
-def _blame(model, per_example_loss, probe, part, keep, m, training, loss_name) -> str:
+def _blame(model, per_example_loss, probe, part, keep, m, training, loss_name, rtol) -> str:
     with recorded_calls(model) as whole_calls:
         per_example_loss(*probe, training)
     with recorded_calls(model) as part_calls:
@@ -168,9 +171,9 @@ def _blame(model, per_example_loss, probe, part, keep, m, training, loss_name) -
         if k >= len(matches):
             continue
         other = matches[k]
-        if _rows_differ(call.inputs, other.inputs, keep, m):
+        if _rows_differ(call.inputs, other.inputs, keep, m, rtol):
             return _between_layers_message(call)
-        if _rows_differ(call.outputs, other.outputs, keep, m):
+        if _rows_differ(call.outputs, other.outputs, keep, m, rtol):
             return _layer_message(call.layer)
     return _loss_message(loss_name)
 

@@ -14,7 +14,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tfdp_embed import mixed_precision
 from tfdp_embed._keras import keras, tf
+from tfdp_embed.contract import exact_rules, independence
 from tfdp_embed.contract.exact_rules import check_rules_cover_gradients
 from tfdp_embed.contract.examples import batch_size_of
 from tfdp_embed.contract.independence import check_independence
@@ -32,6 +34,7 @@ def check_model(
     fallback,
     loss_name: str,
     check_per_example: bool,
+    loss_scale: float = 1.0,
 ) -> bool:
     """Checks `model` on `batch` = (x, y, sample_weight); True when the independence check ran.
 
@@ -43,6 +46,7 @@ def check_model(
       registry, fallback: what DPModel clips with.
       loss_name: the loss as error messages name it.
       check_per_example: False runs the state check only (and warns).
+      loss_scale: DPModel's fixed loss scale (float16 compute), for the rules check.
 
     Raises:
       PrivacyContractError: the model breaks the per-example contract.
@@ -61,8 +65,9 @@ def check_model(
     size = batch_size_of(batch)
     ran = size is not None and size >= 2
     mode = "training"
+    independence_rtol, rules_rtol = tolerances(model)
     if ran:
-        mode = check_independence(model, forward_as_loss(forward), batch, loss_name=loss_name)
+        mode = check_independence(model, forward_as_loss(forward), batch, loss_name=loss_name, rtol=independence_rtol)
     with deterministic(model):
         check_rules_cover_gradients(
             model,
@@ -70,8 +75,30 @@ def check_model(
             registry=registry,
             fallback=fallback,
             forward=lambda: forward(mode == "training", *batch),
+            rtol=rules_rtol,
+            loss_scale=loss_scale,
         )
     return ran
+
+
+# Unit round-off of the reduced compute dtypes, and how many of them the checks allow.
+_UNIT_ROUNDOFF = {tf.float16: 2.0**-11, tf.bfloat16: 2.0**-8}
+_ROUNDOFFS = 64
+
+
+def tolerances(model) -> tuple:
+    """(independence rtol, rules rtol): float32's, or 64 unit round-offs of a float16/bfloat16 compute dtype.
+
+    A float32 model keeps the float32 tolerances. Under reduced precision
+    the losses and the true gradient are rounded to the compute dtype (and
+    summed in it), so they can differ from a float32 computation of the
+    same math by many of its round-offs; a missed use of a weight still
+    shows at float32's tolerance (see `exact_rules`).
+    """
+    roundoff = _UNIT_ROUNDOFF.get(mixed_precision.compute_dtype(model))
+    if roundoff is None:
+        return independence.RTOL, exact_rules.RTOL
+    return max(independence.RTOL, _ROUNDOFFS * roundoff), max(exact_rules.RTOL, _ROUNDOFFS * roundoff)
 
 
 def forward_as_loss(forward: Callable) -> Callable:

@@ -7,9 +7,15 @@ one position p of a timeline: the movie at p is the **label**, the (up to)
 
 Conventions (used by `tfdp_embed.models.two_tower` and the serving export):
 
-* Item ids are MovieLens' own positive ids (ml-100k: 1..1682), unchanged.
-  **Id 0 is reserved for padding** and is never an item; `num_items` is the
-  largest id, so tables have `num_items + 1` rows and row 0 is never read.
+* Item ids inside the model are **dense**: the file's own movie ids (sparse
+  in ml-latest / ML-20M, up to 6 digits) are numbered 1..n by an `ItemIdMap`
+  built from the dataset's catalogue (`movies.csv` / `u.item` beside the
+  ratings: public, independent of who rated what) or, without one, from the
+  distinct ids of the ratings. `MovieLensData.item_ids` holds the map; the
+  serving export looks original ids up in it. ml-100k's ids are already
+  1..1682, so there dense id == original id. **Id 0 is reserved for
+  padding** and is never an item; tables have `num_items + 1` rows (n + 1)
+  and row 0 is never read.
 * A context is int32 `[context_length]`, the movies at positions
   p - context_length .. p - 1 in time order, **left-aligned and padded with
   0 at the end** when p < context_length. Position 0 has no context and is
@@ -34,6 +40,10 @@ not user-level DP.
 Test examples: every position 1 .. len - 1 of every test user's timeline
 (deterministic, no sampling), so metrics do not depend on a seed.
 
+Files: `read_ratings` (in `tfdp_embed.data.movielens_files`) reads ml-100k
+`u.data`, ml-latest / ML-20M `ratings.csv` and ML-1M `ratings.dat`, or a
+dataset directory holding one.
+
 Example:
     >>> ratings = read_ratings("../shared/data/movielens/ml-100k/u.data")
     >>> timelines = user_timelines(ratings)
@@ -53,134 +63,19 @@ from collections.abc import Sequence
 import numpy as np
 
 from tfdp_embed._checks import check_int
+from tfdp_embed.data.item_ids import ItemIdMap
+from tfdp_embed.data.movielens_files import (
+    MovieLensFormatError,
+    Ratings,
+    catalogue_path,
+    line_of_item,
+    read_catalogue,
+    read_item_genres,
+    read_ratings,
+)
 
 PADDING_ID = 0
 """The id that pads contexts; never an item."""
-
-_FIELDS = ("user", "item", "rating", "timestamp")
-_NUM_GENRES = 19  # u.genre: unknown, Action, ..., Western
-
-
-class MovieLensFormatError(ValueError):
-    """A ratings file that is not MovieLens `u.data` format; the message names file and line."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Ratings:
-    """All ratings of a file, in file order, as int64 numpy arrays of equal length."""
-
-    users: np.ndarray
-    items: np.ndarray
-    ratings: np.ndarray
-    timestamps: np.ndarray
-    path: str = ""
-
-    def __len__(self) -> int:
-        return int(self.users.shape[0])
-
-    @property
-    def num_items(self) -> int:
-        """The largest item id (tables need `num_items + 1` rows; row 0 is padding)."""
-        return int(self.items.max())
-
-
-def read_ratings(path: str | os.PathLike) -> Ratings:
-    """Reads a MovieLens `u.data` file: tab-separated user, item, rating, timestamp per line.
-
-    Args:
-      path: the `u.data` file.
-
-    Returns:
-      `Ratings` in file order.
-
-    Raises:
-      FileNotFoundError: the file does not exist (the message says where the data should be).
-      MovieLensFormatError: a line without exactly 4 tab-separated integers, an id < 1, or
-        an empty file; the message names the file and the 1-based line.
-    """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"MovieLens ratings file {path!r} does not exist; expected ml-100k's u.data "
-            "(user<TAB>item<TAB>rating<TAB>timestamp per line), e.g. "
-            "../shared/data/movielens/ml-100k/u.data."
-        )
-    rows = []
-    with open(path, encoding="utf-8", errors="strict") as f:
-        try:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                rows.append(_parse_line(line, path, number))
-        except UnicodeDecodeError as error:
-            raise MovieLensFormatError(f"{path}: not a UTF-8 text file ({error}).") from None
-    if not rows:
-        raise MovieLensFormatError(f"{path}: no ratings (the file is empty).")
-    table = np.asarray(rows, dtype=np.int64)
-    return Ratings(table[:, 0], table[:, 1], table[:, 2], table[:, 3], path=path)
-
-
-def read_item_genres(path: str | os.PathLike) -> tuple:
-    """Reads a MovieLens `u.item` file: each movie's id and genres (item features for a candidate tower).
-
-    A line is `id|title|release date|video date|url|g_0|...|g_18`, latin-1
-    encoded, with one 0/1 flag per genre of `u.genre` (genre 0 is "unknown").
-
-    Args:
-      path: the `u.item` file.
-
-    Returns:
-      `(ids, genres)`: int64 `[N]` movie ids in file order and, per movie, the
-      list of its genre indices (a movie with no flag set gets [0], "unknown").
-
-    Raises:
-      FileNotFoundError: the file does not exist.
-      MovieLensFormatError: a line without an integer id and 19 0/1 flags
-        (the message names the file and the 1-based line), or an empty file.
-    """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"MovieLens items file {path!r} does not exist; expected ml-100k's u.item.")
-    ids, genres = [], []
-    with open(path, encoding="latin-1") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            fields = line.rstrip("\r\n").split("|")
-            flags = fields[-_NUM_GENRES:]
-            if len(fields) < 5 + _NUM_GENRES or not fields[0].isdigit() or any(g not in ("0", "1") for g in flags):
-                raise MovieLensFormatError(
-                    f"{path}:{number}: expected 'id|title|date|video date|url' and {_NUM_GENRES} 0/1 genre "
-                    f"flags separated by '|'; received {line.strip()[:80]!r}."
-                )
-            ids.append(int(fields[0]))
-            genres.append([g for g, flag in enumerate(flags) if flag == "1"] or [0])
-    if not ids:
-        raise MovieLensFormatError(f"{path}: no movies (the file is empty).")
-    return np.asarray(ids, np.int64), genres
-
-
-def _parse_line(line: str, path: str, number: int) -> tuple:
-    fields = line.rstrip("\r\n").split("\t")
-    if len(fields) != 4:
-        raise MovieLensFormatError(
-            f"{path}:{number}: expected 4 tab-separated fields ({', '.join(_FIELDS)}); found "
-            f"{len(fields)} in {line.strip()[:80]!r}."
-        )
-    values = []
-    for name, text in zip(_FIELDS, fields):
-        try:
-            values.append(int(text))
-        except ValueError:
-            raise MovieLensFormatError(
-                f"{path}:{number}: field {name!r} must be an integer; found {text[:40]!r}."
-            ) from None
-    if values[0] < 1 or values[1] < 1:
-        raise MovieLensFormatError(
-            f"{path}:{number}: user and item ids must be >= 1 (id 0 is reserved for padding); "
-            f"found user {values[0]}, item {values[1]}."
-        )
-    return tuple(values)
 
 
 def user_timelines(ratings: Ratings) -> dict:
@@ -267,16 +162,18 @@ def timeline_examples(timelines: Sequence[np.ndarray], *, context_length: int) -
 
 @dataclasses.dataclass(frozen=True)
 class MovieLensData:
-    """The split MovieLens task: timelines and the example pools.
+    """The split MovieLens task: timelines and the example pools, in dense item ids.
 
     Attributes:
-      train_timelines / test_timelines: `{user: items in time order}`.
-      num_items: the largest item id (tables have num_items + 1 rows, row 0 = padding).
+      train_timelines / test_timelines: `{user: dense item ids in time order}`.
+      num_items: n, the number of dense item ids (tables have n + 1 rows, row 0 = padding).
       num_users: users in the file (train + test).
       context_length: L.
       train_contexts, train_labels: every training (context, label) pair (the privacy units).
       test_contexts, test_labels: every test pair.
-      path: the ratings file.
+      path: the ratings file read.
+      item_ids: the map between original movie ids and dense ids 1..n.
+      rated_items: distinct movies in the ratings (<= n when a catalogue numbers the items).
     """
 
     train_timelines: dict
@@ -289,6 +186,8 @@ class MovieLensData:
     test_contexts: np.ndarray
     test_labels: np.ndarray
     path: str = ""
+    item_ids: ItemIdMap | None = None
+    rated_items: int | None = None
 
     @property
     def num_train_examples(self) -> int:
@@ -306,10 +205,37 @@ class MovieLensData:
             "train_users": len(self.train_timelines),
             "test_users": len(self.test_timelines),
             "num_items": self.num_items,
+            "rated_items": self.rated_items,
+            "item_ids": None if self.item_ids is None else self.item_ids.summary(),
             "context_length": self.context_length,
             "train_examples": self.num_train_examples,
             "test_examples": self.num_test_examples,
         }
+
+
+def item_id_map(ratings: Ratings, *, catalogue: str | None = "auto") -> ItemIdMap:
+    """The dense numbering of `ratings`' items: from a catalogue, or from the ratings' distinct ids.
+
+    Args:
+      ratings: what `read_ratings` returned.
+      catalogue: "auto" (the catalogue beside the ratings file if there is one, see
+        `movielens_files.CATALOGUES`), a catalogue file, or None (the distinct ids of the ratings).
+
+    Raises:
+      MovieLensFormatError: a rated movie the catalogue does not list (file and line named).
+    """
+    path = catalogue_path(ratings.path) if catalogue == "auto" else catalogue
+    if path is None:
+        return ItemIdMap.from_ids(ratings.items, source=f"distinct movie ids of {ratings.path}")
+    ids = ItemIdMap(read_catalogue(path), source=f"catalogue {path}")
+    unknown = ~ids.contains(ratings.items)
+    if np.any(unknown):
+        item = int(ratings.items[np.argmax(unknown)])
+        raise MovieLensFormatError(
+            f"{ratings.path}:{line_of_item(ratings, item)}: field 'item' {item} is not a movie of the catalogue "
+            f"{path}; pass the matching catalogue, or none (items are then numbered from the ratings)."
+        )
+    return ids
 
 
 def load_movielens_data(
@@ -318,42 +244,48 @@ def load_movielens_data(
     context_length: int = 20,
     test_fraction: float = 0.2,
     split_seed: int = 0,
+    catalogue: str | None = "auto",
 ) -> MovieLensData:
-    """Reads `u.data`, builds timelines, splits users, and builds every example.
+    """Reads the ratings, numbers items densely, builds timelines, splits users, builds every example.
 
     Args:
-      path: the ratings file (`u.data`).
+      path: the ratings file (`u.data`, `ratings.csv`, `ratings.dat`) or a dataset directory.
       context_length: L, the most previous movies in a context.
       test_fraction: share of users held out for testing.
       split_seed: seed of the user split.
+      catalogue: how items are numbered; see `item_id_map`.
 
     Returns:
-      `MovieLensData`.
+      `MovieLensData` (dense item ids; `item_ids` maps them back).
 
     Raises:
       FileNotFoundError, MovieLensFormatError: unreadable input.
       ValueError: bad arguments, or no training example (every training timeline has one rating).
     """
     ratings = read_ratings(path)
-    timelines = user_timelines(ratings)
+    ids = item_id_map(ratings, catalogue=catalogue)
+    dense = dataclasses.replace(ratings, items=ids.to_dense(ratings.items).astype(np.int64))
+    timelines = user_timelines(dense)
     train_users, test_users = split_users(list(timelines), test_fraction=test_fraction, seed=split_seed)
     train = {int(u): timelines[int(u)] for u in train_users}
     test = {int(u): timelines[int(u)] for u in test_users}
     train_contexts, train_labels = timeline_examples(list(train.values()), context_length=context_length)
     test_contexts, test_labels = timeline_examples(list(test.values()), context_length=context_length)
     if train_labels.size == 0:
-        raise ValueError(f"{os.fspath(path)}: no training example (every training user has fewer than 2 ratings).")
+        raise ValueError(f"{ratings.path}: no training example (every training user has fewer than 2 ratings).")
     return MovieLensData(
         train_timelines=train,
         test_timelines=test,
-        num_items=ratings.num_items,
+        num_items=ids.num_items,
         num_users=len(timelines),
         context_length=context_length,
         train_contexts=train_contexts,
         train_labels=train_labels,
         test_contexts=test_contexts,
         test_labels=test_labels,
-        path=os.fspath(path),
+        path=ratings.path,
+        item_ids=ids,
+        rated_items=int(np.unique(ratings.items).size),
     )
 
 
@@ -363,6 +295,7 @@ __all__ = [
     "MovieLensFormatError",
     "Ratings",
     "context_windows",
+    "item_id_map",
     "load_movielens_data",
     "read_item_genres",
     "read_ratings",

@@ -1,8 +1,10 @@
-"""Next-item sequences: read "user item" files, split leave-one-out, pad to a fixed length.
+"""Next-item sequences: read sequence files, split leave-one-out, pad to a fixed length.
 
-The SASRec format (Kang & McAuley 2018), used by DPFormer on Amazon Games:
-one interaction "user item" per line, 1-based integer ids, each user's
-lines in time order. Per user u with items s_1..s_n:
+Two file layouts (`tfdp_embed.data.sequence_files`): the SASRec format
+(Kang & McAuley 2018), used by DPFormer on Amazon Games, one interaction
+"user item" per line, and the S3-Rec format, one user per line
+"user item item ..."; 1-based integer ids, each user's items in time
+order. Per user u with items s_1..s_n:
 
     test:        history s_1..s_{n-1} -> target s_n
     validation:  history s_1..s_{n-2} -> target s_{n-1}
@@ -26,16 +28,12 @@ References: Kang & McAuley 2018 (SASRec data split); DPFormer App. A.9.1
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 
 from tfdp_embed._checks import check_int
 from tfdp_embed._keras import tf
-
-
-class SequenceFormatError(ValueError):
-    """A malformed line in a "user item" file; the message names file and line."""
+from tfdp_embed.data.sequence_files import SequenceFormatError, read_sequence_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +52,8 @@ class SequenceData:
       test_targets: `[U_eval]`.
       eval_users: `[U_eval]` the 1-based user ids that are evaluated.
       truncated_users: users whose training sequence was longer than L (oldest items cut).
+      layout: the file layout read ("pairs" or "sequences"; "" when not read from a file).
+      distinct_items: how many different item ids occur (num_items is the largest).
     """
 
     num_users: int
@@ -67,6 +67,8 @@ class SequenceData:
     test_targets: np.ndarray
     eval_users: np.ndarray
     truncated_users: int
+    layout: str = ""
+    distinct_items: int | None = None
 
     def item_user_counts(self) -> np.ndarray:
         """`[num_items + 1]` number of users whose training input contains each item (index 0: padding, 0).
@@ -86,6 +88,8 @@ class SequenceData:
             "train_targets": int((self.train_targets > 0).sum()),
             "mean_train_length": float(lengths.mean()),
             "truncated_users": self.truncated_users,
+            "layout": self.layout,
+            "distinct_items": self.distinct_items,
         }
 
 
@@ -99,45 +103,22 @@ def distinct_item_counts(sequences: np.ndarray, num_items: int) -> np.ndarray:
     return np.bincount(pairs[1], minlength=num_items + 1).astype(np.int64)
 
 
-def read_user_sequences(path: str) -> dict[int, list[int]]:
-    """Reads a "user item" file into `{user: [items in file order]}`.
+def read_user_sequences(path: str, *, layout: str = "auto") -> dict[int, list[int]]:
+    """Reads a sequence file into `{user: [items in file order]}`.
 
     Args:
-      path: text file, one "user item" pair per line (whitespace separated,
-        positive integers); blank lines are not allowed.
+      path: text file in the SASRec "user item" pairs layout or the S3-Rec
+        "user item item ..." layout (see `tfdp_embed.data.sequence_files`).
+      layout: "auto" (from the first line), "pairs" or "sequences".
 
     Returns:
       dict from user id to its items, in the order of the file.
 
     Raises:
       FileNotFoundError: `path` does not exist.
-      SequenceFormatError: a line without exactly two fields, a non-integer
-        or non-positive id (the message names the file, line and content).
+      SequenceFormatError: a malformed line (the message names the file, line and field).
     """
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"Sequence file not found: {path!r}.")
-    users: dict[int, list[int]] = {}
-    with open(path) as f:
-        for number, line in enumerate(f, start=1):
-            fields = line.split()
-            if len(fields) != 2:
-                raise SequenceFormatError(
-                    f"{path}:{number}: expected 2 fields 'user item', found {len(fields)}: {line.rstrip()!r}."
-                )
-            try:
-                user, item = int(fields[0]), int(fields[1])
-            except ValueError:
-                raise SequenceFormatError(
-                    f"{path}:{number}: user and item must be integers; received {line.rstrip()!r}."
-                ) from None
-            if user < 1 or item < 1:
-                raise SequenceFormatError(
-                    f"{path}:{number}: ids must be >= 1 (0 is the padding id); received {line.rstrip()!r}."
-                )
-            users.setdefault(user, []).append(item)
-    if not users:
-        raise SequenceFormatError(f"{path}: the file holds no interactions.")
-    return users
+    return read_sequence_file(path, layout=layout)[0]
 
 
 def left_pad(items, max_len: int) -> np.ndarray:
@@ -198,12 +179,14 @@ def split_sequences(users: dict[int, list[int]], *, max_len: int) -> SequenceDat
         test_targets=np.asarray(test_t, np.int32),
         eval_users=np.asarray(eval_users, np.int32),
         truncated_users=truncated,
+        distinct_items=len({item for items in users.values() for item in items}),
     )
 
 
-def load_sequences(path: str, *, max_len: int = 50) -> SequenceData:
-    """`split_sequences(read_user_sequences(path), max_len=max_len)`."""
-    return split_sequences(read_user_sequences(path), max_len=max_len)
+def load_sequences(path: str, *, max_len: int = 50, layout: str = "auto") -> SequenceData:
+    """`split_sequences(read_user_sequences(path, layout=layout), max_len=max_len)`, with the layout read."""
+    users, layout = read_sequence_file(path, layout=layout)
+    return dataclasses.replace(split_sequences(users, max_len=max_len), layout=layout)
 
 
 def training_dataset(data: SequenceData) -> tf.data.Dataset:

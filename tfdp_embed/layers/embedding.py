@@ -138,6 +138,9 @@ class DPEmbedding(keras.layers.Layer):
             shape=(self.vocabulary_size, self.output_dim),
             initializer=self.embeddings_initializer,
             trainable=True,
+            # As keras.layers.Embedding: the table stays a plain float32 variable under
+            # mixed precision (rows are read in float32, the output cast to the compute dtype).
+            experimental_autocast=False,
         )
         super().build(input_shape)
 
@@ -271,8 +274,12 @@ class DPEmbedding(keras.layers.Layer):
         Per-example clipping records this method, not `call`, so a subclass's
         `call` may do anything with what it returns (scale, normalise, mask)
         and its norms stay exact. Do not override it: `DPModel` refuses a
-        subclass that does (override `call` instead).
+        subclass that does (override `call` instead). Rows are read and
+        pooled in the table's dtype and returned in the compute dtype.
         """
+        return tf.cast(self._pooled_rows(ids), self.compute_dtype)
+
+    def _pooled_rows(self, ids):
         ids = self.bucket_ids(ids)
         if isinstance(ids, tf.SparseTensor):
             ids = tf.RaggedTensor.from_sparse(ids)
@@ -285,7 +292,7 @@ class DPEmbedding(keras.layers.Layer):
             if read is None:
                 hook(flat)
             else:
-                read = tf.cast(read, self.compute_dtype)
+                read = tf.cast(read, self.embeddings.dtype)
         if isinstance(ids, tf.RaggedTensor):
             self._require_combiner("ragged or sparse ids")
             # ragged [batch, None, dim]
@@ -298,7 +305,7 @@ class DPEmbedding(keras.layers.Layer):
                 return tf.reduce_sum(rows, axis=1)
             if self.combiner == "mean":
                 return tf.reduce_mean(rows, axis=1)
-            lengths = tf.cast(ids.row_lengths(), self.compute_dtype)[:, None]
+            lengths = tf.cast(ids.row_lengths(), rows.dtype)[:, None]
             return tf.reduce_sum(rows, axis=1) * tf.math.rsqrt(tf.maximum(lengths, 1.0))
         if ids.shape.rank not in (1, 2):
             raise ValueError(
@@ -316,7 +323,7 @@ class DPEmbedding(keras.layers.Layer):
             return tf.reduce_sum(rows, axis=1)
         if self.combiner == "mean":
             return tf.reduce_mean(rows, axis=1)
-        n = tf.cast(tf.shape(ids)[1], self.compute_dtype)
+        n = tf.cast(tf.shape(ids)[1], rows.dtype)
         return tf.reduce_sum(rows, axis=1) * tf.math.rsqrt(n)
 
     def get_config(self):

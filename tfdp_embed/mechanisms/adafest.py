@@ -356,7 +356,7 @@ class DPAdaFEST(NoiseMechanism):
     """
 
     name = "adafest"
-    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True)
+    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, mixed_precision=True)
 
     def __init__(
         self,

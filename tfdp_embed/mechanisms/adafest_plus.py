@@ -84,7 +84,7 @@ class DPAdaFESTPlus(DPAdaFEST):
     """
 
     name = "adafest+"
-    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, one_off_events=True)
+    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, one_off_events=True, mixed_precision=True)
 
     def __init__(
         self,

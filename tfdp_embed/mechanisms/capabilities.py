@@ -12,7 +12,10 @@ it, never the mechanism's `name`, to decide:
 * whether it defers noise between steps (it must then implement `flush` and
   `owes_noise`; releases flush first and refuse owed noise either way);
 * whether it reports one-off accounting events (`setup_event`,
-  `selection_events`) that a budget or report must compose.
+  `selection_events`) that a budget or report must compose;
+* whether it trains models whose layers compute in float16 or bfloat16
+  (Keras' `mixed_float16` / `mixed_bfloat16` policies; `DPModel` refuses
+  them at construction otherwise).
 
 The base `NoiseMechanism` declares one device only, so a new mechanism (or
 one that copies a library mechanism's `name`) runs nowhere else until its
@@ -70,6 +73,11 @@ class MechanismCapabilities:
       needs_lookups: `update` reads `TableGradient.occurrences` /
         `clip_factors` (gathered from every replica under synchronous
         strategies; False skips that collective).
+      mixed_precision: it trains models computing in float16 or bfloat16
+        with float32 variables (`tfdp_embed.mixed_precision`): its state,
+        noise and updates stay in the variables' dtype whatever the
+        gradients' compute dtype was. Declare it only with a test under
+        both mixed policies.
       why_not: `(strategy kind, reason)` pairs explaining refusals in errors.
 
     Raises:
@@ -83,6 +91,7 @@ class MechanismCapabilities:
     defers_noise: bool = False
     one_off_events: bool = False
     needs_lookups: bool = True
+    mixed_precision: bool = False
     why_not: tuple = ()
 
     def __post_init__(self):

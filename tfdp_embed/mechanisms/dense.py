@@ -32,7 +32,7 @@ class DenseDPSGD(NoiseMechanism):
     """
 
     name = "dense"
-    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, needs_lookups=False)
+    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, needs_lookups=False, mixed_precision=True)
 
     def __init__(
         self,

@@ -129,7 +129,9 @@ class DPFEST(NoiseMechanism):
     """
 
     name = "fest"
-    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, one_off_events=True, needs_lookups=False)
+    capabilities = MechanismCapabilities(
+        strategies=ALL_STRATEGIES, tpu=True, one_off_events=True, needs_lookups=False, mixed_precision=True
+    )
 
     def __init__(
         self,

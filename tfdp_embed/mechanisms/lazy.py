@@ -135,6 +135,7 @@ class LazyDP(NoiseMechanism):
         lookahead=True,
         defers_noise=True,
         needs_lookups=False,
+        mixed_precision=True,
         why_not=((MIRRORED, _LAZY_SYNC_REASON), (MULTI_WORKER_MIRRORED, _LAZY_SYNC_REASON)),
     )
 

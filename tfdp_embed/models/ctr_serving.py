@@ -5,7 +5,9 @@ optimizer, no mechanism state) and one `tf.function`, `serve`, whose input
 is the 39 raw Criteo feature fields of a batch of requests, by name:
 
 * `I1` .. `I13`: tf.string `[batch]`, the integer fields exactly as they
-  appear in the TSV (`"3"`, `"-1"`, `""` = missing). Strings, not numbers,
+  appear in the TSV or CSV (`"3"`, `"-1"`, `"260.0"`, `""` = missing),
+  checked against the training reader's pattern (`rows.INT_FIELD_PATTERN`),
+  so serving accepts what training accepts and reads the same value. Strings, not numbers,
   because that is the raw form, it can say "missing" without a sentinel,
   and int64 counts never lose precision in a float;
 * `C1` .. `C26`: tf.string `[batch]`, the 8-hex-digit hashes (`""` = missing).
@@ -37,11 +39,10 @@ from collections.abc import Mapping
 
 from tfdp_embed import keras, tf
 from tfdp_embed.data.criteo import CAT_FEATURES, INT_FEATURES, parse_raw_fields
+from tfdp_embed.data.criteo.rows import INT_FIELD_PATTERN
 from tfdp_embed.models.ctr import CTRModelConfig
 
 RAW_FIELDS = INT_FEATURES + CAT_FEATURES
-# An integer field: empty (missing) or a decimal number as the TSV writes it.
-_NUMBER = r"|[-+]?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?"
 
 
 def serving_input_signature() -> dict:
@@ -65,13 +66,13 @@ def _check_fields(fields: Mapping[str, tf.Tensor]) -> list:
         )
     for name in INT_FEATURES:
         value = fields[name]
-        ok = tf.strings.regex_full_match(tf.strings.strip(value), _NUMBER)
+        ok = tf.strings.regex_full_match(value, INT_FIELD_PATTERN)  # the training reader's rule (rows.py)
         checks.append(
             tf.debugging.Assert(
                 tf.reduce_all(ok),
                 [
-                    f"Criteo serving input: integer field {name} must hold base-10 numbers as "
-                    "strings ('' = missing); offending values:",
+                    f"Criteo serving input: integer field {name} must hold integers as strings, as "
+                    "training reads them: '' (missing), 17, -2 or an integral float such as 260.0; offending values:",
                     tf.boolean_mask(value, tf.logical_not(ok))[:3],
                 ],
             )

@@ -360,9 +360,20 @@ class SASRec(keras.Model):
 
 
 class SASRecServing(tf.Module):
-    """Serving module: history `[B, L]` int32 -> the top-k next items (padding id never returned).
+    """Serving module: a history of item ids of any length -> the top-k next items (padding id never returned).
 
-    `serve(history)` returns `{"items": [B, k] int32, "scores": [B, k] float32}`.
+    `serve(history)` takes int32 `[B, any length]`, each row a user's item ids in time
+    order (most recent last), 0 = padding anywhere, and returns `{"items": [B, k] int32,
+    "scores": [B, k] float32, "known_ids": [B] int32}`. Inside, padding and unknown ids are
+    dropped, the last `max_len` remaining ids are kept and left-padded to `max_len` (the
+    training layout), so a shorter or longer history needs no preparation.
+
+    Unknown ids (the documented fallback): an id outside 1..num_items (an item the model was
+    not trained with, a negative id) is dropped like padding; `known_ids` counts the known ids of
+    the request. A history with no known id (`known_ids` 0) is the empty history: every item's score is
+    its fixed log-frequency prior (`popularity_prior`) or 0, so the answer is the same for
+    every such request (the most frequent items by the run's frequencies, or items 1..k).
+
     It only references the trained model's variables (for `export_saved_model`).
     """
 
@@ -372,15 +383,27 @@ class SASRecServing(tf.Module):
             raise ValueError(f"`k` must be an int in [1, {model.config.num_items}]; received {k!r}.")
         self.model = model
         self.k = k
-        self.serve = tf.function(
-            self._serve, input_signature=[tf.TensorSpec([None, model.config.max_len], tf.int32, name="history")]
-        )
+        self.serve = tf.function(self._serve, input_signature=[tf.TensorSpec([None, None], tf.int32, name="history")])
 
     def _serve(self, history):
-        scores = self.model.scores(history, training=False)
+        known, padded = fit_history(history, num_items=self.model.config.num_items, max_len=self.model.config.max_len)
+        scores = self.model.scores(padded, training=False)
         scores = tf.concat([tf.fill([tf.shape(scores)[0], 1], tf.constant(-np.inf, scores.dtype)), scores[:, 1:]], 1)
         top = tf.math.top_k(scores, k=self.k)
-        return {"items": tf.cast(top.indices, tf.int32), "scores": top.values}
+        return {"items": tf.cast(top.indices, tf.int32), "scores": top.values, "known_ids": known}
 
 
-__all__ = ["SASRec", "SASRecConfig", "SASRecServing"]
+def fit_history(history, *, num_items: int, max_len: int) -> tuple:
+    """`(known_ids [B], ids [B, max_len])`: ids outside 1..num_items dropped, the last max_len kept, left-padded.
+
+    Example: num_items 9, max_len 3: [[4, 0, 12, 5, 6, 7]] -> known 4, [[5, 6, 7]];  [[0, 8]] -> 1, [[0, 0, 8]].
+    """
+    history = tf.convert_to_tensor(history, tf.int32)
+    kept = tf.logical_and(history >= 1, history <= num_items)
+    newest_first = tf.reverse(history, axis=[1])
+    recent = tf.ragged.boolean_mask(newest_first, tf.reverse(kept, axis=[1]))[:, :max_len]
+    padded = tf.reverse(recent.to_tensor(default_value=0, shape=[None, max_len]), axis=[1])
+    return tf.reduce_sum(tf.cast(kept, tf.int32), axis=1), padded
+
+
+__all__ = ["SASRec", "SASRecConfig", "SASRecServing", "fit_history"]

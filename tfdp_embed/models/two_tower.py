@@ -244,7 +244,14 @@ class TwoTowerModel(tfrs.Model):
     # -- towers ---------------------------------------------------------------
     def query(self, contexts, training=False) -> tf.Tensor:
         """The context tower: float32 `[batch, d]` query embeddings of padded histories."""
-        x = self.history_embedding(contexts)
+        return self.query_of_pooled(self.history_embedding(contexts))
+
+    def query_of_pooled(self, pooled) -> tf.Tensor:
+        """The context tower after pooling: `[batch, d]` queries of mean history embeddings `[batch, d]`.
+
+        Serving uses it for a history with no known movie (pooled vector 0).
+        """
+        x = pooled
         for layer in self.hidden_layers:
             x = layer(x)
         return self.query_projection(x)

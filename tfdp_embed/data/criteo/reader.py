@@ -53,6 +53,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from tfdp_embed._keras import tf
+from tfdp_embed.data.criteo.layout import check_format
 from tfdp_embed.data.criteo.schema import (
     CAT_FEATURES,
     INT_FEATURES,
@@ -81,6 +82,7 @@ def criteo_dataset(
     include_raw: bool = False,
     batch_size: int | None = None,
     drop_remainder: bool = False,
+    format: str = "auto",
 ) -> tf.data.Dataset:
     """Streams Criteo TSV files as `(features, label)` examples.
 
@@ -104,6 +106,9 @@ def criteo_dataset(
         twice as fast as `.batch()` on single examples. Not Poisson sampling:
         DP accounting that assumes Poisson batches must sample itself.
       drop_remainder: with `batch_size`, drop a last smaller batch.
+      format: the text layout, "auto" (found per file from its first line),
+        "tsv" (Criteo's: tabs, no header) or "csv" (commas, optional header
+        and leading Id column; `layout.py`).
 
     Returns:
       A `tf.data.Dataset` of `(dict[str, tf.Tensor], tf.Tensor)`, unbatched
@@ -126,10 +131,11 @@ def criteo_dataset(
             "row is counted and can be reported."
         )
     stats = stats if stats is not None else CriteoReadStats()
+    check_format(format)
     check_files(paths)
 
     def chunks() -> Iterator[tuple[np.ndarray, ...]]:
-        for chunk in iter_chunks(paths, skip_bad_rows=skip_bad_rows, stats=stats):
+        for chunk in iter_chunks(paths, skip_bad_rows=skip_bad_rows, stats=stats, format=format):
             cat_bytes, cat_strings = _cats_for_tf(chunk.cats)
             yield chunk.ints, chunk.ints_missing, cat_bytes, cat_strings, chunk.labels
 

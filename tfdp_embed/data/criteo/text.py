@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tfdp_embed.data.criteo.errors import SKIP_REASONS, CriteoFormatError
+from tfdp_embed.data.criteo.layout import CriteoLayout, check_format, detect_layout, first_line, is_comma_separated
 from tfdp_embed.data.criteo.rows import CriteoChunk, parse_block
 
 _LOG = logging.getLogger(__name__)
@@ -174,6 +175,16 @@ def check_file(path: str) -> None:
     _check_text(path, head)
 
 
+def file_layout(path: str, format: str = "auto") -> CriteoLayout:
+    """The layout of `path` (`layout.detect_layout` on its first 64 KiB), after `check_file`."""
+    check_file(path)
+    head = b""
+    with contextlib.suppress(_GzipTruncated, _GzipCorrupt):  # check_file raised if the first block was cut
+        for block in _iter_blocks(path, block_bytes=_SNIFF_BYTES, stop_after=_SNIFF_BYTES):
+            head += block
+    return detect_layout(path, head, format)
+
+
 def _check_text(path: str, head: bytes) -> None:
     if not head:
         raise CriteoFormatError(
@@ -299,6 +310,7 @@ def iter_chunks(
     skip_bad_rows: bool = False,
     stats: CriteoReadStats | None = None,
     block_bytes: int = _READ_BLOCK_BYTES,
+    format: str = "auto",
 ) -> Iterator[CriteoChunk]:
     """Streams the valid rows of `paths`, in order, as `CriteoChunk`s.
 
@@ -307,6 +319,8 @@ def iter_chunks(
       skip_bad_rows: drop and count bad rows instead of raising.
       stats: counts are added here (a fresh object if None).
       block_bytes: bytes read per step (memory use is a few times this).
+      format: "auto" (each file's layout from its first line), "tsv" or
+        "csv" (`layout.py`); a CSV header line is skipped, not counted.
 
     Yields:
       Non-empty chunks of valid rows.
@@ -315,14 +329,19 @@ def iter_chunks(
       CriteoFormatError: any file-level fault, or a bad row when not
         `skip_bad_rows`; it is also recorded in `stats.error`.
     """
+    check_format(format)
     stats = stats if stats is not None else CriteoReadStats()
     try:
         for path in paths:
-            check_file(path)
+            layout = file_layout(path, format)
             rows = lines = 0
             skipped_here: dict[str, int] = {}
-            for first_line, data in iter_line_blocks(path, block_bytes=block_bytes):
-                chunk, skipped = parse_block(path, first_line, data, skip_bad_rows=skip_bad_rows)
+            for line_no, data in iter_line_blocks(path, block_bytes=block_bytes):
+                if layout.header and line_no == 1:  # the CSV header: not a row
+                    line_no, data = 2, data[data.index(b"\n") + 1 :]
+                    if not data:
+                        continue
+                chunk, skipped = parse_block(path, line_no, data, skip_bad_rows=skip_bad_rows, layout=layout)
                 n_lines = data.count(b"\n")
                 stats._add(path, len(chunk), n_lines, skipped)  # noqa: SLF001 - CriteoReadStats is this module's
                 rows += len(chunk)
@@ -332,13 +351,7 @@ def iter_chunks(
                 if len(chunk):
                     yield chunk
             if rows == 0:
-                raise CriteoFormatError(
-                    path,
-                    None,
-                    "no_valid_rows",
-                    f"none of its {lines} lines is a valid Criteo row (skipped per reason: "
-                    f"{skipped_here}); is this a Criteo TSV file?",
-                )
+                raise _no_valid_rows(path, lines, skipped_here, layout)
             if skipped_here:
                 _LOG.warning(
                     "%s: skipped %d of %d lines (%s); first: %s",
@@ -354,8 +367,59 @@ def iter_chunks(
         raise stats._fail(error) from None  # noqa: SLF001
 
 
+_EXACT_COUNT_BYTES = 4 << 20
+
+
+def estimate_rows(files: str | os.PathLike | Sequence[str | os.PathLike]) -> int:
+    """About how many lines `files` hold, read from their sizes (for choosing settings before reading).
+
+    A file of at most 4 MiB (on disk) is counted exactly; a larger one is
+    estimated as its decompressed size over the mean line length of its
+    first 4 MiB (gzip: the compressed size times the first block's
+    compression ratio). Cheap: at most 4 MiB read per file.
+
+    Raises:
+      CriteoFormatError: as `check_files`.
+    """
+    paths = normalize_paths(files)
+    check_files(paths)
+    total = 0.0
+    for path in paths:
+        size = os.path.getsize(path)
+        if size <= _EXACT_COUNT_BYTES:
+            blocks: list[bytes] = []
+            with contextlib.suppress(_GzipTruncated, _GzipCorrupt):  # the read names these faults
+                blocks.extend(_iter_blocks(path))
+            data = b"".join(blocks)
+            total += data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+            continue
+        with open(path, "rb") as f:
+            raw = f.read(_EXACT_COUNT_BYTES)
+        if raw[:2] == _GZIP_MAGIC:
+            decomp = zlib.decompressobj(wbits=31)
+            head = decomp.decompress(raw)
+            consumed = len(raw) - len(decomp.unconsumed_tail) - len(decomp.unused_data)
+            per_line = max(consumed, 1) / max(head.count(b"\n"), 1)
+        else:
+            per_line = len(raw) / max(raw.count(b"\n"), 1)
+        total += size / per_line
+    return int(round(total))
+
+
+def _no_valid_rows(path: str, lines: int, skipped: dict, layout: CriteoLayout) -> CriteoFormatError:
+    what = (
+        f"none of its {lines} lines is a valid Criteo row (skipped per reason: {skipped}); read as {layout.describe()}"
+    )
+    head = b"".join(_iter_blocks(path, block_bytes=_SNIFF_BYTES, stop_after=_SNIFF_BYTES)) if lines else b""
+    if layout.name == "tsv" and is_comma_separated(first_line(head)):
+        return CriteoFormatError(
+            path, None, "no_valid_rows", what + ", but the file is comma-separated", hint="read it as CSV: {format_csv}"
+        )
+    return CriteoFormatError(path, None, "no_valid_rows", what + "; is this a Criteo TSV or CSV file?")
+
+
 def scan_files(
-    files: str | os.PathLike | Sequence[str | os.PathLike], *, skip_bad_rows: bool = False
+    files: str | os.PathLike | Sequence[str | os.PathLike], *, skip_bad_rows: bool = False, format: str = "auto"
 ) -> CriteoReadStats:
     """Reads every row of `files` in Python and returns the counts.
 
@@ -368,7 +432,7 @@ def scan_files(
     paths = normalize_paths(files)
     check_files(paths)
     stats = CriteoReadStats()
-    for _ in iter_chunks(paths, skip_bad_rows=skip_bad_rows, stats=stats):
+    for _ in iter_chunks(paths, skip_bad_rows=skip_bad_rows, stats=stats, format=format):
         pass
     return stats
 
@@ -379,6 +443,8 @@ __all__ = [
     "check_files",
     "iter_chunks",
     "iter_line_blocks",
+    "estimate_rows",
+    "file_layout",
     "normalize_paths",
     "scan_files",
 ]
