@@ -7,6 +7,7 @@ Public API (everything else is internal):
     from tfdp_embed import mechanisms                # DenseDPSGD, LazyDP, ...; mechanisms.create(name, ...)
     from tfdp_embed import plan_run, Release, RunPlan  # target (eps, delta) -> calibrated mechanism, budget, report
     from tfdp_embed import accounting, data, clipping, planning
+    from tfdp_embed import retrieval                  # Retrieval task (drop-in for tfrs.tasks.Retrieval)
     from tfdp_embed.export import export_saved_model
 
 Importing this package sets TF_USE_LEGACY_KERAS=1 before TensorFlow is
@@ -15,6 +16,7 @@ imported and fails with a clear message if `tf.keras` is already Keras 3.
 
 from tfdp_embed._keras import keras, tf  # noqa: I001  (must come first)
 from tfdp_embed import accounting, attention, audit, checkpointing, clipping, data, distribute, mechanisms, planning
+from tfdp_embed import retrieval
 from tfdp_embed._version import __version__ as __version__
 from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
 from tfdp_embed.export import export_saved_model
@@ -46,5 +48,6 @@ __all__ = [
     "mechanisms",
     "plan_run",
     "planning",
+    "retrieval",
     "tf",
 ]

@@ -68,8 +68,10 @@ def _reject_non_per_example(model) -> None:
             raise PrivacyContractError(
                 f"{type(module).__name__} {getattr(module, 'name', '')!r} scores each query against "
                 "the other examples of the batch (in-batch negatives), so one example's loss depends "
-                "on other examples and per-example clipping no longer bounds its influence. Score "
-                "against the full item table (softmax over all items) instead."
+                "on other examples and per-example clipping no longer bounds its influence. Use "
+                "`tfdp_embed.retrieval.Retrieval` instead, the DP-safe drop-in: a full softmax over "
+                "the catalogue, or a sampled softmax whose negatives are drawn independently of the "
+                "data (a shared sample per step from a fixed proposal, with log-Q correction)."
             )
         if isinstance(module, _NON_PER_EXAMPLE_LAYERS) and module.trainable:
             raise PrivacyContractError(
@@ -85,6 +87,18 @@ _PROBE_BATCHES = 4  # batches of a dataset searched for one with >= 2 examples
 def _averaged_sum(clipped_sum, clip_factors, expected_batch_size: float, index: int) -> tf.IndexedSlices:
     """Variable `index`'s clipped sum divided by the expected batch size, via c_i / B."""
     return clipped_sum(clip_factors / expected_batch_size)[index]
+
+
+class _MechanismWarnings(keras.callbacks.Callback):
+    """Emits the mechanism's `epoch_warnings` at each epoch end (operator-only diagnostics)."""
+
+    def __init__(self, mechanism):
+        super().__init__()
+        self._mechanism = mechanism
+
+    def on_epoch_end(self, epoch, logs=None):
+        for message in self._mechanism.epoch_warnings():
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
 class _Losses(NamedTuple):
@@ -257,6 +271,8 @@ class DPModel(keras.Model):
         if self._contract_pending:
             self._check_contract(data)
         self._trace_error = None
+        if len(args) < 5:  # `callbacks` is fit's 6th parameter
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _MechanismWarnings(self.mechanism)]
         try:
             return super().fit(x, *args, **kwargs)
         except Exception:
@@ -504,7 +520,7 @@ class DPModel(keras.Model):
         """Collects every variable's clipped sum; zeros for layers not called this step."""
         grads = {}
         averaged = {}
-        occurrences = {}
+        occurrences, shared_rows = {}, {}
         table_vars = {layer.embeddings.ref() for layer in self._tables}
         for tap, info in step.layers:
             for i, (variable, grad) in enumerate(zip(info.variables, info.clipped_sum(step.clip_factors))):
@@ -515,6 +531,8 @@ class DPModel(keras.Model):
                     )
             if info.occurrences is not None:
                 occurrences[id(tap.layer)] = info.occurrences
+            if info.shared_rows is not None:
+                shared_rows[id(tap.layer)] = info.shared_rows
         tables = []
         for layer in self._tables:
             var = layer.embeddings
@@ -533,6 +551,7 @@ class DPModel(keras.Model):
                     occurrences=occurrences.get(id(layer), []),
                     clip_factors=step.clip_factors,
                     averaged=averaged.get(var.ref()),
+                    shared_rows=shared_rows.get(id(layer)),
                 )
             )
         dense = []

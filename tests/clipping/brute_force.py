@@ -37,15 +37,21 @@ class StepResult:
     batch_size: int
 
 
-def run_step(model, inputs, *, registry=None, l2_norm_clip: float = 1.0, loss_scale: float = 1.0) -> StepResult:
-    """One recorded forward pass: `clipped_step` plus the brute-force jacobians."""
+def run_step(
+    model, inputs, *, registry=None, l2_norm_clip: float = 1.0, loss_scale: float = 1.0, loss_fn=None
+) -> StepResult:
+    """One recorded forward pass: `clipped_step` plus the brute-force jacobians.
+
+    `loss_fn(inputs)`, when given, returns the per-example losses instead of
+    `per_example_loss(model(inputs))` (e.g. a `tfrs.Model`'s `compute_loss`).
+    """
     registry = registry or default_registry()
-    model(inputs)  # builds subclassed models, so that their layers own weights
+    loss_fn = loss_fn or (lambda x: per_example_loss(model(x)))
+    loss_fn(inputs)  # builds subclassed models, so that their layers own weights
     layers = layers_owning_weights(model)
     with tf.GradientTape(persistent=True) as tape:
         with record_taps(layers, registry) as taps:
-            outputs = model(inputs)
-        loss = per_example_loss(outputs)
+            loss = loss_fn(inputs)
         loss32 = tf.cast(loss, tf.float32)
     step = clipped_step(
         taps,
@@ -63,10 +69,22 @@ def run_step(model, inputs, *, registry=None, l2_norm_clip: float = 1.0, loss_sc
 
 
 def check_against_brute_force(
-    model, inputs, *, registry=None, seed: int = 0, rtol: float = RTOL, loss_scale: float = 1.0
+    model,
+    inputs,
+    *,
+    registry=None,
+    seed: int = 0,
+    rtol: float = RTOL,
+    loss_scale: float = 1.0,
+    loss_fn=None,
+    atol: float = 0.0,
 ) -> StepResult:
-    """Asserts exact per-example norms and clipped sums for every layer of `model`."""
-    result = run_step(model, inputs, registry=registry, loss_scale=loss_scale)
+    """Asserts exact per-example norms and clipped sums for every layer of `model` (see `run_step`).
+
+    `atol` floors the clipped sums' absolute tolerance, for gradients that are
+    exactly zero (float64 round-off around 0 is then all that is compared).
+    """
+    result = run_step(model, inputs, registry=registry, loss_scale=loss_scale, loss_fn=loss_fn)
     rng = np.random.default_rng(seed)
     covered, total = [], np.zeros(result.batch_size)
     for tap, info in result.step.layers:
@@ -85,7 +103,7 @@ def check_against_brute_force(
             expected = np.tensordot(c.astype(np.float64), result.jacobians[v.ref()], axes=1)
             got = np.asarray(tf.convert_to_tensor(got))
             assert got.shape == tuple(v.shape), (v.name, got.shape, v.shape)
-            atol = rtol * max(np.abs(expected).max(), 1e-30)
+            atol = max(rtol * max(np.abs(expected).max(), 1e-30), atol)
             np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, err_msg=v.name)
         covered.extend(v.ref() for v in info.variables)
     # Every trainable variable is handled by exactly one layer.

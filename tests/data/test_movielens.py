@@ -11,6 +11,7 @@ from tfdp_embed.data.movielens import (
     MovieLensFormatError,
     context_windows,
     load_movielens_data,
+    read_item_genres,
     read_ratings,
     split_users,
     timeline_examples,
@@ -110,3 +111,20 @@ def test_real_ml100k():
     assert data.num_users == 943 and data.num_items == 1682
     assert len(data.test_timelines) == 189
     assert data.num_train_examples + data.num_test_examples == 100_000 - 943
+
+
+def test_item_genres_from_u_item(tmp_path):
+    flags = ["0"] * 19
+    action_comedy = list(flags)
+    action_comedy[1] = action_comedy[5] = "1"
+    lines = [
+        "1|Toy Story (1995)|01-Jan-1995||http://x|" + "|".join(action_comedy),
+        "7|Caf\xe9 (1996)|01-Jan-1996||http://y|" + "|".join(flags),  # latin-1 title, no genre flag
+    ]
+    path = tmp_path / "u.item"
+    path.write_bytes("".join(line + "\n" for line in lines).encode("latin-1"))
+    ids, genres = read_item_genres(str(path))
+    assert ids.tolist() == [1, 7] and genres == [[1, 5], [0]]
+    path.write_text("1|Toy Story|01-Jan-1995||http://x|0|2\n")
+    with pytest.raises(MovieLensFormatError, match=r"u.item:1: expected .*19 0/1 genre flags"):
+        read_item_genres(str(path))

@@ -8,6 +8,9 @@ family (ghost norms for Dense and DPEmbedding, Phantom Clipping for a
 cross term for the two-tower `ItemEmbedding`'s lookups plus full softmax,
 direct for LayerNorm);
 `vectorized_layer_gradients` is the slow exact fallback for anything else.
+`shared_computation` marks a data-independent computation every example's
+loss depends on (a candidate tower over the catalogue): the rules then get
+per-example output gradients for its calls (`tfdp_embed.clipping.shared`).
 
 Example:
     >>> registry = default_registry()
@@ -28,7 +31,8 @@ from tfdp_embed.clipping.layer_norm import layer_norm_layer_gradients
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.phantom import phantom_layer_gradients
 from tfdp_embed.clipping.registry import LayerGradients, LayerRegistry, RegistryEntry
-from tfdp_embed.clipping.taps import record_taps
+from tfdp_embed.clipping.shared import SharedComputation, shared_computation
+from tfdp_embed.clipping.taps import record_taps, untapped
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.layers.shared_embedding import SharedEmbedding
 
@@ -53,6 +57,7 @@ __all__ = [
     "LayerGradients",
     "LayerRegistry",
     "RegistryEntry",
+    "SharedComputation",
     "clipped_step",
     "default_registry",
     "dense_layer_gradients",
@@ -61,5 +66,7 @@ __all__ = [
     "layer_norm_layer_gradients",
     "phantom_layer_gradients",
     "record_taps",
+    "shared_computation",
+    "untapped",
     "vectorized_layer_gradients",
 ]

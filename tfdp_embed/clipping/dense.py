@@ -5,7 +5,10 @@ to the kernel is X_i^T G_i, where X_i `[T, d]` stacks the example's inputs
 and G_i `[T, p]` the gradients of its loss with respect to the
 pre-activation outputs, over every time step of every call of the layer
 (calls of one layer add up per example, so the norm of the *sum* is what
-counts). Its squared norm needs no per-example gradient:
+counts). A call inside a shared computation (a candidate tower over the
+catalogue, `tfdp_embed.clipping.shared`) has the same inputs X `[K, d]` for
+every example and per-example output gradients `[B, K, p]`: it is one more
+block of K time steps of every example. Its squared norm needs no per-example gradient:
 
     ||X_i^T G_i||_F^2 = sum_{t,s} (x_t . x_s)(g_t . g_s)   (= ||x_i||^2 ||g_i||^2 when T = 1),
 
@@ -57,8 +60,10 @@ def dense_layer_gradients(
     d_in, d_out = kernel.shape
     xs, gs = [], []
     for call, grad in zip(taps.calls, output_grads):
-        x = dense_call_input(layer, call)
-        g = _pre_activation_grads(layer, x, call.outputs, grad)
+        x, y = dense_call_input(layer, call), call.outputs
+        if call.shared is not None:  # the same input for every example; per-example grads [B, ...]
+            x, y = _broadcast_to_batch(x, grad), _broadcast_to_batch(y, grad)
+        g = _pre_activation_grads(layer, x, y, grad)
         xs.append(tf.cast(x, dtype))
         gs.append(tf.cast(g, dtype))
 
@@ -90,6 +95,14 @@ def dense_layer_gradients(
         squared_norms=tf.cast(squared, tf.float32),
         clipped_sum=clipped_sum,
     )
+
+
+dense_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+
+
+def _broadcast_to_batch(t: tf.Tensor, per_example: tf.Tensor) -> tf.Tensor:
+    """`t` `[K, ...]` repeated for each example of `per_example` `[B, K, ...]`: `[B, K, ...]`."""
+    return tf.broadcast_to(t[None], tf.concat([tf.shape(per_example)[:1], tf.shape(t)], 0))
 
 
 def _pre_activation_grads(layer, x: tf.Tensor, y: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:

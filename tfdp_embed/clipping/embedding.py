@@ -14,6 +14,13 @@ dim]` tensor is never built. The groups are exactly the non-zero rows of
 the per-example gradients, so the clipped sum sum_i c_i grad_i is one more
 segment sum of them into the unique touched rows: a `tf.IndexedSlices`.
 
+A call inside a shared computation (a candidate tower over the catalogue,
+`tfdp_embed.clipping.shared`) reads the same ids for every example, with
+per-example output gradients: each of its occurrences is counted once per
+example (O(batch x occurrences x dim)), and its rows are reported as
+`shared_rows` rather than as the batch's lookups, since which rows it reads
+does not depend on the data.
+
 The rule reads the taps of `DPEmbedding.lookup` (the default registry
 records that method, not `call`): the output gradient it sees then
 includes whatever a subclass's `call` does with the looked-up rows (a
@@ -64,22 +71,27 @@ def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads:
     """
     table = layer.embeddings
     flatten = _occurrences_fn(layer, taps)
-    if len(taps.calls) == 1 and _is_pooled(layer, taps.calls[0]):
+    has_shared = any(call.shared is not None for call in taps.calls)
+    if len(taps.calls) == 1 and not has_shared and _is_pooled(layer, taps.calls[0]):
         return _pooled_layer_gradients(layer, taps.calls[0], output_grads[0], flatten)
     dtype = table.dtype.base_dtype
     dim = table.shape[-1]
-    occurrences, rows, examples, contributions = [], [], [], []
+    occurrences, rows, examples, contributions, shared_rows = [], [], [], [], []
+    batch_size = None
     for call, grad in zip(taps.calls, output_grads):
         # `call` already range-checked these ids in this step.
         occ = flatten(call_inputs(layer, call), check_range=False)
-        occurrences.append(occ)
-        grad = tf.reshape(tf.cast(grad, dtype), [-1, dim])  # [num_segments, dim]
-        segments = tf.cast(occ.segments, tf.int32)
-        rows.append(tf.cast(occ.ids, tf.int64))
-        examples.append(tf.cast(tf.gather(occ.segment_examples, segments), tf.int64))
-        weights = tf.cast(occ.weights, dtype)[:, None]
-        contributions.append(weights * tf.gather(grad, segments))
-    batch_size = tf.cast(occurrences[0].batch_size, tf.int64)
+        if call.shared is not None:
+            block = _shared_block(occ, grad, dtype, dim)
+            shared_rows.append(block[0])
+            batch_size = tf.shape(grad, out_type=tf.int64)[0]
+        else:
+            occurrences.append(occ)
+            block = _per_example_block(occ, grad, dtype, dim)
+            batch_size = tf.cast(occ.batch_size, tf.int64)
+        rows.append(block[0])
+        examples.append(block[1])
+        contributions.append(block[2])
     rows, examples = tf.concat(rows, 0), tf.concat(examples, 0)
     contributions = tf.concat(contributions, 0)  # [n, dim], one per occurrence
 
@@ -105,7 +117,39 @@ def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads:
         squared_norms=tf.cast(squared, tf.float32),
         clipped_sum=clipped_sum,
         occurrences=occurrences,
+        shared_rows=sparse_rows.unique(tf.concat(shared_rows, 0))[0] if shared_rows else None,
     )
+
+
+embedding_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+
+
+def _per_example_block(occ, grad, dtype, dim) -> tuple:
+    """(rows, examples, contributions) of one per-example call: one per occurrence."""
+    grad = tf.reshape(tf.cast(grad, dtype), [-1, dim])  # [num_segments, dim]
+    segments = tf.cast(occ.segments, tf.int32)
+    examples = tf.cast(tf.gather(occ.segment_examples, segments), tf.int64)
+    weights = tf.cast(occ.weights, dtype)[:, None]
+    return tf.cast(occ.ids, tf.int64), examples, weights * tf.gather(grad, segments)
+
+
+def _shared_block(occ, grad, dtype, dim) -> tuple:
+    """(rows, examples, contributions) of a shared call: each occurrence once per example.
+
+    The call's ids are the same for every example (a candidate tower over the
+    catalogue); `grad` `[B, *outputs.shape]` holds each example's own output
+    gradient, so occurrence k contributes w_k * grad[i, segment_k] to example i.
+    """
+    batch = tf.shape(grad, out_type=tf.int64)[0]
+    grad = tf.reshape(tf.cast(grad, dtype), [batch, -1, dim])  # [B, num_segments, dim]
+    segments = tf.cast(occ.segments, tf.int32)
+    weights = tf.cast(occ.weights, dtype)[None, :, None]
+    contributions = tf.reshape(weights * tf.gather(grad, segments, axis=1), [-1, dim])
+    ids = tf.cast(occ.ids, tf.int64)
+    n = tf.size(ids, out_type=tf.int64)
+    rows = tf.tile(ids, [batch])
+    examples = tf.repeat(tf.range(batch), n)
+    return rows, examples, contributions
 
 
 def _occurrences_fn(layer, taps: LayerTaps):

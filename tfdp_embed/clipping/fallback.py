@@ -46,7 +46,8 @@ def vectorized_layer_gradients(
 
     Every tensor argument of rank >= 1 of a recorded call is treated as batched
     (sliced per example); other arguments (Python values, scalars) are passed as
-    they were.
+    they were. A call inside a shared computation (`tfdp_embed.clipping.shared`)
+    is re-run whole for each example, with that example's output gradient.
 
     Args:
       layer: any layer; only the variables it owns itself (not its sub-layers') count.
@@ -72,7 +73,11 @@ def vectorized_layer_gradients(
         structure = (call.args, call.kwargs)
         flat = tf.nest.flatten(structure)
         batched = []
+        shared = call.shared is not None  # inputs alike for every example; `grad` is per example
         for leaf in flat:
+            if shared:
+                batched.append(False)
+                continue
             if isinstance(leaf, (tf.RaggedTensor, tf.SparseTensor)):
                 raise TypeError(
                     f"The per-example fallback cannot slice the {type(leaf).__name__} input "
@@ -84,18 +89,19 @@ def vectorized_layer_gradients(
             if is_batched:
                 elems.append(leaf)
         elems.append(grad)
-        plans.append((structure, flat, batched))
+        plans.append((structure, flat, batched, shared))
 
     def one_example(example_elems):
         it = iter(example_elems)
         with tf.GradientTape() as tape:
             tape.watch(variables)
             terms = []
-            for structure, flat, batched in plans:
+            for structure, flat, batched, shared in plans:
                 leaves = [next(it)[None] if b else leaf for leaf, b in zip(flat, batched)]
                 args, kwargs = tf.nest.pack_sequence_as(structure, leaves)
                 outputs = _run_without_writes(layer, taps.call_fn, args, kwargs)
-                grad = tf.stop_gradient(tf.cast(next(it)[None], outputs.dtype))
+                grad = next(it)
+                grad = tf.stop_gradient(tf.cast(grad if shared else grad[None], outputs.dtype))
                 terms.append(tf.reduce_sum(outputs * grad))
         return tape.gradient(terms, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
@@ -109,6 +115,9 @@ def vectorized_layer_gradients(
         return [tf.tensordot(tf.cast(clip_factors, grads.dtype), grads, axes=1) for grads in per_example]
 
     return LayerGradients(variables=variables, squared_norms=squared, clipped_sum=clipped_sum)
+
+
+vectorized_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
 
 
 # Ops that write a variable (resource or reference), and ops that call a function body.

@@ -13,7 +13,9 @@ several scoring calls the first term is the Gram form
 sum_{a,b} (G_a . G_b)(q_a . q_b). The default `DPEmbedding` rule only knows
 lookups, so `tfdp_embed.models.two_tower.two_tower_registry()` registers
 this rule for `ItemEmbedding`. The full softmax touches every item row, so
-the clipped sum covers rows 1..n at every step.
+the clipped sum covers rows 1..n at every step; those rows are reported as
+`shared_rows` (read by every example whatever the data), so that sparse
+mechanisms do not mistake them for rows nobody contributed to.
 
 References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping;
 Berlowitz et al., "EANA", RecSys 2022, §4.1.2, Fig. 3.
@@ -27,6 +29,7 @@ from tfdp_embed._keras import tf
 from tfdp_embed.clipping.embedding import embedding_layer_gradients
 from tfdp_embed.clipping.registry import LayerGradients
 from tfdp_embed.clipping.taps import LayerTaps, call_inputs
+from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
 
 
@@ -58,6 +61,13 @@ def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: 
     scoring = [(c, g) for c, g in zip(taps.calls, output_grads) if _is_scoring_call(layer, c)]
     if not scoring:
         return embedding_layer_gradients(layer, taps, output_grads)
+    if any(c.shared is not None for c in taps.calls):
+        raise PrivacyContractError(
+            f"ItemEmbedding {layer.name!r} scores queries against all items and is also called inside "
+            "a shared computation (a candidate tower): its rule covers one of the two per step. Use the "
+            "table either as a full-softmax scorer or inside the candidate tower of "
+            "`tfdp_embed.retrieval.Retrieval`, not both."
+        )
     lookups = [(c, g) for c, g in zip(taps.calls, output_grads) if not _is_scoring_call(layer, c)]
     table = layer.embeddings
     dtype = table.dtype.base_dtype
@@ -139,4 +149,10 @@ def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: 
         squared_norms=tf.cast(squared, tf.float32),
         clipped_sum=clipped_sum,
         occurrences=occurrences,
+        # Scoring reads every item row, for every example, whatever the data: a shared read.
+        shared_rows=tf.range(1, rows, dtype=tf.int64),
     )
+
+
+# Lookups in a candidate tower; refused with scoring.
+item_embedding_gradients.supports_shared_calls = True  # type: ignore[attr-defined]

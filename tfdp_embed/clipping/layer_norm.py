@@ -54,11 +54,14 @@ def layer_norm_layer_gradients(
     for call, grad in zip(taps.calls, output_grads):
         x = tf.cast(dense_call_input(layer, call), dtype)
         grad = tf.cast(grad, dtype)
-        reduce_axes = [a for a in range(1, x.shape.rank) if a not in axes]
+        # A shared call: x [K, ...] is every example's input; grad [B, K, ...] is per example.
+        shared = call.shared is not None
+        first = 0 if shared else 1
+        reduce_axes = [a + (1 if shared else 0) for a in range(first, x.shape.rank) if a not in axes]
         if layer.scale:
             mean, variance = tf.nn.moments(x, axes, keepdims=True)
             x_hat = (x - mean) * tf.math.rsqrt(variance + layer.epsilon)
-            gamma_grads += tf.reduce_sum(grad * x_hat, axis=reduce_axes)
+            gamma_grads += tf.reduce_sum(grad * (x_hat[None] if shared else x_hat), axis=reduce_axes)
         if layer.center:
             beta_grads += tf.reduce_sum(grad, axis=reduce_axes)
 
@@ -82,6 +85,9 @@ def layer_norm_layer_gradients(
         squared_norms=tf.cast(squared, tf.float32) if per_example else _zeros(output_grads),
         clipped_sum=clipped_sum,
     )
+
+
+layer_norm_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
 
 
 def _zeros(output_grads: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -61,6 +61,10 @@ def layer_gradients(
     norms and clipped sums are unscaled (see the module docstring), and
     every non-finite recorded value is replaced by 0 first.
 
+    Calls inside a shared computation (`tfdp_embed.clipping.shared`) get
+    per-example output gradients `[B, *outputs.shape]` instead of the summed
+    one; only rules marked `supports_shared_calls` may receive them.
+
     A tapped layer whose tapped method was not called must not get a gradient
     by another way (a subclass reading its table with `tf.gather` itself, a
     parent model multiplying by its kernel): that use would be missing from
@@ -76,19 +80,29 @@ def layer_gradients(
     unused = [t for t in taps if not t.calls and t.call_fn is not None]
     outputs = [[c.outputs for c in t.calls] for t in used]
     unused_vars = [own_trainable_variables(t.layer) for t in unused]
+    shared = [s for s in getattr(taps, "shared_computations", ()) if s.calls]
+    scores = [[s for _, s in computation.scorers] for computation in shared]
     # d(sum_i loss_i)/d outputs via output_gradients=1: no new op has to be on the
     # tape, so this is right whether or not the caller is still inside `with tape:`.
     scale = _check_loss_scale(loss_scale)
-    grads, missed = tape.gradient(
+    grads, missed, score_grads = tape.gradient(
         per_example_loss,
-        (outputs, unused_vars),
+        (outputs, unused_vars, scores),
         output_gradients=tf.fill(tf.shape(per_example_loss), tf.cast(scale, per_example_loss.dtype)),
     )
     for tap, variables, var_grads in zip(unused, unused_vars, missed):
         _check_not_reached(tap, variables, var_grads)
+    per_example = _shared_call_grads(shared, scores, score_grads)
+    batch_size = per_example_loss.shape[0] if per_example_loss.shape.rank == 1 else None
     result = []
     for tap, output_grads in zip(used, grads):
-        output_grads = [tf.zeros_like(c.outputs) if g is None else _finite(g) for c, g in zip(tap.calls, output_grads)]
+        _check_leading_axis(tap, batch_size)
+        output_grads = [
+            _finite(per_example[id(c)])
+            if id(c) in per_example
+            else (tf.zeros_like(c.outputs) if g is None else _finite(g))
+            for c, g in zip(tap.calls, output_grads)
+        ]
         tap = _finite_calls(tap)
         fn = registry.lookup(tap.layer)
         expected = registry.tapped_method(tap.layer)
@@ -97,9 +111,49 @@ def layer_gradients(
                 f"Layer {tap.layer.name!r} was recorded on `{tap.method}`, but its registry rule "
                 f"reads `{expected}`: pass the same registry to `record_taps` and `clipped_step`."
             )
-        info = (fn or fallback)(tap.layer, tap, output_grads)
+        rule = fn or fallback
+        if any(c.shared is not None for c in tap.calls) and not getattr(rule, "supports_shared_calls", False):
+            raise PrivacyContractError(_no_shared_rule(tap, rule))
+        info = rule(tap.layer, tap, output_grads)
         result.append((tap, info if scale == 1.0 else _unscaled(info, scale)))
     return result
+
+
+def _shared_call_grads(shared: list, scores: list, score_grads: list) -> dict:
+    """id(call) -> per-example output gradients `[B, *outputs.shape]` for every shared call."""
+    out = {}
+    for computation, tensors, grads in zip(shared, scores, score_grads):
+        grads = [tf.zeros_like(t) if g is None else g for t, g in zip(tensors, grads)]
+        for call, grad in zip(computation.calls, computation.per_example_output_grads(grads)):
+            out[id(call)] = grad
+    return out
+
+
+def _check_leading_axis(tap: LayerTaps, batch_size) -> None:
+    """A per-example call's output starts with the batch axis; anything else is a shared computation."""
+    for call in tap.calls:
+        shape = call.outputs.shape
+        if call.shared is None and batch_size is not None and shape.rank and shape[0] not in (None, batch_size):
+            raise PrivacyContractError(
+                f"Layer {tap.layer.name!r} ({type(tap.layer).__name__}) was called on something other than "
+                f"the batch: its output has leading size {shape[0]}, the batch {batch_size} examples. A "
+                "computation every example's loss depends on (e.g. a candidate tower run over the item "
+                "catalogue) must run inside `with tfdp_embed.clipping.shared_computation() as shared:` "
+                "(see `tfdp_embed.clipping.shared`), or use `tfdp_embed.retrieval.Retrieval`, which does; "
+                "otherwise its rows would be clipped as if they were examples."
+            )
+
+
+def _no_shared_rule(tap: LayerTaps, rule) -> str:
+    name = getattr(rule, "__name__", type(rule).__name__)
+    return (
+        f"Layer {tap.layer.name!r} ({type(tap.layer).__name__}) runs inside a shared computation (a "
+        f"candidate tower over the catalogue), but its clipping rule `{name}` handles per-example "
+        "calls only: it would read the candidates as if each were an example, and the per-example "
+        "norms would be wrong. Use layers whose rules support shared calls there (DPEmbedding, "
+        "Dense, LayerNormalization, or any layer without a rule: the exact vectorised fallback), "
+        "or mark the rule with `supports_shared_calls = True` once it handles `LayerCall.shared`."
+    )
 
 
 def _check_loss_scale(loss_scale) -> float:

@@ -43,12 +43,19 @@ class LayerGradients:
       clipped_sum: maps clip factors `[batch]` to a list of gradients,
         sum_i c_i * d loss_i / d v for each v: a dense tensor, or for
         embedding tables a `tf.IndexedSlices` with unique row indices.
+      occurrences: embedding layers: one `EmbeddingOccurrences` per
+        per-example call (the batch's own lookups).
+      shared_rows: embedding layers: int64 rows read by data-independent
+        computations this step (a candidate tower over the catalogue, a
+        full-softmax scoring), which every example's gradient touches; None
+        when there are none.
     """
 
     variables: list
     squared_norms: tf.Tensor
     clipped_sum: Callable[[tf.Tensor], list]
-    occurrences: list | None = None  # embedding layers: one EmbeddingOccurrences per call
+    occurrences: list | None = None
+    shared_rows: tf.Tensor | None = None
 
 
 RegistryFunction = Callable  # (layer, taps: LayerTaps, output_grads: list[Tensor]) -> LayerGradients

@@ -13,6 +13,12 @@ so that what a subclass's `call` does around the lookup (a scale, a
 normalisation) is part of the output gradient the rule sees; `call` for
 every other layer.
 
+Calls made inside `tfdp_embed.clipping.shared_computation()` (a candidate
+tower run over the catalogue, whose inputs do not depend on the batch) are
+recorded with `LayerCall.shared` set: their outputs have no batch axis, and
+`tfdp_embed.clipping.shared` turns the summed output gradient into one per
+example before the rules run.
+
 A sigmoid or softmax activation lets a Keras loss with `from_logits=False`
 read the pre-activation logits directly, past the layer's output; the
 rule, which back-propagates from the recorded output, would then see no
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator, Sequence
 
 from tfdp_embed._keras import keras, tf
@@ -32,11 +39,54 @@ from tfdp_embed._keras import keras, tf
 
 @dataclasses.dataclass(frozen=True)
 class LayerCall:
-    """One call of a layer: what `call` received and returned."""
+    """One call of a layer: what `call` received and returned.
+
+    `shared` is the `SharedComputation` the call ran in (None for an
+    ordinary per-example call, whose leading axis is the batch).
+    """
 
     args: tuple
     kwargs: dict
     outputs: tf.Tensor
+    shared: object = None
+
+
+class Recording(list):
+    """The `LayerTaps` of one `record_taps` block, plus the shared computations run inside it."""
+
+    def __init__(self, taps):
+        super().__init__(taps)
+        self.shared_computations: list = []
+        self.active_shared: list = []
+        self.paused = 0  # > 0 inside `untapped()`
+
+
+_RECORDINGS = threading.local()
+
+
+def active_recording() -> Recording | None:
+    """The innermost `record_taps` block of this thread (None outside any)."""
+    stack = getattr(_RECORDINGS, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def untapped() -> Iterator[None]:
+    """Layer calls inside the block are not recorded: for outputs kept out of the loss.
+
+    For operator-only computations inside a training step (e.g. top-k metrics
+    over the catalogue) whose outputs go through `tf.stop_gradient`: they
+    contribute nothing to any gradient, and their calls, which have no batch
+    axis, must not reach the clipping rules.
+    """
+    recording = active_recording()
+    if recording is not None:
+        recording.paused += 1
+    try:
+        yield
+    finally:
+        if recording is not None:
+            recording.paused -= 1
 
 
 @dataclasses.dataclass
@@ -118,16 +168,17 @@ def record_taps(layers: Sequence[keras.layers.Layer], registry=None) -> Iterator
         when None. Pass the same registry to `clipped_step`.
 
     Only tensor outputs can be tapped: a layer whose tapped method returns a
-    nested structure raises `TypeError` naming the layer.
+    nested structure raises `TypeError` naming the layer. The yielded list is a
+    `Recording`: it also collects the shared computations of the block.
     """
     if registry is None:
         from tfdp_embed.clipping import default_registry
 
         registry = default_registry()
     methods = [registry.tapped_method(layer) for layer in layers]
-    taps = [
+    taps = Recording(
         LayerTaps(layer=layer, call_fn=getattr(layer, method), method=method) for layer, method in zip(layers, methods)
-    ]
+    )
     # Keras sometimes runs layers symbolically in a scratch graph (e.g. a Sequential
     # model inferring its shape): only calls in the graph of this block are taps.
     graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
@@ -142,7 +193,7 @@ def record_taps(layers: Sequence[keras.layers.Layer], registry=None) -> Iterator
 
         def recording_call(*args, **kwargs):
             outputs = original(*args, **kwargs)
-            if not in_this_graph(outputs):
+            if taps.paused or not in_this_graph(outputs):
                 return outputs
             if not isinstance(outputs, tf.Tensor):
                 raise TypeError(
@@ -152,16 +203,26 @@ def record_taps(layers: Sequence[keras.layers.Layer], registry=None) -> Iterator
                 )
             if _returns_logits_shortcut(tap.layer):
                 outputs = tf.identity(outputs)  # the loss must go through the recorded output
-            tap.calls.append(LayerCall(args=args, kwargs=kwargs, outputs=outputs))
+            shared = taps.active_shared[-1] if taps.active_shared else None
+            call = LayerCall(args=args, kwargs=kwargs, outputs=outputs, shared=shared)
+            tap.calls.append(call)
+            if shared is not None:
+                shared.calls.append(call)
             return outputs
 
         return recording_call
 
+    stack = getattr(_RECORDINGS, "stack", None)
+    if stack is None:
+        stack = _RECORDINGS.stack = []
     try:
         for tap in taps:
             object.__setattr__(tap.layer, tap.method, make_wrapper(tap))
+        stack.append(taps)
         yield taps
     finally:
+        if stack and stack[-1] is taps:
+            stack.pop()
         for tap in taps:
             try:
                 object.__delattr__(tap.layer, tap.method)

@@ -216,6 +216,7 @@ def _loss_message(loss_name: str) -> str:
         f"{_WHY} In-batch negatives (e.g. `tfrs.tasks.Retrieval`, which scores each query "
         "against the other examples' items) and losses that compare or normalise across "
         "examples break it: score against the full item table (a softmax over all items, e.g. "
-        "`tfdp_embed.models.two_tower.ItemEmbedding`) and return one loss per example that "
-        "depends on that example alone."
+        "`tfdp_embed.models.two_tower.ItemEmbedding`) or use `tfdp_embed.retrieval.Retrieval` "
+        "(full softmax, or sampled softmax with negatives drawn independently of the data), and "
+        "return one loss per example that depends on that example alone."
     )

@@ -57,8 +57,14 @@ def replaced_calls(layers, make_call):
                 object.__setattr__(layer, "call", old)
 
 
+@contextlib.contextmanager
 def deterministic(model):
-    """Inside the block, the known stochastic layers of `model` return their input (as in inference)."""
+    """Inside the block, the known stochastic layers of `model` return their input (as in inference).
+
+    Layers with a `frozen_randomness()` context manager (e.g. a retrieval task
+    drawing one negative sample per training step) are entered too, so that
+    re-running a step draws the same randomness.
+    """
     layers = [layer for layer in all_layers(model) if isinstance(layer, STOCHASTIC_LAYERS)]
 
     def identity(layer, original):
@@ -67,7 +73,24 @@ def deterministic(model):
 
         return call
 
-    return replaced_calls(layers, identity)
+    with frozen_randomness(model), replaced_calls(layers, identity):
+        yield
+
+
+@contextlib.contextmanager
+def frozen_randomness(model):
+    """Inside the block, layers with a `frozen_randomness()` context manager keep their per-step randomness.
+
+    A retrieval task draws one negative sample per training step from a step
+    counter: a check's forward pass must not advance it, or the first
+    training step would not use step 0's sample.
+    """
+    with contextlib.ExitStack() as stack:
+        for layer in all_layers(model):
+            freeze = getattr(layer, "frozen_randomness", None)
+            if callable(freeze):
+                stack.enter_context(freeze())
+        yield
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from tfdp_embed.contract import exact_rules, independence
 from tfdp_embed.contract.exact_rules import check_rules_cover_gradients
 from tfdp_embed.contract.examples import batch_size_of
 from tfdp_embed.contract.independence import check_independence
-from tfdp_embed.contract.layer_calls import deterministic
+from tfdp_embed.contract.layer_calls import deterministic, frozen_randomness
 from tfdp_embed.contract.state import check_no_state_updates
 
 
@@ -51,7 +51,8 @@ def check_model(
     Raises:
       PrivacyContractError: the model breaks the per-example contract.
     """
-    check_no_state_updates(model, lambda: forward(True, *batch))
+    with frozen_randomness(model):  # the check's pass is not a training step
+        check_no_state_updates(model, lambda: forward(True, *batch))
     if not check_per_example:
         warnings.warn(
             "DPModel(check_per_example=False): nothing checks that each example's loss depends "

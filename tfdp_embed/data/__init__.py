@@ -30,6 +30,7 @@ from tfdp_embed.data.movielens import (  # noqa: F401
     MovieLensData,
     MovieLensFormatError,
     load_movielens_data,
+    read_item_genres,
     read_ratings,
 )
 

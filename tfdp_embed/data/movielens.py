@@ -70,6 +70,7 @@ from tfdp_embed.data.movielens_files import (
     catalogue_path,
     line_of_item,
     read_catalogue,
+    read_item_genres,
     read_ratings,
 )
 
@@ -296,6 +297,7 @@ __all__ = [
     "context_windows",
     "item_id_map",
     "load_movielens_data",
+    "read_item_genres",
     "read_ratings",
     "split_users",
     "timeline_examples",

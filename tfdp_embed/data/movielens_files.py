@@ -38,6 +38,7 @@ CATALOGUES = {"ratings.csv": "movies.csv", "ratings.dat": "movies.dat", "u.data"
 """The catalogue that sits beside each ratings file in a GroupLens release."""
 CSV_HEADER = ("userid", "movieid", "rating", "timestamp")
 _FIELDS = ("user", "item", "rating", "timestamp")
+_NUM_GENRES = 19  # u.genre: unknown, Action, ..., Western
 _SEPARATORS = {"\t": ("tab", "u.data"), "::": ("'::'", "ratings.dat"), ",": ("comma", "ratings.csv")}
 
 
@@ -222,6 +223,46 @@ def read_catalogue(path: str | os.PathLike) -> np.ndarray:
     return np.unique(np.asarray(ids, np.int64))
 
 
+def read_item_genres(path: str | os.PathLike) -> tuple:
+    """Reads a MovieLens `u.item` file: each movie's id and genres (item features for a candidate tower).
+
+    A line is `id|title|release date|video date|url|g_0|...|g_18`, latin-1
+    encoded, with one 0/1 flag per genre of `u.genre` (genre 0 is "unknown").
+
+    Args:
+      path: the `u.item` file.
+
+    Returns:
+      `(ids, genres)`: int64 `[N]` movie ids in file order and, per movie, the
+      list of its genre indices (a movie with no flag set gets [0], "unknown").
+
+    Raises:
+      FileNotFoundError: the file does not exist.
+      MovieLensFormatError: a line without an integer id and 19 0/1 flags
+        (the message names the file and the 1-based line), or an empty file.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"MovieLens items file {path!r} does not exist; expected ml-100k's u.item.")
+    ids, genres = [], []
+    with open(path, encoding="latin-1") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            fields = line.rstrip("\r\n").split("|")
+            flags = fields[-_NUM_GENRES:]
+            if len(fields) < 5 + _NUM_GENRES or not fields[0].isdigit() or any(g not in ("0", "1") for g in flags):
+                raise MovieLensFormatError(
+                    f"{path}:{number}: expected 'id|title|date|video date|url' and {_NUM_GENRES} 0/1 genre "
+                    f"flags separated by '|'; received {line.strip()[:80]!r}."
+                )
+            ids.append(int(fields[0]))
+            genres.append([g for g, flag in enumerate(flags) if flag == "1"] or [0])
+    if not ids:
+        raise MovieLensFormatError(f"{path}: no movies (the file is empty).")
+    return np.asarray(ids, np.int64), genres
+
+
 def line_of_item(ratings: Ratings, item: int) -> int:
     """The 1-based line of the first rating of `item` in `ratings.path` (for error messages)."""
     with open(ratings.path, encoding="utf-8-sig", newline="") as f:
@@ -240,6 +281,7 @@ __all__ = [
     "catalogue_path",
     "line_of_item",
     "read_catalogue",
+    "read_item_genres",
     "read_ratings",
     "resolve_ratings_path",
 ]

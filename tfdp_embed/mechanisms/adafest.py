@@ -51,8 +51,7 @@ from __future__ import annotations
 
 import math
 import statistics
-import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import dp_accounting
 
@@ -60,11 +59,11 @@ from tfdp_embed._checks import check_int, check_positive
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
+from tfdp_embed.mechanisms.table_thresholds import TableThresholds, survival_probability
 from tfdp_embed.ops import sparse_rows
 
-# Above this survival probability of an untouched row, the "sparse" gradient
-# covers a sizeable fraction of every table each step: warn the user.
-_DENSE_WARNING_PROBABILITY = 0.05
+# An epoch warning is raised when a table drops more than this fraction of its touched rows.
+_DROPPED_WARNING_FRACTION = 0.5
 
 
 def effective_noise_multiplier(contribution_noise_multiplier: float, noise_multiplier: float) -> float:
@@ -128,8 +127,7 @@ def noise_survival_probability(
 
     References: DP-AdaFEST App. B.2.
     """
-    scale = contribution_noise_multiplier * contribution_clip
-    return 0.5 * math.erfc(threshold / (scale * math.sqrt(2.0)))
+    return survival_probability(threshold, contribution_noise_multiplier * contribution_clip)
 
 
 def threshold_for_noise_rows(
@@ -319,16 +317,34 @@ class DPAdaFEST(NoiseMechanism):
     N(0, sigma2^2 C2^2)) / B. Touched rows that do not survive are not
     updated. Dense variables: DP-SGD with sigma2.
 
+    Tables used for scoring: rows read by a data-independent computation (a
+    candidate tower over the catalogue or over a sample drawn independently
+    of the data, a full-softmax item table; `TableGradient.shared_rows`) are
+    touched by every example's gradient, whatever the data. They always
+    survive, like the rows DP-SGD noises: which rows they are is public, so
+    selecting them costs no privacy and needs no count. The contribution map
+    covers the batch's own lookups only (its sensitivity stays C1). Counting
+    the scored rows instead would dilute every example's clipped
+    contribution over the whole catalogue (n_i ~ catalogue size), in every
+    table, and leave both the scored table and the others mostly dropped.
+
     Args (keyword-only):
       l2_norm_clip: C2 (> 0), per-example gradient clip norm.
       noise_multiplier: sigma2 (>= 0), gradient noise on survivors and dense variables.
       contribution_clip: C1 (> 0), per-example clip of the binary contribution vector.
       contribution_noise_multiplier: sigma1 (> 0), noise of the contribution map.
-      threshold: tau (>= 0), survival threshold on the noisy count.
+      threshold: tau (>= 0), survival threshold on the noisy count; or a
+        mapping `{table_name: tau}` naming every `DPEmbedding` table (tau per
+        vocabulary; `tfdp_embed.mechanisms.table_thresholds`).
       seed: int for reproducible noise (tests), None for OS entropy.
 
+    At the end of each epoch of `DPModel.fit`, a warning names every table
+    that dropped more than half of the rows its batches touched
+    (`epoch_warnings`; from un-noised touches: operator-only, not DP).
+
     Raises:
-      ValueError: a hyperparameter outside its range (the message names it).
+      ValueError: a hyperparameter outside its range (the message names it);
+        at `init`, a `threshold` mapping that does not name exactly the tables.
 
     Example:
         >>> mechanism = DPAdaFEST(l2_norm_clip=1.0, noise_multiplier=1.2,
@@ -349,7 +365,7 @@ class DPAdaFEST(NoiseMechanism):
         noise_multiplier: float,
         contribution_clip: float,
         contribution_noise_multiplier: float,
-        threshold: float,
+        threshold: float | Mapping[str, float],
         seed: int | None = None,
     ):
         super().__init__(l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, seed=seed)
@@ -357,30 +373,21 @@ class DPAdaFEST(NoiseMechanism):
         self.contribution_noise_multiplier = check_positive(
             "contribution_noise_multiplier", contribution_noise_multiplier
         )
-        self.threshold = check_positive("threshold", threshold, allow_zero=True)
+        self._thresholds = TableThresholds(threshold, scale=self.contribution_noise_multiplier * self.contribution_clip)
+        self.threshold = self._thresholds.given  # a number, or {table: tau}
         self.effective_noise_multiplier = effective_noise_multiplier(
             self.contribution_noise_multiplier, self.noise_multiplier
         )
-        self.noise_survival_probability = noise_survival_probability(
-            threshold=self.threshold,
-            contribution_clip=self.contribution_clip,
-            contribution_noise_multiplier=self.contribution_noise_multiplier,
-        )
-        if self.noise_survival_probability > _DENSE_WARNING_PROBABILITY:
-            warnings.warn(
-                f"DP-AdaFEST: `threshold`={self.threshold} with contribution noise std "
-                f"sigma1*C1={self.contribution_noise_multiplier * self.contribution_clip:g} lets "
-                f"each untouched row through with probability {self.noise_survival_probability:.3g} "
-                "per step, so that fraction of every table is noised each step. Raise `threshold` "
-                "or lower `contribution_noise_multiplier` for a sparse gradient.",
-                stacklevel=2,
-            )
+        # p for a scalar threshold, {table: p} for a mapping.
+        self.noise_survival_probability = self._thresholds.probability()
+        self._epoch_marks: tuple | None = None  # (touched, dropped) counters at the last epoch warning
         self._stats_ready = False
 
     # -- state --------------------------------------------------------------
     def init(self, *, tables, dense_variables, optimizer) -> None:
         """Creates the running gradient-size statistics (one entry per table)."""
         super().init(tables=tables, dense_variables=dense_variables, optimizer=optimizer)
+        self._thresholds.bind(self._tables)
         n = len(self._tables)
 
         def counter(name):
@@ -437,16 +444,22 @@ class DPAdaFEST(NoiseMechanism):
         vocab, dim = int(table.layer.vocabulary_size), int(table.layer.output_dim)
         grad = table.gradient
         grad_rows = tf.cast(grad.indices, tf.int64)
+        shared = tf.zeros([0], tf.int64) if table.shared_rows is None else tf.cast(table.shared_rows, tf.int64)
         num_grad = tf.size(grad_rows)
-        num_touched_entries = num_grad + tf.size(pair_rows)
+        num_counted = num_grad + tf.size(pair_rows)
+        num_touched_entries = num_counted + tf.size(shared)
         drawn = self._noise_draw(index, vocab)
-        rows, position = sparse_rows.unique(tf.concat([grad_rows, pair_rows, drawn], 0))
+        rows, position = sparse_rows.unique(tf.concat([grad_rows, pair_rows, shared, drawn], 0))
         num_rows = tf.size(rows)
         # First-appearance numbering: the touched entries' positions are exactly [0, m).
         num_touched = tf.maximum(tf.reduce_max(position[:num_touched_entries]), -1) + 1
-        count = tf.math.unsorted_segment_sum(pair_weights, position[num_grad:num_touched_entries], num_touched)
+        count = tf.math.unsorted_segment_sum(pair_weights, position[num_grad:num_counted], num_touched)
         noisy = count + self._noise_like([num_touched], self.contribution_noise_multiplier * self.contribution_clip)
-        survive_touched = noisy >= self.threshold
+        # Rows every example scores against (data-independent) always survive.
+        scored = tf.math.unsorted_segment_max(
+            tf.ones_like(shared, tf.int32), position[num_counted:num_touched_entries], num_touched
+        )
+        survive_touched = (noisy >= self._thresholds.tau(index)) | (scored > 0)
         allowed = self._keep_mask(index, rows[:num_touched])
         if allowed is not None:  # AdaFEST+: rows outside the selection never update
             survive_touched = tf.logical_and(survive_touched, allowed)
@@ -474,8 +487,7 @@ class DPAdaFEST(NoiseMechanism):
         Touched rows may be drawn too; `_noised_table` ignores those draws
         (a touched row's survival is decided by its own noisy count).
         """
-        del index
-        return geometric_skip_positions(self.generator, vocab, self.noise_survival_probability)
+        return geometric_skip_positions(self.generator, vocab, self._thresholds.survival(index))
 
     # -- accounting and reporting ------------------------------------------
     def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
@@ -524,8 +536,9 @@ class DPAdaFEST(NoiseMechanism):
                         "vocabulary_size": int(table.vocabulary_size),
                         # Survivors of the noisy threshold: post-processing of the DP map.
                         "mean_rows_noised": float(self.rows_noised[i].numpy()) / max(steps, 1),
+                        "threshold": self._thresholds.tau(i),
                         # A constant: V * P(N(0, sigma1^2 C1^2) >= tau).
-                        "expected_noise_only_rows": table.vocabulary_size * self.noise_survival_probability,
+                        "expected_noise_only_rows": table.vocabulary_size * self._thresholds.survival(i),
                     }
                 )
         report.update(
@@ -569,3 +582,28 @@ class DPAdaFEST(NoiseMechanism):
                 }
             )
         return {"not_differentially_private": True, "tables": tables}
+
+    def epoch_warnings(self) -> list:
+        """Tables that dropped more than half of their touched rows since the last call (operator-only).
+
+        Reads the un-noised touch counters (`diagnostics`): for the console,
+        never for a report or anything released.
+        """
+        if not self._stats_ready:
+            return []
+        touched, dropped = self.touched_rows.numpy(), self.dropped_touched_rows.numpy()
+        last_touched, last_dropped = self._epoch_marks or (0 * touched, 0 * dropped)
+        self._epoch_marks = (touched, dropped)
+        out = []
+        for i, table in enumerate(self._tables):
+            seen, lost = int(touched[i] - last_touched[i]), int(dropped[i] - last_dropped[i])
+            if seen and lost > _DROPPED_WARNING_FRACTION * seen:
+                out.append(
+                    f"DP-AdaFEST dropped {lost / seen:.1%} of the rows of table {table.name!r} that batches "
+                    f"touched since the last epoch: their noisy contribution count fell below the threshold "
+                    f"tau={self._thresholds.tau(i):g}, so they were not updated (the table barely trains). "
+                    f"Lower tau for this table (threshold={{{table.name!r}: ...}}), raise the batch size, or "
+                    "lower `contribution_noise_multiplier`. (Operator-only diagnostic from un-noised row "
+                    "touches: not differentially private, never release it.)"
+                )
+        return out

@@ -41,6 +41,7 @@ from tfdp_embed._keras import tf
 from tfdp_embed._sorted_sets import is_member
 from tfdp_embed.mechanisms.adafest import DPAdaFEST, geometric_skip_positions
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
+from tfdp_embed.mechanisms.fest import refuse_scored_tables
 
 
 def _as_rows(name: str, rows) -> np.ndarray:
@@ -66,7 +67,13 @@ class DPAdaFESTPlus(DPAdaFEST):
         when the selection comes from public data (e.g. a public frequency
         prior, §3.1).
       l2_norm_clip, noise_multiplier, contribution_clip,
-      contribution_noise_multiplier, threshold, seed: as `DPAdaFEST`.
+      contribution_noise_multiplier, threshold, seed: as `DPAdaFEST` (`threshold`
+        may map each table name to its own tau).
+
+    Tables read by a data-independent scoring computation (a candidate tower
+    over the catalogue, a full softmax) are refused at the first step: the
+    scored rows outside the selection would never update yet keep being
+    scored. `DPAdaFEST` noises scored rows every step instead.
 
     Raises:
       ValueError: a hyperparameter out of range, a table missing from
@@ -88,7 +95,7 @@ class DPAdaFESTPlus(DPAdaFEST):
         noise_multiplier: float,
         contribution_clip: float,
         contribution_noise_multiplier: float,
-        threshold: float,
+        threshold: float | Mapping[str, float],
         seed: int | None = None,
     ):
         super().__init__(
@@ -203,6 +210,10 @@ class DPAdaFESTPlus(DPAdaFEST):
                 )
             )
 
+    def update(self, clipped) -> list:
+        refuse_scored_tables(self, clipped.tables)
+        return super().update(clipped)
+
     # -- restriction hooks ----------------------------------------------------
     def _keep_mask(self, index: int, rows: tf.Tensor):
         return is_member(rows, self._selected[index])
@@ -216,7 +227,7 @@ class DPAdaFESTPlus(DPAdaFEST):
         del vocab
         selected = self._selected[index]
         size = int(selected.shape[0]) - 1  # without the sentinel
-        positions = geometric_skip_positions(self.generator, size, self.noise_survival_probability)
+        positions = geometric_skip_positions(self.generator, size, self._thresholds.survival(index))
         return tf.gather(selected, positions)
 
     # -- accounting and reporting ------------------------------------------
@@ -229,10 +240,8 @@ class DPAdaFESTPlus(DPAdaFEST):
         report["selection_event"] = repr(self.selection_event)
         report["selection_epsilon"] = self.selection_epsilon
         report["selected_rows"] = {name: int(rows.size) for name, rows in self._selected_rows.items()}
-        for entry in report["tables"]:
-            entry["expected_noise_only_rows"] = (
-                self._selected_rows[entry["table"]].size * self.noise_survival_probability
-            )
+        for i, entry in enumerate(report["tables"]):
+            entry["expected_noise_only_rows"] = self._selected_rows[entry["table"]].size * self._thresholds.survival(i)
         report["caveats"] = list(report["caveats"]) + [
             "Rows outside the DP-FEST selection are never updated; the selection's privacy "
             "cost is the setup event, composed once with the per-step events."

@@ -54,6 +54,10 @@ class TableGradient:
         a `tf.function` only the sum that is used is computed: a mechanism
         that calls `averaged()` instead of dividing `gradient` costs nothing
         extra. None where the step cannot provide it (replicated steps).
+      shared_rows: optional int64 rows read by data-independent computations
+        this step (a candidate tower over the catalogue or a sample of it, a
+        full-softmax scoring): every example's gradient touches them, and
+        which rows they are does not depend on the data. Not in `occurrences`.
     """
 
     layer: DPEmbedding
@@ -62,6 +66,7 @@ class TableGradient:
     occurrences: list
     clip_factors: tf.Tensor
     averaged: Callable[[], tf.IndexedSlices] | None = None
+    shared_rows: tf.Tensor | None = None
 
     def averaged_gradient(self, expected_batch_size: float) -> tf.IndexedSlices:
         """`gradient / expected_batch_size`: from `averaged` when given, else by dividing the values."""
@@ -226,6 +231,14 @@ class NoiseMechanism(tf.Module, abc.ABC):
         which depends on the exact, un-noised row touches).
         """
         return {}
+
+    def epoch_warnings(self) -> list:
+        """Warnings for the operator at the end of an epoch (`DPModel.fit` emits them); none by default.
+
+        Like `diagnostics`, they may come from un-noised statistics: they go
+        to the console only, never into a report or anything released.
+        """
+        return []
 
     # -- helpers for subclasses ---------------------------------------------
     def _noise_like(self, shape, stddev) -> tf.Tensor:

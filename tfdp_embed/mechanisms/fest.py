@@ -54,6 +54,29 @@ from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabili
 from tfdp_embed.mechanisms.topk_selection import TopKSelection, select_top_k
 
 
+def refuse_scored_tables(mechanism, tables: Sequence) -> None:
+    """Raises ValueError for a table that a data-independent computation scores every step.
+
+    A table read by a candidate tower over the catalogue (or a sample of it),
+    or scored by a full softmax (`TableGradient.shared_rows`), gets a gradient
+    on every scored row from every example, every step. A frequency selection
+    made before training updates only the selected rows: every other scored
+    row would keep its initial value while queries keep being scored against
+    it, silently.
+    """
+    for table in tables:
+        if table.shared_rows is not None:
+            raise ValueError(
+                f"Mechanism {mechanism.name!r} cannot train table {table.layer.name!r}: every example is "
+                "scored against its rows (a candidate tower over the catalogue or a sample of it, or a "
+                "full softmax), so every scored row has a gradient every step, but this mechanism only "
+                "ever updates the rows it selected from frequency counts before training: the other "
+                "scored rows would stay at their initial values and still be scored. Use DPAdaFEST "
+                "(it noises the scored rows every step: which rows are scored does not depend on the "
+                "data), LazyDP or DenseDPSGD."
+            )
+
+
 def _per_table(name: str, value, tables: Sequence[DPEmbedding]) -> dict:
     if isinstance(value, Mapping):
         missing = sorted({t.name for t in tables} - set(value))
@@ -244,6 +267,7 @@ class DPFEST(NoiseMechanism):
     # -- the step -------------------------------------------------------------------
     def update(self, clipped: ClippedGradients) -> list:
         """Selected rows: clipped sum + N(0, sigma^2 C^2) on all k rows; unselected: dropped."""
+        refuse_scored_tables(self, clipped.tables)
         tf.debugging.assert_positive(
             self.selection_count,
             message="DP-FEST has not selected any rows: pass `counts=` to DPFEST or call "
