@@ -49,6 +49,7 @@ from tfdp_embed.export import _without_read_hooks, release_ready
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
 from tfdp_embed.mechanisms.capabilities import check_declared_use
+from tfdp_embed.optimizer_weights import create_optimizer_weights
 
 _NON_PER_EXAMPLE_LAYERS = (keras.layers.BatchNormalization,)
 
@@ -276,6 +277,8 @@ class DPModel(keras.Model):
         with distribute.mechanism_state_scope(strategy, self._tables):
             self.mechanism.init(tables=self._tables, dense_variables=dense, optimizer=self.optimizer)
         distribute.check_identical_state(self.mechanism, strategy)
+        # Before the first trace: variables it created would make Keras trace the step twice.
+        create_optimizer_weights(self.optimizer, self.inner.trainable_variables)
         self._prepared = True
 
     def _probe_batch(self, data: tf.data.Dataset):
