@@ -342,6 +342,8 @@ def _release(
     """Stage 5: flush owed noise, DP output calibration, privacy report, export, evaluate the released model."""
     mechanism, model = training.mechanism, training.model
     release_ready(training.dp_model)
+    if hasattr(mechanism, "detach"):  # LazyDP: flushed and done; later passes run without read hooks
+        mechanism.detach()
     output_calibration = _calibrate(config, data, training)
     privacy = _privacy(config, data, training, trained)
     serving = CTRServingModule(model, model_config)
@@ -350,8 +352,6 @@ def _release(
         training.dp_model, saved_model, serving_module=serving, signatures={"serving_default": serving.serve},
         report=privacy,
     )  # fmt: skip
-    if hasattr(mechanism, "detach"):  # LazyDP: flushed and done; evaluate without read hooks
-        mechanism.detach()
     final = criteo_eval.evaluate(model, criteo_data.eval_dataset(data.final_eval))
     return _Release(output_calibration, privacy, serving, saved_model, final)
 
