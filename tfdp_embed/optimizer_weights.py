@@ -17,18 +17,20 @@ from __future__ import annotations
 from tfdp_embed._keras import keras, tf
 
 
-def create_optimizer_weights(optimizer, variables) -> None:
+def create_optimizer_weights(optimizer, variables, *, strategy: tf.distribute.Strategy) -> None:
     """Creates `optimizer`'s step counter, hyperparameters and slots for `variables`, eagerly.
 
-    Only on one device (the default strategy): under a distribution
-    strategy the optimizer creates them where the strategy wants them, in
-    the first step.
+    Only without a distribution strategy (the model's is the default one):
+    under any other the optimizer creates them where the strategy wants
+    them, in the first step, as before.
 
     Args:
       optimizer: the compiled model's optimizer (None: nothing to do).
       variables: the variables it will update.
+      strategy: the model's `distribute_strategy`.
     """
-    if optimizer is None or tf.distribute.has_strategy() or not tf.executing_eagerly():
+    default = strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    if optimizer is None or not default or not tf.executing_eagerly():
         return
     if isinstance(optimizer, keras.optimizers.legacy.Optimizer):
         optimizer.iterations  # noqa: B018 - public accessors that create the variables

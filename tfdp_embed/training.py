@@ -278,7 +278,7 @@ class DPModel(keras.Model):
             self.mechanism.init(tables=self._tables, dense_variables=dense, optimizer=self.optimizer)
         distribute.check_identical_state(self.mechanism, strategy)
         # Before the first trace: variables it created would make Keras trace the step twice.
-        create_optimizer_weights(self.optimizer, self.inner.trainable_variables)
+        create_optimizer_weights(self.optimizer, self.inner.trainable_variables, strategy=strategy)
         self._prepared = True
 
     def _probe_batch(self, data: tf.data.Dataset):
