@@ -38,7 +38,7 @@ from benchmarks import outputs
 from benchmarks.machine import machine_info
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MECHANISMS = ("none", "dense", "lazy", "eana", "fest", "adafest", "adafest_plus")
+MECHANISMS = ("none", "dense", "lazy", "eana", "fest", "adafest", "adafest+")
 _CHILD_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}
 # Stages shown in the table and the plot: (label, key in the worker's timings).
 STAGES = (
