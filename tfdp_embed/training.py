@@ -50,6 +50,7 @@ from tfdp_embed.export import _without_read_hooks, release_ready
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGradient
 from tfdp_embed.mechanisms.capabilities import check_declared_use
+from tfdp_embed.optimizer_weights import create_optimizer_weights
 from tfdp_embed.per_example_loss import PerExampleLoss
 
 _NON_PER_EXAMPLE_LAYERS = (keras.layers.BatchNormalization,)
@@ -329,6 +330,10 @@ class DPModel(keras.Model):
                 tables=self._tables, dense_variables=dense, optimizer=mixed_precision.inner_optimizer(self.optimizer)
             )
         distribute.check_identical_state(self.mechanism, strategy)
+        # Before the first trace: variables it created would make Keras trace the step twice.
+        create_optimizer_weights(
+            mixed_precision.inner_optimizer(self.optimizer), self.inner.trainable_variables, strategy=strategy
+        )
         self._prepared = True
 
     def _probe_batch(self, data: tf.data.Dataset):

@@ -413,6 +413,8 @@ def _release(
     """
     mechanism, model = training.mechanism, training.model
     release_ready(training.dp_model)
+    if hasattr(mechanism, "detach"):  # LazyDP: flushed and done; later passes run without read hooks
+        mechanism.detach()
     output_calibration = _calibrate(config, data, training)
     final = criteo_eval.evaluate(model, criteo_data.eval_dataset(data.final_eval))
     problem = divergence.released_model_problem(final)
@@ -425,8 +427,6 @@ def _release(
         training.dp_model, saved_model, serving_module=serving, signatures={"serving_default": serving.serve},
         report=privacy,
     )  # fmt: skip
-    if hasattr(mechanism, "detach"):  # LazyDP: flushed and done; later forward passes without read hooks
-        mechanism.detach()
     return _Release(output_calibration, privacy, serving, saved_model, final)
 
 

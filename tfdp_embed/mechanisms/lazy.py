@@ -78,9 +78,10 @@ _LAZY_SYNC_REASON = (
     "without deferred noise (DenseDPSGD, DPFEST, DPAdaFEST, DPAdaFESTPlus)."
 )
 
-# Per-mechanism traced flush functions; kept out of the mechanism so checkpoints and
-# SavedModels never see them.
+# Per-mechanism traced functions (flush, catch-up), one per table; kept out of the
+# mechanism so checkpoints and SavedModels never see them.
 _FLUSH_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CATCH_UP_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # Everything here is straight-line TF with explicit tf.cond: autograph would only slow tracing.
 _plain_python = tf.autograph.experimental.do_not_convert
@@ -448,9 +449,12 @@ class LazyDP(NoiseMechanism):
         """
         if self._fused(index) and stamp is None:
             return lazy_fused.catch_up(self._tables[index].embeddings, self._histories[index], ids, self._op_state())
+        # Traced (a step, a flush, an evaluation): the table's one traced catch-up; eagerly, its ops.
+        catch_up_fn = None if tf.executing_eagerly() else self._catch_up_function(index)
         return lazy_catch_up.bring_current(
-            self._table_state(index), ids, self._now(), self._owed_noise(), unique=unique, stamp=stamp
-        )
+            self._table_state(index), ids, self._now(), self._owed_noise(), unique=unique, stamp=stamp,
+            catch_up_fn=catch_up_fn,
+        )  # fmt: skip
 
     def _op_state(self) -> lazy_fused.OpState:
         sums = self._step_sums.sums
@@ -467,14 +471,26 @@ class LazyDP(NoiseMechanism):
         )
 
     def _flush_function(self, index: int):
-        """A traced catch-up of rows [start, stop) of table `index`, cached outside tracking."""
+        """A traced catch-up of rows [start, stop) of table `index`, cached outside tracking.
+
+        A `functools.partial` per table, not a lambda: TensorFlow counts the
+        traces of every function sharing one code object together and would
+        warn of retracing after five tables.
+        """
         cache = _FLUSH_FUNCTIONS.setdefault(self, {})
         if index not in cache:
-            mechanism = weakref.ref(self)  # the cache must not keep its key alive
-            cache[index] = tf.function(
-                lambda start, stop: mechanism()._bring_current(index, tf.range(start, stop), unique=True),  # noqa: SLF001
-                input_signature=[tf.TensorSpec([], tf.int64)] * 2,
-                autograph=False,
+            # The cache must not keep its key alive: the function holds a weak reference.
+            flush_rows = functools.partial(_flush_rows, weakref.ref(self), index)
+            cache[index] = tf.function(flush_rows, input_signature=[tf.TensorSpec([], tf.int64)] * 2, autograph=False)
+        return cache[index]
+
+    def _catch_up_function(self, index: int):
+        """Table `index`'s traced `catch_up_rows` (`lazy_catch_up.catch_up_function`), cached outside tracking."""
+        cache = _CATCH_UP_FUNCTIONS.setdefault(self, {})
+        if index not in cache:
+            mechanism = weakref.ref(self)
+            cache[index] = lazy_catch_up.catch_up_function(
+                functools.partial(_table_state, mechanism, index), functools.partial(_owed_noise, mechanism)
             )
         return cache[index]
 
@@ -491,3 +507,15 @@ class LazyDP(NoiseMechanism):
 
     def _now(self) -> tf.Tensor:
         return tf.cast(self.steps, tf.int32)
+
+
+def _flush_rows(mechanism: weakref.ref, index: int, start, stop) -> None:
+    mechanism()._bring_current(index, tf.range(start, stop), unique=True)  # noqa: SLF001
+
+
+def _table_state(mechanism: weakref.ref, index: int) -> lazy_catch_up.TableState:
+    return mechanism()._table_state(index)  # noqa: SLF001
+
+
+def _owed_noise(mechanism: weakref.ref) -> lazy_catch_up.OwedNoise:
+    return mechanism()._owed_noise()  # noqa: SLF001

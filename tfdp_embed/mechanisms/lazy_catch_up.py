@@ -22,6 +22,7 @@ References: LazyDP (Lim et al., ASPLOS 2024) §5.2, Alg. 1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 from tfdp_embed._keras import tf
@@ -135,7 +136,9 @@ class OwedNoise:
         return tf.math.unsorted_segment_sum(tf.cast(coef_m, tf.float32)[:, None] * u, owner, n), theta
 
 
-def bring_current(target: TableState, ids, now, owed: OwedNoise, *, unique: bool, stamp=None) -> tf.Tensor:
+def bring_current(
+    target: TableState, ids, now, owed: OwedNoise, *, unique: bool, stamp=None, catch_up_fn: Callable | None = None
+) -> tf.Tensor:
     """Catches up the rows among `ids` behind step `now`; returns whether any were.
 
     Args:
@@ -146,6 +149,9 @@ def bring_current(target: TableState, ids, now, owed: OwedNoise, *, unique: bool
       unique: `ids` hold no repeats (skips a `tf.unique`).
       stamp: optional history entry then written for every row of `ids`
         (`lazy_history.state_ahead` for the rows the optimizer steps).
+      catch_up_fn: `(rows, now) -> None` doing `catch_up_rows(target, rows,
+        now, owed)`, e.g. the table's traced `catch_up_function`; default:
+        those ops inline.
     """
     rows = tf.reshape(tf.cast(ids, tf.int64), [-1])
     behind = tf.not_equal(tf.gather(target.history, rows), lazy_history.current(now))
@@ -154,7 +160,10 @@ def bring_current(target: TableState, ids, now, owed: OwedNoise, *, unique: bool
         stale = tf.boolean_mask(rows, behind)
         if not unique:
             stale = tf.unique(stale).y
-        catch_up_rows(target, stale, now, owed)
+        if catch_up_fn is None:
+            catch_up_rows(target, stale, now, owed)
+        else:
+            catch_up_fn(stale, now)
         return tf.constant(True)
 
     result = tf.cond(tf.reduce_any(behind), catch_up, lambda: tf.constant(False))
@@ -162,6 +171,30 @@ def bring_current(target: TableState, ids, now, owed: OwedNoise, *, unique: bool
         with tf.control_dependencies([result]):
             target.history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), stamp), rows))
     return result
+
+
+def catch_up_function(target: Callable[[], TableState], owed: Callable[[], OwedNoise]):
+    """`catch_up_rows` for one table as a `tf.function` of `(rows int64 [n], now int32 [])`, traced once.
+
+    A traced step reads, steps and looks ahead on every table, and a flush
+    or an evaluation reads them again: each of those would otherwise hold
+    its own copy of the catch-up's ops (the momentum moments, the Cholesky,
+    the draws), built op by op at every trace. Called from those traces,
+    this function's one graph is shared. `target` and `owed` are called at
+    trace time (the function must not keep the mechanism alive). A
+    `functools.partial`, not a closure: TensorFlow counts the traces of all
+    functions sharing one code object together and would warn of retracing
+    after five tables.
+    """
+    return tf.function(
+        functools.partial(_catch_up_traced, target, owed),
+        input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int32)],
+        autograph=False,
+    )
+
+
+def _catch_up_traced(target: Callable[[], TableState], owed: Callable[[], OwedNoise], rows, now) -> None:
+    catch_up_rows(target(), rows, now, owed())
 
 
 def catch_up_rows(target: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> None:
