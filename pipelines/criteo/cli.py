@@ -24,6 +24,7 @@ from pipelines.criteo.config import (
     PipelineConfig,
 )
 from pipelines.criteo.pipeline import run
+from pipelines.output_dir import removed_on_failure
 from tfdp_embed import PrivacyContractError
 from tfdp_embed.data.criteo import CriteoFormatError
 from tfdp_embed.data.criteo.layout import FORMATS
@@ -340,7 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 for bad flags, 1 for bad data)."""
     config = parse_args(argv)
     try:
-        report = run(config).report
+        with removed_on_failure(config.out):  # a failed run leaves no `--out` behind
+            report = run(config).report
     except (CriteoFormatError, PrivacyContractError, ValueError) as error:
         message = error.message(cli=True) if isinstance(error, CriteoFormatError) else str(error)
         print(f"python -m pipelines.criteo: error: {message}", file=sys.stderr)

@@ -205,3 +205,4 @@ def test_cli_errors_name_the_layout_and_the_flags(tsv, tmp_path, capsys):
     line = _error_line(capsys.readouterr().err)
     assert f"{bad}, line 3: integer feature I2 (field 3) is '2.5'" in line and "[bad_integer]" in line
     assert "--skip-bad-rows" in line and "skip_bad_rows=True" not in line
+    assert not (tmp_path / "o").exists()  # a failed run leaves no --out behind
