@@ -6,6 +6,7 @@ Public API (everything else is internal):
     from tfdp_embed import DPEmbedding, DPModel      # layer to subclass, staged DP train step
     from tfdp_embed import mechanisms                # DenseDPSGD, LazyDP, ...; mechanisms.create(name, ...)
     from tfdp_embed import plan_run, Release, RunPlan  # target (eps, delta) -> calibrated mechanism, budget, report
+    from tfdp_embed import select_privately            # private hyperparameter search (Papernot & Steinke 2022)
     from tfdp_embed import accounting, data, clipping, planning
     from tfdp_embed.export import export_saved_model
 
@@ -21,7 +22,7 @@ from tfdp_embed.export import export_saved_model
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.layers.shared_embedding import SharedEmbedding
 from tfdp_embed.mechanisms import MECHANISMS, NoiseMechanism
-from tfdp_embed.planning import Release, RunPlan, plan_run
+from tfdp_embed.planning import Release, RunPlan, plan_run, select_privately
 from tfdp_embed.training import DPModel
 
 __all__ = [
@@ -46,5 +47,6 @@ __all__ = [
     "mechanisms",
     "plan_run",
     "planning",
+    "select_privately",
     "tf",
 ]
