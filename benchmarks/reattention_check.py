@@ -118,13 +118,54 @@ def compare(model: SASRec, ids, measured: dict) -> list[dict]:
     return rows
 
 
+def real_scale(path: str, *, noise_multiplier: float, batch: int, max_len: int, users: int, seed: int) -> dict:
+    """Re-Attention's correction at a real run's effective errors, on the freshly initialised model (no training).
+
+    Exact item frequencies (the most favourable case; a DP release only adds noise to them), DPFormer's
+    architecture at the pipeline's defaults, the first `users` training sequences.
+    """
+    from tfdp_embed.data.sequences import load_sequences
+
+    data = load_sequences(path, max_len=max_len)
+    tf.random.set_seed(seed)
+    model = SASRec(SASRecConfig(num_items=data.num_items, max_len=max_len, dropout=0.0, re_attention=True))
+    p = np.minimum(data.item_user_counts() / data.num_users, 1.0)
+    item_errors, weight_error = effective_errors(
+        noise_multiplier=noise_multiplier, batch_size=batch, item_frequencies=p, min_frequency=1.0 / data.num_users
+    )
+    model.set_effective_errors(item_errors, weight_error)
+    ids = data.train_inputs[:users]
+    stages = model.trace_errors(ids)
+    mask = ids > 0
+    visible = mask[:, :, None] & mask[:, None, :] & np.tril(np.ones((max_len, max_len), bool))[None]
+    out = {"weight_error": weight_error, "item_error_quantiles": np.quantile(item_errors[1:], [0.5, 0.9, 0.99])}
+    for name in ("block0", "block1"):
+        correction = stages[f"{name}.{SCORES}"][1][visible]
+        out[name] = {
+            "correction_quantiles": np.quantile(correction, [0.1, 0.5, 0.9]),
+            "share_of_pairs_damped_below_1pct": float(np.mean(correction > np.log(100.0))),
+        }
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.reattention_check", description=__doc__.split("\n")[0])
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--error-scale", type=float, default=0.02, help="sigma_eff(W); item rows get it / p_i")
     p.add_argument("--noise-layer-norm", action="store_true", help="also noise layer-norm gains and biases")
+    p.add_argument("--real-data", help="SASRec-format file: print the correction at --real-sigma / --real-batch")
+    p.add_argument("--real-sigma", type=float, default=0.4393, help="the run's noise multiplier")
+    p.add_argument("--real-batch", type=int, default=256)
+    p.add_argument("--real-max-len", type=int, default=10)
     a = p.parse_args(argv)
+    if a.real_data:
+        scale = real_scale(a.real_data, noise_multiplier=a.real_sigma, batch=a.real_batch, max_len=a.real_max_len,
+                           users=512, seed=a.seed)  # fmt: skip
+        print(f"{a.real_data}: sigma {a.real_sigma}, batch {a.real_batch}, L {a.real_max_len}, initial weights")
+        for key, value in scale.items():
+            print(f"  {key}: {value}")
+        return 0
     model, ids = tiny_model(a.seed, error_scale=a.error_scale)
     measured = monte_carlo(model, ids, samples=a.samples, seed=a.seed + 1, noise_layer_norm=a.noise_layer_norm)
     print(f"tiny DPFormer: {ITEMS} items, L={MAX_LEN}, d={DIM}, 2 blocks; sigma_eff(W)={a.error_scale:g}, "
