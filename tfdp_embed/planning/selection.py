@@ -55,8 +55,9 @@ class SelectionResult:
       model: the selected run's model (None when no run was drawn, Poisson K = 0).
       candidate: the selected candidate (None when no run was drawn).
       score: its score (None when no run was drawn).
-      runs: K, the number of runs drawn (NOT private to release beside the
-        model: report it only as part of the search's cost, which the event covers).
+      runs: K, the number of runs drawn. For the operator only: the analysis
+        needs K hidden (best-of-k for a KNOWN k costs up to k x a run), so
+        releasing K beside the model voids the search's epsilon.
       event: the `RepeatAndSelectDpEvent` of the whole search (in the ledger).
       epsilon: the search's epsilon at `delta` (RDP accountant).
       delta: delta.
@@ -114,7 +115,8 @@ def select_privately(
         setup event BEFORE the first run (ask it with accountant="rdp": PLD
         cannot compose this event).
       rng: numpy Generator or seed for K and the draws (None: fresh entropy).
-        A seed is for tests; a known seed makes K and the draws public.
+        A seed is for tests and benchmarks: a known seed makes K public, and
+        then `epsilon` no longer holds (see `SelectionResult.runs`).
 
     Returns:
       `SelectionResult`; only its model, candidate and score may be released.
