@@ -50,3 +50,10 @@ def test_summary_measures_every_mechanism_against_lazydp():
     assert summary["baseline"] == {"1": 0.750}
     assert dict(summary["curves"]["fest eps=1"])[0.005] == 100.0
     assert [(p["mechanism"], p["loss"]) for p in summary["picks"]] == [("fest", 0.005), ("fest", 0.01)]
+
+
+def test_the_full_grid_runs_the_small_grid_first_and_every_setting_once():
+    order = fest_tradeoff.schedule("full", [1.0, 3.0])
+    small = fest_tradeoff.schedule("small", [1.0, 3.0])
+    assert order[: len(small)] == small and order[0] == (1.0, "lazy", ())
+    assert len(order) == len(set(order)) == 2 * sum(len(v) for v in fest_tradeoff.GRIDS["full"].values())
