@@ -159,7 +159,8 @@ def private_pick(rows: list, baseline_auc: float, loss: float, *, delta: float, 
         feasible = row["gradient_size_reduction"] and row["auc"] >= baseline_auc - loss
         return row, math.log10(row["gradient_size_reduction"]) if feasible else -1.0
 
-    result = select_privately(rows, train, run_event=event_of, mean_runs=float(len(rows)), target_delta=delta, rng=seed)
+    event = dominating_event([event_of(row) for row in rows])
+    result = select_privately(rows, train, run_event=event, mean_runs=float(len(rows)), target_delta=delta, rng=seed)
     chosen = result.model
     return {
         "flags": None if chosen is None else chosen["flags"],
@@ -167,8 +168,29 @@ def private_pick(rows: list, baseline_auc: float, loss: float, *, delta: float, 
         "reduction": None if chosen is None or result.score < 0 else chosen["gradient_size_reduction"],
         "runs": result.runs,
         "search_epsilon": result.epsilon,
-        "run_epsilon_rdp": _rdp_epsilon(event_of(rows[0]), delta),
+        "run_epsilon_rdp": _rdp_epsilon(event, delta),
     }
+
+
+def dominating_event(events: list):
+    """The event whose RDP is at least every other's at every order (each run is then no costlier).
+
+    A run drawn uniformly from candidates is a mixture; its Renyi divergence is at most the largest of
+    theirs (quasi-convexity), so the dominating event bounds every draw. DP-FEST's selection event depends
+    on k, so its candidates differ; none dominating all is refused.
+    """
+    import dp_accounting
+
+    def curve(event):
+        accountant = dp_accounting.rdp.RdpAccountant()
+        accountant.compose(event)
+        return np.asarray(accountant._rdp)  # noqa: SLF001 (the per-order RDP; no public accessor)
+
+    curves = [curve(e) for e in events]
+    top = int(np.argmax([c.sum() for c in curves]))
+    if any(np.any(c > curves[top] * (1 + 1e-12)) for c in curves):
+        raise ValueError("No candidate's event dominates the others' at every RDP order; cannot bound the search.")
+    return events[top]
 
 
 def _rdp_epsilon(event, delta: float) -> float:

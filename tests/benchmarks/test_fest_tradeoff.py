@@ -57,3 +57,15 @@ def test_the_full_grid_runs_the_small_grid_first_and_every_setting_once():
     small = fest_tradeoff.schedule("small", [1.0, 3.0])
     assert order[: len(small)] == small and order[0] == (1.0, "lazy", ())
     assert len(order) == len(set(order)) == 2 * sum(len(v) for v in fest_tradeoff.GRIDS["full"].values())
+
+
+def test_the_search_is_charged_for_its_costliest_run():
+    import dp_accounting
+
+    def run(selection_sigma):
+        return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(selection_sigma), EVENT])
+
+    assert fest_tradeoff.dominating_event([run(400.0), run(120.0), run(250.0)]) == run(120.0)
+    laplace = dp_accounting.ComposedDpEvent([dp_accounting.LaplaceDpEvent(0.5), EVENT])
+    with pytest.raises(ValueError, match="dominates"):
+        fest_tradeoff.dominating_event([laplace, run(3.0)])
