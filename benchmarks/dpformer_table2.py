@@ -46,16 +46,18 @@ PAPER = {  # epsilon -> model -> (NDCG@10 %, HIT@10 %)
 MODELS = ("transformer", "dpformer")
 
 
-def _runs(epsilons):
-    runs = [(model, eps) for eps in epsilons for model in MODELS]
-    return runs + [("transformer", float("inf"))]
+def _runs(epsilons, seeds=(None,), reference=True):
+    """(model, epsilon, seed) per run: per seed, both models at every epsilon, then the non-private reference."""
+    runs = [(model, eps, seed) for seed in seeds for eps in epsilons for model in reversed(MODELS)]
+    return runs + ([("transformer", float("inf"), seeds[0])] if reference else [])
 
 
-def _run_dir(work, model, eps):
-    return os.path.join(work, f"{model}_eps{'inf' if eps == float('inf') else f'{eps:g}'}")
+def _run_dir(work, model, eps, seed=None):
+    name = f"{model}_eps{'inf' if eps == float('inf') else f'{eps:g}'}"
+    return os.path.join(work, name if seed is None else f"{name}_seed{seed}")
 
 
-def _pipeline_args(a, model, eps, out):
+def _pipeline_args(a, model, eps, out, seed=None):
     args = [
         "--data", a.data, "--model", model, "--epsilon", "inf" if eps == float("inf") else f"{eps:g}",
         "--epochs", str(a.epochs), "--batch", str(a.batch), "--max-len", str(a.max_len), "--lr", str(a.lr),
@@ -63,8 +65,8 @@ def _pipeline_args(a, model, eps, out):
     ]  # fmt: skip
     if a.delta is not None:
         args += ["--delta", str(a.delta)]
-    if a.seed is not None:
-        args += ["--seed", str(a.seed)]
+    if seed is not None:
+        args += ["--seed", str(seed)]
     if a.popularity_prior:
         args += ["--popularity-prior"]
     if a.head_items is not None:
@@ -76,15 +78,15 @@ def _pipeline_args(a, model, eps, out):
     return args
 
 
-def run_one(a, model, eps) -> dict | None:
+def run_one(a, model, eps, seed=None) -> dict | None:
     """Runs one configuration in a child process (progress bar to its log); returns its report or None."""
-    out = _run_dir(a.work, model, eps)
+    out = _run_dir(a.work, model, eps, seed)
     report_path = os.path.join(out, "report.json")
     if os.path.exists(report_path):
         print(f"[table2] {model} eps={eps:g}: already done ({report_path})", flush=True)
     else:
         os.makedirs(out, exist_ok=True)
-        cmd = [sys.executable, "-m", "pipelines.sequential", *_pipeline_args(a, model, eps, out)]
+        cmd = [sys.executable, "-m", "pipelines.sequential", *_pipeline_args(a, model, eps, out, seed)]
         print(f"[table2] {model} eps={eps:g}: {shlex.join(cmd)}  (log: {out}/log.txt)", flush=True)
         start = time.time()
         with open(os.path.join(out, "log.txt"), "w") as log:
@@ -115,15 +117,16 @@ def _load(out) -> dict | None:
 
 def summarize(a, reports: dict) -> dict:
     rows, missing = [], []
-    for model, eps in _runs(a.epsilons):
-        r = reports.get((model, eps))
+    for model, eps, seed in _runs(a.epsilons, a.seeds, a.reference):
+        r = reports.get((model, eps, seed))
         label = "non-private" if eps == float("inf") else f"{eps:g}"
         if r is None:
-            missing.append(f"{model} eps={label}")
+            missing.append(f"{model} eps={label}" + ("" if seed is None else f" seed={seed}"))
             continue
         rows.append(
             {
                 "model": model,
+                "seed": seed,
                 "epsilon_target": label,
                 "epsilon_spent": r.get("epsilon"),
                 "delta": r.get("delta"),
@@ -229,7 +232,9 @@ def markdown(a, summary, info, command) -> str:
             if a.head_items
             else ". "
         )
-        + "Metrics: test users (last item), ALL 23,715 items ranked, history items kept, pessimistic ties; one seed.",
+        + "Metrics: test users (last item), ALL 23,715 items ranked, history items kept, pessimistic ties; seeds: "
+        + ", ".join("unset" if s is None else str(s) for s in a.seeds)
+        + ".",
         "",
         "| model | eps target | eps spent | sigma | steps | item frequencies | NDCG@10 % | HIT@10 % | paper NDCG/HIT % "
         "| valid NDCG/HIT % | wall s | median step s | peak RSS MB |",
@@ -238,8 +243,9 @@ def markdown(a, summary, info, command) -> str:
     for r in summary["rows"]:
         paper = "-" if r["paper_ndcg@10_pct"] is None else f"{r['paper_ndcg@10_pct']:.2f} / {r['paper_hit@10_pct']:.2f}"
         spent = "n/a" if r["epsilon_spent"] is None else f"{r['epsilon_spent']:.3f}"
+        model = r["model"] if r.get("seed") is None else f"{r['model']} (seed {r['seed']})"
         lines.append(
-            f"| {r['model']} | {r['epsilon_target']} | {spent} | {r['noise_multiplier']:.4g} | {r['steps']} "
+            f"| {model} | {r['epsilon_target']} | {spent} | {r['noise_multiplier']:.4g} | {r['steps']} "
             f"| {r['item_frequencies']} "
             f"| {r['ndcg@10_pct']:.2f} | {r['hit@10_pct']:.2f} | {paper} "
             f"| {r['valid_ndcg@10_pct']:.2f} / {r['valid_hit@10_pct']:.2f} | {r['wall_seconds']:.0f} "
@@ -250,7 +256,7 @@ def markdown(a, summary, info, command) -> str:
         f"Tuning: {a.tuning}",
         "Tuning would cost privacy budget: releasing the best of K tuned DP runs is, by basic composition, "
         "K x epsilon; with Papernot & Steinke 2022 (random search with a random number of runs) about 3 x epsilon, "
-        "so a tuned eps=8 row would really be an eps~24 model. Each run is one seed.",
+        "so a tuned eps=8 row would really be an eps~24 model (`tfdp_embed.select_privately` accounts for it).",
         f"The paper trains 100 epochs with tuned lr/batch on a GPU; these rows train {a.epochs} epoch(s) on 2 shared "
         "CPU cores.",
     ]
@@ -295,7 +301,15 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--dropout", type=float, default=0.2)
     p.add_argument("--delta", type=float)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="one seed for every run (see --seeds)")
+    p.add_argument(
+        "--seeds",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="run every (model, epsilon) once per seed (run directories get a _seedS suffix)",
+    )
+    p.add_argument(
+        "--no-reference", dest="reference", action="store_false", help="skip the non-private Transformer run"
+    )
     p.add_argument(
         "--popularity-prior", action="store_true", help="every run adds the log item-frequency prior to its logits"
     )
@@ -327,6 +341,9 @@ def main(argv=None) -> int:
     p.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     a = p.parse_args(argv)
     epsilons = "-".join(f"{e:g}" for e in a.epsilons)
+    if a.seeds is not None and a.seed is not None:
+        p.error("--seed and --seeds exclude each other.")
+    a.seeds = a.seeds or [a.seed]
     outputs.resolve(
         p, a, benchmark="dpformer_table2", tag=f"eps{epsilons}-ep{a.epochs}-b{a.batch}",
         files={"json": ".json", "png": ".png"},
@@ -339,13 +356,12 @@ def main(argv=None) -> int:
         print(f"data file not found: {a.data} (../shared/data is needed for this benchmark)", file=sys.stderr)
         return 2
     info = machine_info(ROOT)
-    runs = _runs(a.epsilons)
+    runs = _runs(a.epsilons, a.seeds, a.reference)
     if a.summarize:
-        reports = {(model, eps): _load(_run_dir(a.work, model, eps)) for model, eps in runs}
-    else:
-        order = sorted(runs, key=lambda run: run[0] != "dpformer")  # DPFormer rows first (the issue's goal)
+        reports = {run: _load(_run_dir(a.work, *run)) for run in runs}
+    else:  # DPFormer first within each seed (the issue's goal), so an interrupted run leaves pairs
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.parallel)) as pool:
-            reports = dict(zip(order, pool.map(lambda run: run_one(a, *run), order)))
+            reports = dict(zip(runs, pool.map(lambda run: run_one(a, *run), runs)))
     summary = summarize(a, reports)
     summary["popularity"] = popularity_baseline(a.data, a.max_len)
     command = "python -m benchmarks.dpformer_table2 " + shlex.join(argv if argv is not None else sys.argv[1:])

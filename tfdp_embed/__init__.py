@@ -6,6 +6,7 @@ Public API (everything else is internal):
     from tfdp_embed import DPEmbedding, DPModel      # layer to subclass, staged DP train step
     from tfdp_embed import mechanisms                # DenseDPSGD, LazyDP, ...; mechanisms.create(name, ...)
     from tfdp_embed import plan_run, Release, RunPlan  # target (eps, delta) -> calibrated mechanism, budget, report
+    from tfdp_embed import select_privately            # private hyperparameter search (Papernot & Steinke 2022)
     from tfdp_embed import accounting, data, clipping, planning
     from tfdp_embed import retrieval                  # Retrieval task (drop-in for tfrs.tasks.Retrieval)
     from tfdp_embed.export import export_saved_model
@@ -23,7 +24,7 @@ from tfdp_embed.export import export_saved_model
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.layers.shared_embedding import SharedEmbedding
 from tfdp_embed.mechanisms import MECHANISMS, NoiseMechanism
-from tfdp_embed.planning import Release, RunPlan, plan_run
+from tfdp_embed.planning import Release, RunPlan, plan_run, select_privately
 from tfdp_embed.training import DPModel
 
 __all__ = [
@@ -49,5 +50,6 @@ __all__ = [
     "plan_run",
     "planning",
     "retrieval",
+    "select_privately",
     "tf",
 ]

@@ -116,6 +116,14 @@ class _Block:
             setattr(model, f"_block{index}_{name}", layer)
 
 
+class _Tracer:
+    """Holds `trace_errors`' stages while it runs (a plain object: Keras does not track it)."""
+
+    def __init__(self):
+        self.stages: dict | None = None
+        self.apply_correction = True
+
+
 class SASRec(keras.Model):
     """Next-item Transformer over left-padded item sequences `[B, L]` (0 = padding).
 
@@ -158,6 +166,7 @@ class SASRec(keras.Model):
         self.weight_error = tf.Variable(0.0, trainable=False, name="weight_effective_error")
         # log p_i added to the logits when `config.popularity_prior` (zeros until set).
         self.item_log_prior = tf.Variable(tf.zeros([config.num_items + 1]), trainable=False, name="item_log_prior")
+        self._tracer = _Tracer()  # `trace_errors` only
 
     # -- head items ------------------------------------------------------------------
     def set_item_rows(self, item_frequencies) -> None:
@@ -253,6 +262,34 @@ class SASRec(keras.Model):
             )
         return ids
 
+    def trace_errors(self, ids, *, apply_correction: bool = True) -> dict:
+        """Every stage's activation and tracked per-token variance, for checking the propagation (eager only).
+
+        Args:
+          ids: `[B, L]` item ids.
+          apply_correction: False runs the vanilla attention (the tracked
+            variances are still computed), to compare with noisy vanilla forwards.
+
+        Returns:
+          {stage: (activation [B, L, ...], tracked variance [B, L] or, for
+          "blockN.score_log_bias", the correction [B, L, L])}, in forward order.
+
+        Raises:
+          ValueError: a model without `re_attention` (nothing is tracked).
+        """
+        if not self.config.re_attention:
+            raise ValueError("`trace_errors` needs SASRecConfig(re_attention=True); nothing is tracked otherwise.")
+        self._tracer.stages, self._tracer.apply_correction = {}, apply_correction
+        try:
+            self(ids, training=False)
+            return {k: (a.numpy(), v.numpy()) for k, (a, v) in self._tracer.stages.items()}
+        finally:
+            self._tracer.stages, self._tracer.apply_correction = None, True
+
+    def _record(self, stage: str, activation, variance) -> None:
+        if self._tracer.stages is not None:
+            self._tracer.stages[stage] = (activation, variance)
+
     def call(self, ids, training=None):
         ids = self._check_ids(ids)
         mask = tf.cast(ids > 0, tf.float32)
@@ -262,12 +299,13 @@ class SASRec(keras.Model):
         var = None
         if self.config.re_attention:
             var = (tf.square(tf.gather(self.item_errors, rows)) + tf.square(self.weight_error)) * mask
+            self._record("input", x, var)
         x = self.embedding_dropout(x, training=training)
-        for block in self.blocks:
-            x, var = self._block(block, x, var, mask, training)
+        for index, block in enumerate(self.blocks):
+            x, var = self._block(block, x, var, mask, training, f"block{index}")
         return self.final_norm(x) * mask[..., None]
 
-    def _block(self, block: _Block, x, var, mask, training):
+    def _block(self, block: _Block, x, var, mask, training, name: str = "block"):
         h = block.attn_norm(x)
         q, k, v = block.query(h), block.key(h), block.value(h)
         correction = None
@@ -276,6 +314,12 @@ class SASRec(keras.Model):
             h_var = ra.layer_norm_output_variance(x, var, block.attn_norm.gamma, block.attn_norm.epsilon)
             key_var = ra.dense_output_variance(h, h_var, block.key.kernel, s_w)
             correction = tf.stop_gradient(ra.re_attention_correction(q, key_var))
+            self._record(f"{name}.attn_norm", h, h_var)
+            self._record(f"{name}.key", k, key_var)
+            scores = tf.matmul(q, k, transpose_b=True) / tf.sqrt(tf.cast(tf.shape(q)[-1], q.dtype))
+            self._record(f"{name}.score_log_bias", scores, correction)
+            if not self._tracer.apply_correction:
+                correction = None
         out, weights = block.attention(
             q, k, v, key_mask=mask, correction=correction, training=training, return_weights=True
         )
@@ -285,17 +329,25 @@ class SASRec(keras.Model):
             value_var = ra.dense_output_variance(h, h_var, block.value.kernel, s_w)
             out_var = ra.attention_output_variance(weights, value_var)
             var = var + ra.dense_output_variance(out, out_var, block.output.kernel, s_w)
+            self._record(f"{name}.value", v, value_var)
+            self._record(f"{name}.attention", out, out_var)
+            self._record(f"{name}.attn_residual", x, var)
+        ffn_input = x
         h2 = block.ffn_norm(x)
         f = block.ffn_in(h2)
         x = x + block.dropout(block.ffn_out(block.dropout(f, training=training)), training=training)
         x = x * mask[..., None]
-        if var is not None:
-            h2_var = ra.layer_norm_output_variance(x, var, block.ffn_norm.gamma, block.ffn_norm.epsilon)
+        if var is not None:  # the norm's input is the residual stream BEFORE the feed-forward adds to it
+            h2_var = ra.layer_norm_output_variance(ffn_input, var, block.ffn_norm.gamma, block.ffn_norm.epsilon)
             pre = tf.tensordot(h2, block.ffn_in.kernel, 1) + block.ffn_in.bias
             pre_var = ra.dense_output_variance(h2, h2_var, block.ffn_in.kernel, s_w)
             _, relu_var = ra.relu_moments(pre, pre_var[..., None])
             f_var = tf.reduce_mean(relu_var, axis=-1)
             var = tf.stop_gradient((var + ra.dense_output_variance(f, f_var, block.ffn_out.kernel, s_w)) * mask)
+            self._record(f"{name}.ffn_norm", h2, h2_var)
+            self._record(f"{name}.ffn_pre", pre, pre_var)
+            self._record(f"{name}.ffn_relu", f, f_var)
+            self._record(f"{name}.ffn_residual", x, var)
         return x, var
 
     def logits(self, hidden):

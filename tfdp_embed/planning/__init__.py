@@ -37,11 +37,25 @@ References: Abadi et al. 2016 (DP-SGD calibration); Dwork & Roth 2014
 
 Modules: `releases` (`Release`, `PlannedRelease`: what a one-off release
 costs), `run_plan` (`RunPlan`: the plan's mechanism, ledger, budget and
-report), `plan` (`plan_run`: calibration and the mechanism's arguments).
+report), `plan` (`plan_run`: calibration and the mechanism's arguments),
+`selection` (`select_privately`: private hyperparameter search, Papernot &
+Steinke 2022, the whole search one ledger event).
 """
 
 from tfdp_embed.planning.plan import plan_run
 from tfdp_embed.planning.releases import ACCOUNTANT, BASIC, SELECTION, PlannedRelease, Release
 from tfdp_embed.planning.run_plan import RunPlan
+from tfdp_embed.planning.selection import SelectionResult, plan_event, select_privately
 
-__all__ = ["ACCOUNTANT", "BASIC", "SELECTION", "PlannedRelease", "Release", "RunPlan", "plan_run"]
+__all__ = [
+    "ACCOUNTANT",
+    "BASIC",
+    "SELECTION",
+    "PlannedRelease",
+    "Release",
+    "RunPlan",
+    "SelectionResult",
+    "plan_event",
+    "plan_run",
+    "select_privately",
+]

@@ -1,0 +1,179 @@
+"""`select_privately` (Papernot & Steinke 2022): its epsilon, what it may return, how many runs it makes."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_module
+from scipy import stats
+
+from tfdp_embed import PrivacyContractError, plan_run, select_privately
+from tfdp_embed.accounting import PrivacyLedger, dpsgd_event
+from tfdp_embed.planning.selection import POISSON, plan_event, sample_run_count, tnb_gamma
+
+DELTA = 1e-5
+RUN = dpsgd_event(sampling_probability=0.01, noise_multiplier=1.1, steps=500)
+CANDIDATES = [{"lr": lr} for lr in (1e-3, 3e-3, 9e-3)]
+
+
+def dp_accounting_epsilon(event) -> float:
+    return dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(DELTA)
+
+
+def scored_train(calls: list):
+    """A fake DP run: records the candidate and scores it by its learning rate."""
+
+    def train(candidate):
+        calls.append(candidate)
+        return ("model", len(calls)), candidate["lr"]
+
+    return train
+
+
+@pytest.mark.parametrize("mean, shape", [(3.0, 1.0), (5.0, math.inf), (4.0, 0.0), (10.0, 0.5), (2.0, 3.0)])
+def test_epsilon_equals_dp_accounting_rdp_for_the_same_event(mean, shape):
+    result = select_privately(
+        CANDIDATES, scored_train([]), run_event=RUN, mean_runs=mean, shape=shape, target_delta=DELTA, rng=0
+    )
+    expected = dp_accounting.dp_event.RepeatAndSelectDpEvent(RUN, mean, shape)
+    assert result.event == expected
+    assert result.epsilon == pytest.approx(dp_accounting_epsilon(expected), rel=1e-12)
+    assert result.epsilon > dp_accounting_epsilon(RUN)  # the search costs more than one run
+
+
+def test_the_whole_search_is_one_ledger_event_recorded_before_the_runs():
+    ledger = PrivacyLedger()
+    ledger.record_steps(RUN)
+    seen: list = []
+
+    def train(candidate):
+        seen.append(len(ledger))
+        return None, 0.0
+
+    result = select_privately(CANDIDATES, train, run_event=RUN, mean_runs=3, target_delta=DELTA, ledger=ledger, rng=1)
+    assert result.runs >= 1 and set(seen) == {2}
+    assert [e.event for e in ledger.entries] == [RUN, result.event]
+    combined = dp_accounting.ComposedDpEvent([RUN, result.event])
+    assert ledger.epsilon(DELTA, "rdp") == pytest.approx(dp_accounting_epsilon(combined), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_never_returns_a_candidate_that_was_not_run(seed):
+    calls: list = []
+    result = select_privately(CANDIDATES, scored_train(calls), run_event=RUN, mean_runs=2, target_delta=DELTA, rng=seed)
+    assert result.runs == len(calls) >= 1
+    assert any(result.candidate is c for c in calls)
+    assert result.score == max(c["lr"] for c in calls)
+    index = next(i for i, c in enumerate(calls) if c["lr"] == result.score)
+    assert result.model == ("model", index + 1)  # the model that run returned, not a later one
+
+
+def test_lower_is_better_picks_the_smallest_score():
+    calls: list = []
+    result = select_privately(
+        CANDIDATES, scored_train(calls), run_event=RUN, mean_runs=8, target_delta=DELTA, rng=3, higher_is_better=False
+    )
+    assert result.score == min(c["lr"] for c in calls)
+
+
+def test_poisson_with_no_run_selects_nothing():
+    rng = np.random.default_rng(0)
+    outcomes = [
+        select_privately(CANDIDATES, scored_train([]), run_event=RUN, mean_runs=1.0, shape=POISSON,
+                         target_delta=DELTA, rng=rng)
+        for _ in range(12)
+    ]  # fmt: skip
+    empty = [r for r in outcomes if r.runs == 0]
+    assert empty and all(r.model is None and r.candidate is None and r.score is None for r in empty)
+
+
+@pytest.mark.parametrize("mean, shape", [(3.0, 1.0), (2.5, math.inf), (4.0, 0.0), (4.0, 2.0)])
+def test_number_of_runs_follows_the_distribution(mean, shape):
+    rng = np.random.default_rng(1234)
+    runs = np.array([sample_run_count(rng, mean=mean, shape=shape) for _ in range(4000)])
+    k = np.arange(0, 60)
+    if shape == math.inf:
+        pmf = stats.poisson.pmf(k, mean)
+    else:
+        g = tnb_gamma(mean=mean, shape=shape)
+        if shape == 0.0:
+            pmf = np.where(k > 0, stats.logser.pmf(k, 1 - g), 0.0)
+        else:  # truncated negative binomial: NB(shape, g) without 0
+            pmf = np.where(k > 0, stats.nbinom.pmf(k, shape, g) / (1 - g**shape), 0.0)
+    counts = np.bincount(runs, minlength=k.size)[: k.size]
+    cells = np.flatnonzero(pmf * runs.size >= 5)
+    observed = np.append(counts[cells], runs.size - counts[cells].sum())
+    expected = np.append(pmf[cells], 1 - pmf[cells].sum()) * runs.size
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+    assert runs.mean() == pytest.approx(mean, rel=0.08)
+
+
+def test_the_search_runs_train_exactly_the_sampled_number_of_times():
+    calls: list = []
+    results = [
+        select_privately([0], lambda c: (calls.append(c), 0.0), run_event=RUN, mean_runs=3.0, target_delta=DELTA,
+                         rng=seed).runs
+        for seed in range(8)
+    ]  # fmt: skip
+    expected = [sample_run_count(np.random.default_rng(seed), mean=3.0, shape=1.0) for seed in range(8)]
+    assert results == expected and len(calls) == sum(expected) and len(set(expected)) > 1
+
+
+@pytest.mark.parametrize("mean, shape", [(2.0, 0.0), (7.0, 0.5), (20.0, 3.0), (1.5, 10.0)])
+def test_gamma_matches_dp_accounting(mean, shape):
+    assert tnb_gamma(mean=mean, shape=shape) == pytest.approx(
+        rdp_module._gamma_truncated_negative_binomial(shape, mean), rel=1e-6
+    )
+
+
+def test_a_mean_of_one_runs_exactly_once():
+    rng = np.random.default_rng(0)
+    assert {sample_run_count(rng, mean=1.0, shape=s) for s in (0.0, 1.0, 2.0) for _ in range(20)} == {1}
+
+
+def test_candidates_with_different_events_are_refused():
+    events = {1e-3: RUN, 3e-3: dpsgd_event(sampling_probability=0.02, noise_multiplier=1.1, steps=500)}
+    calls: list = []
+    with pytest.raises(PrivacyContractError, match="one event for every run"):
+        select_privately(
+            [1e-3, 3e-3], lambda c: calls.append(c) or (None, 0.0), run_event=events.__getitem__, mean_runs=2,
+            target_delta=DELTA,
+        )  # fmt: skip
+    assert calls == []
+
+
+def test_plan_event_is_the_plans_steps():
+    plan = plan_run("dense", target_epsilon=2.0, target_delta=DELTA, accountant="rdp", sampling_probability=0.01,
+                    steps=300)  # fmt: skip
+    expected = dpsgd_event(sampling_probability=0.01, noise_multiplier=plan.noise_multiplier, steps=300)
+    assert dp_accounting_epsilon(plan_event(plan)) == pytest.approx(dp_accounting_epsilon(expected), rel=1e-12)
+    assert dp_accounting_epsilon(plan_event(plan)) == pytest.approx(2.0, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(candidates=[]), "candidates"),
+        (dict(candidates="abc"), "candidates"),
+        (dict(mean_runs=0.5), "mean_runs"),
+        (dict(mean_runs=math.nan), "mean_runs"),
+        (dict(mean_runs=0.9, shape=POISSON), "mean_runs"),
+        (dict(shape=-1.0), "shape"),
+        (dict(shape="geometric"), "shape"),
+        (dict(target_delta=0.0), "delta"),
+        (dict(run_event=dp_accounting.UnsupportedDpEvent()), "run_event"),
+        (dict(run_event="dense"), "run_event"),
+        (dict(train=None), "train"),
+        (dict(train=lambda c: 0.5), r"\(model, score\)"),
+        (dict(train=lambda c: (None, math.nan)), "non-finite score"),
+    ],
+)
+def test_bad_input_is_rejected_with_the_argument_named(kwargs, match):
+    args = dict(candidates=CANDIDATES, train=lambda c: (None, 0.0), run_event=RUN, mean_runs=3.0, target_delta=DELTA,
+                rng=0)  # fmt: skip
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        select_privately(args.pop("candidates"), args.pop("train"), **args)
