@@ -53,6 +53,7 @@ from collections.abc import Sequence
 from pipelines import cli_types, sequential_eval, sequential_privacy
 from pipelines.output_dir import removed_on_failure
 from pipelines.step_timer import StepTimer
+from pipelines.stop_after import StopAfter
 from tfdp_embed import DPModel, accounting, export_saved_model, keras, tf
 from tfdp_embed.accounting import write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
@@ -446,22 +447,9 @@ def _train(config: SequentialConfig, data, privacy, dp_model: DPModel, budget) -
         training_dataset(data), sampling_probability=privacy.run.sampling_probability, seed=config.seed
     )
     timer = StepTimer()
-    callbacks = [timer, _StopAfter(privacy.run.steps)] + ([budget] if budget is not None else [])
+    callbacks = [timer, StopAfter(privacy.run.steps)] + ([budget] if budget is not None else [])
     history = dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
     return timer, history
-
-
-class _StopAfter(keras.callbacks.Callback):
-    """Stops `fit` after the planned steps (`--max-steps` may end it inside an epoch; sigma was calibrated for them)."""
-
-    def __init__(self, steps: int):
-        super().__init__()
-        self.steps, self.seen = int(steps), 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen >= self.steps:
-            self.model.stop_training = True
 
 
 def baselines(data, *, limit: int | None = None, k: int = 10) -> dict:

@@ -22,6 +22,7 @@ from pipelines.criteo import report as criteo_report
 from pipelines.criteo import training as criteo_training
 from pipelines.criteo.config import PipelineConfig
 from pipelines.step_timer import StepTimer
+from pipelines.stop_after import StopAfter
 from tfdp_embed import DPEmbedding, RunPlan, export_saved_model, keras, tf
 from tfdp_embed.accounting import Period, PrivacyBudget
 from tfdp_embed.accounting.report import not_released_note
@@ -234,19 +235,6 @@ def _build(config: PipelineConfig, model_config: CTRModelConfig, plan: RunPlan, 
     return _Training(model, tables, plan, dp_model, budget, counts)
 
 
-class _StopAfter(keras.callbacks.Callback):
-    """Stops `fit` after `steps` batches (`--max-steps`; the calibration counted exactly these)."""
-
-    def __init__(self, steps: int):
-        super().__init__()
-        self.steps, self.seen = int(steps), 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen >= self.steps:
-            self.model.stop_training = True
-
-
 def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, training: _Training) -> dict:
     """Stage 4: fit period by period (DP-FEST re-selects from running counts; each period evaluated on the next day).
 
@@ -283,7 +271,7 @@ def _fit_period(config: PipelineConfig, data: _Data, training: _Training, index:
     trained["infos"].append(info)
     if several:
         _log(config, f"streaming period {index + 1}/{len(data.periods)}: {period.files[0]} ({period.size} rows)")
-    callbacks = [trained["timer"], _StopAfter(steps), trained["monitor"]]
+    callbacks = [trained["timer"], StopAfter(steps), trained["monitor"]]
     if training.budget is not None:
         callbacks.append(training.budget)
     elif several and config.mechanism != "none":
