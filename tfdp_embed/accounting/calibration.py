@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 
 import dp_accounting
 
-from tfdp_embed.accounting.coarse_to_exact import Unreachable, search_intervals, smallest_parameter
+from tfdp_embed.accounting.coarse_to_exact import Unreachable, bracket, search_intervals, smallest_parameter
 from tfdp_embed.accounting.progress import announced
 
 _LOG = logging.getLogger(__name__)
@@ -238,7 +238,13 @@ def _calibrated_sigma(target_epsilon: float, delta: float, q: float, steps: int,
     def epsilon_of(sigma: float) -> float:
         return float(make_fresh().compose(make_event(sigma)).get_epsilon(delta))
 
-    lo, hi = _bracket(epsilon_of, target_epsilon, start=1.0, factor=_SEARCH_FACTOR[accountant], unreachable=unreachable)
+    try:
+        lo, hi = bracket(
+            epsilon_of, target_epsilon, start=1.0, factor=_SEARCH_FACTOR[accountant],
+            lowest=MIN_NOISE_MULTIPLIER, highest=MAX_NOISE_MULTIPLIER,
+        )  # fmt: skip
+    except Unreachable as err:
+        raise ValueError(_unreachable_message(unreachable, err.epsilon_at_highest)) from None
     if lo is None:
         _warn_lowest(hi, target_epsilon, q, steps)
         return float(hi)
@@ -329,38 +335,6 @@ def _calibrate(make_fresh, make_event, target_epsilon: float, delta: float, lo: 
         tol=hi * _SIGMA_RTOL,
     )
     return float(sigma)
-
-
-def _bracket(
-    epsilon_of: Callable[[float], float],
-    target: float,
-    *,
-    start: float,
-    factor: float,
-    unreachable: str,
-) -> tuple[float | None, float]:
-    """(lo, hi) with eps(lo) > target >= eps(hi); lo is None if eps(MIN) <= target."""
-    sigma = min(max(start, MIN_NOISE_MULTIPLIER), MAX_NOISE_MULTIPLIER)
-    if epsilon_of(sigma) <= target:  # go down until infeasible
-        hi = sigma
-        while True:
-            lo = hi / factor
-            if lo < MIN_NOISE_MULTIPLIER:
-                return None, hi
-            if epsilon_of(lo) > target:
-                return lo, hi
-            hi = lo
-    lo = sigma  # go up until feasible
-    while True:
-        hi = lo * factor
-        if hi >= MAX_NOISE_MULTIPLIER:
-            eps_max = epsilon_of(MAX_NOISE_MULTIPLIER)
-            if eps_max > target:
-                raise ValueError(_unreachable_message(unreachable, eps_max))
-            return lo, MAX_NOISE_MULTIPLIER
-        if epsilon_of(hi) <= target:
-            return lo, hi
-        lo = hi
 
 
 # -- validation ------------------------------------------------------------------

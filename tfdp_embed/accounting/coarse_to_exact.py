@@ -80,7 +80,7 @@ def smallest_parameter(
     for i, level in enumerate(levels):
         try:
             if found is None:
-                lo, x = _bracket(level, target, start=start, factor=factor, lowest=lowest, highest=highest)
+                lo, x = bracket(level, target, start=start, factor=factor, lowest=lowest, highest=highest)
             else:
                 lo, x = _bracket_near(level, levels[i - 1], target, found, rtol=rtol, lowest=lowest, highest=highest)
         except Unreachable:
@@ -190,8 +190,12 @@ def _widen(level: Level, target: float, lo, hi, *, lowest, highest) -> tuple[flo
     return lo, hi
 
 
-def _bracket(level: Level, target: float, *, start, factor, lowest, highest) -> tuple[float | None, float]:
-    """(lo, hi) with eps(lo) > target >= eps(hi); lo is None when eps <= target down to `lowest`."""
+def bracket(level: Level, target: float, *, start, factor, lowest, highest) -> tuple[float | None, float]:
+    """(lo, hi) with eps(lo) > target >= eps(hi); lo is None when eps <= target down to `lowest`.
+
+    Raises:
+      Unreachable: eps(highest) > target.
+    """
     x = min(max(start, lowest), highest)
     if level(x) <= target:  # go down until infeasible
         hi = x
@@ -272,4 +276,4 @@ def _largest_fitting(level: Level, target: float, lo: int, hi: int) -> int:
     return lo
 
 
-__all__ = ["COARSE_INTERVALS", "Unreachable", "largest_count", "search_intervals", "smallest_parameter"]
+__all__ = ["COARSE_INTERVALS", "Unreachable", "bracket", "largest_count", "search_intervals", "smallest_parameter"]
