@@ -129,11 +129,9 @@ def _step_batches(files: list, manifest: dict) -> tf.data.Dataset:
     expected = tf.constant(manifest["shard_records"], tf.int64)
 
     def shard_batches(k):
-        records = (
-            tf.data.TFRecordDataset(paths[k])
-            .batch(_ALL)
-            .reduce(tf.zeros([0], tf.string), lambda all_, chunk: tf.concat([all_, chunk], 0))
-        )
+        # All the shard's records as one batch; an empty shard (no file) gives the empty vector after it.
+        empty = tf.data.Dataset.from_tensors(tf.zeros([0], tf.string))
+        records = tf.data.TFRecordDataset(paths[k]).batch(_ALL).concatenate(empty).take(1).get_single_element()
         first = k * per_shard
         count = tf.minimum(tf.constant(per_shard, tf.int64), steps - first)
         header = tf.io.decode_raw(
@@ -149,9 +147,14 @@ def _step_batches(files: list, manifest: dict) -> tf.data.Dataset:
         ]
         with tf.control_dependencies(checks):
             order = tf.argsort(local * 2**31 + position)  # positions < 2^31 (batch sizes)
-        lines = tf.gather(tf.strings.substr(records, fmt.HEADER_BYTES, _TO_END), order)
         bounds = tf.searchsorted(tf.gather(local, order), tf.range(count + 1))
-        return tf.data.Dataset.range(count).map(lambda t: (first + t, lines[bounds[t] : bounds[t + 1]]))
+
+        def step_lines(t):  # the copy of a step's lines is made per step, overlapping training
+            return first + t, tf.strings.substr(
+                tf.gather(records, order[bounds[t] : bounds[t + 1]]), fmt.HEADER_BYTES, _TO_END
+            )
+
+        return tf.data.Dataset.range(count).map(step_lines)
 
     served = tf.Variable(0, dtype=tf.int64, trainable=False, name="beam_poisson_steps_served")
 
