@@ -179,7 +179,8 @@ def _line(i: int) -> str:
 
 @pytest.fixture(scope="module")
 def job_outputs(tmp_path_factory):
-    """Runs the job twice on 300 lines in 3 files (one gzipped): uncapped and capped at 15, same seed."""
+    """Runs the job on 300 lines in 3 files (one gzipped), same seed: uncapped, capped at 15, and uncapped again
+    with 3 worker threads (other bundles)."""
     python = _beam_python()
     inputs = tmp_path_factory.mktemp("inputs")
     for f in range(3):
@@ -190,7 +191,8 @@ def job_outputs(tmp_path_factory):
         else:
             (inputs / f"part{f}.tsv").write_text(text, encoding="utf-8")
     outputs = {}
-    for name, cap in (("full", None), ("capped", CAP)):
+    threads = ["--direct_num_workers", "3", "--direct_running_mode", "multi_threading"]
+    for name, cap, runner_args in (("full", None, []), ("capped", CAP, []), ("threads", None, threads)):
         out = tmp_path_factory.mktemp(name) / "poisson"
         command = [python, "-m", "tfdp_embed_beam", "--input", str(inputs / "part*"), "--output", str(out)]
         command += [
@@ -203,7 +205,7 @@ def job_outputs(tmp_path_factory):
             "--records_per_shard",
             "60",
         ]
-        command += ["--max_batch_size", str(cap)] if cap else []
+        command += (["--max_batch_size", str(cap)] if cap else []) + runner_args
         env = {**os.environ, "PYTHONPATH": ROOT}
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -235,6 +237,12 @@ def test_beam_job_batches_are_poisson(job_outputs):
     assert m.shape == (EPOCHS * 20, N) and m.sum() == manifest["records"]
     _check_poisson(m, Q)
     assert fed_batching(lines.prefetch(1)).verified_poisson
+
+
+@pytest.mark.beam
+def test_beam_job_output_does_not_depend_on_bundles(job_outputs):
+    full, threads = (beam_poisson_batches(job_outputs[name])[0] for name in ("full", "threads"))
+    assert [b.numpy().tolist() for b in threads] == [b.numpy().tolist() for b in full]  # same lines, same order
 
 
 @pytest.mark.beam
