@@ -218,6 +218,8 @@ def _write_manifest(output: str, files: list, *, q: float, epochs: int, seed, ca
     with FileSystems.open(summary_path) as handle:
         summary = json.loads(handle.read().decode())
     FileSystems.delete([summary_path])
+    if summary["num_examples"] == 0:
+        raise ValueError(f"`inputs` {files} hold no lines: there is nothing to sample.")
     temp = posixpath.join(output, _TEMP)
     if FileSystems.exists(temp):  # WriteToFiles leaves its (empty) temporary directory
         FileSystems.delete([temp])

@@ -206,11 +206,16 @@ def job_outputs(tmp_path_factory):
             "60",
         ]
         command += (["--max_batch_size", str(cap)] if cap else []) + runner_args
-        env = {**os.environ, "PYTHONPATH": ROOT}
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        done = _run_job(command)
         assert done.returncode == 0, done.stderr[-3000:]
         outputs[name] = str(out)
+    outputs["command"] = command
     return outputs
+
+
+def _run_job(command):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _membership(lines):
@@ -271,3 +276,9 @@ def test_beam_job_batches_pad_to_a_fixed_shape(job_outputs):
         k = int(weights.numpy().sum())
         assert features["id"].shape == [CAP] and not labels.numpy()[k:].any()
         np.testing.assert_array_equal(labels.numpy()[:k], 2 * features["id"].numpy()[:k])
+
+
+@pytest.mark.beam
+def test_beam_job_refuses_an_output_that_holds_shards(job_outputs):
+    done = _run_job(job_outputs["command"])  # the last run's command again: its output holds shards
+    assert done.returncode != 0 and "already holds shards" in done.stderr
