@@ -1,7 +1,8 @@
 # Two commands on a fresh machine (see README): `make run` and `make test`.
 # Both create/reuse the virtualenv at .venv and install the library with the versions CI
 # tested (constraints/ci.txt). `make test` also creates .venv-peers, where the cross-checks
-# against tensorflow-privacy run with that package's own pins (constraints/peers.txt).
+# against tensorflow-privacy run with that package's own pins (constraints/peers.txt), and
+# .venv-beam, where the Apache Beam job runs (constraints/beam.txt; no TensorFlow there).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,8 +10,11 @@ STAMP := $(VENV)/.installed-stamp
 PEERS := .venv-peers
 PEERS_PY := $(PEERS)/bin/python
 PEERS_STAMP := $(PEERS)/.installed-stamp
+BEAM := .venv-beam
+BEAM_PY := $(BEAM)/bin/python
+BEAM_STAMP := $(BEAM)/.installed-stamp
 
-.PHONY: run test test-main test-peers test-slow lint format install bench clean
+.PHONY: run test test-main test-peers test-beam test-slow lint format install bench clean
 
 $(STAMP): setup.cfg pyproject.toml constraints/ci.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,12 +33,20 @@ $(PEERS_STAMP): constraints/peers.txt
 	$(PEERS_PY) -m pip check
 	touch $(PEERS_STAMP)
 
+# Only the Beam job runs here (tfdp_embed_beam, from this tree); the tests that check its output run in .venv.
+$(BEAM_STAMP): constraints/beam.txt
+	test -x $(BEAM_PY) || $(PYTHON) -m venv $(BEAM)
+	$(BEAM_PY) -m pip install -q --upgrade pip
+	$(BEAM_PY) -m pip install -q -r constraints/beam.txt
+	$(BEAM_PY) -m pip check
+	touch $(BEAM_STAMP)
+
 install: $(STAMP)
 
 run: $(STAMP)
 	$(PY) -m pipelines.criteo --out saved_models/criteo
 
-test: test-main test-peers
+test: test-main test-peers test-beam
 
 test-main: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=15 tests
@@ -42,6 +54,10 @@ test-main: $(STAMP)
 # Cross-checks against tensorflow-privacy (ε, σ = 0 weights, the peer step-time benchmark).
 test-peers: $(PEERS_STAMP)
 	PYTHONPATH=. $(PEERS_PY) -m pytest -q -m peer -p no:cacheprovider tests
+
+# The Beam job (DirectRunner) run from .venv-beam, its shards read and checked by the trainer side in .venv.
+test-beam: $(STAMP) $(BEAM_STAMP)
+	TFDP_BEAM_PYTHON=$(BEAM_PY) $(PY) -m pytest -q -m beam -p no:cacheprovider tests
 
 # The tests marked slow (deselected by default): dense DP-SGD under tf.distribute.
 test-slow: $(STAMP)
@@ -65,4 +81,4 @@ bench: $(STAMP) $(PEERS_STAMP)
 	PYTHONPATH=. $(PEERS_PY) -m benchmarks.step_time --mechanisms none,tfp_keras_sgd --vocab 100000,1000000,10000000 --dim 64 --batch 1024 --steps 30
 
 clean:
-	rm -rf $(VENV) $(PEERS) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(PEERS) $(BEAM) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

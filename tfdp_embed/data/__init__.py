@@ -4,6 +4,9 @@ The TFDS builders (e.g. `tfdp_embed.data.criteo.tfds`) are not imported
 here, so that `tensorflow_datasets` is only loaded when asked for.
 """
 
+# Poisson batches sampled by the Apache Beam job (tfdp_embed_beam), streamed from its shards in step order.
+from tfdp_embed.data.beam_shards import beam_poisson_batches, read_manifest  # noqa: F401
+
 # Criteo display ads (streaming reader, schema, helpers).
 from tfdp_embed.data.criteo import (  # noqa: F401
     CRITEO_VOCAB_SIZES,

@@ -106,7 +106,8 @@ class BatchingInfo:
       truncated_examples: int64 `tf.Variable`, examples removed by the cap.
       sampler: which sampler drew the batches: "in_memory", "multi_pass"
         (`streaming_poisson_batches`), "one_pass_spill"
-        (`one_pass_poisson_batches`), or None (shuffled batches).
+        (`one_pass_poisson_batches`), "beam_poisson" (`beam_poisson_batches`:
+        the Apache Beam job's shards), or None (shuffled batches).
       fixed_shape: True when every batch is padded to `max_batch_size`
         (`fixed_shape_batches`; padding examples carry weight 0).
       spill: the one-pass sampler's `SpillStats` (disk and memory it used), else None.

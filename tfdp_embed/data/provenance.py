@@ -3,7 +3,7 @@
 The Poisson accounting (`PoissonSampled(q, ...)` per step) describes a run
 only if its batches were Poisson-sampled. The samplers of `tfdp_embed.data`
 (`poisson_batches`, `streaming_poisson_batches`, `one_pass_poisson_batches`,
-`fixed_shape_batches`, `fixed_size_batches`, `with_lookahead`, and
+`beam_poisson_batches`, `fixed_shape_batches`, `fixed_size_batches`, `with_lookahead`, and
 `tfdp_embed.checkpointing.rest_of_epoch`) register
 the dataset they return, with its `BatchingInfo`, in a weak registry.
 `fed_batching(x)` finds the batching of what `fit` receives by walking

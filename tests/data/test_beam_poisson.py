@@ -1,0 +1,284 @@
+"""The Beam Poisson job (tfdp_embed_beam) and its trainer-side reader (tfdp_embed/data/beam_shards.py).
+
+The per-example draw and the per-step cut are checked here without Beam;
+the tests marked `beam` run the job itself with the DirectRunner from the
+Beam environment (.venv-beam, or $TFDP_BEAM_PYTHON; `make test-beam`) and
+read its shards back. Statistical checks use 5-standard-deviation binomial
+tolerances (seeds are fixed, so the tests are deterministic).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import subprocess
+
+import numpy as np
+import pytest
+
+from tfdp_embed._keras import tf
+from tfdp_embed.data import beam_poisson_batches, fed_batching, fixed_shape_batches
+from tfdp_embed_beam import record_format as fmt
+from tfdp_embed_beam.sampling import check_seed, cut_step, example_steps
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _check_poisson(m, q):
+    """m: [steps, n] 0/1 membership. The law the accountant assumes (as tests/data/test_one_pass.py checks it)."""
+    t, n = m.shape
+    sd = np.sqrt(q * (1 - q) / (t * n))  # overall inclusion rate ~ Binomial(t n, q) / (t n)
+    assert abs(m.mean() - q) < 5 * sd, (m.mean(), q, sd)
+    sizes = m.sum(1)  # batch sizes ~ Binomial(n, q): mean n q, variance n q (1 - q)
+    assert abs(sizes.mean() - n * q) < 5 * np.sqrt(n * q * (1 - q) / t)
+    assert abs(sizes.var(ddof=1) / (n * q * (1 - q)) - 1) < 5 * np.sqrt(2 / (t - 1))
+    per_example = m.sum(0)  # ~ Binomial(t, q): not ~constant as with shuffling
+    assert abs(per_example.var(ddof=1) / (t * q * (1 - q)) - 1) < 5 * np.sqrt(2 / (n - 1))
+    for lag in (1, 3):  # co-inclusion in steps t and t + lag: q^2 (independence across steps)
+        both, trials = (m[lag:] * m[:-lag]).sum(), (t - lag) * n
+        assert abs(both / trials - q * q) < 5 * np.sqrt(q * q * (1 - q * q) / trials)
+
+
+# -- the draw, without Beam ------------------------------------------------------------------
+
+
+def test_example_steps_depend_only_on_seed_and_key():
+    keys = [(f, line) for f in range(3) for line in range(200)]
+    draw = lambda key, seed=11: example_steps(seed, *key, sampling_probability=0.05, total_steps=100).tolist()  # noqa: E731
+    in_order = {key: draw(key) for key in keys}
+    # Another "bundle split": shuffled, in two halves, with unrelated draws in between.
+    shuffled = random.Random(0).sample(keys, len(keys))
+    split = {}
+    for half in (shuffled[:250], shuffled[250:]):
+        draw((9, 9), seed=5)
+        split.update({key: draw(key) for key in half})
+    assert split == in_order
+    assert in_order[(0, 1)] != in_order[(1, 0)]  # file and line are separate words of the counter
+    assert sum(draw(key, seed=12) != in_order[key] for key in keys) > 0.9 * len(keys)
+    assert all(
+        steps == sorted(set(steps)) and 0 <= min(steps + [0]) and max(steps + [0]) < 100 for steps in split.values()
+    )
+    np.testing.assert_array_equal(example_steps(1, 0, 0, sampling_probability=1.0, total_steps=4), [0, 1, 2, 3])
+
+
+def test_example_steps_are_independent_bernoulli():
+    q, steps, n = 0.05, 240, 1500  # 12 epochs of 20 steps
+    m = np.zeros((steps, n), np.int64)
+    for i in range(n):
+        m[example_steps(3, i % 2, i // 2, sampling_probability=q, total_steps=steps), i] = 1
+    _check_poisson(m, q)
+
+
+def test_cut_step_is_a_uniform_subset_whatever_the_member_order():
+    members = [((f, line), f"line {f} {line}") for f in range(2) for line in range(5)]  # 10 members
+    kept, cut = cut_step(4, 17, members, 4)
+    assert len(kept) == 4 and cut == 6 and set(kept) <= set(members)
+    assert cut_step(4, 17, list(reversed(members)), 4) == (kept, cut)
+    everyone, none_cut = cut_step(4, 17, members, None)
+    assert none_cut == 0 and sorted(everyone) == sorted(members) and everyone[:4] == kept  # cut = a prefix of one order
+    assert cut_step(4, 17, members, 20) == (everyone, 0)
+    # Each member is kept with probability 4/10 over steps: Binomial(3000, 0.4) per member.
+    counts = {member: 0 for member in members}
+    for step in range(3000):
+        for member in cut_step(4, step, members, 4)[0]:
+            counts[member] += 1
+    sd = np.sqrt(3000 * 0.4 * 0.6)
+    assert all(abs(c - 1200) < 5 * sd for c in counts.values()), counts
+
+
+def test_record_format_and_bad_seeds():
+    record = fmt.encode_record(123456789, 7, b"a\tb\xff")
+    assert fmt.decode_record(record) == (123456789, 7, b"a\tb\xff") and len(record) == fmt.HEADER_BYTES + 4
+    assert fmt.shard_of_file("000012-00003-of-00004.tfrecord") == 12
+    with pytest.raises(ValueError, match="not a shard file"):
+        fmt.shard_of_file("manifest.json")
+    for bad in (-1, 2**64, 1.5, True):
+        with pytest.raises(ValueError, match="`seed`"):
+            check_seed(bad)
+
+
+# -- the reader, on shards written here --------------------------------------------------------
+
+
+def _write_shards(directory, batches, *, steps_per_shard, files_per_shard=2, cap=None, n=8):
+    """Shards of `batches` (a list of line lists per step), records shuffled over several files; the manifest."""
+    os.makedirs(os.path.join(directory, fmt.SHARD_DIR))
+    shards = -(-len(batches) // steps_per_shard)
+    counts = [0] * shards
+    rng = random.Random(1)
+    for k in range(shards):
+        records = [
+            fmt.encode_record(t, p, line.encode())
+            for t in range(k * steps_per_shard, min(len(batches), (k + 1) * steps_per_shard))
+            for p, line in enumerate(batches[t])
+        ]
+        rng.shuffle(records)
+        counts[k] = len(records)
+        for j in range(files_per_shard if records else 0):
+            name = f"{fmt.shard_prefix(k)}-{j:05d}-of-{files_per_shard:05d}{fmt.SHARD_SUFFIX}"
+            with tf.io.TFRecordWriter(os.path.join(directory, fmt.SHARD_DIR, name)) as writer:
+                for record in records[j::files_per_shard]:
+                    writer.write(record)
+    manifest = {
+        "format_version": fmt.FORMAT_VERSION, "sampler": fmt.SAMPLER, "sampling_probability": 1 / len(batches), "num_examples": n,
+        "epochs": 1, "batches_per_epoch": len(batches), "steps": len(batches), "max_batch_size": cap, "seeded": True,
+        "seed": 1, "truncated_batches": 1, "truncated_examples": 2, "records": sum(counts),
+        "steps_per_shard": steps_per_shard, "shards": shards, "shard_records": counts,
+    }  # fmt: skip
+    with open(os.path.join(directory, fmt.MANIFEST), "w") as handle:
+        handle.write(fmt.dump_manifest(manifest))
+    return manifest
+
+
+def test_reader_yields_each_step_in_order_and_only_once(tmp_path):
+    # Steps 2, 3 and the whole shard of steps 3..5 but 5 are empty; shard 2 is the last, short one.
+    batches = [["a", "b"], ["c"], [], [], [], ["d", "e", "f"], ["g"]]
+    _write_shards(str(tmp_path), batches, steps_per_shard=3, cap=3)
+    lines, info = beam_poisson_batches(str(tmp_path))
+    assert [[x.decode() for x in b.numpy()] for b in lines] == batches  # in position order within a step
+    assert info.sampler == "beam_poisson" and info.batches_per_epoch == 7 and info.streaming
+    assert info.report()["truncated_batches"] == 1 and info.report()["truncated_examples"] == 2
+    assert fed_batching(lines.map(lambda x: x).prefetch(1)).verified_poisson
+    with pytest.raises(tf.errors.InvalidArgumentError, match="already read"):
+        next(iter(lines))
+
+
+def test_reader_refuses_missing_or_foreign_records(tmp_path):
+    manifest = _write_shards(str(tmp_path / "a"), [["a"], ["b", "c"]], steps_per_shard=1, files_per_shard=1)
+    os.remove(tmp_path / "a" / fmt.SHARD_DIR / f"000001-00000-of-00001{fmt.SHARD_SUFFIX}")
+    with pytest.raises(ValueError, match=r"Shards \[1\]"):
+        beam_poisson_batches(str(tmp_path / "a"))
+    _write_shards(str(tmp_path / "b"), [["a"], ["b", "c"]], steps_per_shard=1, files_per_shard=1)
+    manifest["shard_records"] = [1, 3]
+    with open(tmp_path / "b" / fmt.MANIFEST, "w") as handle:
+        json.dump(manifest, handle)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="shard record count"):
+        list(beam_poisson_batches(str(tmp_path / "b"))[0])
+    with pytest.raises(ValueError, match="no manifest.json"):
+        beam_poisson_batches(str(tmp_path))
+
+
+# -- the Beam job (DirectRunner, in the Beam environment) -------------------------------------------
+
+N, Q, EPOCHS, CAP = 300, 0.05, 12, 15
+
+
+def _beam_python() -> str:
+    path = os.environ.get("TFDP_BEAM_PYTHON", os.path.join(ROOT, ".venv-beam", "bin", "python"))
+    path = path if os.path.isabs(path) else os.path.join(ROOT, path)
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"no Beam environment at {path} (`make test-beam` creates .venv-beam; or set TFDP_BEAM_PYTHON)")
+    return path
+
+
+def _line(i: int) -> str:
+    return f"{i}\t{2 * i}\tpayload é {i}"
+
+
+@pytest.fixture(scope="module")
+def job_outputs(tmp_path_factory):
+    """Runs the job on 300 lines in 3 files (one gzipped), same seed: uncapped, capped at 15, and uncapped again
+    with 3 worker threads (other bundles)."""
+    python = _beam_python()
+    inputs = tmp_path_factory.mktemp("inputs")
+    for f in range(3):
+        text = "".join(_line(100 * f + j) + "\n" for j in range(100))
+        if f == 2:
+            with gzip.open(inputs / "part2.tsv.gz", "wt", encoding="utf-8") as handle:
+                handle.write(text)
+        else:
+            (inputs / f"part{f}.tsv").write_text(text, encoding="utf-8")
+    outputs = {}
+    threads = ["--direct_num_workers", "3", "--direct_running_mode", "multi_threading"]
+    for name, cap, runner_args in (("full", None, []), ("capped", CAP, []), ("threads", None, threads)):
+        out = tmp_path_factory.mktemp(name) / "poisson"
+        command = [python, "-m", "tfdp_embed_beam", "--input", str(inputs / "part*"), "--output", str(out)]
+        command += [
+            "--sampling_probability",
+            str(Q),
+            "--epochs",
+            str(EPOCHS),
+            "--seed",
+            "7",
+            "--records_per_shard",
+            "60",
+        ]
+        command += (["--max_batch_size", str(cap)] if cap else []) + runner_args
+        done = _run_job(command)
+        assert done.returncode == 0, done.stderr[-3000:]
+        outputs[name] = str(out)
+    outputs["command"] = command
+    return outputs
+
+
+def _run_job(command):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _membership(lines):
+    """[steps, N] 0/1 matrix; every line must come back intact, at most once per step."""
+    rows = []
+    for batch in lines:
+        decoded = [x.decode() for x in batch.numpy()]
+        ids = [int(x.split("\t")[0]) for x in decoded]
+        assert decoded == [_line(i) for i in ids] and len(set(ids)) == len(ids)
+        row = np.zeros(N, np.int64)
+        row[ids] = 1
+        rows.append(row)
+    return np.array(rows)
+
+
+@pytest.mark.beam
+def test_beam_job_batches_are_poisson(job_outputs):
+    lines, info = beam_poisson_batches(job_outputs["full"])
+    manifest = json.load(open(os.path.join(job_outputs["full"], fmt.MANIFEST)))
+    assert manifest["num_examples"] == N and manifest["steps"] == EPOCHS * 20 and manifest["seed"] == 7
+    assert manifest["steps_per_shard"] == 4 and manifest["shards"] == 60  # 60 // (q N = 15) steps per shard
+    assert info.sampler == "beam_poisson" and info.batches_per_epoch == 20 and info.num_examples == N
+    m = _membership(lines)
+    assert m.shape == (EPOCHS * 20, N) and m.sum() == manifest["records"]
+    _check_poisson(m, Q)
+    assert fed_batching(lines.prefetch(1)).verified_poisson
+
+
+@pytest.mark.beam
+def test_beam_job_output_does_not_depend_on_bundles(job_outputs):
+    full, threads = (beam_poisson_batches(job_outputs[name])[0] for name in ("full", "threads"))
+    assert [b.numpy().tolist() for b in threads] == [b.numpy().tolist() for b in full]  # same lines, same order
+
+
+@pytest.mark.beam
+def test_beam_job_truncates_to_a_counted_subset(job_outputs):
+    full = _membership(beam_poisson_batches(job_outputs["full"])[0])
+    lines, info = beam_poisson_batches(job_outputs["capped"])
+    cut = _membership(lines)
+    sizes = full.sum(1)  # the same seed draws the same steps; the cap only cuts
+    np.testing.assert_array_equal(cut.sum(1), np.minimum(sizes, CAP))
+    assert np.all(cut <= full)
+    assert info.report()["truncated_batches"] == int((sizes > CAP).sum()) > 0
+    assert info.report()["truncated_examples"] == int(np.maximum(sizes - CAP, 0).sum())
+
+
+@pytest.mark.beam
+def test_beam_job_batches_pad_to_a_fixed_shape(job_outputs):
+    lines, info = beam_poisson_batches(job_outputs["capped"])
+
+    def parse(batch):
+        fields = tf.strings.split(batch, "\t").to_tensor(shape=[None, 3])
+        return {"id": tf.strings.to_number(fields[:, 0], tf.int64)}, tf.strings.to_number(fields[:, 1])
+
+    fixed, fixed_info = fixed_shape_batches(lines.map(parse), info)
+    assert fixed_info.sampler == "beam_poisson" and fed_batching(fixed).info is fixed_info
+    for features, labels, weights in fixed.take(40):
+        k = int(weights.numpy().sum())
+        assert features["id"].shape == [CAP] and not labels.numpy()[k:].any()
+        np.testing.assert_array_equal(labels.numpy()[:k], 2 * features["id"].numpy()[:k])
+
+
+@pytest.mark.beam
+def test_beam_job_refuses_an_output_that_holds_shards(job_outputs):
+    done = _run_job(job_outputs["command"])  # the last run's command again: its output holds shards
+    assert done.returncode != 0 and "already holds shards" in done.stderr
