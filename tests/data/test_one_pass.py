@@ -141,6 +141,33 @@ def test_batches_for_a_seed_are_pinned(batched, cap, tmp_path):
         assert info.report()["truncated_examples"] == {37: 15, None: 39}[batched]
 
 
+def test_records_round_trip_every_numeric_dtype_and_shape(tmp_path):
+    # q = 1: one step holding every example, in source order; each value is a function of the example id.
+    n = 50
+    ids = np.arange(n)
+    features = {
+        "flag": np.stack([ids % 2 == 0, ids % 3 == 0, ids % 5 == 0], 1),  # bool [3]
+        "u8": (ids[:, None, None] + np.arange(4).reshape(1, 2, 2)).astype(np.uint8),  # [2, 2]
+        "i8": (-ids).astype(np.int8),
+        "i16": (ids * 300 - 7000).astype(np.int16),
+        "i32": (ids * -70000).astype(np.int32),
+        "u32": (ids * 70000 + 2**31).astype(np.uint32),
+        "f16": (ids / 8).astype(np.float16),
+        "f64": np.stack([ids * 1e-300, ids * 1e300], 1),  # [2]
+        "c64": (ids + 1j * ids).astype(np.complex64),
+    }
+    source = tf.data.Dataset.from_tensor_slices((features, ids.astype(np.int64))).batch(16)
+    batches, _ = one_pass_poisson_batches(
+        source, sampling_probability=1.0, num_examples=n, seed=0, spill_dir=str(tmp_path), source_batched=True
+    )
+    (got, got_ids), *rest = list(batches)
+    assert rest == [] and got.keys() == features.keys()
+    np.testing.assert_array_equal(got_ids.numpy(), ids)
+    for name, expected in features.items():
+        assert got[name].dtype.as_numpy_dtype == expected.dtype and got[name].shape == expected.shape
+        np.testing.assert_array_equal(got[name].numpy(), expected, err_msg=name)
+
+
 def test_wrong_count_and_bad_arguments_raise():
     batches, _ = one_pass_poisson_batches(_source(), sampling_probability=0.1, num_examples=N + 1, seed=0)
     with pytest.raises(tf.errors.OpError, match="not `num_examples`=301"):
