@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed._keras import tf
-from tfdp_embed.data import fed_batching, fixed_shape_batches, one_pass_poisson_batches, poisson_batches
+from tfdp_embed.data import fed_batching, fixed_shape_batches, one_pass, one_pass_poisson_batches, poisson_batches
 from tfdp_embed.data.one_pass import _joined_cells
 
 N = 300
@@ -168,7 +168,7 @@ def test_records_round_trip_every_numeric_dtype_and_shape(tmp_path):
         np.testing.assert_array_equal(got[name].numpy(), expected, err_msg=name)
 
 
-def test_wrong_count_and_bad_arguments_raise():
+def test_wrong_count_and_bad_arguments_raise(monkeypatch):
     batches, _ = one_pass_poisson_batches(_source(), sampling_probability=0.1, num_examples=N + 1, seed=0)
     with pytest.raises(tf.errors.OpError, match="not `num_examples`=301"):
         list(batches)
@@ -176,6 +176,9 @@ def test_wrong_count_and_bad_arguments_raise():
         one_pass_poisson_batches(_source(), sampling_probability=0.1, num_examples=0)
     with pytest.raises(ValueError, match="`sampling_probability`"):
         one_pass_poisson_batches(_source(), sampling_probability=1.5, num_examples=N)
+    with pytest.raises(ValueError, match="`bucket_rows`=1 gives 10 spill buckets"):
+        monkeypatch.setattr(one_pass, "_open_file_limit", lambda: 73)  # 73 - 64 = 9 buckets allowed
+        one_pass_poisson_batches(_source(), sampling_probability=0.1, num_examples=N, bucket_rows=1)
     ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3]]))
     with pytest.raises(ValueError, match="fully defined"):
         one_pass_poisson_batches(ragged, sampling_probability=0.5, num_examples=2)

@@ -58,6 +58,7 @@ from tfdp_embed.data.provenance import register
 ONE_PASS = "one_pass_spill"
 """`BatchingInfo.sampler` of `one_pass_poisson_batches`."""
 DEFAULT_BUCKET_ROWS = 1 << 19
+_WRITE_BUFFERS_BYTES = 32 << 20  # all buckets' write buffers together: pieces coalesce into larger writes
 
 
 @dataclasses.dataclass
@@ -134,6 +135,7 @@ def one_pass_poisson_batches(
     info.sampler = ONE_PASS
     chunks = dataset if source_batched else dataset.batch(read_chunk_size)
     layout = _Layout(specs, info.batches_per_epoch, max(1, bucket_rows // max(1, round(q * num_examples))))
+    _check_open_files(layout.buckets, bucket_rows)
     stats = info.spill = SpillStats(buckets=layout.buckets)
     epochs = _EpochSeeds(seed)
 
@@ -194,6 +196,23 @@ class _Layout:
         return components
 
 
+def _open_file_limit() -> int:
+    """The soft limit on open files of this process (RLIMIT_NOFILE)."""
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _check_open_files(buckets: int, bucket_rows: int) -> None:
+    """The pass keeps one file open per bucket: refuse early when that exceeds the open-file limit."""
+    limit = _open_file_limit()
+    if limit != -1 and buckets > limit - 64:  # leave room for the source's and TensorFlow's own files
+        raise ValueError(
+            f"`bucket_rows`={bucket_rows} gives {buckets} spill buckets, each an open file during the pass, but the "
+            f"open-file limit is {limit}: raise `bucket_rows` (memory of the read-back) or the limit (`ulimit -n`)."
+        )
+
+
 class _EpochSeeds:
     """Per-epoch numpy seeds: from (seed, epoch) when seeded, else OS entropy."""
 
@@ -221,7 +240,8 @@ def _epoch(chunks, layout: _Layout, n: int, q: float, cap, rng, spill_dir, stats
 
 def _spill(chunks, layout: _Layout, n: int, q: float, rng, paths: list, stats: SpillStats) -> None:
     """Reads the source once; appends every joined (step, example) record to its bucket's file."""
-    files = [open(path, "wb") for path in paths]
+    buffering = min(4 << 20, max(1 << 16, _WRITE_BUFFERS_BYTES // len(paths)))
+    files = [open(path, "wb", buffering=buffering) for path in paths]
     seen = 0
     try:
         for chunk in chunks.prefetch(2).as_numpy_iterator():
@@ -238,7 +258,7 @@ def _spill(chunks, layout: _Layout, n: int, q: float, rng, paths: list, stats: S
                 records[f"c{i}"] = component[rows]
             bounds = np.searchsorted(records["step"], np.arange(layout.buckets + 1) * layout.steps_per_bucket)
             for b in np.flatnonzero(np.diff(bounds)):
-                records[bounds[b] : bounds[b + 1]].tofile(files[b])
+                files[b].write(records[bounds[b] : bounds[b + 1]].view(np.uint8))
             seen += m
             stats.rows_read += m
             stats.records_written += int(cells.size)
