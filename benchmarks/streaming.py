@@ -256,8 +256,8 @@ def markdown(summary: list[dict], *, command: str, info: dict, args, minutes: fl
             f"## streaming — {info['date_utc']} — one DP epoch's input pipeline: one-pass spill vs multi-pass vs plain read",
             "",
             f"- Command: `{command}` ({minutes:.1f} min wall in all).",
-            f"- Machine: {info['cpu_model']}, nproc {info['nproc']}, {info['memory_total_gb']} GiB RAM "
-            f"(load average at start {info['load_average_at_start']}); no GPU.",
+            f"- Machine: {info['cpu_model']}, nproc {info['nproc']}, {info['memory_total_gb']} GiB RAM, "
+            f"{args.machine_note} (load average at start {info['load_average_at_start']}); no GPU.",
             f"- Versions: tensorflow {v.get('tensorflow')}, numpy {v.get('numpy')}; commit "
             f"{info['git'].get('commit', '?')}.",
             f"- Workload: batch B = {args.batch} (q = B / N, round(N / B) Poisson batches), read chunks of "
@@ -289,6 +289,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress-s", type=float, default=30.0, help="seconds between progress lines")
     parser.add_argument("--worker-timeout-s", type=float, default=7200.0)
+    parser.add_argument("--machine-note", default="2-core shared CPU, under load from other jobs")
     parser.add_argument("--estimate-only", action="store_true", help="print the plan and its time estimate, then stop")
     parser.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/")
     parser.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")

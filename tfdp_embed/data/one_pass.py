@@ -258,7 +258,7 @@ def _spill(chunks, layout: _Layout, n: int, q: float, rng, paths: list, stats: S
                 records[f"c{i}"] = component[rows]
             bounds = np.searchsorted(records["step"], np.arange(layout.buckets + 1) * layout.steps_per_bucket)
             for b in np.flatnonzero(np.diff(bounds)):
-                files[b].write(records[bounds[b] : bounds[b + 1]].view(np.uint8))
+                files[b].write(records[bounds[b] : bounds[b + 1]].view(np.uint8).data)
             seen += m
             stats.rows_read += m
             stats.records_written += int(cells.size)
