@@ -42,3 +42,29 @@ def test_streaming_smoke(tmp_path):
     assert "estimate (linear in rows read" in done.stdout and "total ~" in done.stdout
     assert not os.listdir(tmp_path / "data" / "spill")  # the spill is removed after each epoch
     assert sorted(os.listdir(tmp_path / "data")) == ["1e3", "3e3", "spill"]  # no partial files, no worker logs
+
+
+def test_estimate_is_linear_in_rows_read_plus_the_pilots_process_overhead():
+    from benchmarks.streaming import estimate_seconds, summarise
+    from benchmarks.streaming_worker import file_reads
+
+    # 100 batches of 100 rows; G = 400 // 100 = 4 batches per pass: 25 reads of the file.
+    assert file_reads("multi_pass", 10_000, batch=100, buffer_rows=400) == 25
+    assert file_reads("one_pass", 10_000, batch=100, buffer_rows=400) == 1
+    pilots = {
+        "one_pass": {"seconds": 2.0, "rows": 1000, "passes": 1, "process_wall_s": 12.0},
+        "multi_pass": {"seconds": 8.0, "rows": 1000, "passes": 4, "process_wall_s": 20.0},
+    }
+    # (12 - 2) s of process overhead + 2 ms per row read x 10,000 rows x 1 read.
+    assert estimate_seconds(pilots, 10_000, "one_pass", batch=100, buffer_rows=400) == 30.0
+    # (20 - 8) + 8 / (1000 x 4) per row read x 10,000 x 25 reads = 12 + 500.
+    assert estimate_seconds(pilots, 10_000, "multi_pass", batch=100, buffer_rows=400) == 512.0
+    run = {"rows": 10, "passes": 1, "largest_bucket_records": None, "spill_bytes": 0, "rss_before_bytes": 5}
+    runs = [
+        run | {"method": "plain", "repeat": 0, "rows_per_s": 4.0, "cpu_seconds": 3.0, "epoch_peak_rss_bytes": 7},
+        run | {"method": "one_pass", "repeat": 0, "rows_per_s": 2.0, "cpu_seconds": 4.0, "epoch_peak_rss_bytes": 9},
+    ]
+    for r in runs:
+        r["process_peak_rss_bytes"] = 100
+    one = {s["method"]: s for s in summarise(runs)}["one_pass"]
+    assert one["ratio_to_plain"] == 0.5 and one["cpu_ratio_to_plain"] == 0.75 and one["epoch_rss_growth_bytes"] == 4
