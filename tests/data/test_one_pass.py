@@ -168,6 +168,17 @@ def test_records_round_trip_every_numeric_dtype_and_shape(tmp_path):
         np.testing.assert_array_equal(got[name].numpy(), expected, err_msg=name)
 
 
+def test_the_graph_is_built_once_for_all_epochs(monkeypatch, tmp_path):
+    traces = []
+    decode = one_pass._Layout.decode
+    monkeypatch.setattr(one_pass._Layout, "decode", lambda self, records: traces.append(1) or decode(self, records))
+    batches, info = one_pass_poisson_batches(
+        _source(), sampling_probability=0.1, num_examples=N, seed=6, spill_dir=str(tmp_path)
+    )
+    sizes = [sum(int(labels.shape[0]) for _, labels in batches) for _ in range(3)]
+    assert len(traces) == 1 and info.spill.epochs == 3 and len(set(sizes)) > 1  # three different epochs, one trace
+
+
 def test_wrong_count_and_bad_arguments_raise(monkeypatch):
     batches, _ = one_pass_poisson_batches(_source(), sampling_probability=0.1, num_examples=N + 1, seed=0)
     with pytest.raises(tf.errors.OpError, match="not `num_examples`=301"):
