@@ -317,7 +317,11 @@ def _plan(args, pilots: dict, missing: list, generation_rate: float) -> float:
             seconds = estimate_seconds(pilots, rows, method, batch=args.batch, buffer_rows=args.buffer_rows)
             total += args.repeats * seconds
             lines.append(f"  {rows:,} {method}: {args.repeats} x ~{seconds / 60:,.1f} min")
-    print("estimate (linear in rows read, from the pilots at the warm-up size; the load changes it):", flush=True)
+    print(
+        "estimate (linear in rows read, from the pilots at the warm-up size, so a method's fixed costs count as per "
+        "row: high for one_pass; the load changes it):",
+        flush=True,
+    )
     print("\n".join(lines) + f"\n  total ~{total / 60:,.0f} min", flush=True)
     return total
 
@@ -341,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pilots[method] = measure(pilot, logs, args.worker_timeout_s) | {"rows": args.warmup_rows}
     _plan(args, pilots, missing, generation_rate)
     if args.estimate_only:
+        shutil.rmtree(logs, ignore_errors=True)
         return 0
     runs = []
     for rows in args.rows:
