@@ -14,13 +14,16 @@ inversion of a float64 uniform); each block starts a fresh sequence, which
 the memorylessness of the Bernoulli sequence allows.
 
 Each joined (step, example) record is appended to a spill file on local
-disk, fixed-width binary, one file per bucket of `steps_per_bucket`
-consecutive steps. After the pass the buckets are read back in step order,
-one at a time, grouped by step and yielded as batches: round(1/q) batches
+disk, fixed-width binary (numpy records, step-major within each read
+chunk), one file per bucket of `steps_per_bucket` consecutive steps. After
+the pass the buckets are read back in step order, one at a time, grouped
+by step (one stable argsort) and yielded as batches: round(1/q) batches
 per epoch, every batch exactly Poisson, the source read once per epoch.
+Each batch leaves Python as one uint8 `[batch, record bytes]` array; the
+tf.data graph (built once) splits it into the source's components.
 
-Memory: one read chunk plus one bucket (about steps_per_bucket x qN
-records = `bucket_rows`), independent of N. Disk: about N records per
+Memory: one read chunk plus one bucket, held once as its records (about
+steps_per_bucket x qN records = `bucket_rows`), independent of N. Disk: about N records per
 epoch (T q N), removed as each bucket is consumed.
 
 Oversized batches (`max_batch_size`) are cut to a uniformly random subset
@@ -55,6 +58,7 @@ from tfdp_embed.data.provenance import register
 ONE_PASS = "one_pass_spill"
 """`BatchingInfo.sampler` of `one_pass_poisson_batches`."""
 DEFAULT_BUCKET_ROWS = 1 << 19
+_WRITE_BUFFERS_BYTES = 32 << 20  # all buckets' write buffers together: pieces coalesce into larger writes
 
 
 @dataclasses.dataclass
@@ -131,6 +135,7 @@ def one_pass_poisson_batches(
     info.sampler = ONE_PASS
     chunks = dataset if source_batched else dataset.batch(read_chunk_size)
     layout = _Layout(specs, info.batches_per_epoch, max(1, bucket_rows // max(1, round(q * num_examples))))
+    _check_open_files(layout.buckets, bucket_rows)
     stats = info.spill = SpillStats(buckets=layout.buckets)
     epochs = _EpochSeeds(seed)
 
@@ -138,18 +143,20 @@ def one_pass_poisson_batches(
         rng = np.random.Generator(np.random.PCG64(epochs.next()))
         yield from _epoch(chunks, layout, num_examples, q, cap, rng, spill_dir, stats)
 
-    signature = tuple(tf.TensorSpec([None, *s.shape], s.dtype) for s in tf.nest.flatten(specs))
-    flat = tf.data.Dataset.from_generator(generate, output_signature=(signature, tf.TensorSpec([], tf.int64)))
+    # One uint8 [batch, record bytes] tensor per step crosses from Python; the graph splits it into columns.
+    raw = tf.TensorSpec([None, layout.dtype.itemsize], tf.uint8)
+    flat = tf.data.Dataset.from_generator(generate, output_signature=(raw, tf.TensorSpec([], tf.int64)))
 
-    def unflatten(components, cut):
+    def unflatten(records, cut):
+        components = layout.decode(records)
         if cap is not None:
             counted = [
                 info.truncated_batches.assign_add(tf.cast(cut > 0, tf.int64)),
                 info.truncated_examples.assign_add(cut),
             ]
             with tf.control_dependencies(counted):
-                components = tuple(tf.identity(c) for c in components)
-        return tf.nest.pack_sequence_as(specs, list(components))
+                components = [tf.identity(c) for c in components]
+        return tf.nest.pack_sequence_as(specs, components)
 
     batches = flat.map(unflatten)
     return register(batches, info), info
@@ -160,7 +167,7 @@ def one_pass_poisson_batches(
 
 @dataclasses.dataclass
 class _Layout:
-    """How records are laid out: the numpy record type and the step buckets."""
+    """How records are laid out: the numpy record type (step, then one field per component) and the buckets."""
 
     specs: object
     steps: int
@@ -171,6 +178,39 @@ class _Layout:
         fields += [(f"c{i}", s.dtype.as_numpy_dtype, tuple(s.shape)) for i, s in enumerate(tf.nest.flatten(self.specs))]
         self.dtype = np.dtype(fields)
         self.buckets = math.ceil(self.steps / self.steps_per_bucket)
+
+    def decode(self, records: tf.Tensor) -> list[tf.Tensor]:
+        """The flat components of a uint8 `[batch, itemsize]` tensor of records (in-graph, no copy in Python)."""
+        components = []
+        for i, spec in enumerate(tf.nest.flatten(self.specs)):
+            field, offset = self.dtype.fields[f"c{i}"][:2]
+            size, width = field.base.itemsize, math.prod(spec.shape)
+            part = records[:, offset : offset + width * size]
+            if spec.dtype == tf.bool:
+                values = tf.cast(part, tf.bool)  # numpy stores bool as one byte, 0 or 1
+            elif size == 1:
+                values = tf.bitcast(part, spec.dtype)
+            else:
+                values = tf.bitcast(tf.reshape(part, [-1, width, size]), spec.dtype)
+            components.append(tf.reshape(values, [-1, *spec.shape]))
+        return components
+
+
+def _open_file_limit() -> int:
+    """The soft limit on open files of this process (RLIMIT_NOFILE)."""
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _check_open_files(buckets: int, bucket_rows: int) -> None:
+    """The pass keeps one file open per bucket: refuse early when that exceeds the open-file limit."""
+    limit = _open_file_limit()
+    if limit != -1 and buckets > limit - 64:  # leave room for the source's and TensorFlow's own files
+        raise ValueError(
+            f"`bucket_rows`={bucket_rows} gives {buckets} spill buckets, each an open file during the pass, but the "
+            f"open-file limit is {limit}: raise `bucket_rows` (memory of the read-back) or the limit (`ulimit -n`)."
+        )
 
 
 class _EpochSeeds:
@@ -200,7 +240,8 @@ def _epoch(chunks, layout: _Layout, n: int, q: float, cap, rng, spill_dir, stats
 
 def _spill(chunks, layout: _Layout, n: int, q: float, rng, paths: list, stats: SpillStats) -> None:
     """Reads the source once; appends every joined (step, example) record to its bucket's file."""
-    files = [open(path, "wb") for path in paths]
+    buffering = min(4 << 20, max(1 << 16, _WRITE_BUFFERS_BYTES // len(paths)))
+    files = [open(path, "wb", buffering=buffering) for path in paths]
     seen = 0
     try:
         for chunk in chunks.prefetch(2).as_numpy_iterator():
@@ -208,22 +249,23 @@ def _spill(chunks, layout: _Layout, n: int, q: float, rng, paths: list, stats: S
             m = int(components[0].shape[0])
             cells = _joined_cells(rng, m * layout.steps, q)
             example, step = np.divmod(cells, layout.steps)
-            bucket = step // layout.steps_per_bucket
-            order = np.argsort(bucket, kind="stable")
+            # Step-major order (stable: examples stay in source order within a step); buckets are step ranges.
+            order = np.argsort(step, kind="stable")
             records = np.empty(cells.size, layout.dtype)
             records["step"] = step[order]
+            rows = example[order]
             for i, component in enumerate(components):
-                records[f"c{i}"] = component[example[order]]
-            bounds = np.searchsorted(bucket[order], np.arange(layout.buckets + 1))
+                records[f"c{i}"] = component[rows]
+            bounds = np.searchsorted(records["step"], np.arange(layout.buckets + 1) * layout.steps_per_bucket)
             for b in np.flatnonzero(np.diff(bounds)):
-                records[bounds[b] : bounds[b + 1]].tofile(files[b])
+                files[b].write(records[bounds[b] : bounds[b + 1]].view(np.uint8).data)
             seen += m
+            stats.rows_read += m
             stats.records_written += int(cells.size)
             stats.bytes_written += int(records.nbytes)
     finally:
         for f in files:
             f.close()
-    stats.rows_read += seen
     if seen != n:
         raise tf.errors.InvalidArgumentError(
             None,
@@ -249,7 +291,12 @@ def _joined_cells(rng, cells: int, q: float) -> np.ndarray:
 
 
 def _read_bucket(path: str, b: int, layout: _Layout, cap, rng, stats: SpillStats):
-    """The batches of bucket `b`'s steps, in step order (empty ones too), each with its cut count."""
+    """The batches of bucket `b`'s steps, in step order (empty ones too): raw records and the cut count.
+
+    The bucket is held once, as its fixed-width records; each batch gathers
+    its records (a stable sort by step keeps the spill's order within a
+    step) and goes out as one uint8 `[batch, itemsize]` array.
+    """
     records = np.fromfile(path, dtype=layout.dtype)
     os.remove(path)
     stats.largest_bucket_records = max(stats.largest_bucket_records, int(records.size))
@@ -257,18 +304,13 @@ def _read_bucket(path: str, b: int, layout: _Layout, cap, rng, stats: SpillStats
     count = min(layout.steps_per_bucket, layout.steps - first)
     order = np.argsort(records["step"], kind="stable")
     bounds = np.searchsorted(records["step"][order], first + np.arange(count + 1))
-    # One gather per component for the whole bucket; each batch is then a contiguous slice.
-    columns = [records[f"c{i}"][order] for i in range(len(layout.dtype.names) - 1)]
-    del records, order
     for t in range(count):
-        lo, hi = int(bounds[t]), int(bounds[t + 1])
+        rows = order[bounds[t] : bounds[t + 1]]
         cut = 0
-        if cap is not None and hi - lo > cap:
-            cut = hi - lo - cap
-            keep = lo + np.sort(rng.choice(hi - lo, size=cap, replace=False))
-            yield tuple(c[keep] for c in columns), np.int64(cut)
-        else:
-            yield tuple(c[lo:hi] for c in columns), np.int64(cut)
+        if cap is not None and rows.size > cap:
+            cut = rows.size - cap
+            rows = rows[np.sort(rng.choice(rows.size, size=cap, replace=False))]
+        yield records[rows].view(np.uint8).reshape(rows.size, layout.dtype.itemsize), np.int64(cut)
 
 
 def _example_specs(dataset, source_batched: bool):
