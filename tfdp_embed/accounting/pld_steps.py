@@ -55,7 +55,7 @@ class StepMemoPLDAccountant(dp_accounting.pld.PLDAccountant):
                 float(self._value_discretization_interval),
                 self.neighboring_relation,
             )
-            self._pld = self._pld.compose(step.self_compose(count))
+            self._pld = self._pld.compose(step.self_compose(count))  # type: ignore[has-type]  # dp_accounting: untyped
             return None
         return super()._maybe_compose(event, count, do_compose)
 
