@@ -304,8 +304,6 @@ def entries_epsilon(
 def _entries_epsilon(entries: tuple, delta: float, accountant: str, interval: float | None) -> float:
     # Built as `PrivacyLedger.as_event` builds them, so a ledger's epsilon is the same number either way.
     events = [event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count) for event, count in entries]
-    if not events:
-        events = [dp_accounting.NoOpDpEvent()]
     return compute_epsilon(events, target_delta=delta, accountant=accountant, value_discretization_interval=interval)
 
 
