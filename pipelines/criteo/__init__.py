@@ -32,7 +32,8 @@ What happens (`pipeline.run`, one function per stage):
      train on it, evaluate on the next day (DP-FEST §4.3; `evaluation.py`);
   5. flush owed noise, then the DP output calibration (`--calibration-fraction`
      of epsilon, default 5%): shift the output bias so the mean prediction
-     matches a DP estimate of the click rate, which corrects DP-SGD's
+     matches a DP estimate of the click rate from a random subset of the
+     training rows, which corrects DP-SGD's
      clipping bias (`calibration.py`; by default skipped, its epsilon given
      to training, when its noise, known in advance, is too large to help).
      A run whose training loss turns non-finite or explodes, or whose model

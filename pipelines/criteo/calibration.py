@@ -16,7 +16,10 @@ rows: AUC vs ε" (`python -m benchmarks.criteo_realdata --diagnose`).
 Fix (post-training, accounted). With the trained model f fixed (the output
 of an earlier DP mechanism; adaptive composition):
 
-  1. one pass over the training rows: h_b = #{i : clip(f(x_i), -L, L) in bin b}
+  0. the subset: every training row is kept independently with probability
+     p = M / N (a coin per row, drawn in row order from the run's seeded
+     RNG, never looking at the row), expected size M = `subset_rows(N, eps_c)`;
+  1. one pass over the kept rows: h_b = #{i : clip(f(x_i), -L, L) in bin b}
      over `BINS` fixed, public bins of width w on [-L, L], and Y = sum_i y_i;
   2. add Laplace(2 / eps_c) noise to every h_b and to Y: one row changes one
      bin by 1 and Y by at most 1 (add/remove-one), L1 sensitivity 2, so the
@@ -30,10 +33,36 @@ pipeline spends eps_c = `calibration_fraction` x epsilon on it: training
 composition), and every ledger holds the Laplace event, so the reported
 epsilon composes it with the rest. Memory: the bins, independent of N.
 
-Accuracy: the noise on sum_b h~_b sigmoid(c_b + s) has sd at most
-sqrt(2 x BINS) x 2 / eps_c (plus sqrt(2) x 2 / eps_c on Y~); divided by the
-slope sum_i p_i (1 - p_i) it bounds the sd of s, so the error of the shift
-shrinks as 1 / (N eps_c).
+Subset and privacy. The sensitivity stays 2, and the subset can only lower
+the privacy loss: for D' = D plus a row x, x is kept with probability p
+independently of the other coins, so the output on D' is the mixture
+(1 - p) A(S) + p A(S + x) with S the subset of D; both parts are within
+e^eps_c of A(S), hence the mixture is (eps_c, 0)-DP (in fact
+log(1 + p (e^eps_c - 1)) <= eps_c, Poisson subsampling). The ledger keeps
+the unamplified `LaplaceDpEvent(1 / eps_c)`, an upper bound. p uses N, which
+the pipeline treats as public (as q = B / N for training). Why per-row
+coins and not a fixed-size subset (the first M rows of a seeded shuffle):
+with a fixed size, adding a row can push another one out, a substitution
+that moves one bin down, another up and Y by 1 (L1 up to 3 > 2), so the
+Laplace(2 / eps_c) release would no longer be eps_c-DP for add/remove-one.
+The coins also need no shuffle: one pass in row order (in memory: each
+batch of rows is a view, and only the kept rows are gathered; streaming:
+the files are read once and only the kept rows go through the model).
+
+Accuracy and the choice of M. The noise on sum_b h~_b sigmoid(c_b + s) has
+sd at most sqrt(2 x BINS) x 2 / eps_c (plus sqrt(2) x 2 / eps_c on Y~);
+divided by the M rows it is the noise on the click rate the shift matches,
+sqrt(2 (BINS + 1)) x (2 / eps_c) / M. The subset adds its sampling error:
+the mean of y - f over M of the N rows differs from the mean over all of
+them by sd sigma x sqrt(1 / M - 1 / N), with sigma <= `LABEL_SD` = 1/2
+(the sd of a 0/1 label; the predictions, on the same rows and positively
+correlated with the labels, only reduce it). M is the smallest expected
+size at which the two together (in quadrature) are `SUBSET_TARGET_ERROR`,
+half the skip limit `MAX_CLICK_RATE_ERROR`, and at most N: the calibration
+stays well inside the accuracy that makes it worth running, while its
+forward pass reads a number of rows set by eps_c (tens of thousands at the
+pipeline's default eps_c), not by N. Both parts are public (N, eps_c and
+the bins fix them), so `expected_click_rate_error` is known before the run.
 
 References: Chen, Wu & Hong, "Understanding Gradient Clipping in Private SGD:
 A Geometric Perspective", NeurIPS 2020 (clipping bias); Dwork et al. 2006
@@ -43,7 +72,9 @@ A Geometric Perspective", NeurIPS 2020 (clipping bias); Dwork et al. 2006
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+from collections.abc import Iterable, Iterator, Sequence
 
 import dp_accounting
 import numpy as np
@@ -63,18 +94,52 @@ MAX_CLICK_RATE_ERROR = 0.01
 """Largest noise (sd, on the click-rate scale) at which the calibration is run: one percentage point."""
 
 
-def expected_click_rate_error(rows: int, epsilon: float) -> float:
-    """Sd of the calibration's own noise on the click rate it matches, known before it runs.
+LABEL_SD = 0.5
+"""Bound on the sd of y - f(x) per row used for the subset's sampling error: the sd of a 0/1 label."""
 
-        sd <= sqrt(2 (BINS + 1)) x (2 / eps_c) / N
+SUBSET_TARGET_ERROR = MAX_CLICK_RATE_ERROR / 2
+"""The subset is the smallest whose expected click-rate error (noise and sampling) is this, at most N rows."""
+
+
+def _noise_term(epsilon: float) -> float:
+    """A with noise sd on the click rate = A / M: sqrt(2 (BINS + 1)) x 2 / eps_c."""
+    return math.sqrt(2.0 * (BINS + 1)) * (L1_SENSITIVITY / float(epsilon))
+
+
+def subset_rows(rows: int, epsilon: float) -> int:
+    """M: the expected number of training rows the calibration reads, for N = `rows` at eps_c = `epsilon`.
+
+    The smallest M whose expected error (`expected_click_rate_error`) is
+    `SUBSET_TARGET_ERROR`, capped at N: with a = A^2, s = `LABEL_SD`,
+    u = 1 / M solves a u^2 + s^2 u = T^2 + s^2 / N, so
+
+        M = min(N, ceil(2 a / (sqrt(s^4 + 4 a (T^2 + s^2 / N)) - s^2)))
+
+    Returns N for N < 1 or eps_c <= 0 (nothing to subsample).
+    """
+    rows = int(rows)
+    if rows < 1 or not epsilon > 0:
+        return max(rows, 0)
+    a, s2, t2 = _noise_term(epsilon) ** 2, LABEL_SD**2, SUBSET_TARGET_ERROR**2
+    root = math.sqrt(s2 * s2 + 4.0 * a * (t2 + s2 / rows))
+    return min(rows, math.ceil(2.0 * a / (root - s2)))
+
+
+def expected_click_rate_error(rows: int, epsilon: float) -> float:
+    """Sd of the calibration's error on the click rate it matches, known before it runs (N = `rows`).
+
+        sd = sqrt((A / M)^2 + s^2 (1 / M - 1 / N)),  A = sqrt(2 (BINS + 1)) x 2 / eps_c,  M = subset_rows(N, eps_c)
 
     The bins' Laplace(2 / eps_c) noise, weighted by sigmoid <= 1, and the
     click count's add in quadrature (a Laplace(b) draw has sd sqrt(2) b);
-    divided by N it is the error of the mean prediction the shift aims at.
+    divided by M it is the noise on the subset's mean prediction. The
+    second term is the subset's sampling error (s = `LABEL_SD`; 0 when M = N).
     """
     if not epsilon > 0 or rows < 1:
         return math.inf
-    return math.sqrt(2.0 * (BINS + 1)) * (L1_SENSITIVITY / float(epsilon)) / int(rows)
+    subset = subset_rows(rows, epsilon)
+    sampling = LABEL_SD**2 * max(0.0, 1.0 / subset - 1.0 / int(rows))
+    return math.sqrt((_noise_term(epsilon) / subset) ** 2 + sampling)
 
 
 def skip_reason(rows: int, epsilon: float) -> str | None:
@@ -92,8 +157,9 @@ def skip_reason(rows: int, epsilon: float) -> str | None:
         return None
     return (
         f"its Laplace noise (scale {L1_SENSITIVITY / epsilon:.3g} on the click count and on each of {BINS} bins, at "
-        f"eps_c {epsilon:.3g}) would move the mean prediction by about {error:.2g} (sd) on {rows:,} rows, more than "
-        f"the {MAX_CLICK_RATE_ERROR:g} allowed; its epsilon went to training"
+        f"eps_c {epsilon:.3g}) would move the mean prediction by about {error:.2g} (sd) on "
+        f"{subset_rows(rows, epsilon):,} of {rows:,} rows, more than the {MAX_CLICK_RATE_ERROR:g} allowed; its "
+        "epsilon went to training"
     )
 
 
@@ -106,6 +172,10 @@ class OutputCalibration:
       shift: s, added to the output bias.
       noisy_clicks: Y~ (DP).
       noisy_rows: sum of the noisy bin counts (DP).
+      rows: N, the training rows the subset was drawn from (None: every row was read, no subset).
+      subset_rows: M, the subset's expected size (`subset_rows`).
+      sampling_probability: p = M / N, each row's chance to be read.
+      rows_read: the subset's actual size (a function of N and the coins only).
       bins, logit_range: the public histogram grid.
     """
 
@@ -113,6 +183,10 @@ class OutputCalibration:
     shift: float
     noisy_clicks: float
     noisy_rows: float
+    rows: int | None = None
+    subset_rows: int | None = None
+    sampling_probability: float = 1.0
+    rows_read: int | None = None
     bins: int = BINS
     logit_range: float = LOGIT_RANGE
 
@@ -121,7 +195,9 @@ class OutputCalibration:
         return calibration_event(self.epsilon)
 
     def report(self) -> dict:
-        return dataclasses.asdict(self) | {"mechanism": "Laplace histogram of logits + click count, L1 sensitivity 2"}
+        return dataclasses.asdict(self) | {
+            "mechanism": "Laplace histogram of logits + click count, L1 sensitivity 2, on a Bernoulli(p) row subset"
+        }
 
 
 def calibration_event(epsilon: float) -> dp_accounting.DpEvent:
@@ -131,18 +207,39 @@ def calibration_event(epsilon: float) -> dp_accounting.DpEvent:
     return dp_accounting.LaplaceDpEvent(1.0 / float(epsilon))
 
 
-def logit_histogram(model, datasets) -> tuple[np.ndarray, float]:
-    """(bin counts [BINS], clicks) of the model's clipped logits over batched `(features, labels)` datasets."""
+def row_subset(batches: Iterable, *, probability: float, rng: np.random.Generator) -> Iterator[tuple]:
+    """The rows of `(features, labels)` batches each kept with `probability`, by a coin per row drawn in row order.
+
+    The coins come from `rng` alone (never from the rows), one
+    `rng.random()` per row, so the subset depends only on the seed and the
+    row positions, however the rows are cut into batches. Only the kept
+    rows are gathered (`np.take`); a batch with none kept is skipped.
+    `probability` >= 1 yields every batch as it is and draws nothing.
+
+    Raises:
+      ValueError: `probability` not in (0, 1].
+    """
+    if not 0.0 < probability <= 1.0:
+        raise ValueError(f"`probability` must lie in (0, 1]; received {probability!r}.")
+    for features, labels in batches:
+        if probability >= 1.0:
+            yield features, labels
+            continue
+        labels = np.asarray(labels)
+        kept = np.flatnonzero(rng.random(labels.shape[0]) < probability)
+        if kept.size:
+            yield {name: np.take(np.asarray(value), kept, axis=0) for name, value in features.items()}, labels[kept]
+
+
+def logit_histogram(model, batches: Iterable) -> tuple[np.ndarray, float, int]:
+    """(bin counts [BINS], clicks, rows) of the model's clipped logits over batched `(features, labels)`."""
     counts = np.zeros(BINS, np.int64)
-    clicks = 0.0
-    for dataset in datasets:
-        labels, logits = criteo_eval.predict_logits(model, dataset)
-        if not np.all(np.isfinite(logits)):
-            raise ValueError("The model gives non-finite logits on training rows; calibration needs a finite model.")
-        index = np.clip(((logits + LOGIT_RANGE) / BIN_WIDTH).astype(np.int64), 0, BINS - 1)
-        counts += np.bincount(index, minlength=BINS)
-        clicks += float(np.sum(labels))
-    return counts, clicks
+    labels, logits = criteo_eval.predict_logits(model, batches)
+    if not np.all(np.isfinite(logits)):
+        raise ValueError("The model gives non-finite logits on training rows; calibration needs a finite model.")
+    index = np.clip(((logits + LOGIT_RANGE) / BIN_WIDTH).astype(np.int64), 0, BINS - 1)
+    counts += np.bincount(index, minlength=BINS)
+    return counts, float(np.sum(labels)), int(labels.size)
 
 
 def noisy_release(counts: np.ndarray, clicks: float, *, epsilon: float, rng: np.random.Generator):
@@ -178,25 +275,37 @@ def solve_shift(counts: np.ndarray, clicks: float) -> float:
     return 0.5 * (lo + hi)
 
 
-def calibrate_output(model, datasets, *, epsilon: float, seed: int | None = None) -> OutputCalibration:
-    """Runs the DP calibration on the training data and shifts the model's output bias in place.
+def calibrate_output(
+    model, datasets: Sequence[Iterable], *, epsilon: float, rows: int | None = None, seed: int | None = None
+) -> OutputCalibration:
+    """Runs the DP calibration on a Bernoulli subset of the training rows and shifts the output bias in place.
 
     Args:
       model: the trained pCTR model (flushed: no owed noise), with a Dense
         layer `click_logit`.
-      datasets: batched `(features, labels)` datasets covering every training row once.
+      datasets: batched `(features, labels)` iterables (tf.data datasets or
+        numpy batches, e.g. `data.row_batches`) covering every training row once.
       epsilon: eps_c > 0.
-      seed: noise seed (None: OS entropy).
+      rows: N, the number of rows in `datasets`: each is read with
+        probability `subset_rows(N, eps_c)` / N. None reads every row.
+      seed: seed of the subset's coins and of the noise (None: OS entropy).
 
     Returns:
       The `OutputCalibration`.
 
     Raises:
-      ValueError: eps_c <= 0, or non-finite logits.
+      ValueError: eps_c <= 0, `rows` < 1, or non-finite logits.
     """
     calibration_event(epsilon)  # validates epsilon
-    counts, clicks = logit_histogram(model, datasets)
-    noisy_counts, noisy_clicks = noisy_release(counts, clicks, epsilon=epsilon, rng=np.random.default_rng(seed))
+    if rows is not None and rows < 1:
+        raise ValueError(f"`rows` must be >= 1 (the training rows N) or None; received {rows!r}.")
+    subset = None if rows is None else subset_rows(rows, epsilon)
+    probability = 1.0 if rows is None else subset / rows
+    seeds = np.random.SeedSequence(seed)
+    noise_rng, coins = np.random.default_rng(seeds), np.random.default_rng(seeds.spawn(1)[0])
+    kept = row_subset(itertools.chain.from_iterable(datasets), probability=probability, rng=coins)
+    counts, clicks, read = logit_histogram(model, kept)
+    noisy_counts, noisy_clicks = noisy_release(counts, clicks, epsilon=epsilon, rng=noise_rng)
     shift = solve_shift(noisy_counts, noisy_clicks)
     bias = model.get_layer(OUTPUT_LAYER).bias
     bias.assign_add(tf.fill(tf.shape(bias), tf.cast(shift, bias.dtype)))
@@ -205,11 +314,17 @@ def calibrate_output(model, datasets, *, epsilon: float, seed: int | None = None
         shift=float(shift),
         noisy_clicks=float(noisy_clicks),
         noisy_rows=float(noisy_counts.sum()),
+        rows=rows,
+        subset_rows=subset,
+        sampling_probability=probability,
+        rows_read=read,
     )
 
 
 __all__ = [
     "BINS",
+    "LABEL_SD",
+    "SUBSET_TARGET_ERROR",
     "OutputCalibration",
     "calibrate_output",
     "MAX_CLICK_RATE_ERROR",
@@ -217,6 +332,8 @@ __all__ = [
     "expected_click_rate_error",
     "logit_histogram",
     "noisy_release",
+    "row_subset",
     "skip_reason",
     "solve_shift",
+    "subset_rows",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -76,8 +77,8 @@ def _forward(model):
     return _FORWARD[model]
 
 
-def predict_logits(model, dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """(labels, logits) over a batched `(features, labels)` dataset; the forward pass is traced once per model."""
+def predict_logits(model, dataset: Iterable) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, logits) over batched `(features, labels)` (a tf.data dataset or numpy batches); traced once per model."""
     forward = _forward(model)
     labels, logits = [], []
     for features, y in dataset:

@@ -187,6 +187,7 @@ def _calibration_decision(config: PipelineConfig, data: _Data, settings) -> tupl
         "reason": reason,
         "epsilon_to_training": epsilon,
         "laplace_scale": criteo_calibration.L1_SENSITIVITY / epsilon,
+        "subset_rows": criteo_calibration.subset_rows(data.rows, epsilon),
         "expected_click_rate_error": criteo_calibration.expected_click_rate_error(data.rows, epsilon),
         "max_click_rate_error": criteo_calibration.MAX_CLICK_RATE_ERROR,
     }
@@ -376,6 +377,9 @@ def _model_config(config: PipelineConfig, data: _Data) -> CTRModelConfig:
     )
 
 
+_CALIBRATION_READ_ROWS = 1 << 15  # rows per batch the calibration's subset is drawn from (a few thousand kept)
+
+
 def _calibrate(config: PipelineConfig, data: _Data, training: _Training):
     """The DP output calibration (`calibration.py`), when the plan gives it a share of epsilon."""
     epsilon = criteo_privacy.output_calibration_epsilon(training.plan)
@@ -383,11 +387,16 @@ def _calibrate(config: PipelineConfig, data: _Data, training: _Training):
         return None
     calibration = criteo_calibration.calibrate_output(
         training.model,
-        [criteo_data.eval_dataset(period) for period in data.periods],
+        [criteo_data.row_batches(period, _CALIBRATION_READ_ROWS) for period in data.periods],
         epsilon=epsilon,
+        rows=data.rows,
         seed=None if config.seed is None else config.seed * 7919 + 1,
     )
-    _log(config, f"output calibration: bias shifted by {calibration.shift:+.3f} (eps_c {calibration.epsilon:g})")
+    _log(
+        config,
+        f"output calibration: bias shifted by {calibration.shift:+.3f} (eps_c {calibration.epsilon:g}, "
+        f"{calibration.rows_read:,} of {data.rows:,} training rows read)",
+    )
     return calibration
 
 

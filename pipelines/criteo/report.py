@@ -63,8 +63,8 @@ def run_privacy_report(
     if eps_c > 0:
         report["caveats"].append(
             f"Output calibration: after training, the click logit's bias was shifted so that the mean prediction "
-            f"matches a DP estimate of the click rate (Laplace histogram of logits and click count, "
-            f"({eps_c:.4g}, 0)-DP, in the ledger as a Laplace event; training was "
+            f"matches a DP estimate of the click rate (Laplace histogram of logits and click count on a "
+            f"random subset of the training rows, each row read with a fixed probability, ({eps_c:.4g}, 0)-DP, in the ledger as a Laplace event; training was "
             "calibrated for the rest of epsilon). It corrects DP-SGD's clipping bias of the mean prediction; "
             "the AUC is unchanged."
         )

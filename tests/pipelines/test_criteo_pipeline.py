@@ -161,6 +161,10 @@ def test_end_to_end_report_and_saved_model(mechanism, days, tmp_path_factory, ca
     else:
         assert report["output_calibration"]["epsilon"] == pytest.approx(0.05 * 3.0)
         assert abs(report["output_calibration"]["shift"]) < criteo_calibration.MAX_SHIFT
+        # On a few hundred rows the calibration's subset is all of them (sampling would cost more than it saves).
+        calibration = report["output_calibration"]
+        assert calibration["subset_rows"] == calibration["rows"] == calibration["rows_read"] == report["rows_read"]
+        assert calibration["sampling_probability"] == 1.0
     if report["is_dp"]:
         laplace = [e for e in report["ledger"]["entries"] if "Laplace" in json.dumps(e)]
         assert len(laplace) == 1 and laplace[0]["kind"] == "setup"

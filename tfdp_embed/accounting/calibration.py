@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 import dp_accounting
 
 from tfdp_embed.accounting.coarse_to_exact import Unreachable, bracket, search_intervals, smallest_parameter
+from tfdp_embed.accounting.pld_steps import StepMemoPLDAccountant
 from tfdp_embed.accounting.progress import announced
 
 _LOG = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def make_accountant(
         interval = PLD_VALUE_DISCRETIZATION_INTERVAL
     if not (isinstance(interval, (int, float)) and 0 < interval <= 1):
         raise ValueError(f"`value_discretization_interval` must be a number in (0, 1]; received {interval!r}.")
-    return dp_accounting.pld.PLDAccountant(value_discretization_interval=float(interval))
+    return StepMemoPLDAccountant(value_discretization_interval=float(interval))
 
 
 def dpsgd_event(*, sampling_probability: float, noise_multiplier: float, steps: int) -> dp_accounting.DpEvent:
@@ -274,16 +275,21 @@ def epsilon_levels(make_entries: Callable, *, delta: float, accountant: str, int
     return [level(grid) for grid in grids]
 
 
-def entries_epsilon(entries: tuple, *, delta: float, accountant: str, interval: float | None) -> float:
+def entries_epsilon(
+    entries: tuple, *, delta: float, accountant: str, interval: float | None, merge: bool = True
+) -> float:
     """epsilon of `(event, count)` entries, each `SelfComposed(event, count)`, all composed.
 
-    Neighbouring entries of the same event are merged into one
-    self-composition. Memoised when the events are hashable (a pure
-    function), so a budget's search reuses what a calibration computed.
+    With `merge`, neighbouring entries of the same event are merged into one
+    self-composition (a budget's "ledger plus k more steps"); without, the
+    entries are composed as they are (a `PrivacyLedger`'s `as_event`).
+    Memoised when the events are hashable (a pure function of the entries,
+    delta, accountant and grid), so every epsilon of one run, from the
+    calibration to the report, is computed once per distinct event sequence.
     """
     merged: list = []
     for event, count in entries:
-        if merged and merged[-1][0] == event:
+        if merge and merged and merged[-1][0] == event:
             merged[-1] = (event, merged[-1][1] + count)
         else:
             merged.append((event, int(count)))
@@ -296,7 +302,8 @@ def entries_epsilon(entries: tuple, *, delta: float, accountant: str, interval: 
 
 @functools.lru_cache(maxsize=1024)
 def _entries_epsilon(entries: tuple, delta: float, accountant: str, interval: float | None) -> float:
-    events = [dp_accounting.SelfComposedDpEvent(event, count) for event, count in entries]
+    # Built as `PrivacyLedger.as_event` builds them, so a ledger's epsilon is the same number either way.
+    events = [event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count) for event, count in entries]
     return compute_epsilon(events, target_delta=delta, accountant=accountant, value_discretization_interval=interval)
 
 

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 
 import dp_accounting
 
-from tfdp_embed.accounting.calibration import check_steps, compute_epsilon
+from tfdp_embed.accounting.calibration import check_delta, check_steps, entries_epsilon
 
 _FORMAT = "tfdp_embed.PrivacyLedger"
 _VERSION = 1
@@ -134,8 +134,10 @@ class PrivacyLedger:
           ValueError: bad delta/accountant, or an event no accountant can
             compose (a non-DP mechanism such as EANA).
         """
-        return compute_epsilon(
-            self, target_delta=delta, accountant=accountant, value_discretization_interval=value_discretization_interval
+        check_delta(delta)
+        entries = tuple((e.event, e.count) for e in self._entries)
+        return entries_epsilon(
+            entries, delta=float(delta), accountant=accountant, interval=value_discretization_interval, merge=False
         )
 
     def resume_from(self, saved: PrivacyLedger) -> None:

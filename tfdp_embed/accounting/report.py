@@ -173,8 +173,10 @@ def privacy_report(
     mech, report, caveats = _mechanism_fields(mechanism)
     if report["is_dp"]:
         if epsilon is None:
-            source = ledger if ledger is not None else _events(mechanism, q, steps)
-            epsilon = compute_epsilon(source, target_delta=delta, accountant=accountant)
+            if ledger is not None:  # memoised: the budget's epoch-end epsilon of the same ledger is reused
+                epsilon = ledger.epsilon(delta, accountant)
+            else:
+                epsilon = compute_epsilon(_events(mechanism, q, steps), target_delta=delta, accountant=accountant)
         report.update(_guarantee(epsilon, delta=delta, steps=steps, accountant=accountant, assumptions=assumptions))
     else:
         report.update(_not_dp_fields(report["mechanism"], epsilon, caveats))

@@ -184,12 +184,15 @@ def catch_up_function(target: Callable[[], TableState], owed: Callable[[], OwedN
     trace time (the function must not keep the mechanism alive). A
     `functools.partial`, not a closure: TensorFlow counts the traces of all
     functions sharing one code object together and would warn of retracing
-    after five tables.
+    after five tables. Kept out of line (`_noinline`): inlined, every call
+    site (three per table in a step with lookahead) would be a copy again for
+    the graph optimiser and the runtime to prepare; a call runs the same ops.
     """
     return tf.function(
         functools.partial(_catch_up_traced, target, owed),
         input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int32)],
         autograph=False,
+        experimental_attributes={"_noinline": True},
     )
 
 
