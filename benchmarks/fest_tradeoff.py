@@ -98,10 +98,11 @@ GRIDS = {  # mechanism -> list of extra flags, per grid size
     },
 }
 MINUTES_PER_RUN_AT_1E6 = 4.0  # one run at 10^6 rows (488 steps) on one shared core; scales with the rows
-# Every model and optimizer setting is pinned (the pipeline's data-scaled defaults would change with --rows):
-# App. D.1's tower, clip 1, SGD 1.0 with momentum 0.9, the same for every mechanism (see the docstring).
+# Every model and optimizer setting is pinned (the pipeline's data-scaled defaults would change with --rows; its
+# vocabulary cap, from a row estimate, falls to 10^4 just under 10^6 rows): Table 3 uncapped, App. D.1's tower,
+# clip 1, SGD 1.0 with momentum 0.9, the same for every mechanism (see the docstring).
 SYNTHETIC_SETTINGS = [
-    "--hidden-units", "598,598,598,598", "--clip", "1", "--learning-rate", "1.0", "--momentum", "0.9",
+    "--vocabulary", "table3", "--hidden-units", "598,598,598,598", "--clip", "1", "--learning-rate", "1.0", "--momentum", "0.9",
     "--batch", "2048", "--epochs", "1", "--accountant", "pld", "--verbose", "0",
 ]  # fmt: skip
 REAL_SETTINGS = [
@@ -184,8 +185,15 @@ def check_kept(report: dict, settings: list, path: str) -> None:
     Raises:
       ValueError: naming the report, the setting, what it ran with and what the grid runs now.
     """
+    from tfdp_embed.data.criteo import CRITEO_VOCAB_SIZES
+
     wanted = dict(zip(settings[::2], settings[1::2]))
     training, model = report.get("training", {}), report.get("model", {})
+    if wanted.get("--vocabulary") == "table3" and model.get("vocab_sizes") != list(CRITEO_VOCAB_SIZES.values()):
+        raise ValueError(
+            f"{path} was run with vocabularies {model.get('vocab_sizes')}, not DP-FEST Table 3's "
+            f"{list(CRITEO_VOCAB_SIZES.values())}. Use another --work (or remove that run)."
+        )
     kept = {
         "--momentum": training.get("momentum"),
         "--learning-rate": training.get("learning_rate"),

@@ -187,3 +187,20 @@ def test_auc_note_and_base_rate():
     assert "clicks (label 1)" in criteo_eval.auc_note(np.ones(3))
     assert "no rows" in criteo_eval.auc_note(np.zeros(0))
     assert criteo_eval.base_rate_log_loss(0.25) == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+
+
+def test_vocabulary_table3_keeps_table_3_uncapped_whatever_the_rows(days, tmp_path):
+    chosen = criteo_defaults.resolve(
+        mechanism="dense", clip=1.0, rows=1000, smallest_period=1000, batch=64, hidden=(8,), lr=0.1,
+        hash_size=None, rows_estimate=None, table3_vocabulary=True,
+    )  # fmt: skip
+    assert chosen.vocabulary == "DP-FEST Table 3 (uncapped)" and "vocabulary" not in chosen.chosen
+    flags = [f for f in TINY if f not in ("--hash-size", "20")]
+    out = tmp_path / "run"
+    argv = ["--train", days[0], "--eval", days[1], "--vocabulary", "table3", "--out", str(out), *flags]
+    assert criteo.main(argv) == 0
+    report, _ = _report(out)
+    assert report["model"]["vocab_sizes"] == list(CRITEO_VOCAB_SIZES.values())
+    assert report["defaults"]["values"]["vocabulary"] == "DP-FEST Table 3 (uncapped)"
+    with pytest.raises(SystemExit):
+        criteo.parse_args([*argv, "--hash-size", "20"])
