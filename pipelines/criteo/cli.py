@@ -166,6 +166,13 @@ def _add_privacy_flags(priv) -> None:
         help="fest/adafest+: fraction of each table kept by the selection, in (0, 1]",
     )
     priv.add_argument(
+        "--top-min-rows",
+        type=cli_types.positive(int),
+        default=1,
+        help="fest/adafest+: every table keeps at least min(V, this) rows (default %(default)s; e.g. 1000 keeps "
+        "tables of up to 1,000 rows whole, as a top-k over all tables' buckets would)",
+    )
+    priv.add_argument(
         "--adafest-ratio",
         type=cli_types.positive(float),
         default=criteo_privacy.PrivacySettings.adafest_ratio,
@@ -299,6 +306,7 @@ def _privacy_settings(a: argparse.Namespace) -> criteo_privacy.PrivacySettings:
         accountant=a.accountant,
         selection_fraction=a.selection_fraction,
         top_fraction=a.top_fraction,
+        top_min_rows=a.top_min_rows,
         adafest_ratio=a.adafest_ratio,
         adafest_threshold=a.adafest_threshold,
         contribution_clip=a.contribution_clip,
