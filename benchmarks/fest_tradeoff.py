@@ -1,8 +1,8 @@
 """DP-FEST Figure 3 on synthetic Criteo at Table 3's vocabulary sizes: best gradient-size reduction vs allowed AUC loss.
 
     python -m benchmarks.fest_tradeoff --grid small --rows 20000 --eval-rows 5000      # quick look
-    nice -n 10 python -m benchmarks.fest_tradeoff --grid full --rows 1000000 --eval-rows 100000 \\
-        --work /tmp/fest_tradeoff --results-md benchmarks/RESULTS.md
+    nice -n 10 python -m benchmarks.fest_tradeoff --grid issue --rows 1000000 --eval-rows 100000 \\
+        --work /tmp/fest_tradeoff --results-md benchmarks/RESULTS.md                     # 20 runs, ~80 min
     python -m benchmarks.fest_tradeoff --real ../shared/data/criteo --grid small      # direction only
 
 Data: the synthetic Criteo generator (`tfdp_embed.data.criteo`) at DP-FEST
@@ -16,8 +16,28 @@ Runs (each `pipelines.criteo` in this process, one after the other, its
 report.json kept under `--work`, so an interrupted grid resumes): per epsilon
 (delta = 1/N), LazyDP (exact: its model is dense DP-SGD's, its gradient is
 dense-equivalent, reduction 1), DP-FEST over k (`--top-fraction` of every
-table), DP-AdaFEST over sigma1/sigma2 x tau, DP-AdaFEST+ over tau x k. Model:
-DP-FEST App. D.1 (embedding widths int(2 V^0.25), 4 x 598 ReLU, batch 2,048).
+table), DP-AdaFEST over sigma1/sigma2 x tau, DP-AdaFEST+ over tau x k. Grids:
+`small` (a look), `issue` (what issue 20 names, sized for about 90 min on one
+core at 10^6 rows; the run count and expected time are printed first), `full`
+(App. D.1's whole tau range). Model: DP-FEST App. D.1 (embedding widths
+int(2 V^0.25), 4 x 598 ReLU, batch 2,048).
+
+Like with like: every mechanism runs the same model and optimizer (clip 1,
+legacy SGD, learning rate 1.0, momentum 0.9, pinned here rather than left to
+the pipeline's data-scaled defaults), and a kept report run with other
+settings is refused (`check_kept`). LazyDP is dense momentum SGD exactly;
+DP-FEST sends every selected row every step, so its momentum is dense on the
+selected subspace; DP-AdaFEST sends only the surviving rows, so the legacy
+optimizer's sparse momentum skips the others (the paper's Algorithm 1 is
+plain SGD). What each sparse mechanism pays besides sparsity is its own
+privacy split: DP-AdaFEST's gradient noise is sigma2 = sigma sqrt(1 +
+(sigma2/sigma1)^2), sqrt(2) sigma at ratio 1, on every variable; DP-FEST's
+pure-DP top-k adds Gumbel noise of scale k_f / eps_f per table, which at
+these vocabularies exceeds most counts, and `--top-fraction` alone keeps
+max(1, fraction x V_f) rows of every table, so a 3-row table keeps one. The
+`issue` grid adds `--top-min-rows 1000` (tables of up to 1,000 rows kept
+whole, as the paper's top-k over all tables' buckets would keep these
+frequent rows). RESULTS.md ("why every sparse run lost") has the diagnostic runs.
 
 Curve (Figure 3): for each allowed AUC loss L, the largest gradient-size
 reduction of a mechanism's runs with AUC >= AUC(LazyDP) - L. The table's
@@ -70,22 +90,44 @@ GRIDS = {  # mechanism -> list of extra flags, per grid size
             for f in ("0.3", "0.1")
         ],
     },
+    # What issue 20 names, sized for about 90 min on one core at 10^6 rows (~4 min a run):
+    # per epsilon LazyDP, DP-FEST at 2 k, DP-AdaFEST at sigma1/sigma2 in {1, 5, 10} x 2 tau, DP-AdaFEST+.
+    "issue": {
+        "lazy": [()],
+        "fest": [("--top-fraction", f, "--top-min-rows", "1000") for f in ("0.1", "0.01")],
+        "adafest": [("--adafest-ratio", r, "--adafest-threshold", t) for r in ("1", "5", "10") for t in ("10", "50")],
+        "adafest+": [
+            ("--adafest-ratio", "10", "--adafest-threshold", "10", "--top-fraction", "0.1", "--top-min-rows", "1000")
+        ],
+    },
 }
-SYNTHETIC_SETTINGS = ["--batch", "2048", "--epochs", "1", "--accountant", "pld", "--verbose", "0"]
+MINUTES_PER_RUN_AT_1E6 = 4.0  # one run at 10^6 rows (488 steps) on one shared core; scales with the rows
+# Every model and optimizer setting is pinned (the pipeline's data-scaled defaults would change with --rows; its
+# vocabulary cap, from a row estimate, falls to 10^4 just under 10^6 rows): Table 3 uncapped, App. D.1's tower,
+# clip 1, SGD 1.0 with momentum 0.9, the same for every mechanism (see the docstring).
+SYNTHETIC_SETTINGS = [
+    "--vocabulary", "table3", "--hidden-units", "598,598,598,598", "--clip", "1", "--learning-rate", "1.0", "--momentum", "0.9",
+    "--batch", "2048", "--epochs", "1", "--accountant", "pld", "--verbose", "0",
+]  # fmt: skip
 REAL_SETTINGS = [
-    "--hash-size", "1000", "--hidden-units", "64,32", "--batch", "512", "--epochs", "5",
+    "--hash-size", "1000", "--hidden-units", "64,32", "--clip", "1", "--batch", "512", "--epochs", "5",
     "--learning-rate", "0.3", "--momentum", "0.9", "--accountant", "pld", "--verbose", "0",
 ]  # fmt: skip
 
 
 def schedule(grid: str, epsilons) -> list[tuple]:
-    """(epsilon, mechanism, flags) in run order: the small grid first (LazyDP first per epsilon), then the rest."""
+    """(epsilon, mechanism, flags) in run order, LazyDP first per epsilon; `full` runs the small grid first."""
     order = []
-    for name in ("small", grid) if grid != "small" else ("small",):
+    for name in ("small", grid) if grid == "full" else (grid,):
         for eps in epsilons:
             for mech, settings in GRIDS[name].items():
                 order += [(eps, mech, flags) for flags in settings if (eps, mech, flags) not in order]
     return order
+
+
+def expected_minutes(runs: int, rows: int) -> float:
+    """Rough wall time of `runs` pipeline runs at `rows` training rows (one shared core; steps scale with rows)."""
+    return runs * MINUTES_PER_RUN_AT_1E6 * max(rows, 1) / 1e6
 
 
 def synthetic_files(work: str, rows: int, eval_rows: int, seed: int) -> tuple[list, list]:
@@ -109,8 +151,7 @@ def run_one(a, train, evaluation, mechanism: str, epsilon: float, flags: tuple) 
     """One pipeline run (skipped when its report exists); its summary row, or None if it failed."""
     from pipelines import criteo
 
-    tag = "_".join(x.strip("-") for x in flags)
-    out = os.path.join(a.work, f"{a.label}_{mechanism}_eps{epsilon:g}{'_' + tag if tag else ''}_s{a.seed}")
+    out = _run_dir(a, mechanism, epsilon, flags)
     path = os.path.join(out, "report.json")
     if not os.path.exists(path):
         argv = [
@@ -132,6 +173,7 @@ def run_one(a, train, evaluation, mechanism: str, epsilon: float, flags: tuple) 
         print(f"[fest_tradeoff]   done in {time.perf_counter() - started:.0f} s", flush=True)
     with open(path) as f:
         report = json.load(f)
+    check_kept(report, REAL_SETTINGS if a.real else SYNTHETIC_SETTINGS, path)
     reduction = 1.0 if mechanism == "lazy" else report.get("gradient_size_reduction")
     return {
         "mechanism": mechanism, "epsilon_target": epsilon, "flags": list(flags), "auc": report["auc"],
@@ -139,6 +181,38 @@ def run_one(a, train, evaluation, mechanism: str, epsilon: float, flags: tuple) 
         "gradient_size_reduction": reduction, "steps": report["steps"], "median_step_s": report.get("median_step_s"),
         "ledger": report.get("ledger"),
     }  # fmt: skip
+
+
+def check_kept(report: dict, settings: list, path: str) -> None:
+    """Refuses a kept report run with other model or optimizer settings than `settings` (a `--work` of an older grid).
+
+    Raises:
+      ValueError: naming the report, the setting, what it ran with and what the grid runs now.
+    """
+    from tfdp_embed.data.criteo import CRITEO_VOCAB_SIZES
+
+    wanted = dict(zip(settings[::2], settings[1::2]))
+    training, model = report.get("training", {}), report.get("model", {})
+    if wanted.get("--vocabulary") == "table3" and model.get("vocab_sizes") != list(CRITEO_VOCAB_SIZES.values()):
+        raise ValueError(
+            f"{path} was run with vocabularies {model.get('vocab_sizes')}, not DP-FEST Table 3's "
+            f"{list(CRITEO_VOCAB_SIZES.values())}. Use another --work (or remove that run)."
+        )
+    kept = {
+        "--momentum": training.get("momentum"),
+        "--learning-rate": training.get("learning_rate"),
+        "--clip": report.get("l2_norm_clip"),
+        "--hidden-units": ",".join(str(u) for u in model.get("hidden_units", ())),
+    }
+    for flag, value in kept.items():
+        if flag not in wanted or value is None:
+            continue
+        same = value == wanted[flag] if flag == "--hidden-units" else float(value) == float(wanted[flag])
+        if not same:
+            raise ValueError(
+                f"{path} was run with {flag} {value}; this grid runs {flag} {wanted[flag]}. "
+                "Use another --work (or remove that run) so that every row of the table has the same settings."
+            )
 
 
 def best_reduction(rows: list, baseline_auc: float, loss: float) -> dict | None:
@@ -314,8 +388,14 @@ def main(argv=None) -> int:
         train, evaluation = [os.path.join(a.real, "train.tsv")], [os.path.join(a.real, "dev.tsv")]
     else:
         train, evaluation = synthetic_files(a.work, a.rows, a.eval_rows, a.seed)
+    order = schedule(a.grid, a.epsilons)
+    if not a.summarize:
+        todo = sum(not os.path.exists(os.path.join(_run_dir(a, m, e, f), "report.json")) for e, m, f in order)
+        minutes = expected_minutes(todo, 7_200 if a.real else a.rows)
+        print(f"[fest_tradeoff] grid {a.grid}: {len(order)} runs, {todo} to do, about {minutes:.0f} min "
+              f"(~{MINUTES_PER_RUN_AT_1E6:g} min a run at 10^6 rows, scaled with the rows)", flush=True)  # fmt: skip
     rows, missing = [], []
-    for eps, mech, flags in schedule(a.grid, a.epsilons):
+    for eps, mech, flags in order:
         row = run_one(a, train, evaluation, mech, eps, flags) if not a.summarize else _load(a, mech, eps, flags)
         (rows.append(row) if row else missing.append(f"{mech} eps={eps:g} {' '.join(flags)}".strip()))
     summary = summarize(a, rows)
@@ -334,10 +414,13 @@ def main(argv=None) -> int:
     return 0
 
 
-def _load(a, mechanism, epsilon, flags) -> dict | None:
+def _run_dir(a, mechanism: str, epsilon: float, flags: tuple) -> str:
     tag = "_".join(x.strip("-") for x in flags)
-    out = os.path.join(a.work, f"{a.label}_{mechanism}_eps{epsilon:g}{'_' + tag if tag else ''}_s{a.seed}")
-    if not os.path.exists(os.path.join(out, "report.json")):
+    return os.path.join(a.work, f"{a.label}_{mechanism}_eps{epsilon:g}{'_' + tag if tag else ''}_s{a.seed}")
+
+
+def _load(a, mechanism, epsilon, flags) -> dict | None:
+    if not os.path.exists(os.path.join(_run_dir(a, mechanism, epsilon, flags), "report.json")):
         return None
     return run_one(a, None, None, mechanism, epsilon, flags)
 

@@ -105,6 +105,13 @@ def _add_data_flags(data) -> None:
         "max(1000, N/10) buckets, N the training rows, in whole decades)",
     )
     data.add_argument(
+        "--vocabulary",
+        choices=("scaled", "table3"),
+        default="scaled",
+        help="scaled: DP-FEST Table 3 capped by the row count (the --hash-size default); table3: Table 3's "
+        "sizes uncapped, whatever the row count (exclusive with --hash-size)",
+    )
+    data.add_argument(
         "--synthetic-rows",
         type=cli_types.positive(int),
         default=criteo_data.SyntheticSpec.train_rows,
@@ -157,6 +164,13 @@ def _add_privacy_flags(priv) -> None:
         type=float,
         default=0.1,
         help="fest/adafest+: fraction of each table kept by the selection, in (0, 1]",
+    )
+    priv.add_argument(
+        "--top-min-rows",
+        type=cli_types.positive(int),
+        default=1,
+        help="fest/adafest+: every table keeps at least min(V, this) rows (default %(default)s; e.g. 1000 keeps "
+        "tables of up to 1,000 rows whole, as a top-k over all tables' buckets would)",
     )
     priv.add_argument(
         "--adafest-ratio",
@@ -273,6 +287,8 @@ def _check_values(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Non
         parser.error(
             "--selection-fraction + --calibration-fraction must be < 1 (the rest of epsilon pays for training)."
         )
+    if a.vocabulary == "table3" and a.hash_size is not None:
+        parser.error(f"--vocabulary table3 and --hash-size {a.hash_size} exclude each other; give one.")
     if not 0 < a.top_fraction <= 1:
         parser.error(f"--top-fraction must lie in (0, 1]; received {a.top_fraction!r}.")
     if not 0 <= a.momentum < 1:
@@ -290,6 +306,7 @@ def _privacy_settings(a: argparse.Namespace) -> criteo_privacy.PrivacySettings:
         accountant=a.accountant,
         selection_fraction=a.selection_fraction,
         top_fraction=a.top_fraction,
+        top_min_rows=a.top_min_rows,
         adafest_ratio=a.adafest_ratio,
         adafest_threshold=a.adafest_threshold,
         contribution_clip=a.contribution_clip,
@@ -327,6 +344,7 @@ def _config(a: argparse.Namespace) -> PipelineConfig:
         calibration_auto=a.calibration_auto,
         fixed_size_batches=a.fixed_size_batches,
         hash_size=a.hash_size,
+        table3_vocabulary=a.vocabulary == "table3",
         hidden_units=a.hidden_units,
         embedding_dim=a.embedding_dim,
         learning_rate=a.learning_rate,

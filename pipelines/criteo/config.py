@@ -40,6 +40,7 @@ class PipelineConfig:
     )
     fixed_size_batches: bool = False
     hash_size: int | None = None
+    table3_vocabulary: bool = False  # Table 3's sizes uncapped (no data-scaled cap); exclusive with hash_size
     hidden_units: tuple | None = None
     embedding_dim: int | None = None
     learning_rate: float | None = None

@@ -11,7 +11,9 @@ q = B / N):
   max(1000, 10^(floor(log10 N) - 1)), i.e. about one bucket per 10 rows, in
   whole decades so that the cap does not depend on a few rows more or less
   (N is estimated from the files' sizes here, before reading, because rows
-  are hashed as they are read);
+  are hashed as they are read); `--vocabulary table3` keeps Table 3's sizes
+  uncapped (a benchmark at Table 3's sizes must not depend on an estimate
+  that lands just under a decade);
 * ReLU tower: 64,32 below 10^5 rows, 256,128 below 10^6, 512,256,128 below
   10^7, DP-FEST App. D.1's 598 x 4 from 10^7 on;
 * expected batch B: N_min / 16 rounded to a power of two, within [32, 2048]
@@ -154,6 +156,7 @@ def resolve(
     lr: float | None,
     hash_size: int | None,
     rows_estimate: int | None,
+    table3_vocabulary: bool = False,
 ) -> Chosen:
     """Fills the settings left unset (None) by the rules above.
 
@@ -163,6 +166,7 @@ def resolve(
       rows: N, the training rows read.
       smallest_period: rows of the smallest streaming period (N with one period).
       batch, hidden, lr, hash_size: the flags (None: choose).
+      table3_vocabulary: True when `--vocabulary table3` fixed Table 3's sizes (no cap chosen).
       rows_estimate: the row estimate the vocabulary cap was chosen from.
     """
     chosen = []
@@ -172,7 +176,9 @@ def resolve(
         hidden, chosen = hidden_units(rows), [*chosen, "hidden_units"]
     if lr is None:
         lr, chosen = learning_rate(mechanism, batch, clip), [*chosen, "learning_rate"]
-    if hash_size is None:
+    if table3_vocabulary:
+        vocab = "DP-FEST Table 3 (uncapped)"
+    elif hash_size is None:
         vocab = f"DP-FEST Table 3 capped at {hash_size_cap(rows_estimate or rows)} buckets"
         chosen.append("vocabulary")
     else:

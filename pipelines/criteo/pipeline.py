@@ -110,10 +110,9 @@ def _read(config: PipelineConfig) -> _Data:
             config, f"no --train: writing synthetic Criteo data to {config.out}/data ({dataclasses.asdict(synthetic)})"
         )
         train_files, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
-    rows_estimate = None if config.hash_size else estimate_rows(train_files)
-    vocab = (
-        resolve_vocab_sizes(None, config.hash_size) if config.hash_size else criteo_defaults.vocabulary(rows_estimate)
-    )
+    fixed = config.hash_size or config.table3_vocabulary
+    rows_estimate = None if fixed else estimate_rows(train_files)
+    vocab = resolve_vocab_sizes(None, config.hash_size) if fixed else criteo_defaults.vocabulary(rows_estimate)
     read = dict(vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming, format=config.format)
     selecting = criteo_privacy.selects_rows(config.mechanism)
     groups = [[f] for f in train_files] if config.streaming_periods else [train_files]
@@ -135,6 +134,7 @@ def _choose(config: PipelineConfig, data: _Data) -> tuple[PipelineConfig, criteo
     chosen = criteo_defaults.resolve(
         mechanism=config.mechanism, clip=clip, rows=data.rows, smallest_period=smallest, batch=config.batch,
         hidden=config.hidden_units, lr=config.learning_rate, hash_size=config.hash_size,
+        table3_vocabulary=config.table3_vocabulary,
         rows_estimate=data.rows_estimate,
     )  # fmt: skip
     config = dataclasses.replace(
@@ -446,7 +446,9 @@ def _settings_report(config: PipelineConfig, data: _Data, sampler: dict) -> dict
         "train_files": data.train_files,
         "eval_files": data.eval_files,
         "synthetic": None if data.synthetic is None else dataclasses.asdict(data.synthetic),
-        "vocabulary": data.chosen.vocabulary if data.chosen else f"hash size {config.hash_size}",
+        "vocabulary": data.chosen.vocabulary
+        if data.chosen
+        else ("DP-FEST Table 3 (uncapped)" if config.table3_vocabulary else f"hash size {config.hash_size}"),
         **sampler,
         "stream_buffer_rows": config.stream_buffer_rows,
         "spill_dir": config.spill_dir,

@@ -19,6 +19,7 @@ LazyDP (ASPLOS 2024) §5; EANA (RecSys 2022) §3.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -43,6 +44,9 @@ class PrivacySettings:
       selection_fraction: share of epsilon spent on the DP top-k selection
         (fest, adafest+), in (0, 1).
       top_fraction: fraction of each table's rows the selection keeps (fest, adafest+).
+      top_min_rows: every table keeps at least min(V, top_min_rows) rows (fest, adafest+): with 1, a
+        3-row table keeps one row at any fraction below 2/3; DP-FEST's top-k over all buckets
+        (App. B.1) keeps the small, frequent tables whole.
       adafest_ratio: sigma1 / sigma2 (adafest, adafest+); App. D.1 tunes 0.1..10.
       adafest_threshold: tau; None means `threshold_sigmas * sigma1 * C1`.
       threshold_sigmas: default tau in units of the contribution-map noise std.
@@ -59,6 +63,7 @@ class PrivacySettings:
     accountant: str = "pld"
     selection_fraction: float = 0.1
     top_fraction: float = 0.1
+    top_min_rows: int = 1
     adafest_ratio: float = 1.0
     adafest_threshold: float | None = None
     threshold_sigmas: float = 2.0
@@ -106,13 +111,28 @@ def _mechanism_options(settings: PrivacySettings, counts) -> dict:
     """The CLI's mechanism flags, for the mechanisms that take them."""
     accepted = mechanisms.options(settings.mechanism, counts=counts is not None)
     flags = dict(
-        counts=counts, top_fraction=settings.top_fraction, contribution_clip=settings.contribution_clip,
+        counts=counts, contribution_clip=settings.contribution_clip,
         threshold=settings.adafest_threshold,
     )  # fmt: skip
+    flags.update(top_rows(settings, counts))
     options = {k: v for k, v in flags.items() if k in accepted}
     if "contribution_noise_multiplier" in accepted:
         options.update(ratio=settings.adafest_ratio, threshold_sigmas=settings.threshold_sigmas)
     return options
+
+
+def top_rows(settings: PrivacySettings, counts) -> dict:
+    """`{"top_fraction": f}`, or with `top_min_rows` > 1 `{"top_k": {table: k}}`, k = max(floor(f V), min(V, m)).
+
+    V = len(counts[table]) is the table's vocabulary (public), so k is too.
+    """
+    if settings.top_min_rows <= 1 or counts is None:
+        return {"top_fraction": settings.top_fraction}
+    ks = {}
+    for name, vector in counts.items():
+        size = len(vector)
+        ks[name] = max(1, math.floor(settings.top_fraction * size), min(size, settings.top_min_rows))
+    return {"top_k": ks}
 
 
 def output_calibration_epsilon(run: RunPlan) -> float:
@@ -128,4 +148,5 @@ __all__ = [
     "output_calibration_epsilon",
     "plan",
     "selects_rows",
+    "top_rows",
 ]

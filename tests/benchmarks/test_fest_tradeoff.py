@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks import fest_tradeoff
 from tfdp_embed.accounting import PrivacyLedger, compute_epsilon, dpsgd_event
+from tfdp_embed.data.criteo import CRITEO_VOCAB_SIZES
 
 EVENT = dpsgd_event(sampling_probability=0.01, noise_multiplier=1.0, steps=100)
 
@@ -69,3 +70,39 @@ def test_the_search_is_charged_for_its_costliest_run():
     laplace = dp_accounting.ComposedDpEvent([dp_accounting.LaplaceDpEvent(0.5), EVENT])
     with pytest.raises(ValueError, match="dominates"):
         fest_tradeoff.dominating_event([laplace, run(3.0)])
+
+
+def test_the_issue_grid_runs_what_issue_20_names_within_90_minutes_at_a_million_rows():
+    order = fest_tradeoff.schedule("issue", [1.0, 3.0])
+    assert len(order) == len(set(order))
+    for eps in (1.0, 3.0):
+        runs = [(m, f) for e, m, f in order if e == eps]
+        assert runs[0] == ("lazy", ())
+        fest_k = {f[1] for m, f in runs if m == "fest"}
+        ada = {(f[1], f[3]) for m, f in runs if m == "adafest"}
+        assert len(fest_k) >= 2 and any(m == "adafest+" for m, _ in runs)
+        assert {r for r, _ in ada} == {"1", "5", "10"}
+        assert ada == {(r, t) for r in ("1", "5", "10") for t in {t for _, t in ada}} and len({t for _, t in ada}) >= 2
+    assert fest_tradeoff.expected_minutes(len(order), 1_000_000) <= 90
+    assert fest_tradeoff.expected_minutes(10, 200_000) == pytest.approx(10 * fest_tradeoff.MINUTES_PER_RUN_AT_1E6 / 5)
+
+
+def _report(**training):
+    return {"training": {"momentum": 0.9, "learning_rate": 1.0, **training}, "l2_norm_clip": 1.0,
+            "model": {"hidden_units": [598, 598, 598, 598], "vocab_sizes": list(CRITEO_VOCAB_SIZES.values())}}  # fmt: skip
+
+
+def test_a_kept_run_with_other_optimizer_settings_is_refused():
+    settings = fest_tradeoff.SYNTHETIC_SETTINGS
+    fest_tradeoff.check_kept(_report(), settings, "r.json")  # the grid's own settings
+    with pytest.raises(ValueError, match="--momentum 0.0; this grid runs --momentum 0.9"):
+        fest_tradeoff.check_kept(_report(momentum=0.0), settings, "r.json")
+    with pytest.raises(ValueError, match="--learning-rate 0.1; this grid runs --learning-rate 1.0"):
+        fest_tradeoff.check_kept(_report(learning_rate=0.1), settings, "r.json")
+    with pytest.raises(ValueError, match="--hidden-units 512,256,128"):
+        fest_tradeoff.check_kept({**_report(), "model": {**_report()["model"], "hidden_units": [512, 256, 128]}},
+                                 settings, "r.json")  # fmt: skip
+    capped = [min(v, 10_000) for v in CRITEO_VOCAB_SIZES.values()]  # the data-scaled cap just under 10^6 rows
+    with pytest.raises(ValueError, match="not DP-FEST Table 3"):
+        fest_tradeoff.check_kept({**_report(), "model": {**_report()["model"], "vocab_sizes": capped}},
+                                 settings, "r.json")  # fmt: skip

@@ -187,3 +187,36 @@ def test_auc_note_and_base_rate():
     assert "clicks (label 1)" in criteo_eval.auc_note(np.ones(3))
     assert "no rows" in criteo_eval.auc_note(np.zeros(0))
     assert criteo_eval.base_rate_log_loss(0.25) == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+
+
+def test_vocabulary_table3_keeps_table_3_uncapped_whatever_the_rows(days, tmp_path):
+    chosen = criteo_defaults.resolve(
+        mechanism="dense", clip=1.0, rows=1000, smallest_period=1000, batch=64, hidden=(8,), lr=0.1,
+        hash_size=None, rows_estimate=None, table3_vocabulary=True,
+    )  # fmt: skip
+    assert chosen.vocabulary == "DP-FEST Table 3 (uncapped)" and "vocabulary" not in chosen.chosen
+    flags = [f for f in TINY if f not in ("--hash-size", "20")]
+    out = tmp_path / "run"
+    argv = ["--train", days[0], "--eval", days[1], "--vocabulary", "table3", "--out", str(out), *flags]
+    assert criteo.main(argv) == 0
+    report, _ = _report(out)
+    assert report["model"]["vocab_sizes"] == list(CRITEO_VOCAB_SIZES.values())
+    assert report["defaults"]["values"]["vocabulary"] == "DP-FEST Table 3 (uncapped)"
+    with pytest.raises(SystemExit):
+        criteo.parse_args([*argv, "--hash-size", "20"])
+
+
+def test_top_min_rows_keeps_small_tables_whole(days, tmp_path):
+    from pipelines.criteo import privacy as criteo_privacy
+
+    counts = {"a": np.zeros(4), "b": np.zeros(30), "c": np.zeros(5000)}
+    settings = criteo_privacy.PrivacySettings(mechanism="fest", epsilon=1.0, delta=1e-5, top_fraction=0.1)
+    assert criteo_privacy.top_rows(settings, counts) == {"top_fraction": 0.1}  # default: the fraction as given
+    wide = criteo_privacy.PrivacySettings(mechanism="fest", epsilon=1.0, delta=1e-5, top_fraction=0.1, top_min_rows=10)
+    assert criteo_privacy.top_rows(wide, counts) == {"top_k": {"a": 4, "b": 10, "c": 500}}
+    flags = [f for f in TINY if f not in ("--hash-size", "20")] + ["--hash-size", "40"]  # 41 rows a table
+    out = tmp_path / "run"
+    argv = ["--train", days[0], "--eval", days[1], "--mechanism", "fest", "--top-min-rows", "12", "--out", str(out)]
+    assert criteo.main([*argv, *flags]) == 0
+    report, _ = _report(out)
+    assert set(report["mechanism_report"]["selections"][0]["top_k"].values()) == {12}  # not floor(0.1 x 41) = 4
