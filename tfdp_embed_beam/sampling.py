@@ -69,17 +69,26 @@ def example_steps(
     Returns:
       The joined steps, ascending.
     """
-    q = sampling_probability
+    return joined_cells(_generator(seed, _EXAMPLE_DOMAIN, line_number, file_index), total_steps, sampling_probability)
+
+
+def joined_cells(rng: np.random.Generator, cells: int, q: float) -> np.ndarray:
+    """Sorted indices of the joined cells of `cells` independent Bernoulli(q) trials (geometric skips).
+
+    The gaps between successes of a Bernoulli(q) sequence are i.i.d.
+    Geometric(q); draws go in blocks sized to cover the rest with high
+    probability. Shared with `tfdp_embed.data.one_pass` (which imports it
+    from here: this module needs numpy only).
+    """
     if q >= 1.0:
-        return np.arange(total_steps, dtype=np.int64)
-    rng = _generator(seed, _EXAMPLE_DOMAIN, line_number, file_index)
+        return np.arange(cells, dtype=np.int64)
     found, end = [], -1
     while True:
-        expected = (total_steps - 1 - end) * q
-        gaps = rng.geometric(q, size=int(expected + 6 * math.sqrt(expected) + 4))
+        expected = (cells - 1 - end) * q
+        gaps = rng.geometric(q, size=int(expected + 6 * math.sqrt(expected) + 16))
         positions = end + np.cumsum(gaps, dtype=np.int64)
-        found.append(positions[positions < total_steps])
-        if positions[-1] >= total_steps:
+        found.append(positions[positions < cells])
+        if positions[-1] >= cells:
             return np.concatenate(found)
         end = int(positions[-1])
 

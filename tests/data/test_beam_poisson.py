@@ -26,21 +26,6 @@ from tfdp_embed_beam.sampling import check_seed, cut_step, example_steps
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _check_poisson(m, q):
-    """m: [steps, n] 0/1 membership. The law the accountant assumes (as tests/data/test_one_pass.py checks it)."""
-    t, n = m.shape
-    sd = np.sqrt(q * (1 - q) / (t * n))  # overall inclusion rate ~ Binomial(t n, q) / (t n)
-    assert abs(m.mean() - q) < 5 * sd, (m.mean(), q, sd)
-    sizes = m.sum(1)  # batch sizes ~ Binomial(n, q): mean n q, variance n q (1 - q)
-    assert abs(sizes.mean() - n * q) < 5 * np.sqrt(n * q * (1 - q) / t)
-    assert abs(sizes.var(ddof=1) / (n * q * (1 - q)) - 1) < 5 * np.sqrt(2 / (t - 1))
-    per_example = m.sum(0)  # ~ Binomial(t, q): not ~constant as with shuffling
-    assert abs(per_example.var(ddof=1) / (t * q * (1 - q)) - 1) < 5 * np.sqrt(2 / (n - 1))
-    for lag in (1, 3):  # co-inclusion in steps t and t + lag: q^2 (independence across steps)
-        both, trials = (m[lag:] * m[:-lag]).sum(), (t - lag) * n
-        assert abs(both / trials - q * q) < 5 * np.sqrt(q * q * (1 - q * q) / trials)
-
-
 # -- the draw, without Beam ------------------------------------------------------------------
 
 
@@ -63,12 +48,12 @@ def test_example_steps_depend_only_on_seed_and_key():
     np.testing.assert_array_equal(example_steps(1, 0, 0, sampling_probability=1.0, total_steps=4), [0, 1, 2, 3])
 
 
-def test_example_steps_are_independent_bernoulli():
+def test_example_steps_are_independent_bernoulli(check_poisson):
     q, steps, n = 0.05, 240, 1500  # 12 epochs of 20 steps
     m = np.zeros((steps, n), np.int64)
     for i in range(n):
         m[example_steps(3, i % 2, i // 2, sampling_probability=q, total_steps=steps), i] = 1
-    _check_poisson(m, q)
+    check_poisson(m, q)
 
 
 def test_cut_step_is_a_uniform_subset_whatever_the_member_order():
@@ -232,7 +217,7 @@ def _membership(lines):
 
 
 @pytest.mark.beam
-def test_beam_job_batches_are_poisson(job_outputs):
+def test_beam_job_batches_are_poisson(job_outputs, check_poisson):
     lines, info = beam_poisson_batches(job_outputs["full"])
     manifest = json.load(open(os.path.join(job_outputs["full"], fmt.MANIFEST)))
     assert manifest["num_examples"] == N and manifest["steps"] == EPOCHS * 20 and manifest["seed"] == 7
@@ -240,7 +225,7 @@ def test_beam_job_batches_are_poisson(job_outputs):
     assert info.sampler == "beam_poisson" and info.batches_per_epoch == 20 and info.num_examples == N
     m = _membership(lines)
     assert m.shape == (EPOCHS * 20, N) and m.sum() == manifest["records"]
-    _check_poisson(m, Q)
+    check_poisson(m, Q)
     assert fed_batching(lines.prefetch(1)).verified_poisson
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tfdp_embed._keras import tf
 from tfdp_embed.data import fed_batching, fixed_shape_batches, one_pass, one_pass_poisson_batches, poisson_batches
-from tfdp_embed.data.one_pass import _joined_cells
+from tfdp_embed_beam.sampling import joined_cells
 
 N = 300
 
@@ -41,35 +41,21 @@ def _membership(batches, epochs, n=N):
     return np.array(rows)
 
 
-def _check_poisson(m, q):
-    t, n = m.shape
-    sd = np.sqrt(q * (1 - q) / (t * n))  # overall inclusion rate ~ Binomial(t n, q) / (t n)
-    assert abs(m.mean() - q) < 5 * sd, (m.mean(), q, sd)
-    sizes = m.sum(1)  # batch sizes ~ Binomial(n, q): mean n q, variance n q (1 - q)
-    assert abs(sizes.mean() - n * q) < 5 * np.sqrt(n * q * (1 - q) / t)
-    assert abs(sizes.var(ddof=1) / (n * q * (1 - q)) - 1) < 5 * np.sqrt(2 / (t - 1))
-    per_example = m.sum(0)  # ~ Binomial(t, q): not ~constant as with shuffling
-    assert abs(per_example.var(ddof=1) / (t * q * (1 - q)) - 1) < 5 * np.sqrt(2 / (n - 1))
-    for lag in (1, 3):  # co-inclusion in steps t and t + lag: q^2 (independence across steps)
-        both, trials = (m[lag:] * m[:-lag]).sum(), (t - lag) * n
-        assert abs(both / trials - q * q) < 5 * np.sqrt(q * q * (1 - q * q) / trials)
-
-
 def test_joined_cells_are_independent_bernoulli():
     rng = np.random.Generator(np.random.PCG64(0))
     q, cells = 0.03, 2_000_000
-    joined = _joined_cells(rng, cells, q)
+    joined = joined_cells(rng, cells, q)
     assert np.all(np.diff(joined) > 0) and joined[0] >= 0 and joined[-1] < cells
     assert abs(joined.size - cells * q) < 5 * np.sqrt(cells * q * (1 - q))
     grid = np.zeros(cells, bool)
     grid[joined] = True
     both = (grid[1:] & grid[:-1]).sum()  # neighbouring cells: q^2
     assert abs(both / (cells - 1) - q * q) < 5 * np.sqrt(q * q / (cells - 1))
-    np.testing.assert_array_equal(_joined_cells(rng, 7, 1.0), np.arange(7))
+    np.testing.assert_array_equal(joined_cells(rng, 7, 1.0), np.arange(7))
 
 
 @pytest.mark.parametrize("batched", [None, 37])
-def test_one_pass_batches_are_poisson_and_read_the_source_once(batched, tmp_path):
+def test_one_pass_batches_are_poisson_and_read_the_source_once(batched, tmp_path, check_poisson):
     reads = tf.Variable(0, dtype=tf.int64)
 
     def count(*element):
@@ -90,7 +76,7 @@ def test_one_pass_batches_are_poisson_and_read_the_source_once(batched, tmp_path
     assert info.spill.epochs == 12 and info.spill.rows_read == 12 * N
     assert info.spill.records_written == m.sum()  # every sampled record comes back, once
     assert os.listdir(tmp_path) == []  # spill removed
-    _check_poisson(m, q)
+    check_poisson(m, q)
     assert fed_batching(batches.prefetch(1)).verified_poisson
 
 

@@ -32,38 +32,18 @@ def _membership(batches, epochs, n=N):
     return np.array(rows)
 
 
-def _check_poisson(m, q):
-    t, n = m.shape
-    # 1. overall inclusion frequency: Binomial(t n, q) / (t n)
-    sd = np.sqrt(q * (1 - q) / (t * n))
-    assert abs(m.mean() - q) < 5 * sd, (m.mean(), q, sd)
-    # 2. per-example counts are Binomial(t, q): variance t q (1 - q), not ~0 as
-    #    with shuffling (each example exactly once per epoch). The sample
-    #    variance of n values has relative sd sqrt(2 / (n - 1)) = 10% for n = 200.
-    var = t * q * (1 - q)
-    assert abs(m.sum(0).var(ddof=1) / var - 1) < 5 * np.sqrt(2 / (n - 1))
-    # 3. batch sizes vary: Binomial(n, q)
-    sizes = m.sum(1)
-    assert sizes.std() > 0
-    assert abs(sizes.mean() - n * q) < 5 * np.sqrt(n * q * (1 - q) / t)
-    # 4. independence across consecutive batches: P[in t and in t+1] = q^2
-    both = (m[1:] * m[:-1]).sum()
-    trials = (t - 1) * n
-    assert abs(both / trials - q * q) < 5 * np.sqrt(q * q * (1 - q * q) / trials)
-
-
 @pytest.mark.parametrize("q", [0.1, 0.5])  # distinct-index path and Bernoulli-mask path
-def test_in_memory_batches_are_poisson(q):
+def test_in_memory_batches_are_poisson(q, check_poisson):
     batches, info = poisson_batches(_ids(), sampling_probability=q, seed=1)
     assert info.batching == "poisson" and info.batches_per_epoch == round(1 / q)
     assert info.expected_batch_size == pytest.approx(q * N)
     epochs = 20 if q == 0.1 else 100  # 200 batches either way
     m = _membership(batches, epochs)
     assert m.shape == (200, N)
-    _check_poisson(m, q)
+    check_poisson(m, q)
 
 
-def test_streaming_batches_are_poisson_and_read_the_source_once_per_pass():
+def test_streaming_batches_are_poisson_and_read_the_source_once_per_pass(check_poisson):
     reads = tf.Variable(0, dtype=tf.int64)
 
     def count(x):
@@ -85,7 +65,7 @@ def test_streaming_batches_are_poisson_and_read_the_source_once_per_pass():
     )
     m = _membership(batches, epochs=15)
     assert m.shape == (150, N)
-    _check_poisson(m, q)
+    check_poisson(m, q)
 
 
 def test_in_memory_arrays_give_the_same_batches_as_a_dataset():
@@ -105,7 +85,7 @@ def test_in_memory_arrays_give_the_same_batches_as_a_dataset():
         poisson_batches((np.zeros([3, 2]), np.zeros([4])), sampling_probability=0.5)
 
 
-def test_streaming_reads_a_batched_source_of_uneven_chunks():
+def test_streaming_reads_a_batched_source_of_uneven_chunks(check_poisson):
     # A source of consecutive batches of any sizes (e.g. the Criteo reader's chunks) is used as is.
     source = _ids().batch(37)
     q = 0.1
@@ -115,7 +95,7 @@ def test_streaming_reads_a_batched_source_of_uneven_chunks():
     assert info.streaming and info.batches_per_epoch == 10
     m = _membership(batches, epochs=15)
     assert m.shape == (150, N)
-    _check_poisson(m, q)
+    check_poisson(m, q)
     short, _ = streaming_poisson_batches(
         source, sampling_probability=q, num_examples=N + 3, batches_per_pass=10, seed=5, source_batched=True
     )

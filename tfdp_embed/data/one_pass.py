@@ -54,6 +54,7 @@ import numpy as np
 from tfdp_embed._keras import tf
 from tfdp_embed.data.poisson import BatchingInfo, _check_cap, _check_q, _poisson_info
 from tfdp_embed.data.provenance import register
+from tfdp_embed_beam.sampling import joined_cells
 
 ONE_PASS = "one_pass_spill"
 """`BatchingInfo.sampler` of `one_pass_poisson_batches`."""
@@ -247,7 +248,7 @@ def _spill(chunks, layout: _Layout, n: int, q: float, rng, paths: list, stats: S
         for chunk in chunks.prefetch(2).as_numpy_iterator():
             components = tf.nest.flatten(chunk)
             m = int(components[0].shape[0])
-            cells = _joined_cells(rng, m * layout.steps, q)
+            cells = joined_cells(rng, m * layout.steps, q)
             example, step = np.divmod(cells, layout.steps)
             # Step-major order (stable: examples stay in source order within a step); buckets are step ranges.
             order = np.argsort(step, kind="stable")
@@ -273,21 +274,6 @@ def _spill(chunks, layout: _Layout, n: int, q: float, rng, paths: list, stats: S
             f"one_pass_poisson_batches: the source yielded {seen} examples in a pass, not `num_examples`={n}.",
         )
     stats.epochs += 1
-
-
-def _joined_cells(rng, cells: int, q: float) -> np.ndarray:
-    """Sorted indices of the joined cells of `cells` independent Bernoulli(q) trials (geometric skips)."""
-    if q >= 1.0:
-        return np.arange(cells, dtype=np.int64)
-    found, end = [], -1
-    while True:
-        expected = (cells - 1 - end) * q
-        gaps = rng.geometric(q, size=int(expected + 6 * math.sqrt(expected) + 16))
-        positions = end + np.cumsum(gaps, dtype=np.int64)
-        found.append(positions[positions < cells])
-        if positions[-1] >= cells:
-            return np.concatenate(found)
-        end = int(positions[-1])
 
 
 def _read_bucket(path: str, b: int, layout: _Layout, cap, rng, stats: SpillStats):
