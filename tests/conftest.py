@@ -1,8 +1,13 @@
-"""Skips the tests marked `gpu` where TensorFlow sees no GPU."""
+"""Skips the tests marked `gpu` where TensorFlow sees no GPU; runs the Beam job for the tests marked `beam`."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -16,3 +21,22 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a GPU; TensorFlow sees none (the gpu tests run where one is visible)")
     for item in gpu_tests:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def beam_job():
+    """`run(args)`: `python -m tfdp_embed_beam *args` (this tree's job) in the Beam environment, as a CompletedProcess.
+
+    The environment is .venv-beam, or $TFDP_BEAM_PYTHON (`make test-beam`); the test skips without it.
+    """
+    python = os.environ.get("TFDP_BEAM_PYTHON", os.path.join(ROOT, ".venv-beam", "bin", "python"))
+    python = python if os.path.isabs(python) else os.path.join(ROOT, python)
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"no Beam environment at {python} (`make test-beam` creates .venv-beam; or set TFDP_BEAM_PYTHON)")
+
+    def run(args):
+        command = [python, "-m", "tfdp_embed_beam", *map(str, args)]
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    return run

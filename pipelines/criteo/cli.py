@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from pipelines import cli_types
+from pipelines.criteo import beam as criteo_beam
 from pipelines.criteo import data as criteo_data
 from pipelines.criteo import defaults as criteo_defaults
 from pipelines.criteo import privacy as criteo_privacy
@@ -61,6 +62,13 @@ def _add_data_flags(data) -> None:
         nargs="+",
         metavar="FILE",
         help="training files (Criteo TSV or CSV, see --format; .gz ok), in day order; default: generated synthetic data",
+    )
+    data.add_argument(
+        "--beam-shards",
+        metavar="DIR",
+        help="train on the Poisson batches of `python -m tfdp_embed_beam` (its --output): q, epochs, steps, N and "
+        "the cap come from its manifest.json (instead of --train; --eval as with --train, default: the synthetic "
+        "data's evaluation day)",
     )
     data.add_argument("--eval", nargs="+", metavar="FILE", help="evaluation files, as --train (required with it)")
     data.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of failing")
@@ -195,8 +203,7 @@ def _add_training_flags(train) -> None:
     train.add_argument(
         "--epochs",
         type=cli_types.positive(int),
-        default=PipelineConfig.epochs,
-        help="passes over each period (default %(default)s)",
+        help=f"passes over each period (default {PipelineConfig.epochs}; with --beam-shards, the manifest's)",
     )
     train.add_argument(
         "--batch",
@@ -252,14 +259,15 @@ def parse_args(argv: Sequence[str] | None = None) -> PipelineConfig:
     a = parser.parse_args(argv)
     _check_files(parser, a)
     _check_values(parser, a)
-    return _config(a)
+    manifest = _check_beam(parser, a) if a.beam_shards else None
+    return _config(a, manifest)
 
 
 def _check_files(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """`--train`/`--eval` come together, exist, and suit the streaming flags."""
     if a.train and not a.eval:
         parser.error("--eval is required with --train (the AUC is measured on it).")
-    if a.eval and not a.train:
+    if a.eval and not (a.train or a.beam_shards):
         parser.error("--eval needs --train (without --train the synthetic data brings its own evaluation day).")
     for path in (a.train or []) + (a.eval or []):
         if not os.path.exists(path):
@@ -297,6 +305,23 @@ def _check_values(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Non
         parser.error(f"--adafest-threshold must be >= 0; received {a.adafest_threshold!r}.")
 
 
+def _check_beam(parser: argparse.ArgumentParser, a: argparse.Namespace) -> dict:
+    """The Beam job's manifest; the flags must not contradict it, nor ask what its shards cannot give."""
+    try:
+        manifest = criteo_beam.read_manifest(a.beam_shards)
+    except ValueError as error:
+        parser.error(f"--beam-shards: {error}")
+    problems = criteo_beam.conflicts(
+        manifest, train=a.train, epochs=a.epochs, batch=a.batch, fixed_size_batches=a.fixed_size_batches,
+        streaming_periods=a.streaming_periods, mechanism=a.mechanism, skip_bad_rows=a.skip_bad_rows,
+        format=a.format, calibration_fraction=None if a.calibration_auto else a.calibration_fraction,
+    )  # fmt: skip
+    if problems:
+        parser.error(" ".join(problems))
+    a.calibration_fraction, a.calibration_auto = 0.0, False  # it would read the training files (beam.py)
+    return manifest
+
+
 def _privacy_settings(a: argparse.Namespace) -> criteo_privacy.PrivacySettings:
     return criteo_privacy.PrivacySettings(
         mechanism=a.mechanism,
@@ -315,7 +340,7 @@ def _privacy_settings(a: argparse.Namespace) -> criteo_privacy.PrivacySettings:
     )
 
 
-def _config(a: argparse.Namespace) -> PipelineConfig:
+def _config(a: argparse.Namespace, manifest: dict | None = None) -> PipelineConfig:
     """The validated flags as a `PipelineConfig` (learning rate and synthetic data resolved)."""
     synthetic = criteo_data.SyntheticSpec(
         train_rows=a.synthetic_rows,
@@ -326,12 +351,13 @@ def _config(a: argparse.Namespace) -> PipelineConfig:
     return PipelineConfig(
         out=a.out,
         train=tuple(a.train or ()),
+        beam_shards=a.beam_shards,
         eval=tuple(a.eval or ()),
         mechanism=a.mechanism,
         epsilon=a.epsilon,
         delta=a.delta,
-        epochs=a.epochs,
-        batch=a.batch,
+        epochs=manifest["epochs"] if manifest else a.epochs or PipelineConfig.epochs,
+        batch=criteo_beam.expected_batch(manifest) if manifest else a.batch,
         streaming_periods=a.streaming_periods,
         streaming=a.streaming,
         stream_buffer_rows=a.stream_buffer_rows,

@@ -20,6 +20,7 @@ class PipelineConfig:
 
     out: str
     train: tuple = ()
+    beam_shards: str | None = None  # the Beam job's output: train from its shards (q, epochs, steps from its manifest)
     eval: tuple = ()
     mechanism: str = DEFAULT_MECHANISM
     epsilon: float = DEFAULT_EPSILON

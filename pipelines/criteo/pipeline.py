@@ -12,6 +12,7 @@ import math
 import os
 import time
 
+from pipelines.criteo import beam as criteo_beam
 from pipelines.criteo import calibration as criteo_calibration
 from pipelines.criteo import data as criteo_data
 from pipelines.criteo import defaults as criteo_defaults
@@ -78,6 +79,7 @@ class _Data:
     final_eval: criteo_data.Period
     rows_estimate: int | None = None  # the estimate the default vocabulary was sized for
     chosen: criteo_defaults.Chosen | None = None  # set by `_choose`
+    beam_manifest: dict | None = None  # --beam-shards: the Beam job's manifest (the one period is its shards)
 
     @property
     def rows(self) -> int:
@@ -103,6 +105,8 @@ class _Training:
 
 def _read(config: PipelineConfig) -> _Data:
     """Stage 1: default data if needed, then read (or scan, when streaming) and validate every file."""
+    if config.beam_shards:
+        return _read_beam(config)
     train_files, eval_files, synthetic = list(config.train), list(config.eval), None
     if not train_files:
         synthetic = config.synthetic
@@ -124,6 +128,35 @@ def _read(config: PipelineConfig) -> _Data:
         config,
         f"read {data.rows} training rows from {len(train_files)} file(s) ({streamed} of {len(periods)} period(s) "
         f"streamed), {data.final_eval.size} for evaluation",
+    )
+    return data
+
+
+def _read_beam(config: PipelineConfig) -> _Data:
+    """Stage 1 with `--beam-shards`: the manifest is the training period; the evaluation files are read as usual."""
+    manifest = criteo_beam.read_manifest(config.beam_shards)
+    criteo_beam.check(config, manifest)
+    eval_files, synthetic = list(config.eval), None
+    if not eval_files:  # the default data's evaluation day only (it does not depend on the training rows)
+        synthetic = dataclasses.replace(config.synthetic, train_rows=config.synthetic.days)
+        _log(config, f"no --eval: writing the synthetic evaluation day to {config.out}/data")
+        train, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
+        for path in train:
+            os.remove(path)
+    fixed = config.hash_size or config.table3_vocabulary
+    rows = int(manifest["num_examples"])
+    vocab = resolve_vocab_sizes(None, config.hash_size) if fixed else criteo_defaults.vocabulary(rows)
+    period = criteo_beam.training_period(config.beam_shards, manifest, vocab)
+    final_eval = criteo_data.open_period(
+        eval_files, vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming,
+        format=config.format,
+    )  # fmt: skip
+    data = _Data(list(manifest.get("inputs") or []), eval_files, synthetic, vocab, [period], final_eval, rows)
+    data.beam_manifest = manifest
+    _log(
+        config,
+        f"Beam shards {config.beam_shards}: {rows} training rows, q {manifest['sampling_probability']:.4g}, "
+        f"{manifest['epochs']} epoch(s) of {manifest['batches_per_epoch']} steps; {final_eval.size} rows for evaluation",
     )
     return data
 
@@ -152,6 +185,13 @@ def _choose(config: PipelineConfig, data: _Data) -> tuple[PipelineConfig, criteo
 
 def _periods(config: PipelineConfig, data: _Data) -> list:
     """Per period q_p = B / N_p and T_p = epochs x batches per epoch (at most `--max-steps`)."""
+    if data.beam_manifest is not None:
+        settings = _settings(config, data)
+        return [
+            criteo_beam.accounting_period(
+                data.beam_manifest, max_steps=config.max_steps, accountant=settings.accountant
+            )
+        ]
     periods = []
     for period in data.periods:
         per_epoch = (
@@ -175,6 +215,10 @@ def _settings(config: PipelineConfig, data: _Data) -> criteo_privacy.PrivacySett
 def _calibration_decision(config: PipelineConfig, data: _Data, settings) -> tuple:
     """The settings without the output calibration when its public noise level says it cannot help, and why."""
     fraction = settings.calibration_fraction
+    if config.beam_shards and settings.mechanism != "none":
+        return dataclasses.replace(settings, calibration_fraction=0.0), {
+            "skipped": True, "reason": criteo_beam.CALIBRATION_REASON,
+        }  # fmt: skip
     if settings.mechanism == "none" or not fraction > 0 or not config.calibration_auto:
         return settings, None
     epsilon = fraction * settings.epsilon
@@ -260,15 +304,7 @@ def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, tr
 def _fit_period(config: PipelineConfig, data: _Data, training: _Training, index: int, touched, trained: dict) -> None:
     """Fits period `index` for its planned steps on its own batches, charging the budget that covers it."""
     period, steps, several = data.periods[index], training.plan.periods[index].steps, len(data.periods) > 1
-    batches, info = criteo_data.train_batches(
-        period,
-        batch_size=config.batch,
-        poisson=not config.fixed_size_batches,
-        lookahead=config.mechanism == "lazy",
-        seed=None if config.seed is None else config.seed * 1009 + index,
-        stream_buffer_rows=config.stream_buffer_rows,
-        spill_dir=config.spill_dir,
-    )
+    batches, info = _batches(config, data, training, index)
     trained["infos"].append(info)
     if several:
         _log(config, f"streaming period {index + 1}/{len(data.periods)}: {period.files[0]} ({period.size} rows)")
@@ -278,9 +314,14 @@ def _fit_period(config: PipelineConfig, data: _Data, training: _Training, index:
     elif several and config.mechanism != "none":
         callbacks.append(training.plan.budget(period=index))  # parallel composition: this period's own ledger
     epochs, monitor = math.ceil(steps / info.batches_per_epoch), trained["monitor"]
+    # The Beam shards are one dataset of all E T steps, read once: `steps_per_epoch` keeps one iterator.
+    per_epoch = info.batches_per_epoch if data.beam_manifest is not None else None
     try:
         with period.stats.python_errors():
-            training.dp_model.fit(touched.wrap(batches), epochs=epochs, callbacks=callbacks, verbose=config.verbose)
+            training.dp_model.fit(
+                touched.wrap(batches), epochs=epochs, steps_per_epoch=per_epoch, callbacks=callbacks,
+                verbose=config.verbose,
+            )  # fmt: skip
     except tf.errors.InvalidArgumentError as error:  # DPModel refuses to clip a non-finite loss
         if divergence.NON_FINITE_LOSS not in str(error):
             raise
@@ -288,6 +329,27 @@ def _fit_period(config: PipelineConfig, data: _Data, training: _Training, index:
     if monitor.problem:
         raise divergence.TrainingDivergedError(f"Training diverged: {monitor.problem}. {_advice(config, data)}")
     trained["fed"].append(training.dp_model.batching)  # read by fit from the data itself (Poisson only if verified)
+
+
+def _batches(config: PipelineConfig, data: _Data, training: _Training, index: int):
+    """Period `index`'s training batches and their `BatchingInfo` (the Beam job's shards, or sampled here).
+
+    The shards can be read once, and `DPModel.prepare` reads a few batches
+    (build, per-example contract check): it gets a reader of its own.
+    """
+    if data.beam_manifest is not None:
+        lookahead = config.mechanism == "lazy"
+        training.dp_model.prepare(criteo_beam.train_batches(config.beam_shards, data.vocab, lookahead=lookahead)[0])
+        return criteo_beam.train_batches(config.beam_shards, data.vocab, lookahead=lookahead)
+    return criteo_data.train_batches(
+        data.periods[index],
+        batch_size=config.batch,
+        poisson=not config.fixed_size_batches,
+        lookahead=config.mechanism == "lazy",
+        seed=None if config.seed is None else config.seed * 1009 + index,
+        stream_buffer_rows=config.stream_buffer_rows,
+        spill_dir=config.spill_dir,
+    )
 
 
 def _advice(config: PipelineConfig, data: _Data) -> str:
@@ -315,6 +377,8 @@ def _sampler(data: _Data, infos: list) -> dict:
     poisson = infos[0].batching == "poisson"
     if not poisson:
         kind = "shuffled fixed-size batches (NOT Poisson)"
+    elif all(i.sampler == criteo_beam.SAMPLER for i in infos):
+        kind = criteo_beam.SAMPLER_DESCRIPTION
     elif all(streamed) and all(i.sampler == "one_pass_spill" for i in infos):
         kind = "streaming exact Poisson, one pass + disk spill (tfdp_embed.data.one_pass_poisson_batches)"
     elif all(streamed):
@@ -328,7 +392,7 @@ def _sampler(data: _Data, infos: list) -> dict:
         "streaming": [bool(s) for s in streamed],
         "streaming_mode": None,  # filled by run()
         "batches_per_pass": [i.batches_per_pass if i.streaming else None for i in infos],
-        "passes_per_epoch": [criteo_data.passes_per_epoch(i) for i in infos],
+        "passes_per_epoch": [0 if i.sampler == criteo_beam.SAMPLER else criteo_data.passes_per_epoch(i) for i in infos],
     }
 
 
@@ -453,6 +517,8 @@ def _settings_report(config: PipelineConfig, data: _Data, sampler: dict) -> dict
         "stream_buffer_rows": config.stream_buffer_rows,
         "spill_dir": config.spill_dir,
     }
+    if data.beam_manifest is not None:
+        files["beam_shards"] = criteo_beam.report_entry(config.beam_shards, data.beam_manifest)
     return {"training": training, "data": files}
 
 

@@ -113,6 +113,10 @@ def format_report(report: dict) -> str:
 
 def _passes(report: dict) -> str:
     data = report.get("data") or {}
+    beam = data.get("beam_shards")
+    if beam:
+        seed = f", seed {beam['seed']}" if "seed" in beam else ""
+        return f"; manifest {beam['manifest']}{seed}"
     passes = [p for p in data.get("passes_per_epoch") or [] if p]
     return f"; reads the training files {max(passes)}x per epoch" if passes else ""
 

@@ -13,7 +13,6 @@ import gzip
 import json
 import os
 import random
-import subprocess
 
 import numpy as np
 import pytest
@@ -22,9 +21,6 @@ from tfdp_embed._keras import tf
 from tfdp_embed.data import beam_poisson_batches, fed_batching, fixed_shape_batches
 from tfdp_embed_beam import record_format as fmt
 from tfdp_embed_beam.sampling import check_seed, cut_step, example_steps
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 # -- the draw, without Beam ------------------------------------------------------------------
 
@@ -150,23 +146,14 @@ def test_reader_refuses_missing_or_foreign_records(tmp_path):
 N, Q, EPOCHS, CAP = 300, 0.05, 12, 15
 
 
-def _beam_python() -> str:
-    path = os.environ.get("TFDP_BEAM_PYTHON", os.path.join(ROOT, ".venv-beam", "bin", "python"))
-    path = path if os.path.isabs(path) else os.path.join(ROOT, path)
-    if not os.access(path, os.X_OK):
-        pytest.skip(f"no Beam environment at {path} (`make test-beam` creates .venv-beam; or set TFDP_BEAM_PYTHON)")
-    return path
-
-
 def _line(i: int) -> str:
     return f"{i}\t{2 * i}\tpayload é {i}"
 
 
 @pytest.fixture(scope="module")
-def job_outputs(tmp_path_factory):
+def job_outputs(tmp_path_factory, beam_job):
     """Runs the job on 300 lines in 3 files (one gzipped), same seed: uncapped, capped at 15, and uncapped again
     with 3 worker threads (other bundles)."""
-    python = _beam_python()
     inputs = tmp_path_factory.mktemp("inputs")
     for f in range(3):
         text = "".join(_line(100 * f + j) + "\n" for j in range(100))
@@ -179,7 +166,7 @@ def job_outputs(tmp_path_factory):
     threads = ["--direct_num_workers", "3", "--direct_running_mode", "multi_threading"]
     for name, cap, runner_args in (("full", None, []), ("capped", CAP, []), ("threads", None, threads)):
         out = tmp_path_factory.mktemp(name) / "poisson"
-        command = [python, "-m", "tfdp_embed_beam", "--input", str(inputs / "part*"), "--output", str(out)]
+        command = ["--input", str(inputs / "part*"), "--output", str(out)]
         command += [
             "--sampling_probability",
             str(Q),
@@ -191,16 +178,11 @@ def job_outputs(tmp_path_factory):
             "60",
         ]
         command += (["--max_batch_size", str(cap)] if cap else []) + runner_args
-        done = _run_job(command)
+        done = beam_job(command)
         assert done.returncode == 0, done.stderr[-3000:]
         outputs[name] = str(out)
     outputs["command"] = command
     return outputs
-
-
-def _run_job(command):
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _membership(lines):
@@ -264,6 +246,6 @@ def test_beam_job_batches_pad_to_a_fixed_shape(job_outputs):
 
 
 @pytest.mark.beam
-def test_beam_job_refuses_an_output_that_holds_shards(job_outputs):
-    done = _run_job(job_outputs["command"])  # the last run's command again: its output holds shards
+def test_beam_job_refuses_an_output_that_holds_shards(job_outputs, beam_job):
+    done = beam_job(job_outputs["command"])  # the last run's command again: its output holds shards
     assert done.returncode != 0 and "already holds shards" in done.stderr

@@ -17,7 +17,7 @@ References: DP-FEST (Ghazi et al., NeurIPS 2023) §4.1.1, §4.3, App. D.1.
 """
 
 from tfdp_embed.data.criteo.errors import SKIP_REASONS, CriteoFormatError
-from tfdp_embed.data.criteo.reader import criteo_dataset, day_files, running_counts, streaming_periods
+from tfdp_embed.data.criteo.reader import criteo_dataset, criteo_lines, day_files, running_counts, streaming_periods
 from tfdp_embed.data.criteo.schema import (
     CAT_FEATURES,
     CRITEO_VOCAB_SIZES,
@@ -43,6 +43,7 @@ __all__ = [
     "CriteoFormatError",
     "CriteoReadStats",
     "criteo_dataset",
+    "criteo_lines",
     "day_files",
     "embedding_dim",
     "parse_raw_fields",

@@ -54,6 +54,7 @@ import numpy as np
 
 from tfdp_embed._keras import tf
 from tfdp_embed.data.criteo.layout import check_format
+from tfdp_embed.data.criteo.rows import parse_block
 from tfdp_embed.data.criteo.schema import (
     CAT_FEATURES,
     INT_FEATURES,
@@ -148,15 +149,9 @@ def criteo_dataset(
     )
 
     def transform(ints, missing, cat_bytes, cat_strings, labels):
-        # Criteo's 8-byte values are hashed from bytes (fast); any other
-        # values come as strings (`cat_strings` non-empty). Same bucket ids.
-        as_strings = tf.shape(cat_strings)[0] > 0
-        features = tf.cond(
-            as_strings,
-            lambda: parse_raw_fields(ints, cat_strings, ints_missing=missing, vocab_sizes=sizes),
-            lambda: parse_raw_fields(ints, cat_bytes, ints_missing=missing, vocab_sizes=sizes),
-        )
+        features = _chunk_features(ints, missing, cat_bytes, cat_strings, sizes)
         if include_raw:
+            as_strings = tf.shape(cat_strings)[0] > 0
             features["raw_ints"] = ints
             features["raw_cats"] = tf.cond(as_strings, lambda: cat_strings, lambda: cat_bytes_to_strings(cat_bytes))
         return features, labels
@@ -170,6 +165,58 @@ def criteo_dataset(
     if batch_size is None:
         return dataset.unbatch()
     return dataset.rebatch(int(batch_size), drop_remainder=drop_remainder)
+
+
+def criteo_lines(
+    lines: tf.Tensor, *, vocab_sizes: VocabSizes = None, hash_size: int | None = None, source: str = "lines"
+) -> tuple[dict, tf.Tensor]:
+    """`(features, labels)` of a 1-D `tf.string` tensor of Criteo TSV lines (no newlines), in TF.
+
+    The same row rules (`rows.parse_block`) and transform as `criteo_dataset`,
+    for lines that arrive without their files (e.g. the Beam job's shards,
+    `tfdp_embed.data.beam_poisson_batches`): a bad line fails, none is
+    dropped, so a batch keeps its size.
+
+    Args:
+      lines: `[n]` lines, each one row (label, I1..I13, C1..C26, tab-separated).
+      vocab_sizes, hash_size: as in `criteo_dataset`.
+      source: what the lines are, named in a bad line's error.
+
+    Returns:
+      `(features, labels)`: features as `parse_raw_fields` gives them, `[n]` each; float32 labels `[n]`.
+
+    Raises:
+      tf.errors.InvalidArgumentError (when run): a line breaks a row rule; the message holds the
+        `CriteoFormatError`'s.
+    """
+    sizes = resolve_vocab_sizes(vocab_sizes, hash_size)
+
+    def parse(batch: np.ndarray):
+        data = b"".join(bytes(line) + b"\n" for line in batch)
+        chunk, _ = parse_block(source, 1, data, skip_bad_rows=False)
+        cat_bytes, cat_strings = _cats_for_tf(chunk.cats)
+        return chunk.ints, chunk.ints_missing, cat_bytes, cat_strings, chunk.labels
+
+    dtypes = (tf.int64, tf.bool, tf.uint8, tf.string, tf.float32)
+    ints, missing, cat_bytes, cat_strings, labels = tf.numpy_function(parse, [lines], dtypes, stateful=False)
+    n, width = tf.size(lines), len(CAT_FEATURES)
+    ints = tf.ensure_shape(ints, [None, len(INT_FEATURES)])
+    missing = tf.ensure_shape(missing, [None, len(INT_FEATURES)])
+    cat_bytes = tf.ensure_shape(cat_bytes, [None, width, CAT_BYTES])
+    cat_strings = tf.ensure_shape(cat_strings, [None, width])
+    labels = tf.reshape(labels, [n])
+    return _chunk_features(ints, missing, cat_bytes, cat_strings, sizes), labels
+
+
+def _chunk_features(ints, missing, cat_bytes, cat_strings, sizes: dict) -> dict:
+    """`parse_raw_fields` of a parsed chunk: Criteo's 8-byte values are hashed from bytes (fast);
+    any other values come as strings (`cat_strings` non-empty). Same bucket ids."""
+    as_strings = tf.shape(cat_strings)[0] > 0
+    return tf.cond(
+        as_strings,
+        lambda: parse_raw_fields(ints, cat_strings, ints_missing=missing, vocab_sizes=sizes),
+        lambda: parse_raw_fields(ints, cat_bytes, ints_missing=missing, vocab_sizes=sizes),
+    )
 
 
 def _cats_for_tf(cats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -338,6 +385,7 @@ def running_counts(
 
 __all__ = [
     "criteo_dataset",
+    "criteo_lines",
     "day_files",
     "running_counts",
     "streaming_periods",
