@@ -54,7 +54,9 @@ TABLE_VOCAB = 200
 def criteo_numbers(flags: str, period_sizes: list) -> dict:
     """The Criteo pipeline's plan for `flags` and training periods of `period_sizes` rows."""
     config = criteo_cli.parse_args([*flags.split(), "--verbose", "0", "--out", "unused"])
-    data = types.SimpleNamespace(periods=[types.SimpleNamespace(size=n) for n in period_sizes], rows=sum(period_sizes))
+    data = types.SimpleNamespace(
+        periods=[types.SimpleNamespace(size=n) for n in period_sizes], rows=sum(period_sizes), beam_manifest=None
+    )
     settings = criteo_pipeline._settings(config, data)
     counts = {"t": np.arange(TABLE_VOCAB, dtype=np.int64)} if criteo_privacy.selects_rows(settings.mechanism) else None
     plan = criteo_privacy.plan(settings, periods=criteo_pipeline._periods(config, data), counts=counts)
