@@ -91,9 +91,10 @@ GRIDS = {  # mechanism -> list of extra flags, per grid size
         ],
     },
     # What issue 20 names, sized for about 90 min on one core at 10^6 rows (~4 min a run):
-    # per epsilon LazyDP, DP-FEST at 2 k, DP-AdaFEST at sigma1/sigma2 in {1, 5, 10} x 2 tau, DP-AdaFEST+.
+    # per epsilon LazyDP, dense DP-SGD, DP-FEST at 2 k, DP-AdaFEST at sigma1/sigma2 in {1, 5, 10} x 2 tau, DP-AdaFEST+.
     "issue": {
         "lazy": [()],
+        "dense": [()],  # dense DP-SGD itself: LazyDP must match its AUC (exact, same noise in distribution)
         "fest": [("--top-fraction", f, "--top-min-rows", "1000") for f in ("0.1", "0.01")],
         "adafest": [("--adafest-ratio", r, "--adafest-threshold", t) for r in ("1", "5", "10") for t in ("10", "50")],
         "adafest+": [
@@ -174,7 +175,7 @@ def run_one(a, train, evaluation, mechanism: str, epsilon: float, flags: tuple) 
     with open(path) as f:
         report = json.load(f)
     check_kept(report, REAL_SETTINGS if a.real else SYNTHETIC_SETTINGS, path)
-    reduction = 1.0 if mechanism == "lazy" else report.get("gradient_size_reduction")
+    reduction = 1.0 if mechanism in ("lazy", "dense") else report.get("gradient_size_reduction")
     return {
         "mechanism": mechanism, "epsilon_target": epsilon, "flags": list(flags), "auc": report["auc"],
         "epsilon": report["epsilon"], "delta": report["delta"], "noise_multiplier": report["noise_multiplier"],
