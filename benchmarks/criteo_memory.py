@@ -284,18 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.keep_files:
         shutil.rmtree(args.workdir, ignore_errors=True)
     print(table(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": command, "machine": info, "results": results}, f, indent=2)
-    if args.png:
-        plot(results, args.png)
-    if args.results_md:
-        section = markdown(
-            results, command=command, info=info, args=args, minutes=minutes,
-            png=outputs.shown_path(args.png) if args.png else "not written",
-            json_path=outputs.shown_path(args.json) if args.json else "not written",
-        )  # fmt: skip
-        outputs.append_section(args.results_md, section, files=(args.json, args.png))
+    outputs.write_run(
+        args, {"command": command, "machine": info, "results": results},
+        plot=lambda path: plot(results, path),
+        section=lambda **paths: markdown(results, command=command, info=info, args=args, minutes=minutes, **paths),
+    )  # fmt: skip
     print(f"{len(results)} runs in {minutes:.1f} min; JSON {args.json}", flush=True)
     return 0
 

@@ -259,18 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = summary(results, args.mechanisms)
     print(table(rows))
     print(detail_table(rows))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"command": command, "machine": info, "summary": rows, "results": results}, handle, indent=2)
-    if args.png:
-        plot(rows, args.png)
-    if args.results_md:
-        section = markdown(
-            rows, command=command, info=info, args=args, minutes=minutes,
-            png=outputs.shown_path(args.png) if args.png else "not written",
-            json_path=outputs.shown_path(args.json) if args.json else "not written",
-        )  # fmt: skip
-        outputs.append_section(args.results_md, section, files=(args.json, args.png))
+    outputs.write_run(
+        args, {"command": command, "machine": info, "summary": rows, "results": results},
+        plot=lambda path: plot(rows, path),
+        section=lambda **paths: markdown(rows, command=command, info=info, args=args, minutes=minutes, **paths),
+    )  # fmt: skip
     print(f"{len(results)} runs in {minutes:.1f} min; JSON {args.json}", flush=True)
     return 0
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import glob
+import json
 import os
 import re
 
@@ -152,3 +153,26 @@ def append_section(path: str, section: str, *, files=()) -> None:
     separator = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(separator + "\n".join(parts))
+
+
+def write_run(args, payload: dict, *, plot, section) -> None:
+    """Writes a run's JSON (`args.json`), plot (`args.png`) and results section (`args.results_md`), each if set.
+
+    Args:
+      args: the parsed flags; '' / None for `json`, `png` or `results_md` skips that output.
+      payload: the JSON document.
+      plot: `plot(path)` draws the PNG.
+      section: `section(png=..., json_path=...)` returns the Markdown section, given the files' shown paths
+        ("not written" where skipped).
+    """
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(payload, handle, indent=2)
+    if args.png:
+        plot(args.png)
+    if args.results_md:
+        text = section(
+            png=shown_path(args.png) if args.png else "not written",
+            json_path=shown_path(args.json) if args.json else "not written",
+        )
+        append_section(args.results_md, text, files=(args.json, args.png))
