@@ -326,3 +326,43 @@ def test_resume_from_refuses_to_drop_or_double_count_entries():
         PrivacyBudget(mechanism, sampling_probability=Q, target_epsilon=1.0, target_delta=DELTA).resume_from({})
     with pytest.raises(ValueError, match="dataset_size"):
         PrivacyBudget(mechanism, sampling_probability=Q, target_epsilon=1.0, target_delta=DELTA, report_path="r.json")
+
+
+@pytest.mark.parametrize("planned_steps", [8, 13, 30], ids=["within", "exactly_the_last", "beyond"])
+def test_planned_steps_are_only_a_hint_for_where_training_stops(planned_steps, monkeypatch):
+    # A run that plans k steps which fit checks them alone at train begin; the search for the last step
+    # that fits runs only if training goes past them. Where training stops never depends on the plan.
+    k_max = 13
+    target = _target_between(k_max)
+    searches = []
+    original = PrivacyBudget._max_extra_steps
+    monkeypatch.setattr(
+        PrivacyBudget, "_max_extra_steps", lambda self, spent: searches.append(1) or original(self, spent)
+    )
+    budget = PrivacyBudget(
+        FakeMechanism(noise_multiplier=SIGMA), sampling_probability=Q, target_epsilon=target, target_delta=DELTA,
+        accountant="rdp", planned_steps=planned_steps,
+    )  # fmt: skip
+    model = _model()
+    model.fit(_data(), epochs=10, callbacks=[budget], verbose=0)
+    assert budget.ledger.steps == k_max and budget.stopped_by_budget  # the 14th step never ran
+    assert len(searches) == 1  # at train begin when 30 steps do not fit, else once training passed the plan
+    assert budget.max_steps == k_max and len(searches) == 1
+
+
+def test_planned_steps_that_fit_skip_the_search():
+    target = _target_between(13)
+    budget = PrivacyBudget(
+        FakeMechanism(noise_multiplier=SIGMA), sampling_probability=Q, target_epsilon=target, target_delta=DELTA,
+        accountant="rdp", planned_steps=10,
+    )  # fmt: skip
+    model = _model()
+    model.fit(_data(), epochs=1, callbacks=[budget], verbose=0)
+    assert budget.ledger.steps == 10 and not budget.stopped_by_budget
+    assert budget._max_steps is None  # never searched: training stayed within the planned steps
+    assert budget.max_steps == 13  # searched when read
+    with pytest.raises(ValueError, match="planned_steps"):
+        PrivacyBudget(
+            FakeMechanism(noise_multiplier=SIGMA), sampling_probability=Q, target_epsilon=target, target_delta=DELTA,
+            planned_steps=0,
+        )  # fmt: skip

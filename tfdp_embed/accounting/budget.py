@@ -98,6 +98,11 @@ class PrivacyBudget(keras.callbacks.Callback):
       initial_steps: steps taken before this run that the ledger does not
         hold (e.g. resuming from a checkpoint without a ledger). Defaults to
         `mechanism.steps`. The larger of the ledger's count and this is used.
+      planned_steps: the total steps (ledger count) the caller plans, e.g.
+        the steps the noise multiplier was calibrated for (`RunPlan.budget`
+        passes its plan's). When they fit, train begin checks only them
+        (see `max_steps`); the steps allowed do not depend on it. None:
+        Keras' epochs x steps of each `fit`, when known.
       value_discretization_interval: PLD grid step (PLD only).
       report_path: where to write the privacy report JSON at train end (and
         when the budget refuses to start); None writes nothing.
@@ -114,7 +119,10 @@ class PrivacyBudget(keras.callbacks.Callback):
 
     Attributes:
       ledger: the `PrivacyLedger` (save it next to the model).
-      max_steps: total steps (ledger count) allowed; set at train begin.
+      max_steps: total steps (ledger count) allowed; None before train begin.
+        When the planned steps (`planned_steps`, else Keras' epochs x steps)
+        fit, train begin checks only them and the search for the last step
+        that fits runs when training goes past them or this is read.
       epsilon: the last epsilon computed (nominal for non-DP mechanisms).
       log_key: "epsilon", or "epsilon_not_dp" for non-DP mechanisms.
       stopped_by_budget: True once the callback stopped training.
@@ -137,6 +145,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         accountant: str = "pld",
         ledger: PrivacyLedger | None = None,
         initial_steps: int | None = None,
+        planned_steps: int | None = None,
         value_discretization_interval: float | None = None,
         report_path: str | None = None,
         dataset_size: int | None = None,
@@ -159,6 +168,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         self.initial_steps = (
             None if initial_steps is None else check_steps(initial_steps, "initial_steps", allow_zero=True)
         )
+        self.planned_steps = None if planned_steps is None else check_steps(planned_steps, "planned_steps")
         self.value_discretization_interval = value_discretization_interval
         self.report_path = None if report_path is None else str(report_path)
         self.dataset_size = dataset_size
@@ -168,11 +178,13 @@ class PrivacyBudget(keras.callbacks.Callback):
         self.ledger = PrivacyLedger() if ledger is None else ledger
         self.is_dp = bool(mechanism.is_dp)
         self.log_key = "epsilon" if self.is_dp else "epsilon_not_dp"
-        self.max_steps: int | None = None
+        self._max_steps: int | None = None
+        self._fits_through: int | None = None  # a ledger count checked to fit, before the search
         self.epsilon: float | None = None
         self.stopped_by_budget = False
         self._step_event: dp_accounting.DpEvent | None = None
         self._batch_begin = 0
+        self._epoch = 0
         self._epsilon_steps = -1  # ledger step count at which `epsilon` was computed
 
     # -- public helpers -----------------------------------------------------------
@@ -207,6 +219,18 @@ class PrivacyBudget(keras.callbacks.Callback):
         _LOG.info("PrivacyBudget: resumed from a ledger of %d steps.", self.ledger.steps)
 
     @property
+    def max_steps(self) -> int | None:
+        """Total steps (ledger count) allowed; None before train begin (searched when first needed)."""
+        if self._max_steps is None and self._fits_through is not None:
+            self._max_steps = self.ledger.steps + self._max_extra_steps(self._epsilon_after(0))
+            self._fits_through = None
+        return self._max_steps
+
+    @max_steps.setter
+    def max_steps(self, value: int | None) -> None:
+        self._max_steps, self._fits_through = value, None
+
+    @property
     def remaining_steps(self) -> int | None:
         """Steps still allowed (None before train begin)."""
         return None if self.max_steps is None else self.max_steps - self.ledger.steps
@@ -236,6 +260,8 @@ class PrivacyBudget(keras.callbacks.Callback):
                 "any further training step would release more than the budget allows. Allowed: a larger "
                 "`target_epsilon`, or stop training."
             )
+        if self._planned_steps_fit(spent, what):
+            return
         remaining = self._max_extra_steps(spent)
         if remaining == 0:
             self.epsilon, self._epsilon_steps = spent, self.ledger.steps
@@ -262,10 +288,35 @@ class PrivacyBudget(keras.callbacks.Callback):
             spent,
         )
 
+    def _planned_steps_fit(self, spent: float, what: str) -> bool:
+        """True when this run's expected steps fit (checked exactly); the full search then waits."""
+        planned = self._expected_extra_steps()
+        if not planned or planned < 1 or self._epsilon_after(planned) > self.target_epsilon:
+            return False
+        self.max_steps, self._fits_through = None, self.ledger.steps + planned
+        self.epsilon, self._epsilon_steps = spent, self.ledger.steps
+        _LOG.info(
+            "PrivacyBudget: the %d planned steps fit %s %g at delta=%g (q=%g, %s accountant; %.6g after "
+            "them); the steps beyond them are counted if training goes on.",
+            planned, what, self.target_epsilon, self.target_delta, self.sampling_probability, self.accountant,
+            self._epsilon_after(planned),
+        )  # fmt: skip
+        return True
+
+    def _last_batch(self, batch) -> bool:
+        """True when no training step follows this batch (stopping, or the last batch of the last epoch)."""
+        if self.model is not None and self.model.stop_training:
+            return True
+        params = getattr(self, "params", None) or {}
+        epochs, steps = params.get("epochs"), params.get("steps")
+        return isinstance(epochs, int) and isinstance(steps, int) and self._epoch == epochs - 1 and batch + 1 >= steps
+
     def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
         # A one-off event added during training (e.g. a DP-FEST re-selection for a
         # new streaming period) shrinks what is left: recount before the epoch runs.
-        if self.max_steps is not None and self._record_setup_events():
+        started = self._max_steps is not None or self._fits_through is not None
+        if started and self._record_setup_events():
             spent = self._epsilon_after(0)
             remaining = self._max_extra_steps(spent) if spent <= self.target_epsilon else 0
             self.max_steps = self.ledger.steps + remaining
@@ -284,6 +335,8 @@ class PrivacyBudget(keras.callbacks.Callback):
         taken = max(1, int(batch) - self._batch_begin + 1)
         self.ledger.record_steps(self._step_event, taken)
         steps = self.ledger.steps
+        if self._fits_through is not None and (steps + taken <= self._fits_through or self._last_batch(batch)):
+            return  # another execution stays within the planned steps, which fit, or none follows
         if self.max_steps is None:
             return
         if steps > self.max_steps:
@@ -335,7 +388,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         budget = {
             "target_epsilon": self.target_epsilon,
             "target_delta": self.target_delta,
-            "max_steps": self.max_steps,
+            "max_steps": self._max_steps,  # None: training never went past the planned steps, which fit
             "steps": self.ledger.steps,
             "stopped_by_budget": bool(stopped),
             "refused_to_start": bool(refused_to_start),
@@ -448,6 +501,14 @@ class PrivacyBudget(keras.callbacks.Callback):
         return accountable_event(
             event, source=self.mechanism, sampling_probability=self.sampling_probability, accountant=self.accountant
         )
+
+    def _expected_extra_steps(self) -> int | None:
+        """The steps this run expects to add: `planned_steps` less the ledger's, else Keras' epochs x steps."""
+        if self.planned_steps is not None:
+            return self.planned_steps - self.ledger.steps
+        params = getattr(self, "params", None) or {}  # set by Keras once the callback joins a fit
+        epochs, steps = params.get("epochs"), params.get("steps")
+        return epochs * steps if isinstance(epochs, int) and isinstance(steps, int) else None
 
     def _max_extra_steps(self, spent: float) -> int:
         """Largest k >= 0 with eps(ledger + k steps) <= target < eps(ledger + k + 1 steps); eps(0) = `spent`.

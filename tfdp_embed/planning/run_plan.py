@@ -114,6 +114,7 @@ class RunPlan:
             if period is not None:
                 raise ValueError("`period` is only for plans with several streaming `periods`.")
             kwargs.setdefault("ledger", self.ledger())
+            kwargs.setdefault("planned_steps", self.steps)
             return PrivacyBudget(self.step_source, sampling_probability=self.sampling_probability, **target, **kwargs)
         if period is None or not 0 <= period < len(self.periods):
             raise ValueError(f"`period` must be an index in [0, {len(self.periods)}); received {period!r}.")
