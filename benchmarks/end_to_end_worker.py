@@ -103,13 +103,13 @@ def install() -> dict:
 
 
 def _traces() -> dict:
-    """Traces of the library's flush functions (LazyDP), by table."""
+    """Traces of the library's flush and catch-up functions (LazyDP; each serves every table)."""
     from tfdp_embed.mechanisms import lazy
 
     found = {}
-    for cache in list(lazy._FLUSH_FUNCTIONS.values()):  # noqa: SLF001 - benchmark-only introspection
-        for index, function in cache.items():
-            found[f"lazy_flush_{index}"] = function.experimental_get_tracing_count()
+    for name, cache in (("lazy_flush", lazy._FLUSH_FUNCTIONS), ("lazy_catch_up", lazy._CATCH_UP_FUNCTIONS)):  # noqa: SLF001
+        for function in list(cache.values()):
+            found[name] = found.get(name, 0) + function.traced.experimental_get_tracing_count()
     return found
 
 

@@ -56,6 +56,7 @@ from tfdp_embed._keras import tf
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms import lazy_catch_up, lazy_fused, lazy_history, lazy_sgd
+from tfdp_embed.mechanisms.any_shape import AnyShapeFunction
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import (
     MIRRORED,
@@ -78,8 +79,8 @@ _LAZY_SYNC_REASON = (
     "without deferred noise (DenseDPSGD, DPFEST, DPAdaFEST, DPAdaFESTPlus)."
 )
 
-# Per-mechanism traced functions (flush, catch-up), one per table; kept out of the
-# mechanism so checkpoints and SavedModels never see them.
+# Per-mechanism traced functions (flush, catch-up), each shared by all tables; kept out
+# of the mechanism so checkpoints and SavedModels never see them.
 _FLUSH_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _CATCH_UP_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -360,9 +361,14 @@ class LazyDP(NoiseMechanism):
             chunk = self.flush_chunk_rows or max(
                 1, _FLUSH_CHUNK_FLOATS // (layer.output_dim * (2 if self._beta > 0 else 1))
             )
-            catch_up = self._flush_function(index)
+            flush_rows, target = self._flush_function(), self._table_state(index)
+            width = target.dim if self.row_noise == "stateless" else None
             for start in range(0, layer.vocabulary_size, chunk):
-                catch_up(tf.constant(start, tf.int64), tf.constant(min(start + chunk, layer.vocabulary_size), tf.int64))
+                stop = min(start + chunk, layer.vocabulary_size)
+                flush_rows(
+                    self._fused(index), target.table, target.history, target.momentum,
+                    tf.constant(start, tf.int64), tf.constant(stop, tf.int64), width,
+                )  # fmt: skip
         self.flushed_at.assign(self.steps)
 
     def owes_noise(self) -> bool:
@@ -450,7 +456,7 @@ class LazyDP(NoiseMechanism):
         if self._fused(index) and stamp is None:
             return lazy_fused.catch_up(self._tables[index].embeddings, self._histories[index], ids, self._op_state())
         # Traced (a step, a flush, an evaluation): the table's one traced catch-up; eagerly, its ops.
-        catch_up_fn = None if tf.executing_eagerly() else self._catch_up_function(index)
+        catch_up_fn = None if tf.executing_eagerly() else self._catch_up_function()
         return lazy_catch_up.bring_current(
             self._table_state(index), ids, self._now(), self._owed_noise(), unique=unique, stamp=stamp,
             catch_up_fn=catch_up_fn,
@@ -470,29 +476,24 @@ class LazyDP(NoiseMechanism):
             self._step_sums, self._beta, self._nesterov, self.aggregate, self.row_noise, self.seed, self._noise_like
         )
 
-    def _flush_function(self, index: int):
-        """A traced catch-up of rows [start, stop) of table `index`, cached outside tracking.
+    def _flush_function(self) -> AnyShapeFunction:
+        """A traced catch-up of rows [start, stop) of any table, cached outside tracking.
 
-        A `functools.partial` per table, not a lambda: TensorFlow counts the
-        traces of every function sharing one code object together and would
-        warn of retracing after five tables.
+        `(fused, table, history, momentum, start, stop, width)`: the
+        variables are arguments, so one trace serves every table
+        (`AnyShapeFunction`); it holds the mechanism by a weak reference.
         """
-        cache = _FLUSH_FUNCTIONS.setdefault(self, {})
-        if index not in cache:
-            # The cache must not keep its key alive: the function holds a weak reference.
-            flush_rows = functools.partial(_flush_rows, weakref.ref(self), index)
-            cache[index] = tf.function(flush_rows, input_signature=[tf.TensorSpec([], tf.int64)] * 2, autograph=False)
-        return cache[index]
+        if self not in _FLUSH_FUNCTIONS:
+            _FLUSH_FUNCTIONS[self] = AnyShapeFunction(functools.partial(_flush_rows, weakref.ref(self)))
+        return _FLUSH_FUNCTIONS[self]
 
-    def _catch_up_function(self, index: int):
-        """Table `index`'s traced `catch_up_rows` (`lazy_catch_up.catch_up_function`), cached outside tracking."""
-        cache = _CATCH_UP_FUNCTIONS.setdefault(self, {})
-        if index not in cache:
-            mechanism = weakref.ref(self)
-            cache[index] = lazy_catch_up.catch_up_function(
-                functools.partial(_table_state, mechanism, index), functools.partial(_owed_noise, mechanism)
+    def _catch_up_function(self):
+        """The tables' traced `catch_up_rows` (`lazy_catch_up.catch_up_function`), cached outside tracking."""
+        if self not in _CATCH_UP_FUNCTIONS:
+            _CATCH_UP_FUNCTIONS[self] = lazy_catch_up.catch_up_function(
+                functools.partial(_owed_noise, weakref.ref(self))
             )
-        return cache[index]
+        return _CATCH_UP_FUNCTIONS[self]
 
     # -- internals ------------------------------------------------------------
     def _require_init(self) -> None:
@@ -509,12 +510,22 @@ class LazyDP(NoiseMechanism):
         return tf.cast(self.steps, tf.int32)
 
 
-def _flush_rows(mechanism: weakref.ref, index: int, start, stop) -> None:
-    mechanism()._bring_current(index, tf.range(start, stop), unique=True)  # noqa: SLF001
-
-
-def _table_state(mechanism: weakref.ref, index: int) -> lazy_catch_up.TableState:
-    return mechanism()._table_state(index)  # noqa: SLF001
+def _flush_rows(mechanism: weakref.ref, fused: bool, table, history, momentum, start, stop, width) -> None:
+    """Catches up rows [start, stop) of one table (the fused op, else `lazy_catch_up.bring_current`)."""
+    lazy = mechanism()
+    rows = tf.range(start, stop)
+    if fused:
+        lazy_fused.catch_up(table, history, rows, lazy._op_state())  # noqa: SLF001
+        return
+    target = lazy_catch_up.TableState(table, history, momentum, lazy_catch_up.table_width(table, width))
+    lazy_catch_up.bring_current(
+        target,
+        rows,
+        lazy._now(),
+        lazy._owed_noise(),
+        unique=True,
+        catch_up_fn=lazy._catch_up_function(),  # noqa: SLF001
+    )
 
 
 def _owed_noise(mechanism: weakref.ref) -> lazy_catch_up.OwedNoise:

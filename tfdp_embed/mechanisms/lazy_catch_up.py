@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms import lazy_history, lazy_math
+from tfdp_embed.mechanisms.any_shape import AnyShapeFunction
 from tfdp_embed.mechanisms.row_noise import stateless_row_normals
 
 # Rows owing at most this many steps get their momentum moments summed directly.
@@ -149,9 +150,9 @@ def bring_current(
       unique: `ids` hold no repeats (skips a `tf.unique`).
       stamp: optional history entry then written for every row of `ids`
         (`lazy_history.state_ahead` for the rows the optimizer steps).
-      catch_up_fn: `(rows, now) -> None` doing `catch_up_rows(target, rows,
-        now, owed)`, e.g. the table's traced `catch_up_function`; default:
-        those ops inline.
+      catch_up_fn: `(target, rows, now) -> None` doing `catch_up_rows(target,
+        rows, now, owed)`, e.g. the mechanism's traced `catch_up_function`;
+        default: those ops inline.
     """
     rows = tf.reshape(tf.cast(ids, tf.int64), [-1])
     behind = tf.not_equal(tf.gather(target.history, rows), lazy_history.current(now))
@@ -163,7 +164,7 @@ def bring_current(
         if catch_up_fn is None:
             catch_up_rows(target, stale, now, owed)
         else:
-            catch_up_fn(stale, now)
+            catch_up_fn(target, stale, now)
         return tf.constant(True)
 
     result = tf.cond(tf.reduce_any(behind), catch_up, lambda: tf.constant(False))
@@ -173,31 +174,38 @@ def bring_current(
     return result
 
 
-def catch_up_function(target: Callable[[], TableState], owed: Callable[[], OwedNoise]):
-    """`catch_up_rows` for one table as a `tf.function` of `(rows int64 [n], now int32 [])`, traced once.
+def catch_up_function(owed: Callable[[], OwedNoise]) -> Callable:
+    """`catch_up_rows` as one traced function for all of a mechanism's tables: `(target, rows, now) -> None`.
 
     A traced step reads, steps and looks ahead on every table, and a flush
     or an evaluation reads them again: each of those would otherwise hold
     its own copy of the catch-up's ops (the momentum moments, the Cholesky,
     the draws), built op by op at every trace. Called from those traces,
-    this function's one graph is shared. `target` and `owed` are called at
-    trace time (the function must not keep the mechanism alive). A
-    `functools.partial`, not a closure: TensorFlow counts the traces of all
-    functions sharing one code object together and would warn of retracing
-    after five tables. Kept out of line (`_noinline`): inlined, every call
-    site (three per table in a step with lookahead) would be a copy again for
-    the graph optimiser and the runtime to prepare; a call runs the same ops.
+    this function's graph is shared, and by every table: the variables are
+    arguments, traced for any shape (`AnyShapeFunction`), so 26 tables cost
+    one trace, not 26. `owed` is called at trace time (the function must not
+    keep the mechanism alive). Kept out of line: inlined, every call site
+    would be a copy again for the graph optimiser and the runtime to
+    prepare; a call runs the same ops. Stateless row noise needs the row
+    width when tracing: one trace per width then.
     """
-    return tf.function(
-        functools.partial(_catch_up_traced, target, owed),
-        input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int32)],
-        autograph=False,
-        experimental_attributes={"_noinline": True},
-    )
+    traced = AnyShapeFunction(functools.partial(_catch_up_traced, owed), noinline=True)
+
+    def call(target: TableState, rows, now) -> None:
+        width = target.dim if owed().row_noise == "stateless" else None
+        traced(target.table, target.history, target.momentum, rows, now, width)
+
+    call.traced = traced.traced  # type: ignore[attr-defined]  # tests count its traces
+    return call
 
 
-def _catch_up_traced(target: Callable[[], TableState], owed: Callable[[], OwedNoise], rows, now) -> None:
-    catch_up_rows(target(), rows, now, owed())
+def table_width(table: tf.Variable, width: int | None):
+    """The row width: `width` when given (a Python int), else read from the table (any-shape traces)."""
+    return tf.shape(table)[1] if width is None else width
+
+
+def _catch_up_traced(owed: Callable[[], OwedNoise], table, history, momentum, rows, now, width) -> None:
+    catch_up_rows(TableState(table, history, momentum, table_width(table, width)), rows, now, owed())
 
 
 def catch_up_rows(target: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> None:
