@@ -183,6 +183,38 @@ def test_end_to_end_dpmodel_noisy_runs_in_graph():
     )
 
 
+
+@pytest.mark.parametrize("plus", [False, True], ids=["adafest", "adafest_plus"])
+def test_one_trace_of_the_table_step_serves_tables_of_every_shape(plus):
+    # Tables of different sizes and widths, one with an empty selection (AdaFEST+) and one with p = 0:
+    # the table step is traced once (per kind of draw) and every table still trains.
+    from tfdp_embed.mechanisms.adafest_plus import DPAdaFESTPlus
+    from tfdp_embed.training import DPModel
+
+    sizes, dims = (50, 300, 7), (3, 5, 2)
+    inputs = [keras.Input((), dtype="int64", name=f"f{i}") for i in range(3)]
+    parts = [DPEmbedding(v, d, name=f"t{i}")(x) for i, (v, d, x) in enumerate(zip(sizes, dims, inputs))]
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Concatenate()(parts)))
+    rng = np.random.default_rng(0)
+    x = {f"f{i}": rng.integers(0, v, 64) for i, v in enumerate(sizes)}
+    data = tf.data.Dataset.from_tensor_slices((x, np.zeros(64, "float32"))).batch(16)
+    kwargs = dict(
+        l2_norm_clip=1.0, noise_multiplier=1.0, contribution_clip=1.0, contribution_noise_multiplier=1.0,
+        threshold={"t0": 0.5, "t1": 2.0, "t2": 1e6}, seed=0,
+    )  # fmt: skip
+    if plus:
+        selected = {"t0": np.arange(0, 50, 2), "t1": np.arange(100, 300), "t2": np.zeros([0], np.int64)}
+        mechanism = DPAdaFESTPlus(selected_rows=selected, selection_event=dp_accounting.NoOpDpEvent(), **kwargs)
+    else:
+        mechanism = DPAdaFEST(**kwargs)
+    dp = DPModel(model, mechanism=mechanism, expected_batch_size=16)
+    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss="mse")
+    dp.fit(data, epochs=2, verbose=0)
+    # t2 draws nothing (p = 0, or an empty selection): a second concrete function, without the draw.
+    assert mechanism._table_step_function().traced.experimental_get_tracing_count() == 2
+    assert int(mechanism.steps.numpy()) == 8
+    assert (mechanism.rows_noised.numpy()[:2] > 0).all()
+
 # -- noise matches the formulas ------------------------------------------------------
 def test_gradient_noise_std_on_touched_and_noise_only_survivors():
     vocab, dim = 100_000, 8

@@ -49,14 +49,18 @@ App. B.2, App. C.4, App. D.1 (tau tuned); Dong, Roth & Su 2019, Cor. 3.3
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
+import weakref
 from collections.abc import Mapping, Sequence
 
 import dp_accounting
 
 from tfdp_embed._checks import check_int, check_positive
 from tfdp_embed._keras import tf
+from tfdp_embed._sorted_sets import is_member
+from tfdp_embed.mechanisms.any_shape import AnyShapeFunction
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 from tfdp_embed.mechanisms.table_thresholds import TableThresholds, survival_probability
@@ -285,13 +289,20 @@ def geometric_skip_positions(generator, size: int, probability: float) -> tf.Ten
         return tf.zeros([0], tf.int64)
     if probability >= 1.0:
         return tf.range(size, dtype=tf.int64)
+    return skip_positions(generator, *skip_parameters(size, probability))
+
+
+def skip_parameters(size: int, probability: float) -> tuple:
+    """(chunk, log(1 - p), size) for `skip_positions`, computed in Python (0 < p < 1, size > 0)."""
     mean = size * probability
-    chunk = int(min(size + 1, mean + 8.0 * math.sqrt(mean) + 16))
-    log_q = math.log1p(-probability)
-    limit = float(size)
+    return int(min(size + 1, mean + 8.0 * math.sqrt(mean) + 16)), math.log1p(-probability), float(size)
+
+
+def skip_positions(generator, chunk, log_q, limit) -> tf.Tensor:
+    """`geometric_skip_positions` given its parameters (Python numbers or scalar tensors: any table)."""
 
     def gaps():
-        u = 1.0 - generator.uniform([chunk], dtype=tf.float64)  # (0, 1]
+        u = 1.0 - generator.uniform(tf.reshape(chunk, [1]), dtype=tf.float64)  # (0, 1]
         return tf.floor(tf.math.log(u) / log_q) + 1.0
 
     def body(positions):
@@ -304,6 +315,61 @@ def geometric_skip_positions(generator, size: int, probability: float) -> tf.Ten
         shape_invariants=(tf.TensorShape([None]),),
     )
     return tf.cast(tf.boolean_mask(positions, positions < limit), tf.int64)
+
+
+# Per-mechanism traced table steps, kept out of the mechanism (checkpoints never see them).
+_TABLE_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _table_step(
+    mechanism: weakref.ref, grad_values, grad_rows, pair_rows, pair_weights, shared, tau, selected,
+    chunk, log_q, limit, divisor: float,
+) -> tuple:  # fmt: skip
+    """One table's step: (survivors' values, their rows, int64 [4] statistics).
+
+    One `Unique` over [gradient rows, contribution rows, shared rows, noise
+    draw] numbers the rows: the gradient rows (unique) keep positions
+    [0, g), every touched row gets a position below m (the number of
+    distinct touched rows), and drawn rows that nobody touched get
+    positions >= m. Touched rows take the noisy-count test; a drawn row
+    that was touched is ignored (its test is its own count's), so the
+    untouched survivors are exactly the untouched rows' Bernoulli(p)
+    events (drawn over `selected` for DP-AdaFEST+; `chunk` None: p = 0).
+    Surviving gradient rows come first in the output, so their values are
+    one boolean mask of the gradient, and the rest are zero rows (padding)
+    before the one fused noise pass.
+    """
+    ada = mechanism()
+    drawn = tf.zeros([0], tf.int64)
+    if chunk is not None:
+        drawn = skip_positions(ada.generator, chunk, log_q, limit)
+        drawn = drawn if selected is None else tf.gather(selected, drawn)
+    num_grad = tf.size(grad_rows)
+    num_counted = num_grad + tf.size(pair_rows)
+    num_touched_entries = num_counted + tf.size(shared)
+    rows, position = sparse_rows.unique(tf.concat([grad_rows, pair_rows, shared, drawn], 0))
+    num_rows = tf.size(rows)
+    # First-appearance numbering: the touched entries' positions are exactly [0, m).
+    num_touched = tf.maximum(tf.reduce_max(position[:num_touched_entries]), -1) + 1
+    count = tf.math.unsorted_segment_sum(pair_weights, position[num_grad:num_counted], num_touched)
+    noisy = count + ada._noise_like([num_touched], ada.contribution_noise_multiplier * ada.contribution_clip)  # noqa: SLF001
+    # Rows every example scores against (data-independent) always survive.
+    scored = tf.math.unsorted_segment_max(
+        tf.ones_like(shared, tf.int32), position[num_counted:num_touched_entries], num_touched
+    )
+    survive_touched = (noisy >= tau) | (scored > 0)
+    if selected is not None:  # AdaFEST+: rows outside the selection never update
+        survive_touched = tf.logical_and(survive_touched, is_member(rows[:num_touched], selected))
+    survive = tf.concat([survive_touched, tf.ones([num_rows - num_touched], tf.bool)], 0)
+    rows_out = tf.boolean_mask(rows, survive)
+    kept_values = tf.boolean_mask(grad_values, survive[:num_grad])
+    num_out = tf.size(rows_out)
+    values_out = tf.pad(kept_values, [[0, num_out - tf.shape(kept_values)[0]], [0, 0]])
+    values_out = ada._noised_sum(values_out, ada.noise_multiplier * ada.l2_norm_clip, divisor)  # noqa: SLF001
+    num_out = tf.cast(num_out, tf.int64)
+    num_extra = tf.cast(num_rows - num_touched, tf.int64)
+    touched = tf.cast(num_touched, tf.int64)
+    return values_out, rows_out, tf.stack([num_out, num_extra, touched, touched - (num_out - num_extra)])
 
 
 class DPAdaFEST(NoiseMechanism):
@@ -430,64 +496,43 @@ class DPAdaFEST(NoiseMechanism):
     def _noised_table(self, index: int, table, pair_rows, pair_weights, divisor: float) -> tuple:
         """Thresholds one table's noisy map; (survivors' sum + noise) / divisor as IndexedSlices.
 
-        One `Unique` over [gradient rows, contribution rows, noise draw]
-        numbers the rows: the gradient rows (unique) keep positions
-        [0, g), every touched row gets a position below m (the number of
-        distinct touched rows), and drawn rows that nobody touched get
-        positions >= m. Touched rows take the noisy-count test; a drawn
-        row that was touched is ignored (its test is its own count's), so
-        the untouched survivors are exactly the untouched rows' Bernoulli(p)
-        events. Surviving gradient rows come first in the output, so their
-        values are one boolean mask of the gradient, and the rest are zero
-        rows (padding) before the one fused noise pass.
+        The ops are `_table_step`'s, traced once for every table
+        (`AnyShapeFunction`): what differs between tables (tau, the noise
+        draw's parameters, the selection) are its arguments.
         """
         vocab, dim = int(table.layer.vocabulary_size), int(table.layer.output_dim)
         grad = table.gradient
-        grad_rows = tf.cast(grad.indices, tf.int64)
         shared = tf.zeros([0], tf.int64) if table.shared_rows is None else tf.cast(table.shared_rows, tf.int64)
-        num_grad = tf.size(grad_rows)
-        num_counted = num_grad + tf.size(pair_rows)
-        num_touched_entries = num_counted + tf.size(shared)
-        drawn = self._noise_draw(index, vocab)
-        rows, position = sparse_rows.unique(tf.concat([grad_rows, pair_rows, shared, drawn], 0))
-        num_rows = tf.size(rows)
-        # First-appearance numbering: the touched entries' positions are exactly [0, m).
-        num_touched = tf.maximum(tf.reduce_max(position[:num_touched_entries]), -1) + 1
-        count = tf.math.unsorted_segment_sum(pair_weights, position[num_grad:num_counted], num_touched)
-        noisy = count + self._noise_like([num_touched], self.contribution_noise_multiplier * self.contribution_clip)
-        # Rows every example scores against (data-independent) always survive.
-        scored = tf.math.unsorted_segment_max(
-            tf.ones_like(shared, tf.int32), position[num_counted:num_touched_entries], num_touched
-        )
-        survive_touched = (noisy >= self._thresholds.tau(index)) | (scored > 0)
-        allowed = self._keep_mask(index, rows[:num_touched])
-        if allowed is not None:  # AdaFEST+: rows outside the selection never update
-            survive_touched = tf.logical_and(survive_touched, allowed)
-        survive = tf.concat([survive_touched, tf.ones([num_rows - num_touched], tf.bool)], 0)
-        rows_out = tf.boolean_mask(rows, survive)
-        kept_values = tf.boolean_mask(tf.reshape(grad.values, [-1, dim]), survive[:num_grad])
-        num_out = tf.size(rows_out)
-        values_out = tf.pad(kept_values, [[0, num_out - tf.shape(kept_values)[0]], [0, 0]])
-        values_out = self._noised_sum(values_out, self.noise_multiplier * self.l2_norm_clip, divisor)
-        slices = tf.IndexedSlices(values_out, rows_out, tf.constant([vocab, dim], tf.int64))
-        num_out = tf.cast(num_out, tf.int64)
-        num_extra = tf.cast(num_rows - num_touched, tf.int64)
-        touched = tf.cast(num_touched, tf.int64)
-        return slices, (num_out, num_extra, touched, touched - (num_out - num_extra))
+        selected = self._selection(index)
+        size = vocab if selected is None else int(selected.shape[0]) - 1  # a selection ends with a sentinel
+        probability = self._thresholds.survival(index)
+        assert probability < 1.0, "tau >= 0 keeps p <= 1/2"
+        draw = (None,) * 3
+        if probability > 0.0 and size > 0:
+            chunk, log_q, limit = skip_parameters(size, probability)
+            draw = (tf.constant(chunk, tf.int32), tf.constant(log_q, tf.float64), tf.constant(limit, tf.float64))
+        values, rows, stats = self._table_step_function()(
+            tf.reshape(grad.values, [-1, dim]), tf.cast(grad.indices, tf.int64), pair_rows, pair_weights, shared,
+            tf.constant(self._thresholds.tau(index), tf.float32), selected, *draw, float(divisor),
+        )  # fmt: skip
+        values = tf.ensure_shape(values, [None, dim])
+        return tf.IndexedSlices(values, rows, tf.constant([vocab, dim], tf.int64)), tuple(tf.unstack(stats))
+
+    def _table_step_function(self) -> AnyShapeFunction:
+        if self not in _TABLE_STEPS:
+            _TABLE_STEPS[self] = AnyShapeFunction(functools.partial(_table_step, weakref.ref(self)), noinline=True)
+        return _TABLE_STEPS[self]
 
     # -- hooks for DP-AdaFEST+ ------------------------------------------------
-    def _keep_mask(self, index: int, rows: tf.Tensor):
-        """Rows of table `index` allowed to update; None means all (plain AdaFEST)."""
-        del index, rows
+    def _selection(self, index: int) -> tf.Variable | None:
+        """Table `index`'s selected rows, sorted, plus a sentinel (DP-AdaFEST+); None means every row."""
+        del index
         return None
 
-    def _noise_draw(self, index: int, vocab: int) -> tf.Tensor:
-        """Rows passing tau by noise alone if untouched: Bernoulli(p) over the table, by geometric skips.
-
-        Touched rows may be drawn too; `_noised_table` ignores those draws
-        (a touched row's survival is decided by its own noisy count).
-        """
-        return geometric_skip_positions(self.generator, vocab, self._thresholds.survival(index))
+    def _keep_mask(self, index: int, rows: tf.Tensor):
+        """Rows of table `index` allowed to update; None means all (plain AdaFEST)."""
+        selected = self._selection(index)
+        return None if selected is None else is_member(rows, selected)
 
     # -- accounting and reporting ------------------------------------------
     def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:

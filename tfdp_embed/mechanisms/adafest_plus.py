@@ -38,8 +38,7 @@ import dp_accounting
 import numpy as np
 
 from tfdp_embed._keras import tf
-from tfdp_embed._sorted_sets import is_member
-from tfdp_embed.mechanisms.adafest import DPAdaFEST, geometric_skip_positions
+from tfdp_embed.mechanisms.adafest import DPAdaFEST
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 from tfdp_embed.mechanisms.fest import refuse_scored_tables
 
@@ -214,21 +213,10 @@ class DPAdaFESTPlus(DPAdaFEST):
         refuse_scored_tables(self, clipped.tables)
         return super().update(clipped)
 
-    # -- restriction hooks ----------------------------------------------------
-    def _keep_mask(self, index: int, rows: tf.Tensor):
-        return is_member(rows, self._selected[index])
-
-    def _noise_draw(self, index: int, vocab: int) -> tf.Tensor:
-        """Bernoulli(p) over the *selected* rows, by geometric skips over the selection.
-
-        Selected rows that were touched may be drawn; `DPAdaFEST._noised_table`
-        ignores those draws (their own noisy counts decide).
-        """
-        del vocab
-        selected = self._selected[index]
-        size = int(selected.shape[0]) - 1  # without the sentinel
-        positions = geometric_skip_positions(self.generator, size, self._thresholds.survival(index))
-        return tf.gather(selected, positions)
+    # -- restriction hook -----------------------------------------------------
+    def _selection(self, index: int) -> tf.Variable:
+        """Table `index`'s selection (sorted, plus a sentinel): the map, the draw and the update keep to it."""
+        return self._selected[index]
 
     # -- accounting and reporting ------------------------------------------
     def setup_event(self) -> dp_accounting.DpEvent:

@@ -8,8 +8,8 @@ shape. This wrapper traces one concrete function per dtype, rank and
 Python argument, with every dimension unknown, and calls it with the
 variables as arguments: one trace serves every table.
 
-Arguments that are not plain resource variables, tensors or Python values
-(a distribution strategy's variables) make the call run inline instead.
+Under a distribution strategy, or with arguments that are not plain
+resource variables, tensors or Python values, the call runs inline instead.
 
 Example:
     >>> scale = AnyShapeFunction(lambda table, rows: table.scatter_mul(tf.IndexedSlices(...)))
@@ -53,7 +53,7 @@ class AnyShapeFunction:
         self._concrete: dict = {}
 
     def __call__(self, *args):
-        if not all(_traceable(arg) for arg in args):  # e.g. a distribution strategy's variables: inline
+        if tf.distribute.has_strategy() or not all(_traceable(arg) for arg in args):  # under a strategy: inline
             return self.python_function(*args)
         key = tuple(_key(arg) for arg in args)
         if key not in self._concrete:

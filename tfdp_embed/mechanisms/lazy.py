@@ -512,20 +512,14 @@ class LazyDP(NoiseMechanism):
 
 def _flush_rows(mechanism: weakref.ref, fused: bool, table, history, momentum, start, stop, width) -> None:
     """Catches up rows [start, stop) of one table (the fused op, else `lazy_catch_up.bring_current`)."""
-    lazy = mechanism()
+    lazy = mechanism()  # the SLF001 uses below: the mechanism's own function, defined out of it to be traced once
     rows = tf.range(start, stop)
     if fused:
         lazy_fused.catch_up(table, history, rows, lazy._op_state())  # noqa: SLF001
         return
     target = lazy_catch_up.TableState(table, history, momentum, lazy_catch_up.table_width(table, width))
-    lazy_catch_up.bring_current(
-        target,
-        rows,
-        lazy._now(),
-        lazy._owed_noise(),
-        unique=True,
-        catch_up_fn=lazy._catch_up_function(),  # noqa: SLF001
-    )
+    now, owed, catch_up = lazy._now(), lazy._owed_noise(), lazy._catch_up_function()  # noqa: SLF001
+    lazy_catch_up.bring_current(target, rows, now, owed, unique=True, catch_up_fn=catch_up)
 
 
 def _owed_noise(mechanism: weakref.ref) -> lazy_catch_up.OwedNoise:
