@@ -183,7 +183,6 @@ def test_end_to_end_dpmodel_noisy_runs_in_graph():
     )
 
 
-
 @pytest.mark.parametrize("plus", [False, True], ids=["adafest", "adafest_plus"])
 def test_one_trace_of_the_table_step_serves_tables_of_every_shape(plus):
     # Tables of different sizes and widths, one with an empty selection (AdaFEST+) and one with p = 0:
@@ -214,6 +213,7 @@ def test_one_trace_of_the_table_step_serves_tables_of_every_shape(plus):
     assert mechanism._table_step_function().traced.experimental_get_tracing_count() == 2
     assert int(mechanism.steps.numpy()) == 8
     assert (mechanism.rows_noised.numpy()[:2] > 0).all()
+
 
 # -- noise matches the formulas ------------------------------------------------------
 def test_gradient_noise_std_on_touched_and_noise_only_survivors():

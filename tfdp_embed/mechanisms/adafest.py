@@ -340,6 +340,7 @@ def _table_step(
     before the one fused noise pass.
     """
     ada = mechanism()
+    assert ada is not None, "traced while the mechanism is alive"
     drawn = tf.zeros([0], tf.int64)
     if chunk is not None:
         drawn = skip_positions(ada.generator, chunk, log_q, limit)
