@@ -107,9 +107,9 @@ def _traces() -> dict:
     from tfdp_embed.mechanisms import lazy
 
     found = {}
-    for name, cache in (("lazy_flush", lazy._FLUSH_FUNCTIONS), ("lazy_catch_up", lazy._CATCH_UP_FUNCTIONS)):  # noqa: SLF001
-        for function in list(cache.values()):
-            found[name] = found.get(name, 0) + function.traced.experimental_get_tracing_count()
+    for functions in list(lazy._TRACED.values()):  # noqa: SLF001
+        for name, function in functions.items():
+            found[f"lazy_{name}"] = found.get(f"lazy_{name}", 0) + function.traced.experimental_get_tracing_count()
     return found
 
 

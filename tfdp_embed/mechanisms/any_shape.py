@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from tfdp_embed._keras import tf
@@ -49,7 +50,9 @@ class AnyShapeFunction:
     def __init__(self, python_function: Callable, *, noinline: bool = False):
         attributes = {"_noinline": True} if noinline else None
         self.python_function = python_function
-        self.traced = tf.function(python_function, autograph=False, experimental_attributes=attributes)
+        self._arguments: list = []  # the traces' variable arguments: the functions hold them weakly only
+        keeping = functools.partial(_keeping_variables, python_function, self._arguments)
+        self.traced = tf.function(keeping, autograph=False, experimental_attributes=attributes)
         self._concrete: dict = {}
 
     def __call__(self, *args):
@@ -59,6 +62,16 @@ class AnyShapeFunction:
         if key not in self._concrete:
             self._concrete[key] = self.traced.get_concrete_function(*(_spec(arg) for arg in args))
         return self._concrete[key](*args)
+
+
+def _keeping_variables(python_function: Callable, kept: list, *args):
+    """Calls `python_function`, keeping the variables a trace passes it.
+
+    A traced function's graph references its variable arguments weakly:
+    unkept, they die after the trace and every call fails.
+    """
+    kept.extend(arg for arg in args if isinstance(arg, tf.Variable))
+    return python_function(*args)
 
 
 def _traceable(arg) -> bool:

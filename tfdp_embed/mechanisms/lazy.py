@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 
 import dp_accounting
 
@@ -81,8 +82,7 @@ _LAZY_SYNC_REASON = (
 
 # Per-mechanism traced functions (flush, catch-up), each shared by all tables; kept out
 # of the mechanism so checkpoints and SavedModels never see them.
-_FLUSH_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_CATCH_UP_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # Everything here is straight-line TF with explicit tf.cond: autograph would only slow tracing.
 _plain_python = tf.autograph.experimental.do_not_convert
@@ -361,7 +361,7 @@ class LazyDP(NoiseMechanism):
             chunk = self.flush_chunk_rows or max(
                 1, _FLUSH_CHUNK_FLOATS // (layer.output_dim * (2 if self._beta > 0 else 1))
             )
-            flush_rows, target = self._flush_function(), self._table_state(index)
+            flush_rows, target = self._traced("flush"), self._table_state(index)
             width = target.dim if self.row_noise == "stateless" else None
             for start in range(0, layer.vocabulary_size, chunk):
                 stop = min(start + chunk, layer.vocabulary_size)
@@ -455,12 +455,12 @@ class LazyDP(NoiseMechanism):
         """
         if self._fused(index) and stamp is None:
             return lazy_fused.catch_up(self._tables[index].embeddings, self._histories[index], ids, self._op_state())
-        # Traced (a step, a flush, an evaluation): the table's one traced catch-up; eagerly, its ops.
-        catch_up_fn = None if tf.executing_eagerly() else self._catch_up_function()
-        return lazy_catch_up.bring_current(
-            self._table_state(index), ids, self._now(), self._owed_noise(), unique=unique, stamp=stamp,
-            catch_up_fn=catch_up_fn,
-        )  # fmt: skip
+        if tf.executing_eagerly():
+            return lazy_catch_up.bring_current(
+                self._table_state(index), ids, self._now(), self._owed_noise(), unique=unique, stamp=stamp
+            )
+        # Traced (a step, a flush, an evaluation): one traced function for every table and call site.
+        return self._traced("bring_current")(self._table_state(index), ids, self._now(), unique=unique, stamp=stamp)
 
     def _op_state(self) -> lazy_fused.OpState:
         sums = self._step_sums.sums
@@ -476,24 +476,22 @@ class LazyDP(NoiseMechanism):
             self._step_sums, self._beta, self._nesterov, self.aggregate, self.row_noise, self.seed, self._noise_like
         )
 
-    def _flush_function(self) -> AnyShapeFunction:
-        """A traced catch-up of rows [start, stop) of any table, cached outside tracking.
+    def _traced(self, name: str) -> Callable:
+        """This mechanism's traced function `name` (each serves every table), cached outside tracking.
 
-        `(fused, table, history, momentum, start, stop, width)`: the
-        variables are arguments, so one trace serves every table
-        (`AnyShapeFunction`); it holds the mechanism by a weak reference.
+        "bring_current": `lazy_catch_up.bring_current_function`; "flush": `_flush_rows`
+        `(fused, table, history, momentum, start, stop, width)`. They hold
+        the mechanism by a weak reference (a cache entry must not keep its
+        key alive).
         """
-        if self not in _FLUSH_FUNCTIONS:
-            _FLUSH_FUNCTIONS[self] = AnyShapeFunction(functools.partial(_flush_rows, weakref.ref(self)))
-        return _FLUSH_FUNCTIONS[self]
-
-    def _catch_up_function(self):
-        """The tables' traced `catch_up_rows` (`lazy_catch_up.catch_up_function`), cached outside tracking."""
-        if self not in _CATCH_UP_FUNCTIONS:
-            _CATCH_UP_FUNCTIONS[self] = lazy_catch_up.catch_up_function(
-                functools.partial(_owed_noise, weakref.ref(self))
-            )
-        return _CATCH_UP_FUNCTIONS[self]
+        functions = _TRACED.setdefault(self, {})
+        if name not in functions:
+            owed = functools.partial(_owed_noise, weakref.ref(self))
+            if name == "bring_current":
+                functions[name] = lazy_catch_up.bring_current_function(owed)
+            else:
+                functions[name] = AnyShapeFunction(functools.partial(_flush_rows, weakref.ref(self)))
+        return functions[name]
 
     # -- internals ------------------------------------------------------------
     def _require_init(self) -> None:
@@ -518,8 +516,7 @@ def _flush_rows(mechanism: weakref.ref, fused: bool, table, history, momentum, s
         lazy_fused.catch_up(table, history, rows, lazy._op_state())  # noqa: SLF001
         return
     target = lazy_catch_up.TableState(table, history, momentum, lazy_catch_up.table_width(table, width))
-    now, owed, catch_up = lazy._now(), lazy._owed_noise(), lazy._catch_up_function()  # noqa: SLF001
-    lazy_catch_up.bring_current(target, rows, now, owed, unique=True, catch_up_fn=catch_up)
+    lazy_catch_up.bring_current(target, rows, lazy._now(), lazy._owed_noise(), unique=True)  # noqa: SLF001
 
 
 def _owed_noise(mechanism: weakref.ref) -> lazy_catch_up.OwedNoise:

@@ -137,9 +137,7 @@ class OwedNoise:
         return tf.math.unsorted_segment_sum(tf.cast(coef_m, tf.float32)[:, None] * u, owner, n), theta
 
 
-def bring_current(
-    target: TableState, ids, now, owed: OwedNoise, *, unique: bool, stamp=None, catch_up_fn: Callable | None = None
-) -> tf.Tensor:
+def bring_current(target: TableState, ids, now, owed: OwedNoise, *, unique: bool, stamp=None) -> tf.Tensor:
     """Catches up the rows among `ids` behind step `now`; returns whether any were.
 
     Args:
@@ -150,21 +148,13 @@ def bring_current(
       unique: `ids` hold no repeats (skips a `tf.unique`).
       stamp: optional history entry then written for every row of `ids`
         (`lazy_history.state_ahead` for the rows the optimizer steps).
-      catch_up_fn: `(target, rows, now) -> None` doing `catch_up_rows(target,
-        rows, now, owed)`, e.g. the mechanism's traced `catch_up_function`;
-        default: those ops inline.
     """
     rows = tf.reshape(tf.cast(ids, tf.int64), [-1])
     behind = tf.not_equal(tf.gather(target.history, rows), lazy_history.current(now))
 
     def catch_up():
         stale = tf.boolean_mask(rows, behind)
-        if not unique:
-            stale = tf.unique(stale).y
-        if catch_up_fn is None:
-            catch_up_rows(target, stale, now, owed)
-        else:
-            catch_up_fn(target, stale, now)
+        catch_up_rows(target, stale if unique else tf.unique(stale).y, now, owed)
         return tf.constant(True)
 
     result = tf.cond(tf.reduce_any(behind), catch_up, lambda: tf.constant(False))
@@ -174,38 +164,43 @@ def bring_current(
     return result
 
 
-def catch_up_function(owed: Callable[[], OwedNoise]) -> Callable:
-    """`catch_up_rows` as one traced function for all of a mechanism's tables: `(target, rows, now) -> None`.
+def bring_current_function(owed: Callable[[], OwedNoise]) -> Callable:
+    """`bring_current` as one traced function for every table and call site: `(target, ids, now, *, unique, stamp)`.
 
-    A traced step reads, steps and looks ahead on every table, and a flush
-    or an evaluation reads them again: each of those would otherwise hold
-    its own copy of the catch-up's ops (the momentum moments, the Cholesky,
-    the draws), built op by op at every trace. Called from those traces,
-    this function's graph is shared, and by every table: the variables are
-    arguments, traced for any shape (`AnyShapeFunction`), so 26 tables cost
-    one trace, not 26. `owed` is called at trace time (the function must not
-    keep the mechanism alive). Kept out of line: inlined, every call site
-    would be a copy again for the graph optimiser and the runtime to
-    prepare; a call runs the same ops. Stateless row noise needs the row
-    width when tracing: one trace per width then.
+    A step reads, steps and looks ahead on every table (3 x 26 call sites
+    for the Criteo model), and a flush or an evaluation reads them again:
+    each call would otherwise hold its own `tf.cond` and copy of the
+    catch-up's ops (the momentum moments, the Cholesky, the draws), traced
+    and optimised again. Here the variables are arguments, traced for any
+    shape (`AnyShapeFunction`: once per `unique` and stamp/no stamp), so
+    each call site is one function call. `owed` is called at trace time
+    (the function must not keep the mechanism alive). Kept out of line:
+    inlined, every call site would be a copy again for the graph optimiser
+    and the runtime to prepare; a call runs the same ops. Stateless row
+    noise needs the row width when tracing: one trace per width then.
+    (The catch-up is inline in it: a traced function called from another
+    with the variable arguments it received references variables that die
+    with the outer trace.)
     """
-    traced = AnyShapeFunction(functools.partial(_catch_up_traced, owed), noinline=True)
+    traced = AnyShapeFunction(functools.partial(_bring_current_traced, owed), noinline=True)
 
-    def call(target: TableState, rows, now) -> None:
+    def call(target: TableState, ids, now, *, unique: bool, stamp=None) -> tf.Tensor:
         width = target.dim if owed().row_noise == "stateless" else None
-        traced(target.table, target.history, target.momentum, rows, now, width)
+        rows = tf.reshape(tf.cast(ids, tf.int64), [-1])
+        return traced(target.table, target.history, target.momentum, rows, now, unique, stamp, width)
 
     call.traced = traced.traced  # type: ignore[attr-defined]  # tests count its traces
     return call
 
 
+def _bring_current_traced(owed, table, history, momentum, rows, now, unique, stamp, width) -> tf.Tensor:
+    target = TableState(table, history, momentum, table_width(table, width))
+    return bring_current(target, rows, now, owed(), unique=unique, stamp=stamp)
+
+
 def table_width(table: tf.Variable, width: int | None):
     """The row width: `width` when given (a Python int), else read from the table (any-shape traces)."""
     return tf.shape(table)[1] if width is None else width
-
-
-def _catch_up_traced(owed: Callable[[], OwedNoise], table, history, momentum, rows, now, width) -> None:
-    catch_up_rows(TableState(table, history, momentum, table_width(table, width)), rows, now, owed())
 
 
 def catch_up_rows(target: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> None:
