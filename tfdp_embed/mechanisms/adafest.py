@@ -56,6 +56,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 
 import dp_accounting
+import numpy as np
 
 from tfdp_embed._checks import check_int, check_positive
 from tfdp_embed._keras import tf
@@ -187,7 +188,7 @@ def threshold_for_noise_rows(
     return max(0.0, -scale * statistics.NormalDist().inv_cdf(rows / vocabulary_size))
 
 
-def contribution_map(tables: Sequence, batch_size, contribution_clip: float, keep=None) -> list:
+def contribution_map(tables: Sequence, batch_size, contribution_clip: float, selections=None) -> list:
     """The clipped contribution counts sum_i [v_i]_{C1}, on touched rows only.
 
         count[t][j] = sum_{i touches row j of table t} min(1, C1 / sqrt(n_i)),
@@ -197,8 +198,9 @@ def contribution_map(tables: Sequence, batch_size, contribution_clip: float, kee
       tables: `TableGradient`s of one step (their `occurrences` are read).
       batch_size: scalar int, number of examples.
       contribution_clip: C1 (> 0).
-      keep: optional `keep(table_index, rows) -> bool mask` restricting the map
-        to some rows (DP-AdaFEST+ restricts it to the FEST-selected rows).
+      selections: optional, per table: its sorted selected rows (a trailing
+        sentinel is harmless) restricting the map to them, or None for every
+        row (DP-AdaFEST+ restricts it to the FEST-selected rows).
 
     Returns:
       One `(rows, counts)` pair per table: int64 `[m_t]` distinct touched rows
@@ -207,13 +209,15 @@ def contribution_map(tables: Sequence, batch_size, contribution_clip: float, kee
     References: DP-AdaFEST Alg. 1 line 6; App. B.2 (touched rows only).
     """
     out = []
-    for rows, weights in contribution_pairs(tables, batch_size, contribution_clip, keep=keep):
+    for rows, weights in contribution_pairs(tables, batch_size, contribution_clip, selections=selections):
         unique_rows, position = sparse_rows.unique(rows)
         out.append((unique_rows, tf.math.unsorted_segment_sum(weights, position, tf.size(unique_rows))))
     return out
 
 
-def contribution_pairs(tables: Sequence, batch_size, contribution_clip: float, keep=None) -> list:
+def contribution_pairs(
+    tables: Sequence, batch_size, contribution_clip: float, selections=None, vocabularies=None
+) -> list:
     """The contribution map before summing: one `(row, weight)` per distinct (example, row).
 
     `contribution_map` sums these weights per row; the mechanism sums them
@@ -221,7 +225,10 @@ def contribution_pairs(tables: Sequence, batch_size, contribution_clip: float, k
     and the noise-only survivors (one `Unique` per table and step).
 
     Args:
-      tables, batch_size, contribution_clip, keep: as `contribution_map`.
+      tables, batch_size, contribution_clip, selections: as `contribution_map`.
+      vocabularies: optional int64 scalar tensors, each table's vocabulary
+        size (read from a variable, the traced step sees no constants);
+        None: the layers' sizes.
 
     Returns:
       One `(rows, weights)` pair per table: int64 `[n_t]` rows (a row appears
@@ -232,11 +239,13 @@ def contribution_pairs(tables: Sequence, batch_size, contribution_clip: float, k
     """
     pairs = []
     for index, table in enumerate(tables):
-        rows, examples = _distinct_example_rows(table)
-        mask = None if keep is None else keep(index, rows)
-        if mask is not None:
-            rows, examples = tf.boolean_mask(rows, mask), tf.boolean_mask(examples, mask)
-        pairs.append((rows, examples))
+        ids, examples = _occurrence_pairs(table)
+        selected = None if selections is None else selections[index]
+        if vocabularies is None:
+            vocab = tf.constant(int(table.layer.vocabulary_size), tf.int64)
+        else:
+            vocab = vocabularies[index]
+        pairs.append(_DISTINCT_PAIRS(ids, examples, vocab, selected))
     batch_size = tf.cast(batch_size, tf.int32)
     touched = tf.zeros([batch_size], tf.float32)
     for _, examples in pairs:
@@ -245,25 +254,35 @@ def contribution_pairs(tables: Sequence, batch_size, contribution_clip: float, k
     return [(rows, tf.gather(scale, examples)) for rows, examples in pairs]
 
 
-def _distinct_example_rows(table) -> tuple:
-    """Distinct (row, example) pairs of one table over all its calls this step.
-
-    Deduplicates the keys example * vocab + row, then reads each pair's row
-    and example back at its first occurrence (no int64 division).
-    """
-    vocab = int(table.layer.vocabulary_size)
+def _occurrence_pairs(table) -> tuple:
+    """int64 ids and int32 examples of every id one table's calls read this step."""
     ids, examples = [], []
     for occ in table.occurrences:
         examples.append(tf.cast(tf.gather(occ.segment_examples, occ.segments), tf.int32))
         ids.append(tf.cast(occ.ids, tf.int64))
     if not ids:
         return tf.zeros([0], tf.int64), tf.zeros([0], tf.int32)
-    ids = ids[0] if len(ids) == 1 else tf.concat(ids, 0)
-    examples = examples[0] if len(examples) == 1 else tf.concat(examples, 0)
+    return (ids[0], examples[0]) if len(ids) == 1 else (tf.concat(ids, 0), tf.concat(examples, 0))
+
+
+def _distinct_example_rows(ids, examples, vocab, selected) -> tuple:
+    """Distinct (row, example) pairs of one table, restricted to `selected` rows unless it is None.
+
+    Deduplicates the keys example * vocab + row, then reads each pair's row
+    and example back at its first occurrence (no int64 division). Traced
+    once for every table (`_DISTINCT_PAIRS`).
+    """
     keys = tf.cast(examples, tf.int64) * vocab + ids
     distinct, position = sparse_rows.unique(keys)
     first = tf.math.unsorted_segment_min(tf.range(tf.size(keys)), position, tf.size(distinct))
-    return tf.gather(ids, first), tf.gather(examples, first)
+    rows, examples = tf.gather(ids, first), tf.gather(examples, first)
+    if selected is None:
+        return rows, examples
+    mask = is_member(rows, selected)
+    return tf.boolean_mask(rows, mask), tf.boolean_mask(examples, mask)
+
+
+_DISTINCT_PAIRS = AnyShapeFunction(_distinct_example_rows, noinline=True)
 
 
 def geometric_skip_positions(generator, size: int, probability: float) -> tf.Tensor:
@@ -319,6 +338,7 @@ def skip_positions(generator, chunk, log_q, limit) -> tf.Tensor:
 
 # Per-mechanism traced table steps, kept out of the mechanism (checkpoints never see them).
 _TABLE_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TABLE_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _table_step(
@@ -341,6 +361,7 @@ def _table_step(
     """
     ada = mechanism()
     assert ada is not None, "traced while the mechanism is alive"
+    shared = tf.zeros([0], tf.int64) if shared is None else shared
     drawn = tf.zeros([0], tf.int64)
     if chunk is not None:
         drawn = skip_positions(ada.generator, chunk, log_q, limit)
@@ -464,6 +485,10 @@ class DPAdaFEST(NoiseMechanism):
         self.noise_only_rows = counter("noise_only_rows")  # untouched survivors
         self.touched_rows = counter("touched_rows")  # rows with a gradient or contribution
         self.dropped_touched_rows = counter("dropped_touched_rows")  # touched, below tau
+        self._init_selections()
+        # Untracked (checkpoints never see it): read in the step, so the graph optimiser sees no
+        # per-table constants to push into the table step, and keeps one copy of it, not one per table.
+        _TABLE_PARAMETERS[self] = tf.Variable(self._table_parameters(), trainable=False, name="table_parameters")
         self._stats_ready = True
 
     # -- the step -----------------------------------------------------------
@@ -479,10 +504,17 @@ class DPAdaFEST(NoiseMechanism):
                 f"the step has {len(clipped.tables)}."
             )
         out = self._dense_noised(clipped, self.noise_multiplier)
-        pairs = contribution_pairs(clipped.tables, clipped.batch_size, self.contribution_clip, keep=self._keep_mask)
+        parameters = tf.unstack(_TABLE_PARAMETERS[self].read_value())
+        selections = [self._selection(index) for index in range(len(self._tables))]
+        vocabularies = [tf.cast(row[4], tf.int64) for row in parameters]
+        pairs = contribution_pairs(
+            clipped.tables, clipped.batch_size, self.contribution_clip, selections=selections, vocabularies=vocabularies
+        )
         stats = []
         for index, (table, (rows, weights)) in enumerate(zip(clipped.tables, pairs)):
-            slices, table_stats = self._noised_table(index, table, rows, weights, clipped.expected_batch_size)
+            slices, table_stats = self._noised_table(
+                index, table, rows, weights, parameters[index], clipped.expected_batch_size
+            )
             out.append((slices, table.variable))
             stats.append(table_stats)
         if stats:
@@ -494,30 +526,45 @@ class DPAdaFEST(NoiseMechanism):
         self.steps.assign_add(1)
         return out
 
-    def _noised_table(self, index: int, table, pair_rows, pair_weights, divisor: float) -> tuple:
+    def _noised_table(self, index: int, table, pair_rows, pair_weights, parameters, divisor: float) -> tuple:
         """Thresholds one table's noisy map; (survivors' sum + noise) / divisor as IndexedSlices.
 
         The ops are `_table_step`'s, traced once for every table
-        (`AnyShapeFunction`): what differs between tables (tau, the noise
-        draw's parameters, the selection) are its arguments.
+        (`AnyShapeFunction`): what differs between tables (tau and the noise
+        draw's parameters, `parameters` = its row of `_table_parameters`;
+        the selection) are its arguments.
         """
         vocab, dim = int(table.layer.vocabulary_size), int(table.layer.output_dim)
         grad = table.gradient
-        shared = tf.zeros([0], tf.int64) if table.shared_rows is None else tf.cast(table.shared_rows, tf.int64)
-        selected = self._selection(index)
-        size = vocab if selected is None else int(selected.shape[0]) - 1  # a selection ends with a sentinel
-        probability = self._thresholds.survival(index)
-        assert probability < 1.0, "tau >= 0 keeps p <= 1/2"
-        draw = (None,) * 3
-        if probability > 0.0 and size > 0:
-            chunk, log_q, limit = skip_parameters(size, probability)
-            draw = (tf.constant(chunk, tf.int32), tf.constant(log_q, tf.float64), tf.constant(limit, tf.float64))
+        shared = None if table.shared_rows is None else tf.cast(table.shared_rows, tf.int64)
+        tau, chunk, log_q, limit, _ = tf.unstack(parameters)
+        draw = (None,) * 3  # nothing to draw (p = 0 or no rows): a trace without the draw
+        if self._draws(index):
+            draw = (tf.cast(chunk, tf.int32), log_q, limit)
         values, rows, stats = self._table_step_function()(
             tf.reshape(grad.values, [-1, dim]), tf.cast(grad.indices, tf.int64), pair_rows, pair_weights, shared,
-            tf.constant(self._thresholds.tau(index), tf.float32), selected, *draw, float(divisor),
+            tf.cast(tau, tf.float32), self._selection(index), *draw, float(divisor),
         )  # fmt: skip
         values = tf.ensure_shape(values, [None, dim])
         return tf.IndexedSlices(values, rows, tf.constant([vocab, dim], tf.int64)), tuple(tf.unstack(stats))
+
+    def _draw_size(self, index: int) -> int:
+        """The rows table `index`'s noise draw runs over: its vocabulary, or its selection (DP-AdaFEST+)."""
+        selected = self._selection(index)
+        return int(self._tables[index].vocabulary_size) if selected is None else int(selected.shape[0]) - 1
+
+    def _draws(self, index: int) -> bool:
+        return self._thresholds.survival(index) > 0.0 and self._draw_size(index) > 0
+
+    def _table_parameters(self) -> np.ndarray:
+        """float64 `[tables, 5]`: tau, the noise draw's chunk, log(1 - p), size (zeros without a draw), vocabulary."""
+        rows = []
+        for index in range(len(self._tables)):
+            probability = self._thresholds.survival(index)
+            assert probability < 1.0, "tau >= 0 keeps p <= 1/2"
+            draw = skip_parameters(self._draw_size(index), probability) if self._draws(index) else (0, 0.0, 0.0)
+            rows.append((float(self._thresholds.tau(index)), *draw, float(self._tables[index].vocabulary_size)))
+        return np.array(rows, np.float64)
 
     def _table_step_function(self) -> AnyShapeFunction:
         if self not in _TABLE_STEPS:
@@ -525,15 +572,13 @@ class DPAdaFEST(NoiseMechanism):
         return _TABLE_STEPS[self]
 
     # -- hooks for DP-AdaFEST+ ------------------------------------------------
+    def _init_selections(self) -> None:
+        """Creates the selections `_selection` returns (at `init`, once the tables are known)."""
+
     def _selection(self, index: int) -> tf.Variable | None:
         """Table `index`'s selected rows, sorted, plus a sentinel (DP-AdaFEST+); None means every row."""
         del index
         return None
-
-    def _keep_mask(self, index: int, rows: tf.Tensor):
-        """Rows of table `index` allowed to update; None means all (plain AdaFEST)."""
-        selected = self._selection(index)
-        return None if selected is None else is_member(rows, selected)
 
     # -- accounting and reporting ------------------------------------------
     def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:

@@ -179,9 +179,8 @@ class DPAdaFESTPlus(DPAdaFEST):
         selection = select_top_k(counts, top_k=top_k, epsilon=selection_epsilon, rng=rng)
         return cls.from_selection(selection, **kwargs)
 
-    def init(self, *, tables, dense_variables, optimizer) -> None:
+    def _init_selections(self) -> None:
         """Stores each table's sorted selection (plus a sentinel) as a variable."""
-        super().init(tables=tables, dense_variables=dense_variables, optimizer=optimizer)
         names = [t.name for t in self._tables]
         missing = [n for n in names if n not in self._selected_rows]
         if missing:
