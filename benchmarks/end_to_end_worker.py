@@ -109,7 +109,8 @@ def _traces() -> dict:
     found = {}
     for functions in list(lazy._TRACED.values()):  # noqa: SLF001
         for name, function in functions.items():
-            found[f"lazy_{name}"] = found.get(f"lazy_{name}", 0) + function.traced.experimental_get_tracing_count()
+            traced = getattr(function, "traced", function)
+            found[f"lazy_{name}"] = found.get(f"lazy_{name}", 0) + traced.experimental_get_tracing_count()
     return found
 
 

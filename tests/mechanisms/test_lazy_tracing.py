@@ -94,7 +94,7 @@ def test_no_retracing_over_epochs_flushes_and_evaluations(momentum):
     assert int(mechanism.steps.numpy()) == STEPS * EPOCHS and not mechanism.owes_noise()
     assert dp_model.train_function.experimental_get_tracing_count() == 1
     assert dp_model.test_function.experimental_get_tracing_count() == 1
-    assert mechanism._traced("flush").traced.experimental_get_tracing_count() == 1  # one trace for all tables
+    assert mechanism._traced("flush").experimental_get_tracing_count() == 1  # one trace for all tables
     if momentum > 0:  # the TensorFlow path: one catch-up for all tables, shared by step, flush and evaluation
         # Traced once for tables of any shape.
         # Every call site (read, stamp, lookahead, evaluation): one trace per kind of call.

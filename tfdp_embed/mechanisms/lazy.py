@@ -57,7 +57,6 @@ from tfdp_embed._keras import tf
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms import lazy_catch_up, lazy_fused, lazy_history, lazy_sgd
-from tfdp_embed.mechanisms.any_shape import AnyShapeFunction
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import (
     MIRRORED,
@@ -357,19 +356,32 @@ class LazyDP(NoiseMechanism):
     def flush(self) -> None:
         """Brings every row of every table up to date, `flush_chunk_rows` rows at a time."""
         self._require_init()
-        for index, layer in enumerate(self._tables):
-            chunk = self.flush_chunk_rows or max(
-                1, _FLUSH_CHUNK_FLOATS // (layer.output_dim * (2 if self._beta > 0 else 1))
-            )
-            flush_rows, target = self._traced("flush"), self._table_state(index)
-            width = target.dim if self.row_noise == "stateless" else None
-            for start in range(0, layer.vocabulary_size, chunk):
-                stop = min(start + chunk, layer.vocabulary_size)
-                flush_rows(
-                    self._fused(index), target.table, target.history, target.momentum,
-                    tf.constant(start, tf.int64), tf.constant(stop, tf.int64), width,
-                )  # fmt: skip
+        chunks = tuple(
+            self.flush_chunk_rows or max(1, _FLUSH_CHUNK_FLOATS // (layer.output_dim * (2 if self._beta > 0 else 1)))
+            for layer in self._tables
+        )
+        sizes = tf.constant([layer.vocabulary_size for layer in self._tables], tf.int64)
+        self._traced("flush")(chunks, sizes)
         self.flushed_at.assign(self.steps)
+
+    def _flush_tables(self, chunks: tuple, sizes: tf.Tensor) -> None:
+        """The traced flush: each table's rows in chunks of `chunks[i]`, one chunk after the other.
+
+        The sizes are an argument, not constants: with constant rows the
+        graph optimiser would specialise the shared catch-up for each table.
+        """
+        for index, (layer, chunk) in enumerate(zip(self._tables, chunks)):
+            vocab = sizes[index]
+            if layer.vocabulary_size <= chunk:
+                self._bring_current(index, tf.range(vocab), unique=True)
+                continue
+
+            def flush_chunk(start, index=index, chunk=chunk, vocab=vocab):
+                rows = tf.range(start, tf.minimum(start + chunk, vocab))
+                with tf.control_dependencies([self._bring_current(index, rows, unique=True)]):
+                    return start + chunk
+
+            tf.while_loop(lambda start, vocab=vocab: start < vocab, flush_chunk, [tf.constant(0, tf.int64)])
 
     def owes_noise(self) -> bool:
         """True when some row may be behind (a step ran since the last flush); O(1)."""
@@ -479,10 +491,10 @@ class LazyDP(NoiseMechanism):
     def _traced(self, name: str) -> Callable:
         """This mechanism's traced function `name` (each serves every table), cached outside tracking.
 
-        "bring_current": `lazy_catch_up.bring_current_function`; "flush": `_flush_rows`
-        `(fused, table, history, momentum, start, stop, width)`. They hold
-        the mechanism by a weak reference (a cache entry must not keep its
-        key alive).
+        "bring_current": `lazy_catch_up.bring_current_function`; "flush":
+        `_flush_tables` of `chunks` (one trace for all tables; the catch-ups
+        in it call "bring_current"). They hold the mechanism by a weak
+        reference (a cache entry must not keep its key alive).
         """
         functions = _TRACED.setdefault(self, {})
         if name not in functions:
@@ -490,7 +502,7 @@ class LazyDP(NoiseMechanism):
             if name == "bring_current":
                 functions[name] = lazy_catch_up.bring_current_function(owed)
             else:
-                functions[name] = AnyShapeFunction(functools.partial(_flush_rows, weakref.ref(self)))
+                functions[name] = tf.function(functools.partial(_flush_tables, weakref.ref(self)), autograph=False)
         return functions[name]
 
     # -- internals ------------------------------------------------------------
@@ -508,15 +520,8 @@ class LazyDP(NoiseMechanism):
         return tf.cast(self.steps, tf.int32)
 
 
-def _flush_rows(mechanism: weakref.ref, fused: bool, table, history, momentum, start, stop, width) -> None:
-    """Catches up rows [start, stop) of one table (the fused op, else `lazy_catch_up.bring_current`)."""
-    lazy = mechanism()  # the SLF001 uses below: the mechanism's own function, defined out of it to be traced once
-    rows = tf.range(start, stop)
-    if fused:
-        lazy_fused.catch_up(table, history, rows, lazy._op_state())  # noqa: SLF001
-        return
-    target = lazy_catch_up.TableState(table, history, momentum, lazy_catch_up.table_width(table, width))
-    lazy_catch_up.bring_current(target, rows, lazy._now(), lazy._owed_noise(), unique=True)  # noqa: SLF001
+def _flush_tables(mechanism: weakref.ref, chunks: tuple, sizes) -> None:
+    mechanism()._flush_tables(chunks, sizes)  # noqa: SLF001
 
 
 def _owed_noise(mechanism: weakref.ref) -> lazy_catch_up.OwedNoise:
