@@ -24,7 +24,7 @@ What happens (`pipeline.run`, one function per stage):
      T = epochs x round(N / B) steps with `dp_accounting` (PLD); several
      streaming periods compose in parallel (`tfdp_embed.plan_run`, `privacy.py`);
   3. train the DP-FEST App. D.1 pCTR model (or DCN-v2) with `DPModel` on
-     Poisson-sampled batches (LazyDP: with the one-batch lookahead; DP-FEST and
+     Poisson-sampled batches (LazyDP: `--lookahead` adds the one-batch lookahead; DP-FEST and
      DP-AdaFEST+: DP top-k selection from bucket counts, DP-FEST re-selected
      from running counts each streaming period); training stops at the
      calibrated step count (`training.py`);

@@ -40,6 +40,7 @@ class PipelineConfig:
         True  # skip the output calibration when it cannot help (False: --calibration-fraction given)
     )
     fixed_size_batches: bool = False
+    lookahead: bool = False  # LazyDP: catch up the next batch's rows after each step
     hash_size: int | None = None
     table3_vocabulary: bool = False  # Table 3's sizes uncapped (no data-scaled cap); exclusive with hash_size
     hidden_units: tuple | None = None

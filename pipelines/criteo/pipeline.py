@@ -274,7 +274,7 @@ def _build(config: PipelineConfig, model_config: CTRModelConfig, plan: RunPlan, 
         expected_batch_size=config.batch,
         learning_rate=config.learning_rate,
         momentum=config.momentum,
-        lookahead=plan.mechanism_name == "lazy",
+        lookahead=plan.mechanism_name == "lazy" and config.lookahead,
     )
     budget = plan.budget() if plan.mechanism_name != "none" and not plan.parallel else None
     return _Training(model, tables, plan, dp_model, budget, counts)
@@ -338,14 +338,14 @@ def _batches(config: PipelineConfig, data: _Data, training: _Training, index: in
     (build, per-example contract check): it gets a reader of its own.
     """
     if data.beam_manifest is not None:
-        lookahead = config.mechanism == "lazy"
+        lookahead = config.mechanism == "lazy" and config.lookahead
         training.dp_model.prepare(criteo_beam.train_batches(config.beam_shards, data.vocab, lookahead=lookahead)[0])
         return criteo_beam.train_batches(config.beam_shards, data.vocab, lookahead=lookahead)
     return criteo_data.train_batches(
         data.periods[index],
         batch_size=config.batch,
         poisson=not config.fixed_size_batches,
-        lookahead=config.mechanism == "lazy",
+        lookahead=config.mechanism == "lazy" and config.lookahead,
         seed=None if config.seed is None else config.seed * 1009 + index,
         stream_buffer_rows=config.stream_buffer_rows,
         spill_dir=config.spill_dir,

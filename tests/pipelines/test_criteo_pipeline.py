@@ -409,3 +409,16 @@ def test_output_calibration_moves_the_mean_prediction_to_the_click_rate(days):
     assert float(bias.numpy()[0]) == pytest.approx(-4.0 + result.shift)
     after = criteo_eval.evaluate(model, criteo_data.eval_dataset(period))
     assert after["auc"] == pytest.approx(before["auc"], abs=1e-12) and after["logloss"] < before["logloss"]
+
+
+def test_lazy_lookahead_is_an_option(days, tmp_path):
+    # LazyDP trains without the one-batch lookahead unless `--lookahead` is given; with it, the run completes.
+    reports = []
+    for name, extra in (("plain", []), ("lookahead", ["--lookahead"])):
+        out = tmp_path / name
+        assert criteo.main(_argv("lazy", days, out) + extra) == 0
+        with open(out / "report.json") as f:
+            reports.append(json.load(f))
+    plain, ahead = reports
+    assert ahead["steps"] == plain["steps"] == 4 and 0.0 <= ahead["auc"] <= 1.0
+    assert criteo.parse_args(_argv("lazy", days, tmp_path / "x")).lookahead is False
