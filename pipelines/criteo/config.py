@@ -51,6 +51,16 @@ class PipelineConfig:
     synthetic: criteo_data.SyntheticSpec = criteo_data.SyntheticSpec()
     verbose: int = 1
 
+    @property
+    def lazy_lookahead(self) -> bool:
+        """True when the run is LazyDP's with the one-batch lookahead (`--lookahead`)."""
+        return self.mechanism == "lazy" and self.lookahead
+
+    @property
+    def fixed_vocabulary(self) -> bool:
+        """True when the flags fix the vocabulary (`--hash-size` or `--vocabulary table3`): no row-scaled cap."""
+        return bool(self.hash_size) or self.table3_vocabulary
+
 
 __all__ = [
     "DEFAULT_CALIBRATION_FRACTION",

@@ -114,9 +114,8 @@ def _read(config: PipelineConfig) -> _Data:
             config, f"no --train: writing synthetic Criteo data to {config.out}/data ({dataclasses.asdict(synthetic)})"
         )
         train_files, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
-    fixed = config.hash_size or config.table3_vocabulary
-    rows_estimate = None if fixed else estimate_rows(train_files)
-    vocab = resolve_vocab_sizes(None, config.hash_size) if fixed else criteo_defaults.vocabulary(rows_estimate)
+    rows_estimate = None if config.fixed_vocabulary else estimate_rows(train_files)
+    vocab = _vocabulary(config, rows_estimate)
     read = dict(vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming, format=config.format)
     selecting = criteo_privacy.selects_rows(config.mechanism)
     groups = [[f] for f in train_files] if config.streaming_periods else [train_files]
@@ -132,6 +131,11 @@ def _read(config: PipelineConfig) -> _Data:
     return data
 
 
+def _vocabulary(config: PipelineConfig, rows: int | None) -> dict:
+    """The hash vocabulary: fixed by the flags, else DP-FEST Table 3 capped for about `rows` rows."""
+    return resolve_vocab_sizes(None, config.hash_size) if config.fixed_vocabulary else criteo_defaults.vocabulary(rows)
+
+
 def _read_beam(config: PipelineConfig) -> _Data:
     """Stage 1 with `--beam-shards`: the manifest is the training period; the evaluation files are read as usual."""
     manifest = criteo_beam.read_manifest(config.beam_shards)
@@ -143,9 +147,8 @@ def _read_beam(config: PipelineConfig) -> _Data:
         train, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
         for path in train:
             os.remove(path)
-    fixed = config.hash_size or config.table3_vocabulary
     rows = int(manifest["num_examples"])
-    vocab = resolve_vocab_sizes(None, config.hash_size) if fixed else criteo_defaults.vocabulary(rows)
+    vocab = _vocabulary(config, rows)
     period = criteo_beam.training_period(config.beam_shards, manifest, vocab)
     final_eval = criteo_data.open_period(
         eval_files, vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming,
@@ -274,7 +277,7 @@ def _build(config: PipelineConfig, model_config: CTRModelConfig, plan: RunPlan, 
         expected_batch_size=config.batch,
         learning_rate=config.learning_rate,
         momentum=config.momentum,
-        lookahead=plan.mechanism_name == "lazy" and config.lookahead,
+        lookahead=config.lazy_lookahead,
     )
     budget = plan.budget() if plan.mechanism_name != "none" and not plan.parallel else None
     return _Training(model, tables, plan, dp_model, budget, counts)
@@ -338,14 +341,14 @@ def _batches(config: PipelineConfig, data: _Data, training: _Training, index: in
     (build, per-example contract check): it gets a reader of its own.
     """
     if data.beam_manifest is not None:
-        lookahead = config.mechanism == "lazy" and config.lookahead
+        lookahead = config.lazy_lookahead
         training.dp_model.prepare(criteo_beam.train_batches(config.beam_shards, data.vocab, lookahead=lookahead)[0])
         return criteo_beam.train_batches(config.beam_shards, data.vocab, lookahead=lookahead)
     return criteo_data.train_batches(
         data.periods[index],
         batch_size=config.batch,
         poisson=not config.fixed_size_batches,
-        lookahead=config.mechanism == "lazy" and config.lookahead,
+        lookahead=config.lazy_lookahead,
         seed=None if config.seed is None else config.seed * 1009 + index,
         stream_buffer_rows=config.stream_buffer_rows,
         spill_dir=config.spill_dir,

@@ -291,15 +291,17 @@ class PrivacyBudget(keras.callbacks.Callback):
     def _planned_steps_fit(self, spent: float, what: str) -> bool:
         """True when this run's expected steps fit (checked exactly); the full search then waits."""
         planned = self._expected_extra_steps()
-        if not planned or planned < 1 or self._epsilon_after(planned) > self.target_epsilon:
+        if not planned or planned < 1:
+            return False
+        after = self._epsilon_after(planned)
+        if after > self.target_epsilon:
             return False
         self.max_steps, self._fits_through = None, self.ledger.steps + planned
         self.epsilon, self._epsilon_steps = spent, self.ledger.steps
         _LOG.info(
             "PrivacyBudget: the %d planned steps fit %s %g at delta=%g (q=%g, %s accountant; %.6g after "
             "them); the steps beyond them are counted if training goes on.",
-            planned, what, self.target_epsilon, self.target_delta, self.sampling_probability, self.accountant,
-            self._epsilon_after(planned),
+            planned, what, self.target_epsilon, self.target_delta, self.sampling_probability, self.accountant, after,
         )  # fmt: skip
         return True
 

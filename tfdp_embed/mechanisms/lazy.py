@@ -498,11 +498,14 @@ class LazyDP(NoiseMechanism):
         """
         functions = _TRACED.setdefault(self, {})
         if name not in functions:
-            owed = functools.partial(_owed_noise, weakref.ref(self))
-            if name == "bring_current":
-                functions[name] = lazy_catch_up.bring_current_function(owed)
-            else:
-                functions[name] = tf.function(functools.partial(_flush_tables, weakref.ref(self)), autograph=False)
+            mechanism = weakref.ref(self)
+            makers = {
+                "bring_current": lambda: lazy_catch_up.bring_current_function(
+                    functools.partial(_owed_noise, mechanism)
+                ),
+                "flush": lambda: tf.function(functools.partial(_flush_tables, mechanism), autograph=False),
+            }
+            functions[name] = makers[name]()
         return functions[name]
 
     # -- internals ------------------------------------------------------------

@@ -178,9 +178,7 @@ def bring_current_function(owed: Callable[[], OwedNoise]) -> Callable:
     inlined, every call site would be a copy again for the graph optimiser
     and the runtime to prepare; a call runs the same ops. Stateless row
     noise needs the row width when tracing: one trace per width then.
-    (The catch-up is inline in it: a traced function called from another
-    with the variable arguments it received references variables that die
-    with the outer trace.)
+    The catch-up's ops are inline in it (a handful of traces hold them all).
     """
     traced = AnyShapeFunction(functools.partial(_bring_current_traced, owed), noinline=True)
 
