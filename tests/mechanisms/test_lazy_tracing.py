@@ -17,6 +17,7 @@ import logging
 
 import numpy as np
 import pytest
+from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.layers.embedding import DPEmbedding
@@ -74,7 +75,14 @@ class _FlushEachEpoch(keras.callbacks.Callback):
 
 
 @pytest.mark.parametrize("momentum", [0.9, 0.0], ids=["momentum_tf_path", "plain_sgd_fused"])
-def test_no_retracing_over_epochs_flushes_and_evaluations(momentum):
+def test_no_retracing_over_epochs_flushes_and_evaluations(momentum, monkeypatch):
+    # TensorFlow counts traces per Python function code across the process: every Keras model's
+    # `test_function` shares one counter, so earlier tests' models would warn here. Count this test's only.
+    monkeypatch.setattr(
+        polymorphic_function,
+        "_frequent_tracing_detector_manager",
+        polymorphic_function._FrequentTracingDetectorManager(),
+    )
     keras.utils.set_random_seed(0)
     mechanism = LazyDP(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)
     dp_model = DPModel(_model(), mechanism=mechanism, expected_batch_size=BATCH, lookahead=True)

@@ -94,16 +94,19 @@ def layer_gradients(
         _check_not_reached(tap, variables, var_grads)
     per_example = _shared_call_grads(shared, scores, score_grads)
     batch_size = per_example_loss.shape[0] if per_example_loss.shape.rank == 1 else None
-    result = []
-    for tap, output_grads in zip(used, grads):
+    for tap in used:
         _check_leading_axis(tap, batch_size)
-        output_grads = [
-            _finite(per_example[id(c)])
-            if id(c) in per_example
-            else (tf.zeros_like(c.outputs) if g is None else _finite(g))
-            for c, g in zip(tap.calls, output_grads)
-        ]
-        tap = _finite_calls(tap)
+    grads = [
+        [per_example[id(c)] if id(c) in per_example else (tf.zeros_like(c.outputs) if g is None else g)
+         for c, g in zip(tap.calls, output_grads)]
+        for tap, output_grads in zip(used, grads)
+    ]  # fmt: skip
+    grads, calls = _finite((grads, [[_call_values(c) for c in tap.calls] for tap in used]))
+    result = []
+    for tap, output_grads, values in zip(used, grads, calls):
+        tap = dataclasses.replace(
+            tap, calls=[dataclasses.replace(c, args=a, kwargs=k, outputs=o) for c, (a, k, o) in zip(tap.calls, values)]
+        )
         fn = registry.lookup(tap.layer)
         expected = registry.tapped_method(tap.layer)
         if tap.method != expected:
@@ -163,25 +166,42 @@ def _check_loss_scale(loss_scale) -> float:
     return scale
 
 
-def _finite(value):
-    """`value` with every non-finite entry 0 (float tensors; anything else as it is)."""
-    if isinstance(value, tf.Tensor) and value.dtype.is_floating:
-        return tf.where(tf.math.is_finite(value), value, tf.zeros_like(value))
-    return value
+def _wide(tensor: tf.Tensor) -> tf.Tensor:
+    """float16 as float32 (its sums overflow at 65,504); other dtypes as they are."""
+    return tf.cast(tensor, tf.float32) if tensor.dtype == tf.float16 else tensor
 
 
-def _finite_calls(tap: LayerTaps) -> LayerTaps:
-    """`tap` with the float tensors of each call (arguments and output) made finite."""
-    calls = [
-        dataclasses.replace(
-            call,
-            args=tuple(tf.nest.map_structure(_finite, list(call.args))),
-            kwargs=tf.nest.map_structure(_finite, call.kwargs),
-            outputs=_finite(call.outputs),
-        )
-        for call in tap.calls
-    ]
-    return dataclasses.replace(tap, calls=calls)
+def _call_values(call) -> tuple:
+    """(args, kwargs, outputs) of a recorded call: the values `_finite` cleans."""
+    return tuple(call.args), call.kwargs, call.outputs
+
+
+def _finite(structure):
+    """`structure` with every non-finite entry of its float tensors replaced by 0 (other leaves as they are).
+
+    One check of all of them (their sum is finite); the elementwise
+    replacement runs only when it fails (a `tf.cond`): the usual step pays a
+    sum per tensor, not an `IsFinite` and a `SelectV2` (~15 % of a small
+    model's step; a boolean `All` costs as much). Either branch gives the
+    same values when every entry is finite.
+    """
+    flat = tf.nest.flatten(structure)
+    positions = [i for i, v in enumerate(flat) if isinstance(v, tf.Tensor) and v.dtype.is_floating]
+    if not positions:
+        return structure
+    tensors = [flat[i] for i in positions]
+    # A sum is finite only if every entry is (NaN and Inf propagate); a finite-valued sum that
+    # overflows only sends the step down the cleaning branch, which changes nothing then.
+    total = tf.add_n([tf.cast(tf.reduce_sum(_wide(t)), tf.float32) for t in tensors])
+    finite = tf.math.is_finite(total)
+    cleaned = tf.cond(
+        finite,
+        lambda: [tf.identity(t) for t in tensors],
+        lambda: [tf.where(tf.math.is_finite(t), t, tf.zeros_like(t)) for t in tensors],
+    )
+    for i, value in zip(positions, cleaned):
+        flat[i] = value
+    return tf.nest.pack_sequence_as(structure, flat)
 
 
 def _unscaled(info: LayerGradients, scale: float) -> LayerGradients:
