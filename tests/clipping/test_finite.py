@@ -20,7 +20,7 @@ def test_zeroes_only_non_finite_float_entries_and_keeps_other_leaves(traced):
     np.testing.assert_array_equal(clean["a"].numpy(), [[1.0, 0.0], [0.0, -2.0]])
     np.testing.assert_array_equal(clean["b"][0].numpy(), np.array([3.0, 0.0], np.float16))
     np.testing.assert_array_equal(clean["b"][1].numpy(), [1, 2])
-    assert clean["flag"] is True or not traced  # a tf.function returns its Python outputs as tensors
+    assert bool(clean["flag"]) if traced else clean["flag"] is True  # tf.function returns tensors
 
 
 def test_finite_values_pass_unchanged_even_when_their_sum_overflows():
