@@ -192,12 +192,11 @@ def _finite(structure):
     tensors = [flat[i] for i in positions]
     # A sum is finite only if every entry is (NaN and Inf propagate); a finite-valued sum that
     # overflows only sends the step down the cleaning branch, which changes nothing then.
-    total = tf.add_n([tf.cast(tf.reduce_sum(_wide(t)), tf.float32) for t in tensors])
+    sums = [tf.reduce_sum(_wide(t)) for t in tensors]
+    total = tf.add_n([s if s.dtype == tf.float32 else tf.cast(s, tf.float32) for s in sums])
     finite = tf.math.is_finite(total)
     cleaned = tf.cond(
-        finite,
-        lambda: [tf.identity(t) for t in tensors],
-        lambda: [tf.where(tf.math.is_finite(t), t, tf.zeros_like(t)) for t in tensors],
+        finite, lambda: tensors, lambda: [tf.where(tf.math.is_finite(t), t, tf.zeros_like(t)) for t in tensors]
     )
     for i, value in zip(positions, cleaned):
         flat[i] = value
