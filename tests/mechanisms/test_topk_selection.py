@@ -10,6 +10,7 @@ import pytest
 from scipy import special, stats
 
 from tfdp_embed._keras import tf
+from tfdp_embed.mechanisms import topk_selection
 from tfdp_embed.mechanisms.topk_selection import (
     bucket_counts,
     dp_top_k,
@@ -204,3 +205,21 @@ def test_paper_scale_would_not_be_eps_dp_but_ours_is():
     ours = math.log(leave_out_big(h, k / eps) / leave_out_big(h + 1, k / eps))
     assert paper == pytest.approx(k * eps, rel=1e-6)  # k * eps: not eps-DP
     assert ours == pytest.approx(eps, rel=1e-6)  # eps: as stated
+
+
+@pytest.mark.parametrize("chunk", [64, 1000, 1 << 22], ids=["chunks_of_64", "chunk_is_vocabulary", "one_chunk"])
+def test_chunked_selection_is_the_top_k_of_all_noisy_counts(monkeypatch, chunk):
+    """Noised a chunk at a time (memory O(chunk + k)), it selects the k largest noisy counts of the whole vector."""
+    monkeypatch.setattr(topk_selection, "SELECTION_CHUNK_ROWS", chunk)
+    counts = np.random.default_rng(2).integers(0, 50, size=1000)
+    k, epsilon = 37, 2.0
+    noisy = counts + np.random.default_rng(5).gumbel(0.0, k / epsilon, size=counts.size)
+    expected = np.sort(np.argsort(-noisy)[:k])
+    np.testing.assert_array_equal(
+        topk_selection.dp_top_k(counts, k=k, epsilon=epsilon, rng=np.random.default_rng(5)), expected
+    )
+
+
+def test_selection_refuses_non_numeric_counts():
+    with pytest.raises(ValueError, match="finite, non-empty 1-D vector"):
+        topk_selection.dp_top_k(np.array(["a", "b"]), k=1, epsilon=1.0, rng=np.random.default_rng(0))

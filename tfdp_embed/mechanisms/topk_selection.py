@@ -162,6 +162,10 @@ def _check_k(name: str, k, vocabulary_size: int) -> int:
     return int(k)
 
 
+SELECTION_CHUNK_ROWS = 1 << 22
+"""Rows noised at a time: the top k of each chunk, then of their union (the same k rows as at once)."""
+
+
 def dp_top_k(counts, *, k: int, epsilon: float, rng=None) -> np.ndarray:
     """eps-DP top-k of one count vector: Gumbel(k / eps) noise, then the k largest.
 
@@ -185,16 +189,38 @@ def dp_top_k(counts, *, k: int, epsilon: float, rng=None) -> np.ndarray:
     References: DP-FEST App. B.1, Alg. 2 (scale corrected to k / eps, see the
     module docstring); Durfee & Rogers 2021.
     """
-    counts = np.asarray(counts, dtype=np.float64)
-    if counts.ndim != 1 or counts.size == 0 or not np.all(np.isfinite(counts)):
+    counts = np.asarray(counts)
+    if counts.dtype.kind not in "biuf" or counts.ndim != 1 or counts.size == 0 or not _all_finite(counts):
         raise ValueError(f"`counts` must be a finite, non-empty 1-D vector; received shape {counts.shape}.")
     k = _check_k("counts", k, counts.size)
     epsilon = check_positive("epsilon", epsilon)
-    noisy = counts + _gumbel(rng, counts.size, k / epsilon)
+    rows, scores = [], []
+    for start in range(0, counts.size, SELECTION_CHUNK_ROWS):  # memory O(chunk + k), not O(vocabulary)
+        noisy = counts[start : start + SELECTION_CHUNK_ROWS] + _gumbel(
+            rng, min(SELECTION_CHUNK_ROWS, counts.size - start), k / epsilon
+        )
+        kept = _largest(noisy, k)
+        rows.append(kept + start)
+        scores.append(noisy[kept])
     if k == counts.size:
         return np.arange(k, dtype=np.int64)
-    top = np.argpartition(-noisy, k - 1)[:k]
-    return np.sort(top).astype(np.int64)
+    rows, scores = np.concatenate(rows), np.concatenate(scores)
+    return np.sort(rows[_largest(scores, k)]).astype(np.int64)
+
+
+def _largest(values: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k largest `values` (all of them when there are at most k), in no order."""
+    if values.size <= k:
+        return np.arange(values.size)
+    return np.argpartition(-values, k - 1)[:k]
+
+
+def _all_finite(counts: np.ndarray) -> bool:
+    if counts.dtype.kind != "f":
+        return True
+    return all(
+        np.isfinite(counts[i : i + SELECTION_CHUNK_ROWS]).all() for i in range(0, counts.size, SELECTION_CHUNK_ROWS)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
