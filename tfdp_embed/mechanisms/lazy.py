@@ -360,29 +360,9 @@ class LazyDP(NoiseMechanism):
             self.flush_chunk_rows or max(1, _FLUSH_CHUNK_FLOATS // (layer.output_dim * (2 if self._beta > 0 else 1)))
             for layer in self._tables
         )
-        if tf.executing_eagerly() and not tf.distribute.has_strategy():
-            self._flush_eagerly(chunks)
-        else:
-            sizes = tf.constant([layer.vocabulary_size for layer in self._tables], tf.int64)
-            self._traced("flush")(chunks, sizes)
+        sizes = tf.constant([layer.vocabulary_size for layer in self._tables], tf.int64)
+        self._traced("flush")(chunks, sizes)
         self.flushed_at.assign(self.steps)
-
-    def _flush_eagerly(self, chunks: tuple) -> None:
-        """The flush as a Python loop of chunks, each one call of a function the steps already traced.
-
-        On the fused path a chunk is one op; on the TensorFlow path it calls
-        the read hook's traced catch-up (`bring_current`, `unique=False`),
-        which training traced already: nothing is traced or optimised again
-        (a traced flush cost ~0.6 s for the Criteo model's 26 tables).
-        """
-        now = self._now()
-        for index, (layer, chunk) in enumerate(zip(self._tables, chunks)):
-            for start in range(0, layer.vocabulary_size, chunk):
-                rows = tf.range(start, min(start + chunk, layer.vocabulary_size), dtype=tf.int64)
-                if self._fused(index):
-                    lazy_fused.catch_up(layer.embeddings, self._histories[index], rows, self._op_state())
-                else:
-                    self._traced("bring_current")(self._table_state(index), rows, now, unique=False)
 
     def _flush_tables(self, chunks: tuple, sizes: tf.Tensor) -> None:
         """The traced flush: each table's rows in chunks of `chunks[i]`, one chunk after the other.
