@@ -369,16 +369,19 @@ class LazyDP(NoiseMechanism):
 
         The sizes are an argument, not constants: with constant rows the
         graph optimiser would specialise the shared catch-up for each table.
+        The chunks are caught up as the read hook catches up ids (rows in a
+        range are unique already; `tf.unique` keeps their order): the
+        catch-up's trace from the steps serves, none is made for the flush.
         """
         for index, (layer, chunk) in enumerate(zip(self._tables, chunks)):
             vocab = sizes[index]
             if layer.vocabulary_size <= chunk:
-                self._bring_current(index, tf.range(vocab), unique=True)
+                self._bring_current(index, tf.range(vocab))
                 continue
 
             def flush_chunk(start, index=index, chunk=chunk, vocab=vocab):
                 rows = tf.range(start, tf.minimum(start + chunk, vocab))
-                with tf.control_dependencies([self._bring_current(index, rows, unique=True)]):
+                with tf.control_dependencies([self._bring_current(index, rows)]):
                     return start + chunk
 
             tf.while_loop(lambda start, vocab=vocab: start < vocab, flush_chunk, [tf.constant(0, tf.int64)])
