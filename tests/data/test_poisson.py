@@ -12,6 +12,7 @@ import pytest
 
 from tfdp_embed._keras import tf
 from tfdp_embed.data import BatchingInfo, fixed_size_batches, poisson_batches, streaming_poisson_batches
+from tfdp_embed.data.provenance import registered_info
 
 N = 200
 
@@ -227,3 +228,11 @@ def test_fixed_size_batches_only_on_request_and_labelled():
         fixed_size_batches(_ids(), batch_size=50)  # the seed choice must be explicit
     with pytest.raises(ValueError, match="empty"):
         fixed_size_batches(_ids(0), batch_size=5, seed=0)
+
+
+def test_in_memory_batches_run_without_autotuning_and_stay_registered():
+    """Autotuning's model thread made iterator deletion wait ~2 s at the end of half the pipeline's fits."""
+    batches, info = poisson_batches(tf.data.Dataset.range(100), sampling_probability=0.1, seed=0)
+    assert batches.options().autotune.enabled is False
+    assert registered_info(batches) == info
+    assert registered_info(batches.map(lambda x: x)) == info
