@@ -447,3 +447,12 @@ def test_running_counts_by_hand(tmp_path):
         running_counts(dataset, vocab_sizes=sizes, features=["C99"])
     with pytest.raises(ValueError, match=r"C1 bucket id \d+ is outside \[0, 1\]"):
         running_counts(criteo_dataset(path), hash_size=1)
+
+
+def test_criteo_dataset_runs_without_autotuning(tmp_path):
+    """Nothing in the reader is autotuned; its model thread made deleting the iterator wait ~1 s in half the reads."""
+    from tfdp_embed.data import criteo_dataset
+
+    path = tmp_path / "day_0.tsv"
+    path.write_text("1\t" + "\t".join(["1"] * 13) + "\t" + "\t".join(["68fd1e64"] * 26) + "\n")
+    assert criteo_dataset([str(path)]).options().autotune.enabled is False

@@ -81,6 +81,7 @@ from tfdp_embed._keras import tf
 from tfdp_embed._rng import make_generator
 from tfdp_embed._sorted_sets import is_member
 from tfdp_embed.data.provenance import register
+from tfdp_embed.data.tuning import without_autotuning
 
 # Above this rate a Bernoulli mask over all N examples is cheaper than
 # drawing distinct indices.
@@ -206,19 +207,6 @@ def poisson_batches(
 
     batches = tf.data.Dataset.range(info.batches_per_epoch).map(make_batch)  # sequential: RNG order fixed
     return register(without_autotuning(batches), info), info
-
-
-def without_autotuning(batches: tf.data.Dataset) -> tf.data.Dataset:
-    """`batches` with tf.data's autotuning off: a sequential in-memory pipeline has nothing to tune.
-
-    Its model thread costs more than nothing: in about half of the Criteo
-    pipeline's runs, deleting the iterator when `fit` returns waited ~2 s
-    for that thread to wake (measured, TF 2.21). `with_options` turns it
-    back on for a pipeline built on these batches that has something to tune.
-    """
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return batches.with_options(options)
 
 
 def streaming_poisson_batches(
