@@ -474,8 +474,12 @@ class LazyDP(NoiseMechanism):
             return lazy_catch_up.bring_current(
                 self._table_state(index), ids, self._now(), self._owed_noise(), unique=unique, stamp=stamp
             )
-        # Traced (a step, a flush, an evaluation): one traced function for every table and call site.
-        return self._traced("bring_current")(self._table_state(index), ids, self._now(), unique=unique, stamp=stamp)
+        # Traced (a step, a flush, an evaluation): one traced function for every table and call site,
+        # called the same way everywhere, so it is traced once: a read stamps its rows current (what
+        # catching up writes anyway), and rows known to be unique go through `tf.unique` too.
+        now = self._now()
+        stamp = lazy_history.current(now) if stamp is None else stamp
+        return self._traced("bring_current")(self._table_state(index), ids, now, unique=False, stamp=stamp)
 
     def _op_state(self) -> lazy_fused.OpState:
         sums = self._step_sums.sums

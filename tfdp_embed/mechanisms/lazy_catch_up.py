@@ -172,13 +172,13 @@ def bring_current_function(owed: Callable[[], OwedNoise]) -> Callable:
     each call would otherwise hold its own `tf.cond` and copy of the
     catch-up's ops (the momentum moments, the Cholesky, the draws), traced
     and optimised again. Here the variables are arguments, traced for any
-    shape (`AnyShapeFunction`: once per `unique` and stamp/no stamp), so
-    each call site is one function call. `owed` is called at trace time
+    shape (`AnyShapeFunction`: once per `unique` and stamp/no stamp; LazyDP
+    calls it one way, so once), and each call site is one function call. `owed` is called at trace time
     (the function must not keep the mechanism alive). Kept out of line:
     inlined, every call site would be a copy again for the graph optimiser
     and the runtime to prepare; a call runs the same ops. Stateless row
     noise needs the row width when tracing: one trace per width then.
-    The catch-up's ops are inline in it (a handful of traces hold them all).
+    The catch-up's ops are inline in it.
     """
     traced = AnyShapeFunction(functools.partial(_bring_current_traced, owed), noinline=True)
 
