@@ -13,7 +13,7 @@ import pytest
 from tfdp_embed import Release, plan_run
 from tfdp_embed.accounting import PrivacyLedger, compute_epsilon, make_accountant
 from tfdp_embed.accounting import calibration as calibration_module
-from tfdp_embed.accounting.pld_steps import StepMemoPLDAccountant, step_distribution
+from tfdp_embed.accounting.pld_steps import StepMemoPLDAccountant, composed_steps, step_distribution
 
 DELTA = 1e-5
 
@@ -53,11 +53,23 @@ def test_make_accountant_is_the_memo_accountant_and_shares_step_distributions():
     assert isinstance(make_accountant("pld"), StepMemoPLDAccountant)
     assert isinstance(make_accountant("pld"), dp_accounting.pld.PLDAccountant)
     step_distribution.cache_clear()
+    composed_steps.cache_clear()
     for count in (98, 118, 119):  # the calibration's, then the budget's k and k + 1: one distribution built
         event = dp_accounting.SelfComposedDpEvent(_step(0.01024, 0.68), count)
         assert compute_epsilon(event, target_delta=DELTA) == _fresh(event)
     info = step_distribution.cache_info()
     assert (info.misses, info.hits) == (1, 2)
+
+
+def test_the_steps_self_composition_is_shared_and_exact():
+    # The calibration's confirmation, then the budget's check with a Laplace release: one self-composition.
+    composed_steps.cache_clear()
+    steps = dp_accounting.SelfComposedDpEvent(_step(0.01024, 0.68), 98)
+    with_release = dp_accounting.ComposedDpEvent([dp_accounting.LaplaceDpEvent(1 / 0.15), steps])
+    assert compute_epsilon(steps, target_delta=DELTA) == _fresh(steps)
+    assert compute_epsilon(with_release, target_delta=DELTA) == _fresh(with_release)
+    info = composed_steps.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
 
 
 def test_a_runs_reported_epsilon_is_dp_accountings_and_the_budgets_is_reused(monkeypatch):
