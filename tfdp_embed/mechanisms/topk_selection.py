@@ -204,8 +204,8 @@ def dp_top_k(counts, *, k: int, epsilon: float, rng=None) -> np.ndarray:
         scores.append(noisy[kept])
     if k == counts.size:
         return np.arange(k, dtype=np.int64)
-    rows, scores = np.concatenate(rows), np.concatenate(scores)
-    return np.sort(rows[_largest(scores, k)]).astype(np.int64)
+    candidates, noisy_counts = np.concatenate(rows), np.concatenate(scores)
+    return np.sort(candidates[_largest(noisy_counts, k)]).astype(np.int64)
 
 
 def _largest(values: np.ndarray, k: int) -> np.ndarray:
