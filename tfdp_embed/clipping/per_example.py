@@ -96,14 +96,15 @@ def layer_gradients(
     batch_size = per_example_loss.shape[0] if per_example_loss.shape.rank == 1 else None
     for tap in used:
         _check_leading_axis(tap, batch_size)
-    grads = [
+    # Per tap, per call: the output gradients (per example for shared calls, zeros where none).
+    call_grads = [
         [per_example[id(c)] if id(c) in per_example else (tf.zeros_like(c.outputs) if g is None else g)
-         for c, g in zip(tap.calls, output_grads)]
-        for tap, output_grads in zip(used, grads)
+         for c, g in zip(tap.calls, tap_grads)]
+        for tap, tap_grads in zip(used, grads)
     ]  # fmt: skip
-    grads, calls = _finite((grads, [[_call_values(c) for c in tap.calls] for tap in used]))
+    call_grads, call_values = _finite((call_grads, [[_call_values(c) for c in tap.calls] for tap in used]))
     result = []
-    for tap, output_grads, values in zip(used, grads, calls):
+    for tap, output_grads, values in zip(used, call_grads, call_values):
         tap = dataclasses.replace(
             tap, calls=[dataclasses.replace(c, args=a, kwargs=k, outputs=o) for c, (a, k, o) in zip(tap.calls, values)]
         )
