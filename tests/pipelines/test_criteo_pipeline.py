@@ -421,4 +421,6 @@ def test_lazy_lookahead_is_an_option(days, tmp_path):
             reports.append(json.load(f))
     plain, ahead = reports
     assert ahead["steps"] == plain["steps"] == 4 and 0.0 <= ahead["auc"] <= 1.0
-    assert criteo.parse_args(_argv("lazy", days, tmp_path / "x")).lookahead is False
+    assert criteo.parse_args(_argv("lazy", days, tmp_path / "x")).lazy_lookahead is False
+    assert criteo.parse_args(_argv("lazy", days, tmp_path / "x") + ["--lookahead"]).lazy_lookahead is True
+    assert criteo.parse_args(_argv("adafest", days, tmp_path / "x") + ["--lookahead"]).lazy_lookahead is False
