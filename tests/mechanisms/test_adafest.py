@@ -215,6 +215,21 @@ def test_one_trace_of_the_table_step_serves_tables_of_every_shape(plus):
     assert (mechanism.rows_noised.numpy()[:2] > 0).all()
 
 
+def test_update_prefetches_its_survivors_rows():
+    """Noise-only survivors are rows no lookup read: the update warms them for the optimizer's scatter."""
+    import dataclasses
+
+    from tfdp_embed.ops import sparse_rows
+
+    if not sparse_rows.available():
+        pytest.skip("fused ops not built: nothing to prefetch with")
+    table = make_table(100, 3, [[1, 2], [2]])
+    table = dataclasses.replace(table, variable=tf.Variable(tf.zeros([100, 3])))
+    mechanism = make_mechanism([table], noise_multiplier=1.0, threshold=1.0)
+    graph = tf.function(lambda: mechanism.update(make_step([table], 2))).get_concrete_function().graph
+    assert [node.type for node in graph.get_operations()].count("TfdpEmbedPrefetchRows") == 1
+
+
 # -- noise matches the formulas ------------------------------------------------------
 def test_gradient_noise_std_on_touched_and_noise_only_survivors():
     vocab, dim = 100_000, 8

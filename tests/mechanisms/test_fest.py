@@ -106,6 +106,22 @@ def test_noise_on_every_selected_row_zero_change_elsewhere():
     assert np.all(np.any(after[:k] != before[:k], axis=1))
 
 
+def test_noisy_update_prefetches_the_selected_rows():
+    """Every selected row is written each step, few were read: the update warms them for the scatter."""
+    from tfdp_embed.ops import sparse_rows
+
+    if not sparse_rows.available():
+        pytest.skip("fused ops not built: nothing to prefetch with")
+    layer = DPEmbedding(50, 4, name="t")
+    ops = {}
+    for sigma in (1.0, 0.0):
+        mechanism = make([layer], counts={"t": np.arange(50)}, top_k=5, noise_multiplier=sigma)
+        _, step = table_step(layer, [1, 49], np.ones((2, 4)))
+        graph = tf.function(lambda: mechanism.update(step)).get_concrete_function().graph  # noqa: B023
+        ops[sigma] = [node for node in graph.get_operations() if node.type == "TfdpEmbedPrefetchRows"]
+    assert len(ops[1.0]) == 1 and not ops[0.0]  # sigma = 0 writes only the touched rows
+
+
 def test_reselect_streaming_records_each_selection():
     layer = DPEmbedding(50, 2, name="t")
     first = np.arange(50) * 1e6  # gaps of 1e6 >> Gumbel scale 5 / 0.5 = 10: selection is exact

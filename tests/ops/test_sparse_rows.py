@@ -482,3 +482,29 @@ def test_catch_up_row_prefetches_survive_compilation(op):
     ]
     assert catch_up, "the catch-up's shard function was not found in the library"
     assert all("prefetcht0" in f for f in catch_up), "the catch-up's row prefetches were compiled away"
+
+
+def _op_types(fn, *args) -> set:
+    return {node.type for node in tf.function(fn).get_concrete_function(*args).graph.get_operations()}
+
+
+def test_prefetch_rows_changes_nothing_and_skips_rows_out_of_range(op):
+    values = np.arange(40, dtype=np.float32).reshape(10, 4)
+    table = tf.Variable(values)
+    for rows in ([3, 3, 9, 0], [-1, 10, 2**40, 5], [], [[1, 2], [3, 4]]):
+        sparse_rows.prefetch_rows(table, tf.constant(rows, tf.int64))
+    sparse_rows.prefetch_rows(table, tf.constant([1, 7], tf.int32))
+    np.testing.assert_array_equal(table.numpy(), values)
+    assert "TfdpEmbedPrefetchRows" in _op_types(lambda: sparse_rows.prefetch_rows(table, tf.constant([1], tf.int64)))
+
+
+def test_prefetch_rows_is_skipped_where_it_cannot_run(op):
+    """Tables without one float32 resource handle get no op (and no error)."""
+    rows = tf.constant([0, 1], tf.int64)
+    ints = tf.Variable(tf.zeros([4, 2], tf.int32))
+    assert "TfdpEmbedPrefetchRows" not in _op_types(lambda: sparse_rows.prefetch_rows(ints, rows))
+    sparse_rows.prefetch_rows("not a variable", rows)
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    sharded = ShardedVariable([tf.Variable(tf.zeros([2, 2])), tf.Variable(tf.zeros([2, 2]))])
+    assert "TfdpEmbedPrefetchRows" not in _op_types(lambda: sparse_rows.prefetch_rows(sharded, rows))

@@ -546,6 +546,8 @@ class DPAdaFEST(NoiseMechanism):
             tf.cast(tau, tf.float32), self._selection(index), *draw, float(divisor),
         )  # fmt: skip
         values = tf.ensure_shape(values, [None, dim])
+        # The noise-only survivors are rows no lookup read: warm them for the optimizer's scatter.
+        sparse_rows.prefetch_rows(table.variable, rows)
         return tf.IndexedSlices(values, rows, tf.constant([vocab, dim], tf.int64)), tuple(tf.unstack(stats))
 
     def _draw_size(self, index: int) -> int:

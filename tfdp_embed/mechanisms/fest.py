@@ -52,6 +52,7 @@ from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 from tfdp_embed.mechanisms.topk_selection import TopKSelection, select_top_k
+from tfdp_embed.ops import sparse_rows
 
 
 def refuse_scored_tables(mechanism, tables: Sequence) -> None:
@@ -286,6 +287,8 @@ class DPFEST(NoiseMechanism):
             if name not in self._rows:
                 raise ValueError(f"Table {name!r} was not given to `init`; DP-FEST has no selection for it.")
             grad = table.gradient
+            if std > 0:  # all k rows get written, most of them not read by this step's lookups
+                sparse_rows.prefetch_rows(table.variable, self._rows[name])
             indices = tf.cast(grad.indices, tf.int64)
             positions, keep = _selected_positions(self._rows[name], indices)
             kept_values = tf.boolean_mask(grad.values, keep)

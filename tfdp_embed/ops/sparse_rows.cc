@@ -25,6 +25,8 @@
 //   TfdpEmbedLazyRecordStep     LazyDP's per-step bookkeeping in one op: the
 //       step's noise weight into the running sums (grown in place), the
 //       step's catch-up key, the step counter.
+//   TfdpEmbedPrefetchRows       a cache prefetch of table rows (a hint: no output,
+//       no write) before an optimizer scatters into rows no lookup read.
 //
 // The Gaussian stream is fast_normal.cc's, included here without its op.
 
@@ -926,6 +928,42 @@ class LazyAddRowsOp : public OpKernel {
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyAddRows").Device(DEVICE_CPU), LazyAddRowsOp);
+
+// ---------------------------------------------------------------------------
+REGISTER_OP("TfdpEmbedPrefetchRows")
+    .Input("table: resource")
+    .Input("rows: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return absl::OkStatus(); })
+    .Doc(R"doc(
+Prefetches the cache lines of table[rows[j], :] (a hint: reads nothing into
+any output, writes nothing; rows outside [0, vocabulary) are skipped). For the
+rows a mechanism updates that the step's lookups did not read (DP-AdaFEST's
+noise-only survivors): TensorFlow's scatter into a cold row waits for memory
+row after row, a prefetch lets the misses overlap.
+)doc");
+
+class PrefetchRowsOp : public OpKernel {
+ public:
+  explicit PrefetchRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<Var> table;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &table));
+    tf_shared_lock lock(*table->mu());
+    const Tensor* tab_t = table->tensor();
+    if (!tab_t->IsInitialized() || tab_t->dtype() != DT_FLOAT || tab_t->dims() != 2) return;
+    const int64_t vocab = tab_t->dim_size(0);
+    const int64_t dim = tab_t->dim_size(1);
+    const float* tab = tab_t->flat<float>().data();
+    const Tensor& rows_t = ctx->input(1);
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    for (int64_t j = 0, m = rows_t.NumElements(); j < m; ++j) {
+      if (rows[j] >= 0 && rows[j] < vocab) PrefetchRow(tab + rows[j] * dim, dim);
+    }
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedPrefetchRows").Device(DEVICE_CPU), PrefetchRowsOp);
 
 // ---------------------------------------------------------------------------
 REGISTER_OP("TfdpEmbedLazyRecordStep")
