@@ -508,3 +508,6 @@ def test_prefetch_rows_is_skipped_where_it_cannot_run(op):
 
     sharded = ShardedVariable([tf.Variable(tf.zeros([2, 2])), tf.Variable(tf.zeros([2, 2]))])
     assert "TfdpEmbedPrefetchRows" not in _op_types(lambda: sparse_rows.prefetch_rows(sharded, rows))
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():  # its handle raises outside a replica
+        mirrored = tf.Variable(tf.zeros([4, 2]))
+    assert "TfdpEmbedPrefetchRows" not in _op_types(lambda: sparse_rows.prefetch_rows(mirrored, rows))

@@ -489,8 +489,8 @@ def prefetch_rows(table, rows) -> None:
 
     A hint that changes no value: rows out of range are skipped, and without
     the op (no library, a table on an accelerator, a variable without one
-    resource handle such as a sharded table, a dtype other than float32)
-    nothing runs. TensorFlow's CPU scatter waits for memory row after row;
+    resource handle such as a sharded table or a distribution strategy's
+    variable, a dtype other than float32) nothing runs. TensorFlow's CPU scatter waits for memory row after row;
     prefetched, the cache misses overlap (DP-AdaFEST's noise-only survivors:
     ~0.4 us a cold row at 10^8 x 16, see benchmarks/RESULTS.md).
 
@@ -498,6 +498,8 @@ def prefetch_rows(table, rows) -> None:
       table: the table variable the optimizer will update.
       rows: int64 row ids (any shape).
     """
+    if isinstance(table, tf.distribute.DistributedValues):  # a strategy's variable: its replicas' tables
+        return
     handle = getattr(table, "handle", None)
     if handle is None or handle.dtype != tf.resource or table.dtype.base_dtype != tf.float32:
         return
