@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import resource
@@ -238,14 +237,8 @@ def main(argv=None) -> int:
     }  # fmt: skip
     result = {"command": command, "machine": info, "config": config, "data": data.summary(), "runs": rows,
               "peak_rss_mb": peak_mb}  # fmt: skip
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2, default=str)
-    if args.png:
-        _plot(rows, args.png)
     section = _markdown(command, info, config, rows, data.summary(), peak_mb)
-    if args.results_md:
-        outputs.append_section(args.results_md, section, files=(args.json, args.png))
+    outputs.write_run(args, result, plot=lambda path: _plot(rows, path), section=lambda **_: section)
     print(section)
     return 0
 

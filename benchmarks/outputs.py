@@ -160,14 +160,14 @@ def write_run(args, payload: dict, *, plot, section) -> None:
 
     Args:
       args: the parsed flags; '' / None for `json`, `png` or `results_md` skips that output.
-      payload: the JSON document.
+      payload: the JSON document (values JSON cannot hold are written as `str`).
       plot: `plot(path)` draws the PNG.
       section: `section(png=..., json_path=...)` returns the Markdown section, given the files' shown paths
         ("not written" where skipped).
     """
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump(payload, handle, indent=2)
+            json.dump(payload, handle, indent=2, default=str)
     if args.png:
         plot(args.png)
     if args.results_md:

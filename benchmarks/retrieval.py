@@ -34,7 +34,6 @@ References: TFRS retrieval tutorial (in-batch baseline); Yi et al., RecSys
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -434,14 +433,8 @@ def main(argv=None) -> int:
         "runs": rows,
         "synthetic": synthetic,
     }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2, default=str)
-    if args.png:
-        plot(rows, args.png)
     section = markdown(command, info, args, rows, synthetic, summary)
-    if args.results_md:
-        outputs.append_section(args.results_md, section, files=(args.json, args.png))
+    outputs.write_run(args, result, plot=lambda path: plot(rows, path), section=lambda **_: section)
     print(section)
     return 0
 

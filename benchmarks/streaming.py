@@ -368,15 +368,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     minutes = (time.perf_counter() - started) / 60
     summary = summarise(runs)
     print(table(summary))
-    if args.json:
-        with open(args.json, "w") as f:
-            record = {"command": command, "machine": info, "summary": summary, "runs": runs, "pilots": pilots}
-            json.dump(record, f, indent=2)
-    if args.png:
-        plot(summary, args.png)
-    if args.results_md:
-        section = markdown(summary, command=command, info=info, args=args, minutes=minutes)
-        outputs.append_section(args.results_md, section, files=(args.json, args.png))
+    record = {"command": command, "machine": info, "summary": summary, "runs": runs, "pilots": pilots}
+    outputs.write_run(
+        args,
+        record,
+        plot=lambda path: plot(summary, path),
+        section=lambda **_: markdown(summary, command=command, info=info, args=args, minutes=minutes),
+    )
     print(f"{len(runs)} epochs in {minutes:.1f} min; JSON {args.json}", flush=True)
     return 0
 
