@@ -66,6 +66,7 @@ from tfdp_embed.mechanisms.capabilities import (
     MechanismCapabilities,
 )
 from tfdp_embed.mechanisms.row_noise import check_row_noise
+from tfdp_embed.ops import sparse_rows
 
 # Floats of noise per flush chunk (8 MB) when `flush_chunk_rows` is not given.
 _FLUSH_CHUNK_FLOATS = 1 << 21
@@ -443,7 +444,7 @@ class LazyDP(NoiseMechanism):
 
     def _fused(self, index: int) -> bool:
         """True when table `index` is caught up by the fused ops (TF ops without the library)."""
-        return self._fused_step() and lazy_fused.takes_table(self._tables[index].embeddings)
+        return self._fused_step() and sparse_rows.takes_table(self._tables[index].embeddings)
 
     @_plain_python
     @_raw_reads

@@ -55,11 +55,6 @@ def applies(*, beta: float, aggregate: bool, row_noise: str, noise_multiplier: f
     return noise_multiplier > 0 and beta == 0 and aggregate and row_noise == "generator"
 
 
-def takes_table(table: tf.Variable) -> bool:
-    """True when the ops can update `table` (a float32 resource variable)."""
-    return table.dtype.base_dtype == tf.float32 and hasattr(table, "handle")
-
-
 def new_catch_up_stream(seed: int | None) -> tf.Variable:
     """The catch-up stream, keyed from `seed` (else OS entropy) until the first step.
 

@@ -499,11 +499,18 @@ def prefetch_rows(table, rows) -> None:
       table: the table variable the optimizer will update.
       rows: int64 row ids (any shape).
     """
-    if isinstance(table, tf.distribute.DistributedValues):  # a strategy's variable: its replicas' tables
-        return
-    handle = getattr(table, "handle", None)
-    if handle is None or handle.dtype != tf.resource or table.dtype.base_dtype != tf.float32:
-        return
-    op = _op(table)
+    op = _op(table) if takes_table(table) else None
     if op is not None:
-        op.tfdp_embed_prefetch_rows(handle, tf.cast(_flat_rows(rows), tf.int64))
+        op.tfdp_embed_prefetch_rows(table.handle, tf.cast(_flat_rows(rows), tf.int64))
+
+
+def takes_table(table) -> bool:
+    """True for a table the in-place ops can read and write: a float32 variable with one resource handle.
+
+    Not a distribution strategy's variable (its replicas' tables; its
+    handle raises outside a replica) nor a sharded one (no handle).
+    """
+    if isinstance(table, tf.distribute.DistributedValues):
+        return False
+    dtype = getattr(table, "dtype", None)
+    return dtype is not None and dtype.base_dtype == tf.float32 and getattr(table, "handle", None) is not None
