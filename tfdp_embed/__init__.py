@@ -19,6 +19,7 @@ from tfdp_embed._keras import keras, tf  # noqa: I001  (must come first)
 from tfdp_embed import accounting, attention, audit, checkpointing, clipping, data, distribute, mechanisms, planning
 from tfdp_embed import retrieval
 from tfdp_embed._version import __version__ as __version__
+from tfdp_embed.accounting.dataset_size import ReleasedDatasetSize, release_dataset_size
 from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
 from tfdp_embed.export import export_saved_model
 from tfdp_embed.layers.embedding import DPEmbedding
@@ -35,6 +36,7 @@ __all__ = [
     "PrivacyBudgetExceededError",
     "PrivacyContractError",
     "Release",
+    "ReleasedDatasetSize",
     "RunPlan",
     "SharedEmbedding",
     "accounting",
@@ -49,6 +51,7 @@ __all__ = [
     "mechanisms",
     "plan_run",
     "planning",
+    "release_dataset_size",
     "retrieval",
     "select_privately",
     "tf",

@@ -18,6 +18,7 @@ from tfdp_embed.accounting import (
     truncation_delta,
     write_privacy_report,
 )
+from tfdp_embed.accounting.dataset_size import PUBLIC_N_ASSUMPTION, release_dataset_size
 from tfdp_embed.data import fed_batching, fixed_size_batches, poisson_batches
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.eana import EANA
@@ -76,7 +77,13 @@ def test_dp_report_has_every_field_and_the_ledger_epsilon(tmp_path):
     assert report["noise_multiplier"] == 1.1 and report["l2_norm_clip"] == 0.5
     assert report["steps"] == STEPS and report["epochs"] == pytest.approx(5.0)
     assert report["expected_batch_size"] == pytest.approx(100.0)
-    assert report["batching"] == "poisson" and report["batching_source"] == "verified" and report["caveats"] == []
+    assert report["batching"] == "poisson" and report["batching_source"] == "verified"
+    # An exact N is stated as public (an assumption); the seeded mechanism gets its caveat (no seed value).
+    assert report["assumptions"] == [PUBLIC_N_ASSUMPTION] and report["seeded"] == [
+        "the training noise",
+        "the batch sampler",
+    ]
+    assert len(report["caveats"]) == 2 and "knows the seed" in report["guarantee"] and "seed" not in report["ledger"]
     assert "differential privacy" in report["guarantee"] and "not verified" not in report["guarantee"]
     assert report["extra"] == {"run": "test"}
     path = write_privacy_report(tmp_path / "model" / "privacy_report.json", report)
@@ -214,20 +221,20 @@ def test_bad_arguments():
 
 
 def test_assumptions_make_the_guarantee_conditional():
-    mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.1, seed=0)
+    mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.1)
     common = dict(
         mechanism=mechanism,
         epsilon=1.0,
         delta=DELTA,
         sampling_probability=Q,
-        dataset_size=N,
+        dataset_size=release_dataset_size(N),  # N~: no assumption about N
         steps=STEPS,
         batching=_verified_poisson(),
     )
     plain = privacy_report(**common)
     assert "CONDITIONAL" not in plain["guarantee"] and plain["assumptions"] == []
     report = privacy_report(assumptions=["the item frequencies in 'f.txt' are public"], **common)
-    assert report["guarantee"].endswith("CONDITIONAL on: the item frequencies in 'f.txt' are public.")
+    assert "CONDITIONAL on: the item frequencies in 'f.txt' are public." in report["guarantee"]
     assert report["assumptions"] == ["the item frequencies in 'f.txt' are public"]
     assert "The guarantee holds only if the item frequencies in 'f.txt' are public" in report["caveats"]
     with pytest.raises(TypeError, match="`assumptions`"):

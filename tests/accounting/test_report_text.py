@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tfdp_embed import plan_run
+from tfdp_embed import Release, plan_run, release_dataset_size
 from tfdp_embed.accounting import (
     PrivacyLedger,
     format_report,
@@ -16,14 +16,17 @@ DELTA = 1e-5
 Q, STEPS, N = 0.01, 500, 10_000
 
 
+SIZE = release_dataset_size(N, seed=0)  # N~ = 10003 (a seeded draw: the report says so)
+
+
 def _plan_report(**kwargs):
     plan = plan_run(
         "adafest", target_epsilon=3.0, target_delta=DELTA, sampling_probability=Q, steps=STEPS, accountant="rdp",
-        contribution_clip=1.0, threshold_sigmas=2.0, seed=0, **kwargs,
+        contribution_clip=1.0, threshold_sigmas=2.0, seed=0, releases=[Release.dataset_size(SIZE)], **kwargs,
     )  # fmt: skip
     ledger = plan.ledger()
     ledger.record_steps(plan.mechanism.step_event(Q), STEPS)
-    return plan, plan.report(dataset_size=N, batching="fixed_shuffled", ledger=ledger)
+    return plan, plan.report(dataset_size=SIZE, batching="fixed_shuffled", ledger=ledger)
 
 
 def test_a_dp_run_reads_as_its_guarantee_and_settings(tmp_path):
@@ -40,7 +43,11 @@ def test_a_dp_run_reads_as_its_guarantee_and_settings(tmp_path):
     assert lines[4] == "accountant         RDP"
     assert lines[5].startswith(f"noise multiplier   {report['noise_multiplier']:.4g} (")
     assert f"contribution_noise_multiplier {sigma1:.4g}" in lines[5] and lines[5].endswith("); clip norm 1")
-    assert lines[6] == "sampling           fixed_shuffled (stated), q = 0.01, expected batch 100 of N = 10000"
+    n = SIZE.value
+    assert lines[6] == (
+        f"sampling           fixed_shuffled (stated), q = 0.01, expected batch {0.01 * n:.4g} of N~ = {n} "
+        "(N released with DP)"
+    )
     assert lines[7] == "steps              500 (5 epochs)"
     assert lines[8] == "assumptions        the vocabulary is public"
     assert lines[9] == "caveats:"

@@ -15,6 +15,7 @@ from tfdp_embed.accounting.calibration import (
     dpsgd_event,
     make_accountant,
 )
+from tfdp_embed.accounting.dataset_size import ReleasedDatasetSize, release_dataset_size
 from tfdp_embed.accounting.events import EventSource, accountable_event
 from tfdp_embed.accounting.ledger import PrivacyLedger
 from tfdp_embed.accounting.periods import Period, PeriodBudget, calibrate_periods, period_ledger, period_ledgers
@@ -38,6 +39,7 @@ __all__ = [
     "PeriodBudget",
     "PrivacyBudget",
     "PrivacyLedger",
+    "ReleasedDatasetSize",
     "accountable_event",
     "calibrate_noise_multiplier",
     "calibrate_noise_multiplier_with_releases",
@@ -50,6 +52,7 @@ __all__ = [
     "period_ledgers",
     "privacy_report",
     "read_privacy_report",
+    "release_dataset_size",
     "release_epsilon",
     "release_noise_multiplier",
     "truncation_delta",

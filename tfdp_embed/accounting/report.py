@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -53,6 +54,7 @@ from tfdp_embed.accounting.calibration import (
     check_steps,
     compute_epsilon,
 )
+from tfdp_embed.accounting.dataset_size import PUBLIC_N_ASSUMPTION, ReleasedDatasetSize
 from tfdp_embed.accounting.ledger import PrivacyLedger, event_to_dict
 from tfdp_embed.accounting.truncated import check_matches_batching
 from tfdp_embed.data.provenance import DECLARED, FedBatching
@@ -83,6 +85,13 @@ NOT_DP_GUARANTEE = (
     "differential-privacy guarantee and no epsilon is reported."
 )
 ADJACENCY = "add-or-remove-one-example"
+NOT_RELEASED = "not released"
+DEFAULT_PRIVACY_UNIT = "one example"
+SEEDED_CAVEAT = (
+    "This run was seeded ({parts}): whoever knows the seed regenerates that randomness exactly, subtracts the "
+    "noise and recomputes the batches, so the guarantee does not hold against them. The seed is written nowhere "
+    "in this report; for a release, train with seed=None (OS entropy)."
+)
 
 
 def truncation_delta(
@@ -116,7 +125,7 @@ def privacy_report(
     mechanism,
     delta: float,
     sampling_probability: float,
-    dataset_size: int,
+    dataset_size: int | ReleasedDatasetSize,
     batching: str | Any,
     ledger: PrivacyLedger | None = None,
     epsilon: float | None = None,
@@ -124,6 +133,8 @@ def privacy_report(
     steps: int | None = None,
     assumptions: Sequence[str] = (),
     extra: Mapping | None = None,
+    privacy_unit: str = DEFAULT_PRIVACY_UNIT,
+    contribution_bound: str | None = None,
 ) -> dict:
     """The privacy report of a training run as a JSON-able dict.
 
@@ -133,7 +144,10 @@ def privacy_report(
       mechanism: the `NoiseMechanism` used (its `report()` fields are included).
       delta: delta in (0, 1).
       sampling_probability: q in (0, 1].
-      dataset_size: N (examples, or users for user-level DP).
+      dataset_size: N~, the `ReleasedDatasetSize` of `release_dataset_size`
+        (examples, or users for user-level DP; its event must be in the
+        ledger): the report states N~ only. An int N is stated exactly and
+        the guarantee is conditional on N being public (an assumption).
       ledger: the run's `PrivacyLedger`; epsilon is computed from it.
       epsilon: an epsilon computed elsewhere (instead of `ledger`).
       accountant: "pld" or "rdp" (how epsilon was / is computed).
@@ -150,6 +164,9 @@ def privacy_report(
         plain words (e.g. "the supplied item frequencies are independent of
         the training data"); the guarantee line says it holds only under them.
       extra: more JSON-able fields, stored under "extra".
+      privacy_unit: what one neighbouring dataset adds or removes (default one example).
+      contribution_bound: how much one unit can contribute (default: its
+        gradient clipped to `l2_norm_clip` in each step it is sampled).
 
     Returns:
       dict with keys epsilon, delta, accountant, mechanism, is_dp, guarantee,
@@ -164,28 +181,31 @@ def privacy_report(
     delta = check_delta(delta, "delta")
     q = check_sampling_probability(sampling_probability)
     accountant = check_accountant(accountant)
-    if isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1:
-        raise ValueError(f"`dataset_size` must be an int >= 1; received {dataset_size!r}.")
+    released = _released_size(dataset_size, ledger)
     steps = _resolve_steps(ledger, epsilon, steps)
-    assumptions = _check_assumptions(assumptions)
     batching = _batching(batching)
-    _check_batching_matches(batching.details, dataset_size=dataset_size, q=q)
+    _check_batching_matches(batching.details, dataset_size=dataset_size if released is None else released, q=q)
+    dataset_size = released.value if released is not None else dataset_size
     mech, report, caveats = _mechanism_fields(mechanism)
+    public_n = [PUBLIC_N_ASSUMPTION] if released is None and report["is_dp"] else []
+    assumptions = _check_assumptions(assumptions) + public_n
     if report["is_dp"]:
         if epsilon is None:
             if ledger is not None:  # memoised: the budget's epoch-end epsilon of the same ledger is reused
                 epsilon = ledger.epsilon(delta, accountant)
             else:
-                epsilon = compute_epsilon(_events(mechanism, q, steps), target_delta=delta, accountant=accountant)
+                events = _events(mechanism, q, steps) + ([released.event] if released is not None else [])
+                epsilon = compute_epsilon(events, target_delta=delta, accountant=accountant)
         report.update(_guarantee(epsilon, delta=delta, steps=steps, accountant=accountant, assumptions=assumptions))
     else:
         report.update(_not_dp_fields(report["mechanism"], epsilon, caveats))
+    clip = mech.pop("l2_norm_clip", getattr(mechanism, "l2_norm_clip", None))
     report.update(
         delta=delta,
         accountant=accountant,
         noise_multiplier=mech.pop("noise_multiplier", getattr(mechanism, "noise_multiplier", None)),
         noise_multipliers=_noise_multipliers(mechanism, mech),
-        l2_norm_clip=mech.pop("l2_norm_clip", getattr(mechanism, "l2_norm_clip", None)),
+        l2_norm_clip=clip,
         sampling_probability=q,
         expected_batch_size=q * dataset_size,
         steps=steps,
@@ -194,18 +214,31 @@ def privacy_report(
         batching=batching.name,
         batching_source=batching.source,
         adjacency=ADJACENCY,
+        privacy_unit=str(privacy_unit),
+        contribution_bound=contribution_bound or _default_bound(clip),
+        attacker_bound=attacker_bound(report["epsilon"], delta),
         assumptions=list(assumptions),
     )
     caveats.extend(f"The guarantee holds only if {text}" for text in assumptions)
+    exact_n = released.exact_total() if released is not None else dataset_size  # only for the truncation delta
     _add_batching_section(
-        report, caveats, batching, exact_truncation=check_matches_batching(mechanism, batching.details)
+        report, caveats, batching, exact_truncation=check_matches_batching(mechanism, batching.details), n=exact_n
     )
+    _add_dataset_size(report, caveats, released)
+    add_seed_caveat(report, caveats, seeded_parts(mechanism, batching.details, released))
     report["caveats"] = caveats
     report["mechanism_report"] = _jsonable(mech)
     if ledger is not None:
         report["ledger"] = json.loads(ledger.to_json())
+        if released is not None:
+            report["ledger"] = _redact_dataset_size(report["ledger"])
+    if released is not None and isinstance(report["mechanism_report"].get("step_accounting"), str):
+        text = report["mechanism_report"]["step_accounting"]
+        report["mechanism_report"]["step_accounting"] = re.sub(r"of N=\d+ ", "of N (not released) ", text)
     if extra is not None:
         report["extra"] = _jsonable(dict(extra))
+        if released is not None:
+            report["extra"] = _redact_dataset_size(report["extra"])
     return report
 
 
@@ -222,15 +255,99 @@ def _resolve_steps(ledger: PrivacyLedger | None, epsilon: float | None, steps: i
     return check_steps(steps, allow_zero=True)
 
 
-def _check_batching_matches(details: dict | None, *, dataset_size: int, q: float) -> None:
-    """The sampler's own N and q (when it reported them) must be the report's."""
+def attacker_bound(epsilon: float | None, delta: float) -> dict:
+    """What a membership test on the privacy unit can achieve: TPR <= min(e^eps FPR + delta, 1 - e^-eps (1 - delta - FPR)).
+
+    References: Kairouz, Oh & Viswanath 2015, Thm 2.1 (the hypothesis-testing region of (eps, delta)-DP).
+    """
+    if epsilon is None:
+        return {"note": "no differential-privacy guarantee: no bound on what a membership test learns"}
+    rows = []
+    for fpr in (0.001, 0.01, 0.1):
+        tpr = min(1.0, math.exp(min(epsilon, 700.0)) * fpr + delta, 1.0 - math.exp(-epsilon) * (1.0 - delta - fpr))
+        rows.append({"fpr": fpr, "max_tpr": max(fpr, tpr)})
+    return {
+        "note": "the best true-positive rate of any test for whether the privacy unit is in the training data, "
+        "at each false-positive rate, that the guarantee allows",
+        "bounds": rows,
+    }
+
+
+def _default_bound(clip) -> str:
+    if clip is None:
+        return "none (no clipping: a unit's contribution is unbounded)"
+    return f"each unit's gradient is clipped to L2 norm {clip:g} in every step it is sampled in"
+
+
+def _released_size(dataset_size, ledger: PrivacyLedger | None) -> ReleasedDatasetSize | None:
+    """The `ReleasedDatasetSize` (its event checked against the ledger), or None for an int N (checked)."""
+    if isinstance(dataset_size, ReleasedDatasetSize):
+        if ledger is not None and not ledger.has_setup(dataset_size.event):
+            raise ValueError(
+                f"`dataset_size` was released with {dataset_size.event!r}, but the ledger holds no such setup "
+                "event: its cost is not counted. Plan it with `releases=[Release.dataset_size(size)]`."
+            )
+        return dataset_size
+    if isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1:
+        raise ValueError(
+            f"`dataset_size` must be a `ReleasedDatasetSize` (tfdp_embed.release_dataset_size) or an int >= 1 "
+            f"(stated as public); received {dataset_size!r}."
+        )
+    return None
+
+
+def _check_batching_matches(details: dict | None, *, dataset_size, q: float) -> None:
+    """The sampler's own N and q (when it reported them) must be the report's (N~ was drawn from the N sampled)."""
     if details is None:
         return
     n_info, q_info = details.get("num_examples"), details.get("sampling_probability")
-    if n_info is not None and n_info != dataset_size:
+    if isinstance(dataset_size, ReleasedDatasetSize):
+        if n_info is not None and not dataset_size.matches(n_info):
+            raise ValueError("`dataset_size` was not released from the number of examples the batches were drawn from.")
+    elif n_info is not None and n_info != dataset_size:
         raise ValueError(f"`dataset_size`={dataset_size} but the batching info has {n_info} examples.")
     if q_info is not None and not math.isclose(q_info, q, rel_tol=1e-9):
         raise ValueError(f"`sampling_probability`={q!r} but the batches were sampled with q={q_info!r}.")
+
+
+def _add_dataset_size(report: dict, caveats: list, released: ReleasedDatasetSize | None) -> None:
+    """N~ and how it was released; the sampler's exact N and q N become "not released" (the caller's int: public)."""
+    if released is None:
+        report["dataset_size_release"] = {"convention": "add-or-remove adjacency; N stated exactly, assumed public"}
+        return
+    report.update(released.report())
+    details = report.get("batching_details") or {}
+    for key in ("num_examples", "expected_batch_size"):
+        if key in details:
+            details[key] = NOT_RELEASED
+    if report.get("step_accounting") == "truncated_poisson" or "delta_with_truncation" in report:
+        caveats.append(
+            "The truncated Poisson batches are accounted at the exact N (TruncatedSubsampledGaussianDpEvent, or the "
+            "truncation delta, takes it): epsilon or delta_with_truncation is a function of it; the ledger's and "
+            "the plan's copies of N are written as 'not released'."
+        )
+
+
+def seeded_parts(mechanism, details: Mapping | None, released: ReleasedDatasetSize | None = None) -> list:
+    """What in the run drew its randomness from an explicit seed (names only, never the seed)."""
+    parts = []
+    if getattr(mechanism, "seed", None) is not None:
+        parts.append("the training noise")
+    if details and details.get("seeded"):
+        parts.append("the batch sampler")
+    if released is not None and released.seeded:
+        parts.append("the dataset-size release")
+    return parts
+
+
+def add_seed_caveat(report: dict, caveats: list, parts: Sequence[str]) -> None:
+    """`seeded` (names, no values) and, for a seeded run, the caveat and the guarantee's exception."""
+    report["seeded"] = list(parts)
+    if not parts:
+        return
+    caveats.append(SEEDED_CAVEAT.format(parts=", ".join(parts)))
+    if report.get("is_dp"):
+        report["guarantee"] += f" It does NOT hold against anyone who knows the seed of {', '.join(parts)}."
 
 
 def _mechanism_fields(mechanism) -> tuple[dict, dict, list]:
@@ -272,7 +389,7 @@ def _not_dp_fields(name: str, nominal_epsilon: float | None, caveats: list) -> d
     return fields
 
 
-def _add_batching_section(report: dict, caveats: list, batching: _Batching, *, exact_truncation: bool) -> None:
+def _add_batching_section(report: dict, caveats: list, batching: _Batching, *, exact_truncation: bool, n: int) -> None:
     """Caveats on how the data was batched; the guarantee says when Poisson sampling was not verified."""
     caveats.extend(batching.caveats)
     if batching.name == "fixed_shuffled":
@@ -286,10 +403,10 @@ def _add_batching_section(report: dict, caveats: list, batching: _Batching, *, e
         )
     if batching.details is not None:
         report["batching_details"] = batching.details
-        _add_truncation(report, caveats, batching, exact=exact_truncation)
+        _add_truncation(report, caveats, batching, exact=exact_truncation, n=n)
 
 
-def _add_truncation(report: dict, caveats: list, batching: _Batching, *, exact: bool) -> None:
+def _add_truncation(report: dict, caveats: list, batching: _Batching, *, exact: bool, n: int) -> None:
     """Truncated Poisson batches: exact (truncated events) or `delta_with_truncation` and a caveat saying what it adds."""
     cap = batching.details.get("max_batch_size")
     if batching.name != "poisson" or cap is None:
@@ -308,7 +425,7 @@ def _add_truncation(report: dict, caveats: list, batching: _Batching, *, exact: 
         )
         return
     extra_delta = truncation_delta(
-        dataset_size=report["dataset_size"],
+        dataset_size=n,
         sampling_probability=report["sampling_probability"],
         max_batch_size=int(cap),
         steps=report["steps"],
@@ -357,6 +474,15 @@ def read_privacy_report(path: str | os.PathLike) -> dict:
 
 
 # -- helpers -----------------------------------------------------------------------
+
+
+def _redact_dataset_size(value):
+    """The ledger's JSON with every event's exact `dataset_size` (truncated steps) written as "not released"."""
+    if isinstance(value, dict):
+        return {k: NOT_RELEASED if k == "dataset_size" else _redact_dataset_size(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_dataset_size(v) for v in value]
+    return value
 
 
 def _events(mechanism, q: float, steps: int) -> list:

@@ -106,7 +106,9 @@ def _sampling(report: Mapping) -> str:
     if report.get("sampling_probability") is not None:
         text += f", q = {_number(report['sampling_probability'])}"
     if report.get("expected_batch_size") is not None and report.get("dataset_size") is not None:
-        text += f", expected batch {_number(report['expected_batch_size'])} of N = {report['dataset_size']}"
+        released = (report.get("dataset_size_release") or {}).get("noise_multiplier") is not None
+        n = f"N~ = {report['dataset_size']} (N released with DP)" if released else f"N = {report['dataset_size']}"
+        text += f", expected batch {_number(report['expected_batch_size'])} of {n}"
     return text
 
 

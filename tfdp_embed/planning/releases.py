@@ -15,6 +15,7 @@ from typing import cast
 
 import dp_accounting
 
+from tfdp_embed.accounting.dataset_size import DATASET_SIZE, ReleasedDatasetSize
 from tfdp_embed.accounting.releases import RELEASE_MECHANISMS, release_epsilon, release_noise_multiplier
 
 SELECTION = "selection"
@@ -67,6 +68,13 @@ class Release:
     def selection(cls, epsilon_share: float, *, count: int = 1) -> Release:
         """A mechanism's DP selection (DP-FEST top-k): pure DP, `count` selections of s x eps / count each."""
         return cls(SELECTION, epsilon_share=epsilon_share, count=count)
+
+    @classmethod
+    def dataset_size(cls, size: ReleasedDatasetSize) -> Release:
+        """The DP release of N (`tfdp_embed.release_dataset_size`): its Gaussian event, composed with the steps."""
+        if not isinstance(size, ReleasedDatasetSize):
+            raise TypeError(f"`size` must be a `ReleasedDatasetSize` (release_dataset_size); received {size!r}.")
+        return cls(DATASET_SIZE, event=size.event)
 
     @property
     def pure(self) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfdp_embed.accounting import PrivacyBudget, PrivacyLedger, privacy_report
+from tfdp_embed.accounting.dataset_size import DATASET_SIZE, ReleasedDatasetSize
 from tfdp_embed.accounting.periods import PeriodBudget, add_period_accounting, parallel_epsilon, period_ledgers
 from tfdp_embed.accounting.truncated import truncated_steps
 from tfdp_embed.mechanisms.base import NoiseMechanism
@@ -126,7 +127,7 @@ class RunPlan:
     def report(
         self,
         *,
-        dataset_size: int,
+        dataset_size: int | ReleasedDatasetSize,
         dp_model=None,
         batching=None,
         ledger: PrivacyLedger | None = None,
@@ -136,11 +137,13 @@ class RunPlan:
         accountant: str | None = None,
         assumptions: Sequence[str] = (),
         extra: Mapping | None = None,
+        **unit,
     ) -> dict:
         """The run's privacy report (`accounting.privacy_report`) under the plan's assumptions.
 
         Args:
-          dataset_size: N.
+          dataset_size: N~ (`release_dataset_size`, charged with `Release.dataset_size`): the report
+            states N~ only; an int N is stated exactly, under the assumption that N is public.
           dp_model: the trained `DPModel`; its `batching` (what `fit` was fed) is reported.
           batching: instead of `dp_model`, a batching statement (see `privacy_report`).
           ledger: the budget's ledger (DP mechanisms; ignored for non-DP ones,
@@ -151,6 +154,7 @@ class RunPlan:
           accountant: how epsilon is computed (default the plan's).
           assumptions: more conditions, after the plan's.
           extra: more fields, beside `extra.plan` (this plan's `summary()`).
+          **unit: `privacy_unit`, `contribution_bound` (see `privacy_report`).
         """
         if batching is None:
             if dp_model is None:
@@ -158,10 +162,13 @@ class RunPlan:
             batching = dp_model.batching
         if ledger is not None and not self.is_dp:
             steps, ledger = ledger.steps if steps is None else steps, None
+        self._check_size_charged(dataset_size)
+        if not isinstance(dataset_size, ReleasedDatasetSize):
+            dataset_size = int(dataset_size)
         common = dict(
-            mechanism=self.step_source, delta=self.target_delta, dataset_size=int(dataset_size), batching=batching,
+            mechanism=self.step_source, delta=self.target_delta, dataset_size=dataset_size, batching=batching,
             accountant=accountant or self.accountant, assumptions=[*self.assumptions, *assumptions],
-            extra={"plan": self.summary(), **(extra or {})},
+            extra={"plan": self.summary(), **(extra or {})}, **unit,
         )  # fmt: skip
         if self.parallel and self.mechanism_name != "none":
             report = self._parallel_report(common, steps=steps, steps_by_period=steps_by_period)
@@ -198,6 +205,16 @@ class RunPlan:
         if self.parallel:
             out["periods"] = [dataclasses.asdict(p) for p in self.periods]
         return out
+
+    def _check_size_charged(self, size) -> None:
+        """A released N~ of a DP plan must be one of its releases (else its cost is missing from epsilon)."""
+        if not isinstance(size, ReleasedDatasetSize) or not self.is_dp:
+            return
+        if not any(size.event in r.events for r in self.releases if r.name == DATASET_SIZE):
+            raise ValueError(
+                "`dataset_size` is a released N~ this plan did not charge: pass "
+                "`releases=[Release.dataset_size(size), ...]` to `plan_run`."
+            )
 
     def _mechanism_one_off_events(self) -> int:
         """One-off events the mechanism itself records over the run (its selections)."""
