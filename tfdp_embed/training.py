@@ -44,6 +44,7 @@ from tfdp_embed import contract, distribute, mixed_precision, optimizer_check, r
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.contract.preprocessing import check_preprocessing
 from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.export import _without_read_hooks, release_ready
@@ -308,6 +309,7 @@ class DPModel(keras.Model):
                 "tf.data.Dataset to `fit` so it can be built from the first batch."
             )
         _reject_non_per_example(self.inner)  # again: components created while building
+        check_preprocessing(self.inner)  # vocabularies / means from data: DP-released or declared public
         self._tapped_layers = layers_owning_weights(self.inner)
         for layer in self._tapped_layers:
             self.registry.lookup(layer)  # refuses subclasses the clipping rules cannot describe

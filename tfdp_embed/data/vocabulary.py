@@ -34,6 +34,7 @@ Gipson, Mandayam, "Differentially private partition selection", PoPETs 2022, §2
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable
 
@@ -216,9 +217,14 @@ def _noise(epsilon, noise_multiplier, gaussian_delta: float) -> tuple[float, flo
         ):
             raise ValueError(f"`noise_multiplier` must be a finite number > 0; received {noise_multiplier!r}.")
         sigma = float(noise_multiplier)
-    # PLD's grid grows without bound as sigma -> 0; RDP is cheap there and never under-states epsilon.
-    accountant = "pld" if sigma >= _SMALL_SIGMA_FOR_PLD else "rdp"
-    return sigma, release_epsilon(dp_accounting.GaussianDpEvent(sigma), delta=gaussian_delta, accountant=accountant)
+    return sigma, gaussian_release_epsilon(sigma, delta=gaussian_delta)
+
+
+@functools.lru_cache(maxsize=64)
+def gaussian_release_epsilon(noise_multiplier: float, *, delta: float) -> float:
+    """epsilon at `delta` of one `GaussianDpEvent(z)`: PLD, or RDP (never lower) when z is too small for PLD's grid."""
+    accountant = "pld" if noise_multiplier >= _SMALL_SIGMA_FOR_PLD else "rdp"
+    return release_epsilon(dp_accounting.GaussianDpEvent(float(noise_multiplier)), delta=delta, accountant=accountant)
 
 
 __all__ = [
@@ -227,6 +233,7 @@ __all__ = [
     "DPVocabulary",
     "bounded_key_counts",
     "dp_vocabulary",
+    "gaussian_release_epsilon",
     "public_vocabulary",
     "vocabulary_threshold",
 ]
