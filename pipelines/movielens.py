@@ -51,7 +51,7 @@ import numpy as np
 from pipelines import cli_types, movielens_privacy
 from pipelines.output_dir import removed_on_failure
 from pipelines.step_timer import StepTimer
-from tfdp_embed import DPModel, RunPlan, accounting, keras, tf
+from tfdp_embed import DPModel, Release, ReleasedDatasetSize, RunPlan, accounting, keras, release_dataset_size, tf
 from tfdp_embed.accounting import PrivacyBudget, write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data import poisson_batches, with_lookahead
@@ -305,6 +305,7 @@ class _Setup:
     steps: int
     delta: float
     plan: RunPlan
+    released: ReleasedDatasetSize
 
     @property
     def size(self) -> int:
@@ -375,24 +376,25 @@ def _run(config: MovieLensConfig, data: MovieLensData | None, extra_train_exampl
 def _plan(config: MovieLensConfig, data: MovieLensData, extra_train_examples) -> _Setup:
     """Stage 1: the training pool (plus any extra examples), q = B / N, T steps, and the privacy plan."""
     contexts, labels, num_extra = _training_pool(data, extra_train_examples)
-    n = len(labels)
+    released = release_dataset_size(len(labels), seed=config.seed)  # N~: q, delta, T and the report use it, never N
+    n = released.value
     if config.batch_size > n:
-        raise ValueError(f"`batch_size` {config.batch_size} exceeds the {n} training examples.")
-    q = config.batch_size / n
+        raise ValueError(f"`batch_size` {config.batch_size} exceeds the {n} training examples (released with DP).")
+    q = released.sampling_probability(config.batch_size)
     steps = config.epochs * max(1, round(1 / q))
-    delta = config.delta if config.delta is not None else 1.0 / n
+    delta = config.delta if config.delta is not None else released.delta()
     plan = movielens_privacy.plan(
         mechanism=config.mechanism, noise_multiplier=config.noise_multiplier, epsilon=config.epsilon, delta=delta,
         sampling_probability=q, steps=steps, l2_norm_clip=config.l2_norm_clip, accountant=config.accountant,
-        seed=config.seed,
+        seed=config.seed, releases=[] if config.mechanism == "none" else [Release.dataset_size(released)],
     )  # fmt: skip
     if config.verbose:
         print(
             f"movielens: {config.mechanism}, sigma {plan.noise_multiplier:.4g} ({movielens_privacy.noise_source(plan)}), "
-            f"N {n} ({num_extra} extra), q {q:.4g}, {steps} steps, delta {delta:.3g}",
+            f"N~ {n} (released with DP), q {q:.4g}, {steps} steps, delta {delta:.3g}",
             flush=True,
         )
-    return _Setup(contexts, labels, num_extra, q, steps, delta, plan)
+    return _Setup(contexts, labels, num_extra, q, steps, delta, plan, released)
 
 
 def _build(config: MovieLensConfig, data: MovieLensData, setup: _Setup) -> tuple:
@@ -411,7 +413,7 @@ def _build(config: MovieLensConfig, data: MovieLensData, setup: _Setup) -> tuple
     dp_model = DPModel(
         model,
         mechanism=setup.plan.mechanism,
-        expected_batch_size=setup.sampling_probability * setup.size,
+        expected_batch_size=setup.sampling_probability * setup.released.value,  # q N~: a scale, not a statistic
         registry=two_tower_registry(),
         lookahead=config.mechanism == "lazy",
     )
@@ -468,7 +470,10 @@ def _privacy_report(config: MovieLensConfig, data: MovieLensData, setup: _Setup,
     # RDP is cheap there, and over-states epsilon slightly (never under-states it).
     accountant = config.accountant if sigma >= SMALL_SIGMA_FOR_PLD else "rdp"
     return plan.report(
-        dataset_size=setup.size,
+        dataset_size=setup.released,  # N~, never the exact number of examples
+        privacy_unit=PRIVACY_UNIT,
+        contribution_bound=f"one example's gradient clipped to L2 norm {config.l2_norm_clip:g} in each step it is "
+        "sampled in; a user's examples are not bounded together (group privacy over their ratings)",
         dp_model=trained.dp_model,  # what fit was fed (verified from the data)
         ledger=budget.ledger if budget is not None else None,
         steps=None if budget is not None else steps_run,

@@ -41,9 +41,11 @@ MECHANISM_NAMES = ("none", "dense", "eana", "lazy")
 
 def plan(
     *, mechanism: str, noise_multiplier, epsilon, delta: float, sampling_probability: float, steps: int,
-    l2_norm_clip: float, accountant: str = "pld", seed: int | None = None,
+    l2_norm_clip: float, accountant: str = "pld", seed: int | None = None, releases=(),
 ) -> RunPlan:  # fmt: skip
     """The run's plan: sigma given (`noise_multiplier`) or calibrated for `epsilon`; nothing for "none".
+
+    `releases` (e.g. `Release.dataset_size(N~)`) are charged to the same budget.
 
     Raises:
       ValueError: both or neither of `noise_multiplier` / `epsilon` for a noised
@@ -66,8 +68,9 @@ def plan(
             f"calibrated); received noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}."
         )
     return plan_run(
-        mechanism, target_epsilon=epsilon, noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, **common
-    )
+        mechanism, target_epsilon=epsilon, noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip,
+        releases=releases, **common,
+    )  # fmt: skip
 
 
 def noise_source(run: RunPlan) -> str:

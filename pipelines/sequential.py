@@ -322,7 +322,8 @@ def _run(config: SequentialConfig) -> SequentialResult:
     started = time.perf_counter()
     data = load_sequences(config.data, max_len=config.max_len, layout=config.layout)
     os.makedirs(config.out, exist_ok=True)
-    _log(config, f"read {config.data}: {data.summary()}")
+    summary = {k: v for k, v in data.summary().items() if k != "users"}  # N is not released, not even to a log
+    _log(config, f"read {config.data}: {summary}")
     privacy = _plan(config, data)
     model, dp_model, budget = _build(config, data, privacy)
     timer, history = _train(config, data, privacy, dp_model, budget)
@@ -408,12 +409,12 @@ def _model(config: SequentialConfig, data, privacy: sequential_privacy.Sequentia
     if config.head_items is not None:
         model.set_item_rows(item_frequencies)
     if config.popularity_prior:
-        model.set_item_prior(item_frequencies, min_frequency=0.5 / data.num_users)
+        model.set_item_prior(item_frequencies, min_frequency=0.5 / privacy.size.value)  # N~, not N
     item_err, weight_err = effective_errors(
         noise_multiplier=privacy.run.noise_multiplier,
         batch_size=config.batch,
         item_frequencies=model.row_frequencies(item_frequencies),
-        min_frequency=1.0 / data.num_users,
+        min_frequency=1.0 / privacy.size.value,
         error_scale=config.error_scale,
     )
     model.set_effective_errors(item_err, weight_err)
@@ -485,16 +486,22 @@ def _evaluate(config: SequentialConfig, data, model: SASRec) -> tuple:
     return valid, test
 
 
+PRIVACY_UNIT = "user (one training sequence per user: user-level DP)"
+
+
 def _release(config: SequentialConfig, data, privacy, model, dp_model, budget, timer) -> tuple:
     """Stage 6: the privacy report and the export of `OUT/saved_model`. Returns `(privacy report, serving, path)`."""
     run = privacy.run
     report_privacy = run.report(
-        dataset_size=data.num_users,
+        dataset_size=privacy.size,  # N~: the exact number of users is not released
+        privacy_unit=PRIVACY_UNIT,
+        contribution_bound=f"one training sequence of at most {data.max_len} items per user, its gradient clipped to "
+        f"L2 norm {run.l2_norm_clip:g} in each step it is sampled in",
         dp_model=dp_model,  # what fit was fed (verified from the data)
         ledger=budget.ledger if budget is not None else None,
         steps=None if budget is not None else len(timer.durations),
         extra={
-            "privacy_unit": "user (one training sequence per user: user-level DP)",
+            "privacy_unit": PRIVACY_UNIT,
             "item_frequencies": privacy.frequency_report(),
             "calibrated_steps": run.steps,
         },

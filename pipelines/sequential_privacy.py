@@ -27,7 +27,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tfdp_embed import Release, RunPlan, plan_run
+import numpy as np
+
+from tfdp_embed import Release, ReleasedDatasetSize, RunPlan, plan_run, release_dataset_size
 from tfdp_embed._checks import check_int
 from tfdp_embed.accounting.releases import RELEASE_MECHANISMS
 from tfdp_embed.attention import (
@@ -60,11 +62,13 @@ class SequentialPrivacy:
       run: the `tfdp_embed.RunPlan` (its mechanism, noise, ledger, budget and report).
       epsilon: the target (inf for a non-private run).
       frequencies: the item frequencies the model uses (with their event if released).
+      size: N~, the number of users released with DP (the report's `dataset_size`).
     """
 
     run: RunPlan
     epsilon: float
     frequencies: ItemFrequencies
+    size: ReleasedDatasetSize
 
     @property
     def private(self) -> bool:
@@ -140,23 +144,25 @@ def plan(
         frequencies=frequencies, frequencies_file=frequencies_file,
         epsilon_share=frequency_epsilon_share, noise_multiplier=frequency_noise_multiplier,
     )  # fmt: skip
-    n = data.num_users
+    size = release_dataset_size(data.num_users, seed=seed)  # N~: q, delta and T come from it, never from N
+    n = size.value
     if not 1 <= batch <= n:
-        raise ValueError(f"`batch` must lie in [1, {n}] (the number of users); received {batch}.")
+        raise ValueError(f"`batch` must lie in [1, {n}] (the number of users, released with DP); received {batch}.")
     private = mechanism != "none" and math.isfinite(epsilon)
-    steps = epochs * max(1, round(n / batch))
+    steps = size.steps(epochs, batch)
     if max_steps is not None:
         steps = min(steps, check_int("max_steps", max_steps))
-    common = dict(target_delta=1.0 / n if delta is None else float(delta), accountant=accountant,
-                  sampling_probability=batch / n, steps=steps, seed=seed)  # fmt: skip
+    common = dict(target_delta=size.delta() if delta is None else float(delta), accountant=accountant,
+                  sampling_probability=size.sampling_probability(batch), steps=steps, seed=seed)  # fmt: skip
     dp = dict(target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, **common)
     if frequencies == "public":
-        return _public_plan(data, frequencies_file, float(epsilon), dp=dp if private else None, common=common)
-    counts = data.item_user_counts()
+        return _public_plan(data, frequencies_file, float(epsilon), dp=dp if private else None, common=common,
+                            size=size)  # fmt: skip
+    counts = np.minimum(data.item_user_counts(), n)  # min(c, N~): 1-Lipschitz, so the sensitivity is unchanged
     if not private:  # a non-private reference run: nothing is guaranteed, the exact counts are used
         exact = exact_item_frequencies(counts, num_users=n)
-        return SequentialPrivacy(plan_run("none", **common), float(epsilon), exact)
-    run = plan_run("dense", **dp, releases=[_frequency_release(
+        return SequentialPrivacy(plan_run("none", **common), float(epsilon), exact, size)
+    run = plan_run("dense", **dp, releases=[Release.dataset_size(size), _frequency_release(
         frequency_epsilon_share, frequency_noise_multiplier, frequency_mechanism)])  # fmt: skip
     release = run.release(ITEM_FREQUENCIES)
     freq = private_item_frequencies(
@@ -165,10 +171,10 @@ def plan(
     )  # fmt: skip
     if (freq.event,) != release.events:
         raise AssertionError(f"The frequency release {freq.event} is not the planned {release.events}.")
-    return SequentialPrivacy(run, float(epsilon), freq)
+    return SequentialPrivacy(run, float(epsilon), freq, size)
 
 
-def _public_plan(data: SequenceData, frequencies_file: str, epsilon: float, *, dp: dict | None, common: dict):
+def _public_plan(data: SequenceData, frequencies_file: str, epsilon: float, *, dp: dict | None, common: dict, size):
     """The plan with public frequencies read from a file: nothing is released, the guarantee assumes them public.
 
     `dp` holds the DP-SGD arguments of a private run; None for a non-private one.
@@ -179,8 +185,11 @@ def _public_plan(data: SequenceData, frequencies_file: str, epsilon: float, *, d
         "they and everything computed from them (Re-Attention's errors, the popularity prior, head rows) are "
         "released without privacy cost",
     )
-    run = plan_run("dense", **dp, assumptions=assumptions) if dp is not None else plan_run("none", **common)
-    return SequentialPrivacy(run, epsilon, freq)
+    if dp is not None:
+        run = plan_run("dense", **dp, releases=[Release.dataset_size(size)], assumptions=assumptions)
+    else:
+        run = plan_run("none", **common)
+    return SequentialPrivacy(run, epsilon, freq, size)
 
 
 def _frequency_release(share: float | None, noise_multiplier: float | None, mechanism: str) -> Release:

@@ -44,15 +44,19 @@ def test_dpformer_run_report_and_reloaded_saved_model(data_file, tmp_path):
         assert key in report, key
     assert 0 <= report["ndcg@10"] <= report["hit@10"] <= 1
     assert "loss_per_epoch" in report["not_released"] and "NOT a release" in report["not_released"]
-    assert report["is_dp"] and report["epsilon"] <= 5.0 + 1e-6 and report["steps"] == 5  # 1 epoch of N/B = 5
+    n = report["dataset_size"]  # N~: the number of users (200) released with DP
+    assert report["dataset_size_release"]["noise_multiplier"] == 20.0 and report["sampling_probability"] == 40 / n
+    assert report["is_dp"] and report["epsilon"] <= 5.0 + 1e-6 and report["steps"] == round(n / 40)  # 1 epoch
     # epsilon is what dp_accounting says about the frequency release (default: 10% of epsilon) plus the
     # steps taken at the calibrated sigma
     frequencies = report["extra"]["item_frequencies"]
     assert frequencies["source"] == "private-gaussian" and frequencies["epsilon_share"] == 0.1
     release = dp_accounting.GaussianDpEvent(frequencies["noise_multiplier"])
     assert compute_epsilon(release, target_delta=report["delta"], accountant="rdp") == pytest.approx(0.5, rel=1e-3)
+    size_event = dp_accounting.GaussianDpEvent(20.0)
+    step = dpsgd_event(sampling_probability=40 / n, noise_multiplier=report["noise_multiplier"], steps=round(n / 40))
     eps = compute_epsilon(
-        [release, dpsgd_event(sampling_probability=0.2, noise_multiplier=report["noise_multiplier"], steps=5)],
+        [size_event, release, step],
         target_delta=report["delta"], accountant="rdp",
     )  # fmt: skip
     assert report["epsilon"] == pytest.approx(eps, rel=1e-6) == pytest.approx(5.0, rel=1e-3)
@@ -78,22 +82,25 @@ def test_non_private_reference_and_private_frequencies(data_file, tmp_path):
     # private frequencies: the count release is composed into the ledger, sigma grows to pay for it
     data = load_sequences(data_file, max_len=6)
     common = dict(epsilon=5.0, delta=1e-3, batch=40, epochs=2, mechanism="dense", accountant="rdp", seed=0)
-    steps_only = calibrate_noise_multiplier(
-        target_epsilon=5.0, target_delta=1e-3, sampling_probability=0.2, steps=10, accountant="rdp"
-    )
     for private in (
         sequential_privacy.plan(data, **common),  # default: sized for 10% of epsilon
         sequential_privacy.plan(data, frequency_epsilon_share=0.3, **common),
         sequential_privacy.plan(data, frequency_noise_multiplier=5.0, **common),
     ):
         run, frequencies = private.run, private.frequency_report()
+        q, steps = run.sampling_probability, run.steps  # from N~ (seed 0), not from the 200 users
+        assert q == 40 / private.size.value and steps == 2 * round(private.size.value / 40)
+        steps_only = calibrate_noise_multiplier(
+            target_epsilon=5.0, target_delta=1e-3, sampling_probability=q, steps=steps, accountant="rdp"
+        )
         assert run.noise_multiplier > steps_only
-        assert run.ledger().entries[0].event == private.frequencies.event
+        assert run.ledger().entries[0].event == private.size.event  # N~ first, then the counts
+        assert run.ledger().entries[1].event == private.frequencies.event
         release = compute_epsilon(private.frequencies.event, target_delta=1e-3, accountant="rdp")
         assert frequencies["release_epsilon"] == pytest.approx(release)
         assert release == pytest.approx(5.0 * frequencies["epsilon_share"], rel=1e-3)
-        steps = dpsgd_event(sampling_probability=0.2, noise_multiplier=run.noise_multiplier, steps=10)
-        both = [private.frequencies.event, steps]
+        steps = dpsgd_event(sampling_probability=q, noise_multiplier=run.noise_multiplier, steps=steps)
+        both = [private.size.event, private.frequencies.event, steps]
         assert compute_epsilon(both, target_delta=1e-3, accountant="rdp") == pytest.approx(5.0, rel=1e-3)
     assert frequencies["epsilon_share"] == pytest.approx(release / 5.0)
 
@@ -114,7 +121,8 @@ def test_bad_input(data_file, tmp_path, capsys):
         with pytest.raises(SystemExit):
             sequential.parse_args(["--data", data_file, "--out", "x", *flags])
     assert sequential.main(["--data", data_file, "--out", str(tmp_path / "o"), *TINY[:2], "--batch", "999"]) == 1
-    assert "`batch` must lie in [1, 200]" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "`batch` must lie in [1, " in err and "(the number of users, released with DP)" in err and "200" not in err
 
 
 def test_popularity_prior_uses_the_run_frequencies(data_file, tmp_path, monkeypatch):

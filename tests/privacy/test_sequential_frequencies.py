@@ -89,7 +89,10 @@ def _assert_release_accounted(report, shipped):
         assert frequencies["source"] == "private-gaussian" and frequencies["epsilon_share"] == 0.1
         assert "CONDITIONAL" not in r["guarantee"] and r["assumptions"] == []
         ledger = PrivacyLedger.from_json(json.dumps(r["ledger"]))
-        setup = ledger.entries[0]
+        size, setup = ledger.entries[:2]  # N~ (the number of users, released with DP), then the counts
+        assert size.kind == "setup" and size.event == dp_accounting.GaussianDpEvent(
+            r["dataset_size_release"]["noise_multiplier"]
+        )
         assert setup.kind == "setup" and setup.event == dp_accounting.GaussianDpEvent(frequencies["noise_multiplier"])
         assert frequencies["release_epsilon"] == pytest.approx(0.5, rel=1e-3)  # 10% of epsilon 5
         assert compute_epsilon(ledger, target_delta=r["delta"], accountant=r["accountant"]) == pytest.approx(
@@ -127,7 +130,7 @@ def test_public_frequencies_without_a_file_are_refused(data_file, tmp_path, caps
 
 
 def test_public_file_is_shipped_exactly_and_the_guarantee_is_conditional(data_file, tmp_path):
-    num_users, num_items = 200, 120
+    num_items = 120
     rng = np.random.default_rng(0)  # frequencies independent of the training data
     public = np.round(rng.uniform(0.0, 0.6, num_items + 1), 4)
     public[0] = 0.0
@@ -138,11 +141,12 @@ def test_public_file_is_shipped_exactly_and_the_guarantee_is_conditional(data_fi
         "--popularity-prior", "--head-items", "20", *FAST,
     )  # fmt: skip
     # the attack recovers exactly what was supplied (so it is an attack that works), nothing of the data
-    prior = _counts_from_prior(loaded, report) / num_users
-    np.testing.assert_allclose(prior, np.maximum(public[1:], 0.5 / num_users), rtol=1e-5)
+    n = report["dataset_size"]  # N~: the prior's floor is 0.5 / N~ (the exact 200 users are not released)
+    prior = _counts_from_prior(loaded, report) / n
+    np.testing.assert_allclose(prior, np.maximum(public[1:], 0.5 / n), rtol=1e-5)
     rows = loaded.model.item_rows.numpy()[1:]
     assert set(np.flatnonzero(rows <= 20)) == set(np.argsort(-public[1:], kind="stable")[:20])
     for r in (report, shipped):
         assert f"CONDITIONAL on: the item frequencies supplied in {str(path)!r} are independent" in r["guarantee"]
         assert r["extra"]["item_frequencies"]["source"] == "public-file"
-        assert [e["kind"] for e in r["ledger"]["entries"]] == ["step"]  # nothing charged for the file
+        assert [e["kind"] for e in r["ledger"]["entries"]] == ["setup", "step"]  # N~ only: nothing for the file
