@@ -12,6 +12,8 @@ from scipy import stats
 
 from tfdp_embed import PrivacyContractError, plan_run, select_privately
 from tfdp_embed.accounting import PrivacyLedger, dpsgd_event
+from tfdp_embed.mechanisms.topk_selection import pure_dp_dominating_noise_multiplier
+from tfdp_embed.planning import Release, plan_search, search_report
 from tfdp_embed.planning.selection import POISSON, plan_event, sample_run_count, tnb_gamma
 
 DELTA = 1e-5
@@ -168,7 +170,7 @@ def test_plan_event_is_the_plans_steps():
         (dict(run_event="dense"), "run_event"),
         (dict(train=None), "train"),
         (dict(train=lambda c: 0.5), r"\(model, score\)"),
-        (dict(train=lambda c: (None, math.nan)), "non-finite score"),
+        (dict(train=lambda c: (None, "high")), "a number as score"),
     ],
 )
 def test_bad_input_is_rejected_with_the_argument_named(kwargs, match):
@@ -177,3 +179,72 @@ def test_bad_input_is_rejected_with_the_argument_named(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         select_privately(args.pop("candidates"), args.pop("train"), **args)
+
+
+def test_plan_event_charges_a_selecting_mechanisms_planned_selection():
+    counts = {"items": np.arange(100.0)}
+    plan = plan_run("fest", target_epsilon=2.0, target_delta=DELTA, accountant="rdp", sampling_probability=0.01,
+                    steps=100, releases=[Release.selection(0.1)], top_k=10, counts=counts)  # fmt: skip
+    steps = dpsgd_event(sampling_probability=0.01, noise_multiplier=plan.noise_multiplier, steps=100)
+    # eps_1 = 0.1 x 2.0 = 0.2 pure DP, charged as the Gaussian that dominates every 0.2-DP mechanism.
+    selection = dp_accounting.GaussianDpEvent(pure_dp_dominating_noise_multiplier(0.2))
+    assert plan_event(plan) == dp_accounting.ComposedDpEvent([selection, steps])
+    assert dp_accounting_epsilon(plan_event(plan)) > dp_accounting_epsilon(steps)  # 6fce81d: the steps alone
+    given = plan_run("fest", noise_multiplier=1.0, target_delta=DELTA, sampling_probability=0.01, steps=100,
+                     top_k=10, counts=counts, selection_epsilon=0.3)  # fmt: skip
+    assert plan_event(given).events[0] == dp_accounting.GaussianDpEvent(pure_dp_dominating_noise_multiplier(0.3))
+
+
+def test_the_search_ledger_is_the_callers_or_a_new_one_with_the_search_event():
+    result = select_privately(CANDIDATES, scored_train([]), run_event=RUN, mean_runs=2, target_delta=DELTA, rng=0)
+    assert [(e.kind, e.event) for e in result.ledger.entries] == [("setup", result.event)]
+    ledger = PrivacyLedger()
+    ledger.record_steps(RUN)
+    mine = select_privately(CANDIDATES, scored_train([]), run_event=RUN, mean_runs=2, target_delta=DELTA,
+                            ledger=ledger, rng=0)  # fmt: skip
+    assert mine.ledger is ledger and len(ledger) == 2
+
+
+def test_search_report_refuses_what_the_search_sets_and_an_empty_search():
+    result = select_privately(CANDIDATES, scored_train([]), run_event=RUN, mean_runs=2, target_delta=DELTA, rng=0)
+    with pytest.raises(ValueError, match="mechanism"):
+        search_report(result, sampling_probability=0.01, dataset_size=100, batching="poisson", steps=500)
+    with pytest.raises(ValueError, match="the search's"):
+        search_report(result, epsilon=1.0, mechanism=object(), batching="poisson", steps=500)
+    rng = np.random.default_rng(0)
+    empty = next(r for r in (select_privately(CANDIDATES, scored_train([]), run_event=RUN, mean_runs=1.0,
+                 shape=POISSON, target_delta=DELTA, rng=rng) for _ in range(30)) if r.runs == 0)  # fmt: skip
+    with pytest.raises(ValueError, match="K = 0"):
+        search_report(empty, sampling_probability=0.01, dataset_size=100)
+
+
+@pytest.mark.parametrize("mean, shape, target", [(5.0, 1.0, 3.0), (3.0, math.inf, 1.0), (10.0, 0.5, 8.0)])
+def test_plan_search_spends_the_target_on_the_whole_search(mean, shape, target):
+    plan = plan_search("dense", target_epsilon=target, target_delta=DELTA, mean_runs=mean, shape=shape,
+                       sampling_probability=0.01, steps=300)  # fmt: skip
+    assert plan.event == dp_accounting.dp_event.RepeatAndSelectDpEvent(plan.run_event, mean, shape)
+    assert target * (1 - 1e-3) <= dp_accounting_epsilon(plan.event) <= target  # calibration's tolerance
+    assert (
+        dp_accounting_epsilon(plan.run_event) == pytest.approx(plan.run_epsilon, rel=1e-12)
+        and plan.run_epsilon < target
+    )
+    # 1% less noise and the search overshoots: sigma is (about) the smallest that meets the target.
+    looser = dpsgd_event(sampling_probability=0.01, noise_multiplier=plan.noise_multiplier * (1 - 1e-2), steps=300)
+    assert dp_accounting_epsilon(dp_accounting.dp_event.RepeatAndSelectDpEvent(looser, mean, shape)) > target
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(noise_multiplier=1.0), "search's to set"),
+        (dict(accountant="pld"), "search's to set"),
+        (dict(target_epsilon=0.0), "target_epsilon"),
+        (dict(mean_runs=0.5), "mean_runs"),
+        (dict(target_epsilon=1e-6), "cannot be met"),
+    ],
+)
+def test_plan_search_rejects_bad_input(kwargs, match):
+    args = dict(target_epsilon=3.0, target_delta=DELTA, mean_runs=3.0, sampling_probability=0.01, steps=300)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        plan_search("dense", **args)

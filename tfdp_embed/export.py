@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping
 
 from tfdp_embed._keras import tf
+from tfdp_embed.accounting.search_runs import check_export as check_search_export
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding, read_hooks_removed
 
@@ -67,9 +68,11 @@ def export_saved_model(
       `path`.
 
     Raises:
-      PrivacyContractError: if the mechanism still owes noise after flushing.
+      PrivacyContractError: if the mechanism still owes noise after flushing, or the model came out of a
+        private search (`select_privately`) and `report` is not the search's (`search_report`).
     """
     release_ready(dp_model)
+    check_search_export(dp_model.mechanism, report)
     target = serving_module if serving_module is not None else dp_model.inner
     with _without_read_hooks(dp_model.inner):
         tf.saved_model.save(target, path, signatures=signatures)

@@ -232,14 +232,20 @@ def row_subset(batches: Iterable, *, probability: float, rng: np.random.Generato
 
 
 def logit_histogram(model, batches: Iterable) -> tuple[np.ndarray, float, int]:
-    """(bin counts [BINS], clicks, rows) of the model's clipped logits over batched `(features, labels)`."""
-    counts = np.zeros(BINS, np.int64)
+    """(bin counts [BINS], clicks, rows) of the model's clipped logits over batched `(features, labels)`.
+
+    Every row lands in exactly one bin and adds at most 1 to the clicks,
+    whatever its values, so the release's L1 sensitivity stays 2: logits
+    are clipped to [-L, L] (+-inf to the end bins, NaN to the middle bin,
+    logit 0) and labels to [0, 1] (NaN counts as 0). A non-finite value is
+    clipped like any other, never an error: an error would depend on one
+    row (whether the calibration, hence the release, happens at all).
+    """
     labels, logits = criteo_eval.predict_logits(model, batches)
-    if not np.all(np.isfinite(logits)):
-        raise ValueError("The model gives non-finite logits on training rows; calibration needs a finite model.")
-    index = np.clip(((logits + LOGIT_RANGE) / BIN_WIDTH).astype(np.int64), 0, BINS - 1)
-    counts += np.bincount(index, minlength=BINS)
-    return counts, float(np.sum(labels)), int(labels.size)
+    logits = np.clip(np.nan_to_num(np.asarray(logits, np.float64).reshape(-1), nan=0.0), -LOGIT_RANGE, LOGIT_RANGE)
+    clicks = np.clip(np.nan_to_num(np.asarray(labels, np.float64).reshape(-1), nan=0.0), 0.0, 1.0)
+    index = np.clip(np.floor((logits + LOGIT_RANGE) / BIN_WIDTH).astype(np.int64), 0, BINS - 1)
+    return np.bincount(index, minlength=BINS).astype(np.int64), float(np.sum(clicks)), int(clicks.size)
 
 
 def noisy_release(counts: np.ndarray, clicks: float, *, epsilon: float, rng: np.random.Generator):
@@ -294,7 +300,8 @@ def calibrate_output(
       The `OutputCalibration`.
 
     Raises:
-      ValueError: eps_c <= 0, `rows` < 1, or non-finite logits.
+      ValueError: eps_c <= 0 or `rows` < 1 (never the data: non-finite logits or labels are clipped,
+        see `logit_histogram`).
     """
     calibration_event(epsilon)  # validates epsilon
     if rows is not None and rows < 1:

@@ -39,12 +39,16 @@ Modules: `releases` (`Release`, `PlannedRelease`: what a one-off release
 costs), `run_plan` (`RunPlan`: the plan's mechanism, ledger, budget and
 report), `plan` (`plan_run`: calibration and the mechanism's arguments),
 `selection` (`select_privately`: private hyperparameter search, Papernot &
-Steinke 2022, the whole search one ledger event).
+Steinke 2022, the whole search one ledger event), `search_plan`
+(`plan_search`: the runs' noise for a target epsilon of the whole search),
+`search_report` (`search_report`: the selected model's report, the search's epsilon).
 """
 
 from tfdp_embed.planning.plan import plan_run
 from tfdp_embed.planning.releases import ACCOUNTANT, BASIC, SELECTION, PlannedRelease, Release
 from tfdp_embed.planning.run_plan import RunPlan
+from tfdp_embed.planning.search_plan import SearchPlan, plan_search
+from tfdp_embed.planning.search_report import search_report
 from tfdp_embed.planning.selection import SelectionResult, plan_event, select_privately
 
 __all__ = [
@@ -54,8 +58,11 @@ __all__ = [
     "PlannedRelease",
     "Release",
     "RunPlan",
+    "SearchPlan",
     "SelectionResult",
     "plan_event",
     "plan_run",
+    "plan_search",
+    "search_report",
     "select_privately",
 ]

@@ -18,6 +18,19 @@ is the epsilon reported here and the event put in the ledger.
     search = select_privately(candidates, train, run_event=plan_event(plan), mean_runs=5,
                               target_delta=1e-5, ledger=ledger, rng=np.random.default_rng())
     search.model, search.candidate, search.score, search.epsilon
+    report = search_report(search, sampling_probability=q, dataset_size=N)  # the search's epsilon
+
+The released model's report is the SEARCH's (`search_report`: the search's
+ledger, the selected run's steps); a report built from one run's own ledger
+would state that run's epsilon only, so after the search every run's
+mechanism is marked (`accounting.search_runs`) and such a report is refused.
+To spend a given epsilon on the whole search, plan it first (`plan_search`:
+the per-run noise multiplier that makes the search meet the target).
+
+A run whose score is not finite (a diverged run: NaN, +-inf) ranks below
+every finite score, deterministically (the earliest run wins ties); it never
+stops the search, which would make whether anything is released depend on
+the data.
 
 Distributions (`shape`): `GEOMETRIC` (1, P[K = k] = g (1 - g)^(k-1), the
 paper's default), `POISSON` (inf; K = 0 happens with probability e^-mean and
@@ -40,7 +53,10 @@ import dp_accounting
 import numpy as np
 
 from tfdp_embed.accounting.calibration import check_delta, compute_epsilon
+from tfdp_embed.accounting.ledger import PrivacyLedger
+from tfdp_embed.accounting.search_runs import mark_search_runs, searching
 from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.planning.releases import SELECTION
 
 GEOMETRIC = 1.0
 POISSON = math.inf
@@ -54,13 +70,17 @@ class SelectionResult:
     Attributes:
       model: the selected run's model (None when no run was drawn, Poisson K = 0).
       candidate: the selected candidate (None when no run was drawn).
-      score: its score (None when no run was drawn).
+      score: its score as the run returned it (None when no run was drawn;
+        non-finite only when every run's was).
       runs: K, the number of runs drawn. For the operator only: the analysis
         needs K hidden (best-of-k for a KNOWN k costs up to k x a run), so
         releasing K beside the model voids the search's epsilon.
       event: the `RepeatAndSelectDpEvent` of the whole search (in the ledger).
       epsilon: the search's epsilon at `delta` (RDP accountant).
       delta: delta.
+      ledger: the search's `PrivacyLedger`: the caller's `ledger` (or a new
+        one) holding the search's event; the released model's report is
+        built from it (`search_report`).
     """
 
     model: Any
@@ -70,18 +90,41 @@ class SelectionResult:
     event: dp_accounting.DpEvent
     epsilon: float
     delta: float
+    ledger: PrivacyLedger = dataclasses.field(default_factory=PrivacyLedger, repr=False)
 
 
 def plan_event(plan) -> dp_accounting.DpEvent:
-    """One run of `plan` (a `RunPlan`) as a single event: its one-off releases and all its planned steps.
+    """One run of `plan` (a `RunPlan`) as a single event: its one-off releases, its selections, all its steps.
+
+    A DP selection the mechanism makes itself (DP-FEST's top-k: `Release.selection`,
+    or `selection_epsilon` when the noise was given) is not in the plan's
+    ledger; each planned selection of eps_1 is charged as the Gaussian that
+    dominates every eps_1-DP mechanism (`pure_dp_dominating_noise_multiplier`,
+    an upper bound of the mechanism's own selection event).
 
     Raises:
       ValueError: a plan without DP (its runs have no event to repeat).
     """
     if not plan.is_dp or plan.mechanism_name == "none":
         raise ValueError(f"`plan` must be a DP plan to repeat privately; received {plan.mechanism_name!r}.")
+    from tfdp_embed.mechanisms.topk_selection import pure_dp_dominating_noise_multiplier
+
+    ledger = plan.ledger()
+    for epsilon in _planned_selections(plan):
+        ledger.record_setup(dp_accounting.GaussianDpEvent(pure_dp_dominating_noise_multiplier(epsilon)))
     step = plan.mechanism.step_event(plan.sampling_probability)
-    return plan.ledger().as_event(extra_steps=plan.steps, step_event=step)
+    return ledger.as_event(extra_steps=plan.steps, step_event=step)
+
+
+def _planned_selections(plan) -> list[float]:
+    """eps_1 of every selection a run of `plan` makes (none for mechanisms that do not select)."""
+    planned = [r for r in plan.releases if r.name == SELECTION]
+    if planned:
+        return [r.epsilon_each for r in planned for _ in range(r.count)]
+    selection_epsilon = plan.mechanism_arguments.get("selection_epsilon")
+    if selection_epsilon is None:
+        selection_epsilon = getattr(plan.mechanism, "selection_epsilon", None)
+    return [] if selection_epsilon is None else [float(selection_epsilon)] * len(plan.periods)
 
 
 def select_privately(
@@ -102,8 +145,8 @@ def select_privately(
       candidates: non-empty sequence of hyperparameter settings (any objects;
         chosen uniformly at random, independently of the data).
       train: `train(candidate) -> (model, score)`, one DP run whose whole
-        privacy cost is `run_event`; `score` a finite number computed by
-        that run (e.g. its validation metric).
+        privacy cost is `run_event`; `score` a number computed by that run
+        (e.g. its validation metric). A non-finite score ranks last.
       run_event: the event of ONE run (`plan_event(plan)`), or a function
         candidate -> event; then every candidate's event must be the same.
       mean_runs: E[K] >= 1.
@@ -113,17 +156,18 @@ def select_privately(
       higher_is_better: select the largest score (False: the smallest).
       ledger: a `PrivacyLedger`; the search's event is recorded in it as one
         setup event BEFORE the first run (ask it with accountant="rdp": PLD
-        cannot compose this event).
+        cannot compose this event). None: a new ledger (`SelectionResult.ledger`).
       rng: numpy Generator or seed for K and the draws (None: fresh entropy).
         A seed is for tests and benchmarks: a known seed makes K public, and
         then `epsilon` no longer holds (see `SelectionResult.runs`).
 
     Returns:
-      `SelectionResult`; only its model, candidate and score may be released.
+      `SelectionResult`; only its model, candidate and score may be released,
+      with `search_report(result, ...)`.
 
     Raises:
       ValueError: empty candidates, a bad mean/shape/delta, an event the RDP
-        accountant cannot compose, or a run returning a non-finite score.
+        accountant cannot compose, or a run returning no (model, number) pair.
       PrivacyContractError: candidates whose runs cost different events.
     """
     candidates = _check_candidates(candidates)
@@ -135,16 +179,20 @@ def select_privately(
     epsilon = _search_epsilon(event, check_delta(target_delta))
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     runs = sample_run_count(generator, mean=event.mean, shape=event.shape)
-    if ledger is not None:
-        ledger.record_setup(event)
+    ledger = PrivacyLedger() if ledger is None else ledger
+    ledger.record_setup(event)
     best: tuple | None = None
-    for _ in range(runs):
-        candidate = candidates[int(generator.integers(len(candidates)))]
-        model, score = _checked_run(train, candidate)
-        if best is None or (score > best[2] if higher_is_better else score < best[2]):
-            best = (model, candidate, score)
-    model, candidate, score = best if best is not None else (None, None, None)
-    return SelectionResult(model, candidate, score, runs, event, epsilon, float(target_delta))
+    mechanisms = []
+    with searching(event):
+        for _ in range(runs):
+            candidate = candidates[int(generator.integers(len(candidates)))]
+            model, score, rank = _checked_run(train, candidate, higher_is_better)
+            mechanisms.append(getattr(model, "mechanism", None))
+            if best is None or rank > best[3]:
+                best = (model, candidate, score, rank)
+    model, candidate, score = best[:3] if best is not None else (None, None, None)
+    mark_search_runs(mechanisms, selected=getattr(model, "mechanism", None), event=event)
+    return SelectionResult(model, candidate, score, runs, event, epsilon, float(target_delta), ledger)
 
 
 def sample_run_count(rng: np.random.Generator, *, mean: float, shape: float) -> int:
@@ -233,7 +281,8 @@ def _search_epsilon(event, delta: float) -> float:
         raise ValueError(f"`run_event` must be an event the RDP accountant composes; {err}") from None
 
 
-def _checked_run(train, candidate) -> tuple[Any, float]:
+def _checked_run(train, candidate, higher_is_better: bool) -> tuple[Any, float, float]:
+    """(model, score, rank): rank orders runs, larger is better; a non-finite score ranks -inf (never an error)."""
     result = train(candidate)
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ValueError(f"`train({candidate!r})` must return (model, score); received {type(result).__name__}.")
@@ -241,10 +290,12 @@ def _checked_run(train, candidate) -> tuple[Any, float]:
     try:
         score = float(score)
     except (TypeError, ValueError):
-        score = math.nan
+        raise ValueError(
+            f"`train({candidate!r})` must return (model, score) with a number as score; received {score!r}."
+        ) from None
     if not math.isfinite(score):
-        raise ValueError(f"`train({candidate!r})` returned a non-finite score {result[1]!r}; scores must be finite.")
-    return model, score
+        return model, score, -math.inf  # a diverged run: last, deterministically, whatever its sign
+    return model, score, score if higher_is_better else -score
 
 
 __all__ = [
