@@ -56,6 +56,7 @@ from tfdp_embed.accounting.calibration import (
 )
 from tfdp_embed.accounting.dataset_size import PUBLIC_N_ASSUMPTION, ReleasedDatasetSize
 from tfdp_embed.accounting.ledger import PrivacyLedger, event_to_dict
+from tfdp_embed.accounting.search_runs import check_report as check_search_run
 from tfdp_embed.accounting.truncated import check_matches_batching
 from tfdp_embed.data.provenance import DECLARED, FedBatching
 
@@ -239,6 +240,7 @@ def privacy_report(
         report["extra"] = _jsonable(dict(extra))
         if released is not None:
             report["extra"] = _redact_dataset_size(report["extra"])
+    check_search_run(report, mechanism)  # a run of a private search: the search's epsilon, or refused
     return report
 
 
