@@ -248,3 +248,31 @@ def test_plan_search_rejects_bad_input(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         plan_search("dense", **args)
+
+
+def test_reports_of_search_runs_say_one_run_during_it_and_need_the_search_after_it():
+    from tfdp_embed import PrivacyContractError
+    from tfdp_embed.accounting import privacy_report
+    from tfdp_embed.mechanisms.dense import DenseDPSGD
+
+    runs: list = []
+
+    def report(mechanism, **kwargs):
+        return privacy_report(mechanism=mechanism, delta=DELTA, sampling_probability=0.01, dataset_size=100,
+                              batching="poisson", accountant="rdp", **kwargs)  # fmt: skip
+
+    def train(candidate):
+        run = type("Run", (), {"mechanism": DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.1)})()
+        runs.append((run, report(run.mechanism, steps=500)))
+        return run, candidate["lr"]
+
+    result = select_privately(CANDIDATES, train, run_event=RUN, mean_runs=4, target_delta=DELTA, rng=4)
+    assert len(runs) >= 2 and all("ONE RUN" in r["guarantee"] and "ONE RUN" in r["caveats"][-1] for _, r in runs)
+    with pytest.raises(PrivacyContractError, match="whole search"):
+        report(result.model.mechanism, steps=500)  # one run's steps alone
+    # A ledger holding the search's event, or an epsilon at least the search's, is the search's report.
+    assert report(result.model.mechanism, ledger=result.ledger)["epsilon"] == pytest.approx(result.epsilon)
+    assert "ONE RUN" not in report(result.model.mechanism, epsilon=result.epsilon, steps=500)["guarantee"]
+    others = [run for run, _ in runs if run is not result.model]
+    with pytest.raises(PrivacyContractError, match="another run's"):
+        report(others[0].mechanism, ledger=result.ledger)
