@@ -115,15 +115,27 @@ def test_search_report_states_the_search_epsilon_and_the_selected_runs_steps(sea
 
 
 def test_a_planned_search_meets_its_target():
-    from tfdp_embed.planning import plan_search
+    from tfdp_embed.planning import plan_search, search_report
 
-    plan = plan_search("dense", target_epsilon=3.0, target_delta=DELTA, mean_runs=5.0, sampling_probability=0.01,
-                       steps=500)  # fmt: skip
+    plan = plan_search("dense", target_epsilon=3.0, target_delta=DELTA, mean_runs=MEAN_RUNS, sampling_probability=Q,
+                       steps=STEPS)  # fmt: skip
     search = compute_epsilon(plan.event, target_delta=DELTA, accountant="rdp")
     assert search == pytest.approx(plan.epsilon, rel=1e-12)
     assert 3.0 * (1 - 1e-3) <= search <= 3.0
-    assert plan.run_epsilon < 2.0  # each run gets much less than the target: the search costs ~1.7x a run
-    run = plan.run_plan()
-    assert run.noise_multiplier == plan.noise_multiplier
-    result = plan.select([1, 2], lambda c: (None, float(c)), rng=1)
+    assert plan.run_epsilon < 0.75 * 3.0  # each run gets much less than the target
+    budgets = []
+
+    def train(candidate):
+        run = plan.run_plan()
+        dp = DPModel(embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2), mechanism=run.mechanism,
+                     expected_batch_size=BATCH)  # fmt: skip
+        dp.compile(optimizer=keras.optimizers.legacy.SGD(candidate), loss=keras.losses.BinaryCrossentropy(True))
+        budgets.append(plan.budget(run))
+        history = dp.fit(_dataset(), epochs=1, verbose=0, callbacks=[budgets[-1]])
+        return dp, -float(history.history["loss"][-1])
+
+    result = plan.select([0.05, 0.2], train, rng=2)  # K = 1: one training run keeps the test short
     assert result.epsilon == pytest.approx(search, rel=1e-12)
+    assert [(b.ledger.steps, b.stopped_by_budget) for b in budgets] == [(STEPS, False)] * result.runs
+    report = search_report(result, sampling_probability=Q, dataset_size=N)
+    assert report["epsilon"] <= 3.0 and report["steps"] == STEPS
