@@ -40,7 +40,15 @@ import functools
 import warnings
 from typing import NamedTuple
 
-from tfdp_embed import contract, distribute, mixed_precision, optimizer_check, read_guard
+from tfdp_embed import (
+    callbacks_check,
+    contract,
+    distribute,
+    mixed_precision,
+    optimizer_check,
+    read_guard,
+    tape_guard,
+)
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
@@ -217,7 +225,9 @@ class DPModel(keras.Model):
 
     # -- Keras plumbing -----------------------------------------------------
     def call(self, inputs, training=None):
-        return self.inner(inputs, training=training)
+        outputs = self.inner(inputs, training=training)
+        # Only a caller's own code calls the wrapper (the DP steps call `inner`): no gradient through it.
+        return tape_guard.refuse_gradients(outputs) if self.mechanism.clips_per_example else outputs
 
     def compile(self, optimizer="sgd", loss=None, metrics=None, loss_weights=None, **kwargs):
         """Like `keras.Model.compile`; `loss` and `loss_weights` give one loss per example.
@@ -266,6 +276,13 @@ class DPModel(keras.Model):
             `BatchingInfo` of the sampler inside; reported as declared by
             the caller, not verified. Datasets from `tfdp_embed.data` carry
             their batching; anything else is reported as not verified Poisson.
+
+        Under a private mechanism, callbacks that act on un-noised training
+        statistics (`EarlyStopping`, `ReduceLROnPlateau`,
+        `ModelCheckpoint(save_best_only=True)` monitoring a training metric,
+        `TerminateOnNaN`) and Keras' `BackupAndRestore` are refused
+        (`tfdp_embed.callbacks_check`); a `PrivacyBudget`'s epsilon is in the
+        epoch logs before any callback reads them.
         """
         self._training_only.fed_batching = fed_batching(x, declared=batching)
         data = x if isinstance(x, tf.data.Dataset) else contract.one_batch_of_arrays(x, args, kwargs)
@@ -273,8 +290,14 @@ class DPModel(keras.Model):
         if self._contract_pending:
             self._check_contract(data)
         self._trace_error = None
-        if len(args) < 5:  # `callbacks` is fit's 6th parameter
-            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _MechanismWarnings(self.mechanism)]
+        # Callbacks acting on un-noised training statistics are refused; epsilon reaches the logs first.
+        args, kwargs = callbacks_check.with_callbacks(
+            args,
+            kwargs,
+            private=self.mechanism.clips_per_example,
+            logged_names=[m.name for m in self.metrics],
+            extra=[_MechanismWarnings(self.mechanism)],
+        )
         try:
             return super().fit(x, *args, **kwargs)
         except Exception:

@@ -13,7 +13,9 @@ runs over a second says so. It then records one step per batch in the ledger and
 would exceed the budget never runs. Epsilon is computed at epoch end (and
 put into the epoch logs, so `History` sees it, and written to TensorBoard
 by the callback itself: `log_dir`) and at train end, never per step: one
-PLD evaluation costs ~0.1-2 s.
+PLD evaluation costs ~0.1-2 s. Under `DPModel.fit` epsilon is in the epoch
+logs before any callback reads them, whatever their order
+(`accounting.epsilon_logs`), so Keras' `TensorBoard` writes it too.
 
 Resuming (`resume_from(ledger)`, done by `tfdp_embed.checkpointing`): the
 checkpointed ledger replaces the empty one, so a resumed run's budget counts
@@ -362,10 +364,19 @@ class PrivacyBudget(keras.callbacks.Callback):
             )
 
     def on_epoch_end(self, epoch, logs=None):
+        self.scalars.write(self.log_key, self.put_epsilon(logs), epoch=epoch)
+
+    def put_epsilon(self, logs: dict | None) -> float:
+        """Puts the current epsilon into `logs` under `log_key` and returns it (computed once per step count).
+
+        `DPModel.fit` calls it at each epoch end before any other callback
+        (`accounting.epsilon_logs`), so TensorBoard, CSVLogger or a user's
+        callback read epsilon whatever their order in `callbacks`.
+        """
         epsilon = self._current_epsilon()
         if logs is not None:
             logs[self.log_key] = epsilon
-        self.scalars.write(self.log_key, epsilon, epoch=epoch)
+        return epsilon
 
     def on_train_end(self, logs=None):
         epsilon = self._current_epsilon()
