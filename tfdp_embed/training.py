@@ -45,6 +45,7 @@ from tfdp_embed import (
     contract,
     distribute,
     mixed_precision,
+    nonfinite,
     optimizer_check,
     read_guard,
     tape_guard,
@@ -489,12 +490,8 @@ class DPModel(keras.Model):
         with record_taps(self._tapped_layers, self.registry) as taps:
             with tf.GradientTape() as tape:
                 losses = self._per_example_loss(x, y, sample_weight)
-                # Inside the tape: the checked tensor is what the backward pass starts from.
-                per_example_loss = tf.debugging.assert_all_finite(
-                    losses.per_example,
-                    "The per-example loss is NaN or Inf: check the inputs and the learning "
-                    "rate (training stopped rather than clip a non-finite gradient).",
-                )
+        # A NaN or Inf loss does not stop training: that example gets clip factor 0 (tfdp_embed.nonfinite).
+        per_example_loss = losses.per_example
         step = clipped_step(
             taps,
             per_example_loss,
@@ -517,7 +514,8 @@ class DPModel(keras.Model):
             optimizer_check.warn_dense_table_rewrite(optimizer, pairs)
             distribute.apply_gradients(optimizer, pairs)
             self.mechanism.after_apply(lookahead)
-        return self._update_metrics(losses._replace(per_example=per_example_loss), y, sample_weight)
+            nonfinite.check_weights(pairs)  # a diverged model stops here; one example cannot stop it
+        return self._update_metrics(losses, y, sample_weight, private=True)
 
     def _check_every_variable_noised(self, pairs) -> None:
         """Trace-time check: the mechanism returned a noised gradient for every variable."""
@@ -597,14 +595,27 @@ class DPModel(keras.Model):
             batch_size=batch_size,
         )
 
-    def _update_metrics(self, losses: _Losses, y, sample_weight):
-        self.loss_tracker.update_state(tf.reduce_mean(losses.per_example))
-        if self._loss_fn is not None:
-            for metric, values in zip(self._loss_fn.output_metrics, losses.per_output):
+    def _update_metrics(self, losses: _Losses, y, sample_weight, private: bool = False):
+        """Updates the loss and compiled metrics; NaN shows as NaN, except a DP step's non-finite examples.
+
+        In a DP step (`private`) an example with a non-finite loss contributed zero: the losses
+        are averaged over the finite examples and its prediction and label read as 0, so neither
+        a NaN nor a count of such examples reaches the logs (`tfdp_embed.nonfinite`).
+        """
+        finite = nonfinite.finite_examples(losses.per_example) if private else None
+        for metric, values in [(self.loss_tracker, losses.per_example), *self._output_losses(losses)]:
+            if finite is None:
                 metric.update_state(tf.reduce_mean(values))
+            else:
+                metric.update_state(*nonfinite.finite_mean(values, finite))
         if losses.y_pred is not None and y is not None:
-            self.compiled_metrics.update_state(y, losses.y_pred, sample_weight)
+            y_true, y_pred = (y, losses.y_pred) if finite is None else nonfinite.finite_values((y, losses.y_pred))
+            self.compiled_metrics.update_state(y_true, y_pred, sample_weight)
         return {m.name: m.result() for m in self.metrics}
+
+    def _output_losses(self, losses: _Losses) -> list:
+        """(metric, `[B]` loss) of each output of the compiled loss; none for `compute_loss` models."""
+        return [] if self._loss_fn is None else list(zip(self._loss_fn.output_metrics, losses.per_output))
 
     def test_step(self, data):
         x, y, sample_weight, _ = self._unpack(data)

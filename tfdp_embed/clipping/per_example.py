@@ -23,6 +23,11 @@ neither lets an example past its clip:
   taken of what is summed, and an example whose norm is still not finite
   gets c_i = 0. A NaN or Inf can therefore neither skip the clip nor reach
   the other examples' sum.
+* Non-finite losses (an input of 65504 or more in float16, a feature of
+  1e30): the backward pass starts from 0 for that example instead of S,
+  what still comes out non-finite (0 * Inf) is replaced by 0 as above, and
+  its c_i = 0: it adds exactly 0 to every sum, and training goes on
+  (`tfdp_embed.nonfinite`).
 """
 
 from __future__ import annotations
@@ -88,7 +93,7 @@ def layer_gradients(
     grads, missed, score_grads = tape.gradient(
         per_example_loss,
         (outputs, unused_vars, scores),
-        output_gradients=tf.fill(tf.shape(per_example_loss), tf.cast(scale, per_example_loss.dtype)),
+        output_gradients=start_gradients(per_example_loss, scale),
     )
     for tap, variables, var_grads in zip(unused, unused_vars, missed):
         _check_not_reached(tap, variables, var_grads)
@@ -158,6 +163,16 @@ def _no_shared_rule(tap: LayerTaps, rule) -> str:
         "Dense, LayerNormalization, or any layer without a rule: the exact vectorised fallback), "
         "or mark the rule with `supports_shared_calls = True` once it handles `LayerCall.shared`."
     )
+
+
+def start_gradients(per_example_loss: tf.Tensor, scale: float) -> tf.Tensor:
+    """S for each example with a finite loss, 0 for the others: nothing of theirs is backpropagated.
+
+    What still comes out non-finite (0 * Inf) is replaced by 0 in `_finite`, so such an
+    example's per-example gradient is exactly 0 in every rule.
+    """
+    finite = tf.math.is_finite(per_example_loss)
+    return tf.where(finite, tf.cast(scale, per_example_loss.dtype), tf.zeros_like(per_example_loss))
 
 
 def _check_loss_scale(loss_scale) -> float:
@@ -245,10 +260,15 @@ def clipped_step(
     l2_norm_clip: float,
     loss_scale: float = 1.0,
 ) -> ClippedStep:
-    """Per-example norms and clip factors for the whole model (`loss_scale`: see `layer_gradients`)."""
+    """Per-example norms and clip factors for the whole model (`loss_scale`: see `layer_gradients`).
+
+    An example whose loss is NaN or Inf gets clip factor 0 and a zero gradient: it adds exactly 0
+    to every clipped sum (`tfdp_embed.nonfinite`).
+    """
     layers = layer_gradients(taps, per_example_loss, tape, registry, fallback, loss_scale=loss_scale)
     squared = tf.zeros_like(per_example_loss)
     for _, info in layers:
         squared = squared + info.squared_norms
     norms, factors = clip_factors(squared, l2_norm_clip)
+    factors = tf.where(tf.math.is_finite(per_example_loss), factors, tf.zeros_like(factors))
     return ClippedStep(norms=norms, clip_factors=factors, layers=layers)

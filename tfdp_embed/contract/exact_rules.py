@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tfdp_embed._keras import tf
-from tfdp_embed.clipping.per_example import layer_gradients
+from tfdp_embed.clipping.per_example import layer_gradients, start_gradients
 from tfdp_embed.clipping.taps import own_trainable_variables, record_taps
 from tfdp_embed.errors import PrivacyContractError
 
@@ -67,7 +67,7 @@ def check_rules_cover_gradients(
         loss = forward()
     infos = layer_gradients(taps, loss, tape, registry, fallback, loss_scale=loss_scale)
     variables = model.trainable_variables
-    start = tf.fill(tf.shape(loss), tf.cast(loss_scale, loss.dtype))  # as DPModel's backward pass
+    start = start_gradients(loss, loss_scale)  # as DPModel's backward pass (0 for a non-finite loss)
     true = [_unscaled(g, loss_scale) for g in tape.gradient(loss, variables, output_gradients=start)]
     recorded = _through_recorded_outputs(tape, loss, start, loss_scale, taps, infos) if rtol > RTOL else None
     del tape

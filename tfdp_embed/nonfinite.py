@@ -1,0 +1,107 @@
+"""Non-finite examples and diverged models: one example never decides whether training goes on.
+
+An example whose loss is NaN or Inf (a feature of 1e30, a float16 input
+of 65504 or more under `mixed_float16`, a label the loss cannot take) is
+treated like any clipped contribution: `clipping.per_example` gives it
+clip factor 0 and a zero output gradient, so it adds exactly 0 to every
+clipped sum, and adding it to a dataset changes the update by 0 <= C.
+Training goes on; halting on it would release one bit (was it in a
+batch?) that no noise covers, and any (epsilon, delta) claim would then
+need delta at least the chance that the example is sampled.
+
+Non-finite examples contribute zero; their count is not released: the
+training loss (an operator-only, un-noised statistic) is the mean over
+the finite examples, and nothing counts the others in logs, warnings,
+reports or checkpoints.
+
+What may still stop training is a model that diverged: weights that are
+no longer finite after a step (`check_weights`). The weights are the
+noised, released output of each step, so stopping on them is
+post-processing and does not depend on any one example. A model whose
+weights are not finite is never exported (`check_released_weights`), and
+evaluation reports NaN for it (`retrieval.top_k`, `metrics`), not a score.
+
+Example:
+    >>> finite = finite_examples(per_example_loss)
+    >>> mean, weight = finite_mean(per_example_loss, finite)
+    >>> loss_tracker.update_state(mean, sample_weight=weight)
+
+References: Abadi et al. 2016 (per-example clipping bounds each example's
+contribution; an example contributing 0 is within the bound).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tfdp_embed._keras import tf
+
+DIVERGED_MESSAGE = (
+    "Training stopped: the model's weights are NaN or Inf after this step (the model diverged; lower the "
+    "learning rate). This check reads the noised weights only: an example with a non-finite loss contributes "
+    "zero and never stops training."
+)
+
+
+def finite_examples(per_example_loss: tf.Tensor) -> tf.Tensor:
+    """bool `[B]`: which examples have a finite loss (the others get clip factor 0)."""
+    return tf.math.is_finite(per_example_loss)
+
+
+def finite_mean(values: tf.Tensor, finite: tf.Tensor) -> tuple:
+    """(mean of `values` over the `finite` examples, 1.0 if there is one else 0.0), both finite.
+
+    Feed both to a Keras `Mean` (`update_state(mean, sample_weight=weight)`):
+    a batch with no finite example adds nothing, and no NaN reaches the total.
+    """
+    mask = tf.cast(finite, values.dtype)
+    total = tf.reduce_sum(tf.where(finite, values, tf.zeros_like(values)))
+    count = tf.reduce_sum(mask)
+    return tf.math.divide_no_nan(total, count), tf.cast(count > 0, tf.float32)
+
+
+def finite_values(structure):
+    """`structure` with every non-finite entry of its float tensors replaced by 0 (for training metrics)."""
+
+    def clean(value):
+        if isinstance(value, tf.Tensor) and value.dtype.is_floating:
+            return tf.where(tf.math.is_finite(value), value, tf.zeros_like(value))
+        return value
+
+    return tf.nest.map_structure(clean, structure)
+
+
+def check_weights(pairs) -> tf.Operation:
+    """Asserts that what the step wrote is finite: the rows of sparse updates, dense variables whole.
+
+    Run after the optimizer applied `pairs` (`(gradient, variable)`). It
+    reads the weights only, which are the step's noised output.
+
+    Raises:
+      tf.errors.InvalidArgumentError: (when run) a written weight is NaN or Inf; says the model diverged.
+    """
+    checks = []
+    for grad, variable in pairs:
+        values = tf.gather(variable, grad.indices) if isinstance(grad, tf.IndexedSlices) else variable
+        checks.append(tf.reduce_all(tf.math.is_finite(values)))
+    if not checks:
+        return tf.no_op()
+    return tf.debugging.Assert(tf.reduce_all(tf.stack(checks)), [DIVERGED_MESSAGE])
+
+
+def check_released_weights(model) -> None:
+    """Refuses to release a model whose weights are not all finite (a diverged model).
+
+    Raises:
+      ValueError: naming the non-finite variables.
+    """
+    bad = [v.name for v in model.weights if v.dtype.is_floating and not np.isfinite(v.numpy()).all()]
+    if bad:
+        raise ValueError(
+            f"Model {model.name!r} diverged: weights {bad} hold NaN or Inf values, so it is not exported (its "
+            "scores and recommendations would be meaningless). Retrain with a lower learning rate or a smaller "
+            "`l2_norm_clip`; evaluation of it reports NaN metrics."
+        )
+
+
+__all__ = ["finite_examples", "finite_mean", "finite_values", "check_weights", "check_released_weights"]
