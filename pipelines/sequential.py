@@ -8,7 +8,11 @@ What happens:
      or S3-Rec "user item item ..." lines, `--layout`), split leave-one-out
      (last item test, second-last validation), keep the last `--max-len`
      items, left-pad with 0. One training sequence per user: the privacy unit
-     is the USER (user-level DP);
+     is the USER (user-level DP). The item ids the model knows are the data's
+     item set released with DP (`dp_vocabulary`, unit = user, D0 =
+     `--vocabulary-max-items`, `--vocabulary-epsilon-share` of epsilon; never
+     1..largest id) or a public `--item-catalogue` (nothing spent); other
+     items are unknown (`pipelines.sequential_vocabulary`);
   2. item frequencies p_i for Re-Attention: by default the training data's
      per-item user counts released once with a Gaussian (or Laplace)
      mechanism sized for `--frequency-epsilon-share` of epsilon (0.1), whose
@@ -50,7 +54,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from pipelines import cli_types, sequential_eval, sequential_privacy
+from pipelines import cli_types, sequential_eval, sequential_privacy, sequential_vocabulary
 from pipelines.output_dir import removed_on_failure
 from pipelines.step_timer import StepTimer
 from pipelines.stop_after import StopAfter
@@ -106,6 +110,9 @@ class SequentialConfig:
     error_scale: float = 1.0
     popularity_prior: bool = False
     head_items: int | None = None
+    item_catalogue: str | None = None
+    vocabulary_epsilon_share: float | None = None
+    vocabulary_max_items: int = sequential_vocabulary.DEFAULT_MAX_ITEMS_PER_USER
     eval_batch: int = 512
     max_eval_users: int | None = None
     top_k: int = 10
@@ -185,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip", type=cli_types.positive(float), default=1.0, help="per-user L2 clip norm C")
     p.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
     _add_frequency_flags(p)
+    _add_vocabulary_flags(p)
     p.add_argument("--eval-batch", type=cli_types.positive(int), default=512)
     p.add_argument(
         "--max-eval-users", type=cli_types.positive(int), help="evaluate only the first N users (quick runs)"
@@ -236,6 +244,28 @@ def _add_frequency_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_vocabulary_flags(p: argparse.ArgumentParser) -> None:
+    """Which item ids the model knows: a DP vocabulary of the data's items, or a public catalogue."""
+    p.add_argument(
+        "--item-catalogue",
+        help="public list of item ids, one per line ('#' comments): the ids the model knows, nothing spent "
+        "(the guarantee then assumes the list independent of the training data); default: the data's item set "
+        "released with DP (Gaussian thresholding, unit = user)",
+    )
+    p.add_argument(
+        "--vocabulary-epsilon-share",
+        type=float,
+        help=f"share of --epsilon the item-set release is sized for, in (0, 1) "
+        f"(default {sequential_vocabulary.DEFAULT_EPSILON_SHARE})",
+    )
+    p.add_argument(
+        "--vocabulary-max-items",
+        type=cli_types.positive(int),
+        default=sequential_vocabulary.DEFAULT_MAX_ITEMS_PER_USER,
+        help="D0: each user's most recent distinct items counted in the item-set release",
+    )
+
+
 def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
     parser = build_parser()
     a = parser.parse_args(argv)
@@ -256,6 +286,11 @@ def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
         )  # fmt: skip
     except ValueError as error:
         parser.error(str(error))
+    for flag, path in (("--item-catalogue", a.item_catalogue),):
+        if path is not None and not os.path.exists(path):
+            parser.error(f"file not found: {path!r} (given to {flag}).")
+    if a.vocabulary_epsilon_share is not None and not 0 < a.vocabulary_epsilon_share < 1:
+        parser.error(f"--vocabulary-epsilon-share must lie in (0, 1); received {a.vocabulary_epsilon_share!r}.")
     if a.frequencies_file is not None and not os.path.exists(a.frequencies_file):
         parser.error(f"file not found: {a.frequencies_file!r} (given to --frequencies-file).")
     return SequentialConfig(
@@ -287,6 +322,9 @@ def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
         error_scale=a.error_scale,
         popularity_prior=a.popularity_prior,
         head_items=a.head_items,
+        item_catalogue=a.item_catalogue,
+        vocabulary_epsilon_share=a.vocabulary_epsilon_share,
+        vocabulary_max_items=a.vocabulary_max_items,
         eval_batch=a.eval_batch,
         max_eval_users=a.max_eval_users,
         seed=a.seed,
@@ -325,6 +363,7 @@ def _run(config: SequentialConfig) -> SequentialResult:
     summary = {k: v for k, v in data.summary().items() if k != "users"}  # N is not released, not even to a log
     _log(config, f"read {config.data}: {summary}")
     privacy = _plan(config, data)
+    raw, data = data, privacy.data  # the data in the run's item ids (a DP vocabulary or a public catalogue)
     model, dp_model, budget = _build(config, data, privacy)
     timer, history = _train(config, data, privacy, dp_model, budget)
     train_seconds = time.perf_counter() - started
@@ -337,7 +376,7 @@ def _run(config: SequentialConfig) -> SequentialResult:
             "hit@10": test["hit@10"],
             "test": test,
             "validation": valid,
-            "baselines": baselines(data, limit=config.max_eval_users),
+            "baselines": baselines(raw, limit=config.max_eval_users),
             "warnings": _warnings(data),
             "model": config.model,
             "target_epsilon": privacy.epsilon,
@@ -379,13 +418,17 @@ def _plan(config: SequentialConfig, data) -> sequential_privacy.SequentialPrivac
         accountant=config.accountant,
         seed=config.seed,
         l2_norm_clip=config.clip,
+        item_catalogue=config.item_catalogue,
+        vocabulary_epsilon_share=config.vocabulary_epsilon_share,
+        vocabulary_max_items=config.vocabulary_max_items,
     )
     run = privacy.run  # the library's plan: the calibrated mechanism, its budget and report
     _log(
         config,
         f"{'private' if privacy.private else 'NON-PRIVATE'}: noise multiplier {run.noise_multiplier:.4g} for "
         f"epsilon {privacy.epsilon:g}, delta {run.target_delta:.3g}, q {run.sampling_probability:.4g}, "
-        f"{run.steps} steps; item frequencies {_frequency_summary(privacy.frequency_report())}",
+        f"{run.steps} steps; item frequencies {_frequency_summary(privacy.frequency_report())}; "
+        f"{privacy.items.ids.num_items} item ids ({privacy.items.source})",
     )
     return privacy
 
@@ -506,7 +549,8 @@ def _release(config: SequentialConfig, data, privacy, model, dp_model, budget, t
             "calibrated_steps": run.steps,
         },
     )
-    serving = SASRecServing(model, k=config.top_k)
+    sequential_vocabulary.add_to_report(report_privacy, privacy.items)
+    serving = SASRecServing(model, k=min(config.top_k, model.config.num_items), item_ids=privacy.items.ids)
     saved_model = os.path.join(config.out, "saved_model")
     export_saved_model(
         dp_model, saved_model, serving_module=serving, signatures={"serving_default": serving.serve},

@@ -29,6 +29,8 @@ import math
 
 import numpy as np
 
+from pipelines import sequential_vocabulary
+from pipelines.sequential_vocabulary import ItemVocabulary
 from tfdp_embed import Release, ReleasedDatasetSize, RunPlan, plan_run, release_dataset_size
 from tfdp_embed._checks import check_int
 from tfdp_embed.accounting.releases import RELEASE_MECHANISMS
@@ -63,12 +65,16 @@ class SequentialPrivacy:
       epsilon: the target (inf for a non-private run).
       frequencies: the item frequencies the model uses (with their event if released).
       size: N~, the number of users released with DP (the report's `dataset_size`).
+      items: the run's item ids (a DP vocabulary, a public catalogue, or the data's in a non-private run).
+      data: the data in those ids (`sequential_vocabulary.apply`): what the model trains and is evaluated on.
     """
 
     run: RunPlan
     epsilon: float
     frequencies: ItemFrequencies
     size: ReleasedDatasetSize
+    items: ItemVocabulary | None = None
+    data: SequenceData | None = None
 
     @property
     def private(self) -> bool:
@@ -123,8 +129,11 @@ def plan(
     frequency_mechanism: str = "gaussian",
     accountant: str = "pld",
     seed: int | None = None,
+    item_catalogue: str | None = None,
+    vocabulary_epsilon_share: float | None = None,
+    vocabulary_max_items: int = sequential_vocabulary.DEFAULT_MAX_ITEMS_PER_USER,
 ) -> SequentialPrivacy:
-    """q, T, the plan (sigma, the mechanism) and the item frequencies of a run.
+    """q, T, the plan (sigma, the mechanism), the item ids and the item frequencies of a run.
 
     Args:
       frequencies: "private" (release the training data's counts with DP) or
@@ -133,6 +142,8 @@ def plan(
         (default `DEFAULT_FREQUENCY_EPSILON_SHARE`); or give
         `frequency_noise_multiplier` (z) instead.
       max_steps: at most this many steps (None: epochs x round(N / B)); sigma is calibrated for them.
+      item_catalogue: a public list of item ids (nothing spent); None: a private run releases the data's
+        item set with `dp_vocabulary` (`vocabulary_epsilon_share` of epsilon, D0 = `vocabulary_max_items`).
       (the rest: the run's settings.)
 
     Raises:
@@ -154,16 +165,20 @@ def plan(
         steps = min(steps, check_int("max_steps", max_steps))
     common = dict(target_delta=size.delta() if delta is None else float(delta), accountant=accountant,
                   sampling_probability=size.sampling_probability(batch), steps=steps, seed=seed)  # fmt: skip
-    dp = dict(target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, **common)
+    vocabulary = dict(catalogue=item_catalogue, max_items_per_user=vocabulary_max_items, seed=seed)
+    releases, assumptions = _vocabulary_terms(item_catalogue, vocabulary_epsilon_share)
+    dp = dict(target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, assumptions=assumptions, **common)
     if frequencies == "public":
         return _public_plan(data, frequencies_file, float(epsilon), dp=dp if private else None, common=common,
-                            size=size)  # fmt: skip
-    counts = np.minimum(data.item_user_counts(), n)  # min(c, N~): 1-Lipschitz, so the sensitivity is unchanged
+                            size=size, releases=releases, vocabulary=vocabulary)  # fmt: skip
     if not private:  # a non-private reference run: nothing is guaranteed, the exact counts are used
-        exact = exact_item_frequencies(counts, num_users=n)
-        return SequentialPrivacy(plan_run("none", **common), float(epsilon), exact, size)
-    run = plan_run("dense", **dp, releases=[Release.dataset_size(size), _frequency_release(
+        items, data = _items(data, None, vocabulary)
+        exact = exact_item_frequencies(np.minimum(data.item_user_counts(), n), num_users=n)
+        return SequentialPrivacy(plan_run("none", **common), float(epsilon), exact, size, items, data)
+    run = plan_run("dense", **dp, releases=[Release.dataset_size(size), *releases, _frequency_release(
         frequency_epsilon_share, frequency_noise_multiplier, frequency_mechanism)])  # fmt: skip
+    items, data = _items(data, run, vocabulary)
+    counts = np.minimum(data.item_user_counts(), n)  # min(c, N~): 1-Lipschitz, so the sensitivity is unchanged
     release = run.release(ITEM_FREQUENCIES)
     freq = private_item_frequencies(
         counts, num_users=n, max_items_per_user=data.max_len, noise_multiplier=release.noise_multiplier,
@@ -171,25 +186,47 @@ def plan(
     )  # fmt: skip
     if (freq.event,) != release.events:
         raise AssertionError(f"The frequency release {freq.event} is not the planned {release.events}.")
-    return SequentialPrivacy(run, float(epsilon), freq, size)
+    return SequentialPrivacy(run, float(epsilon), freq, size, items, data)
 
 
-def _public_plan(data: SequenceData, frequencies_file: str, epsilon: float, *, dp: dict | None, common: dict, size):
+def _vocabulary_terms(item_catalogue: str | None, epsilon_share: float | None) -> tuple[list, tuple]:
+    """(releases, assumptions) of the item ids: the DP vocabulary's release, or the catalogue's assumption."""
+    if item_catalogue is None:
+        return [sequential_vocabulary.vocabulary_release(epsilon_share)], ()
+    return [], (
+        f"the item catalogue {item_catalogue!r} (the item ids the model knows) is independent of the training "
+        "data (public)",
+    )
+
+
+def _items(data: SequenceData, run: RunPlan | None, vocabulary: dict) -> tuple:
+    """(the run's item ids, the data in them)."""
+    items = sequential_vocabulary.item_vocabulary(data, run=run, **vocabulary)
+    return items, sequential_vocabulary.apply(data, items)
+
+
+def _public_plan(data: SequenceData, frequencies_file: str, epsilon: float, *, dp: dict | None, common: dict, size,
+                 releases: list, vocabulary: dict):  # fmt: skip
     """The plan with public frequencies read from a file: nothing is released, the guarantee assumes them public.
 
     `dp` holds the DP-SGD arguments of a private run; None for a non-private one.
     """
-    freq = read_item_frequencies(frequencies_file, num_items=data.num_items)
     assumptions = (
         f"the item frequencies supplied in {frequencies_file!r} are independent of the training data (public); "
         "they and everything computed from them (Re-Attention's errors, the popularity prior, head rows) are "
         "released without privacy cost",
     )
     if dp is not None:
-        run = plan_run("dense", **dp, releases=[Release.dataset_size(size)], assumptions=assumptions)
+        dp = {**dp, "assumptions": (*assumptions, *dp["assumptions"])}
+        run = plan_run("dense", **dp, releases=[Release.dataset_size(size), *releases])
     else:
         run = plan_run("none", **common)
-    return SequentialPrivacy(run, epsilon, freq, size)
+    items, dense = _items(data, run if dp is not None else None, vocabulary)
+    # The file names the data's own ids: read up to the largest of them or of the map, then take the map's.
+    largest = max(data.num_items, int(items.ids.ids[-1]))
+    freq = read_item_frequencies(frequencies_file, num_items=largest)
+    freq = dataclasses.replace(freq, frequencies=freq.frequencies[np.concatenate([[0], items.ids.ids])])
+    return SequentialPrivacy(run, epsilon, freq, size, items, dense)
 
 
 def _frequency_release(share: float | None, noise_multiplier: float | None, mechanism: str) -> Release:

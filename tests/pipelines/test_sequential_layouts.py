@@ -33,8 +33,11 @@ def write_s3rec(directory) -> str:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     data = write_s3rec(tmp_path_factory.mktemp("s3rec"))
-    out = str(tmp_path_factory.mktemp("run") / "out")
-    assert sequential.main(["--data", data, "--out", out, "--max-steps", "2", *FLAGS]) == 0
+    root = tmp_path_factory.mktemp("run")
+    out, catalogue = str(root / "out"), root / "items.txt"
+    catalogue.write_text("# the public item list\n" + "".join(f"{i}\n" for i in range(1, 31)))  # 60 users: too few
+    args = ["--data", data, "--out", out, "--max-steps", "2", "--item-catalogue", str(catalogue), *FLAGS]
+    assert sequential.main(args) == 0
     with open(os.path.join(out, "report.json")) as f:
         return json.load(f), data, out
 

@@ -40,11 +40,13 @@ def _rows(with_target: bool) -> tuple:
     return users, ages.astype(np.float32), labels
 
 
-def _model(lookup: keras.layers.Layer, normalization: keras.layers.Layer) -> keras.Model:
-    user = keras.Input((1,), dtype=tf.string, name="user")
+def _model(lookup: keras.layers.Layer | None, normalization: keras.layers.Layer) -> keras.Model:
+    """ids -> (lookup) -> DPEmbedding, age -> Normalization; concatenated -> Dense(1)."""
+    user = keras.Input((1,), dtype=tf.string if lookup is not None else tf.int32, name="user")
     age = keras.Input((1,), dtype=tf.float32, name="age")
-    ids = lookup(user)
-    table = DPEmbedding(lookup.vocabulary_size(), DIM, combiner="mean", name="users")
+    ids = lookup(user) if lookup is not None else user
+    size = lookup.vocabulary_size() if lookup is not None else N + 1
+    table = DPEmbedding(size, DIM, combiner="mean", name="users")
     features = keras.layers.Concatenate()([table(ids), normalization(age)])
     out = keras.layers.Dense(1, name="out", kernel_initializer=keras.initializers.GlorotUniform(seed=1))(features)
     return keras.Model({"user": user, "age": age}, out)
@@ -58,26 +60,49 @@ def _fit(model: keras.Model, users, ages, labels) -> DPModel:
     return dp
 
 
-def test_adapted_lookup_and_normalization_are_refused():
+def test_adapted_normalization_is_refused():
     users, ages, labels = _rows(with_target=True)
-    lookup, normalization = keras.layers.StringLookup(), keras.layers.Normalization()
-    lookup.adapt(users)
+    normalization = keras.layers.Normalization()
     normalization.adapt(ages[:, None])
-    model = _model(lookup, normalization)
+    row_ids = np.arange(len(users), dtype=np.int32) % (N + 1)
     try:
-        _fit(model, users, ages, labels)
+        _fit(_model(None, normalization), row_ids, ages, labels)
     except PrivacyContractError as error:
-        assert "StringLookup" in str(error) and "Normalization" in str(error) and "dp_vocabulary" in str(error)
+        assert "Normalization" in str(error) and "dp_normalization_statistics" in str(error)
         return
-    # Accepted: the attack on what the model holds (the exported SavedModel holds the same state).
-    others = ages[:-1].astype(np.float64)
-    recovered = float(normalization.mean.numpy().ravel()[0]) * (N + 1) - others.sum()
-    in_vocabulary = TARGET_ID in lookup.get_vocabulary()
+    # Accepted: the attack on what the model holds (the exported SavedModel holds the same mean).
+    recovered = float(normalization.mean.numpy().ravel()[0]) * (N + 1) - ages[:-1].astype(np.float64).sum()
     pytest.fail(
-        f"DPModel trained with data-adapted preprocessing: target id in the vocabulary: {in_vocabulary}; "
-        f"target's age recovered from the mean: {recovered:.3f} (true {TARGET_AGE}, error "
-        f"{abs(recovered - TARGET_AGE):.2g})"
+        f"DPModel trained with a Normalization adapted on the training rows: the target's age recovered from the "
+        f"mean: {recovered:.3f} (true {TARGET_AGE}, error {abs(recovered - TARGET_AGE):.2g})"
     )
+
+
+def test_lookup_built_from_the_training_rows_is_refused():
+    users, ages, labels = _rows(with_target=True)
+    lookup = keras.layers.StringLookup(vocabulary=np.unique(users))  # the TFRS recipe: the ids of the training rows
+    normalization = keras.layers.Normalization(mean=40.0, variance=100.0)
+    declare_public = _new_api("declare_public")
+    if declare_public is not None:
+        declare_public(normalization, source="fixed constants")  # only the lookup is under attack here
+    try:
+        _fit(_model(lookup, normalization), users, ages, labels)
+    except PrivacyContractError as error:
+        assert "StringLookup" in str(error) and "dp_vocabulary" in str(error) and "Normalization" not in str(error)
+        return
+    pytest.fail(
+        f"DPModel trained with a vocabulary of the training rows: the new user's id is in it: "
+        f"{TARGET_ID in lookup.get_vocabulary()}"
+    )
+
+
+def _new_api(name: str):
+    """`declare_public` where it exists (absent before the fix, when nothing is refused anyway)."""
+    try:
+        from tfdp_embed.contract import preprocessing
+    except ImportError:
+        return None
+    return getattr(preprocessing, name)
 
 
 def test_dp_built_and_declared_public_layers_are_accepted():
@@ -95,6 +120,7 @@ def test_dp_built_and_declared_public_layers_are_accepted():
     recovered = float(stats.mean[0]) * (N + 1) - ages[:-1].astype(np.float64).sum()
     assert abs(recovered - TARGET_AGE) > 1.0, recovered  # noise std of the mean x (N + 1): tens of years
     catalogue = declare_public(keras.layers.StringLookup(vocabulary=["user_0", "user_1"]), source="a public list")
+    # (DPModel's state check reads every non-trainable variable: the lookups' vocabularies must pass it too)
     _fit(_model(catalogue, normalization_layer(stats)), users, ages, labels)
     _fit(_model(lookup_layer(vocab), normalization_layer(stats)), users, ages, labels)
 
@@ -106,3 +132,39 @@ def test_declaring_needs_a_source():
         declare_public(keras.layers.StringLookup(vocabulary=["a"]), source=" ")
     with pytest.raises(TypeError, match="preprocessing layer"):
         declare_public(keras.layers.Dense(1), source="x")
+
+
+# -- N4: the sequential pipeline's item ids ------------------------------------------------------------------
+
+RARE_ITEM = 999  # held by one user only, the largest id of the file
+SEQ_FLAGS = ["--epochs", "1", "--batch", "40", "--max-len", "6", "--dim", "8", "--blocks", "1", "--verbose", "0",
+             "--seed", "5", "--epsilon", "5", "--delta", "1e-4", "--accountant", "rdp"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def neighbours(tmp_path_factory):
+    """Two sequence files: 300 users on items 1..60, and the same plus a last user holding only item 999."""
+    from tfdp_embed.data.sequences import write_synthetic_sequences
+
+    root = tmp_path_factory.mktemp("n4")
+    without = write_synthetic_sequences(str(root / "without.txt"), num_users=300, num_items=60, seed=1)
+    with_target = root / "with.txt"
+    with_target.write_text(open(without).read() + "".join(f"301 {RARE_ITEM}\n" for _ in range(5)))
+    return {"without": without, "with": str(with_target)}
+
+
+def _sequential_release(data: str, out) -> dict:
+    """What the exported SavedModel says about the item ids: table rows and whether item 999 is known."""
+    from pipelines import sequential
+
+    assert sequential.main(["--data", data, "--out", str(out), *SEQ_FLAGS]) == 0
+    loaded = tf.saved_model.load(str(out / "saved_model"))
+    answer = loaded.signatures["serving_default"](history=tf.constant([[RARE_ITEM]], tf.int32))
+    return {"rows": int(loaded.model.item_log_prior.shape[0]), "knows_rare": int(answer["known_ids"].numpy()[0])}
+
+
+def test_the_user_holding_the_largest_item_id_is_not_identified(neighbours, tmp_path):
+    seen = {name: _sequential_release(path, tmp_path / name) for name, path in neighbours.items()}
+    # Old code: rows 61 vs 1000 and known_ids 0 vs 1: membership of user 301 read with certainty.
+    assert seen["with"] == seen["without"], f"the exported model tells the neighbouring datasets apart: {seen}"
+    assert seen["with"]["knows_rare"] == 0

@@ -33,6 +33,7 @@ import numpy as np
 
 from tfdp_embed._checks import check_int
 from tfdp_embed._keras import tf
+from tfdp_embed.data.item_ids import ItemIdMap
 from tfdp_embed.data.sequence_files import SequenceFormatError, read_sequence_file
 
 
@@ -54,6 +55,7 @@ class SequenceData:
       truncated_users: users whose training sequence was longer than L (oldest items cut).
       layout: the file layout read ("pairs" or "sequences"; "" when not read from a file).
       distinct_items: how many different item ids occur (num_items is the largest).
+      user_ids: `[U]` the user id of each training row (None when not known).
     """
 
     num_users: int
@@ -69,6 +71,7 @@ class SequenceData:
     truncated_users: int
     layout: str = ""
     distinct_items: int | None = None
+    user_ids: np.ndarray | None = None
 
     def item_user_counts(self) -> np.ndarray:
         """`[num_items + 1]` number of users whose training input contains each item (index 0: padding, 0).
@@ -180,7 +183,57 @@ def split_sequences(users: dict[int, list[int]], *, max_len: int) -> SequenceDat
         eval_users=np.asarray(eval_users, np.int32),
         truncated_users=truncated,
         distinct_items=len({item for items in users.values() for item in items}),
+        user_ids=np.asarray(order, np.int64),
     )
+
+
+def user_item_keys(data: SequenceData) -> list[list[int]]:
+    """Per user (training row), the item ids the model sees, most recent first: the keys of a vocabulary.
+
+    The test target and history, the validation target and history, then the training targets and inputs,
+    each newest first (items cut by `max_len` never reach the model and are not listed).
+    """
+    if data.user_ids is None:
+        raise ValueError("`data.user_ids` is None: build the data with `split_sequences` / `load_sequences`.")
+    eval_row = {int(user): j for j, user in enumerate(data.eval_users)}
+    keys = []
+    for row, user in enumerate(data.user_ids):
+        parts = []
+        j = eval_row.get(int(user))
+        if j is not None:
+            parts += [[data.test_targets[j]], data.test_histories[j][::-1], [data.valid_targets[j]]]
+            parts += [data.valid_histories[j][::-1]]
+        parts += [data.train_targets[row][::-1], data.train_inputs[row][::-1]]
+        flat = np.concatenate([np.asarray(p, np.int64) for p in parts])
+        keys.append([int(item) for item in flat if item > 0])
+    return keys
+
+
+def remap_items(data: SequenceData, id_map: ItemIdMap) -> SequenceData:
+    """`data` in the dense ids of `id_map` (1..n); items the map does not hold become 0.
+
+    Training inputs and targets keep their positions (an unknown input is masked like padding, an unknown
+    target has no loss); evaluation histories drop unknown items and are left-padded again (what serving
+    does); an unknown evaluation target stays 0 (`pipelines.sequential_eval` counts it as a miss).
+    """
+
+    def dense(array):
+        return id_map.to_dense(array).astype(np.int32)
+
+    def compact(histories):
+        rows = [left_pad(row[row > 0], data.max_len) for row in dense(histories)]
+        return np.stack(rows).astype(np.int32) if rows else np.zeros((0, data.max_len), np.int32)
+
+    arrays = dict(
+        train_inputs=dense(data.train_inputs),
+        train_targets=dense(data.train_targets),
+        valid_histories=compact(data.valid_histories),
+        valid_targets=dense(data.valid_targets),
+        test_histories=compact(data.test_histories),
+        test_targets=dense(data.test_targets),
+    )
+    seen = np.unique(np.concatenate([a.ravel() for a in arrays.values()]))
+    return dataclasses.replace(data, num_items=id_map.num_items, distinct_items=int((seen > 0).sum()), **arrays)
 
 
 def load_sequences(path: str, *, max_len: int = 50, layout: str = "auto") -> SequenceData:
@@ -228,7 +281,9 @@ __all__ = [
     "left_pad",
     "load_sequences",
     "read_user_sequences",
+    "remap_items",
     "split_sequences",
     "training_dataset",
+    "user_item_keys",
     "write_synthetic_sequences",
 ]

@@ -42,6 +42,7 @@ from tfdp_embed._checks import check_int
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.attention import re_attention as ra
 from tfdp_embed.attention.causal_attention import CausalSelfAttention
+from tfdp_embed.data.item_ids import ItemIdMap
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.layers.shared_embedding import SharedEmbedding
 
@@ -420,8 +421,11 @@ class SASRecServing(tf.Module):
     dropped, the last `max_len` remaining ids are kept and left-padded to `max_len` (the
     training layout), so a shorter or longer history needs no preparation.
 
-    Unknown ids (the documented fallback): an id outside 1..num_items (an item the model was
-    not trained with, a negative id) is dropped like padding; `known_ids` counts the known ids of
+    With `item_ids` (the run's item-id map: a DP vocabulary or a public catalogue), requests and
+    answers are in the data's own item ids, looked up in the map inside.
+
+    Unknown ids (the documented fallback): an id outside 1..num_items, or not in `item_ids` (an item
+    the model was not trained with, a negative id) is dropped like padding; `known_ids` counts the known ids of
     the request. A history with no known id (`known_ids` 0) is the empty history: every item's score is
     its fixed log-frequency prior (`popularity_prior`) or 0, so the answer is the same for
     every such request (the most frequent items by the run's frequencies, or items 1..k).
@@ -429,20 +433,39 @@ class SASRecServing(tf.Module):
     It only references the trained model's variables (for `export_saved_model`).
     """
 
-    def __init__(self, model: SASRec, *, k: int = 10):
+    def __init__(self, model: SASRec, *, k: int = 10, item_ids: ItemIdMap | None = None):
         super().__init__(name="sasrec_serving")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= model.config.num_items:
-            raise ValueError(f"`k` must be an int in [1, {model.config.num_items}]; received {k!r}.")
+        num_items = model.config.num_items
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= num_items:
+            raise ValueError(f"`k` must be an int in [1, {num_items}]; received {k!r}.")
+        if item_ids is not None and (item_ids.num_items != num_items or item_ids.ids[-1] > np.iinfo(np.int32).max):
+            raise ValueError(
+                f"`item_ids` must map {num_items} int32 item ids (the model's items); received {item_ids.num_items} "
+                f"ids up to {item_ids.ids[-1]}."
+            )
         self.model = model
         self.k = k
+        self.id_table, self.original_ids = None, None
+        if item_ids is not None:  # requests and answers in the data's own ids; the map is a (DP or public) release
+            original = tf.constant(item_ids.ids, tf.int64)
+            self.id_table = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(original, tf.range(1, num_items + 1, dtype=tf.int64)),
+                default_value=0,
+            )
+            self.original_ids = tf.constant(np.concatenate([[0], item_ids.ids]).astype(np.int32))
         self.serve = tf.function(self._serve, input_signature=[tf.TensorSpec([None, None], tf.int32, name="history")])
 
     def _serve(self, history):
+        if self.id_table is not None:
+            history = tf.cast(self.id_table.lookup(tf.cast(history, tf.int64)), tf.int32)
         known, padded = fit_history(history, num_items=self.model.config.num_items, max_len=self.model.config.max_len)
         scores = self.model.scores(padded, training=False)
         scores = tf.concat([tf.fill([tf.shape(scores)[0], 1], tf.constant(-np.inf, scores.dtype)), scores[:, 1:]], 1)
         top = tf.math.top_k(scores, k=self.k)
-        return {"items": tf.cast(top.indices, tf.int32), "scores": top.values, "known_ids": known}
+        items = tf.cast(top.indices, tf.int32)
+        if self.original_ids is not None:
+            items = tf.gather(self.original_ids, items)
+        return {"items": items, "scores": top.values, "known_ids": known}
 
 
 def fit_history(history, *, num_items: int, max_len: int) -> tuple:
