@@ -51,6 +51,7 @@ from tfdp_embed import (
     tape_guard,
 )
 from tfdp_embed._keras import keras, tf
+from tfdp_embed.clipping.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.contract.preprocessing import check_preprocessing
@@ -501,6 +502,8 @@ class DPModel(keras.Model):
             l2_norm_clip=self.mechanism.l2_norm_clip,
             loss_scale=self._loss_scale,
         )
+        # Weight-0 examples (fixed-shape padding) are absent: no clip factor, lookup or row (N1).
+        step = without_absent_examples(step, present_examples(sample_weight, tf.shape(per_example_loss)[0]))
         clipped = self._assemble(step, taps, tf.shape(per_example_loss)[0])
         # Keras runs the step function once more when the dataset is exhausted; state
         # updates that do not depend on the batch (step counters, RNG draws) would run

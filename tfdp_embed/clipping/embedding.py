@@ -118,6 +118,7 @@ def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads:
         clipped_sum=clipped_sum,
         occurrences=occurrences,
         shared_rows=sparse_rows.unique(tf.concat(shared_rows, 0))[0] if shared_rows else None,
+        rows_from_lookups=True,
     )
 
 
@@ -199,4 +200,5 @@ def _pooled_layer_gradients(layer, call, grad, flatten) -> LayerGradients:
         squared_norms=tf.cast(squared, tf.float32),
         clipped_sum=clipped_sum,
         occurrences=[occ],
+        rows_from_lookups=True,
     )

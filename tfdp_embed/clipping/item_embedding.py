@@ -151,6 +151,7 @@ def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: 
         occurrences=occurrences,
         # Scoring reads every item row, for every example, whatever the data: a shared read.
         shared_rows=tf.range(1, rows, dtype=tf.int64),
+        rows_from_lookups=True,  # rows 1..n are shared; row 0 only if a lookup read it
     )
 
 

@@ -49,6 +49,12 @@ class LayerGradients:
         computations this step (a candidate tower over the catalogue, a
         full-softmax scoring), which every example's gradient touches; None
         when there are none.
+      rows_from_lookups: True when the rows of `clipped_sum`'s
+        `IndexedSlices` are exactly the rows `occurrences` read plus
+        `shared_rows` (an example's gradient touches the rows it looks up and
+        no other): the rows only absent, weight-0 examples read can then be
+        dropped (`tfdp_embed.clipping.absent_examples`). False (the default)
+        keeps every row.
     """
 
     variables: list
@@ -56,6 +62,7 @@ class LayerGradients:
     clipped_sum: Callable[[tf.Tensor], list]
     occurrences: list | None = None
     shared_rows: tf.Tensor | None = None
+    rows_from_lookups: bool = False
 
 
 RegistryFunction = Callable  # (layer, taps: LayerTaps, output_grads: list[Tensor]) -> LayerGradients

@@ -12,6 +12,12 @@ from __future__ import annotations
 
 from tfdp_embed._keras import tf
 from tfdp_embed._sorted_sets import is_member
+from tfdp_embed.clipping.absent_examples import (
+    present_examples,
+    present_occurrences,
+    read_rows,
+    without_absent_examples,
+)
 from tfdp_embed.distribute.collectives import (
     _decode_grad,
     _encode_grad,
@@ -223,13 +229,18 @@ class TpuDPStep:
             mechanism.init(tables=self.tables, dense_variables=list(model.trainable_variables), optimizer=optimizer)
 
     # -- the step ---------------------------------------------------------------------
-    def __call__(self, features: dict, labels) -> dict:
+    def __call__(self, features: dict, labels, sample_weight=None) -> dict:
         """Runs one step on this replica's part of the batch.
 
         Args:
           features: {feature name: int ids} `[batch]` or `[batch, n]` (the
             engine's inputs; the TensorCore reads them for the ghost norms).
           labels: this replica's labels.
+          sample_weight: optional `[batch]` weights multiplying the losses. An
+            example of weight 0 (the padding of a static-shape batch,
+            `tfdp_embed.data.fixed_shape_batches`) is absent: no clip factor,
+            no lookup in the contribution map or the planned rows, no row
+            (`tfdp_embed.clipping.absent_examples`).
 
         Returns:
           {"loss": mean per-example loss of this replica's examples,
@@ -243,16 +254,17 @@ class TpuDPStep:
             if not value.dtype.is_integer:
                 raise TypeError(f"Feature {name!r} must hold integer ids; received dtype {value.dtype.name}.")
         if not self.mechanism.clips_per_example:
-            return self._non_private_step(ids, labels)
-        return self._private_step(ids, labels)
+            return self._non_private_step(ids, labels, sample_weight)
+        return self._private_step(ids, labels, sample_weight)
 
-    def _private_step(self, ids, labels) -> dict:
+    def _private_step(self, ids, labels, sample_weight=None) -> dict:
         ctx = tf.distribute.get_replica_context()
         occurrences = {t.name: [t.occurrences(ids[f.name]) for f in self._features_of(t)] for t in self.tables}
         batch_size = tf.shape(next(iter(ids.values())))[0]
+        present = present_examples(sample_weight, batch_size)  # None: every example counts
 
         # 1. The rows the mechanism changes this step, before the lookup (a dry run).
-        planned = self._planned_rows(occurrences, batch_size, ctx)
+        planned = self._planned_rows(occurrences, batch_size, ctx, present)
         noise_ids, noise_weights, counts = {}, {}, {}
         replicas, me = 1, 0
         if ctx is not None and ctx.num_replicas_in_sync > 1:
@@ -283,7 +295,7 @@ class TpuDPStep:
         with record_taps(self._dense_layers, self.registry) as taps, tf.GradientTape(persistent=True) as tape:
             for value in acts.values():
                 tape.watch(value)
-            per_example_loss = self._per_example_loss(labels, self.model(acts, training=True))
+            per_example_loss = self._per_example_loss(labels, self.model(acts, training=True), sample_weight)
         table_taps = [
             LayerTaps(
                 layer=t,
@@ -300,6 +312,7 @@ class TpuDPStep:
             fallback=self._fallback,
             l2_norm_clip=self.mechanism.l2_norm_clip,
         )
+        step = without_absent_examples(step, present)
         act_grads = tape.gradient(per_example_loss, acts, output_gradients=tf.ones_like(per_example_loss))
         del tape
         clipped = self._clipped(step, batch_size)
@@ -342,7 +355,7 @@ class TpuDPStep:
             self.optimizer.apply_gradients(dense)
         return {"loss": tf.reduce_mean(per_example_loss), "noise_rows": counts}
 
-    def _non_private_step(self, ids, labels) -> dict:
+    def _non_private_step(self, ids, labels, sample_weight=None) -> dict:
         """`NonPrivate`: gradients of the global-batch mean loss, no clipping, no noise feature."""
         ctx = tf.distribute.get_replica_context()
         partitioned = self.engine.enqueue(ids, {name: None for name in ids})
@@ -352,7 +365,7 @@ class TpuDPStep:
         with tf.GradientTape() as tape:
             for value in acts.values():
                 tape.watch(value)
-            per_example_loss = self._per_example_loss(labels, self.model(acts, training=True))
+            per_example_loss = self._per_example_loss(labels, self.model(acts, training=True), sample_weight)
             total = tf.cast(tf.shape(per_example_loss)[0], per_example_loss.dtype)
             if ctx is not None and ctx.num_replicas_in_sync > 1:
                 total = ctx.all_reduce("sum", total)
@@ -366,7 +379,7 @@ class TpuDPStep:
     def _features_of(self, table) -> list:
         return [f for f in self.features if f.table == table.name]
 
-    def _per_example_loss(self, labels, predictions):
+    def _per_example_loss(self, labels, predictions, sample_weight=None):
         from tfdp_embed._keras import keras
         from tfdp_embed.errors import PrivacyContractError
 
@@ -379,6 +392,8 @@ class TpuDPStep:
             raise PrivacyContractError(
                 f"The loss must be one value per example (shape [batch]); it has shape {loss.shape}."
             )
+        if sample_weight is not None:
+            loss = loss * tf.cast(tf.reshape(sample_weight, [-1]), loss.dtype)
         return tf.debugging.assert_all_finite(loss, "TpuDPStep: the per-example loss is NaN or Inf.")
 
     def _clipped(self, step, batch_size) -> ClippedGradients:
@@ -403,12 +418,18 @@ class TpuDPStep:
             tables=tables, dense=dense, expected_batch_size=self.expected_batch_size, batch_size=batch_size
         )
 
-    def _planned_rows(self, occurrences, batch_size, ctx) -> list:
-        """Sorted int64 rows per table that `mechanism.update` will change for this batch."""
+    def _planned_rows(self, occurrences, batch_size, ctx, present=None) -> list:
+        """Sorted int64 rows per table that `mechanism.update` will change for this batch.
+
+        With `present`, absent examples' lookups are dropped as `without_absent_examples` drops them.
+        """
         tables = []
         for t in self.tables:
             occ = occurrences[t.name]
             touched, _ = tf.unique(tf.concat([tf.cast(o.ids, tf.int64) for o in occ], 0))  # the registry's order
+            if present is not None:  # the registry's rows, then those only absent examples read dropped
+                occ = [present_occurrences(o, present) for o in occ]
+                touched = tf.boolean_mask(touched, is_member(touched, read_rows(occ)))
             zeros = tf.zeros([tf.size(touched), t.output_dim], t.embeddings.dtype)
             tables.append(
                 TableGradient(
