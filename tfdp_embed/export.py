@@ -20,6 +20,7 @@ from tfdp_embed._keras import tf
 from tfdp_embed.accounting.search_runs import check_export as check_search_export
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.layers.embedding import DPEmbedding, read_hooks_removed
+from tfdp_embed.nonfinite import check_released_weights
 
 REPORT_FILENAME = "privacy_report.json"
 
@@ -70,10 +71,12 @@ def export_saved_model(
     Raises:
       PrivacyContractError: if the mechanism still owes noise after flushing, or the model came out of a
         private search (`select_privately`) and `report` is not the search's (`search_report`).
+      ValueError: a weight of the model or of `serving_module` is NaN or Inf (the model diverged).
     """
     release_ready(dp_model)
     check_search_export(dp_model.mechanism, report)
     target = serving_module if serving_module is not None else dp_model.inner
+    check_released_weights(dp_model.inner, target)  # nothing diverged leaves
     with _without_read_hooks(dp_model.inner):
         tf.saved_model.save(target, path, signatures=signatures)
     if report is not None:

@@ -89,18 +89,25 @@ def check_weights(pairs) -> tf.Operation:
     return tf.debugging.Assert(tf.reduce_all(tf.stack(checks)), [DIVERGED_MESSAGE])
 
 
-def check_released_weights(model) -> None:
-    """Refuses to release a model whose weights are not all finite (a diverged model).
+def check_released_weights(*modules) -> None:
+    """Refuses to release modules (a model, a serving module) whose variables are not all finite.
 
     Raises:
-      ValueError: naming the non-finite variables.
+      ValueError: naming the non-finite variables (the model diverged).
     """
-    bad = [v.name for v in model.weights if v.dtype.is_floating and not np.isfinite(v.numpy()).all()]
+    seen, bad = set(), []
+    for module in modules:
+        for variable in module.variables:
+            if variable.ref() in seen or not variable.dtype.is_floating:
+                continue
+            seen.add(variable.ref())
+            if not np.isfinite(variable.numpy()).all():
+                bad.append(variable.name)
     if bad:
         raise ValueError(
-            f"Model {model.name!r} diverged: weights {bad} hold NaN or Inf values, so it is not exported (its "
-            "scores and recommendations would be meaningless). Retrain with a lower learning rate or a smaller "
-            "`l2_norm_clip`; evaluation of it reports NaN metrics."
+            f"The model diverged: weights {bad} hold NaN or Inf values, so it is not exported (its scores and "
+            "recommendations would be meaningless). Retrain with a lower learning rate; evaluating it reports "
+            "NaN metrics."
         )
 
 

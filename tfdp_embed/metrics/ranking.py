@@ -43,6 +43,7 @@ def target_ranks(scores, targets) -> tf.Tensor:
     Raises:
       ValueError: wrong ranks/shapes (static), or a target outside [1, V]
         (`tf.errors.InvalidArgumentError` when only known at run time).
+      tf.errors.InvalidArgumentError: an item score is NaN (a diverged model).
     """
     scores = tf.convert_to_tensor(scores)
     targets = tf.convert_to_tensor(targets)
@@ -61,9 +62,14 @@ def target_ranks(scores, targets) -> tf.Tensor:
     check_low = tf.debugging.assert_positive(
         targets, message="target_ranks: target ids must be >= 1 (0 is the padding id)."
     )
-    with tf.control_dependencies([check, check_low]):
-        target_scores = tf.gather(scores, targets, batch_dims=1)[:, None]
     items = scores[:, 1:]  # drop padding
+    # NaN compares false with everything: a NaN target would rank first. -inf and +inf rank as usual.
+    check_nan = tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(tf.math.is_nan(items))),
+        ["target_ranks: some item scores are NaN (the model diverged), so no rank is defined."],
+    )
+    with tf.control_dependencies([check, check_low, check_nan]):
+        target_scores = tf.gather(scores, targets, batch_dims=1)[:, None]
     ahead = tf.reduce_sum(tf.cast(items > target_scores, tf.int32), axis=1)
     ties = tf.reduce_sum(tf.cast(tf.equal(items, target_scores), tf.int32), axis=1) - 1  # minus the target itself
     return ahead + ties

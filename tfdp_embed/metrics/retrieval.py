@@ -79,7 +79,8 @@ def precision_recall_at_k(
       batch_size: queries scored per block.
 
     Returns:
-      `{"precision@k": float, "recall@k": float for each k, "queries": n}`.
+      `{"precision@k": float, "recall@k": float for each k, "queries": n}`; NaN metrics when a
+      score is NaN or Inf (a diverged model), never a count of NaN scores as hits.
 
     Raises:
       ValueError: mismatched shapes, an empty query set, a query with no
@@ -115,12 +116,13 @@ def precision_recall_at_k(
         stop = min(start + batch_size, n)
         scores = tf.matmul(tf.constant(queries[start:stop]), cand, transpose_b=True)
         top = ids[tf.math.top_k(scores, k=kmax).indices.numpy()]  # [b, kmax] candidate ids
+        finite = np.isfinite(scores.numpy()).all(axis=1)  # a NaN or Inf score: no ranking, NaN hits
         block_rel, block_valid = rel[start:stop], valid[start:stop]
         # found[b, j]: the j-th ranked candidate is relevant to query b.
         found = np.any((top[:, :, None] == block_rel[:, None, :]) & block_valid[:, None, :], axis=2)
         cumulative = np.cumsum(found, axis=1)
         for k in ks:
-            hits[k][start:stop] = cumulative[:, k - 1]
+            hits[k][start:stop] = np.where(finite, cumulative[:, k - 1], np.nan)
     out = {}
     for k in ks:
         out[f"precision@{k}"] = float(np.mean(hits[k] / k))

@@ -8,7 +8,10 @@ over every catalogue item j:
 
 averaged over the queries seen since the metrics were last reset (Keras
 resets them at each epoch and `evaluate`); NaN when none was seen (e.g. in
-`fit`'s training logs, where the task skips them by default). The metrics are Keras `Mean`
+`fit`'s training logs, where the task skips them by default), and NaN once
+a query's scores were not all finite (a diverged model): NaN compares
+false with everything, so its positive would otherwise rank first and
+count as a hit. The metrics are Keras `Mean`
 metrics named `recall_at_{k}` and `precision_at_{k}`, so `fit` and
 `evaluate` print and return them like TFRS' `factorized_top_k/top_k_categorical_accuracy`.
 
@@ -76,9 +79,11 @@ class TopKMetrics:
         ahead = tf.reduce_sum(tf.cast(scores > positive, tf.int32), axis=1)
         ties = tf.reduce_sum(tf.cast(tf.equal(scores, positive), tf.int32), axis=1) - 1
         ranks = ahead + ties
+        # A query with a NaN or Inf score has no rank: its hit is NaN, and so is the mean.
+        finite = tf.reduce_all(tf.math.is_finite(scores), axis=1)
         updates = []
         for k, recall, precision in zip(self.ks, self.recall, self.precision):
-            hit = tf.cast(ranks < k, tf.float32)
+            hit = tf.where(finite, tf.cast(ranks < k, tf.float32), float("nan"))
             updates.append(recall.update_state(hit, sample_weight))
             updates.append(precision.update_state(hit / float(k), sample_weight))
         return tf.group(updates)
