@@ -18,6 +18,7 @@ to minutes per case.
 
 from __future__ import annotations
 
+import os
 import types
 
 import numpy as np
@@ -112,12 +113,18 @@ def sequential_numbers(flags: str, data_file: str) -> dict:
     """The sequential pipeline's sigma, frequency release and the epsilon of release + planned steps."""
     config = sequential.parse_args(["--data", data_file, "--out", "unused", *flags.split()])
     data = load_sequences(config.data, max_len=config.max_len)
+    # The pins are about the frequency release and the steps: the item ids come from a public catalogue
+    # (nothing spent), not from a DP vocabulary release.
+    catalogue = os.path.join(os.path.dirname(data_file), "catalogue.txt")
+    with open(catalogue, "w") as f:
+        f.write("".join(f"{i}\n" for i in range(1, data.num_items + 1)))
     privacy = sequential_privacy.plan(
         data, epsilon=config.epsilon, delta=config.delta, batch=config.batch, epochs=config.epochs,
         mechanism=config.mechanism, frequencies=config.frequencies, frequencies_file=config.frequencies_file,
         frequency_epsilon_share=config.frequency_epsilon_share,
         frequency_noise_multiplier=config.frequency_noise_multiplier,
         frequency_mechanism=config.frequency_mechanism, accountant=config.accountant, seed=config.seed,
+        item_catalogue=catalogue,
     )  # fmt: skip
     run, event = privacy.run, privacy.frequencies.event
     frequencies = privacy.frequency_report()

@@ -93,3 +93,22 @@ def test_public_vocabulary_spends_nothing():
 def test_bad_input_is_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
         dp_vocabulary([[1, 2]], **kwargs)
+
+
+def test_per_unit_weighting_bounds_the_threshold_delta_for_every_unit_size():
+    # 10,000 units of each size k = 1 and k = 3 (D0 = 3), keys nobody else holds, weights 1/sqrt(k).
+    # P[some key of a unit passes] <= delta_thr = 0.2 for every k; 4 standard errors: 4 x sqrt(0.16 / 1e4) = 0.016.
+    d0, units = 3, 10_000
+    singles = [[f"a{i}"] for i in range(units)]
+    triples = [[f"b{i}_{j}" for j in range(3)] for i in range(units)]
+    vocab = dp_vocabulary(singles + triples, max_keys_per_unit=d0, delta=0.4, threshold_delta=0.2,
+                          noise_multiplier=0.5, seed=3, weighting="per_unit")  # fmt: skip
+    released = set(vocab.keys.tolist())
+    for group in (singles, triples):
+        rate = np.mean([any(k in released for k in unit) for unit in group])
+        assert rate <= 0.2 + 0.016, rate
+    # and the threshold is the worst case over the sizes: keys of one unit with one key are the hardest
+    tau = vocabulary_threshold(noise_multiplier=0.5, max_keys_per_unit=d0, threshold_delta=0.2, weighting="per_unit")
+    assert tau == pytest.approx(vocab.threshold) and tau > vocabulary_threshold(
+        noise_multiplier=0.5, max_keys_per_unit=d0, threshold_delta=0.2
+    )

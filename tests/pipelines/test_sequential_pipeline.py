@@ -16,8 +16,11 @@ from tfdp_embed.accounting import calibrate_noise_multiplier, compute_epsilon, d
 from tfdp_embed.data.sequences import load_sequences, write_synthetic_sequences
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The item ids of these runs come from a public catalogue 1..30 (nothing spent): 200 users are too few for a DP
+# vocabulary to keep most items (tests/privacy/test_vocabulary_exit.py runs the default, the DP vocabulary).
+CATALOGUE = os.path.join(ROOT, "tests", "pipelines", "items_1_to_30.txt")
 TINY = ["--epochs", "1", "--batch", "40", "--max-len", "6", "--dim", "8", "--blocks", "1", "--dropout", "0.1",
-        "--accountant", "rdp", "--verbose", "0", "--seed", "3"]  # fmt: skip
+        "--accountant", "rdp", "--verbose", "0", "--seed", "3", "--item-catalogue", CATALOGUE]  # fmt: skip
 
 RELOAD = """
 import sys, json, numpy as np, tensorflow as tf
@@ -60,7 +63,9 @@ def test_dpformer_run_report_and_reloaded_saved_model(data_file, tmp_path):
         target_delta=report["delta"], accountant="rdp",
     )  # fmt: skip
     assert report["epsilon"] == pytest.approx(eps, rel=1e-6) == pytest.approx(5.0, rel=1e-3)
-    assert report["ledger"]["entries"][0]["kind"] == "setup" and not report["assumptions"]
+    assert report["ledger"]["entries"][0]["kind"] == "setup" and all(
+        "item catalogue" in a for a in report["assumptions"]
+    )
     assert report["extra"]["privacy_unit"].startswith("user")
     # the exported model, reloaded in a fresh process, recommends what the trained model does
     history = [[0, 0, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]]
@@ -81,7 +86,8 @@ def test_non_private_reference_and_private_frequencies(data_file, tmp_path):
     assert result.report["extra"]["item_frequencies"]["source"] == "exact (not private)"
     # private frequencies: the count release is composed into the ledger, sigma grows to pay for it
     data = load_sequences(data_file, max_len=6)
-    common = dict(epsilon=5.0, delta=1e-3, batch=40, epochs=2, mechanism="dense", accountant="rdp", seed=0)
+    common = dict(epsilon=5.0, delta=1e-3, batch=40, epochs=2, mechanism="dense", accountant="rdp", seed=0,
+                  item_catalogue=CATALOGUE)  # fmt: skip
     for private in (
         sequential_privacy.plan(data, **common),  # default: sized for 10% of epsilon
         sequential_privacy.plan(data, frequency_epsilon_share=0.3, **common),
@@ -138,7 +144,7 @@ def test_popularity_prior_uses_the_run_frequencies(data_file, tmp_path, monkeypa
     assert [kwargs["epsilon"] for kwargs in made] == [0.01]
     data = load_sequences(data_file, max_len=6)
     freq = sequential_privacy.plan(data, epsilon=5.0, delta=None, batch=40, epochs=1, mechanism="dense",
-                                   accountant="rdp", seed=3).frequencies.frequencies  # fmt: skip
+                                   accountant="rdp", seed=3, item_catalogue=CATALOGUE).frequencies.frequencies  # fmt: skip
     expected = np.log(np.maximum(freq, 0.5 / data.num_users))[1:]
     np.testing.assert_allclose(result.model.item_log_prior.numpy()[1:], expected, rtol=1e-6)
 
@@ -152,7 +158,7 @@ def test_head_items_rows_errors_and_reloaded_saved_model(data_file, tmp_path, ca
     assert report["settings"]["head_items"] == 8 and model.items.embeddings.shape == (10, 8)
     data = load_sequences(data_file, max_len=6)
     freq = sequential_privacy.plan(data, epsilon=5.0, delta=None, batch=40, epochs=1, mechanism="dense",
-                                   accountant="rdp", seed=3).frequencies.frequencies  # fmt: skip
+                                   accountant="rdp", seed=3, item_catalogue=CATALOGUE).frequencies.frequencies  # fmt: skip
     rows = model.item_rows.numpy()
     head = np.argsort(-freq[1:], kind="stable")[:8] + 1
     np.testing.assert_array_equal(rows[head], np.arange(1, 9))

@@ -10,6 +10,11 @@ user, at a time):
     noisy_count(k) = sum_u w_u(k) + N(0, sigma^2)          (L2 sensitivity of the counts: 1)
     released = {k : noisy_count(k) > tau},  tau = 1/sqrt(D0) + sigma Phi^-1((1 - delta_thr)^(1/D0))
 
+With `weighting="per_unit"` (Gopi et al.'s weighted Gaussian) a unit keeping
+k <= D0 keys gives each 1/sqrt(k) instead (still L2 norm <= 1): units with few
+keys count more, and D0 can be large; tau is then the smallest with
+max_k [1 - Phi((tau - 1/sqrt(k)) / sigma)^k] <= delta_thr.
+
 Keys no unit holds are never released, so a unit whose keys nobody else
 holds can make at most its D0 keys appear; tau makes that happen with
 probability <= delta_thr. The release is (eps, delta_gauss + delta_thr)-DP
@@ -46,6 +51,7 @@ from tfdp_embed.accounting.releases import release_epsilon, release_noise_multip
 from tfdp_embed.planning.releases import Release
 
 PUBLIC = "public"
+WEIGHTINGS = ("uniform", "per_unit")
 _SMALL_SIGMA_FOR_PLD = 0.3
 THRESHOLD_DELTA_SHARE = 0.5
 """Share of a standalone release's delta given to the threshold (the rest to the Gaussian mechanism)."""
@@ -78,6 +84,7 @@ class DPVocabulary:
     gaussian_delta: float = 0.0
     epsilon: float = 0.0
     candidate_keys: int | None = None
+    weighting: str = "uniform"
 
     @property
     def is_public(self) -> bool:
@@ -106,6 +113,7 @@ class DPVocabulary:
                 max_keys_per_unit=self.max_keys_per_unit, noise_multiplier=self.noise_multiplier,
                 threshold=self.threshold, threshold_delta=self.threshold_delta, epsilon=self.epsilon,
                 gaussian_delta=self.gaussian_delta, mechanism="Gaussian thresholding (partition selection)",
+                weighting=self.weighting,
             )  # fmt: skip
         return out
 
@@ -116,10 +124,23 @@ def public_vocabulary(keys, *, name: str = "vocabulary") -> DPVocabulary:
     return DPVocabulary(keys=keys, source=PUBLIC, name=name)
 
 
-def vocabulary_threshold(*, noise_multiplier: float, max_keys_per_unit: int, threshold_delta: float) -> float:
-    """tau = 1/sqrt(D0) + sigma Phi^-1((1 - delta_thr)^(1/D0)): P[any of D0 one-unit keys passes] <= delta_thr."""
-    per_key = -math.expm1(math.log1p(-threshold_delta) / max_keys_per_unit)  # 1 - (1 - delta_thr)^(1/D0)
-    return 1.0 / math.sqrt(max_keys_per_unit) + noise_multiplier * float(stats.norm.isf(per_key))
+def vocabulary_threshold(
+    *, noise_multiplier: float, max_keys_per_unit: int, threshold_delta: float, weighting: str = "uniform"
+) -> float:
+    """tau with P[any of a unit's one-unit keys passes] <= delta_thr (see the module docstring).
+
+    uniform: tau = 1/sqrt(D0) + sigma Phi^-1((1 - delta_thr)^(1/D0)); per_unit: the largest such tau over k = 1..D0
+    keys of weight 1/sqrt(k) each.
+    """
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"`weighting` must be one of {WEIGHTINGS}; received {weighting!r}.")
+    sizes = [max_keys_per_unit] if weighting == "uniform" else range(1, max_keys_per_unit + 1)
+
+    def tau_for(k: int) -> float:
+        per_key = -math.expm1(math.log1p(-threshold_delta) / k)  # 1 - (1 - delta_thr)^(1/k)
+        return 1.0 / math.sqrt(k) + noise_multiplier * float(stats.norm.isf(per_key))
+
+    return max(tau_for(k) for k in sizes)
 
 
 def dp_vocabulary(
@@ -132,6 +153,7 @@ def dp_vocabulary(
     threshold_delta: float | None = None,
     seed: int | None = None,
     name: str = "vocabulary",
+    weighting: str = "uniform",
 ) -> DPVocabulary:
     """Releases the keys held by enough units with Gaussian thresholding (see the module docstring).
 
@@ -144,6 +166,7 @@ def dp_vocabulary(
       threshold_delta: delta_thr < delta (default `THRESHOLD_DELTA_SHARE` x delta).
       seed: int for tests; None draws the noise from OS entropy.
       name: the release's name (plan, ledger, report).
+      weighting: "uniform" (1/sqrt(D0) per key) or "per_unit" (1/sqrt(k) for a unit keeping k keys).
 
     Returns:
       A `DPVocabulary` (keys sorted).
@@ -155,19 +178,28 @@ def dp_vocabulary(
     delta, threshold_delta = _check_deltas(delta, threshold_delta)
     gaussian_delta = delta - threshold_delta
     sigma, epsilon = _noise(epsilon, noise_multiplier, gaussian_delta)
-    candidates, counts = bounded_key_counts(keys_per_unit, max_keys_per_unit=d0)
-    tau = vocabulary_threshold(noise_multiplier=sigma, max_keys_per_unit=d0, threshold_delta=threshold_delta)
-    noisy = counts / math.sqrt(d0) + np.random.default_rng(seed).normal(0.0, sigma, size=counts.shape)
+    tau = vocabulary_threshold(
+        noise_multiplier=sigma, max_keys_per_unit=d0, threshold_delta=threshold_delta, weighting=weighting
+    )
+    candidates, counts = bounded_key_counts(keys_per_unit, max_keys_per_unit=d0, weighting=weighting)
+    noisy = counts + np.random.default_rng(seed).normal(0.0, sigma, size=counts.shape)
     return DPVocabulary(
         keys=np.sort(candidates[noisy > tau]), source="dp", name=name, max_keys_per_unit=d0,
         noise_multiplier=sigma, threshold=tau, threshold_delta=threshold_delta, gaussian_delta=gaussian_delta,
-        epsilon=epsilon, candidate_keys=int(candidates.size),
+        epsilon=epsilon, candidate_keys=int(candidates.size), weighting=weighting,
     )  # fmt: skip
 
 
-def bounded_key_counts(keys_per_unit: Iterable[Iterable], *, max_keys_per_unit: int) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct keys, units holding each) after each unit keeps its first D0 distinct keys."""
+def bounded_key_counts(
+    keys_per_unit: Iterable[Iterable], *, max_keys_per_unit: int, weighting: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct keys, their counts) after each unit keeps its first D0 distinct keys.
+
+    weighting None: units holding each key; "uniform": that / sqrt(D0); "per_unit": sum of 1/sqrt(k_u).
+    """
     d0 = _check_d0(max_keys_per_unit)
+    if weighting is not None and weighting not in WEIGHTINGS:
+        raise ValueError(f"`weighting` must be one of {WEIGHTINGS}; received {weighting!r}.")
     counts: dict = {}
     for unit in keys_per_unit:
         kept: dict = {}
@@ -175,8 +207,9 @@ def bounded_key_counts(keys_per_unit: Iterable[Iterable], *, max_keys_per_unit: 
             if len(kept) == d0:
                 break
             kept.setdefault(key.item() if isinstance(key, np.generic) else key, None)
+        size = d0 if weighting == "uniform" else len(kept) if weighting == "per_unit" else 1
         for key in kept:
-            counts[key] = counts.get(key, 0) + 1
+            counts[key] = counts.get(key, 0) + 1 / math.sqrt(size)
     keys = np.asarray(list(counts))
     return keys, np.asarray(list(counts.values()), np.float64)
 
