@@ -21,7 +21,9 @@ their variables in float32. Under DP:
   example's update (and every later step's S) would depend on that one
   example, outside what the clipping bounds. An entry that overflows under
   S is dropped from its example's gradient (set to 0) before the norm: that
-  example is still clipped to C, and the others do not see it.
+  example is still clipped to C, and the others do not see it. An example
+  whose loss itself is NaN or Inf (an input of 65504 or more is Inf in
+  float16) contributes 0 and training goes on (`tfdp_embed.nonfinite`).
 * Keras wraps the optimizer in a `LossScaleOptimizer` under
   `mixed_float16`; the noised gradient (already unscaled and finite) is
   applied by its inner optimizer, which the mechanism also sees (LazyDP's

@@ -9,6 +9,9 @@ example is in the batch. Whether it was in the batch is then plain in the
 update. S is read through DPModel (DenseDPSGD, no noise, SGD with
 learning rate 1: the weights move by S / B); the attack measures
 max_j ||S(B) - S(B minus j)||, which DP-SGD bounds by C.
+
+An example whose loss itself is not finite contributes exactly 0 and does
+not stop training: `test_nonfinite_example.py` (N2).
 """
 
 from __future__ import annotations
