@@ -22,7 +22,7 @@ Example:
     >>> mechanism = DPAdaFESTPlus(
     ...     selected_rows={"user_id": top_rows}, selection_event=topk_event,
     ...     l2_norm_clip=1.0, noise_multiplier=1.2, contribution_clip=1.0,
-    ...     contribution_noise_multiplier=2.0, threshold=5.0, seed=0)
+    ...     contribution_noise_multiplier=2.0, threshold=5.0)  # no seed: OS entropy (ints are for tests)
 
 References: Zhang et al., "Sparsity-Preserving Differentially Private
 Training of Large Embedding Models", NeurIPS 2023: §4.2 (DP-AdaFEST+),

@@ -6,7 +6,7 @@ Embedding tables get noise on every row, every step: the update is dense.
 This is the baseline every sparse mechanism is measured against.
 
 Example:
-    >>> mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.1, seed=0)
+    >>> mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.1)  # no seed: OS entropy (ints are for tests)
 
 References: Abadi et al. 2016, Alg. 1; DP-FEST §2 (dense baseline).
 """

@@ -18,7 +18,7 @@ of a linear model (Theorem 3.1, `tfdp_embed.accounting.eana_bound`) and
 empirical audits (the secret-sharer test, EANA §4).
 
 Example:
-    >>> mechanism = EANA(l2_norm_clip=1.0, noise_multiplier=0.01, seed=0)
+    >>> mechanism = EANA(l2_norm_clip=1.0, noise_multiplier=0.01)  # no seed: OS entropy (ints are for tests)
     >>> mechanism.is_dp
     False
 

@@ -12,10 +12,10 @@ A class whose constructor takes no `counts` but that offers `from_counts`
 `selected_rows` and `selection_event`.
 
 Example:
-    >>> create("dense", l2_norm_clip=1.0, noise_multiplier=1.1, seed=0)
+    >>> create("dense", l2_norm_clip=1.0, noise_multiplier=1.1)  # no seed: OS entropy (ints are for tests)
     >>> create("fest", l2_norm_clip=1.0, noise_multiplier=0.9, selection_epsilon=0.3,
     ...        top_fraction=0.1, counts=counts)
-    >>> create("none", seed=0)            # no clip norm, no noise
+    >>> create("none")                    # no clip norm, no noise
 """
 
 from __future__ import annotations

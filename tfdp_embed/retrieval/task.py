@@ -38,7 +38,7 @@ operator-only, not differentially private, and never saved with the model.
 Example:
     >>> task = Retrieval(candidate_tower=item_model,
     ...                  candidates={"movie_id": ids, "genres": genres}, identifiers=ids,
-    ...                  negatives=SampledSoftmax(256, seed=0), ks=(10, 50))
+    ...                  negatives=SampledSoftmax(256), ks=(10, 50))
     >>> class Model(tfrs.Model):
     ...     def compute_loss(self, features, training=False):
     ...         q = self.query_model(features["user_id"])
