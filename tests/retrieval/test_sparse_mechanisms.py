@@ -84,25 +84,6 @@ def test_tau_mapping_must_name_exactly_the_tables():
         dp.fit(tf.data.Dataset.from_tensor_slices(_data(64)).batch(BATCH), epochs=1, verbose=0)
 
 
-def test_epoch_end_warns_about_a_table_that_drops_most_of_its_touched_rows():
-    model, dp = _dp(FullSoftmax(), _adafest({"movie_id": HUGE, "genres": HUGE, "user_id": HUGE}), batch=BATCH)
-    with pytest.warns(RuntimeWarning) as record:
-        dp.fit(tf.data.Dataset.from_tensor_slices(_data(128)).batch(BATCH), epochs=2, verbose=0)
-    messages = [str(w.message) for w in record if "DP-AdaFEST dropped" in str(w.message)]
-    assert len(messages) == 2, messages  # one per epoch
-    assert all("dropped 100.0% of the rows of table 'user_id'" in m and "tau=1e+09" in m for m in messages)
-    # The scored tables are never reported: their scored rows always survive.
-    assert not any("'movie_id'" in m or "'genres'" in m for m in messages)
-
-
-def test_no_epoch_warning_when_tau_keeps_the_touched_rows():
-    model, dp = _dp(FullSoftmax(), _adafest({"movie_id": 0.3, "genres": 0.3, "user_id": 0.3}), batch=BATCH)
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        dp.fit(tf.data.Dataset.from_tensor_slices(_data(128)).batch(BATCH), epochs=1, verbose=0)
-    assert not [w for w in record if "DP-AdaFEST dropped" in str(w.message)]
-
-
 def test_adafest_plus_refuses_a_scored_table_with_the_reason():
     selected = {"movie_id": np.arange(5), "genres": np.arange(NUM_GENRES), "user_id": np.arange(NUM_USERS)}
     mechanism = mechanisms.DPAdaFESTPlus(
