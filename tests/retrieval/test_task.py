@@ -80,7 +80,7 @@ def _negatives_at(task, step):
 
 def test_samples_follow_the_proposal():
     proposal = np.array([0.4, 0.3, 0.1, 0.1, 0.05, 0.02, 0.01, 0.01, 0.01])
-    negatives = SampledSoftmax(1000, proposal=proposal, proposal_provenance="dp_released", seed=0)
+    negatives = SampledSoftmax(1000, proposal=proposal, proposal_provenance="public", seed=0)
     draws = np.concatenate([negatives.sample(tf.constant(t, tf.int64), N).numpy() for t in range(20)])
     frequencies = np.bincount(draws, minlength=N) / draws.size
     # 20,000 draws: the standard error of a frequency p is sqrt(p (1 - p) / 20000) <= 0.0035.

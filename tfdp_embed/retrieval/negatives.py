@@ -19,8 +19,12 @@
 The proposal must not be computed from the training data: a popularity
 counted on the private data makes the sample, and so every example's
 loss, depend on other examples. Give a public distribution, or one released
-with DP (whose privacy cost you account for separately), and say which with
-`proposal_provenance`.
+with DP, and say which with `proposal_provenance`. "dp_released" is not
+taken on trust: it needs the release's `dp_accounting` event
+(`proposal_event`, or a proposal object carrying `.event`, e.g. the
+`ItemFrequencies` of `private_item_frequencies`); charge it with
+`release()`. "public" is a declaration the library cannot check: it is
+stated in `assumptions()`, for the run's report.
 
 References: Bengio & Senecal 2008 (importance-sampled softmax); Jean et
 al., ACL 2015 (sampled softmax, log-Q correction); Yi et al., RecSys 2019
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import math
 
+import dp_accounting
 import numpy as np
 
 from tfdp_embed._checks import check_int
@@ -58,9 +63,12 @@ class SampledSoftmax:
     Args:
       num_negatives: K, items sampled per step (with replacement), shared by the batch.
       proposal: "uniform", or probabilities `[num_items]` (> 0, summing to 1; in
-        catalogue row order) from public data or released with DP.
-      proposal_provenance: required with a probability vector: "public" or
-        "dp_released" (its privacy cost is then yours to account for).
+        catalogue row order) from public data or released with DP, or an
+        object with `.frequencies` and `.event` (a DP release, e.g. `ItemFrequencies`).
+      proposal_provenance: required with a probability vector: "public" (an
+        assumption, see `assumptions()`) or "dp_released" (with its event).
+      proposal_event: the `dp_accounting` event of the DP release the
+        proposal came from (required for "dp_released" unless `proposal` carries one).
       log_q_correction: subtract log(K Q_j) from every logit (a constant for
         the uniform proposal, where it changes nothing).
       remove_accidental_hits: mask sampled items equal to the example's positive.
@@ -70,7 +78,8 @@ class SampledSoftmax:
 
     Raises:
       ValueError: bad `num_negatives`, or a proposal that is not a distribution.
-      PrivacyContractError: a probability vector without `proposal_provenance`.
+      PrivacyContractError: a probability vector without `proposal_provenance`,
+        or "dp_released" without the release's event.
     """
 
     full = False
@@ -81,6 +90,7 @@ class SampledSoftmax:
         *,
         proposal="uniform",
         proposal_provenance: str | None = None,
+        proposal_event=None,
         log_q_correction: bool = True,
         remove_accidental_hits: bool = True,
         seed: int | None = None,
@@ -90,6 +100,7 @@ class SampledSoftmax:
         self.remove_accidental_hits = bool(remove_accidental_hits)
         self.seed = int(seed) if seed is not None else int(np.random.default_rng().integers(2**62))
         self.proposal_provenance = proposal_provenance
+        proposal, self.proposal_event = _released_proposal(proposal, proposal_event)
         if isinstance(proposal, str):
             if proposal != "uniform":
                 raise ValueError(f'`proposal` must be "uniform" or a probability vector; received {proposal!r}.')
@@ -104,6 +115,28 @@ class SampledSoftmax:
                     "or one released with DP, and declare it with `proposal_provenance` in "
                     f"{PROVENANCES}; received proposal_provenance={proposal_provenance!r}."
                 )
+            if proposal_provenance == "dp_released" and self.proposal_event is None:
+                raise PrivacyContractError(
+                    '`proposal_provenance="dp_released"` needs the release\'s `dp_accounting` event (pass '
+                    "`proposal_event`, or the release object itself, e.g. `ItemFrequencies`, as `proposal`): "
+                    "without it nothing shows the proposal was released with DP or charges its cost. A proposal "
+                    'independent of the training data is `proposal_provenance="public"` (stated as an assumption).'
+                )
+
+    def assumptions(self) -> list:
+        """What the run's report must state: a "public" proposal is the caller's word, not checked."""
+        if self.probabilities is None or self.proposal_provenance != "public":
+            return []
+        return [
+            "the negative-sampling proposal declared public is independent of the training data (the caller's "
+            "declaration; the library cannot check it)"
+        ]
+
+    def release(self):
+        """`Release("negative_proposal", event=...)` for `plan_run(releases=...)`: the DP proposal's cost, else None."""
+        from tfdp_embed.planning.releases import Release  # the planner imports the mechanisms, not retrieval
+
+        return None if self.proposal_event is None else Release("negative_proposal", event=self.proposal_event)
 
     # -- sampling -------------------------------------------------------------
     def check_catalogue(self, size: int) -> None:
@@ -136,12 +169,25 @@ class SampledSoftmax:
             "num_negatives": self.num_negatives,
             "proposal": "uniform" if self.probabilities is None else "given",
             "proposal_provenance": self.proposal_provenance,
+            "proposal_event": None if self.proposal_event is None else repr(self.proposal_event),
             "log_q_correction": self.log_q_correction,
             "remove_accidental_hits": self.remove_accidental_hits,
         }
 
     def __repr__(self) -> str:
         return f"SampledSoftmax(num_negatives={self.num_negatives}, proposal={self.config()['proposal']})"
+
+
+def _released_proposal(proposal, event):
+    """(probabilities or "uniform", the release's event): a release object gives both (`.frequencies`, `.event`)."""
+    if hasattr(proposal, "frequencies") and hasattr(proposal, "event"):
+        if event is not None and event != proposal.event:
+            raise ValueError(f"`proposal_event` {event!r} is not the proposal's own event {proposal.event!r}.")
+        frequencies = np.maximum(np.asarray(proposal.frequencies, np.float64), 1e-9)  # a floor: Q_j > 0
+        return frequencies / frequencies.sum(), proposal.event
+    if event is not None and not isinstance(event, dp_accounting.DpEvent):
+        raise TypeError(f"`proposal_event` must be a `dp_accounting.DpEvent`; received {event!r}.")
+    return proposal, event
 
 
 def _checked_probabilities(proposal) -> np.ndarray:
