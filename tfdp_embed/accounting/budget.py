@@ -67,6 +67,7 @@ from tfdp_embed.accounting.calibration import (
     pld_interval,
 )
 from tfdp_embed.accounting.coarse_to_exact import largest_count
+from tfdp_embed.accounting.dataset_size import ReleasedDatasetSize
 from tfdp_embed.accounting.events import EventSource, accountable_event, check_event_source, steps_taken
 from tfdp_embed.accounting.ledger import PrivacyLedger
 from tfdp_embed.accounting.progress import announced
@@ -108,7 +109,7 @@ class PrivacyBudget(keras.callbacks.Callback):
       value_discretization_interval: PLD grid step (PLD only).
       report_path: where to write the privacy report JSON at train end (and
         when the budget refuses to start); None writes nothing.
-      dataset_size: N, required with `report_path`.
+      dataset_size: N~ (`release_dataset_size`) or N (stated as public), required with `report_path`.
       batching: None (default) reads it from the model at each train begin
         (`DPModel.batching`: what `fit` was fed). An explicit "poisson",
         "fixed_shuffled" or `BatchingInfo` is checked against it: claiming
@@ -150,15 +151,20 @@ class PrivacyBudget(keras.callbacks.Callback):
         planned_steps: int | None = None,
         value_discretization_interval: float | None = None,
         report_path: str | None = None,
-        dataset_size: int | None = None,
+        dataset_size: int | ReleasedDatasetSize | None = None,
         batching=None,
         log_dir: str | os.PathLike | None = None,
     ):
         super().__init__()
-        if report_path is not None and (
-            isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1
+        if (
+            report_path is not None
+            and not isinstance(dataset_size, ReleasedDatasetSize)
+            and (isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1)
         ):
-            raise ValueError(f"`dataset_size` (an int >= 1) is required with `report_path`; received {dataset_size!r}.")
+            raise ValueError(
+                "`dataset_size` (N~ from `release_dataset_size`, or an int >= 1 stated as public) is required with "
+                f"`report_path`; received {dataset_size!r}."
+            )
         check_event_source(mechanism)
         if ledger is not None and not isinstance(ledger, PrivacyLedger):
             raise TypeError(f"`ledger` must be a `PrivacyLedger` or None; received {type(ledger).__name__}.")
