@@ -8,7 +8,8 @@ What happens:
      `ratings.csv`, ML-1M `ratings.dat`, or a dataset directory holding one;
      default ../shared/data/movielens/ml-100k/u.data), number the movies
      densely 1..n (from the catalogue beside the ratings, `movies.csv` /
-     `u.item`, when there is one; else from the ratings' distinct ids), build
+     `u.item`, when there is one; else, for DP runs, from the ratings' movie
+     set released with DP, `pipelines.movielens_vocabulary`), build
      per-user timelines, split users 80/20 (seeded), build every (context,
      label) pair of the training users (the privacy units; see
      `tfdp_embed.data.movielens` for what an example is and what epsilon
@@ -48,7 +49,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipelines import cli_types, movielens_privacy
+from pipelines import cli_types, movielens_privacy, movielens_vocabulary
 from pipelines.output_dir import removed_on_failure
 from pipelines.step_timer import StepTimer
 from tfdp_embed import DPModel, Release, ReleasedDatasetSize, RunPlan, accounting, keras, release_dataset_size, tf
@@ -61,6 +62,7 @@ from tfdp_embed.data.movielens import (
     MovieLensData,
     MovieLensFormatError,
     load_movielens_data,
+    read_ratings,
 )
 from tfdp_embed.export import export_saved_model, release_ready
 from tfdp_embed.metrics.baselines import NOT_RELEASED_NOTE, chance_retrieval, item_counts, popularity_retrieval
@@ -95,7 +97,10 @@ class MovieLensConfig:
     Attributes:
       data_path: the ratings file (u.data, ratings.csv, ratings.dat) or a dataset directory.
       item_catalogue: how movies are numbered: "auto" (the catalogue beside the ratings if any),
-        a catalogue file (movies.csv, u.item), or None (the ratings' distinct movie ids).
+        a catalogue file (movies.csv, u.item), or None (the ratings' movies: a DP release for dense / lazy).
+      vocabulary_epsilon_share, vocabulary_noise_multiplier, vocabulary_max_items: the DP release of the
+        movie ids without a catalogue (`pipelines.movielens_vocabulary`): its share of `epsilon` (or its z
+        with sigma given) and D0.
       mechanism: "none", "dense" (DP-SGD), "eana" (not DP) or "lazy" (LazyDP).
       noise_multiplier: sigma; or None with `epsilon` set (calibrated).
       epsilon: target epsilon for dense/lazy (sigma calibrated; a nominal sigma for eana).
@@ -122,6 +127,9 @@ class MovieLensConfig:
 
     data_path: str = DEFAULT_DATA_PATH
     item_catalogue: str | None = "auto"
+    vocabulary_epsilon_share: float | None = None
+    vocabulary_noise_multiplier: float | None = None
+    vocabulary_max_items: int = movielens_vocabulary.DEFAULT_MAX_ITEMS_PER_USER
     mechanism: str = "eana"
     noise_multiplier: float | None = None
     epsilon: float | None = None
@@ -175,13 +183,18 @@ def load_movielens(config: MovieLensConfig) -> MovieLensData:
     Raises:
       FileNotFoundError, MovieLensFormatError: unreadable input (file and line named).
     """
-    return load_movielens_data(
+    ids, release = None, None
+    if movielens_vocabulary.needs_release(config, read_ratings(config.data_path).path):
+        ids, release = movielens_vocabulary.dp_movie_ids(config, config.data_path)  # no catalogue: DP movie ids
+    data = load_movielens_data(
         config.data_path,
         context_length=config.context_length,
         test_fraction=config.test_fraction,
         split_seed=config.split_seed,
         catalogue=config.item_catalogue,
+        item_ids=ids,
     )
+    return dataclasses.replace(data, item_release=release)
 
 
 @dataclasses.dataclass
@@ -355,6 +368,7 @@ def train_and_evaluate(
 def _run(config: MovieLensConfig, data: MovieLensData | None, extra_train_examples, out_dir: str | None):
     started = time.perf_counter()
     data = data if data is not None else load_movielens(config)
+    movielens_vocabulary.check_data(config, data)  # a DP run ships a catalogue's or a DP-released movie-id map
     setup = _plan(config, data, extra_train_examples)
     trained = _train(config, data, setup, _build(config, data, setup))
     train_seconds = time.perf_counter() - started
@@ -386,7 +400,8 @@ def _plan(config: MovieLensConfig, data: MovieLensData, extra_train_examples) ->
     plan = movielens_privacy.plan(
         mechanism=config.mechanism, noise_multiplier=config.noise_multiplier, epsilon=config.epsilon, delta=delta,
         sampling_probability=q, steps=steps, l2_norm_clip=config.l2_norm_clip, accountant=config.accountant,
-        seed=config.seed, releases=[] if config.mechanism == "none" else [Release.dataset_size(released)],
+        seed=config.seed, releases=[] if config.mechanism == "none" else [Release.dataset_size(released),
+                                                                          *movielens_vocabulary.releases(data.item_release)],
     )  # fmt: skip
     if config.verbose:
         print(
@@ -459,7 +474,10 @@ def _release_and_evaluate(config: MovieLensConfig, data: MovieLensData, trained:
         mechanism.detach()
     limit = config.max_test_examples
     test_contexts, test_labels = data.test_contexts[:limit], data.test_labels[:limit]
-    return evaluate(trained.model, test_contexts, test_labels), len(test_labels)
+    metrics = evaluate(trained.model, test_contexts, test_labels)
+    if limit is None:  # positions whose movie the map dropped count as misses
+        metrics = movielens_vocabulary.scale_metrics(metrics, data, len(test_labels))
+    return metrics, len(test_labels)
 
 
 def _privacy_report(config: MovieLensConfig, data: MovieLensData, setup: _Setup, trained: _Trained) -> dict:
@@ -469,7 +487,8 @@ def _privacy_report(config: MovieLensConfig, data: MovieLensData, setup: _Setup,
     # PLD's privacy-loss grid grows without bound as sigma -> 0 (gigabytes at EANA's sigma 0.01);
     # RDP is cheap there, and over-states epsilon slightly (never under-states it).
     accountant = config.accountant if sigma >= SMALL_SIGMA_FOR_PLD else "rdp"
-    return plan.report(
+    vocabulary, caveats = movielens_vocabulary.report_terms(data, data.item_release, config.mechanism)
+    report = plan.report(
         dataset_size=setup.released,  # N~, never the exact number of examples
         privacy_unit=PRIVACY_UNIT,
         contribution_bound=f"one example's gradient clipped to L2 norm {config.l2_norm_clip:g} in each step it is "
@@ -483,20 +502,10 @@ def _privacy_report(config: MovieLensConfig, data: MovieLensData, setup: _Setup,
                                               steps=steps_run, delta=setup.delta, accountant=accountant)
             if config.mechanism == "eana" else None
         ),
-        assumptions=_item_id_assumptions(data),
-        extra={"item_ids": data.item_ids.summary() if data.item_ids is not None else None},
+        extra={"item_ids": data.item_ids.summary() if data.item_ids is not None else None, **vocabulary},
     )  # fmt: skip
-
-
-def _item_id_assumptions(data: MovieLensData) -> list:
-    """The exported id map lists movie ids; read from the ratings (no catalogue), that list is not protected."""
-    if data.item_ids is None or data.item_ids.source.startswith("catalogue"):
-        return []
-    return [
-        f"the movie-id map shipped with the model ({data.item_ids.source}: every movie some user rated, train "
-        "and test) is public information, e.g. the dataset's catalogue; DP does not protect which movies occur "
-        "(put the catalogue, movies.csv or u.item, beside the ratings to number items from it instead)"
-    ]
+    report["caveats"] = [*report.get("caveats", []), *caveats]
+    return movielens_vocabulary.add_threshold_delta(report, data.item_release)
 
 
 def _warnings(config: MovieLensConfig, data: MovieLensData, final_loss: float | None) -> list:
@@ -621,7 +630,25 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         metavar="PATH",
         help="numbers the movies densely: 'auto' = movies.csv / movies.dat / u.item beside the ratings if present, "
-        "a catalogue file, or 'none' = the distinct movie ids of the ratings",
+        "a catalogue file, or 'none' = the ratings' movies (dense / lazy: released with DP, unit = user)",
+    )
+    p.add_argument(
+        "--vocabulary-epsilon-share",
+        type=float,
+        help="without a catalogue (dense / lazy): share of --epsilon the movie-set release is sized for "
+        f"(default {movielens_vocabulary.DEFAULT_EPSILON_SHARE})",
+    )
+    p.add_argument(
+        "--vocabulary-noise-multiplier",
+        type=cli_types.positive(float),
+        help="without a catalogue (dense / lazy): z of the movie-set release (default: from the share with "
+        f"--epsilon, {movielens_vocabulary.DEFAULT_NOISE_MULTIPLIER} with --noise-multiplier)",
+    )
+    p.add_argument(
+        "--vocabulary-max-items",
+        type=cli_types.positive(int),
+        default=movielens_vocabulary.DEFAULT_MAX_ITEMS_PER_USER,
+        help="D0: each user's most recent distinct movies counted in the movie-set release",
     )
     p.add_argument(
         "--batch-size",
@@ -679,6 +706,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
         parser.error(f"--mechanism {args.mechanism} needs --noise-multiplier or --epsilon")
     if args.mechanism == "none" and (args.noise_multiplier is not None or args.epsilon is not None):
         parser.error("--mechanism none takes neither --noise-multiplier nor --epsilon")
+    if args.vocabulary_epsilon_share is not None and not 0 < args.vocabulary_epsilon_share < 1:
+        parser.error(f"--vocabulary-epsilon-share must lie in (0, 1); received {args.vocabulary_epsilon_share}")
     if args.delta is not None and args.delta >= 1:
         parser.error(f"--delta must lie in (0, 1); received {args.delta}")
     config = MovieLensConfig(
@@ -687,7 +716,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
         epsilon=args.epsilon, delta=args.delta, l2_norm_clip=args.l2_norm_clip, epochs=args.epochs,
         batch_size=args.batch_size, learning_rate=args.learning_rate, momentum=args.momentum,
         embedding_dim=args.embedding_dim, context_length=args.context_length, seed=args.seed, k=args.k,
-        accountant=args.accountant,
+        accountant=args.accountant, vocabulary_epsilon_share=args.vocabulary_epsilon_share,
+        vocabulary_noise_multiplier=args.vocabulary_noise_multiplier, vocabulary_max_items=args.vocabulary_max_items,
         verbose=0 if args.quiet else 1,
     )  # fmt: skip
     return config, args.out

@@ -27,6 +27,9 @@ def write_ratings(path, *, users=40, length=16, seed=0) -> str:
             lines.append(f"{user}\t{(start + t) % NUM_ITEMS + 1}\t{int(rng.integers(1, 6))}\t{1000 + 10 * t}")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+    # the public catalogue beside the ratings (as in ml-100k): the movie ids cost nothing, DP runs need no release
+    with open(os.path.join(os.path.dirname(str(path)), "u.item"), "w") as f:
+        f.write("".join(f"{i}|Movie {i} (1995)|01-Jan-1995||\n" for i in range(1, NUM_ITEMS + 1)))
     return str(path)
 
 

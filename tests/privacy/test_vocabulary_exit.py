@@ -17,6 +17,10 @@ of neighbouring datasets are the same unless that happens.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -168,3 +172,46 @@ def test_the_user_holding_the_largest_item_id_is_not_identified(neighbours, tmp_
     # Old code: rows 61 vs 1000 and known_ids 0 vs 1: membership of user 301 read with certainty.
     assert seen["with"] == seen["without"], f"the exported model tells the neighbouring datasets apart: {seen}"
     assert seen["with"]["knows_rare"] == 0
+
+
+# -- the MovieLens movie-id map read off the ratings alone (no catalogue) ---------------------------------------
+
+RARE_MOVIE = 99999  # rated once, by a user who rated nothing else
+
+
+@pytest.fixture(scope="module")
+def ratings_only(tmp_path_factory):
+    """ml-100k's u.data without its catalogue, and the same plus one user rating movie 99999 once."""
+    from pipelines import movielens
+
+    source = movielens.DEFAULT_DATA_PATH
+    if not os.path.exists(source):
+        pytest.skip(f"MovieLens ml-100k not found at {source}")
+    root = tmp_path_factory.mktemp("ml")
+    ratings = open(source).read()
+    (root / "without").mkdir()
+    (root / "with").mkdir()
+    (root / "without" / "u.data").write_text(ratings)
+    (root / "with" / "u.data").write_text(ratings + f"944\t{RARE_MOVIE}\t5\t893286638\n")
+    return {name: str(root / name / "u.data") for name in ("without", "with")}
+
+
+def _movielens_release(path: str, out) -> dict:
+    from pipelines import movielens
+
+    flags = ["--data", path, "--mechanism", "dense", "--epsilon", "3", "--epochs", "1", "--batch-size", "1024",
+             "--seed", "0", "--out", str(out), "--quiet"]  # fmt: skip
+    if importlib.util.find_spec("pipelines.movielens_vocabulary") is not None:  # the fix's flag (absent before)
+        flags += ["--vocabulary-epsilon-share", "0.5"]  # ml-100k has 943 users: 10% of epsilon 3 keeps 1 movie
+    assert movielens.main(flags) == 0
+    loaded = tf.saved_model.load(str(out / "retrieval_saved_model"))
+    answer = loaded.signatures["serving_default"](history=tf.constant([[RARE_MOVIE]], tf.int32))
+    shipped = json.loads((out / "retrieval_saved_model" / "privacy_report.json").read_text())
+    return {"knows_rare": int(answer["known_ids"].numpy()[0]), "assumptions": shipped["assumptions"]}
+
+
+def test_a_movie_rated_once_is_not_in_the_ratings_only_map(ratings_only, tmp_path):
+    seen = {name: _movielens_release(path, tmp_path / name) for name, path in ratings_only.items()}
+    # Old code: known_ids 1 with the rating, 0 without; and an assumption that the map is public.
+    assert seen["with"]["knows_rare"] == seen["without"]["knows_rare"] == 0, seen
+    assert seen["with"]["assumptions"] == [] and seen["without"]["assumptions"] == [], seen

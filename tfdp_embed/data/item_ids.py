@@ -12,7 +12,8 @@ the ids of their files.
 What the map reveals: the set of ids it holds. Built from a public catalogue
 (MovieLens' `movies.csv` / `u.item`) it reveals nothing about the ratings;
 built from the ratings themselves it lists every item somebody rated, which
-DP does not protect: the pipelines then say so in the report's assumptions.
+DP does not protect: DP runs of the pipelines build it from a DP release of
+the item set instead (`tfdp_embed.data.vocabulary.dp_vocabulary`).
 
 Example:
     >>> ids = ItemIdMap.from_ids([10, 163949, 10, 3], source="ratings")

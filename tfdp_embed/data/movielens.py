@@ -59,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -73,6 +74,9 @@ from tfdp_embed.data.movielens_files import (
     read_item_genres,
     read_ratings,
 )
+
+if TYPE_CHECKING:  # tfdp_embed.data.vocabulary imports the planning package, which imports this package
+    from tfdp_embed.data.vocabulary import DPVocabulary
 
 PADDING_ID = 0
 """The id that pads contexts; never an item."""
@@ -174,6 +178,8 @@ class MovieLensData:
       path: the ratings file read.
       item_ids: the map between original movie ids and dense ids 1..n.
       rated_items: distinct movies in the ratings (<= n when a catalogue numbers the items).
+      test_positions: test positions of the ratings before movies outside `item_ids` were dropped (each a
+        test example when every movie is in the map; the others cannot be ranked: misses).
     """
 
     train_timelines: dict
@@ -188,6 +194,8 @@ class MovieLensData:
     path: str = ""
     item_ids: ItemIdMap | None = None
     rated_items: int | None = None
+    test_positions: int | None = None
+    item_release: DPVocabulary | None = None
 
     @property
     def num_train_examples(self) -> int:
@@ -245,6 +253,7 @@ def load_movielens_data(
     test_fraction: float = 0.2,
     split_seed: int = 0,
     catalogue: str | None = "auto",
+    item_ids: ItemIdMap | None = None,
 ) -> MovieLensData:
     """Reads the ratings, numbers items densely, builds timelines, splits users, builds every example.
 
@@ -254,6 +263,8 @@ def load_movielens_data(
       test_fraction: share of users held out for testing.
       split_seed: seed of the user split.
       catalogue: how items are numbered; see `item_id_map`.
+      item_ids: a map to number items by instead (e.g. a DP vocabulary of the ratings): movies it does not
+        hold are dropped from the timelines (after the user split, which stays the ratings' own).
 
     Returns:
       `MovieLensData` (dense item ids; `item_ids` maps them back).
@@ -263,12 +274,16 @@ def load_movielens_data(
       ValueError: bad arguments, or no training example (every training timeline has one rating).
     """
     ratings = read_ratings(path)
-    ids = item_id_map(ratings, catalogue=catalogue)
-    dense = dataclasses.replace(ratings, items=ids.to_dense(ratings.items).astype(np.int64))
-    timelines = user_timelines(dense)
-    train_users, test_users = split_users(list(timelines), test_fraction=test_fraction, seed=split_seed)
-    train = {int(u): timelines[int(u)] for u in train_users}
-    test = {int(u): timelines[int(u)] for u in test_users}
+    ids = item_id_map(ratings, catalogue=catalogue) if item_ids is None else item_ids
+    original = user_timelines(ratings)
+    train_users, test_users = split_users(list(original), test_fraction=test_fraction, seed=split_seed)
+
+    def dense(user) -> np.ndarray:
+        timeline = ids.to_dense(original[int(user)])
+        return timeline[timeline != PADDING_ID].astype(np.int32)  # movies outside the map dropped
+
+    train = {int(u): dense(u) for u in train_users}
+    test = {int(u): dense(u) for u in test_users}
     train_contexts, train_labels = timeline_examples(list(train.values()), context_length=context_length)
     test_contexts, test_labels = timeline_examples(list(test.values()), context_length=context_length)
     if train_labels.size == 0:
@@ -277,7 +292,7 @@ def load_movielens_data(
         train_timelines=train,
         test_timelines=test,
         num_items=ids.num_items,
-        num_users=len(timelines),
+        num_users=len(original),
         context_length=context_length,
         train_contexts=train_contexts,
         train_labels=train_labels,
@@ -286,6 +301,7 @@ def load_movielens_data(
         path=ratings.path,
         item_ids=ids,
         rated_items=int(np.unique(ratings.items).size),
+        test_positions=int(sum(max(len(original[int(u)]) - 1, 0) for u in test_users)),
     )
 
 

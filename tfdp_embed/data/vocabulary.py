@@ -48,7 +48,6 @@ import numpy as np
 from scipy import stats
 
 from tfdp_embed.accounting.releases import release_epsilon, release_noise_multiplier
-from tfdp_embed.planning.releases import Release
 
 PUBLIC = "public"
 WEIGHTINGS = ("uniform", "per_unit")
@@ -96,8 +95,10 @@ class DPVocabulary:
         return None if self.is_public else dp_accounting.GaussianDpEvent(float(self.noise_multiplier))
 
     @property
-    def release(self) -> Release | None:
-        """The `Release` to charge to a run's plan (its event; the threshold's delta is `threshold_delta`)."""
+    def release(self):
+        """The `planning.Release` to charge to a run's plan (its event; the threshold's delta is `threshold_delta`)."""
+        from tfdp_embed.planning.releases import Release  # the planning package imports `tfdp_embed.data`
+
         return None if self.is_public else Release(self.name, event=self.event)
 
     @property
