@@ -24,7 +24,12 @@ The same for DP-AdaFEST+ and for `TpuDPStep` (CPU engine of the
 TPUEmbeddingV2 interface; a static-shape TPU batch is padded the same way).
 Then, for every mechanism, a step on a padded batch must equal the step on
 the batch without its padding (same seeds, noise on): padding enters no
-count, norm, sum or row set.
+count, norm, sum or row set. On the old code the released weights differ
+for EANA (row 0 noised, 0.56 apart) and the lookups and clip factors (1,
+not 0) of the padding reach every mechanism. Last, DP-FEST's
+`bucket_counts` over padded batches must not count the padding (old code:
+row 0 counted once per padding example, so adding an example moved a count
+down).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from tfdp_embed.data import fixed_shape_batches, poisson_batches
 from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms import DPFEST, EANA, DenseDPSGD, DPAdaFEST, DPAdaFESTPlus, LazyDP
 from tfdp_embed.mechanisms.adafest import contribution_map
+from tfdp_embed.mechanisms.topk_selection import bucket_counts
 from tfdp_embed.training import DPModel
 
 VOCAB, DIM, C1 = 16, 2, 1.0
@@ -233,3 +239,16 @@ def test_every_mechanism_steps_on_a_padded_batch_as_on_the_batch_without_padding
     np.testing.assert_allclose(seen_padded["clip_factors"][:5], seen_plain["clip_factors"], rtol=1e-6)
     for i, (got, want) in enumerate(zip(padded, plain)):  # noise on, same seeds: the same weights
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6, err_msg=f"{name}: weight {i}")
+
+
+# -- 4. DP-FEST's counts: a padded dataset counts its real examples only ------------------------
+def test_bucket_counts_of_padded_batches_count_the_real_examples_only():
+    batches, info = poisson_batches(_arrays(True), sampling_probability=1.0, max_batch_size=8, seed=1)
+    padded, _ = fixed_shape_batches(batches, info)  # 5 examples + 3 padding examples reading row 0
+    sizes = {"items": VOCAB}
+    plain = bucket_counts(batches.map(lambda x, y: ({"items": x}, y)), vocabulary_sizes=sizes)["items"]
+    counted = bucket_counts(padded.map(lambda x, y, w: ({"items": x}, y, w)), vocabulary_sizes=sizes)["items"]
+    # Old code: row 0 counted 3 (the padding), so adding an example moved row 0's count down by 1
+    # while the target's rows moved up: not the one-directional sensitivity-1 counts dp_top_k assumes.
+    assert counted[0] == plain[0] == 0, f"row 0 counted {counted[0]} times: the padding examples were counted"
+    np.testing.assert_array_equal(counted, plain)

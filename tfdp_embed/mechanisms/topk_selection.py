@@ -72,6 +72,7 @@ from scipy import special
 
 from tfdp_embed._checks import check_positive
 from tfdp_embed._keras import tf
+from tfdp_embed.clipping.absent_examples import present_examples
 
 
 # -- the accounting event ------------------------------------------------------------
@@ -320,9 +321,18 @@ def _example_rows_and_ids(ids):
     raise ValueError(f"Ids must be [batch], [batch, n], ragged or sparse; received shape {ids.shape}.")
 
 
-def _distinct_counts(ids, vocabulary_size: int):
-    """Each example's distinct ids, counted once: (rows, counts) of this batch."""
+def _present(sample_weight):
+    """bool `[batch]` of the examples with a non-zero weight (None: all), as `DPModel` counts them."""
+    weights = tf.convert_to_tensor(sample_weight)
+    return present_examples(weights, tf.shape(tf.reshape(weights, [-1]))[0])
+
+
+def _distinct_counts(ids, vocabulary_size: int, present=None):
+    """Each example's distinct ids, counted once: (rows, counts) of this batch (`present` examples only)."""
     examples, flat = _example_rows_and_ids(ids)
+    if present is not None:
+        keep = tf.gather(present, examples)
+        examples, flat = tf.boolean_mask(examples, keep), tf.boolean_mask(flat, keep)
     check = tf.debugging.assert_less(
         flat, tf.constant(vocabulary_size, tf.int64), message="bucket id >= vocabulary size"
     )
@@ -361,6 +371,9 @@ def bucket_counts(
     Args:
       dataset: batched `tf.data.Dataset`; by default it yields a dict of
         features (or `(features, labels[, weights])`) keyed by table name.
+        An example whose weights are all 0 (the padding of
+        `fixed_shape_batches`) is not counted: counting it would move row
+        counts down when an example is added (one padding example fewer).
       vocabulary_sizes: table name -> vocabulary size; these tables are counted.
       ids_fn: optional `element -> {table name: bucket ids}`; ids are
         `[batch]`, `[batch, n]`, ragged `[batch, None]` or sparse, already
@@ -382,7 +395,9 @@ def bucket_counts(
 
     def per_batch(*element):
         ids = fn(element[0] if len(element) == 1 else element)
-        return {name: _distinct_counts(ids[name], int(size)) for name, size in vocabulary_sizes.items()}
+        # (features, labels, sample_weight): weight-0 examples (fixed-shape padding) are absent, not counted.
+        present = _present(element[2]) if len(element) == 3 else None
+        return {name: _distinct_counts(ids[name], int(size), present) for name, size in vocabulary_sizes.items()}
 
     totals = {name: np.zeros(int(size), np.int64) for name, size in vocabulary_sizes.items()}
     for batch in dataset.map(per_batch).as_numpy_iterator():
