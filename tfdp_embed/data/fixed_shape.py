@@ -7,11 +7,20 @@ smaller batch up to B:
 
     batch t = (x_t, y_t, w_t),  w_t = [1] * |S_t| + [0] * (B - |S_t|),  padding rows all zeros
 
-A padding example's loss is multiplied by its weight 0 (`DPModel` scales
-each example's loss by its sample weight before clipping), so its
-gradient, clipped gradient and share of the noised sum are exactly 0, and
-the update (noised sum / qN) is the unpadded batch's. Padding changes
-shapes only, not what is released.
+A padding example is absent from the step, not merely weightless: its
+loss is multiplied by its weight 0 (`DPModel` scales each example's loss
+by its sample weight), and `tfdp_embed.clipping.absent_examples` gives
+every weight-0 example clip factor 0 and drops its lookups and the rows
+only it reads before any mechanism sees the step. Its lookups must not
+count: padding examples read rows too (the ids of all-zero features), and
+adding an example to a batch removes one padding example, so a count of
+lookups (DP-AdaFEST's contribution map, EANA's and LazyDP's touched rows,
+`bucket_counts`) would move by the example *and* a padding example:
+sensitivity sqrt(2) C1 where the accounting assumes C1. The step on a
+padded batch is therefore the unpadded batch's step (the same clipped sums,
+touched rows and noise draws; tests/privacy/test_padding_sensitivity.py).
+Padding changes shapes only, not what is released. `TpuDPStep` takes the
+weights as `sample_weight`.
 
 Accounting: the truncation is part of the mechanism. Account the steps with
 `tfdp_embed.accounting.truncated_steps` (each step is dp-accounting's
