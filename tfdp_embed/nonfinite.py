@@ -75,7 +75,11 @@ def check_weights(pairs) -> tf.Operation:
     """Asserts that what the step wrote is finite: the rows of sparse updates, dense variables whole.
 
     Run after the optimizer applied `pairs` (`(gradient, variable)`). It
-    reads the weights only, which are the step's noised output.
+    reads the weights only, which are the step's noised output. The clipped
+    sums and the noise are always finite, so a weight turns non-finite only
+    when the optimizer overflows it, in the step that writes it: the check
+    stops a diverging model at that step. (It assumes finite initial weights:
+    a row that starts as NaN would be caught when a batch first writes it.)
 
     Raises:
       tf.errors.InvalidArgumentError: (when run) a written weight is NaN or Inf; says the model diverged.
