@@ -23,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tfdp_embed import mechanisms
 from tfdp_embed._keras import keras, tf
 from tfdp_embed.layers.embedding import DPEmbedding
-from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.training import DPModel
 
 VOCAB, DIM, BATCH, SEEDS, C = 10, 3, 8, 10, 0.5
@@ -65,15 +65,17 @@ def _batches(seed: int, target: float | None) -> tf.data.Dataset:
     return data[0].concatenate(data[1])
 
 
-def _runs(target_value: float) -> dict:
+def _dense() -> mechanisms.DenseDPSGD:
+    return mechanisms.DenseDPSGD(l2_norm_clip=C, noise_multiplier=0.0, seed=0)
+
+
+def _runs(target_value: float, mechanism=_dense, seeds: int = SEEDS) -> dict:
     """Per seed and dataset ("with", "without"): whether training stopped, and the final weights."""
-    dp = DPModel(
-        _model(), mechanism=DenseDPSGD(l2_norm_clip=C, noise_multiplier=0.0, seed=0), expected_batch_size=BATCH
-    )
+    dp = DPModel(_model(), mechanism=mechanism(), expected_batch_size=BATCH)
     dp.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss="mse")
     dp.prepare(_batches(0, None))
     out: dict = {"with": [], "without": []}
-    for seed in range(SEEDS):
+    for seed in range(seeds):
         init = _init(seed, dp.get_weights())
         for key, target in (("with", target_value), ("without", None)):
             dp.set_weights(init)
@@ -87,11 +89,12 @@ def _runs(target_value: float) -> dict:
 
 
 def _attack(runs: dict) -> dict:
+    seeds = len(runs["with"])
     stopped_with = sum(s for s, _ in runs["with"])
     stopped_without = sum(s for s, _ in runs["without"])
-    accuracy = (stopped_with + SEEDS - stopped_without) / (2 * SEEDS)  # guess "in" iff training stopped
+    accuracy = (stopped_with + seeds - stopped_without) / (2 * seeds)  # guess "in" iff training stopped
     gaps = []
-    for (_, with_target), (_, without), seed in zip(runs["with"], runs["without"], range(SEEDS)):
+    for (_, with_target), (_, without), seed in zip(runs["with"], runs["without"], range(seeds)):
         moved = max(float(np.max(np.abs(w - b))) for w, b in zip(without, _init(seed, without)))
         gaps.append(max(float(np.max(np.abs(a - b))) for a, b in zip(with_target, without)) / moved)
     return {"stopped_with": stopped_with, "stopped_without": stopped_without, "accuracy": accuracy, "gaps": gaps}
@@ -116,6 +119,26 @@ def test_one_infinite_loss_neither_stops_training_nor_moves_the_weights():
 @pytest.mark.parametrize("policy", ["mixed_float16"], indirect=True)
 def test_a_float16_overflowing_feature_neither_stops_training_nor_moves_the_weights(policy):
     _check(_attack(_runs(70000.0)))  # > 65504: Inf once cast to float16
+
+
+@pytest.mark.parametrize(
+    "mechanism",
+    [
+        lambda: mechanisms.LazyDP(l2_norm_clip=C, noise_multiplier=0.0, seed=0),
+        lambda: mechanisms.DPAdaFEST(
+            l2_norm_clip=C,
+            noise_multiplier=0.0,
+            contribution_clip=1.0,
+            contribution_noise_multiplier=1e-6,
+            threshold=0.5,
+            seed=0,
+        ),
+    ],
+    ids=["lazy", "adafest"],
+)
+def test_sparse_mechanisms_neither_stop_nor_move_the_weights(mechanism):
+    # The target's rows get a zero gradient (and DP-AdaFEST counts them in its contribution map, within C1).
+    _check(_attack(_runs(1e30, mechanism, seeds=3)))
 
 
 def test_the_control_a_finite_target_moves_the_weights():
