@@ -14,7 +14,7 @@ BEAM := .venv-beam
 BEAM_PY := $(BEAM)/bin/python
 BEAM_STAMP := $(BEAM)/.installed-stamp
 
-.PHONY: run test test-main test-peers test-beam test-slow lint format install bench clean
+.PHONY: run test test-main test-peers test-beam test-slow lint format install bench results clean
 
 $(STAMP): setup.cfg pyproject.toml constraints/ci.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ format: $(STAMP)
 bench: $(STAMP) $(PEERS_STAMP)
 	$(PY) -m benchmarks.step_time --mechanisms none,dense,eana,lazy,lazy_lookahead,fest,adafest --vocab 100000,1000000,10000000 --dim 64 --batch 1024 --steps 30
 	PYTHONPATH=. $(PEERS_PY) -m benchmarks.step_time --mechanisms none,tfp_keras_sgd --vocab 100000,1000000,10000000 --dim 64 --batch 1024 --steps 30
+
+# benchmarks/RESULTS.md, written from the JSON under benchmarks/results/ (a test checks it is up to date).
+results: $(STAMP)
+	$(PY) -m benchmarks.results_page
 
 clean:
 	rm -rf $(VENV) $(PEERS) $(BEAM) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -1,4 +1,4 @@
-"""Where a benchmark run writes its files, and how its section joins `benchmarks/RESULTS.md`.
+"""Where a benchmark run writes its files, and how `benchmarks/RESULTS.md` learns of them.
 
 Every run writes files of its own. A script's `--json` / `--png` default to
 `auto`: `benchmarks/results/<benchmark>-<tag>-<UTC start>.<ext>`, the tag
@@ -7,10 +7,11 @@ so a later run never overwrites a file that an earlier section cites. An
 explicit path to an existing file that `RESULTS.md` or the archive cites is
 refused; `''` skips the file.
 
-`append_section` adds a run's Markdown section at the end of a results page,
-under the heading "New measurements (not yet folded in)" (created when
-missing), one heading level down, followed by the files the run wrote.
-Whoever folds a measurement into the page's question sections moves it up.
+`RESULTS.md` is generated from the JSON files (`make results`,
+`benchmarks/results_page.py`): a run whose `--results-md` names it rewrites it
+from the JSON instead of appending. `append_section` still appends a run's
+Markdown section to any other page (a notebook of one's own), under the heading
+"New measurements (not yet folded in)", one heading level down.
 """
 
 from __future__ import annotations
@@ -134,10 +135,17 @@ def append_section(path: str, section: str, *, files=()) -> None:
     """Appends `section` under NEW_HEADING at the end of the page `path`, naming the `files` it does not cite.
 
     Args:
-      path: the results page (created with the page header when missing).
+      path: the results page (created with the page header when missing); `RESULTS_MD` itself is rewritten
+        from the JSON files (`benchmarks.results_page`) instead.
       section: the run's Markdown section, starting with its `## ` heading.
       files: paths the run wrote ('' / None are skipped); those the section does not name are listed after it.
     """
+    if os.path.abspath(path) == os.path.abspath(RESULTS_MD):
+        from benchmarks import results_page
+
+        results_page.main(["--results-dir", RESULTS_DIR, "--out", RESULTS_MD])
+        print("RESULTS.md is generated from the JSON files: rewritten with `make results` instead of appending.")
+        return
     text = ""
     if os.path.exists(path):
         with open(path, encoding="utf-8") as handle:

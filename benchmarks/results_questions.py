@@ -1,0 +1,560 @@
+"""The questions `benchmarks/RESULTS.md` answers: which runs each reads and which fields its table shows.
+
+One `Question` per section: a title, what it answers (1-3 sentences), the benchmarks it reads, and `build`,
+which picks the latest matching run(s) from `benchmarks/results/` and returns them with the section's table.
+A benchmark with no question here still appears on the page, under "Other benchmarks" (its latest run).
+Every number is read from a JSON file; nothing here is a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from benchmarks.results_page import latest, link, table
+
+MECHANISM_ORDER = (
+    "none",
+    "dpmodel_none",
+    "eana",
+    "lazy",
+    "lazy_lookahead",
+    "fest",
+    "adafest",
+    "adafest@1000",
+    "adafest+",
+)
+PEERS = ("dense", "tfp_keras_sgd")
+NOT_DP = {"eana": "eana (not DP)", "none": "none (non-private)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Question:
+    title: str
+    text: str
+    benchmarks: tuple
+    build: Callable  # runs -> (runs used, Markdown body) or None
+
+
+# -- formatting -------------------------------------------------------------------
+def times(value) -> str:
+    return "not measured" if value is None else (f"{value:,.0f}×" if value >= 100 else f"{value:.2f}×")
+
+
+def ms(seconds) -> str:
+    return "not measured" if seconds is None else f"{seconds * 1000:.2f} ms"
+
+
+def gib(size_bytes) -> str:
+    return f"{size_bytes / 2**30:.2f} GiB" if size_bytes else "not measured"
+
+
+def power(vocab) -> str:
+    exponent = len(str(int(vocab))) - 1
+    mantissa = int(vocab) / 10**exponent
+    sup = str(exponent).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+    return f"10{sup}" if mantissa == 1 else f"{mantissa:g}·10{sup}"
+
+
+def num(value, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def ordered(names) -> list[str]:
+    known = [m for m in (*MECHANISM_ORDER, *PEERS) if m in names]
+    return known + sorted(set(names) - set(known))
+
+
+# -- step time ---------------------------------------------------------------------
+def step_cells(runs, *, dim: int, min_repeats: int = 1) -> dict:
+    """(mechanism, vocab) -> (result row, run): the latest uniform-id step_time result at this `dim`."""
+    cells: dict = {}
+    for run in runs:
+        settings = run.doc.get("settings") or {}
+        if run.benchmark != "step_time" or settings.get("dim") != dim or settings.get("zipf") is not None:
+            continue
+        if (settings.get("repeats") or 1) < min_repeats:
+            continue
+        for row in run.doc.get("results", []):
+            if row.get("ratio_to_none") is not None and row.get("vocab"):
+                cells[(row["mechanism"], int(row["vocab"]))] = (row, run)
+    return cells
+
+
+def _cell_table(cells, *, with_processes: bool = False):
+    vocabs = sorted({vocab for _, vocab in cells})
+    rows, used = [], []
+    for mechanism in ordered({m for m, _ in cells}):
+        picked = [cells.get((mechanism, v)) for v in vocabs]
+        row = [f"`{mechanism}`" + (" (not DP)" if mechanism == "eana" else "")]
+        for cell in picked:
+            if cell is None:
+                row.append("not measured")
+            elif mechanism == "none":
+                row.append(f"{ms(cell[0].get('median_step_s'))} (median)")
+            else:
+                runs_ratio = cell[0].get("ratio_to_none_runs") or []
+                spread = ", ".join(f"{r:.2f}" for r in runs_ratio) if with_processes and len(runs_ratio) > 1 else ""
+                row.append(times(cell[0]["ratio_to_none"]) + (f" ({spread})" if spread else ""))
+        dates = sorted({cell[1].short_date for cell in picked if cell})
+        used += [cell[1] for cell in picked if cell and cell[1] not in used]
+        rows.append([*row, ", ".join(dates)])
+    header = ["mechanism", *[f"{power(v)} rows" for v in vocabs], "run"]
+    return sorted(set(used), key=lambda run: run.date), table(header, rows, "l" + "r" * len(vocabs) + "l")
+
+
+def build_sweep(runs):
+    cells = step_cells(runs, dim=64)
+    if not cells:
+        return None
+    used, body = _cell_table(cells)
+    return used, "DP step ÷ non-private step (same process), `vocab × 64` table, uniform ids.\n\n" + body
+
+
+def build_scale(runs):
+    cells = step_cells(runs, dim=16, min_repeats=3)
+    if not cells:
+        return None
+    used, body = _cell_table(cells, with_processes=True)
+    return used, "DP step ÷ non-private step, median over processes (each process's ratio in brackets).\n\n" + body
+
+
+def build_peers(runs):
+    def has_dense(doc):
+        return any(s.get("dense_over_mechanism") for s in doc.get("speedups_vs_dense") or [])
+
+    run = latest(runs, "step_time", where=has_dense)
+    if run is None:
+        return None
+    rows = [
+        [
+            f"`{s['mechanism']}`",
+            power(s["vocab"]),
+            ms(s["median_step_s"]),
+            times(s.get("dense_over_mechanism")),
+            times(s.get("tfp_keras_sgd_over_mechanism")),
+        ]
+        for s in run.doc["speedups_vs_dense"]
+    ]
+    header = ["mechanism", "rows", "median step", "dense ÷ mechanism", "tensorflow-privacy ÷ mechanism"]
+    return [run], table(header, rows)
+
+
+# -- end to end, input pipeline ----------------------------------------------------------
+def build_end_to_end(runs):
+    run = latest(runs, "end_to_end", where=lambda doc: len(doc.get("summary") or {}) >= 4)
+    if run is None:
+        return None
+    summary = run.doc["summary"]
+    base = summary.get("none") or {}
+    rows = []
+    for mechanism in ordered(summary):
+        entry = summary[mechanism]
+        rows.append(
+            [
+                NOT_DP.get(mechanism, mechanism),
+                f"{times(entry['wall_s'] / base['wall_s'])} ({entry['wall_s']:.1f} s)" if base else "not measured",
+                times(entry["median_step_s"] / base["median_step_s"]) if base else "not measured",
+                f"{entry.get('stages', {}).get('first step', 0):.1f} s",
+                gib(entry.get("peak_rss_bytes")),
+                str(entry.get("runs", "")),
+            ]
+        )
+    header = ["mechanism", "wall ÷ none", "median step ÷ none", "first step", "peak RSS", "runs"]
+    return [run], table(header, rows)
+
+
+def build_streaming(runs):
+    run = latest(runs, "streaming")
+    if run is None:
+        return None
+    rows = [
+        [
+            f"{s['rows']:,}",
+            s["method"],
+            f"{s['rows_per_s']:,.0f}",
+            times(s["ratio_to_plain"]),
+            str(s.get("passes", "")),
+            gib(s.get("process_peak_rss_bytes")),
+        ]
+        for s in run.doc["summary"]
+    ]
+    return [run], table(["rows", "method", "rows/s", "÷ plain read", "file reads", "peak RSS"], rows, "llrrrr")
+
+
+# -- utility -------------------------------------------------------------------------
+def build_criteo(runs):
+    run = latest(runs, "criteo_realdata")
+    if run is None:
+        return None
+    epsilons = sorted({r["target_epsilon"] for r in run.doc["runs"] if r["target_epsilon"] is not None})
+    cells = {(r["mechanism"], r["target_epsilon"]): r for r in run.doc["runs"]}
+    rows = []
+    for mechanism in ordered({r["mechanism"] for r in run.doc["runs"]}):
+        targets = [None] if mechanism == "none" else epsilons
+        values = [cells.get((mechanism, e)) for e in targets]
+        shown = [f"{r['auc']:.3f} / {r['logloss']:.3f}" if r else "" for r in values]
+        rows.append([NOT_DP.get(mechanism, mechanism), *(shown + [""] * (len(epsilons) - len(shown)))])
+    header = ["mechanism (AUC / log loss)", *[f"ε = {e:g}" for e in epsilons]]
+    return [run], table(header, rows)
+
+
+def _fest_cell(pick) -> str:
+    best = pick.get("best")
+    if best:
+        return f"{best['gradient_size_reduction']:,.1f}× (AUC {best['auc']:.3f})"
+    return f"none (best AUC {num((pick.get('private') or {}).get('auc'))})"
+
+
+def build_fest(runs):
+    prefixes = ("fest_tradeoff-real", "fest_tradeoff-syn")
+    used = [r for r in (latest(runs, "fest_tradeoff", prefix=p) for p in prefixes) if r]
+    if not used:
+        return None
+    cells, losses = {}, []
+    for run in used:
+        data = "real sample" if "-real" in run.name else "synthetic"
+        for pick in run.doc.get("picks", []):
+            key = (data, pick["mechanism"], pick["epsilon"], pick["lazy_auc"])
+            cells.setdefault(key, {})[pick["loss"]] = _fest_cell(pick)
+            losses += [] if pick["loss"] in losses else [pick["loss"]]
+    rows = [
+        [data, mechanism, f"{eps:g}", num(lazy_auc), *[found.get(loss, "not measured") for loss in losses]]
+        for (data, mechanism, eps, lazy_auc), found in cells.items()
+    ]
+    header = ["data", "mechanism", "ε", "LazyDP AUC", *[f"reduction within AUC loss {loss:g}" for loss in losses]]
+    intro = "Largest gradient-size reduction over LazyDP whose AUC is within the loss allowed.\n\n"
+    return used, intro + table(header, rows, "lllr" + "r" * len(losses))
+
+
+def build_movielens(runs):
+    run = latest(runs, "movielens_utility")
+    if run is None:
+        return None
+    rows = [
+        [
+            NOT_DP.get(r["mechanism"], r["mechanism"]),
+            num(r.get("epsilon"), 2),
+            f"{r['noise_multiplier']:.3g}",
+            num(r["precision@10"], 4),
+            num(r["recall@10"], 4),
+            num(r["recall@20"], 4),
+            f"{r['median_step_ms']:.1f} ms",
+        ]
+        for r in run.doc["runs"]
+    ]
+    return [run], table(["mechanism", "ε", "σ", "P@10", "R@10", "R@20", "median step"], rows)
+
+
+def build_retrieval(runs):
+    run = latest(runs, "retrieval")
+    if run is None:
+        return None
+    rows = [
+        [
+            r["run"],
+            num(r.get("epsilon"), 2),
+            num(r["recall@10"], 4),
+            num(r["recall@50"], 4),
+            f"{r['median_step_ms']:.1f} ms",
+        ]
+        for r in run.doc["runs"]
+    ]
+    return [run], table(["run", "ε", "recall@10", "recall@50", "median step"], rows)
+
+
+def build_dpformer(runs):
+    used = [
+        r
+        for r in (
+            latest(runs, "dpformer_table2", prefix=p) for p in ("dpformer_table2-eps8-5", "dpformer_table2-eps8-ep")
+        )
+        if r
+    ]
+    if not used:
+        return None
+    rows = []
+    for run in used:
+        epochs = (run.doc.get("settings") or {}).get("epochs")
+        for r in run.doc["rows"]:
+            paper = f"{r['paper_ndcg@10_pct']:.2f}" if r.get("paper_ndcg@10_pct") is not None else "—"
+            seed = r.get("seed", "")
+            rows.append(
+                [
+                    f"{epochs}",
+                    r["model"],
+                    f"{seed}",
+                    r["epsilon_target"],
+                    f"{r['ndcg@10_pct']:.2f} / {r['hit@10_pct']:.2f}",
+                    paper,
+                ]
+            )
+        pop = run.doc.get("popularity") or {}
+        if pop:
+            rows.append(
+                [
+                    f"{epochs}",
+                    "popularity (non-private)",
+                    "",
+                    "—",
+                    f"{pop['ndcg@10_pct']:.2f} / {pop['hit@10_pct']:.2f}",
+                    "—",
+                ]
+            )
+    header = ["epochs", "model", "seed", "ε", "NDCG@10 / HIT@10 (%)", "paper NDCG@10"]
+    return used, table(header, rows, "lllrrr")
+
+
+# -- privacy audit, memory, mechanics ---------------------------------------------------
+def build_secret_sharer(runs):
+    run = latest(runs, "secret_sharer")
+    if run is None:
+        return None
+    counts = sorted({int(c) for r in run.doc["runs"] for c in r["exposure"]["by_insertion_count"]})
+    rows = []
+    for r in run.doc["runs"]:
+        by = r["exposure"]["by_insertion_count"]
+        exposure = [f"{by[str(c)]['mean_exposure']:.2f}" if str(c) in by else "" for c in counts]
+        epsilon = r.get("epsilon")
+        rows.append(
+            [
+                r["setting"],
+                "—" if epsilon is None else f"{epsilon:.3g}",
+                *exposure,
+                f"{r['control']['mean_exposure']:.2f}",
+            ]
+        )
+    header = ["run", "ε", *[f"×{c}" for c in counts], "control"]
+    return [run], "Mean rank exposure (bits) of canaries inserted ×k times.\n\n" + table(header, rows)
+
+
+def build_memory(runs):
+    run = latest(runs, "criteo_memory")
+    if run is None:
+        return None
+    cells = {(r["rows"], r["mechanism"], r["streaming"]): r for r in run.doc["results"]}
+    columns = sorted({(m, s) for _, m, s in cells})
+    rows = [
+        [f"{n:,}", *[gib((cells.get((n, m, s)) or {}).get("peak_rss_bytes")) for m, s in columns]]
+        for n in sorted({n for n, _, _ in cells})
+    ]
+    header = ["rows", *[f"{m}, streaming {s}" for m, s in columns]]
+    return [run], "Peak RSS of one pipeline process.\n\n" + table(header, rows)
+
+
+def build_checkpoint(runs):
+    run = latest(runs, "checkpoint_time")
+    if run is None:
+        return None
+    rows = []
+    for r in run.doc["rows"]:
+        save, write = r["save"]["median_s"], r["plain_write"]["median_s"]
+        restore, read = r["restore"]["median_s"], r["plain_read"]["median_s"]
+        rows.append(
+            [f"{r['vocab']:,}", f"{save:.3f} s", times(save / write), f"{restore:.3f} s", times(restore / read)]
+        )
+    return [run], table(["vocab", "DP save", "÷ plain write", "DP restore", "÷ plain read"], rows)
+
+
+def build_traffic(runs):
+    used = [r for r in runs if r.benchmark == "traffic"]
+    used = sorted({(r.doc.get("settings") or {}).get("zipf"): r for r in used}.values(), key=lambda r: r.date)
+    if not used:
+        return None
+    cells, columns = {}, []
+    for run in used:
+        zipf = (run.doc.get("settings") or {}).get("zipf")
+        for r in run.doc["rows"]:
+            column = f"{power(r['vocab'])}" + ("" if zipf is None else f", Zipf {zipf}")
+            columns += [] if column in columns else [column]
+            cells[(r["mechanism"], column)] = f"{r['worker_to_ps_bytes_per_step'] / 1e6:.3g} MB"
+    rows = [[m, *[cells.get((m, c), "not measured") for c in columns]] for m in ordered({m for m, _ in cells})]
+    intro = "Worker → parameter-server bytes per step, by table rows (uniform ids unless Zipf is named).\n\n"
+    return used, intro + table(["mechanism", *columns], rows)
+
+
+def build_phantom(runs):
+    run = latest(runs, "phantom", where=lambda doc: not doc.get("followup_of"))
+    if run is None:
+        return None
+    cells = {(r["positions"], r["vocab"], r["batch"], r["method"]): r for r in run.doc["results"]}
+    keys = sorted({(p, v, b) for p, v, b, _ in cells})
+    rows = []
+    for p, v, b in keys:
+        ratio = [times((cells.get((p, v, b, m)) or {}).get("ratio_to_non_private")) for m in ("phantom", "brute_force")]
+        rows.append([p, f"{v:,}", str(b), *ratio])
+    return [run], table(
+        ["positions scored", "V", "batch", "Phantom ÷ non-private", "brute force ÷ non-private"], rows, "lrrrr"
+    )
+
+
+def build_calibration(runs):
+    run = latest(runs, "calibration_time")
+    if run is None:
+        return None
+    rows = [
+        [
+            r["case"],
+            r["checkout"],
+            f"{r['noise_multiplier']:.6f}",
+            f"{r['seconds']['plan']['median_s']:.2f} s",
+            f"{r['seconds']['budget']['median_s']:.2f} s",
+            str(r["max_steps"]),
+            "holds" if r.get("guarantee_holds") else "does not hold",
+        ]
+        for r in run.doc["rows"]
+    ]
+    header = ["case", "checkout", "σ", "plan", "budget", "steps that fit", "guarantee"]
+    return [run], table(header, rows, "lllrrrl")
+
+
+QUESTIONS = (
+    Question(
+        "Step time vs vocabulary",
+        "How much slower is each mechanism's DP step than the non-private step as the embedding table grows (10⁵–5·10⁷ rows × 64)? Each cell is the latest run measuring it.",
+        ("step_time",),
+        build_sweep,
+    ),
+    Question(
+        "Step time at 10⁸ rows × 16",
+        "The same ratio at issue 21's scale, from runs with three processes per mechanism (the latest per mechanism).",
+        ("step_time",),
+        build_scale,
+    ),
+    Question(
+        "Against dense DP-SGD and tensorflow-privacy",
+        "How many times faster is each sparse mechanism's step than dense DP-SGD, ours and tensorflow-privacy's `DPKerasSGDOptimizer`, in the latest run that measured them?",
+        ("step_time",),
+        build_peers,
+    ),
+    Question(
+        "End to end: Criteo pipeline wall time",
+        "How much longer does a DP run of `python -m pipelines.criteo` (200k generated rows, 1 epoch) take than the non-private one, start to finish?",
+        ("end_to_end",),
+        build_end_to_end,
+    ),
+    Question(
+        "Input pipeline: one DP epoch",
+        "How fast is one DP epoch's exact Poisson sampling from a file (one pass with spill, or several passes) compared with a plain read?",
+        ("streaming",),
+        build_streaming,
+    ),
+    Question(
+        "Utility: Criteo real rows, AUC vs ε",
+        "What does each mechanism cost in AUC on real Criteo rows (7,200 training rows: direction only, one AUC's standard error is about 0.02)?",
+        ("criteo_realdata",),
+        build_criteo,
+    ),
+    Question(
+        "Utility: DP-FEST / DP-AdaFEST trade-off (Figure 3)",
+        "How much smaller can the noised embedding gradient be than LazyDP's within a given AUC loss?",
+        ("fest_tradeoff",),
+        build_fest,
+    ),
+    Question(
+        "Utility: MovieLens two-tower retrieval",
+        "Precision and recall@k of a two-tower model on ml-100k, DP vs non-private.",
+        ("movielens_utility",),
+        build_movielens,
+    ),
+    Question(
+        "Utility: DP retrieval task vs TFRS in-batch",
+        "Recall@k and step time of the DP Retrieval task (full or sampled softmax) against TFRS's in-batch task on ml-100k.",
+        ("retrieval",),
+        build_retrieval,
+    ),
+    Question(
+        "Utility: DPFormer Table 2 (Amazon Games)",
+        "How close do DP sequential recommenders get to DPFormer's Table 2 when item frequencies are released with DP?",
+        ("dpformer_table2",),
+        build_dpformer,
+    ),
+    Question(
+        "Privacy audit: secret sharer",
+        "How much does an attacker learn about canaries inserted into MovieLens training data, with and without DP?",
+        ("secret_sharer",),
+        build_secret_sharer,
+    ),
+    Question(
+        "Memory: Criteo pipeline peak RSS",
+        "How much memory does training take as the data grows, and does streaming keep it flat?",
+        ("criteo_memory",),
+        build_memory,
+    ),
+    Question(
+        "Checkpoints",
+        "What does a DP checkpoint (mechanism state, ledger, checksummed manifest) cost against a plain `tf.train.Checkpoint`?",
+        ("checkpoint_time",),
+        build_checkpoint,
+    ),
+    Question(
+        "Parameter-server traffic",
+        "How many bytes does a worker send to the parameter servers per step, per mechanism?",
+        ("traffic",),
+        build_traffic,
+    ),
+    Question(
+        "Phantom Clipping",
+        "What does DP cost for DPFormer's shared input/output table with Phantom Clipping, against brute-force per-example norms?",
+        ("phantom",),
+        build_phantom,
+    ),
+    Question(
+        "Privacy planning time",
+        "How long does the privacy planning take before the first step (σ calibration and the budget's start)?",
+        ("calibration_time",),
+        build_calibration,
+    ),
+)
+
+
+# -- headline ---------------------------------------------------------------------------
+def _range(values) -> str:
+    low, high = min(values), max(values)
+    return times(low) if f"{low:.2f}" == f"{high:.2f}" else f"{times(low)[:-1]}–{times(high)}"
+
+
+def _step_line(cells, label):
+    used, parts = [], []
+    for mechanism in ordered({m for m, _ in cells} - {"none"}):
+        found = [(row, run) for (m, _), (row, run) in cells.items() if m == mechanism]
+        parts.append(f"{mechanism} {_range([row['ratio_to_none'] for row, _ in found])}")
+        used += [run for _, run in found]
+    return label, "; ".join(parts), sorted(set(used), key=lambda run: run.date)
+
+
+def headline(runs, page_dir: str) -> str:
+    """The key ratios, each from the JSON files it links."""
+    lines = []
+    for cells, label in (
+        (step_cells(runs, dim=64), "DP step ÷ non-private step, 10⁵–5·10⁷ rows × 64"),
+        (step_cells(runs, dim=16, min_repeats=3), "DP step ÷ non-private step, 10⁸ rows × 16"),
+    ):
+        if cells:
+            lines.append(_step_line(cells, label))
+    run = latest(runs, "end_to_end", where=lambda doc: len(doc.get("summary") or {}) >= 4)
+    if run:
+        summary = run.doc["summary"]
+        ratios = [
+            f"{m} {times(summary[m]['wall_s'] / summary['none']['wall_s'])}" for m in ordered(summary) if m != "none"
+        ]
+        lines.append(("Criteo pipeline end to end, DP wall ÷ non-private", "; ".join(ratios), [run]))
+    run = latest(runs, "criteo_realdata")
+    if run:
+        aucs = [r["auc"] for r in run.doc["runs"] if r["mechanism"] != "none"]
+        base = [r["auc"] for r in run.doc["runs"] if r["mechanism"] == "none"]
+        lines.append(
+            (
+                "Criteo real rows, AUC: DP (every ε) vs non-private",
+                f"{min(aucs):.3f}–{max(aucs):.3f} vs {num(base[0] if base else None)}",
+                [run],
+            )
+        )
+    run = latest(runs, "movielens_utility")
+    if run:
+        shown = [f"{r['mechanism']} {r['recall@10']:.4f}" for r in run.doc["runs"]]
+        lines.append(("MovieLens two-tower recall@10 (DP at the run's ε)", "; ".join(shown), [run]))
+    if not lines:
+        return ""
+    rows = [[label, value, ", ".join(link(r, page_dir, r.short_date) for r in used)] for label, value, used in lines]
+    return "## Headline\n\n" + table(["question", "measured", "from"], rows, "lll")
