@@ -66,12 +66,12 @@ def ordered(names) -> list[str]:
 
 
 # -- step time ---------------------------------------------------------------------
-def step_cells(runs, *, dim: int, min_repeats: int = 1) -> dict:
-    """(mechanism, vocab) -> (result row, run): the latest uniform-id step_time result at this `dim`."""
+def step_cells(runs, *, dim: int, min_repeats: int = 1, zipf=None) -> dict:
+    """(mechanism, vocab) -> (result row, run): the latest step_time result at this `dim` and `zipf` (None: uniform)."""
     cells: dict = {}
     for run in runs:
         settings = run.doc.get("settings") or {}
-        if run.benchmark != "step_time" or settings.get("dim") != dim or settings.get("zipf") is not None:
+        if run.benchmark != "step_time" or settings.get("dim") != dim or settings.get("zipf") != zipf:
             continue
         if (settings.get("repeats") or 1) < min_repeats:
             continue
@@ -109,6 +109,14 @@ def build_sweep(runs):
         return None
     used, body = _cell_table(cells)
     return used, "DP step ÷ non-private step (same process), `vocab × 64` table, uniform ids.\n\n" + body
+
+
+def build_zipf(runs):
+    cells = step_cells(runs, dim=64, zipf=1.1)
+    if not cells:
+        return None
+    used, body = _cell_table(cells)
+    return used, "DP step ÷ non-private step (same process), `vocab × 64` table, Zipf ids (a = 1.1).\n\n" + body
 
 
 def build_scale(runs):
@@ -374,18 +382,22 @@ def build_traffic(runs):
 
 
 def build_phantom(runs):
-    run = latest(runs, "phantom", where=lambda doc: not doc.get("followup_of"))
-    if run is None:
+    """Each (positions, V, batch) row from the latest run that measured it (a follow-up re-runs some rows)."""
+    blocks: dict = {}
+    for run in (r for r in runs if r.benchmark == "phantom"):
+        found: dict = {}
+        for r in run.doc.get("results", []):
+            found.setdefault((r["positions"], r["vocab"], r["batch"]), {})[r["method"]] = r
+        blocks |= {key: (methods, run) for key, methods in found.items()}
+    if not blocks:
         return None
-    cells = {(r["positions"], r["vocab"], r["batch"], r["method"]): r for r in run.doc["results"]}
-    keys = sorted({(p, v, b) for p, v, b, _ in cells})
     rows = []
-    for p, v, b in keys:
-        ratio = [times((cells.get((p, v, b, m)) or {}).get("ratio_to_non_private")) for m in ("phantom", "brute_force")]
-        rows.append([p, f"{v:,}", str(b), *ratio])
-    return [run], table(
-        ["positions scored", "V", "batch", "Phantom ÷ non-private", "brute force ÷ non-private"], rows, "lrrrr"
-    )
+    for (p, v, b), (methods, run) in sorted(blocks.items()):
+        ratio = [times((methods.get(m) or {}).get("ratio_to_non_private")) for m in ("phantom", "brute_force")]
+        rows.append([p, f"{v:,}", str(b), *ratio, run.short_date])
+    used = sorted({run for _, run in blocks.values()}, key=lambda run: run.date)
+    header = ["positions scored", "V", "batch", "Phantom ÷ non-private", "brute force ÷ non-private", "run"]
+    return used, table(header, rows, "lrrrrl")
 
 
 def build_calibration(runs):
@@ -414,6 +426,12 @@ QUESTIONS = (
         "How much slower is each mechanism's DP step than the non-private step as the embedding table grows (10⁵–5·10⁷ rows × 64)? Each cell is the latest run measuring it.",
         ("step_time",),
         build_sweep,
+    ),
+    Question(
+        "Step time with Zipf ids",
+        "The same ratio when ids follow a Zipf law (a = 1.1), as real categorical features do.",
+        ("step_time",),
+        build_zipf,
     ),
     Question(
         "Step time at 10⁸ rows × 16",
