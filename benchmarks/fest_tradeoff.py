@@ -37,7 +37,7 @@ these vocabularies exceeds most counts, and `--top-fraction` alone keeps
 max(1, fraction x V_f) rows of every table, so a 3-row table keeps one. The
 `issue` grid adds `--top-min-rows 1000` (tables of up to 1,000 rows kept
 whole, as the paper's top-k over all tables' buckets would keep these
-frequent rows). RESULTS.md ("why every sparse run lost") has the diagnostic runs.
+frequent rows). `benchmarks/archive/RESULTS-2026-11-26.md` ("why every sparse run lost") has the diagnostic runs.
 
 Curve (Figure 3): for each allowed AUC loss L, the largest gradient-size
 reduction of a mechanism's runs with AUC >= AUC(LazyDP) - L. The table's

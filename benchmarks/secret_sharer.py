@@ -440,7 +440,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.1,
         help="SGD rate of every run (momentum 0.9); <= 0: the pipeline's per-mechanism default. At 0.5 the "
-        "eps = 8 runs diverged (RESULTS.md)",
+        "eps = 8 runs diverged (benchmarks/archive/RESULTS-2026-11-lab-notebook.md)",
     )
     parser.add_argument("--insertion-counts", type=cli_args.ints, default=(1, 2, 3, 4, 5, 10, 20, 50, 100))
     parser.add_argument("--canaries-per-count", type=int, default=20, help="EANA: 50")
