@@ -185,7 +185,13 @@ def sources(runs: list[Run], page_dir: str) -> str:
 
 def section(question, runs: list[Run], page_dir: str) -> str | None:
     """The Markdown section of one question, or None when none of its runs exist."""
-    built = question.build(runs)
+    try:
+        built = question.build(runs)
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        raise RuntimeError(
+            f"question {question.title!r} cannot read its runs ({error!r}): a new run's JSON changed shape; "
+            "update its `build` in benchmarks/results_questions.py"
+        ) from error
     if built is None:
         return None
     used, body = built

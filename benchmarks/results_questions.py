@@ -532,17 +532,20 @@ def _range(values) -> str:
     return times(low) if f"{low:.2f}" == f"{high:.2f}" else f"{times(low)[:-1]}–{times(high)}"
 
 
+def _label(mechanism: str) -> str:
+    return f"{mechanism} (not DP)" if mechanism == "eana" else mechanism
+
+
 def _step_line(cells, label):
     used, parts = [], []
     for mechanism in ordered({m for m, _ in cells} - {"none"}):
         found = [(row, run) for (m, _), (row, run) in cells.items() if m == mechanism]
-        parts.append(f"{mechanism} {_range([row['ratio_to_none'] for row, _ in found])}")
+        parts.append(f"{_label(mechanism)} {_range([row['ratio_to_none'] for row, _ in found])}")
         used += [run for _, run in found]
     return label, "; ".join(parts), sorted(set(used), key=lambda run: run.date)
 
 
-def headline(runs, page_dir: str) -> str:
-    """The key ratios, each from the JSON files it links."""
+def _speed_lines(runs) -> list:
     lines = []
     for cells, label in (
         (step_cells(runs, dim=64), "DP step ÷ non-private step, 10⁵–5·10⁷ rows × 64"),
@@ -550,28 +553,48 @@ def headline(runs, page_dir: str) -> str:
     ):
         if cells:
             lines.append(_step_line(cells, label))
+    peers = build_peers(runs)
+    if peers:
+        (run,) = peers[0]
+        speedups = run.doc["speedups_vs_dense"]
+        dense = [s["dense_over_mechanism"] for s in speedups if s.get("dense_over_mechanism")]
+        tfp = [s["tfp_keras_sgd_over_mechanism"] for s in speedups if s.get("tfp_keras_sgd_over_mechanism")]
+        value = f"{_range(dense)} over ours" + (f", {_range(tfp)} over tensorflow-privacy" if tfp else "")
+        rows = ", ".join(sorted({power(s["vocab"]) for s in speedups}))
+        lines.append((f"Sparse mechanisms' speed-up over dense DP-SGD at {rows} rows", value, [run]))
     run = latest(runs, "end_to_end", where=lambda doc: len(doc.get("summary") or {}) >= 4)
     if run:
         summary = run.doc["summary"]
-        ratios = [
-            f"{m} {times(summary[m]['wall_s'] / summary['none']['wall_s'])}" for m in ordered(summary) if m != "none"
-        ]
+        base = summary["none"]["wall_s"]
+        ratios = [f"{_label(m)} {times(summary[m]['wall_s'] / base)}" for m in ordered(summary) if m != "none"]
         lines.append(("Criteo pipeline end to end, DP wall ÷ non-private", "; ".join(ratios), [run]))
+    return lines
+
+
+def _utility_lines(runs) -> list:
+    lines = []
     run = latest(runs, "criteo_realdata")
     if run:
-        aucs = [r["auc"] for r in run.doc["runs"] if r["mechanism"] != "none"]
+        aucs = [r["auc"] for r in run.doc["runs"] if r["mechanism"] not in ("none", "eana")]
         base = [r["auc"] for r in run.doc["runs"] if r["mechanism"] == "none"]
-        lines.append(
-            (
-                "Criteo real rows, AUC: DP (every ε) vs non-private",
-                f"{min(aucs):.3f}–{max(aucs):.3f} vs {num(base[0] if base else None)}",
-                [run],
-            )
-        )
+        value = f"{min(aucs):.3f}–{max(aucs):.3f} vs {num(base[0] if base else None)}"
+        lines.append(("Criteo real rows, AUC: DP (every DP mechanism and ε) vs non-private", value, [run]))
     run = latest(runs, "movielens_utility")
     if run:
-        shown = [f"{r['mechanism']} {r['recall@10']:.4f}" for r in run.doc["runs"]]
-        lines.append(("MovieLens two-tower recall@10 (DP at the run's ε)", "; ".join(shown), [run]))
+        shown = [f"{_label(r['mechanism'])} {r['recall@10']:.4f}" for r in run.doc["runs"]]
+        epsilons = sorted({f"{r['epsilon']:.2f}" for r in run.doc["runs"] if r.get("epsilon") is not None})
+        lines.append((f"MovieLens two-tower recall@10 (DP at ε = {', '.join(epsilons)})", "; ".join(shown), [run]))
+    run = latest(runs, "dpformer_table2", prefix="dpformer_table2-eps8-5")
+    if run:
+        rows = [r for r in run.doc["rows"] if r["epsilon_target"] != "non-private"]
+        shown = [f"{r['model']} ε {r['epsilon_target']}: {r['ndcg@10_pct']:.2f}" for r in rows]
+        lines.append(("DPFormer Table 2 (Amazon Games), NDCG@10 %", "; ".join(shown), [run]))
+    return lines
+
+
+def headline(runs, page_dir: str) -> str:
+    """The key ratios, each from the JSON files it links."""
+    lines = _speed_lines(runs) + _utility_lines(runs)
     if not lines:
         return ""
     rows = [[label, value, ", ".join(link(r, page_dir, r.short_date) for r in used)] for label, value, used in lines]
