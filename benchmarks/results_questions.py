@@ -219,7 +219,8 @@ def build_fest(runs):
     used = [r for r in (latest(runs, "fest_tradeoff", prefix=p) for p in prefixes) if r]
     if not used:
         return None
-    cells, losses = {}, []
+    cells: dict = {}
+    losses: list = []
     for run in used:
         data = "real sample" if "-real" in run.name else "synthetic"
         for pick in run.doc.get("picks", []):
