@@ -30,6 +30,7 @@ from pipelines.criteo import pipeline as criteo_pipeline
 from pipelines.criteo import privacy as criteo_privacy
 from tfdp_embed import DPEmbedding
 from tfdp_embed.accounting import compute_epsilon, dpsgd_event, period_ledger
+from tfdp_embed.accounting.dataset_size import DEFAULT_NOISE_MULTIPLIER, ReleasedDatasetSize
 from tfdp_embed.data.sequences import load_sequences, write_synthetic_sequences
 from tfdp_embed.planning import SELECTION
 
@@ -55,9 +56,12 @@ TABLE_VOCAB = 200
 def criteo_numbers(flags: str, period_sizes: list) -> dict:
     """The Criteo pipeline's plan for `flags` and training periods of `period_sizes` rows."""
     config = criteo_cli.parse_args([*flags.split(), "--verbose", "0", "--out", "unused"])
+    # The pins are the planner's numbers at these N: N~ = N exactly (no noise drawn) and no N~ release charged.
+    released = ReleasedDatasetSize(tuple(period_sizes), DEFAULT_NOISE_MULTIPLIER, _exact=tuple(period_sizes))
     data = types.SimpleNamespace(
-        periods=[types.SimpleNamespace(size=n) for n in period_sizes], rows=sum(period_sizes), beam_manifest=None
-    )
+        periods=[types.SimpleNamespace(size=n) for n in period_sizes], rows=sum(period_sizes), beam_manifest=None,
+        released=released, released_rows=released.value,
+    )  # fmt: skip
     settings = criteo_pipeline._settings(config, data)
     counts = {"t": np.arange(TABLE_VOCAB, dtype=np.int64)} if criteo_privacy.selects_rows(settings.mechanism) else None
     plan = criteo_privacy.plan(settings, periods=criteo_pipeline._periods(config, data), counts=counts)
@@ -118,14 +122,13 @@ def sequential_numbers(flags: str, data_file: str) -> dict:
     catalogue = os.path.join(os.path.dirname(data_file), "catalogue.txt")
     with open(catalogue, "w") as f:
         f.write("".join(f"{i}\n" for i in range(1, data.num_items + 1)))
-    privacy = sequential_privacy.plan(
-        data, epsilon=config.epsilon, delta=config.delta, batch=config.batch, epochs=config.epochs,
-        mechanism=config.mechanism, frequencies=config.frequencies, frequencies_file=config.frequencies_file,
-        frequency_epsilon_share=config.frequency_epsilon_share,
-        frequency_noise_multiplier=config.frequency_noise_multiplier,
-        frequency_mechanism=config.frequency_mechanism, accountant=config.accountant, seed=config.seed,
-        item_catalogue=catalogue,
-    )  # fmt: skip
+    # N~ = N (no noise drawn, so the pins are the planner's numbers at N); its release is still charged.
+    exact = ReleasedDatasetSize((data.num_users,), DEFAULT_NOISE_MULTIPLIER, _exact=(data.num_users,))
+    original, sequential_privacy.release_dataset_size = sequential_privacy.release_dataset_size, lambda n, **_: exact
+    try:
+        privacy = _sequential_plan(config, data, catalogue)
+    finally:
+        sequential_privacy.release_dataset_size = original
     run, event = privacy.run, privacy.frequencies.event
     frequencies = privacy.frequency_report()
     epsilon = None
@@ -134,8 +137,9 @@ def sequential_numbers(flags: str, data_file: str) -> dict:
             sampling_probability=run.sampling_probability, noise_multiplier=run.noise_multiplier, steps=run.steps
         )
         epsilon = compute_epsilon(
-            [steps] + ([] if event is None else [event]), target_delta=run.target_delta, accountant=config.accountant
-        )
+            [exact.event, steps] + ([] if event is None else [event]), target_delta=run.target_delta,
+            accountant=config.accountant,
+        )  # fmt: skip
     return {
         "noise_multiplier": run.noise_multiplier,
         "steps": run.steps,
@@ -144,6 +148,17 @@ def sequential_numbers(flags: str, data_file: str) -> dict:
         "frequency_epsilon": frequencies["release_epsilon"],
         "epsilon": epsilon,
     }
+
+
+def _sequential_plan(config, data, catalogue):
+    return sequential_privacy.plan(
+        data, epsilon=config.epsilon, delta=config.delta, batch=config.batch, epochs=config.epochs,
+        mechanism=config.mechanism, frequencies=config.frequencies, frequencies_file=config.frequencies_file,
+        frequency_epsilon_share=config.frequency_epsilon_share,
+        frequency_noise_multiplier=config.frequency_noise_multiplier,
+        frequency_mechanism=config.frequency_mechanism, accountant=config.accountant, seed=config.seed,
+        item_catalogue=catalogue,
+    )  # fmt: skip
 
 
 # -- the pins --------------------------------------------------------------------------------------
@@ -367,36 +382,36 @@ PINS = {
     },
     "sequential": {
         "private_default_share": {
-            "noise_multiplier": 0.609890838713963,
+            "noise_multiplier": 0.6100324977384304,
             "steps": 40,
             "frequency_noise_multiplier": 4.245293355246079,
             "frequency_epsilon_share": 0.1,
             "frequency_epsilon": 0.4999058521416724,
-            "epsilon": 4.9998394055311834,
+            "epsilon": 4.999901973442167,
         },
         "private_laplace": {
-            "noise_multiplier": 0.5399945973946909,
+            "noise_multiplier": 0.5400631807455417,
             "steps": 40,
             "frequency_noise_multiplier": 0.6212198772463987,
             "frequency_epsilon_share": 0.2,
             "frequency_epsilon": 1.5999798599889907,
-            "epsilon": 7.999977354497477,
+            "epsilon": 7.99997737662747,
         },
         "private_given_z": {
-            "noise_multiplier": 0.6068231592939822,
+            "noise_multiplier": 0.6069462009168044,
             "steps": 40,
             "frequency_noise_multiplier": 30.0,
             "frequency_epsilon_share": 0.0071721081427255666,
             "frequency_epsilon": 0.035860540713627834,
-            "epsilon": 4.999682361039886,
+            "epsilon": 4.999984905122606,
         },
         "public_file": {
-            "noise_multiplier": 0.6068231592939822,
+            "noise_multiplier": 0.6068843631465126,
             "steps": 40,
             "frequency_noise_multiplier": None,
             "frequency_epsilon_share": None,
             "frequency_epsilon": None,
-            "epsilon": 4.998460138817665,
+            "epsilon": 4.999992132754102,
         },
         "non_private": {
             "noise_multiplier": 0.0,

@@ -232,8 +232,7 @@ def _write_manifest(output: str, files: list, *, q: float, epochs: int, seed, ca
         "batches_per_epoch": batches_per_epoch,
         "steps": batches_per_epoch * epochs,
         "max_batch_size": cap,
-        "seeded": seed is not None,
-        "seed": seed,
+        "seeded": seed is not None,  # never the seed: whoever knows it recomputes every batch
         "shard_pattern": f"{fmt.SHARD_DIR}/{{shard:06d}}-*{fmt.SHARD_SUFFIX}",
         "record_format": "int64 LE step, int64 LE position in the step's batch, the example's line",
         "inputs": files,

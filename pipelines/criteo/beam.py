@@ -141,12 +141,12 @@ def train_batches(directory: str, vocab_sizes: dict, *, lookahead: bool):
 
 
 def report_entry(directory: str, manifest: dict) -> dict:
-    """The report's `data.beam_shards`: where the batches came from (the seed only if the job recorded one)."""
+    """The report's `data.beam_shards`: where the batches came from (whether seeded, never the seed or N)."""
     entry = {
         "sampler": SAMPLER,
         "manifest": manifest_path(directory),
         "inputs": manifest.get("inputs"),
-        "num_examples": manifest["num_examples"],
+        "num_examples": "not released (see dataset_size: N~)",
         "sampling_probability": manifest["sampling_probability"],
         "epochs": manifest["epochs"],
         "steps": manifest["steps"],
@@ -154,8 +154,7 @@ def report_entry(directory: str, manifest: dict) -> dict:
         "truncated_batches": manifest.get("truncated_batches"),
         "truncated_examples": manifest.get("truncated_examples"),
     }
-    if manifest.get("seeded") and manifest.get("seed") is not None:
-        entry["seed"] = manifest["seed"]
+    entry["seeded"] = bool(manifest.get("seeded"))
     return entry
 
 

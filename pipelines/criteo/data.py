@@ -333,6 +333,7 @@ def train_batches(
     stream_buffer_rows: int = DEFAULT_STREAM_BUFFER_ROWS,
     sampler: str = "one_pass",
     spill_dir: str | None = None,
+    sampling_probability: float | None = None,
 ) -> tuple[tf.data.Dataset, BatchingInfo]:
     """Training batches of one period: Poisson (q = B / N) or, on request, fixed-size shuffled.
 
@@ -352,6 +353,7 @@ def train_batches(
       stream_buffer_rows: streaming only: rows of batches held at once.
       sampler: streaming Poisson only: "one_pass" (default) or "multi_pass".
       spill_dir: one-pass only: directory for the spill (None: the system temp directory).
+      sampling_probability: Poisson q (default B / N); the pipeline passes B / N~, N released with DP.
 
     Returns:
       `(dataset, BatchingInfo)` from `tfdp_embed.data`.
@@ -360,13 +362,10 @@ def train_batches(
       ValueError: `batch_size` larger than the period, or an unknown `sampler`.
     """
     if batch_size > period.size:
-        raise ValueError(
-            f"`--batch` {batch_size} is larger than the {period.size} training rows of "
-            f"{period.files}; allowed: 1..{period.size}."
-        )
+        raise ValueError(f"`--batch` {batch_size} is larger than the training rows of {period.files}.")
     if sampler not in STREAM_SAMPLERS:
         raise ValueError(f"`sampler` must be one of {STREAM_SAMPLERS}; received {sampler!r}.")
-    q = batch_size / period.size
+    q = batch_size / period.size if sampling_probability is None else float(sampling_probability)
     if period.streaming and poisson and sampler == "one_pass":
         batches, info = one_pass_poisson_batches(
             period.source().map(lambda features, labels: (features, labels[:, None])),

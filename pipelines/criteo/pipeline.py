@@ -24,7 +24,7 @@ from pipelines.criteo import training as criteo_training
 from pipelines.criteo.config import PipelineConfig
 from pipelines.step_timer import StepTimer
 from pipelines.stop_after import StopAfter
-from tfdp_embed import DPEmbedding, RunPlan, export_saved_model, keras, tf
+from tfdp_embed import DPEmbedding, ReleasedDatasetSize, RunPlan, export_saved_model, keras, release_dataset_size, tf
 from tfdp_embed.accounting import Period, PrivacyBudget
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data.criteo import CAT_FEATURES, resolve_vocab_sizes
@@ -80,10 +80,17 @@ class _Data:
     rows_estimate: int | None = None  # the estimate the default vocabulary was sized for
     chosen: criteo_defaults.Chosen | None = None  # set by `_choose`
     beam_manifest: dict | None = None  # --beam-shards: the Beam job's manifest (the one period is its shards)
+    released: ReleasedDatasetSize | None = None  # N~ of each period (`_release_size`): what plans and reports use
 
     @property
     def rows(self) -> int:
+        """The exact N: for the samplers only, never a report, a log line or a decision."""
         return sum(p.size for p in self.periods)
+
+    @property
+    def released_rows(self) -> int:
+        """N~, the number of training rows released with DP."""
+        return self.released.value
 
 
 @dataclasses.dataclass
@@ -122,13 +129,19 @@ def _read(config: PipelineConfig) -> _Data:
     periods = [criteo_data.open_period(files, **read, count_buckets=selecting) for files in groups]
     final_eval = criteo_data.open_period(eval_files, **read)
     data = _Data(train_files, eval_files, synthetic, vocab, periods, final_eval, rows_estimate)
+    data.released = _release_size(config, data)
     streamed = sum(p.streaming for p in periods)
     _log(
         config,
-        f"read {data.rows} training rows from {len(train_files)} file(s) ({streamed} of {len(periods)} period(s) "
+        f"read {data.released_rows} training rows (N~, released with DP) from {len(train_files)} file(s) ({streamed} of {len(periods)} period(s) "
         f"streamed), {data.final_eval.size} for evaluation",
     )
     return data
+
+
+def _release_size(config: PipelineConfig, data: _Data) -> ReleasedDatasetSize:
+    """N~ of each period (one Gaussian draw each, one ledger event): q, delta, T and the reports use it, never N."""
+    return release_dataset_size([p.size for p in data.periods], seed=config.seed)
 
 
 def _vocabulary(config: PipelineConfig, rows: int | None) -> dict:
@@ -156,9 +169,10 @@ def _read_beam(config: PipelineConfig) -> _Data:
     )  # fmt: skip
     data = _Data(list(manifest.get("inputs") or []), eval_files, synthetic, vocab, [period], final_eval, rows)
     data.beam_manifest = manifest
+    data.released = _release_size(config, data)
     _log(
         config,
-        f"Beam shards {config.beam_shards}: {rows} training rows, q {manifest['sampling_probability']:.4g}, "
+        f"Beam shards {config.beam_shards}: {data.released_rows} training rows (N~, released with DP), q {manifest['sampling_probability']:.4g}, "
         f"{manifest['epochs']} epoch(s) of {manifest['batches_per_epoch']} steps; {final_eval.size} rows for evaluation",
     )
     return data
@@ -166,9 +180,9 @@ def _read_beam(config: PipelineConfig) -> _Data:
 
 def _choose(config: PipelineConfig, data: _Data) -> tuple[PipelineConfig, criteo_defaults.Chosen]:
     """Stage 1b: batch, tower, learning rate (and, in `_read`, vocabulary) from N where the flags left them unset."""
-    clip, smallest = _settings(config, data).l2_norm_clip, min(p.size for p in data.periods)
+    clip, smallest = _settings(config, data).l2_norm_clip, min(data.released.values)
     chosen = criteo_defaults.resolve(
-        mechanism=config.mechanism, clip=clip, rows=data.rows, smallest_period=smallest, batch=config.batch,
+        mechanism=config.mechanism, clip=clip, rows=data.released_rows, smallest_period=smallest, batch=config.batch,
         hidden=config.hidden_units, lr=config.learning_rate, hash_size=config.hash_size,
         table3_vocabulary=config.table3_vocabulary,
         rows_estimate=data.rows_estimate,
@@ -177,11 +191,11 @@ def _choose(config: PipelineConfig, data: _Data) -> tuple[PipelineConfig, criteo
         config, batch=chosen.batch, hidden_units=chosen.hidden_units, learning_rate=chosen.learning_rate
     )
     _log(config, chosen.describe())
-    for period in data.periods:
-        if config.batch > period.size:
+    for period, size in zip(data.periods, data.released.values):
+        if config.batch > size:
             raise ValueError(
-                f"`--batch` {config.batch} is larger than the {period.size} training rows of "
-                f"{period.files}; allowed: 1..{period.size}."
+                f"`--batch` {config.batch} is larger than the {size} training rows (released with DP) of "
+                f"{period.files}; allowed: 1..{size}."
             )
     return config, chosen
 
@@ -196,14 +210,13 @@ def _periods(config: PipelineConfig, data: _Data) -> list:
             )
         ]
     periods = []
-    for period in data.periods:
-        per_epoch = (
-            period.size // config.batch if config.fixed_size_batches else max(1, round(period.size / config.batch))
-        )
+    for index in range(len(data.periods)):  # from N~_p: q_p = B / N~_p
+        size = data.released.values[index]
+        per_epoch = size // config.batch if config.fixed_size_batches else max(1, round(size / config.batch))
         steps = config.epochs * per_epoch
         if config.max_steps is not None:
             steps = min(steps, config.max_steps)
-        periods.append(Period(config.batch / period.size, steps))
+        periods.append(Period(data.released.sampling_probability(config.batch, index), steps))
     return periods
 
 
@@ -212,7 +225,7 @@ def _settings(config: PipelineConfig, data: _Data) -> criteo_privacy.PrivacySett
     settings = config.privacy or criteo_privacy.PrivacySettings(
         mechanism=config.mechanism, epsilon=config.epsilon, delta=None
     )
-    return dataclasses.replace(settings, delta=config.delta if config.delta is not None else 1.0 / data.rows)
+    return dataclasses.replace(settings, delta=config.delta if config.delta is not None else data.released.delta())
 
 
 def _calibration_decision(config: PipelineConfig, data: _Data, settings) -> tuple:
@@ -225,7 +238,7 @@ def _calibration_decision(config: PipelineConfig, data: _Data, settings) -> tupl
     if settings.mechanism == "none" or not fraction > 0 or not config.calibration_auto:
         return settings, None
     epsilon = fraction * settings.epsilon
-    reason = criteo_calibration.skip_reason(data.rows, epsilon)
+    reason = criteo_calibration.skip_reason(data.released_rows, epsilon)
     if reason is None:
         return settings, None
     _log(config, f"output calibration skipped: {reason}")
@@ -234,8 +247,8 @@ def _calibration_decision(config: PipelineConfig, data: _Data, settings) -> tupl
         "reason": reason,
         "epsilon_to_training": epsilon,
         "laplace_scale": criteo_calibration.L1_SENSITIVITY / epsilon,
-        "subset_rows": criteo_calibration.subset_rows(data.rows, epsilon),
-        "expected_click_rate_error": criteo_calibration.expected_click_rate_error(data.rows, epsilon),
+        "subset_rows": criteo_calibration.subset_rows(data.released_rows, epsilon),
+        "expected_click_rate_error": criteo_calibration.expected_click_rate_error(data.released_rows, epsilon),
         "max_click_rate_error": criteo_calibration.MAX_CLICK_RATE_ERROR,
     }
     return dataclasses.replace(settings, calibration_fraction=0.0), skipped
@@ -253,8 +266,9 @@ def _plan(config: PipelineConfig, data: _Data) -> tuple[RunPlan, dict | None, di
     settings, skipped = _calibration_decision(config, data, _settings(config, data))
     counts = criteo_data.bucket_counts(data.periods[0]) if criteo_privacy.selects_rows(settings.mechanism) else None
     plan = criteo_privacy.plan(
-        settings, periods=_periods(config, data), counts=None if counts is None else _layer_counts(counts)
-    )
+        settings, periods=_periods(config, data), counts=None if counts is None else _layer_counts(counts),
+        released=data.released,
+    )  # fmt: skip
     composition = "parallel over periods, " if plan.parallel else ""
     _log(
         config,
@@ -310,7 +324,8 @@ def _fit_period(config: PipelineConfig, data: _Data, training: _Training, index:
     batches, info = _batches(config, data, training, index)
     trained["infos"].append(info)
     if several:
-        _log(config, f"streaming period {index + 1}/{len(data.periods)}: {period.files[0]} ({period.size} rows)")
+        rows = data.released.values[index]
+        _log(config, f"streaming period {index + 1}/{len(data.periods)}: {period.files[0]} ({rows} rows, N~)")
     callbacks = [trained["timer"], StopAfter(steps), trained["monitor"]]
     if training.budget is not None:
         callbacks.append(training.budget)
@@ -352,6 +367,7 @@ def _batches(config: PipelineConfig, data: _Data, training: _Training, index: in
         seed=None if config.seed is None else config.seed * 1009 + index,
         stream_buffer_rows=config.stream_buffer_rows,
         spill_dir=config.spill_dir,
+        sampling_probability=training.plan.periods[index].sampling_probability,  # B / N~_p, the plan's q
     )
 
 
@@ -367,7 +383,7 @@ def _evaluate_period(config: PipelineConfig, data: _Data, training: _Training, i
     metrics = criteo_eval.evaluate(training.model, criteo_data.eval_dataset(following))
     _log(config, f"period {index + 1}: AUC {criteo_report.number(metrics['auc'])} on {following.files}")
     return {"period": index + 1, "train_files": period.files, "eval_files": following.files} | {
-        "train_rows": period.size,
+        "train_rows": data.released.values[index],  # N~_p
         "streamed": period.streaming,
         "steps": len(timer.durations),
         **metrics,
@@ -406,10 +422,11 @@ def _privacy(config: PipelineConfig, data: _Data, training: _Training, trained: 
     return criteo_report.run_privacy_report(
         training.plan,
         budget=training.budget,
-        dataset_size=data.rows,
+        dataset_size=data.released,  # N~ (and the periods' N~_p), never the exact rows
         batching=_run_batching(trained["fed"], with_details=len(trained["infos"]) == 1),
         steps=steps,
         steps_by_period=trained["steps_by_period"],
+        seeded_sampler=bool((data.beam_manifest or {}).get("seeded")),
     )
 
 
@@ -456,15 +473,20 @@ def _calibrate(config: PipelineConfig, data: _Data, training: _Training):
         training.model,
         [criteo_data.row_batches(period, _CALIBRATION_READ_ROWS) for period in data.periods],
         epsilon=epsilon,
-        rows=data.rows,
+        rows=data.released_rows,
         seed=None if config.seed is None else config.seed * 7919 + 1,
     )
     _log(
         config,
         f"output calibration: bias shifted by {calibration.shift:+.3f} (eps_c {calibration.epsilon:g}, "
-        f"{calibration.rows_read:,} of {data.rows:,} training rows read)",
+        f"a subset of about {calibration.subset_rows or data.released_rows:,} training rows read)",
     )
     return calibration
+
+
+def _calibration_report(calibration: criteo_calibration.OutputCalibration) -> dict:
+    """The calibration's fields, without the subset's actual size (un-noised: N itself when every row is read)."""
+    return calibration.report() | {"rows_read": "not released (an un-noised count of training rows)"}
 
 
 def _release(
@@ -507,7 +529,7 @@ def _settings_report(config: PipelineConfig, data: _Data, sampler: dict) -> dict
         "learning_rate": config.learning_rate,
         "momentum": config.momentum,
         "optimizer": "keras.optimizers.legacy.SGD",
-        "seed": config.seed,
+        "seeded": config.seed is not None,  # the seed itself is written nowhere
     }
     files = {
         "train_files": data.train_files,
@@ -533,7 +555,7 @@ def _report(
     final, output_calibration = released.final, released.output_calibration
     sampler = _sampler(data, trained["infos"]) | {"streaming_mode": config.streaming}
     settings = _settings_report(config, data, sampler)
-    report = dict(released.privacy)
+    report, skipped = dict(released.privacy), training.calibration_skipped
     report.update(
         warnings=_warnings(final),
         auc=final["auc"],
@@ -543,7 +565,7 @@ def _report(
         eval_rows=final["examples"],
         eval_click_rate=final["click_rate"],
         eval_mean_prediction=final["mean_prediction"],
-        rows_read=data.rows,
+        rows_read=data.released_rows,  # N~: the exact count is not released
         eval_rows_read=data.final_eval.size,
         rows_skipped=_skipped(*data.periods, data.final_eval),
         median_step_s=trained["timer"].median(),
@@ -554,7 +576,7 @@ def _report(
         training=settings["training"],
         data=settings["data"],
         sampler=sampler["sampler"],
-        output_calibration=output_calibration.report() if output_calibration else training.calibration_skipped,
+        output_calibration=_calibration_report(output_calibration) if output_calibration else skipped,
         defaults=data.chosen.report() if data.chosen is not None else None,
         saved_model=released.saved_model,
         **criteo_training.gradient_size(training.mechanism, training.tables, touched=trained["touched"]),

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tfdp_embed import Release, RunPlan, mechanisms, plan_run
+from tfdp_embed import Release, ReleasedDatasetSize, RunPlan, mechanisms, plan_run
 from tfdp_embed.accounting import Period
 
 MECHANISM_NAMES = tuple(mechanisms.MECHANISMS)
@@ -78,7 +78,11 @@ def selects_rows(name: str) -> bool:
 
 
 def plan(
-    settings: PrivacySettings, *, periods: Sequence[Period], counts: Mapping[str, np.ndarray] | None = None
+    settings: PrivacySettings,
+    *,
+    periods: Sequence[Period],
+    counts: Mapping[str, np.ndarray] | None = None,
+    released: ReleasedDatasetSize | None = None,
 ) -> RunPlan:
     """The run's `RunPlan`: the mechanism for `settings`, calibrated over `periods`.
 
@@ -87,6 +91,7 @@ def plan(
       periods: one `Period` per streaming period (one for a plain run).
       counts: {table layer name: bucket counts} for mechanisms that select
         rows (`selects_rows`): the non-private frequencies the DP selection is made from.
+      released: N~ of the periods (`release_dataset_size`), charged to the budget (not for "none").
 
     Raises:
       ValueError: a selecting mechanism without `counts`, or a target the accountant cannot meet.
@@ -94,7 +99,7 @@ def plan(
     name = settings.mechanism
     if selects_rows(name) and counts is None:
         raise ValueError(f"Mechanism {name!r} selects rows from bucket counts; `counts` is required.")
-    releases = []
+    releases = [Release.dataset_size(released)] if released is not None and name != "none" else []
     if name != "none" and settings.calibration_fraction > 0:
         releases.append(Release(OUTPUT_CALIBRATION, epsilon_share=settings.calibration_fraction))
     if selects_rows(name):

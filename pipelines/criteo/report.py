@@ -18,8 +18,9 @@ import math
 import os
 
 from pipelines.criteo.privacy import output_calibration_epsilon
-from tfdp_embed import RunPlan, accounting
+from tfdp_embed import ReleasedDatasetSize, RunPlan, accounting
 from tfdp_embed.accounting import write_privacy_report
+from tfdp_embed.accounting.report import add_seed_caveat
 
 REQUIRED_KEYS = (
     "auc",
@@ -40,23 +41,37 @@ REQUIRED_KEYS = (
 
 
 def run_privacy_report(
-    plan: RunPlan, *, budget, dataset_size: int, batching, steps: int, steps_by_period: list | None = None
+    plan: RunPlan,
+    *,
+    budget,
+    dataset_size: ReleasedDatasetSize | int,
+    batching,
+    steps: int,
+    steps_by_period: list | None = None,
+    seeded_sampler: bool = False,
 ) -> dict:
     """The privacy report of the run (`privacy_report.json` beside the SavedModel): `plan.report` plus Criteo's notes.
 
     Args:
       plan: the run's `tfdp_embed.RunPlan`.
       budget: the `PrivacyBudget` of a one-period run (its ledger is reported), else None.
-      dataset_size: training rows N.
+      dataset_size: N~, the training rows released with DP (per period).
       batching: what the periods were fed (`DPModel.batching`, the least private).
       steps: steps run.
       steps_by_period: several periods: the steps each ran (parallel composition).
+      seeded_sampler: the batches came from a seeded sampler the batching does not show (a seeded Beam job).
     """
     ledger = budget.ledger if budget is not None and plan.is_dp else None
     report = plan.report(
-        dataset_size=int(dataset_size), batching=batching, ledger=ledger, steps=None if ledger is not None else steps,
+        dataset_size=dataset_size, batching=batching, ledger=ledger, steps=None if ledger is not None else steps,
         steps_by_period=steps_by_period if plan.parallel else None, extra={"streaming_periods": len(plan.periods)},
+        privacy_unit="one training row (one impression)",
     )  # fmt: skip
+    if seeded_sampler and "the batch sampler" not in report["seeded"]:
+        if report["seeded"]:
+            report["seeded"].append("the batch sampler")
+        else:
+            add_seed_caveat(report, report["caveats"], ["the batch sampler"])
     if "composition" not in report:
         report["composition"] = "none (non-private run)" if plan.parallel else "sequential"
     eps_c = output_calibration_epsilon(plan)
@@ -115,8 +130,8 @@ def _passes(report: dict) -> str:
     data = report.get("data") or {}
     beam = data.get("beam_shards")
     if beam:
-        seed = f", seed {beam['seed']}" if "seed" in beam else ""
-        return f"; manifest {beam['manifest']}{seed}"
+        seeded = ", seeded (the guarantee excludes whoever knows the seed)" if beam.get("seeded") else ""
+        return f"; manifest {beam['manifest']}{seeded}"
     passes = [p for p in data.get("passes_per_epoch") or [] if p]
     return f"; reads the training files {max(passes)}x per epoch" if passes else ""
 

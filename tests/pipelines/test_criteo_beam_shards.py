@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from pipelines import criteo
-from tfdp_embed import plan_run
+from tfdp_embed import Release, plan_run
 from tfdp_embed._keras import tf
 from tfdp_embed.accounting import Period, compute_epsilon
 from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
@@ -114,18 +114,31 @@ def test_pipeline_trains_from_beam_shards_and_accounts_the_manifest(tmp_path, be
     assert report["steps"] == manifest["steps"] and report["sampling_probability"] == q
     assert report["batching_details"]["sampler"] == "beam_poisson"
     assert report["data"]["beam_shards"]["manifest"] == str(shards / fmt.MANIFEST)
-    assert report["data"]["beam_shards"]["seed"] == 5 and report["data"]["train_files"] == [train]
+    beam = report["data"]["beam_shards"]  # seeded, so the guarantee says whom it excludes; no seed, no N
+    assert "seed" not in beam and beam["seeded"] is True and "knows the seed" in report["guarantee"]
+    assert beam["num_examples"] != n and report["data"]["train_files"] == [train]
+    assert "seed" not in manifest and manifest["seeded"] is True
     assert "Apache Beam" in report["sampler"]
-    # epsilon is the planner's for (q, T, N, cap): truncated Poisson steps (PLD), nothing else spent.
+    # epsilon is the planner's for (q, T, N, cap): truncated Poisson steps (PLD) and the release of N~ (delta 1/N~).
+    delta, size_event = (
+        report["delta"],
+        dp_accounting.GaussianDpEvent(report["dataset_size_release"]["noise_multiplier"]),
+    )
+    assert delta == 1 / report["dataset_size"]
     planned = plan_run(
-        "lazy", target_epsilon=3.0, target_delta=1 / n, periods=[Period(q, manifest["steps"], n, cap)]
+        "lazy", target_epsilon=3.0, target_delta=delta, periods=[Period(q, manifest["steps"], n, cap)],
+        releases=[Release("dataset_size", event=size_event)],
     )  # fmt: skip
     assert report["noise_multiplier"] == pytest.approx(planned.noise_multiplier, rel=1e-9)
     assert report["step_accounting"] == "truncated_poisson"
     step = planned.step_source.step_event(q)
     assert step == dp_accounting.TruncatedSubsampledGaussianDpEvent(n, q, cap, report["noise_multiplier"])
-    events = [dp_accounting.SelfComposedDpEvent(step, manifest["steps"]), *planned.step_source.one_off_events()]
-    assert report["epsilon"] == pytest.approx(compute_epsilon(events, target_delta=1 / n), rel=1e-9)
+    events = [
+        size_event,
+        dp_accounting.SelfComposedDpEvent(step, manifest["steps"]),
+        *planned.step_source.one_off_events(),
+    ]
+    assert report["epsilon"] == pytest.approx(compute_epsilon(events, target_delta=delta), rel=1e-9)
     assert report["output_calibration"]["skipped"] is True
 
     serve = tf.saved_model.load(report["saved_model"]).signatures["serving_default"]

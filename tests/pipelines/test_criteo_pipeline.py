@@ -106,13 +106,16 @@ def test_end_to_end_report_and_saved_model(mechanism, days, tmp_path_factory, ca
     assert report["mechanism"] == mechanism
     assert 0.0 <= report["auc"] <= 1.0 and math.isfinite(report["logloss"])
     streaming = mechanism == "fest"
-    assert report["rows_read"] == (2 if streaming else 1) * ROWS_PER_DAY
+    # N is released with DP (N~, noise std 20 per period): rows read, q, T and delta come from N~.
+    rows = (2 if streaming else 1) * ROWS_PER_DAY
+    assert report["rows_read"] == report["dataset_size"] and abs(report["rows_read"] - rows) < 150
+    parts = (report.get("dataset_size_release") or {}).get("parts") or [report["dataset_size"]]
     assert report["eval_rows_read"] == ROWS_PER_DAY
     assert {k: v for k, v in report["rows_skipped"].items() if v} == BAD_ROWS
-    assert report["steps"] == (8 if streaming else 4)  # round(N / B) per epoch per period
-    assert report["sampling_probability"] == pytest.approx(100 / ROWS_PER_DAY)
+    assert report["steps"] == sum(round(n / 100) for n in parts)  # round(N~_p / B) per epoch per period
+    assert report["sampling_probability"] == pytest.approx(100 / min(parts))
     assert report["median_step_s"] > 0
-    assert report["delta"] == pytest.approx(1 / report["rows_read"])  # default delta = 1/N
+    assert report["delta"] == pytest.approx(1 / report["rows_read"])  # default delta = 1/N~
 
     saved = os.path.join(out, "saved_model")
     assert os.path.exists(os.path.join(saved, "saved_model.pb"))
@@ -163,7 +166,8 @@ def test_end_to_end_report_and_saved_model(mechanism, days, tmp_path_factory, ca
         assert abs(report["output_calibration"]["shift"]) < criteo_calibration.MAX_SHIFT
         # On a few hundred rows the calibration's subset is all of them (sampling would cost more than it saves).
         calibration = report["output_calibration"]
-        assert calibration["subset_rows"] == calibration["rows"] == calibration["rows_read"] == report["rows_read"]
+        assert calibration["subset_rows"] == calibration["rows"] == report["rows_read"]  # N~
+        assert calibration["rows_read"].startswith("not released")
         assert calibration["sampling_probability"] == 1.0
     if report["is_dp"]:
         laplace = [e for e in report["ledger"]["entries"] if "Laplace" in json.dumps(e)]
@@ -176,10 +180,10 @@ def test_end_to_end_report_and_saved_model(mechanism, days, tmp_path_factory, ca
         # Parallel composition: every period carries both selections and the calibration, then its own steps.
         assert report["composition"] == "parallel over streaming periods"
         accounts = report["period_accounting"]
-        assert [a["steps"] for a in accounts] == [4, 4]
+        assert [a["steps"] for a in accounts] == [round(n / 100) for n in parts]
         assert report["epsilon"] == pytest.approx(max(a["epsilon"] for a in accounts))
         for account in accounts:
-            assert sum(e["kind"] == "setup" for e in account["ledger"]["entries"]) == 3
+            assert sum(e["kind"] == "setup" for e in account["ledger"]["entries"]) == 4  # N~, 2 selections, calibration
         # Tight but honest: below the sequential composition of everything, within the target.
         sequential = PrivacyLedger.from_json(json.dumps(accounts[0]["ledger"]))
         second = PrivacyLedger.from_json(json.dumps(accounts[1]["ledger"]))
@@ -316,7 +320,9 @@ def test_bad_row_without_skip_fails_naming_file_and_line(days, tmp_path, capsys)
 def test_batch_larger_than_the_data_is_refused(days, tmp_path, capsys):
     argv = ["--train", days[1], "--eval", days[2], "--out", str(tmp_path), "--batch", "5000", "--verbose", "0"]
     assert criteo.main(argv) == 1
-    assert "`--batch` 5000 is larger than the 400 training rows" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the rows are N~ (released with DP), never the exact 400
+    assert "`--batch` 5000 is larger than the " in err and "training rows (released with DP)" in err
+    assert "400" not in err
 
 
 # -- periods: in memory vs streaming -----------------------------------------------------------

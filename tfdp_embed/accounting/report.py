@@ -306,6 +306,8 @@ def _check_batching_matches(details: dict | None, *, dataset_size, q: float) -> 
     if isinstance(dataset_size, ReleasedDatasetSize):
         if n_info is not None and not dataset_size.matches(n_info):
             raise ValueError("`dataset_size` was not released from the number of examples the batches were drawn from.")
+        if details.get("batching") != "poisson":
+            return  # shuffled batches have no q: theirs is B / N, the report's B / N~ (and they are caveated)
     elif n_info is not None and n_info != dataset_size:
         raise ValueError(f"`dataset_size`={dataset_size} but the batching info has {n_info} examples.")
     if q_info is not None and not math.isclose(q_info, q, rel_tol=1e-9):
