@@ -29,6 +29,8 @@ def _ratings(path, *, users=30, length=10, items=20) -> str:
         ]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+    with open(os.path.join(os.path.dirname(str(path)), "u.item"), "w") as f:  # a public catalogue beside them
+        f.write("".join(f"{i}|Movie {i} (1995)|01-Jan-1995||\n" for i in range(1, items + 1)))
     return str(path)
 
 
