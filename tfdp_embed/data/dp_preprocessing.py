@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import cast
 
 import dp_accounting
 import numpy as np
@@ -118,7 +119,11 @@ def dp_normalization_statistics(
         raise ValueError("Pass exactly one of `epsilon` and `noise_multiplier`.")
     if epsilon is not None and not (epsilon > 0 and math.isfinite(epsilon)):
         raise ValueError(f"`epsilon` must be a finite number > 0; received {epsilon!r}.")
-    z = release_noise_multiplier(epsilon=epsilon, delta=delta) if noise_multiplier is None else noise_multiplier
+    z = (
+        float(cast(float, noise_multiplier))
+        if epsilon is None
+        else release_noise_multiplier(epsilon=epsilon, delta=delta)
+    )
     if not (z > 0 and math.isfinite(z)):
         raise ValueError(f"`noise_multiplier` must be a finite number > 0; received {noise_multiplier!r}.")
     d = x.shape[1]

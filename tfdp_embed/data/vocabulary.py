@@ -92,7 +92,9 @@ class DPVocabulary:
     @property
     def event(self) -> dp_accounting.DpEvent | None:
         """`GaussianDpEvent(sigma)` of a DP release; None for a public vocabulary."""
-        return None if self.is_public else dp_accounting.GaussianDpEvent(float(self.noise_multiplier))
+        if self.is_public or self.noise_multiplier is None:
+            return None
+        return dp_accounting.GaussianDpEvent(float(self.noise_multiplier))
 
     @property
     def release(self):
