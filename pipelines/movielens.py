@@ -550,7 +550,7 @@ def _report(
         noise_source=movielens_privacy.noise_source(setup.plan),
         target_epsilon=setup.plan.target_epsilon,
         **metrics,
-        train_examples=setup.size,
+        train_examples=setup.released.value,  # N~ (released with DP), not the exact count
         extra_train_examples=setup.num_extra,
         test_examples=test_examples,
         baselines=baselines(data, data.test_labels[: config.max_test_examples]),
@@ -565,7 +565,7 @@ def _report(
                "num_items": data.num_items, "loss": "full softmax cross-entropy over all items"},
         training={"epochs": config.epochs, "batch_size": config.batch_size,
                   "learning_rate": config.resolved_learning_rate, "momentum": config.momentum,
-                  "optimizer": "keras.optimizers.legacy.SGD", "seed": config.seed},
+                  "optimizer": "keras.optimizers.legacy.SGD", "seeded": config.seed is not None},
     )  # fmt: skip
     if config.mechanism == "eana" and setup.plan.noise_multiplier > 0 and counter.steps > 0:
         report.update(_eana_bounds(config, data, setup, trained))

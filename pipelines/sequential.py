@@ -387,7 +387,8 @@ def _run(config: SequentialConfig) -> SequentialResult:
             "train_seconds": train_seconds,
             "wall_seconds": time.perf_counter() - started,
             "data": {"file": config.data, **data.summary()},
-            "settings": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("data", "out")},
+            "settings": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("data", "out", "seed")}
+            | {"seeded": config.seed is not None},  # never the seed itself
             "metric_protocol": "full ranking over all items (no sampling), history items kept, ties pessimistic",
             "saved_model": saved_model,
             "not_released": not_released_note(
@@ -538,8 +539,8 @@ def _release(config: SequentialConfig, data, privacy, model, dp_model, budget, t
     report_privacy = run.report(
         dataset_size=privacy.size,  # N~: the exact number of users is not released
         privacy_unit=PRIVACY_UNIT,
-        contribution_bound=f"one training sequence of at most {data.max_len} items per user, its gradient clipped to "
-        f"L2 norm {run.l2_norm_clip:g} in each step it is sampled in",
+        contribution_bound=f"one training sequence of at most {data.max_len} items per user"
+        + (f", its gradient clipped to L2 norm {run.l2_norm_clip:g} in each step" if run.l2_norm_clip else ""),
         dp_model=dp_model,  # what fit was fed (verified from the data)
         ledger=budget.ledger if budget is not None else None,
         steps=None if budget is not None else len(timer.durations),
