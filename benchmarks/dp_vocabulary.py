@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import outputs
+from benchmarks import machine, outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ML_100K = os.path.join(ROOT, "..", "shared", "data", "movielens", "ml-100k", "u.data")
@@ -111,6 +111,7 @@ def main(argv=None) -> int:
     payload = {
         "command": "python -m benchmarks.dp_vocabulary " + shlex.join(sys.argv[1:] if argv is None else argv),
         "date": outputs.utc_stamp(),
+        "machine": machine.machine_info(ROOT),
         "seed": args.seed,
         "movielens": [] if "movielens" in args.skip else movielens_runs(args),
         "sequential": [] if "sequential" in args.skip else sequential_runs(args),
