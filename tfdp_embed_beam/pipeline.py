@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         records_per_shard=args.records_per_shard,
         options=PipelineOptions(beam_args),
     )
-    shown = ("num_examples", "steps", "records", "shards", "truncated_batches", "truncated_examples")
+    shown = ("steps", "records", "shards", "truncated_batches", "truncated_examples")  # N stays in the manifest
     print(json.dumps({key: manifest[key] for key in shown}))
 
 

@@ -25,9 +25,17 @@ delta' = delta + (1 + e^eps) * T * P[Binomial(N + 1, q) > max_batch_size]
 (`truncation_delta`): the truncated run differs from the untruncated one
 only when a batch overflows.
 
+The dataset size is `dataset_size`: N~ from `release_dataset_size` (its
+Gaussian event in the ledger; the report then holds no exact N and q, delta
+and the expected batch come from N~), or an int N, stated exactly and so
+an assumption (N public). A run whose noise, batches or N~ were seeded
+lists them in `seeded` (names only) and its guarantee excludes whoever knows
+the seed. Every report states the privacy unit, the contribution bound and
+the membership-test bound TPR <= min(e^eps FPR + delta, ...) (`attacker_bound`).
+
 Example:
     >>> report = privacy_report(mechanism=mechanism, ledger=budget.ledger, delta=1e-5,
-    ...     sampling_probability=q, dataset_size=N, batching=dp_model.batching)
+    ...     sampling_probability=q, dataset_size=size, batching=dp_model.batching)
     >>> write_privacy_report("model/privacy_report.json", report)
 
 References: Abadi et al. 2016 §3.1; Ponomareva et al., "How to DP-fy ML",

@@ -1,12 +1,15 @@
 """Planning a private run: from the privacy target to the calibrated mechanism, its ledger, budget and report.
 
-    plan = plan_run("adafest", target_epsilon=3.0, target_delta=1e-5, sampling_probability=q, steps=T,
-                    releases=[Release("output_calibration", epsilon_share=0.05)],
+    size = release_dataset_size(N)          # N~: N with Gaussian noise; q, delta and T come from it
+    q = size.sampling_probability(B)
+    plan = plan_run("adafest", target_epsilon=3.0, target_delta=size.delta(), sampling_probability=q,
+                    steps=size.steps(E, B), releases=[Release.dataset_size(size),
+                    Release("output_calibration", epsilon_share=0.05)],
                     contribution_clip=1.0, threshold_sigmas=2.0)
-    dp_model = DPModel(model, mechanism=plan.mechanism, expected_batch_size=q * N)
+    dp_model = DPModel(model, mechanism=plan.mechanism, expected_batch_size=q * size.value)
     budget = plan.budget()
-    dp_model.fit(batches, epochs=E, callbacks=[budget])
-    report = plan.report(dp_model=dp_model, ledger=budget.ledger, dataset_size=N)
+    dp_model.fit(batches, epochs=E, callbacks=[budget])   # Poisson batches sampled with q
+    report = plan.report(dp_model=dp_model, ledger=budget.ledger, dataset_size=size)
 
 The training noise sigma is the smallest whose steps, composed with every
 release given as an event, meet the epsilon left after the pure-DP shares
@@ -23,6 +26,8 @@ constructor's keywords), never from its name:
 
 One-off releases charged to the same budget (`Release`):
 
+    Release.dataset_size(size)                  the Gaussian release of N (`release_dataset_size`): a report
+                                                then states N~ only (an int N is stated as public, an assumption)
     Release(name, epsilon_share=s)              pure (s x eps, 0)-DP, basic composition: training gets the
                                                 rest; its ledger event is Laplace(1 / (s x eps)), exactly s x eps-DP
     Release.selection(s, count=P)               the same for a DP selection (P times, s x eps / P each); the
