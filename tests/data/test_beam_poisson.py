@@ -202,7 +202,8 @@ def _membership(lines):
 def test_beam_job_batches_are_poisson(job_outputs, check_poisson):
     lines, info = beam_poisson_batches(job_outputs["full"])
     manifest = json.load(open(os.path.join(job_outputs["full"], fmt.MANIFEST)))
-    assert manifest["num_examples"] == N and manifest["steps"] == EPOCHS * 20 and manifest["seed"] == 7
+    assert manifest["num_examples"] == N and manifest["steps"] == EPOCHS * 20
+    assert manifest["seeded"] and "seed" not in manifest  # whoever knows the seed recomputes every batch
     assert manifest["steps_per_shard"] == 4 and manifest["shards"] == 60  # 60 // (q N = 15) steps per shard
     assert info.sampler == "beam_poisson" and info.batches_per_epoch == 20 and info.num_examples == N
     m = _membership(lines)
