@@ -144,6 +144,44 @@ def _exact(mechanisms: dict) -> dict:
     return out
 
 
+def case_padding() -> dict:
+    """Weight-0 padding on 2 replicas (issue 33, N1): EANA and DP-AdaFEST, sigma 0.
+
+    A batch of 4 real examples padded to 8 with weight-0 examples puts the
+    real ones on replica 0 and only padding on replica 1; a batch of padding
+    alone leaves both replicas without a lookup (TensorFlow's collectives
+    crash on all-empty inputs unless `collectives` guards them). Each run
+    is compared with the same mechanism on the 4 examples unpadded.
+    """
+    rng = np.random.default_rng(2)
+    ids = rng.integers(1, VOCAB, (4, IDS)).astype("int32")
+    y = np.ones((4, 1), "float32")
+    pad_ids, pad_y = np.zeros((4, IDS), "int32"), np.zeros((4, 1), "float32")
+    padded = (np.concatenate([ids, pad_ids]), np.concatenate([y, pad_y]), np.array([1.0] * 4 + [0.0] * 4, "float32"))
+    only_padding = (pad_ids.repeat(2, 0), pad_y.repeat(2, 0), np.zeros([8], "float32"))
+    mechanisms = {
+        "eana": lambda: EANA(l2_norm_clip=0.5, noise_multiplier=0.0, seed=1),
+        "adafest": lambda: DPAdaFEST(
+            l2_norm_clip=0.5, noise_multiplier=0.0, contribution_clip=1.0,
+            contribution_noise_multiplier=1e-3, threshold=0.3, seed=1,
+        ),
+    }  # fmt: skip
+    out = {}
+    for name, make in mechanisms.items():
+        two = _train(make(), _strategy(), tf.data.Dataset.from_tensors(padded).concatenate(
+            tf.data.Dataset.from_tensors(only_padding)), lr=5.0)  # fmt: skip
+        one = _train(make(), tf.distribute.get_strategy(), tf.data.Dataset.from_tensors((ids, y)), lr=5.0)
+        initial = _model(4).get_weights()[0]
+        out[name] = {
+            "max_abs_diff": max(
+                float(np.abs(a - b).max()) for a, b in zip(one.inner.get_weights(), two.inner.get_weights())
+            ),
+            "row0_moved": float(np.abs(two.inner.get_weights()[0][0] - initial[0]).max()),
+            "table_moved": float(np.abs(two.inner.get_weights()[0] - initial).max()),
+        }
+    return out
+
+
 def case_uneven() -> dict:
     """DP-AdaFEST (sigma 0, clip 0.05: clipping active) on 37 examples: batches of 8 and a last of 5.
 
@@ -199,14 +237,15 @@ class _Snapshots(keras.callbacks.Callback):
 def _zero_gradient_data(steps):
     """Replica 0's half of each batch reads rows 0-3 only, replica 1's half rows 10-13 only.
 
-    Sample weights are 0, so every clipped gradient is 0 and each step's
-    update is the noise alone: -lr * noise / B.
+    Sample weights are 1e-20, so every clipped gradient is ~1e-20 and each step's
+    update is the noise alone: -lr * noise / B. (Not 0: a weight-0 example is
+    absent, its lookups touch no row; `tfdp_embed.clipping.absent_examples`.)
     """
     first = np.array([[0, 1, 2], [1, 2, 3], [3, 0, 0], [2, 2, 1]], "int32")
     ids = np.concatenate([first, first + 10])  # 8 examples = one global batch
     ids = np.tile(ids, (steps, 1))
     y = np.ones([len(ids), 1], "float32")
-    w = np.zeros([len(ids)], "float32")
+    w = np.full([len(ids)], 1e-20, "float32")
     return tf.data.Dataset.from_tensor_slices((ids, y, w)).batch(BATCH)
 
 

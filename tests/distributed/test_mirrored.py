@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="module")
 def results(script_runner):
     return script_runner(
-        "mirrored_cases.py", "exact", "uneven", "noise_eana", "unsupported", "tpu_noise_feature", "tpu_step"
+        "mirrored_cases.py", "exact", "uneven", "noise_eana", "unsupported", "tpu_noise_feature", "tpu_step", "padding"
     )
 
 
@@ -65,6 +65,15 @@ def test_uneven_replica_batches_match_one_device(results):
     assert row["table_moved"] > 1e-2, row  # training changed the table
     assert row["replica_spread"] == 0.0
     assert row["steps"] == 5
+
+
+def test_weight_0_padding_is_absent_on_every_replica(results):
+    # 4 real + 4 padding examples (one replica gets only padding), then a batch of padding alone
+    # (no replica has a lookup): the same weights as the 4 examples unpadded on one device, and
+    # row 0, which only the padding reads, never moves (issue 33, N1).
+    for name, row in results["padding"].items():
+        assert row["max_abs_diff"] < 1e-6, (name, row)
+        assert row["row0_moved"] == 0.0 and row["table_moved"] > 1e-3, (name, row)
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@ else. DP-AdaFEST's report held `dropped_touched_fraction` and
 `mean_noise_only_rows`, computed from the exact (un-noised) row touches.
 
 The oracle: two neighbouring datasets D and D' = D + one example of
-weight 0 that reads two rows nobody else reads. With the gradient noise off
+weight 1e-30 that reads two rows nobody else reads (not 0: a weight-0
+example is absent, its lookups are not touches; issue 33, N1). With the gradient noise off
 (sigma = 0; AdaFEST's contribution noise tiny, so every threshold decision
 is certain) and the same seed, every mechanism releases bit-identical
 tables for D and D' (checked). A report that is a function of the release
@@ -37,7 +38,8 @@ from tfdp_embed.training import DPModel
 
 VOCAB, DIM, BATCH = 40, 3, 8
 # Rows 0-3 are read by two examples each (AdaFEST: noisy count 2/sqrt(2) >= tau = 1, kept),
-# rows 4-11 by one (1/sqrt(2) < tau, dropped). The neighbour adds rows 20, 21 with weight 0.
+# rows 4-11 by one (1/sqrt(2) < tau, dropped). The neighbour adds rows 20, 21 with weight 1e-30:
+# it touches them, and its gradient (1e-30 x lr / B) is below every table entry's float32 ulp.
 IDS = [[0, 1], [0, 1], [2, 3], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
 EXTRA = [20, 21]
 
@@ -67,7 +69,7 @@ MECHANISMS = {
 def _train(mechanism, *, neighbour: bool):
     """Two steps on D (or D'); returns (table after training, privacy report)."""
     ids = np.array(IDS + ([EXTRA] if neighbour else []), np.int32)
-    weights = np.array([1.0] * len(IDS) + ([0.0] if neighbour else []), np.float32)
+    weights = np.array([1.0] * len(IDS) + ([1e-30] if neighbour else []), np.float32)
     labels = np.zeros([len(ids), 1], np.float32)
     data = tf.data.Dataset.from_tensors((ids, labels, weights)).repeat(2)
     keras.utils.set_random_seed(0)

@@ -45,7 +45,7 @@ def all_reduce_clipped(clipped: ClippedGradients, ctx, *, with_lookups: bool) ->
     example_offset = _offset(batches, ctx)
     tables = []
     for table in clipped.tables:
-        summed = union_of_rows(ctx.all_reduce("sum", table.gradient))
+        summed = _all_reduced_rows(table.gradient, ctx)
         occurrences, factors = [], table.clip_factors
         if with_lookups:
             factors = ctx.all_gather(table.clip_factors, axis=0)
@@ -66,6 +66,28 @@ def union_of_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
     return tf.IndexedSlices(values, rows, slices.dense_shape)
 
 
+def _all_reduced_rows(slices: tf.IndexedSlices, ctx) -> tf.IndexedSlices:
+    """`union_of_rows` of the replicas' all-reduced `slices`; fine when every replica's are empty.
+
+    TensorFlow's sparse all_reduce crashes the process (SIGSEGV, TF 2.21 on
+    CPU) when every replica contributes zero rows, e.g. a step whose batch
+    is all padding (weight-0 examples are absent and touch no row). Each
+    replica adds one zero row at index `dense_shape[0]`, outside the table,
+    removed after the union: the rows and their order are unchanged.
+    """
+    sentinel = tf.cast(slices.dense_shape[0], tf.int64)
+    values = tf.convert_to_tensor(slices.values)
+    zero = tf.zeros(tf.concat([[1], tf.shape(values)[1:]], 0), values.dtype)
+    padded = tf.IndexedSlices(
+        tf.concat([values, zero], 0), tf.concat([tf.cast(slices.indices, tf.int64), [sentinel]], 0), slices.dense_shape
+    )
+    summed = union_of_rows(ctx.all_reduce("sum", padded))
+    keep = summed.indices < sentinel
+    return tf.IndexedSlices(
+        tf.boolean_mask(summed.values, keep), tf.boolean_mask(summed.indices, keep), summed.dense_shape
+    )
+
+
 def _offset(sizes: tf.Tensor, ctx) -> tf.Tensor:
     """Sum of `sizes` of the replicas before this one (exclusive prefix sum)."""
     before = tf.range(tf.size(sizes)) < ctx.replica_id_in_sync_group
@@ -76,14 +98,34 @@ def _gather_occurrences(occ: EmbeddingOccurrences, ctx, example_offset) -> Embed
     num_segments = tf.cast(occ.num_segments, tf.int32)
     segment_offset = _offset(ctx.all_gather(tf.reshape(num_segments, [1]), axis=0), ctx)
     batch = tf.cast(occ.batch_size, tf.int32)
+    ids, segments, weights = _gather_lookups(
+        [occ.ids, tf.cast(occ.segments, tf.int32) + segment_offset, occ.weights], ctx
+    )
     return EmbeddingOccurrences(
-        ids=ctx.all_gather(occ.ids, axis=0),
-        segments=ctx.all_gather(tf.cast(occ.segments, tf.int32) + segment_offset, axis=0),
-        weights=ctx.all_gather(occ.weights, axis=0),
+        ids=ids,
+        segments=segments,
+        weights=weights,
         num_segments=ctx.all_reduce("sum", num_segments),
         segment_examples=ctx.all_gather(tf.cast(occ.segment_examples, tf.int32) + example_offset, axis=0),
         batch_size=ctx.all_reduce("sum", batch),
     )
+
+
+def _gather_lookups(tensors: list, ctx) -> list:
+    """`ctx.all_gather(t, axis=0)` of equally long 1-D `tensors`; fine when every replica's are empty.
+
+    TensorFlow's all_gather crashes the process (SIGSEGV, TF 2.21 on CPU)
+    when every replica gathers zero elements, e.g. a step whose batch is
+    all padding (weight-0 examples are absent: no lookups). Each replica
+    appends one dummy element, dropped after the gather by a gathered mask.
+    """
+    real = tf.concat([tf.ones_like(tensors[0], tf.int32), [0]], 0)
+    keep = tf.cast(ctx.all_gather(real, axis=0), tf.bool)
+    out = []
+    for tensor in tensors:
+        padded = tf.concat([tensor, tf.zeros([1], tensor.dtype)], 0)
+        out.append(tf.boolean_mask(ctx.all_gather(padded, axis=0), keep))
+    return out
 
 
 def _flatten(clipped: ClippedGradients):
