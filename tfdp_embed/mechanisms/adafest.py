@@ -200,7 +200,11 @@ def contribution_map(tables: Sequence, batch_size, contribution_clip: float, sel
         n_i = number of distinct (table, row) pairs example i touches.
 
     Args:
-      tables: `TableGradient`s of one step (their `occurrences` are read).
+      tables: `TableGradient`s of one step (their `occurrences` are read;
+        weight-0 examples, the padding of a static-shape batch, have none:
+        `tfdp_embed.clipping.absent_examples` drops them, else adding an
+        example would also remove a padding vector and move the map by
+        sqrt(2) C1).
       batch_size: scalar int, number of examples.
       contribution_clip: C1 (> 0).
       selections: optional, per table: its sorted selected rows (a trailing
