@@ -175,8 +175,11 @@ def _cpu_engine():
     return module.CpuEngine
 
 
-def _tpu_step(mechanism, batch) -> tuple[dict, list]:
-    """One `TpuDPStep` on the padded batch (sequence feature "f" of table "items"); (seen, weights)."""
+def _tpu_step(mechanism, batch, traced: bool = False) -> tuple[dict, list]:
+    """One `TpuDPStep` on the batch (sequence feature "f" of table "items"); (seen, weights).
+
+    `traced`: the step runs as a `tf.function` (nothing is captured then).
+    """
     keras.utils.set_random_seed(3)
     table = np.random.default_rng(0).uniform(-0.5, 0.5, (VOCAB, DIM)).astype("float32")
     engine = _cpu_engine()(
@@ -184,14 +187,15 @@ def _tpu_step(mechanism, batch) -> tuple[dict, list]:
     )
     inp = keras.Input((2, DIM), name="f")
     tower = keras.Model({"f": inp}, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(inp)))
-    seen = _capture(mechanism)
+    seen = {} if traced else _capture(mechanism)
     step = distribute.TpuDPStep(
         engine, model=tower, features=[distribute.TpuFeature("f", "items", None)], mechanism=mechanism,
         loss=BCE, optimizer=keras.optimizers.legacy.SGD(1.0), expected_batch_size=4.0,
         table_sizes={"items": (VOCAB, DIM)}, max_noise_rows=VOCAB,
     )  # fmt: skip
     features, labels, *weights = batch
-    if weights and "sample_weight" in inspect.signature(step.__call__).parameters:
+    step = tf.function(step) if traced else step
+    if weights and "sample_weight" in inspect.signature(distribute.TpuDPStep.__call__).parameters:
         step({"f": features}, labels, sample_weight=weights[0])
     else:  # a step with no way to mark padding: the padded batch is all it can be given
         step({"f": features}, labels)
@@ -210,6 +214,9 @@ def test_tpu_step_on_a_padded_batch_equals_the_step_without_padding():
     seen_plain, plain = _tpu_step(_adafest(), _batch(True, None))
     assert seen_padded["rows"] == seen_plain["rows"]
     for got, want in zip(padded, plain):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    _, traced = _tpu_step(_adafest(), _batch(True, 7), traced=True)  # the same as a tf.function
+    for got, want in zip(traced, plain):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
