@@ -10,6 +10,7 @@ References: EANA (RecSys 2022) §3, Alg. 2; DP-FEST / DP-AdaFEST (NeurIPS
 
 from __future__ import annotations
 
+from tfdp_embed import nonfinite
 from tfdp_embed._keras import tf
 from tfdp_embed._sorted_sets import is_member
 from tfdp_embed.clipping.absent_examples import (
@@ -18,6 +19,7 @@ from tfdp_embed.clipping.absent_examples import (
     read_rows,
     without_absent_examples,
 )
+from tfdp_embed.clipping.per_example import start_gradients
 from tfdp_embed.distribute.collectives import (
     _decode_grad,
     _encode_grad,
@@ -295,7 +297,9 @@ class TpuDPStep:
         with record_taps(self._dense_layers, self.registry) as taps, tf.GradientTape(persistent=True) as tape:
             for value in acts.values():
                 tape.watch(value)
-            per_example_loss = self._per_example_loss(labels, self.model(acts, training=True), sample_weight)
+            per_example_loss = self._per_example_loss(
+                labels, self.model(acts, training=True), sample_weight, check_finite=False
+            )
         table_taps = [
             LayerTaps(
                 layer=t,
@@ -313,7 +317,9 @@ class TpuDPStep:
             l2_norm_clip=self.mechanism.l2_norm_clip,
         )
         step = without_absent_examples(step, present)
-        act_grads = tape.gradient(per_example_loss, acts, output_gradients=tf.ones_like(per_example_loss))
+        # A NaN or Inf loss does not stop the step: that example starts from 0 and has c_i = 0 (N2).
+        act_grads = tape.gradient(per_example_loss, acts, output_gradients=start_gradients(per_example_loss, 1.0))
+        act_grads = nonfinite.finite_values(act_grads)
         del tape
         clipped = self._clipped(step, batch_size)
 
@@ -353,7 +359,8 @@ class TpuDPStep:
             self.optimizer.apply_gradients(dense, experimental_aggregate_gradients=False)
         else:
             self.optimizer.apply_gradients(dense)
-        return {"loss": tf.reduce_mean(per_example_loss), "noise_rows": counts}
+        mean_loss, _ = nonfinite.finite_mean(per_example_loss, nonfinite.finite_examples(per_example_loss))
+        return {"loss": mean_loss, "noise_rows": counts}
 
     def _non_private_step(self, ids, labels, sample_weight=None) -> dict:
         """`NonPrivate`: gradients of the global-batch mean loss, no clipping, no noise feature."""
@@ -379,7 +386,7 @@ class TpuDPStep:
     def _features_of(self, table) -> list:
         return [f for f in self.features if f.table == table.name]
 
-    def _per_example_loss(self, labels, predictions, sample_weight=None):
+    def _per_example_loss(self, labels, predictions, sample_weight=None, check_finite: bool = True):
         from tfdp_embed._keras import keras
         from tfdp_embed.errors import PrivacyContractError
 
@@ -394,6 +401,8 @@ class TpuDPStep:
             )
         if sample_weight is not None:
             loss = loss * tf.cast(tf.reshape(sample_weight, [-1]), loss.dtype)
+        if not check_finite:  # the private step: a non-finite example gets c_i = 0 (`clipped_step`)
+            return loss
         return tf.debugging.assert_all_finite(loss, "TpuDPStep: the per-example loss is NaN or Inf.")
 
     def _clipped(self, step, batch_size) -> ClippedGradients:
