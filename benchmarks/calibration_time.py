@@ -247,6 +247,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if REPO not in sys.path and "--worker" not in sys.argv:
-        sys.path.insert(0, REPO)
     sys.exit(main())

@@ -43,9 +43,6 @@ import time
 from benchmarks import outputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
 _TIMINGS = ("save", "save_manifest", "plain_write", "restore", "plain_read", "flush")
 
 

@@ -379,8 +379,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"--mechanisms: unknown {unknown}; allowed: {', '.join(MECHANISMS)}.")
 
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
     from pipelines import criteo
 
     command = "python -m benchmarks.criteo_realdata " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))

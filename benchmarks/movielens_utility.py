@@ -193,7 +193,6 @@ def main(argv=None) -> int:
         p, args, benchmark="movielens_utility", tag=f"eps{args.epsilon:g}-ep{args.epochs}",
         files={"json": ".json", "png": ".png"},
     )  # fmt: skip
-    sys.path.insert(0, ROOT)
     from benchmarks.machine import machine_info
     from pipelines import movielens
 

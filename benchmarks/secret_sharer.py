@@ -533,8 +533,6 @@ def render_from_json(args) -> int:
         document["notes"] = list(args.note)
     document["limits"] = limits_paragraph(document["runs"], document["parameters"])  # current wording
     if "popularity_baseline" not in document:  # runs saved before the baseline existed: same data, same split
-        if ROOT not in sys.path:
-            sys.path.insert(0, ROOT)
         from pipelines import movielens
 
         path = os.path.join(ROOT, document["parameters"]["data"])
@@ -549,8 +547,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_json:
         return render_from_json(args)
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
     from tqdm import tqdm
 
     from benchmarks.machine import machine_info

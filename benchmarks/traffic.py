@@ -50,12 +50,9 @@ import subprocess
 import sys
 import time
 
+from benchmarks import outputs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from benchmarks import outputs  # noqa: E402 - after the path above
-
 MECHANISMS = ("none", "dense", "eana", "lazy", "adafest")
 _SOCKET = re.compile(r"^\S+\s+\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)\s+users:\(\(\"[^\"]*\",pid=(\d+)")
 _RECEIVED = re.compile(r"bytes_received:(\d+)")
