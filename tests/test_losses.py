@@ -103,8 +103,9 @@ def test_each_example_is_clipped_on_its_weighted_sum_of_output_losses():
     norms = np.linalg.norm(flat, axis=1)
     assert (norms > clip).all()  # every example is clipped: a wrong per-example loss shows
     factors = clip / np.maximum(norms, clip)
-    expected = [w - 0.5 * np.tensordot(factors, j.numpy(), axes=1) / B
-                for w, j in zip(reference.get_weights(), jacobians)]  # fmt: skip
+    expected = [
+        w - 0.5 * np.tensordot(factors, j.numpy(), axes=1) / B for w, j in zip(reference.get_weights(), jacobians)
+    ]
 
     model = ctr_model()
     dp = _dp(model, clip=clip, loss={"click": BCE, "conversion": BCE}, loss_weights=WEIGHTS)

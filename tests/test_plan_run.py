@@ -40,8 +40,9 @@ def steps_event(sigma: float):
 
 def test_dense_sigma_is_the_calibrators_and_meets_the_target():
     plan = plan_run("dense", target_epsilon=1.0, **RUN)
-    sigma = calibrate_noise_multiplier(target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.05, steps=200,
-                                       accountant="rdp")  # fmt: skip
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.05, steps=200, accountant="rdp"
+    )
     assert plan.noise_multiplier == sigma and plan.mechanism.noise_multiplier == sigma
     assert isinstance(plan.mechanism, mechanisms.DenseDPSGD) and plan.is_dp and plan.events == ()
     assert rdp_epsilon(steps_event(sigma)) <= 1.0 < rdp_epsilon(steps_event(sigma * (1 - 1e-3)))
@@ -53,8 +54,9 @@ def test_fest_selection_is_deducted_by_basic_composition():
     assert plan.mechanism.selection_epsilon == pytest.approx(0.1) and plan.training_epsilon == pytest.approx(0.9)
     assert rdp_epsilon(steps_event(sigma)) <= 0.9 < rdp_epsilon(steps_event(sigma * (1 - 1e-3)))
     assert plan.events == ()  # the mechanism records its own selection event
-    streaming = plan_run("fest", target_epsilon=1.0, releases=[Release.selection(0.1, count=4)], top_k=5,
-                         counts=COUNTS, **RUN)  # fmt: skip
+    streaming = plan_run(
+        "fest", target_epsilon=1.0, releases=[Release.selection(0.1, count=4)], top_k=5, counts=COUNTS, **RUN
+    )
     assert streaming.mechanism.selection_epsilon == pytest.approx(0.025)  # one of 4 selections
 
 
@@ -75,8 +77,17 @@ def test_adafest_split_keeps_the_step_gaussian_and_sets_tau_in_noise_units():
 
 
 def test_adafest_plus_selects_from_counts_with_a_top_fraction():
-    plan = plan_run("adafest+", target_epsilon=2.0, releases=[Release.selection(0.2)], top_fraction=0.25,
-                    counts=COUNTS, contribution_clip=1.0, threshold=9.0, seed=0, **RUN)  # fmt: skip
+    plan = plan_run(
+        "adafest+",
+        target_epsilon=2.0,
+        releases=[Release.selection(0.2)],
+        top_fraction=0.25,
+        counts=COUNTS,
+        contribution_clip=1.0,
+        threshold=9.0,
+        seed=0,
+        **RUN,
+    )
     assert plan.mechanism.selection_epsilon == pytest.approx(0.4)
     assert len(plan.mechanism._selected_rows["t"]) == 25  # floor(0.25 x 100)
     assert plan.noise_multiplier == plan_run("dense", target_epsilon=1.6, **RUN).noise_multiplier
@@ -104,8 +115,9 @@ def test_pure_share_is_precharged_as_its_laplace_event():
 
 
 def test_sized_release_is_composed_by_the_accountant():
-    plan = plan_run("dense", target_epsilon=4.0, releases=[Release("counts", epsilon_share=0.1, noise="gaussian")],
-                    **RUN)  # fmt: skip
+    plan = plan_run(
+        "dense", target_epsilon=4.0, releases=[Release("counts", epsilon_share=0.1, noise="gaussian")], **RUN
+    )
     release = plan.release("counts")
     assert release.events == (dp_accounting.GaussianDpEvent(release.noise_multiplier),)
     alone = release_epsilon(list(release.events), delta=DELTA, accountant="rdp")
@@ -140,17 +152,21 @@ def test_none_has_nothing_to_calibrate_or_charge():
     "kwargs, match",
     [
         (dict(mechanism="fest", top_k=5, counts=COUNTS), "makes a DP selection"),
-        (dict(mechanism="fest", top_k=5, counts=COUNTS, selection_epsilon=0.1, releases=[Release.selection(0.1)]),
-         "not as `selection_epsilon`"),
+        (
+            dict(mechanism="fest", top_k=5, counts=COUNTS, selection_epsilon=0.1, releases=[Release.selection(0.1)]),
+            "not as `selection_epsilon`",
+        ),
         (dict(mechanism="dense", releases=[Release.selection(0.1)]), "makes no DP selection"),
         (dict(mechanism="dense", ratio=2.0), "contribution map"),
         (dict(mechanism="dense", top_k=5), "takes no option"),
         (dict(mechanism="adafest", contribution_clip=1.0), "needs \\['threshold'\\]"),
-        (dict(mechanism="dense", releases=[Release("a", epsilon_share=0.6), Release("b", epsilon_share=0.5)]),
-         "leave nothing for training"),
+        (
+            dict(mechanism="dense", releases=[Release("a", epsilon_share=0.6), Release("b", epsilon_share=0.5)]),
+            "leave nothing for training",
+        ),
         (dict(mechanism="dp-sgd"), "must be one of"),
     ],
-)  # fmt: skip
+)
 def test_bad_plans_are_refused_naming_what_is_allowed(kwargs, match):
     kwargs = dict(kwargs)
     with pytest.raises(ValueError, match=match):
@@ -159,9 +175,14 @@ def test_bad_plans_are_refused_naming_what_is_allowed(kwargs, match):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(epsilon_share=1.0), dict(epsilon_share=0.1, event=dp_accounting.GaussianDpEvent(1.0)), dict(),
-     dict(epsilon_share=0.1, noise="cauchy"), dict(epsilon_share=0.1, noise="gaussian", count=2)],
-)  # fmt: skip
+    [
+        dict(epsilon_share=1.0),
+        dict(epsilon_share=0.1, event=dp_accounting.GaussianDpEvent(1.0)),
+        dict(),
+        dict(epsilon_share=0.1, noise="cauchy"),
+        dict(epsilon_share=0.1, noise="gaussian", count=2),
+    ],
+)
 def test_bad_releases_are_refused(kwargs):
     with pytest.raises(ValueError, match="Release 'r'"):
         Release("r", **kwargs)
@@ -170,11 +191,21 @@ def test_bad_releases_are_refused(kwargs):
 def test_periods_compose_in_parallel():
     run = dict(target_delta=DELTA, accountant="rdp")
     periods = [Period(0.02, 100), Period(0.05, 100)]
-    plan = plan_run("fest", target_epsilon=2.0, periods=periods, releases=[Release.selection(0.1, count=2)],
-                    top_k=5, counts=COUNTS, seed=0, **run)  # fmt: skip
+    plan = plan_run(
+        "fest",
+        target_epsilon=2.0,
+        periods=periods,
+        releases=[Release.selection(0.1, count=2)],
+        top_k=5,
+        counts=COUNTS,
+        seed=0,
+        **run,
+    )
     assert plan.parallel and plan.steps == 200 and plan.sampling_probability == 0.05
-    assert plan.noise_multiplier == plan_run("dense", target_epsilon=1.8, sampling_probability=0.05, steps=100,
-                                             **run).noise_multiplier  # fmt: skip
+    assert (
+        plan.noise_multiplier
+        == plan_run("dense", target_epsilon=1.8, sampling_probability=0.05, steps=100, **run).noise_multiplier
+    )
     budget = plan.budget(period=0)
     assert isinstance(budget, PeriodBudget) and budget.planned_one_off_events == 2
     with pytest.raises(ValueError, match="`period` must be an index"):
@@ -195,8 +226,9 @@ def test_report_reads_the_batching_fit_recorded_and_states_the_plan():
     plan = plan_run("dense", target_epsilon=3.0, assumptions=["the vocabulary is public"], **RUN)
     budget = plan.budget()
     budget.ledger.record_steps(plan.mechanism.step_event(0.05), 200)
-    report = plan.report(dataset_size=100, dp_model=types.SimpleNamespace(batching="fixed_shuffled"),
-                         ledger=budget.ledger)  # fmt: skip
+    report = plan.report(
+        dataset_size=100, dp_model=types.SimpleNamespace(batching="fixed_shuffled"), ledger=budget.ledger
+    )
     assert report["batching"] == "fixed_shuffled" and report["epsilon"] <= 3.0
     assert "CONDITIONAL on: the vocabulary is public" in report["guarantee"]
     assert report["extra"]["plan"] == plan.summary()

@@ -59,9 +59,12 @@ def criteo_numbers(flags: str, period_sizes: list) -> dict:
     # The pins are the planner's numbers at these N: N~ = N exactly (no noise drawn) and no N~ release charged.
     released = ReleasedDatasetSize(tuple(period_sizes), DEFAULT_NOISE_MULTIPLIER, _exact=tuple(period_sizes))
     data = types.SimpleNamespace(
-        periods=[types.SimpleNamespace(size=n) for n in period_sizes], rows=sum(period_sizes), beam_manifest=None,
-        released=released, released_rows=released.value,
-    )  # fmt: skip
+        periods=[types.SimpleNamespace(size=n) for n in period_sizes],
+        rows=sum(period_sizes),
+        beam_manifest=None,
+        released=released,
+        released_rows=released.value,
+    )
     settings = criteo_pipeline._settings(config, data)
     counts = {"t": np.arange(TABLE_VOCAB, dtype=np.int64)} if criteo_privacy.selects_rows(settings.mechanism) else None
     plan = criteo_privacy.plan(settings, periods=criteo_pipeline._periods(config, data), counts=counts)
@@ -99,17 +102,24 @@ def movielens_numbers(flags: str, num_examples: int) -> dict:
     steps = config.epochs * max(1, round(1 / q))
     delta = config.delta if config.delta is not None else 1.0 / num_examples
     plan = movielens_privacy.plan(
-        mechanism=config.mechanism, noise_multiplier=config.noise_multiplier, epsilon=config.epsilon, delta=delta,
-        sampling_probability=q, steps=steps, l2_norm_clip=config.l2_norm_clip, accountant=config.accountant,
-    )  # fmt: skip
+        mechanism=config.mechanism,
+        noise_multiplier=config.noise_multiplier,
+        epsilon=config.epsilon,
+        delta=delta,
+        sampling_probability=q,
+        steps=steps,
+        l2_norm_clip=config.l2_norm_clip,
+        accountant=config.accountant,
+    )
     sigma = plan.noise_multiplier
     accountant = config.accountant if sigma >= movielens.SMALL_SIGMA_FOR_PLD else "rdp"
     epsilon = None
     if sigma > 0:
         epsilon = compute_epsilon(
             dpsgd_event(sampling_probability=q, noise_multiplier=sigma, steps=steps),
-            target_delta=delta, accountant=accountant,
-        )  # fmt: skip
+            target_delta=delta,
+            accountant=accountant,
+        )
     return {"noise_multiplier": sigma, "target_epsilon": plan.target_epsilon, "epsilon": epsilon}
 
 
@@ -137,9 +147,10 @@ def sequential_numbers(flags: str, data_file: str) -> dict:
             sampling_probability=run.sampling_probability, noise_multiplier=run.noise_multiplier, steps=run.steps
         )
         epsilon = compute_epsilon(
-            [exact.event, steps] + ([] if event is None else [event]), target_delta=run.target_delta,
+            [exact.event, steps] + ([] if event is None else [event]),
+            target_delta=run.target_delta,
             accountant=config.accountant,
-        )  # fmt: skip
+        )
     return {
         "noise_multiplier": run.noise_multiplier,
         "steps": run.steps,
@@ -152,13 +163,21 @@ def sequential_numbers(flags: str, data_file: str) -> dict:
 
 def _sequential_plan(config, data, catalogue):
     return sequential_privacy.plan(
-        data, epsilon=config.epsilon, delta=config.delta, batch=config.batch, epochs=config.epochs,
-        mechanism=config.mechanism, frequencies=config.frequencies, frequencies_file=config.frequencies_file,
+        data,
+        epsilon=config.epsilon,
+        delta=config.delta,
+        batch=config.batch,
+        epochs=config.epochs,
+        mechanism=config.mechanism,
+        frequencies=config.frequencies,
+        frequencies_file=config.frequencies_file,
         frequency_epsilon_share=config.frequency_epsilon_share,
         frequency_noise_multiplier=config.frequency_noise_multiplier,
-        frequency_mechanism=config.frequency_mechanism, accountant=config.accountant, seed=config.seed,
+        frequency_mechanism=config.frequency_mechanism,
+        accountant=config.accountant,
+        seed=config.seed,
         item_catalogue=catalogue,
-    )  # fmt: skip
+    )
 
 
 # -- the pins --------------------------------------------------------------------------------------

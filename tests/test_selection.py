@@ -84,10 +84,11 @@ def test_lower_is_better_picks_the_smallest_score():
 def test_poisson_with_no_run_selects_nothing():
     rng = np.random.default_rng(0)
     outcomes = [
-        select_privately(CANDIDATES, scored_train([]), run_event=RUN, mean_runs=1.0, shape=POISSON,
-                         target_delta=DELTA, rng=rng)
+        select_privately(
+            CANDIDATES, scored_train([]), run_event=RUN, mean_runs=1.0, shape=POISSON, target_delta=DELTA, rng=rng
+        )
         for _ in range(12)
-    ]  # fmt: skip
+    ]
     empty = [r for r in outcomes if r.runs == 0]
     assert empty and all(r.model is None and r.candidate is None and r.score is None for r in empty)
 
@@ -116,10 +117,11 @@ def test_number_of_runs_follows_the_distribution(mean, shape):
 def test_the_search_runs_train_exactly_the_sampled_number_of_times():
     calls: list = []
     results = [
-        select_privately([0], lambda c: (calls.append(c), 0.0), run_event=RUN, mean_runs=3.0, target_delta=DELTA,
-                         rng=seed).runs
+        select_privately(
+            [0], lambda c: (calls.append(c), 0.0), run_event=RUN, mean_runs=3.0, target_delta=DELTA, rng=seed
+        ).runs
         for seed in range(8)
-    ]  # fmt: skip
+    ]
     expected = [sample_run_count(np.random.default_rng(seed), mean=3.0, shape=1.0) for seed in range(8)]
     assert results == expected and len(calls) == sum(expected) and len(set(expected)) > 1
 
@@ -141,15 +143,19 @@ def test_candidates_with_different_events_are_refused():
     calls: list = []
     with pytest.raises(PrivacyContractError, match="one event for every run"):
         select_privately(
-            [1e-3, 3e-3], lambda c: calls.append(c) or (None, 0.0), run_event=events.__getitem__, mean_runs=2,
+            [1e-3, 3e-3],
+            lambda c: calls.append(c) or (None, 0.0),
+            run_event=events.__getitem__,
+            mean_runs=2,
             target_delta=DELTA,
-        )  # fmt: skip
+        )
     assert calls == []
 
 
 def test_plan_event_is_the_plans_steps():
-    plan = plan_run("dense", target_epsilon=2.0, target_delta=DELTA, accountant="rdp", sampling_probability=0.01,
-                    steps=300)  # fmt: skip
+    plan = plan_run(
+        "dense", target_epsilon=2.0, target_delta=DELTA, accountant="rdp", sampling_probability=0.01, steps=300
+    )
     expected = dpsgd_event(sampling_probability=0.01, noise_multiplier=plan.noise_multiplier, steps=300)
     assert dp_accounting_epsilon(plan_event(plan)) == pytest.approx(dp_accounting_epsilon(expected), rel=1e-12)
     assert dp_accounting_epsilon(plan_event(plan)) == pytest.approx(2.0, rel=1e-3)
@@ -174,8 +180,9 @@ def test_plan_event_is_the_plans_steps():
     ],
 )
 def test_bad_input_is_rejected_with_the_argument_named(kwargs, match):
-    args = dict(candidates=CANDIDATES, train=lambda c: (None, 0.0), run_event=RUN, mean_runs=3.0, target_delta=DELTA,
-                rng=0)  # fmt: skip
+    args = dict(
+        candidates=CANDIDATES, train=lambda c: (None, 0.0), run_event=RUN, mean_runs=3.0, target_delta=DELTA, rng=0
+    )
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         select_privately(args.pop("candidates"), args.pop("train"), **args)
@@ -183,15 +190,32 @@ def test_bad_input_is_rejected_with_the_argument_named(kwargs, match):
 
 def test_plan_event_charges_a_selecting_mechanisms_planned_selection():
     counts = {"items": np.arange(100.0)}
-    plan = plan_run("fest", target_epsilon=2.0, target_delta=DELTA, accountant="rdp", sampling_probability=0.01,
-                    steps=100, releases=[Release.selection(0.1)], top_k=10, counts=counts)  # fmt: skip
+    plan = plan_run(
+        "fest",
+        target_epsilon=2.0,
+        target_delta=DELTA,
+        accountant="rdp",
+        sampling_probability=0.01,
+        steps=100,
+        releases=[Release.selection(0.1)],
+        top_k=10,
+        counts=counts,
+    )
     steps = dpsgd_event(sampling_probability=0.01, noise_multiplier=plan.noise_multiplier, steps=100)
     # eps_1 = 0.1 x 2.0 = 0.2 pure DP, charged as the Gaussian that dominates every 0.2-DP mechanism.
     selection = dp_accounting.GaussianDpEvent(pure_dp_dominating_noise_multiplier(0.2))
     assert plan_event(plan) == dp_accounting.ComposedDpEvent([selection, steps])
     assert dp_accounting_epsilon(plan_event(plan)) > dp_accounting_epsilon(steps)  # 6fce81d: the steps alone
-    given = plan_run("fest", noise_multiplier=1.0, target_delta=DELTA, sampling_probability=0.01, steps=100,
-                     top_k=10, counts=counts, selection_epsilon=0.3)  # fmt: skip
+    given = plan_run(
+        "fest",
+        noise_multiplier=1.0,
+        target_delta=DELTA,
+        sampling_probability=0.01,
+        steps=100,
+        top_k=10,
+        counts=counts,
+        selection_epsilon=0.3,
+    )
     assert plan_event(given).events[0] == dp_accounting.GaussianDpEvent(pure_dp_dominating_noise_multiplier(0.3))
 
 
@@ -200,8 +224,9 @@ def test_the_search_ledger_is_the_callers_or_a_new_one_with_the_search_event():
     assert [(e.kind, e.event) for e in result.ledger.entries] == [("setup", result.event)]
     ledger = PrivacyLedger()
     ledger.record_steps(RUN)
-    mine = select_privately(CANDIDATES, scored_train([]), run_event=RUN, mean_runs=2, target_delta=DELTA,
-                            ledger=ledger, rng=0)  # fmt: skip
+    mine = select_privately(
+        CANDIDATES, scored_train([]), run_event=RUN, mean_runs=2, target_delta=DELTA, ledger=ledger, rng=0
+    )
     assert mine.ledger is ledger and len(ledger) == 2
 
 
@@ -212,16 +237,31 @@ def test_search_report_refuses_what_the_search_sets_and_an_empty_search():
     with pytest.raises(ValueError, match="the search's"):
         search_report(result, epsilon=1.0, mechanism=object(), batching="poisson", steps=500)
     rng = np.random.default_rng(0)
-    empty = next(r for r in (select_privately(CANDIDATES, scored_train([]), run_event=RUN, mean_runs=1.0,
-                 shape=POISSON, target_delta=DELTA, rng=rng) for _ in range(30)) if r.runs == 0)  # fmt: skip
+    empty = next(
+        r
+        for r in (
+            select_privately(
+                CANDIDATES, scored_train([]), run_event=RUN, mean_runs=1.0, shape=POISSON, target_delta=DELTA, rng=rng
+            )
+            for _ in range(30)
+        )
+        if r.runs == 0
+    )
     with pytest.raises(ValueError, match="K = 0"):
         search_report(empty, sampling_probability=0.01, dataset_size=100)
 
 
 @pytest.mark.parametrize("mean, shape, target", [(5.0, 1.0, 3.0), (3.0, math.inf, 1.0), (10.0, 0.5, 8.0)])
 def test_plan_search_spends_the_target_on_the_whole_search(mean, shape, target):
-    plan = plan_search("dense", target_epsilon=target, target_delta=DELTA, mean_runs=mean, shape=shape,
-                       sampling_probability=0.01, steps=300)  # fmt: skip
+    plan = plan_search(
+        "dense",
+        target_epsilon=target,
+        target_delta=DELTA,
+        mean_runs=mean,
+        shape=shape,
+        sampling_probability=0.01,
+        steps=300,
+    )
     assert plan.event == dp_accounting.dp_event.RepeatAndSelectDpEvent(plan.run_event, mean, shape)
     assert target * (1 - 1e-3) <= dp_accounting_epsilon(plan.event) <= target  # calibration's tolerance
     assert (
@@ -258,8 +298,15 @@ def test_reports_of_search_runs_say_one_run_during_it_and_need_the_search_after_
     runs: list = []
 
     def report(mechanism, **kwargs):
-        return privacy_report(mechanism=mechanism, delta=DELTA, sampling_probability=0.01, dataset_size=100,
-                              batching="poisson", accountant="rdp", **kwargs)  # fmt: skip
+        return privacy_report(
+            mechanism=mechanism,
+            delta=DELTA,
+            sampling_probability=0.01,
+            dataset_size=100,
+            batching="poisson",
+            accountant="rdp",
+            **kwargs,
+        )
 
     def train(candidate):
         run = type("Run", (), {"mechanism": DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.1)})()

@@ -75,9 +75,14 @@ def test_the_steps_self_composition_is_shared_and_exact():
 def test_a_runs_reported_epsilon_is_dp_accountings_and_the_budgets_is_reused(monkeypatch):
     # The Criteo pipeline's sequence on a smaller run: a Laplace release (5% of epsilon), then T DP-SGD steps.
     plan = plan_run(
-        "dense", target_epsilon=3.0, target_delta=DELTA, sampling_probability=0.02, steps=60,
-        releases=[Release("output_calibration", epsilon_share=0.05)], seed=0,
-    )  # fmt: skip
+        "dense",
+        target_epsilon=3.0,
+        target_delta=DELTA,
+        sampling_probability=0.02,
+        steps=60,
+        releases=[Release("output_calibration", epsilon_share=0.05)],
+        seed=0,
+    )
     budget = plan.budget()
     budget.set_model(type("Model", (), {"batching": None, "stop_training": False})())
     budget.on_train_begin()

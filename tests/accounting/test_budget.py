@@ -340,9 +340,13 @@ def test_planned_steps_are_only_a_hint_for_where_training_stops(planned_steps, m
         PrivacyBudget, "_max_extra_steps", lambda self, spent: searches.append(1) or original(self, spent)
     )
     budget = PrivacyBudget(
-        FakeMechanism(noise_multiplier=SIGMA), sampling_probability=Q, target_epsilon=target, target_delta=DELTA,
-        accountant="rdp", planned_steps=planned_steps,
-    )  # fmt: skip
+        FakeMechanism(noise_multiplier=SIGMA),
+        sampling_probability=Q,
+        target_epsilon=target,
+        target_delta=DELTA,
+        accountant="rdp",
+        planned_steps=planned_steps,
+    )
     model = _model()
     model.fit(_data(), epochs=10, callbacks=[budget], verbose=0)
     assert budget.ledger.steps == k_max and budget.stopped_by_budget  # the 14th step never ran
@@ -353,9 +357,13 @@ def test_planned_steps_are_only_a_hint_for_where_training_stops(planned_steps, m
 def test_planned_steps_that_fit_skip_the_search():
     target = _target_between(13)
     budget = PrivacyBudget(
-        FakeMechanism(noise_multiplier=SIGMA), sampling_probability=Q, target_epsilon=target, target_delta=DELTA,
-        accountant="rdp", planned_steps=10,
-    )  # fmt: skip
+        FakeMechanism(noise_multiplier=SIGMA),
+        sampling_probability=Q,
+        target_epsilon=target,
+        target_delta=DELTA,
+        accountant="rdp",
+        planned_steps=10,
+    )
     model = _model()
     model.fit(_data(), epochs=1, callbacks=[budget], verbose=0)
     assert budget.ledger.steps == 10 and not budget.stopped_by_budget
@@ -363,6 +371,9 @@ def test_planned_steps_that_fit_skip_the_search():
     assert budget.max_steps == 13  # searched when read
     with pytest.raises(ValueError, match="planned_steps"):
         PrivacyBudget(
-            FakeMechanism(noise_multiplier=SIGMA), sampling_probability=Q, target_epsilon=target, target_delta=DELTA,
+            FakeMechanism(noise_multiplier=SIGMA),
+            sampling_probability=Q,
+            target_epsilon=target,
+            target_delta=DELTA,
             planned_steps=0,
-        )  # fmt: skip
+        )

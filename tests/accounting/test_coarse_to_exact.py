@@ -95,9 +95,11 @@ def test_budget_after_its_calibration_fits_exactly_and_reuses_it(exact_evaluatio
     sigma = calibrate_noise_multiplier(target_epsilon=target, target_delta=delta, sampling_probability=q, steps=steps)
     exact_evaluations.clear()
     budget = PrivacyBudget(
-        _Dense(l2_norm_clip=1.0, noise_multiplier=sigma, seed=0), sampling_probability=q, target_epsilon=target,
+        _Dense(l2_norm_clip=1.0, noise_multiplier=sigma, seed=0),
+        sampling_probability=q,
+        target_epsilon=target,
         target_delta=delta,
-    )  # fmt: skip
+    )
     budget.on_train_begin()
     k = budget.max_steps
     assert k == steps

@@ -90,9 +90,13 @@ def test_period_budget_refuses_a_plan_over_the_target_and_stops_after_its_steps(
 
     def budget(steps, planned=0):
         return PeriodBudget(
-            Source(sigma, [SELECTION]), period=Period(0.05, steps), target_epsilon=2.5, target_delta=DELTA,
-            accountant="rdp", planned_one_off_events=planned,
-        )  # fmt: skip
+            Source(sigma, [SELECTION]),
+            period=Period(0.05, steps),
+            target_epsilon=2.5,
+            target_delta=DELTA,
+            accountant="rdp",
+            planned_one_off_events=planned,
+        )
 
     fits = budget(100)
     fits.set_model(types.SimpleNamespace(stop_training=False))

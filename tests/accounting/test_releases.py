@@ -101,9 +101,13 @@ def test_unreachable_targets_raise_clear_errors():
         )
     with pytest.raises(ValueError, match="cannot be met"):  # the steps alone cannot meet it either
         calibrate_noise_multiplier_with_releases(
-            target_epsilon=0.05, target_delta=1e-5, sampling_probability=1.0, steps=10**6, accountant="rdp",
+            target_epsilon=0.05,
+            target_delta=1e-5,
+            sampling_probability=1.0,
+            steps=10**6,
+            accountant="rdp",
             releases=[dp_accounting.GaussianDpEvent(1e3)],
-        )  # fmt: skip
+        )
     with pytest.raises(ValueError, match="noise multiplier above"):
         release_noise_multiplier(epsilon=1e-9, delta=1e-5, accountant="rdp")
 

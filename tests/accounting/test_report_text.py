@@ -21,9 +21,18 @@ SIZE = release_dataset_size(N, seed=0)  # N~ = 10003 (a seeded draw: the report 
 
 def _plan_report(**kwargs):
     plan = plan_run(
-        "adafest", target_epsilon=3.0, target_delta=DELTA, sampling_probability=Q, steps=STEPS, accountant="rdp",
-        contribution_clip=1.0, threshold_sigmas=2.0, seed=0, releases=[Release.dataset_size(SIZE)], **kwargs,
-    )  # fmt: skip
+        "adafest",
+        target_epsilon=3.0,
+        target_delta=DELTA,
+        sampling_probability=Q,
+        steps=STEPS,
+        accountant="rdp",
+        contribution_clip=1.0,
+        threshold_sigmas=2.0,
+        seed=0,
+        releases=[Release.dataset_size(SIZE)],
+        **kwargs,
+    )
     ledger = plan.ledger()
     ledger.record_steps(plan.mechanism.step_event(Q), STEPS)
     return plan, plan.report(dataset_size=SIZE, batching="fixed_shuffled", ledger=ledger)
@@ -72,9 +81,15 @@ def test_a_pipelines_details_not_released_note_and_warnings_follow(tmp_path):
 def test_a_non_dp_run_says_so_and_claims_no_epsilon():
     mechanism = EANA(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)
     report = privacy_report(
-        mechanism=mechanism, delta=DELTA, sampling_probability=Q, dataset_size=N, batching="poisson", steps=STEPS,
-        epsilon=2.5, ledger=None,
-    )  # fmt: skip
+        mechanism=mechanism,
+        delta=DELTA,
+        sampling_probability=Q,
+        dataset_size=N,
+        batching="poisson",
+        steps=STEPS,
+        epsilon=2.5,
+        ledger=None,
+    )
     text = format_report(report)
     assert "mechanism          eana (NOT differentially private)" in text
     assert "epsilon / delta    n/a (no DP guarantee; nominal 2.5, NOT a guarantee) / 1e-05" in text
@@ -82,7 +97,8 @@ def test_a_non_dp_run_says_so_and_claims_no_epsilon():
 
 
 def test_an_empty_ledger_report_still_formats():
-    plan = plan_run("dense", target_epsilon=1.0, target_delta=DELTA, sampling_probability=Q, steps=10,
-                    accountant="rdp", seed=0)  # fmt: skip
+    plan = plan_run(
+        "dense", target_epsilon=1.0, target_delta=DELTA, sampling_probability=Q, steps=10, accountant="rdp", seed=0
+    )
     report = plan.report(dataset_size=N, batching="poisson", ledger=PrivacyLedger())
     assert "steps              0 (0 epochs)" in format_report(report)

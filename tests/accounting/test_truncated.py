@@ -78,8 +78,9 @@ def test_report_epsilon_equals_dp_accounting_pld_for_the_truncated_event():
 
 
 def test_truncated_accounting_for_other_batches_is_refused():
-    source = truncated_steps(DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=SIGMA, seed=0), dataset_size=N,
-                             max_batch_size=CAP)  # fmt: skip
+    source = truncated_steps(
+        DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=SIGMA, seed=0), dataset_size=N, max_batch_size=CAP
+    )
     common = dict(mechanism=source, delta=DELTA, sampling_probability=Q, dataset_size=N, steps=STEPS)
     _, uncapped = poisson_batches(np.arange(N), sampling_probability=Q, seed=0)
     with pytest.raises(PrivacyContractError, match="max_batch_size=None"):
@@ -93,8 +94,16 @@ def test_truncated_accounting_for_other_batches_is_refused():
 
 def test_planner_calibrates_budgets_and_reports_truncated_steps():
     target = 2.0
-    plan = plan_run("dense", target_epsilon=target, target_delta=DELTA, sampling_probability=Q, steps=STEPS,
-                    dataset_size=N, max_batch_size=CAP, seed=0)  # fmt: skip
+    plan = plan_run(
+        "dense",
+        target_epsilon=target,
+        target_delta=DELTA,
+        sampling_probability=Q,
+        steps=STEPS,
+        dataset_size=N,
+        max_batch_size=CAP,
+        seed=0,
+    )
     sigma = plan.noise_multiplier
     assert _pld_epsilon(_truncated(sigma), STEPS) <= target
     assert _pld_epsilon(_truncated(sigma * 0.97), STEPS) > target  # the smallest such sigma (search rtol < 3%)
@@ -103,8 +112,16 @@ def test_planner_calibrates_budgets_and_reports_truncated_steps():
     budget = plan.budget(dataset_size=N)
     assert isinstance(budget, PrivacyBudget) and budget.mechanism.step_event(Q) == _truncated(sigma)
     with pytest.raises(ValueError, match="PLD accountant only"):
-        plan_run("dense", target_epsilon=target, target_delta=DELTA, sampling_probability=Q, steps=STEPS,
-                 dataset_size=N, max_batch_size=CAP, accountant="rdp")  # fmt: skip
+        plan_run(
+            "dense",
+            target_epsilon=target,
+            target_delta=DELTA,
+            sampling_probability=Q,
+            steps=STEPS,
+            dataset_size=N,
+            max_batch_size=CAP,
+            accountant="rdp",
+        )
 
 
 VOCAB, DIM, IDS = 20, 3, 2
@@ -138,8 +155,9 @@ def test_padding_never_changes_an_update(mechanism):
     batches = replay
     weights = []
     for data in (batches, fixed):
-        dp = DPModel(_model(), mechanism=mechanism(l2_norm_clip=0.05, noise_multiplier=0.0, seed=0),
-                     expected_batch_size=20.0)  # fmt: skip
+        dp = DPModel(
+            _model(), mechanism=mechanism(l2_norm_clip=0.05, noise_multiplier=0.0, seed=0), expected_batch_size=20.0
+        )
         dp.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss=keras.losses.BinaryCrossentropy(from_logits=True))
         dp.fit(data, epochs=1, verbose=0)
         weights.append(dp.inner.get_weights())
@@ -147,8 +165,9 @@ def test_padding_never_changes_an_update(mechanism):
     for unpadded, padded in zip(*weights):
         np.testing.assert_allclose(padded, unpadded, rtol=1e-6, atol=1e-12)
     padding_only = tf.data.Dataset.from_tensors((ids[:24], labels[:24], np.zeros(24, np.float32)))
-    dp = DPModel(_model(), mechanism=mechanism(l2_norm_clip=0.05, noise_multiplier=0.0, seed=0),
-                 expected_batch_size=20.0)  # fmt: skip
+    dp = DPModel(
+        _model(), mechanism=mechanism(l2_norm_clip=0.05, noise_multiplier=0.0, seed=0), expected_batch_size=20.0
+    )
     dp.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     dp.fit(padding_only, epochs=1, verbose=0)
     for before, after in zip(_model().get_weights(), dp.inner.get_weights()):

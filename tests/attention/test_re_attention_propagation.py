@@ -17,8 +17,16 @@ import pytest
 from benchmarks import reattention_check
 
 SAMPLES = 150
-FIRST_ORDER = ("input", "block0.attn_norm", "block0.key", "block0.value", "block0.ffn_norm", "block0.ffn_pre",
-               "block0.ffn_relu", "block0.ffn_residual")  # fmt: skip
+FIRST_ORDER = (
+    "input",
+    "block0.attn_norm",
+    "block0.key",
+    "block0.value",
+    "block0.ffn_norm",
+    "block0.ffn_pre",
+    "block0.ffn_relu",
+    "block0.ffn_residual",
+)
 
 
 @pytest.fixture(scope="module")

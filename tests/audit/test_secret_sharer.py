@@ -48,8 +48,10 @@ def test_a_model_that_memorised_nothing_sits_at_chance_exposure():
 
 def test_memorised_canaries_get_exposure_growing_with_insertions():
     canaries, candidates = setup()
-    bonus = {(tuple(sorted(c.tolist())), int(lab)): math.log(k) for c, lab, k in zip(
-        canaries.contexts, canaries.labels, canaries.insertion_counts)}  # fmt: skip
+    bonus = {
+        (tuple(sorted(c.tolist())), int(lab)): math.log(k)
+        for c, lab, k in zip(canaries.contexts, canaries.labels, canaries.insertion_counts)
+    }
 
     def memoriser(contexts, labels):
         base = hashed_noise(contexts, labels)
@@ -72,13 +74,27 @@ def test_memorised_canaries_get_exposure_growing_with_insertions():
 def test_summarize_exposure_hand_computed():
     summary = summarize_exposure([2, 1, 2, 1], [1.0, 0.5, 3.0, 1.5], [1.0, 0.5, 5.0, 1.5])
     assert summary == {
-        "1": {"num_canaries": 2, "mean_exposure": 1.0, "median_exposure": 1.0, "min_exposure": 0.5,
-              "max_exposure": 1.5, "mean_extrapolated_exposure": 1.0, "median_extrapolated_exposure": 1.0,
-              "max_extrapolated_exposure": 1.5},
-        "2": {"num_canaries": 2, "mean_exposure": 2.0, "median_exposure": 2.0, "min_exposure": 1.0,
-              "max_exposure": 3.0, "mean_extrapolated_exposure": 3.0, "median_extrapolated_exposure": 3.0,
-              "max_extrapolated_exposure": 5.0},
-    }  # fmt: skip
+        "1": {
+            "num_canaries": 2,
+            "mean_exposure": 1.0,
+            "median_exposure": 1.0,
+            "min_exposure": 0.5,
+            "max_exposure": 1.5,
+            "mean_extrapolated_exposure": 1.0,
+            "median_extrapolated_exposure": 1.0,
+            "max_extrapolated_exposure": 1.5,
+        },
+        "2": {
+            "num_canaries": 2,
+            "mean_exposure": 2.0,
+            "median_exposure": 2.0,
+            "min_exposure": 1.0,
+            "max_exposure": 3.0,
+            "mean_extrapolated_exposure": 3.0,
+            "median_extrapolated_exposure": 3.0,
+            "max_extrapolated_exposure": 5.0,
+        },
+    }
     with pytest.raises(ValueError, match="one value per canary"):
         summarize_exposure([1, 2], [1.0])
 

@@ -17,10 +17,15 @@ def test_cases_use_q_and_t_as_their_code_computes_them():
 
 def _run(seconds, holds=True):
     return {
-        "case": "readme", "seconds": dict(zip(calibration_time.PHASES, seconds)), "noise_multiplier": 0.6286,
-        "max_steps": 78, "final_epsilon": 2.9995, "exact_epsilon_at_max_steps": 2.9995,
-        "exact_epsilon_at_max_steps_plus_1": 3.0087, "guarantee_holds": holds,
-    }  # fmt: skip
+        "case": "readme",
+        "seconds": dict(zip(calibration_time.PHASES, seconds)),
+        "noise_multiplier": 0.6286,
+        "max_steps": 78,
+        "final_epsilon": 2.9995,
+        "exact_epsilon_at_max_steps": 2.9995,
+        "exact_epsilon_at_max_steps_plus_1": 3.0087,
+        "guarantee_holds": holds,
+    }
 
 
 def test_summary_takes_medians_and_any_violation_shows():
@@ -28,12 +33,23 @@ def test_summary_takes_medians_and_any_violation_shows():
     assert row["seconds"]["plan"] == {"median_s": 4.0, "min_s": 3.0, "max_s": 5.0}
     assert row["seconds"]["budget"]["median_s"] == 2.0 and row["guarantee_holds"] is False
     machine = {
-        "date_utc": "2026-11-26T00:00:00Z", "cpu_model": "cpu", "nproc": 2, "memory_total_gb": 1, "gpus": [],
-        "load_average_at_start": [1.0], "load_average_at_end": [1.0], "git": {"commit": "0" * 40,
-        "uncommitted_library_files": []}, "versions": {"python": "3", "tensorflow": "2", "dp-accounting": "0"},
-    }  # fmt: skip
-    document = {"command": "c", "settings": {"repeats": 3}, "baseline": None, "machine": machine,
-                "rows": [{"checkout": "this", **row}]}  # fmt: skip
+        "date_utc": "2026-11-26T00:00:00Z",
+        "cpu_model": "cpu",
+        "nproc": 2,
+        "memory_total_gb": 1,
+        "gpus": [],
+        "load_average_at_start": [1.0],
+        "load_average_at_end": [1.0],
+        "git": {"commit": "0" * 40, "uncommitted_library_files": []},
+        "versions": {"python": "3", "tensorflow": "2", "dp-accounting": "0"},
+    }
+    document = {
+        "command": "c",
+        "settings": {"repeats": 3},
+        "baseline": None,
+        "machine": machine,
+        "rows": [{"checkout": "this", **row}],
+    }
     table_row = calibration_time.markdown_section(document).splitlines()[-1]
     assert table_row.startswith("| readme | this | 0.628600 | 4.00 s (3.00–5.00) | 2.00 s (1.00–3.00) |")
     assert table_row.endswith("| 78 | 2.99950 / 3.00870 | VIOLATED |")

@@ -21,9 +21,25 @@ TINY_MODEL = (
 def test_end_to_end_runs_none_and_one_mechanism_and_writes_its_json(tmp_path, capsys):
     path = tmp_path / "end_to_end.json"
     argv = [
-        "--mechanisms", "dense", "--train-rows", "400", "--eval-rows", "200", "--extra", TINY_MODEL,
-        "--workdir", str(tmp_path / "work"), "--json", str(path), "--png", "", "--results-md", "", "--timeout", "300",
-    ]  # fmt: skip
+        "--mechanisms",
+        "dense",
+        "--train-rows",
+        "400",
+        "--eval-rows",
+        "200",
+        "--extra",
+        TINY_MODEL,
+        "--workdir",
+        str(tmp_path / "work"),
+        "--json",
+        str(path),
+        "--png",
+        "",
+        "--results-md",
+        "",
+        "--timeout",
+        "300",
+    ]
     assert end_to_end.main(argv) == 0
     document = json.loads(path.read_text())
     results = document["results"]
@@ -44,10 +60,31 @@ def test_end_to_end_runs_none_and_one_mechanism_and_writes_its_json(tmp_path, ca
 def test_criteo_memory_runs_one_mechanism_streamed_and_writes_its_json(tmp_path):
     path = tmp_path / "criteo_memory.json"
     argv = [
-        "--rows", "2048", "--mechanisms", "dense", "--modes", "on", "--max-steps", "1", "--block-rows", "1024",
-        "--eval-rows", "200", "--stream-buffer-rows", "2048", "--workdir", str(tmp_path / "work"),
-        "--json", str(path), "--png", "", "--results-md", "", "--timeout", "300",
-    ]  # fmt: skip
+        "--rows",
+        "2048",
+        "--mechanisms",
+        "dense",
+        "--modes",
+        "on",
+        "--max-steps",
+        "1",
+        "--block-rows",
+        "1024",
+        "--eval-rows",
+        "200",
+        "--stream-buffer-rows",
+        "2048",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--json",
+        str(path),
+        "--png",
+        "",
+        "--results-md",
+        "",
+        "--timeout",
+        "300",
+    ]
     assert criteo_memory.main(argv) == 0
     results = json.loads(path.read_text())["results"]
     assert [(r["rows"], r["mechanism"], r["streaming"]) for r in results] == [(2048, "dense", "on")]

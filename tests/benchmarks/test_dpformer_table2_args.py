@@ -13,8 +13,20 @@ from pipelines import sequential
 def _args(tmp_path, **overrides):
     data = tmp_path / "s.txt"
     data.write_text("1 1\n")
-    a = dict(data=str(data), epochs=1, batch=8, max_len=5, lr=1e-3, dropout=0.0, delta=None, seed=0,
-             popularity_prior=True, head_items=4, frequencies_file=None, frequency_epsilon_share=None)  # fmt: skip
+    a = dict(
+        data=str(data),
+        epochs=1,
+        batch=8,
+        max_len=5,
+        lr=1e-3,
+        dropout=0.0,
+        delta=None,
+        seed=0,
+        popularity_prior=True,
+        head_items=4,
+        frequencies_file=None,
+        frequency_epsilon_share=None,
+    )
     a.update(overrides)
     return argparse.Namespace(**a)
 
@@ -55,7 +67,7 @@ def test_public_file_is_passed_as_public(tmp_path):
                 "epsilon_share": 0.1,
             },
             "private-gaussian z=4.23, eps 0.8 (10%)",
-        ),  # fmt: skip
+        ),
         ({"source": "public-file", "dp_event": None}, "public-file"),
     ],
 )

@@ -17,9 +17,19 @@ EVENT = dpsgd_event(sampling_probability=0.01, noise_multiplier=1.0, steps=100)
 def _row(mechanism, auc, reduction, flags=()):
     ledger = PrivacyLedger()
     ledger.record_steps(EVENT)
-    return {"mechanism": mechanism, "epsilon_target": 1.0, "flags": list(flags), "auc": auc, "epsilon": 1.0,
-            "delta": 1e-5, "noise_multiplier": 1.0, "gradient_size_reduction": reduction, "steps": 100,
-            "median_step_s": 0.1, "ledger": json.loads(ledger.to_json())}  # fmt: skip
+    return {
+        "mechanism": mechanism,
+        "epsilon_target": 1.0,
+        "flags": list(flags),
+        "auc": auc,
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "noise_multiplier": 1.0,
+        "gradient_size_reduction": reduction,
+        "steps": 100,
+        "median_step_s": 0.1,
+        "ledger": json.loads(ledger.to_json()),
+    }
 
 
 ROWS = [
@@ -89,8 +99,11 @@ def test_the_issue_grid_runs_what_issue_20_names_within_90_minutes_at_a_million_
 
 
 def _report(**training):
-    return {"training": {"momentum": 0.9, "learning_rate": 1.0, **training}, "l2_norm_clip": 1.0,
-            "model": {"hidden_units": [598, 598, 598, 598], "vocab_sizes": list(CRITEO_VOCAB_SIZES.values())}}  # fmt: skip
+    return {
+        "training": {"momentum": 0.9, "learning_rate": 1.0, **training},
+        "l2_norm_clip": 1.0,
+        "model": {"hidden_units": [598, 598, 598, 598], "vocab_sizes": list(CRITEO_VOCAB_SIZES.values())},
+    }
 
 
 def test_a_kept_run_with_other_optimizer_settings_is_refused():
@@ -101,9 +114,11 @@ def test_a_kept_run_with_other_optimizer_settings_is_refused():
     with pytest.raises(ValueError, match="--learning-rate 0.1; this grid runs --learning-rate 1.0"):
         fest_tradeoff.check_kept(_report(learning_rate=0.1), settings, "r.json")
     with pytest.raises(ValueError, match="--hidden-units 512,256,128"):
-        fest_tradeoff.check_kept({**_report(), "model": {**_report()["model"], "hidden_units": [512, 256, 128]}},
-                                 settings, "r.json")  # fmt: skip
+        fest_tradeoff.check_kept(
+            {**_report(), "model": {**_report()["model"], "hidden_units": [512, 256, 128]}}, settings, "r.json"
+        )
     capped = [min(v, 10_000) for v in CRITEO_VOCAB_SIZES.values()]  # the data-scaled cap just under 10^6 rows
     with pytest.raises(ValueError, match="not DP-FEST Table 3"):
-        fest_tradeoff.check_kept({**_report(), "model": {**_report()["model"], "vocab_sizes": capped}},
-                                 settings, "r.json")  # fmt: skip
+        fest_tradeoff.check_kept(
+            {**_report(), "model": {**_report()["model"], "vocab_sizes": capped}}, settings, "r.json"
+        )

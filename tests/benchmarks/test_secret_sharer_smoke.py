@@ -31,12 +31,35 @@ def test_secret_sharer_smoke(tmp_path):
     write_ratings(data)
     out = {name: tmp_path / name for name in ("ss.json", "RESULTS.md", "exposure.png", "precision.png")}
     argv = [
-        "--data", str(data), "--mechanisms", "none,eana", "--noise-multipliers", "0.01", "--epsilon", "0",
-        "--epochs", "1", "--batch-size", "16", "--insertion-counts", "1,5", "--canaries-per-count", "2",
-        "--num-candidates", "64", "--num-controls", "8", "--json", str(out["ss.json"]),
-        "--results-md", str(out["RESULTS.md"]), "--png-exposure", str(out["exposure.png"]),
-        "--png-precision", str(out["precision.png"]),
-    ]  # fmt: skip
+        "--data",
+        str(data),
+        "--mechanisms",
+        "none,eana",
+        "--noise-multipliers",
+        "0.01",
+        "--epsilon",
+        "0",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--insertion-counts",
+        "1,5",
+        "--canaries-per-count",
+        "2",
+        "--num-candidates",
+        "64",
+        "--num-controls",
+        "8",
+        "--json",
+        str(out["ss.json"]),
+        "--results-md",
+        str(out["RESULTS.md"]),
+        "--png-exposure",
+        str(out["exposure.png"]),
+        "--png-precision",
+        str(out["precision.png"]),
+    ]
     assert secret_sharer.main(argv) == 0
 
     document = json.loads(out["ss.json"].read_text())
@@ -67,8 +90,20 @@ def test_secret_sharer_smoke(tmp_path):
 
     # re-rendering from the JSON (no training) reproduces the tables and adds the notes
     again = tmp_path / "again.md"
-    rerender = ["--from-json", str(out["ss.json"]), "--json", "", "--results-md", str(again), "--png-exposure", "",
-                "--png-precision", "", "--note", "a reading"]  # fmt: skip
+    rerender = [
+        "--from-json",
+        str(out["ss.json"]),
+        "--json",
+        "",
+        "--results-md",
+        str(again),
+        "--png-exposure",
+        "",
+        "--png-precision",
+        "",
+        "--note",
+        "a reading",
+    ]
     assert secret_sharer.main(rerender) == 0
     rendered = again.read_text()
     assert "- a reading" in rendered

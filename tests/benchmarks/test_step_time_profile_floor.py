@@ -9,9 +9,19 @@ from tfdp_embed._keras import tf
 
 
 def test_floor_times_plain_write_and_mechanism_and_writes_the_rows():
-    spec = dict(vocab=2000, dim=8, batch=16, l2_norm_clip=1.0, noise_multiplier=1.0, seed=0,
-                fest_top_k=16, fest_selection_epsilon=0.1, adafest_ratio=5.0, adafest_contribution_clip=1.0,
-                adafest_threshold=19.0)  # fmt: skip
+    spec = dict(
+        vocab=2000,
+        dim=8,
+        batch=16,
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        seed=0,
+        fest_top_k=16,
+        fest_selection_epsilon=0.1,
+        adafest_ratio=5.0,
+        adafest_contribution_clip=1.0,
+        adafest_threshold=19.0,
+    )
     batches = step_time_worker.make_batches(vocab=2000, batch=16, count=4, zipf=None, seed=0)
     batches = [(tf.constant(ids), tf.constant(labels)) for ids, labels in batches]
     medians = step_time_profile.untouched_rows_floor(spec, batches, rows=50, steps=3, mechanism="adafest")
@@ -22,9 +32,19 @@ def test_floor_times_plain_write_and_mechanism_and_writes_the_rows():
 
 def test_step_functions_share_one_table():
     # tau = 10 with sigma1 C1 = 5.1: ~2.5% of the 500 rows survive by noise each step.
-    spec = dict(vocab=500, dim=4, batch=8, l2_norm_clip=1.0, noise_multiplier=1.0, seed=0,
-                fest_top_k=16, fest_selection_epsilon=0.1, adafest_ratio=5.0, adafest_contribution_clip=1.0,
-                adafest_threshold=10.0)  # fmt: skip
+    spec = dict(
+        vocab=500,
+        dim=4,
+        batch=8,
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        seed=0,
+        fest_top_k=16,
+        fest_selection_epsilon=0.1,
+        adafest_ratio=5.0,
+        adafest_contribution_clip=1.0,
+        adafest_threshold=10.0,
+    )
     batches = step_time_worker.make_batches(vocab=500, batch=8, count=2, zipf=None, seed=0)
     batches = [(tf.constant(ids), tf.constant(labels)) for ids, labels in batches]
     steps = step_time_profile._step_functions("adafest", spec, batches)

@@ -33,18 +33,30 @@ RESULT_KEYS = {
 def test_step_time_smoke(tmp_path):
     out_json, results_md, png = tmp_path / "step_time.json", tmp_path / "RESULTS.md", tmp_path / "step_time.png"
     command = [
-        sys.executable, "-m", "benchmarks.step_time",
-        "--mechanisms", "none,dense",
-        "--vocab", "1000",
-        "--steps", "3",
-        "--warmup", "1",
-        "--isolation", "vocab",
-        "--repeats", "2",
-        "--num-batches", "4",
-        "--json", str(out_json),
-        "--results-md", str(results_md),
-        "--png", str(png),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "benchmarks.step_time",
+        "--mechanisms",
+        "none,dense",
+        "--vocab",
+        "1000",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--isolation",
+        "vocab",
+        "--repeats",
+        "2",
+        "--num-batches",
+        "4",
+        "--json",
+        str(out_json),
+        "--results-md",
+        str(results_md),
+        "--png",
+        str(png),
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
@@ -89,10 +101,26 @@ def test_peer_benchmark_runs_beside_its_own_non_private_step(tmp_path):
     pytest.importorskip("tensorflow_privacy", reason="the peer runs in .venv-peers (make test-peers)")
     out_json = tmp_path / "peer.json"
     command = [
-        sys.executable, "-m", "benchmarks.step_time", "--mechanisms", "none,tfp_keras_sgd", "--vocab", "1000",
-        "--steps", "3", "--warmup", "1", "--num-batches", "4", "--json", str(out_json), "--results-md", "",
-        "--png", "",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "benchmarks.step_time",
+        "--mechanisms",
+        "none,tfp_keras_sgd",
+        "--vocab",
+        "1000",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--num-batches",
+        "4",
+        "--json",
+        str(out_json),
+        "--results-md",
+        "",
+        "--png",
+        "",
+    ]
     env = dict(os.environ, PYTHONPATH=REPO)
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -17,10 +17,15 @@ def _row(mechanism, vocab, median):
 
 def test_speedups_divide_dense_and_tfp_medians_by_the_mechanism_median():
     rows = [
-        _row("none", 10, 0.002), _row("dense", 10, 0.5), _row("tfp_keras_sgd", 10, 4.0),
-        _row("adafest", 10, 0.004), _row("eana", 10, None),
-        _row("none", 20, 0.002), _row("adafest", 20, 0.008), _row("dense", 20, None),
-    ]  # fmt: skip
+        _row("none", 10, 0.002),
+        _row("dense", 10, 0.5),
+        _row("tfp_keras_sgd", 10, 4.0),
+        _row("adafest", 10, 0.004),
+        _row("eana", 10, None),
+        _row("none", 20, 0.002),
+        _row("adafest", 20, 0.008),
+        _row("dense", 20, None),
+    ]
     got = {(e["mechanism"], e["vocab"]): e for e in step_time.speedups_vs_dense(rows)}
     assert set(got) == {("adafest", 10), ("eana", 10), ("adafest", 20)}  # sparse rows only
     assert got[("adafest", 10)]["dense_over_mechanism"] == pytest.approx(125.0)
@@ -49,9 +54,19 @@ def test_adafest_budget_threshold_gives_the_requested_noise_rows():
 
 
 def _run(mechanism, median, base, cpu, cpu_base, rss=100.0, notes=""):
-    return {"mechanism": mechanism, "vocab": 10, "median_step_s": median, "p10_step_s": median * 0.9,
-            "p90_step_s": median * 1.1, "steps_timed": 30, "none_in_process_median_s": base,
-            "cpu_median_step_s": cpu, "none_in_process_cpu_median_s": cpu_base, "peak_rss_mb": rss, "notes": notes}  # fmt: skip
+    return {
+        "mechanism": mechanism,
+        "vocab": 10,
+        "median_step_s": median,
+        "p10_step_s": median * 0.9,
+        "p90_step_s": median * 1.1,
+        "steps_timed": 30,
+        "none_in_process_median_s": base,
+        "cpu_median_step_s": cpu,
+        "none_in_process_cpu_median_s": cpu_base,
+        "peak_rss_mb": rss,
+        "notes": notes,
+    }
 
 
 def test_repeats_merge_into_the_median_of_per_process_ratios():

@@ -16,10 +16,28 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_streaming_smoke(tmp_path):
     out_json, results_md, png = tmp_path / "s.json", tmp_path / "RESULTS.md", tmp_path / "s.png"
     command = [
-        sys.executable, "-m", "benchmarks.streaming", "--rows", "3000", "--warmup-rows", "1000", "--batch", "100",
-        "--buffer-rows", "400", "--repeats", "1", "--workdir", str(tmp_path / "data"), "--json", str(out_json),
-        "--png", str(png), "--results-md", str(results_md),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "benchmarks.streaming",
+        "--rows",
+        "3000",
+        "--warmup-rows",
+        "1000",
+        "--batch",
+        "100",
+        "--buffer-rows",
+        "400",
+        "--repeats",
+        "1",
+        "--workdir",
+        str(tmp_path / "data"),
+        "--json",
+        str(out_json),
+        "--png",
+        str(png),
+        "--results-md",
+        str(results_md),
+    ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -103,11 +103,23 @@ def _write_shards(directory, batches, *, steps_per_shard, files_per_shard=2, cap
                 for record in records[j::files_per_shard]:
                     writer.write(record)
     manifest = {
-        "format_version": fmt.FORMAT_VERSION, "sampler": fmt.SAMPLER, "sampling_probability": 1 / len(batches), "num_examples": n,
-        "epochs": 1, "batches_per_epoch": len(batches), "steps": len(batches), "max_batch_size": cap, "seeded": True,
-        "seed": 1, "truncated_batches": 1, "truncated_examples": 2, "records": sum(counts),
-        "steps_per_shard": steps_per_shard, "shards": shards, "shard_records": counts,
-    }  # fmt: skip
+        "format_version": fmt.FORMAT_VERSION,
+        "sampler": fmt.SAMPLER,
+        "sampling_probability": 1 / len(batches),
+        "num_examples": n,
+        "epochs": 1,
+        "batches_per_epoch": len(batches),
+        "steps": len(batches),
+        "max_batch_size": cap,
+        "seeded": True,
+        "seed": 1,
+        "truncated_batches": 1,
+        "truncated_examples": 2,
+        "records": sum(counts),
+        "steps_per_shard": steps_per_shard,
+        "shards": shards,
+        "shard_records": counts,
+    }
     with open(os.path.join(directory, fmt.MANIFEST), "w") as handle:
         handle.write(fmt.dump_manifest(manifest))
     return manifest

@@ -119,9 +119,29 @@ def test_a_csv_header_of_the_wrong_width_is_refused(tmp_path):
 
 
 # -- one integer rule for training and serving --------------------------------------------
-FIELDS = ["", "0", "17", "-2", "260.0", "260.", "260.000", "-3.0", "2.5", "1e3", "+5", ".5", "abc", "1.0.0",
-          " 3", "-", "123456789012345678", "1234567890123456789", "999999999999999999.0",
-          "1." + "0" * 20, "1." + "0" * 21]  # fmt: skip
+FIELDS = [
+    "",
+    "0",
+    "17",
+    "-2",
+    "260.0",
+    "260.",
+    "260.000",
+    "-3.0",
+    "2.5",
+    "1e3",
+    "+5",
+    ".5",
+    "abc",
+    "1.0.0",
+    " 3",
+    "-",
+    "123456789012345678",
+    "1234567890123456789",
+    "999999999999999999.0",
+    "1." + "0" * 20,
+    "1." + "0" * 21,
+]
 
 
 def test_training_and_serving_accept_the_same_integer_strings_and_values():
@@ -137,8 +157,12 @@ def test_training_and_serving_accept_the_same_integer_strings_and_values():
         if serving_accepts:  # serving's features of the string are training's of the parsed integer
             cats = tf.constant([[""] * 26])
             served = parse_raw_fields(tf.constant([[value] * 13]), cats, hash_size=5)
-            trained = parse_raw_fields(tf.constant([[training] * 13], tf.int64), cats, hash_size=5,
-                                       ints_missing=tf.constant([[value == ""] * 13]))  # fmt: skip
+            trained = parse_raw_fields(
+                tf.constant([[training] * 13], tf.int64),
+                cats,
+                hash_size=5,
+                ints_missing=tf.constant([[value == ""] * 13]),
+            )
             for key in ("I1", "int_missing"):
                 np.testing.assert_array_equal(served[key].numpy(), trained[key].numpy(), err_msg=value)
 
@@ -156,9 +180,23 @@ def test_the_serving_signature_applies_the_rule(tmp_path):
 
 # -- the pipeline on these layouts ----------------------------------------------------------
 TINY = [
-    "--hash-size", "20", "--embedding-dim", "2", "--hidden-units", "8", "--batch", "100", "--epochs", "1",
-    "--seed", "0", "--verbose", "0", "--accountant", "rdp",
-]  # fmt: skip
+    "--hash-size",
+    "20",
+    "--embedding-dim",
+    "2",
+    "--hidden-units",
+    "8",
+    "--batch",
+    "100",
+    "--epochs",
+    "1",
+    "--seed",
+    "0",
+    "--verbose",
+    "0",
+    "--accountant",
+    "rdp",
+]
 
 
 def test_pipeline_trains_on_mixed_layouts_and_serves_their_strings(tsv, tmp_path):

@@ -40,8 +40,11 @@ def test_dense_ids_from_the_ratings_and_timelines_in_dense_ids(tmp_path):
 def test_catalogue_beside_the_ratings_numbers_items(tmp_path):
     _write(tmp_path / "ratings.csv", CSV)
     # movies.csv lists a movie nobody rated (7) and titles with commas (quoted, as GroupLens writes them)
-    _write(tmp_path / "movies.csv", 'movieId,title,genres\r\n2,"Jumanji, the movie (1995)",Adventure\r\n7,X (1995),Drama\r\n'
-           '296,Pulp Fiction (1994),Crime\r\n163949,"The Beast, Part 2 (2016)",(no genres listed)\r\n')  # fmt: skip
+    _write(
+        tmp_path / "movies.csv",
+        'movieId,title,genres\r\n2,"Jumanji, the movie (1995)",Adventure\r\n7,X (1995),Drama\r\n'
+        '296,Pulp Fiction (1994),Crime\r\n163949,"The Beast, Part 2 (2016)",(no genres listed)\r\n',
+    )
     data = load_movielens_data(str(tmp_path / "ratings.csv"), context_length=2, test_fraction=0.5)
     assert data.item_ids.ids.tolist() == [2, 7, 296, 163949] and data.item_ids.source.startswith("catalogue")
     assert data.num_items == 4 and data.rated_items == 3

@@ -65,9 +65,15 @@ def test_one_pass_batches_are_poisson_and_read_the_source_once(batched, tmp_path
     q = 0.05
     source = _source(batched=batched).map(count)
     batches, info = one_pass_poisson_batches(
-        source, sampling_probability=q, num_examples=N, seed=1, spill_dir=str(tmp_path), bucket_rows=60,
-        source_batched=batched is not None, read_chunk_size=64,
-    )  # fmt: skip
+        source,
+        sampling_probability=q,
+        num_examples=N,
+        seed=1,
+        spill_dir=str(tmp_path),
+        bucket_rows=60,
+        source_batched=batched is not None,
+        read_chunk_size=64,
+    )
     assert info.batching == "poisson" and info.sampler == "one_pass_spill" and info.batches_per_epoch == 20
     assert info.spill.buckets == 5  # 60 // (q N = 15) = 4 steps per bucket
     m = _membership(batches, epochs=12)
@@ -84,9 +90,14 @@ def test_memory_is_one_bucket_independent_of_n(tmp_path):
     q_n, bucket_rows = 20, 100
     for n in (400, 4000):
         batches, info = one_pass_poisson_batches(
-            _source(n, batched=256), sampling_probability=q_n / n, num_examples=n, seed=2,
-            spill_dir=str(tmp_path), bucket_rows=bucket_rows, source_batched=True,
-        )  # fmt: skip
+            _source(n, batched=256),
+            sampling_probability=q_n / n,
+            num_examples=n,
+            seed=2,
+            spill_dir=str(tmp_path),
+            bucket_rows=bucket_rows,
+            source_batched=True,
+        )
         for _ in batches:
             pass
         # A bucket holds 5 steps: ~Binomial(5 n, q) records, mean 100, sd 10.
@@ -116,9 +127,16 @@ _PINNED = {
 @pytest.mark.parametrize(("batched", "cap"), list(_PINNED))
 def test_batches_for_a_seed_are_pinned(batched, cap, tmp_path):
     batches, info = one_pass_poisson_batches(
-        _source(batched=batched), sampling_probability=0.05, num_examples=N, seed=11, bucket_rows=60,
-        source_batched=batched is not None, read_chunk_size=64, max_batch_size=cap, spill_dir=str(tmp_path),
-    )  # fmt: skip
+        _source(batched=batched),
+        sampling_probability=0.05,
+        num_examples=N,
+        seed=11,
+        bucket_rows=60,
+        source_batched=batched is not None,
+        read_chunk_size=64,
+        max_batch_size=cap,
+        spill_dir=str(tmp_path),
+    )
     epochs = [[f["id"].numpy().tolist() for f, _ in batches] for _ in range(2)]
     assert hashlib.sha256(repr(epochs).encode()).hexdigest()[:16] == _PINNED[batched, cap]
     if batched is None and cap is None:  # within a step, examples come in source order

@@ -70,15 +70,22 @@ def test_chance_and_popularity_formulas():
     chance = chance_ranking(20, k=10)
     assert chance["hit@10"] == 0.5
     assert chance["ndcg@10"] == pytest.approx(sum(1 / math.log2(r + 2) for r in range(10)) / 20)
-    assert chance_retrieval(30, ks=(1, 20)) == {"precision@1": 1 / 30, "recall@1": 1 / 30,
-                                               "precision@20": 1 / 30, "recall@20": 20 / 30}  # fmt: skip
+    assert chance_retrieval(30, ks=(1, 20)) == {
+        "precision@1": 1 / 30,
+        "recall@1": 1 / 30,
+        "precision@20": 1 / 30,
+        "recall@20": 20 / 30,
+    }
     # counts of items 1..3 = 3, 1, 3 -> order 1, 3, 2 (ties: smaller id first); targets 1, 3, 2 -> ranks 0, 1, 2
     counts = np.array([0, 3, 1, 3])
     ranked = popularity_ranking(counts, np.array([1, 3, 2]), k=2)
     assert ranked["hit@2"] == pytest.approx(2 / 3)
     assert ranked["ndcg@2"] == pytest.approx((1 + 1 / math.log2(3)) / 3)
     assert popularity_retrieval(counts, np.array([3, 2]), ks=(1, 2)) == {
-        "precision@1": 0.0, "recall@1": 0.0, "precision@2": 0.25, "recall@2": 0.5,
-    }  # fmt: skip
+        "precision@1": 0.0,
+        "recall@1": 0.0,
+        "precision@2": 0.25,
+        "recall@2": 0.5,
+    }
     with pytest.raises(ValueError, match=r"`labels` must be item ids in \[1, 3\]"):
         popularity_ranking(counts, np.array([4]))

@@ -162,14 +162,22 @@ def case_padding() -> dict:
     mechanisms = {
         "eana": lambda: EANA(l2_norm_clip=0.5, noise_multiplier=0.0, seed=1),
         "adafest": lambda: DPAdaFEST(
-            l2_norm_clip=0.5, noise_multiplier=0.0, contribution_clip=1.0,
-            contribution_noise_multiplier=1e-3, threshold=0.3, seed=1,
+            l2_norm_clip=0.5,
+            noise_multiplier=0.0,
+            contribution_clip=1.0,
+            contribution_noise_multiplier=1e-3,
+            threshold=0.3,
+            seed=1,
         ),
-    }  # fmt: skip
+    }
     out = {}
     for name, make in mechanisms.items():
-        two = _train(make(), _strategy(), tf.data.Dataset.from_tensors(padded).concatenate(
-            tf.data.Dataset.from_tensors(only_padding)), lr=5.0)  # fmt: skip
+        two = _train(
+            make(),
+            _strategy(),
+            tf.data.Dataset.from_tensors(padded).concatenate(tf.data.Dataset.from_tensors(only_padding)),
+            lr=5.0,
+        )
         one = _train(make(), tf.distribute.get_strategy(), tf.data.Dataset.from_tensors((ids, y)), lr=5.0)
         initial = _model(4).get_weights()[0]
         out[name] = {

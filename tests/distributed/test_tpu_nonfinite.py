@@ -30,11 +30,16 @@ def _step_weights(ids, labels) -> list:
     inp = keras.Input((DIM,), name="f")
     tower = keras.Model({"f": inp}, keras.layers.Dense(1)(inp))
     step = distribute.TpuDPStep(
-        engine, model=tower, features=[distribute.TpuFeature("f", "t", "mean")],
-        mechanism=EANA(l2_norm_clip=0.5, noise_multiplier=0.0, seed=1), loss=BCE,
-        optimizer=keras.optimizers.legacy.SGD(1.0), expected_batch_size=4.0,
-        table_sizes={"t": (VOCAB, DIM)}, max_noise_rows=VOCAB,
-    )  # fmt: skip
+        engine,
+        model=tower,
+        features=[distribute.TpuFeature("f", "t", "mean")],
+        mechanism=EANA(l2_norm_clip=0.5, noise_multiplier=0.0, seed=1),
+        loss=BCE,
+        optimizer=keras.optimizers.legacy.SGD(1.0),
+        expected_batch_size=4.0,
+        table_sizes={"t": (VOCAB, DIM)},
+        max_noise_rows=VOCAB,
+    )
     logs = step({"f": ids}, labels)
     assert np.isfinite(float(logs["loss"]))
     return [engine.embedding_tables["t"].numpy(), *tower.get_weights()]

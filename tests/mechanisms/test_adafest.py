@@ -198,9 +198,13 @@ def test_one_trace_of_the_table_step_serves_tables_of_every_shape(plus):
     x = {f"f{i}": rng.integers(0, v, 64) for i, v in enumerate(sizes)}
     data = tf.data.Dataset.from_tensor_slices((x, np.zeros(64, "float32"))).batch(16)
     kwargs = dict(
-        l2_norm_clip=1.0, noise_multiplier=1.0, contribution_clip=1.0, contribution_noise_multiplier=1.0,
-        threshold={"t0": 0.5, "t1": 2.0, "t2": 1e6}, seed=0,
-    )  # fmt: skip
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=1.0,
+        threshold={"t0": 0.5, "t1": 2.0, "t2": 1e6},
+        seed=0,
+    )
     if plus:
         selected = {"t0": np.arange(0, 50, 2), "t1": np.arange(100, 300), "t2": np.zeros([0], np.int64)}
         mechanism = DPAdaFESTPlus(selected_rows=selected, selection_event=dp_accounting.NoOpDpEvent(), **kwargs)

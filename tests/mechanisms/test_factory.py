@@ -26,7 +26,7 @@ OPTIONS = {
         selection_epsilon=0.1,
         top_k={"t": 3},
         counts=COUNTS,
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -143,9 +143,15 @@ def test_popularity_prior_adds_log_frequencies_and_keeps_norms_exact():
 def _head_model(k, *, re_attention=False, popularity_prior=False, seed=0):
     keras.utils.set_random_seed(seed)
     config = SASRecConfig(
-        num_items=V, max_len=L, dim=D, blocks=2, dropout=0.0, re_attention=re_attention,
-        popularity_prior=popularity_prior, head_items=k,
-    )  # fmt: skip
+        num_items=V,
+        max_len=L,
+        dim=D,
+        blocks=2,
+        dropout=0.0,
+        re_attention=re_attention,
+        popularity_prior=popularity_prior,
+        head_items=k,
+    )
     model = SASRec(config)
     model(IDS)
     return model

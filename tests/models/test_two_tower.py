@@ -169,8 +169,12 @@ def test_eana_noises_every_item_row_but_only_touched_history_rows():
     model(contexts)
     before = {v.name: v.numpy().copy() for v in model.trainable_variables}
     sigma, clip = 100.0, 1.0
-    dp = DPModel(model, mechanism=mechanisms.EANA(l2_norm_clip=clip, noise_multiplier=sigma, seed=1),
-                 expected_batch_size=1.0, registry=two_tower_registry())  # fmt: skip
+    dp = DPModel(
+        model,
+        mechanism=mechanisms.EANA(l2_norm_clip=clip, noise_multiplier=sigma, seed=1),
+        expected_batch_size=1.0,
+        registry=two_tower_registry(),
+    )
     dp.compile(optimizer=keras.optimizers.legacy.SGD(1.0))
     dp.fit(tf.data.Dataset.from_tensors((contexts, labels)), epochs=1, verbose=0)
     history = model.history_embedding.embeddings.numpy() - before[model.history_embedding.embeddings.name]

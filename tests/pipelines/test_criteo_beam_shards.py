@@ -26,20 +26,44 @@ from tfdp_embed.models.ctr_serving import RAW_FIELDS
 from tfdp_embed_beam import record_format as fmt
 
 TINY = [
-    "--hash-size", "20", "--embedding-dim", "2", "--hidden-units", "8", "--momentum", "0", "--seed", "0",
-    "--verbose", "0", "--clip", "1.0",
-]  # fmt: skip
+    "--hash-size",
+    "20",
+    "--embedding-dim",
+    "2",
+    "--hidden-units",
+    "8",
+    "--momentum",
+    "0",
+    "--seed",
+    "0",
+    "--verbose",
+    "0",
+    "--clip",
+    "1.0",
+]
 
 
 def _manifest_dir(tmp_path, *, q=0.25, epochs=2, n=400, cap=None):
     """A directory holding only a consistent manifest (what the flag checks read)."""
     per_epoch = round(1 / q)
     manifest = {
-        "format_version": fmt.FORMAT_VERSION, "sampler": fmt.SAMPLER, "sampling_probability": q, "num_examples": n,
-        "epochs": epochs, "batches_per_epoch": per_epoch, "steps": per_epoch * epochs, "max_batch_size": cap,
-        "seeded": False, "seed": None, "truncated_batches": 0, "truncated_examples": 0, "records": 0,
-        "steps_per_shard": 1, "shards": 0, "shard_records": [],
-    }  # fmt: skip
+        "format_version": fmt.FORMAT_VERSION,
+        "sampler": fmt.SAMPLER,
+        "sampling_probability": q,
+        "num_examples": n,
+        "epochs": epochs,
+        "batches_per_epoch": per_epoch,
+        "steps": per_epoch * epochs,
+        "max_batch_size": cap,
+        "seeded": False,
+        "seed": None,
+        "truncated_batches": 0,
+        "truncated_examples": 0,
+        "records": 0,
+        "steps_per_shard": 1,
+        "shards": 0,
+        "shard_records": [],
+    }
     (tmp_path / fmt.MANIFEST).write_text(fmt.dump_manifest(manifest))
     return str(tmp_path)
 
@@ -98,9 +122,23 @@ def test_pipeline_trains_from_beam_shards_and_accounts_the_manifest(tmp_path, be
     train, evaluation = write_synthetic_criteo(str(tmp_path / "data"), num_rows=2 * n, days=2, seed=0, vocab_scale=0.01)
     shards = tmp_path / "poisson"
     done = beam_job(
-        ["--input", train, "--output", shards, "--sampling_probability", q, "--epochs", epochs, "--seed", 5,
-         "--max_batch_size", cap, "--records_per_shard", 150]
-    )  # fmt: skip
+        [
+            "--input",
+            train,
+            "--output",
+            shards,
+            "--sampling_probability",
+            q,
+            "--epochs",
+            epochs,
+            "--seed",
+            5,
+            "--max_batch_size",
+            cap,
+            "--records_per_shard",
+            150,
+        ]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((shards / fmt.MANIFEST).read_text())
     assert manifest["num_examples"] == n and manifest["steps"] == 15
@@ -126,9 +164,12 @@ def test_pipeline_trains_from_beam_shards_and_accounts_the_manifest(tmp_path, be
     )
     assert delta == 1 / report["dataset_size"]
     planned = plan_run(
-        "lazy", target_epsilon=3.0, target_delta=delta, periods=[Period(q, manifest["steps"], n, cap)],
+        "lazy",
+        target_epsilon=3.0,
+        target_delta=delta,
+        periods=[Period(q, manifest["steps"], n, cap)],
         releases=[Release("dataset_size", event=size_event)],
-    )  # fmt: skip
+    )
     assert report["noise_multiplier"] == pytest.approx(planned.noise_multiplier, rel=1e-9)
     assert report["step_accounting"] == "truncated_poisson"
     step = planned.step_source.step_event(q)

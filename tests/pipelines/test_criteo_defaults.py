@@ -24,9 +24,23 @@ from tfdp_embed.data.criteo import CRITEO_VOCAB_SIZES
 from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
 
 TINY = [
-    "--hash-size", "20", "--embedding-dim", "2", "--hidden-units", "8", "--batch", "100",
-    "--epochs", "1", "--seed", "0", "--verbose", "0", "--accountant", "rdp",
-]  # fmt: skip
+    "--hash-size",
+    "20",
+    "--embedding-dim",
+    "2",
+    "--hidden-units",
+    "8",
+    "--batch",
+    "100",
+    "--epochs",
+    "1",
+    "--seed",
+    "0",
+    "--verbose",
+    "0",
+    "--accountant",
+    "rdp",
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +62,12 @@ def test_rules_scale_with_the_training_rows():
     assert criteo_defaults.batch_size(20) == 20  # never more than the rows
     # Hash cap max(1000, 10^(floor(log10 N) - 1)).
     assert [criteo_defaults.hash_size_cap(n) for n in (1000, 7200, 99_999, 200_000, 10**8)] == [
-        1000, 1000, 1000, 10_000, 10**7,
-    ]  # fmt: skip
+        1000,
+        1000,
+        1000,
+        10_000,
+        10**7,
+    ]
     vocab = criteo_defaults.vocabulary(200_000)
     assert vocab["C3"] == 10_000 and vocab["C1"] == CRITEO_VOCAB_SIZES["C1"] == 1472
     assert criteo_defaults.vocabulary(10**8) == dict(CRITEO_VOCAB_SIZES)  # Table 3 untouched at scale
@@ -62,9 +80,16 @@ def test_rules_scale_with_the_training_rows():
     assert criteo_defaults.learning_rate("dense", 4096, 1.0) == 1.0
     assert criteo_defaults.learning_rate("none", 64, 10.0) == 0.3
     chosen = criteo_defaults.resolve(
-        mechanism="dense", clip=10.0, rows=1000, smallest_period=1000, batch=64, hidden=None, lr=None,
-        hash_size=None, rows_estimate=1000,
-    )  # fmt: skip
+        mechanism="dense",
+        clip=10.0,
+        rows=1000,
+        smallest_period=1000,
+        batch=64,
+        hidden=None,
+        lr=None,
+        hash_size=None,
+        rows_estimate=1000,
+    )
     assert chosen.chosen == ("hidden_units", "learning_rate", "vocabulary") and chosen.batch == 64
 
 
@@ -191,9 +216,17 @@ def test_auc_note_and_base_rate():
 
 def test_vocabulary_table3_keeps_table_3_uncapped_whatever_the_rows(days, tmp_path):
     chosen = criteo_defaults.resolve(
-        mechanism="dense", clip=1.0, rows=1000, smallest_period=1000, batch=64, hidden=(8,), lr=0.1,
-        hash_size=None, rows_estimate=None, table3_vocabulary=True,
-    )  # fmt: skip
+        mechanism="dense",
+        clip=1.0,
+        rows=1000,
+        smallest_period=1000,
+        batch=64,
+        hidden=(8,),
+        lr=0.1,
+        hash_size=None,
+        rows_estimate=None,
+        table3_vocabulary=True,
+    )
     assert chosen.vocabulary == "DP-FEST Table 3 (uncapped)" and "vocabulary" not in chosen.chosen
     flags = [f for f in TINY if f not in ("--hash-size", "20")]
     out = tmp_path / "run"

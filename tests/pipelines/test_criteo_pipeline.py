@@ -42,10 +42,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ROWS_PER_DAY = 400
 BAD_ROWS = {"header": 1, "bad_label": 1, "bad_integer": 1}
 TINY = [
-    "--hash-size", "20", "--embedding-dim", "2", "--hidden-units", "8", "--batch", "100",
-    "--epochs", "1", "--momentum", "0", "--seed", "0", "--verbose", "0", "--accountant", "rdp", "--skip-bad-rows",
-    "--calibration-fraction", "0.05",  # given: runs on 400 rows, where the default would skip it as too noisy
-]  # fmt: skip
+    "--hash-size",
+    "20",
+    "--embedding-dim",
+    "2",
+    "--hidden-units",
+    "8",
+    "--batch",
+    "100",
+    "--epochs",
+    "1",
+    "--momentum",
+    "0",
+    "--seed",
+    "0",
+    "--verbose",
+    "0",
+    "--accountant",
+    "rdp",
+    "--skip-bad-rows",
+    "--calibration-fraction",
+    "0.05",  # given: runs on 400 rows, where the default would skip it as too noisy
+]
 EXTRA = {  # cheap variety: each mechanism also exercises one option
     "none": [],
     "dense": ["--fixed-size-batches"],
@@ -245,8 +263,11 @@ def test_saved_model_serves_raw_fields_in_a_fresh_process(days, tmp_path_factory
     env = dict(os.environ, PYTHONPATH=ROOT, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run(
         [sys.executable, "-c", _FRESH_PROCESS, path, json.dumps(request)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(out["probabilities"], in_process, rtol=1e-5, atol=1e-6)

@@ -14,8 +14,27 @@ from tfdp_embed import tf
 MOVIES = np.array([450, 2711, 5508, 6719, 12338, 28740, 44238, 45483, 50477, 64639, 82586, 83813, 89148, 90906, 91820,
                    99478, 103684, 104444, 106492, 110019, 119627, 119663, 125441, 133360, 133793, 139477, 140611,
                    149675, 153342, 163949])  # fmt: skip
-FLAGS = ["--mechanism", "none", "--epochs", "2", "--batch-size", "32", "--embedding-dim", "8", "--context-length", "3",
-         "--seed", "1", "--learning-rate", "0.1", "--accountant", "rdp", "--quiet", "--k", "5"]  # fmt: skip
+FLAGS = [
+    "--mechanism",
+    "none",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "32",
+    "--embedding-dim",
+    "8",
+    "--context-length",
+    "3",
+    "--seed",
+    "1",
+    "--learning-rate",
+    "0.1",
+    "--accountant",
+    "rdp",
+    "--quiet",
+    "--k",
+    "5",
+]
 
 
 def write_ml_latest(directory, *, users=40, length=16, seed=0) -> str:

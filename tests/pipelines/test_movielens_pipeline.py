@@ -34,8 +34,18 @@ def write_ratings(path, *, users=40, length=16, seed=0) -> str:
 
 
 def tiny_config(path, **overrides):
-    settings = {"data_path": path, "epochs": 2, "batch_size": 32, "embedding_dim": 8, "hidden_units": (16,),
-                    "context_length": 3, "seed": 0, "verbose": 0, "k": 5, "accountant": "rdp"}  # fmt: skip
+    settings = {
+        "data_path": path,
+        "epochs": 2,
+        "batch_size": 32,
+        "embedding_dim": 8,
+        "hidden_units": (16,),
+        "context_length": 3,
+        "seed": 0,
+        "verbose": 0,
+        "k": 5,
+        "accountant": "rdp",
+    }
     settings.update(overrides)
     return movielens.MovieLensConfig(**settings)
 
@@ -58,9 +68,31 @@ def runs(ratings, data, tmp_path_factory):
     """One run per mechanism: none through the CLI, EANA with a canary inserted 4 times, LazyDP exported."""
     out = {}
     cli_dir = str(tmp_path_factory.mktemp("none"))
-    code = movielens.main(["--mechanism", "none", "--epochs", "10", "--out", cli_dir, "--data", ratings,
-                           "--batch-size", "32", "--embedding-dim", "8", "--context-length", "3", "--seed", "1",
-                           "--learning-rate", "0.1", "--accountant", "rdp", "--quiet"])  # fmt: skip
+    code = movielens.main(
+        [
+            "--mechanism",
+            "none",
+            "--epochs",
+            "10",
+            "--out",
+            cli_dir,
+            "--data",
+            ratings,
+            "--batch-size",
+            "32",
+            "--embedding-dim",
+            "8",
+            "--context-length",
+            "3",
+            "--seed",
+            "1",
+            "--learning-rate",
+            "0.1",
+            "--accountant",
+            "rdp",
+            "--quiet",
+        ]
+    )
     assert code == 0
     with open(os.path.join(cli_dir, "report.json")) as f:
         out["none"] = (json.load(f), cli_dir)
@@ -72,8 +104,12 @@ def runs(ratings, data, tmp_path_factory):
     }
     for name, (extra, extra_examples) in settings.items():
         out_dir = str(tmp_path_factory.mktemp(name)) if name == "lazy" else None
-        result = movielens.train_and_evaluate(tiny_config(ratings, mechanism=name, **extra), data=data,
-                                              extra_train_examples=extra_examples, out_dir=out_dir)  # fmt: skip
+        result = movielens.train_and_evaluate(
+            tiny_config(ratings, mechanism=name, **extra),
+            data=data,
+            extra_train_examples=extra_examples,
+            out_dir=out_dir,
+        )
         out[name] = (result, out_dir)
     return out
 
@@ -164,8 +200,14 @@ def test_exported_retrieval_model_reloads_in_a_fresh_process_and_matches(runs, d
     assert "eana_per_instance_bounds" in run_report["not_released"] and "NOT a release" in run_report["not_released"]
     history = [[1, 2, 3], [7, 0, 0], [30, 29, 0]]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1")
-    done = subprocess.run([sys.executable, "-c", _RELOAD, path, json.dumps(history)], capture_output=True,
-                          text=True, env=env, timeout=240, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _RELOAD, path, json.dumps(history)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
     served = json.loads(lines[-2])
@@ -221,8 +263,9 @@ def test_real_ml100k_one_epoch():
     path = movielens.DEFAULT_DATA_PATH
     if not os.path.exists(path):
         pytest.skip(f"ml-100k not found at {path} (../shared/data is absent)")
-    config = movielens.MovieLensConfig(data_path=path, mechanism="none", epochs=1, batch_size=1024, seed=0,
-                                       verbose=0, max_test_examples=2000)  # fmt: skip
+    config = movielens.MovieLensConfig(
+        data_path=path, mechanism="none", epochs=1, batch_size=1024, seed=0, verbose=0, max_test_examples=2000
+    )
     report = movielens.train_and_evaluate(config).report
     assert report["data"]["train_users"] == 754 and report["test_examples"] == 2000
     assert report["recall@20"] > 20 / 1682  # better than a random ranking

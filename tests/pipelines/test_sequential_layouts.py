@@ -15,8 +15,30 @@ from tfdp_embed.data.sequences import read_user_sequences, write_synthetic_seque
 from tfdp_embed.models.sasrec import fit_history
 
 MAX_LEN = 6
-FLAGS = ["--model", "transformer", "--epsilon", "5", "--epochs", "1", "--batch", "20", "--max-len", str(MAX_LEN),
-         "--dim", "8", "--blocks", "1", "--dropout", "0.1", "--accountant", "rdp", "--verbose", "0", "--seed", "3"]  # fmt: skip
+FLAGS = [
+    "--model",
+    "transformer",
+    "--epsilon",
+    "5",
+    "--epochs",
+    "1",
+    "--batch",
+    "20",
+    "--max-len",
+    str(MAX_LEN),
+    "--dim",
+    "8",
+    "--blocks",
+    "1",
+    "--dropout",
+    "0.1",
+    "--accountant",
+    "rdp",
+    "--verbose",
+    "0",
+    "--seed",
+    "3",
+]
 
 
 def write_s3rec(directory) -> str:

@@ -19,8 +19,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The item ids of these runs come from a public catalogue 1..30 (nothing spent): 200 users are too few for a DP
 # vocabulary to keep most items (tests/privacy/test_vocabulary_exit.py runs the default, the DP vocabulary).
 CATALOGUE = os.path.join(ROOT, "tests", "pipelines", "items_1_to_30.txt")
-TINY = ["--epochs", "1", "--batch", "40", "--max-len", "6", "--dim", "8", "--blocks", "1", "--dropout", "0.1",
-        "--accountant", "rdp", "--verbose", "0", "--seed", "3", "--item-catalogue", CATALOGUE]  # fmt: skip
+TINY = [
+    "--epochs",
+    "1",
+    "--batch",
+    "40",
+    "--max-len",
+    "6",
+    "--dim",
+    "8",
+    "--blocks",
+    "1",
+    "--dropout",
+    "0.1",
+    "--accountant",
+    "rdp",
+    "--verbose",
+    "0",
+    "--seed",
+    "3",
+    "--item-catalogue",
+    CATALOGUE,
+]
 
 RELOAD = """
 import sys, json, numpy as np, tensorflow as tf
@@ -58,10 +78,7 @@ def test_dpformer_run_report_and_reloaded_saved_model(data_file, tmp_path):
     assert compute_epsilon(release, target_delta=report["delta"], accountant="rdp") == pytest.approx(0.5, rel=1e-3)
     size_event = dp_accounting.GaussianDpEvent(20.0)
     step = dpsgd_event(sampling_probability=40 / n, noise_multiplier=report["noise_multiplier"], steps=round(n / 40))
-    eps = compute_epsilon(
-        [size_event, release, step],
-        target_delta=report["delta"], accountant="rdp",
-    )  # fmt: skip
+    eps = compute_epsilon([size_event, release, step], target_delta=report["delta"], accountant="rdp")
     assert report["epsilon"] == pytest.approx(eps, rel=1e-6) == pytest.approx(5.0, rel=1e-3)
     assert report["ledger"]["entries"][0]["kind"] == "setup" and all(
         "item catalogue" in a for a in report["assumptions"]
@@ -72,8 +89,12 @@ def test_dpformer_run_report_and_reloaded_saved_model(data_file, tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run(
         [sys.executable, "-c", RELOAD, str(out / "saved_model"), json.dumps(history)],
-        capture_output=True, text=True, env=env, timeout=300, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
     items = np.array(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert items.shape == (2, 10) and items.min() >= 1 and items.max() <= 30
     assert os.path.exists(out / "saved_model" / "privacy_report.json")
@@ -86,8 +107,16 @@ def test_non_private_reference_and_private_frequencies(data_file, tmp_path):
     assert result.report["extra"]["item_frequencies"]["source"] == "exact (not private)"
     # private frequencies: the count release is composed into the ledger, sigma grows to pay for it
     data = load_sequences(data_file, max_len=6)
-    common = dict(epsilon=5.0, delta=1e-3, batch=40, epochs=2, mechanism="dense", accountant="rdp", seed=0,
-                  item_catalogue=CATALOGUE)  # fmt: skip
+    common = dict(
+        epsilon=5.0,
+        delta=1e-3,
+        batch=40,
+        epochs=2,
+        mechanism="dense",
+        accountant="rdp",
+        seed=0,
+        item_catalogue=CATALOGUE,
+    )
     for private in (
         sequential_privacy.plan(data, **common),  # default: sized for 10% of epsilon
         sequential_privacy.plan(data, frequency_epsilon_share=0.3, **common),
@@ -122,8 +151,12 @@ def test_bad_input(data_file, tmp_path, capsys):
         sequential.parse_args(["--data", data_file, "--out", "x", "--delta", "2"])
     with pytest.raises(SystemExit):
         sequential.parse_args(["--data", data_file, "--out", "x", "--adam-epsilon", "0"])
-    for flags in (["--frequency-epsilon-share", "1"], ["--frequency-epsilon-share", "0.1", "--frequency-noise-multiplier", "3"],
-                  ["--frequencies-file", data_file], ["--frequencies", "public", "--frequencies-file", "missing.txt"]):  # fmt: skip
+    for flags in (
+        ["--frequency-epsilon-share", "1"],
+        ["--frequency-epsilon-share", "0.1", "--frequency-noise-multiplier", "3"],
+        ["--frequencies-file", data_file],
+        ["--frequencies", "public", "--frequencies-file", "missing.txt"],
+    ):
         with pytest.raises(SystemExit):
             sequential.parse_args(["--data", data_file, "--out", "x", *flags])
     assert sequential.main(["--data", data_file, "--out", str(tmp_path / "o"), *TINY[:2], "--batch", "999"]) == 1
@@ -136,15 +169,36 @@ def test_popularity_prior_uses_the_run_frequencies(data_file, tmp_path, monkeypa
     adam = sequential.keras.optimizers.Adam
     monkeypatch.setattr(sequential.keras.optimizers, "Adam", lambda **kwargs: made.append(kwargs) or adam(**kwargs))
     out = tmp_path / "prior"
-    args = ["--data", data_file, "--model", "transformer", "--epsilon", "5", "--popularity-prior", "--adam-epsilon", "0.01",
-            "--out", str(out), *TINY]  # fmt: skip
+    args = [
+        "--data",
+        data_file,
+        "--model",
+        "transformer",
+        "--epsilon",
+        "5",
+        "--popularity-prior",
+        "--adam-epsilon",
+        "0.01",
+        "--out",
+        str(out),
+        *TINY,
+    ]
     result = sequential.run(sequential.parse_args(args))
     assert result.report["settings"]["popularity_prior"] is True
     assert result.report["settings"]["adam_epsilon"] == 0.01
     assert [kwargs["epsilon"] for kwargs in made] == [0.01]
     data = load_sequences(data_file, max_len=6)
-    privacy = sequential_privacy.plan(data, epsilon=5.0, delta=None, batch=40, epochs=1, mechanism="dense",
-                                      accountant="rdp", seed=3, item_catalogue=CATALOGUE)  # fmt: skip
+    privacy = sequential_privacy.plan(
+        data,
+        epsilon=5.0,
+        delta=None,
+        batch=40,
+        epochs=1,
+        mechanism="dense",
+        accountant="rdp",
+        seed=3,
+        item_catalogue=CATALOGUE,
+    )
     freq = privacy.frequencies.frequencies
     expected = np.log(np.maximum(freq, 0.5 / privacy.size.value))[1:]  # the floor is 0.5 / N~
     np.testing.assert_allclose(result.model.item_log_prior.numpy()[1:], expected, rtol=1e-6)
@@ -152,14 +206,35 @@ def test_popularity_prior_uses_the_run_frequencies(data_file, tmp_path, monkeypa
 
 def test_head_items_rows_errors_and_reloaded_saved_model(data_file, tmp_path, capsys):
     out = tmp_path / "head"
-    args = ["--data", data_file, "--model", "dpformer", "--epsilon", "5", "--popularity-prior", "--head-items", "8",
-            "--out", str(out), *TINY]  # fmt: skip
+    args = [
+        "--data",
+        data_file,
+        "--model",
+        "dpformer",
+        "--epsilon",
+        "5",
+        "--popularity-prior",
+        "--head-items",
+        "8",
+        "--out",
+        str(out),
+        *TINY,
+    ]
     result = sequential.run(sequential.parse_args(args))
     model, report = result.model, result.report
     assert report["settings"]["head_items"] == 8 and model.items.embeddings.shape == (10, 8)
     data = load_sequences(data_file, max_len=6)
-    freq = sequential_privacy.plan(data, epsilon=5.0, delta=None, batch=40, epochs=1, mechanism="dense",
-                                   accountant="rdp", seed=3, item_catalogue=CATALOGUE).frequencies.frequencies  # fmt: skip
+    freq = sequential_privacy.plan(
+        data,
+        epsilon=5.0,
+        delta=None,
+        batch=40,
+        epochs=1,
+        mechanism="dense",
+        accountant="rdp",
+        seed=3,
+        item_catalogue=CATALOGUE,
+    ).frequencies.frequencies
     rows = model.item_rows.numpy()
     head = np.argsort(-freq[1:], kind="stable")[:8] + 1
     np.testing.assert_array_equal(rows[head], np.arange(1, 9))
@@ -171,8 +246,12 @@ def test_head_items_rows_errors_and_reloaded_saved_model(data_file, tmp_path, ca
     history = [[0, 0, 3, 4, 5, 6]]
     proc = subprocess.run(
         [sys.executable, "-c", RELOAD, str(out / "saved_model"), json.dumps(history)],
-        capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=300, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        timeout=300,
+        check=True,
+    )
     served = np.array(json.loads(proc.stdout.strip().splitlines()[-1]))
     expected = np.argsort(-model.scores(np.array(history, np.int32)).numpy()[:, 1:], axis=1, kind="stable")[:, :10] + 1
     np.testing.assert_array_equal(np.sort(served), np.sort(expected))

@@ -26,9 +26,12 @@ from tfdp_embed.training import DPModel
 def _epoch_messages(threshold: float) -> list:
     model = embedding_dense_model(16, 3, table_seed=1, dense_seed=2)
     mechanism = mechanisms.DPAdaFEST(
-        l2_norm_clip=1.0, noise_multiplier=0.5, contribution_clip=1.0, contribution_noise_multiplier=0.01,
+        l2_norm_clip=1.0,
+        noise_multiplier=0.5,
+        contribution_clip=1.0,
+        contribution_noise_multiplier=0.01,
         threshold=threshold,
-    )  # fmt: skip
+    )
     dp = DPModel(model, mechanism=mechanism, expected_batch_size=8)
     dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=keras.losses.MeanSquaredError(reduction="none"))
     ids = np.random.default_rng(0).integers(0, 16, (32, 2)).astype(np.int32)

@@ -47,9 +47,15 @@ def _dp(mechanism=None, *, lookahead=False):
 
 def _budget(dp, tmp_path, **kwargs):
     return PrivacyBudget(
-        dp.mechanism, sampling_probability=Q, target_epsilon=50.0, target_delta=1e-5, accountant="rdp",
-        report_path=str(tmp_path / "privacy_report.json"), dataset_size=N, **kwargs,
-    )  # fmt: skip
+        dp.mechanism,
+        sampling_probability=Q,
+        target_epsilon=50.0,
+        target_delta=1e-5,
+        accountant="rdp",
+        report_path=str(tmp_path / "privacy_report.json"),
+        dataset_size=N,
+        **kwargs,
+    )
 
 
 def test_numpy_fit_is_reported_as_fixed_size_batches(tmp_path):
@@ -64,8 +70,14 @@ def test_numpy_fit_is_reported_as_fixed_size_batches(tmp_path):
     assert NOT_POISSON_CAVEAT in written["caveats"]
     assert "not verified" in written["guarantee"]
     assert not budget.fed_batching.verified_poisson
-    direct = privacy_report(mechanism=dp.mechanism, ledger=budget.ledger, delta=1e-5, sampling_probability=Q,
-                            dataset_size=N, batching=dp.batching)  # fmt: skip
+    direct = privacy_report(
+        mechanism=dp.mechanism,
+        ledger=budget.ledger,
+        delta=1e-5,
+        sampling_probability=Q,
+        dataset_size=N,
+        batching=dp.batching,
+    )
     assert direct["batching"] == "fixed_shuffled" and NOT_POISSON_CAVEAT in direct["caveats"]
 
 

@@ -39,8 +39,13 @@ def mirrored():
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, str(HERE / "mirrored_capability_cases.py")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, (done.stdout + done.stderr)[-3000:]
     result = json.loads(lines[-1])
@@ -98,8 +103,12 @@ def _model():
 
 def test_lookahead_needs_a_mechanism_that_declares_it():
     with pytest.raises(ValueError, match="DenseDPSGD .* does not declare lookahead"):
-        DPModel(_model(), mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0), expected_batch_size=4,
-                lookahead=True)  # fmt: skip
+        DPModel(
+            _model(),
+            mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0),
+            expected_batch_size=4,
+            lookahead=True,
+        )
 
 
 def test_copied_name_gets_no_tpu_plan():
@@ -113,8 +122,9 @@ def test_copied_name_gets_no_tpu_plan():
 def test_undeclared_one_off_event_is_refused_by_budget_and_report():
     mechanism = _SecretSetup(l2_norm_clip=1.0, noise_multiplier=1.0)
     with pytest.raises(PrivacyContractError, match="_SecretSetup .* one-off events"):
-        privacy_report(mechanism=mechanism, delta=1e-5, sampling_probability=0.1, dataset_size=40, steps=3,
-                       batching="poisson")  # fmt: skip
+        privacy_report(
+            mechanism=mechanism, delta=1e-5, sampling_probability=0.1, dataset_size=40, steps=3, batching="poisson"
+        )
     model = keras.Sequential([keras.layers.Dense(1, input_shape=(4,))])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     budget = PrivacyBudget(mechanism, sampling_probability=0.1, target_epsilon=5.0, target_delta=1e-5)

@@ -73,8 +73,10 @@ def _batches(logits, labels):
     return [({"x": logits[a : a + 64, None]}, labels[a : a + 64]) for a in range(0, logits.size, 64)]
 
 
-@pytest.mark.parametrize(("logit", "label"), [(math.inf, 1.0), (-math.inf, 0.0), (math.nan, 1.0), (0.4, math.nan),
-                                              (1e30, 7.0), (math.nan, -3.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("logit", "label"),
+    [(math.inf, 1.0), (-math.inf, 0.0), (math.nan, 1.0), (0.4, math.nan), (1e30, 7.0), (math.nan, -3.0)],
+)
 def test_one_non_finite_row_neither_halts_the_calibration_nor_exceeds_its_sensitivity(logit, label):
     rng = np.random.default_rng(0)
     logits = rng.normal(-1.0, 2.0, size=300)

@@ -117,17 +117,26 @@ def _dp_step(mechanism, batch) -> tuple[dict, list]:
 
 def _adafest(sigma1=1.0, tau=0.5, seed=7):
     return DPAdaFEST(
-        l2_norm_clip=1.0, noise_multiplier=1.0, contribution_clip=C1,
-        contribution_noise_multiplier=sigma1, threshold=tau, seed=seed,
-    )  # fmt: skip
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        contribution_clip=C1,
+        contribution_noise_multiplier=sigma1,
+        threshold=tau,
+        seed=seed,
+    )
 
 
 def _adafest_plus(sigma1=1.0, tau=0.5, seed=7):
     return DPAdaFESTPlus(
-        selected_rows={"items": range(VOCAB)}, selection_event=dp_accounting.NoOpDpEvent(),
-        l2_norm_clip=1.0, noise_multiplier=1.0, contribution_clip=C1,
-        contribution_noise_multiplier=sigma1, threshold=tau, seed=seed,
-    )  # fmt: skip
+        selected_rows={"items": range(VOCAB)},
+        selection_event=dp_accounting.NoOpDpEvent(),
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        contribution_clip=C1,
+        contribution_noise_multiplier=sigma1,
+        threshold=tau,
+        seed=seed,
+    )
 
 
 def _sensitivity(map_a: dict, map_b: dict) -> float:
@@ -189,10 +198,16 @@ def _tpu_step(mechanism, batch, traced: bool = False) -> tuple[dict, list]:
     tower = keras.Model({"f": inp}, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(inp)))
     seen = {} if traced else _capture(mechanism)
     step = distribute.TpuDPStep(
-        engine, model=tower, features=[distribute.TpuFeature("f", "items", None)], mechanism=mechanism,
-        loss=BCE, optimizer=keras.optimizers.legacy.SGD(1.0), expected_batch_size=4.0,
-        table_sizes={"items": (VOCAB, DIM)}, max_noise_rows=VOCAB,
-    )  # fmt: skip
+        engine,
+        model=tower,
+        features=[distribute.TpuFeature("f", "items", None)],
+        mechanism=mechanism,
+        loss=BCE,
+        optimizer=keras.optimizers.legacy.SGD(1.0),
+        expected_batch_size=4.0,
+        table_sizes={"items": (VOCAB, DIM)},
+        max_noise_rows=VOCAB,
+    )
     features, labels, *weights = batch
     step = tf.function(step) if traced else step
     if weights and "sample_weight" in inspect.signature(distribute.TpuDPStep.__call__).parameters:

@@ -45,9 +45,13 @@ EXTRA = [20, 21]
 
 # Names of statistics of un-noised data that must never be in a report.
 DENYLIST = {
-    "dropped_touched_fraction", "mean_noise_only_rows", "noise_only_rows", "touched_rows",
-    "mean_touched_rows", "dropped_touched_rows",
-}  # fmt: skip
+    "dropped_touched_fraction",
+    "mean_noise_only_rows",
+    "noise_only_rows",
+    "touched_rows",
+    "mean_touched_rows",
+    "dropped_touched_rows",
+}
 
 ADAFEST = {"contribution_clip": 1.0, "contribution_noise_multiplier": 1e-3, "threshold": 1.0}
 MECHANISMS = {
@@ -55,15 +59,23 @@ MECHANISMS = {
     "eana": lambda: EANA(l2_norm_clip=1.0, noise_multiplier=0.0, seed=0),
     "lazy": lambda: LazyDP(l2_norm_clip=1.0, noise_multiplier=0.0, seed=0),
     "fest": lambda: DPFEST(
-        l2_norm_clip=1.0, noise_multiplier=0.0, selection_epsilon=1.0, top_k=VOCAB,
-        counts={"table": np.ones(VOCAB)}, seed=0,
+        l2_norm_clip=1.0,
+        noise_multiplier=0.0,
+        selection_epsilon=1.0,
+        top_k=VOCAB,
+        counts={"table": np.ones(VOCAB)},
+        seed=0,
     ),
     "adafest": lambda: DPAdaFEST(l2_norm_clip=1.0, noise_multiplier=0.0, seed=0, **ADAFEST),
     "adafest+": lambda: DPAdaFESTPlus(
-        selected_rows={"table": np.arange(VOCAB)}, selection_event=dp_accounting.NoOpDpEvent(),
-        l2_norm_clip=1.0, noise_multiplier=0.0, seed=0, **ADAFEST,
+        selected_rows={"table": np.arange(VOCAB)},
+        selection_event=dp_accounting.NoOpDpEvent(),
+        l2_norm_clip=1.0,
+        noise_multiplier=0.0,
+        seed=0,
+        **ADAFEST,
     ),
-}  # fmt: skip
+}
 
 
 def _train(mechanism, *, neighbour: bool):
@@ -80,9 +92,14 @@ def _train(mechanism, *, neighbour: bool):
     dp.fit(data, epochs=1, verbose=0)
     dp.flush()
     report = privacy_report(
-        mechanism=mechanism, delta=1e-5, sampling_probability=BATCH / 100, dataset_size=100, accountant="rdp",
-        steps=int(mechanism.steps.numpy()), batching="fixed_shuffled",  # as fed (the same for D and D')
-    )  # fmt: skip
+        mechanism=mechanism,
+        delta=1e-5,
+        sampling_probability=BATCH / 100,
+        dataset_size=100,
+        accountant="rdp",
+        steps=int(mechanism.steps.numpy()),
+        batching="fixed_shuffled",  # as fed (the same for D and D')
+    )
     return table.embeddings.numpy(), report
 
 

@@ -36,9 +36,18 @@ def _ratings(path, *, users=30, length=10, items=20) -> str:
 
 def test_the_shipped_movielens_report_states_unit_bound_and_attacker_bound(tmp_path):
     config = movielens.MovieLensConfig(
-        data_path=_ratings(tmp_path / "u.data"), mechanism="dense", noise_multiplier=1.0, epochs=1, batch_size=32,
-        embedding_dim=4, hidden_units=(8,), context_length=3, verbose=0, k=5, accountant="rdp",
-    )  # fmt: skip
+        data_path=_ratings(tmp_path / "u.data"),
+        mechanism="dense",
+        noise_multiplier=1.0,
+        epochs=1,
+        batch_size=32,
+        embedding_dim=4,
+        hidden_units=(8,),
+        context_length=3,
+        verbose=0,
+        k=5,
+        accountant="rdp",
+    )
     out = tmp_path / "run"
     movielens.train_and_evaluate(config, out_dir=str(out))
     shipped = [

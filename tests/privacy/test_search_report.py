@@ -44,8 +44,9 @@ def _dataset() -> tf.data.Dataset:
 def _train(candidate):
     """One DP run of a learning rate: its own mechanism and budget ledger; the score is -(final loss)."""
     mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=SIGMA, seed=None)
-    dp = DPModel(embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2), mechanism=mechanism,
-                 expected_batch_size=BATCH)  # fmt: skip
+    dp = DPModel(
+        embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2), mechanism=mechanism, expected_batch_size=BATCH
+    )
     dp.compile(optimizer=keras.optimizers.legacy.SGD(candidate), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     budget = PrivacyBudget(mechanism, sampling_probability=Q, target_epsilon=50.0, target_delta=DELTA, accountant="rdp")
     history = dp.fit(_dataset(), epochs=1, verbose=0, callbacks=[budget])
@@ -69,8 +70,15 @@ def search():
 
 
 def _own_report(dp):
-    return privacy_report(mechanism=dp.mechanism, ledger=dp.run_ledger, delta=DELTA, sampling_probability=Q,
-                          dataset_size=N, batching=dp.batching, accountant="rdp")  # fmt: skip
+    return privacy_report(
+        mechanism=dp.mechanism,
+        ledger=dp.run_ledger,
+        delta=DELTA,
+        sampling_probability=Q,
+        dataset_size=N,
+        batching=dp.batching,
+        accountant="rdp",
+    )
 
 
 def test_the_tuned_models_own_report_never_understates_the_search(search):
@@ -88,8 +96,15 @@ def test_the_tuned_models_own_report_never_understates_the_search(search):
 
 def test_the_export_refuses_a_report_of_one_run(search, tmp_path):
     result, _ = search
-    own = privacy_report(mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=SIGMA), ledger=result.model.run_ledger,
-                         delta=DELTA, sampling_probability=Q, dataset_size=N, batching="poisson", accountant="rdp")  # fmt: skip
+    own = privacy_report(
+        mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=SIGMA),
+        ledger=result.model.run_ledger,
+        delta=DELTA,
+        sampling_probability=Q,
+        dataset_size=N,
+        batching="poisson",
+        accountant="rdp",
+    )
     with pytest.raises(PrivacyContractError, match="whole search"):
         export_saved_model(result.model, str(tmp_path / "tuned"), report=own)
     with pytest.raises(PrivacyContractError, match="without a privacy report"):
@@ -117,8 +132,9 @@ def test_search_report_states_the_search_epsilon_and_the_selected_runs_steps(sea
 def test_a_planned_search_meets_its_target():
     from tfdp_embed.planning import plan_search, search_report
 
-    plan = plan_search("dense", target_epsilon=3.0, target_delta=DELTA, mean_runs=MEAN_RUNS, sampling_probability=Q,
-                       steps=STEPS)  # fmt: skip
+    plan = plan_search(
+        "dense", target_epsilon=3.0, target_delta=DELTA, mean_runs=MEAN_RUNS, sampling_probability=Q, steps=STEPS
+    )
     search = compute_epsilon(plan.event, target_delta=DELTA, accountant="rdp")
     assert search == pytest.approx(plan.epsilon, rel=1e-12)
     assert 3.0 * (1 - 1e-3) <= search <= 3.0
@@ -127,8 +143,11 @@ def test_a_planned_search_meets_its_target():
 
     def train(candidate):
         run = plan.run_plan()
-        dp = DPModel(embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2), mechanism=run.mechanism,
-                     expected_batch_size=BATCH)  # fmt: skip
+        dp = DPModel(
+            embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2),
+            mechanism=run.mechanism,
+            expected_batch_size=BATCH,
+        )
         dp.compile(optimizer=keras.optimizers.legacy.SGD(candidate), loss=keras.losses.BinaryCrossentropy(True))
         budgets.append(plan.budget(run))
         history = dp.fit(_dataset(), epochs=1, verbose=0, callbacks=[budgets[-1]])

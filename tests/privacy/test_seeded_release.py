@@ -64,9 +64,13 @@ def test_the_seed_strips_the_noise_and_the_report_says_so(tmp_path):
     ledger = PrivacyLedger()
     ledger.record_steps(released.mechanism.step_event(0.5), 1)
     report = privacy_report(
-        mechanism=released.mechanism, ledger=ledger, delta=1e-5, sampling_probability=0.5, dataset_size=16,
+        mechanism=released.mechanism,
+        ledger=ledger,
+        delta=1e-5,
+        sampling_probability=0.5,
+        dataset_size=16,
         batching=released.batching,
-    )  # fmt: skip
+    )
     out = tmp_path / "release"
     export_saved_model(released, str(out), report=report)
     # The guarantee names whom it does not hold against (old code: unconditional, no word on the seed).
@@ -81,8 +85,16 @@ def test_the_seed_strips_the_noise_and_the_report_says_so(tmp_path):
 
 
 def test_a_seeded_beam_manifest_reaches_the_report_as_seeded_only():
-    manifest = {"num_examples": 400, "sampling_probability": 0.2, "epochs": 3, "steps": 15, "max_batch_size": 95,
-                "seeded": True, "seed": SEED, "inputs": ["train.tsv"]}  # fmt: skip
+    manifest = {
+        "num_examples": 400,
+        "sampling_probability": 0.2,
+        "epochs": 3,
+        "steps": 15,
+        "max_batch_size": 95,
+        "seeded": True,
+        "seed": SEED,
+        "inputs": ["train.tsv"],
+    }
     entry = criteo_beam.report_entry("/shards", manifest)
     # Old code: entry["seed"] == SEED, copied into report.json and printed at the end of the run.
     assert str(SEED) not in json.dumps(entry), entry

@@ -119,9 +119,12 @@ def _assert_exact_and_bounded(build, loss=BCE, batch=None, **dp_kwargs):
     expected = jacobian(build(), batch, loss)
     ratio = np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
     np.testing.assert_allclose(
-        got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max(),
+        got,
+        expected,
+        rtol=1e-4,
+        atol=1e-4 * np.abs(expected).max(),
         err_msg=f"per-example gradient norms / true norms = {ratio}",
-    )  # fmt: skip
+    )
     assert np.linalg.norm(expected, axis=1).min() > C  # every example is clipped
     measured = sensitivity(build(), batch, loss, **dp_kwargs)
     assert measured <= C * (1 + 1e-5), f"sensitivity {measured:.4f} > C = {C}"

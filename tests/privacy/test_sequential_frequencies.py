@@ -31,8 +31,26 @@ from tfdp_embed.accounting import PrivacyLedger, compute_epsilon
 from tfdp_embed.data.sequences import load_sequences, write_synthetic_sequences
 
 MAX_LEN = 6
-TINY = ["--epochs", "1", "--batch", "40", "--max-len", str(MAX_LEN), "--dim", "8", "--blocks", "1",
-        "--dropout", "0.1", "--verbose", "0", "--seed", "5", "--epsilon", "5"]  # fmt: skip
+TINY = [
+    "--epochs",
+    "1",
+    "--batch",
+    "40",
+    "--max-len",
+    str(MAX_LEN),
+    "--dim",
+    "8",
+    "--blocks",
+    "1",
+    "--dropout",
+    "0.1",
+    "--verbose",
+    "0",
+    "--seed",
+    "5",
+    "--epsilon",
+    "5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +146,9 @@ def test_public_frequencies_without_a_file_are_refused(data_file, tmp_path, caps
     assert "computed from the training data are not public" in capsys.readouterr().err
     data = load_sequences(data_file, max_len=MAX_LEN)
     with pytest.raises(ValueError, match="needs a frequencies file"):
-        sequential_privacy.plan(data, epsilon=5.0, delta=None, batch=40, epochs=1, mechanism="dense",
-                                frequencies="public")  # fmt: skip
+        sequential_privacy.plan(
+            data, epsilon=5.0, delta=None, batch=40, epochs=1, mechanism="dense", frequencies="public"
+        )
 
 
 def test_public_file_is_shipped_exactly_and_the_guarantee_is_conditional(data_file, tmp_path):
@@ -140,9 +159,17 @@ def test_public_file_is_shipped_exactly_and_the_guarantee_is_conditional(data_fi
     path = tmp_path / "public_frequencies.txt"
     path.write_text("# item_id frequency\n" + "".join(f"{i} {public[i]}\n" for i in range(1, num_items + 1)))
     loaded, report, shipped = _run(
-        data_file, tmp_path / "public", "--frequencies", "public", "--frequencies-file", str(path),
-        "--popularity-prior", "--head-items", "20", *FAST,
-    )  # fmt: skip
+        data_file,
+        tmp_path / "public",
+        "--frequencies",
+        "public",
+        "--frequencies-file",
+        str(path),
+        "--popularity-prior",
+        "--head-items",
+        "20",
+        *FAST,
+    )
     # the attack recovers exactly what was supplied (so it is an attack that works), nothing of the data
     n = report["dataset_size"]  # N~: the prior's floor is 0.5 / N~ (the exact 200 users are not released)
     prior = _counts_from_prior(loaded, report) / n

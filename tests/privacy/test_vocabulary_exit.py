@@ -141,8 +141,28 @@ def test_declaring_needs_a_source():
 # -- N4: the sequential pipeline's item ids ------------------------------------------------------------------
 
 RARE_ITEM = 999  # held by one user only, the largest id of the file
-SEQ_FLAGS = ["--epochs", "1", "--batch", "40", "--max-len", "6", "--dim", "8", "--blocks", "1", "--verbose", "0",
-             "--seed", "5", "--epsilon", "5", "--delta", "1e-4", "--accountant", "rdp"]  # fmt: skip
+SEQ_FLAGS = [
+    "--epochs",
+    "1",
+    "--batch",
+    "40",
+    "--max-len",
+    "6",
+    "--dim",
+    "8",
+    "--blocks",
+    "1",
+    "--verbose",
+    "0",
+    "--seed",
+    "5",
+    "--epsilon",
+    "5",
+    "--delta",
+    "1e-4",
+    "--accountant",
+    "rdp",
+]
 
 
 @pytest.fixture(scope="module")
@@ -199,8 +219,23 @@ def ratings_only(tmp_path_factory):
 def _movielens_release(path: str, out) -> dict:
     from pipelines import movielens
 
-    flags = ["--data", path, "--mechanism", "dense", "--epsilon", "3", "--epochs", "1", "--batch-size", "1024",
-             "--seed", "0", "--out", str(out), "--quiet"]  # fmt: skip
+    flags = [
+        "--data",
+        path,
+        "--mechanism",
+        "dense",
+        "--epsilon",
+        "3",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "1024",
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     if importlib.util.find_spec("pipelines.movielens_vocabulary") is not None:  # the fix's flag (absent before)
         flags += ["--vocabulary-epsilon-share", "0.5"]  # ml-100k has 943 users: 10% of epsilon 3 keeps 1 movie
     assert movielens.main(flags) == 0

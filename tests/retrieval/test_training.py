@@ -44,9 +44,13 @@ def test_trains_privately_and_reports_top_k_recall(negatives, mechanism_name):
     else:
         # tau per table: the user-id rows are touched by ~2 examples per batch, the genres by many.
         mechanism = mechanisms.DPAdaFEST(
-            l2_norm_clip=1.0, noise_multiplier=0.3, contribution_clip=1.0, contribution_noise_multiplier=0.5,
-            threshold={"user_id": 1.0, "movie_id": 1.0, "genres": 3.0}, seed=0,
-        )  # fmt: skip
+            l2_norm_clip=1.0,
+            noise_multiplier=0.3,
+            contribution_clip=1.0,
+            contribution_noise_multiplier=0.5,
+            threshold={"user_id": 1.0, "movie_id": 1.0, "genres": 3.0},
+            seed=0,
+        )
     model, dp = _dp(negatives, mechanism, lr=5.0)
     train = tf.data.Dataset.from_tensor_slices(_data()).batch(64)
     history = dp.fit(train, epochs=4, verbose=0)
@@ -62,10 +66,13 @@ def test_fest_refuses_a_table_of_the_candidate_tower():
     model, dp = _dp(
         FullSoftmax(),
         mechanisms.DPFEST(
-            l2_norm_clip=1.0, noise_multiplier=0.3, top_k=5, selection_epsilon=1.0,
+            l2_norm_clip=1.0,
+            noise_multiplier=0.3,
+            top_k=5,
+            selection_epsilon=1.0,
             counts={"movie_id": np.ones(NUM_ITEMS), "genres": np.ones(NUM_GENRES), "user_id": np.ones(NUM_USERS)},
             seed=0,
         ),
-    )  # fmt: skip
+    )
     with pytest.raises(ValueError, match=r"cannot train table 'movie_id'.*scored rows would stay at their initial"):
         dp.fit(tf.data.Dataset.from_tensor_slices(_data(128)).batch(64), epochs=1, verbose=0)
