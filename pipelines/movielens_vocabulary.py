@@ -25,6 +25,7 @@ import numpy as np
 
 from tfdp_embed import Release
 from tfdp_embed.accounting.releases import release_noise_multiplier
+from tfdp_embed.data import vocabulary as vocabulary_lib
 from tfdp_embed.data.item_ids import ItemIdMap
 from tfdp_embed.data.movielens import MovieLensData, user_timelines
 from tfdp_embed.data.movielens_files import catalogue_path, read_ratings
@@ -118,14 +119,7 @@ def report_terms(data: MovieLensData, vocabulary: DPVocabulary | None, mechanism
 
 def add_threshold_delta(report: dict, vocabulary: DPVocabulary | None) -> dict:
     """`delta_with_vocabulary` and its caveat for a DP movie-id map."""
-    if vocabulary is not None and report.get("delta") is not None:
-        report["delta_with_vocabulary"] = report["delta"] + vocabulary.threshold_delta
-        report.setdefault("caveats", []).append(
-            f"The movie-id map is a DP partition selection: besides epsilon's delta it adds delta_thr = "
-            f"{vocabulary.threshold_delta:.3g} (the chance that a movie only one user rated is released); the "
-            f"run's guarantee is (epsilon, {report['delta_with_vocabulary']:.3g}) (see delta_with_vocabulary)."
-        )
-    return report
+    return vocabulary_lib.add_threshold_delta(report, vocabulary, what="movie-id map")
 
 
 def scale_metrics(metrics: dict, data: MovieLensData, evaluated: int) -> dict:

@@ -25,6 +25,7 @@ import dataclasses
 import numpy as np
 
 from tfdp_embed import Release, RunPlan
+from tfdp_embed.data import vocabulary as vocabulary_lib
 from tfdp_embed.data.item_ids import ItemIdMap
 from tfdp_embed.data.sequences import SequenceData, remap_items, user_item_keys
 from tfdp_embed.data.vocabulary import DPVocabulary, dp_vocabulary, public_vocabulary
@@ -122,15 +123,7 @@ def apply(data: SequenceData, vocabulary: ItemVocabulary) -> SequenceData:
 def add_to_report(report: dict, vocabulary: ItemVocabulary) -> dict:
     """The vocabulary block and, for a DP release, the threshold's delta on top of the report's delta."""
     report.setdefault("extra", {})["item_vocabulary"] = vocabulary.report()
-    vocab = vocabulary.vocabulary
-    if vocab is not None and not vocab.is_public and report.get("delta") is not None:
-        report["delta_with_vocabulary"] = report["delta"] + vocab.threshold_delta
-        report.setdefault("caveats", []).append(
-            f"The item vocabulary is a DP partition selection: besides epsilon's delta it adds "
-            f"delta_thr = {vocab.threshold_delta:.3g} (the chance that an item only one user holds is released); "
-            f"the run's guarantee is (epsilon, {report['delta_with_vocabulary']:.3g}) (see delta_with_vocabulary)."
-        )
-    return report
+    return vocabulary_lib.add_threshold_delta(report, vocabulary.vocabulary, what="item vocabulary")
 
 
 __all__ = [

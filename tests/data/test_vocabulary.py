@@ -11,6 +11,7 @@ from scipy import stats
 
 from tfdp_embed.accounting.releases import release_epsilon
 from tfdp_embed.data.vocabulary import (
+    add_threshold_delta,
     bounded_key_counts,
     dp_vocabulary,
     public_vocabulary,
@@ -112,3 +113,13 @@ def test_per_unit_weighting_bounds_the_threshold_delta_for_every_unit_size():
     assert tau == pytest.approx(vocab.threshold) and tau > vocabulary_threshold(
         noise_multiplier=0.5, max_keys_per_unit=d0, threshold_delta=0.2
     )
+
+
+def test_threshold_delta_is_added_to_a_dp_release_report_only():
+    dp = dp_vocabulary([[1], [1], [2]], max_keys_per_unit=1, epsilon=50.0, delta=1e-3, threshold_delta=1e-4, seed=1)
+    report = add_threshold_delta({"delta": 1e-5, "caveats": []}, dp, what="item vocabulary")
+    # 1e-5 + 1e-4 = 1.1e-4: the run's delta plus the threshold's.
+    assert report["delta_with_vocabulary"] == pytest.approx(1.1e-4)
+    assert "item vocabulary" in report["caveats"][0] and "(epsilon, 0.00011)" in report["caveats"][0]
+    public = add_threshold_delta({"delta": 1e-5}, public_vocabulary([1, 2]), what="item vocabulary")
+    assert public == {"delta": 1e-5}

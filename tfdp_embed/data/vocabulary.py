@@ -263,10 +263,29 @@ def gaussian_release_epsilon(noise_multiplier: float, *, delta: float) -> float:
     return release_epsilon(dp_accounting.GaussianDpEvent(float(noise_multiplier)), delta=delta, accountant=accountant)
 
 
+def add_threshold_delta(report: dict, vocabulary: DPVocabulary | None, *, what: str) -> dict:
+    """Adds `delta_with_vocabulary` (the report's delta + delta_thr) and its caveat for a DP key-set release.
+
+    The threshold's delta_thr is not a `dp_accounting` event, so, like batch
+    truncation's, it is stated beside delta. `what` names the key set in the
+    caveat ("item vocabulary", "movie-id map"). Public vocabularies add nothing.
+    """
+    if vocabulary is None or vocabulary.is_public or report.get("delta") is None:
+        return report
+    report["delta_with_vocabulary"] = report["delta"] + vocabulary.threshold_delta
+    report.setdefault("caveats", []).append(
+        f"The {what} is a DP partition selection: besides epsilon's delta it adds delta_thr = "
+        f"{vocabulary.threshold_delta:.3g} (the chance that a key only one unit holds is released); the run's "
+        f"guarantee is (epsilon, {report['delta_with_vocabulary']:.3g}) (see delta_with_vocabulary)."
+    )
+    return report
+
+
 __all__ = [
     "PUBLIC",
     "THRESHOLD_DELTA_SHARE",
     "DPVocabulary",
+    "add_threshold_delta",
     "bounded_key_counts",
     "dp_vocabulary",
     "gaussian_release_epsilon",
