@@ -49,13 +49,22 @@ def case_settings(case: str) -> dict:
     if case == "readme":
         n, batch, epochs = 20_000, 256, 1
         q = batch / n
-        return dict(mechanism="lazy", target_epsilon=3.0, target_delta=1 / n, sampling_probability=q,
-                    steps=round(epochs / q))  # fmt: skip
+        return dict(
+            mechanism="lazy", target_epsilon=3.0, target_delta=1 / n, sampling_probability=q, steps=round(epochs / q)
+        )
     if case == "criteo":
         n, batch, epochs = 200_000, 2_048, 2
-        return dict(mechanism="adafest", target_epsilon=3.0, target_delta=1 / n, sampling_probability=batch / n,
-                    steps=epochs * round(n / batch), output_calibration_share=0.05, contribution_clip=1.0,
-                    ratio=1.0, threshold_sigmas=2.0)  # fmt: skip
+        return dict(
+            mechanism="adafest",
+            target_epsilon=3.0,
+            target_delta=1 / n,
+            sampling_probability=batch / n,
+            steps=epochs * round(n / batch),
+            output_calibration_share=0.05,
+            contribution_clip=1.0,
+            ratio=1.0,
+            threshold_sigmas=2.0,
+        )
     raise ValueError(f"unknown case {case!r}; allowed: {CASES}")
 
 
@@ -102,9 +111,13 @@ def run_worker(checkout: str, case: str) -> dict:
     """`measure(case)` in a fresh process whose `tfdp_embed` is `checkout`'s."""
     env = dict(os.environ, PYTHONPATH=checkout, TF_CPP_MIN_LOG_LEVEL="2")
     out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--worker", case], cwd=checkout, env=env, check=True,
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [sys.executable, os.path.abspath(__file__), "--worker", case],
+        cwd=checkout,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -200,8 +213,9 @@ def parse_args(argv):
         parser.error(f"--repeats must be >= 1 and --cases a subset of {CASES}")
     if args.baseline is not None and not os.path.isdir(os.path.join(args.baseline, "tfdp_embed")):
         parser.error(f"--baseline {args.baseline!r} is not a checkout (no tfdp_embed/ in it)")
-    outputs.resolve(parser, args, benchmark="calibration_time", tag="-".join(args.cases),
-                    files={"json": ".json", "png": ".png"})  # fmt: skip
+    outputs.resolve(
+        parser, args, benchmark="calibration_time", tag="-".join(args.cases), files={"json": ".json", "png": ".png"}
+    )
     return args
 
 

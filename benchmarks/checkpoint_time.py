@@ -179,9 +179,12 @@ def markdown_section(document: dict) -> str:
 
 
 _OPERATIONS = (
-    ("save", "save (DP)"), ("plain_write", "plain write"), ("restore", "restore (DP)"),
-    ("plain_read", "plain read"), ("flush", "flush (not done)"),
-)  # fmt: skip
+    ("save", "save (DP)"),
+    ("plain_write", "plain write"),
+    ("restore", "restore (DP)"),
+    ("plain_read", "plain read"),
+    ("flush", "flush (not done)"),
+)
 
 
 def plot(document: dict, path: str) -> None:
@@ -205,8 +208,9 @@ def plot(document: dict, path: str) -> None:
     ax.set_yscale("log")
     ax.set_ylabel("seconds (median; bars: min–max)")
     m = document["machine"]
-    ax.set_title(f"LazyDP checkpoint vs plain tf.train.Checkpoint — {m['nproc']} cores, {m['date_utc'][:10]}",
-                 fontsize=9)  # fmt: skip
+    ax.set_title(
+        f"LazyDP checkpoint vs plain tf.train.Checkpoint — {m['nproc']} cores, {m['date_utc'][:10]}", fontsize=9
+    )
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -230,9 +234,12 @@ def parse_args(argv):
     if args.repeats < 1 or args.dim < 1 or args.batch < 1 or min(args.vocab) < 1:
         parser.error("--repeats, --dim, --batch and every --vocab must be >= 1")
     outputs.resolve(
-        parser, args, benchmark="checkpoint_time", tag=outputs.range_tag(args.vocab),
+        parser,
+        args,
+        benchmark="checkpoint_time",
+        tag=outputs.range_tag(args.vocab),
         files={"json": ".json", "png": ".png"},
-    )  # fmt: skip
+    )
     return args
 
 

@@ -225,9 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' to skip")
     args = parser.parse_args(argv)
     outputs.resolve(
-        parser, args, benchmark="criteo_memory", tag=f"rows{outputs.range_tag(args.rows)}",
+        parser,
+        args,
+        benchmark="criteo_memory",
+        tag=f"rows{outputs.range_tag(args.rows)}",
         files={"json": ".json", "png": ".png"},
-    )  # fmt: skip
+    )
     if os.path.abspath(args.workdir).startswith(ROOT + os.sep):
         parser.error("--workdir must lie outside the repository (the data files are large).")
     command = "python -m benchmarks.criteo_memory " + shlex.join(argv if argv is not None else sys.argv[1:])
@@ -247,10 +250,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n, mechanism, streaming in progress:
         out = os.path.join(args.workdir, f"out_{n}_{mechanism}_{streaming}")
         argv_ = [
-            "--train", files[n], "--eval", evaluation, "--mechanism", mechanism, "--streaming", streaming,
-            "--max-steps", str(args.max_steps), "--stream-buffer-rows", str(args.stream_buffer_rows),
-            "--out", out, *SETTINGS,
-        ]  # fmt: skip
+            "--train",
+            files[n],
+            "--eval",
+            evaluation,
+            "--mechanism",
+            mechanism,
+            "--streaming",
+            streaming,
+            "--max-steps",
+            str(args.max_steps),
+            "--stream-buffer-rows",
+            str(args.stream_buffer_rows),
+            "--out",
+            out,
+            *SETTINGS,
+        ]
         result = {"rows": n, "mechanism": mechanism, "streaming": streaming}
         if args.deadline_minutes is not None and time.perf_counter() - started > 60 * args.deadline_minutes:
             results.append(result | {"error": f"skipped: past --deadline-minutes {args.deadline_minutes:g}"})
@@ -274,21 +289,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result["error"] = f"read {result['rows_read']} rows, expected {n}"
         shutil.rmtree(out, ignore_errors=True)
         results.append(result)
-        line = (
-            f"{n:>9,} {mechanism:8} streaming={streaming:3} "
-            + (f"peak {result['peak_rss_bytes'] / 2**30:.2f} GiB, {result['wall_s']:.0f} s"
-               if "error" not in result else result["error"])
-        )  # fmt: skip
+        line = f"{n:>9,} {mechanism:8} streaming={streaming:3} " + (
+            f"peak {result['peak_rss_bytes'] / 2**30:.2f} GiB, {result['wall_s']:.0f} s"
+            if "error" not in result
+            else result["error"]
+        )
         (progress.write if tqdm else print)(line)
     minutes = (time.perf_counter() - started) / 60
     if not args.keep_files:
         shutil.rmtree(args.workdir, ignore_errors=True)
     print(table(results))
     outputs.write_run(
-        args, {"command": command, "machine": info, "results": results},
+        args,
+        {"command": command, "machine": info, "results": results},
         plot=lambda path: plot(results, path),
         section=lambda **paths: markdown(results, command=command, info=info, args=args, minutes=minutes, **paths),
-    )  # fmt: skip
+    )
     print(f"{len(results)} runs in {minutes:.1f} min; JSON {args.json}", flush=True)
     return 0
 

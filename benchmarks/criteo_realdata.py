@@ -89,12 +89,22 @@ def _machine() -> str:
 def _run_one(criteo, data: str, out: str, mechanism: str, epsilon: float, seed: int, extra=()) -> dict:
     tag = "_".join(a.strip("-") for a in extra)
     argv = [
-        "--train", os.path.join(data, "train.tsv"),
-        "--eval", os.path.join(data, "dev.tsv"), os.path.join(data, "test.tsv"),
-        "--mechanism", mechanism, "--epsilon", str(epsilon), "--seed", str(seed),
-        "--out", os.path.join(out, f"{mechanism}_eps{epsilon:g}_seed{seed}{'_' + tag if tag else ''}"),
-        *SETTINGS, *extra,
-    ]  # fmt: skip
+        "--train",
+        os.path.join(data, "train.tsv"),
+        "--eval",
+        os.path.join(data, "dev.tsv"),
+        os.path.join(data, "test.tsv"),
+        "--mechanism",
+        mechanism,
+        "--epsilon",
+        str(epsilon),
+        "--seed",
+        str(seed),
+        "--out",
+        os.path.join(out, f"{mechanism}_eps{epsilon:g}_seed{seed}{'_' + tag if tag else ''}"),
+        *SETTINGS,
+        *extra,
+    ]
     started = time.perf_counter()
     report = criteo.run(criteo.parse_args(argv)).report
     return {
@@ -368,9 +378,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         outputs.resolve(parser, args, benchmark="criteo_realdata", tag="render", files={"png": ".png"})
         return _render_only(args)
     outputs.resolve(
-        parser, args, benchmark="criteo_realdata", tag="seeds" + "-".join(map(str, args.seeds)),
+        parser,
+        args,
+        benchmark="criteo_realdata",
+        tag="seeds" + "-".join(map(str, args.seeds)),
         files={"json": ".json", "png": ".png"},
-    )  # fmt: skip
+    )
     missing = [f for f in ("train.tsv", "dev.tsv", "test.tsv") if not os.path.exists(os.path.join(args.data, f))]
     if missing:
         parser.error(f"the Criteo sample is not available: {args.data} lacks {missing} (it lives in ../shared/data).")

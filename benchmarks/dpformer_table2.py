@@ -59,10 +59,27 @@ def _run_dir(work, model, eps, seed=None):
 
 def _pipeline_args(a, model, eps, out, seed=None):
     args = [
-        "--data", a.data, "--model", model, "--epsilon", "inf" if eps == float("inf") else f"{eps:g}",
-        "--epochs", str(a.epochs), "--batch", str(a.batch), "--max-len", str(a.max_len), "--lr", str(a.lr),
-        "--dropout", str(a.dropout), "--out", out, "--verbose", "1",
-    ]  # fmt: skip
+        "--data",
+        a.data,
+        "--model",
+        model,
+        "--epsilon",
+        "inf" if eps == float("inf") else f"{eps:g}",
+        "--epochs",
+        str(a.epochs),
+        "--batch",
+        str(a.batch),
+        "--max-len",
+        str(a.max_len),
+        "--lr",
+        str(a.lr),
+        "--dropout",
+        str(a.dropout),
+        "--out",
+        out,
+        "--verbose",
+        "1",
+    ]
     if a.delta is not None:
         args += ["--delta", str(a.delta)]
     if seed is not None:
@@ -185,8 +202,11 @@ def plot(summary, path) -> None:
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for model, color in (("transformer", "tab:blue"), ("dpformer", "tab:red")):
-        ours = [(float(r["epsilon_target"]), r["ndcg@10_pct"]) for r in summary["rows"]
-                if r["model"] == model and r["epsilon_target"] != "non-private"]  # fmt: skip
+        ours = [
+            (float(r["epsilon_target"]), r["ndcg@10_pct"])
+            for r in summary["rows"]
+            if r["model"] == model and r["epsilon_target"] != "non-private"
+        ]
         if ours:
             ax.plot(*zip(*sorted(ours)), "o-", color=color, label=f"{model} (ours)")
         paper = sorted((eps, PAPER[eps][model][0]) for eps in PAPER)
@@ -345,9 +365,12 @@ def main(argv=None) -> int:
         p.error("--seed and --seeds exclude each other.")
     a.seeds = a.seeds or [a.seed]
     outputs.resolve(
-        p, a, benchmark="dpformer_table2", tag=f"eps{epsilons}-ep{a.epochs}-b{a.batch}",
+        p,
+        a,
+        benchmark="dpformer_table2",
+        tag=f"eps{epsilons}-ep{a.epochs}-b{a.batch}",
         files={"json": ".json", "png": ".png"},
-    )  # fmt: skip
+    )
     if a.frequencies_file is not None and a.frequency_epsilon_share is not None:
         p.error(
             "--frequencies-file (public frequencies) and --frequency-epsilon-share (a DP release) exclude each other."

@@ -203,10 +203,22 @@ def markdown(rows: dict, *, command: str, info: dict, args, minutes: float, png:
 
 def _argv(args, mechanism: str, out: str) -> list[str]:
     return [
-        "--mechanism", mechanism, "--epochs", str(args.epochs), "--seed", str(args.seed),
-        "--synthetic-rows", str(args.train_rows), "--synthetic-eval-rows", str(args.eval_rows),
-        "--verbose", "0", "--out", out, *shlex.split(args.extra),
-    ]  # fmt: skip
+        "--mechanism",
+        mechanism,
+        "--epochs",
+        str(args.epochs),
+        "--seed",
+        str(args.seed),
+        "--synthetic-rows",
+        str(args.train_rows),
+        "--synthetic-eval-rows",
+        str(args.eval_rows),
+        "--verbose",
+        "0",
+        "--out",
+        out,
+        *shlex.split(args.extra),
+    ]
 
 
 def parse(argv: Sequence[str] | None):
@@ -227,9 +239,12 @@ def parse(argv: Sequence[str] | None):
     mechanisms = [m for m in args.mechanisms.split(",") if m]
     args.mechanisms = ["none", *[m for m in mechanisms if m != "none"]]
     outputs.resolve(
-        parser, args, benchmark="end_to_end", tag=f"rows{outputs.short_number(args.train_rows)}",
+        parser,
+        args,
+        benchmark="end_to_end",
+        tag=f"rows{outputs.short_number(args.train_rows)}",
         files={"json": ".json", "png": ".png"},
-    )  # fmt: skip
+    )
     if os.path.abspath(args.workdir).startswith(ROOT + os.sep):
         parser.error("--workdir must lie outside the repository.")
     return args
@@ -260,10 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(rows))
     print(detail_table(rows))
     outputs.write_run(
-        args, {"command": command, "machine": info, "summary": rows, "results": results},
+        args,
+        {"command": command, "machine": info, "summary": rows, "results": results},
         plot=lambda path: plot(rows, path),
         section=lambda **paths: markdown(rows, command=command, info=info, args=args, minutes=minutes, **paths),
-    )  # fmt: skip
+    )
     print(f"{len(results)} runs in {minutes:.1f} min; JSON {args.json}", flush=True)
     return 0
 

@@ -156,9 +156,21 @@ def run_one(a, train, evaluation, mechanism: str, epsilon: float, flags: tuple) 
     path = os.path.join(out, "report.json")
     if not os.path.exists(path):
         argv = [
-            "--train", *train, "--eval", *evaluation, "--mechanism", mechanism, "--epsilon", f"{epsilon:g}",
-            "--seed", str(a.seed), "--out", out, *(REAL_SETTINGS if a.real else SYNTHETIC_SETTINGS), *flags,
-        ]  # fmt: skip
+            "--train",
+            *train,
+            "--eval",
+            *evaluation,
+            "--mechanism",
+            mechanism,
+            "--epsilon",
+            f"{epsilon:g}",
+            "--seed",
+            str(a.seed),
+            "--out",
+            out,
+            *(REAL_SETTINGS if a.real else SYNTHETIC_SETTINGS),
+            *flags,
+        ]
         print(f"[fest_tradeoff] {mechanism} eps={epsilon:g} {' '.join(flags)}", flush=True)
         started = time.perf_counter()
         try:
@@ -177,11 +189,18 @@ def run_one(a, train, evaluation, mechanism: str, epsilon: float, flags: tuple) 
     check_kept(report, REAL_SETTINGS if a.real else SYNTHETIC_SETTINGS, path)
     reduction = 1.0 if mechanism in ("lazy", "dense") else report.get("gradient_size_reduction")
     return {
-        "mechanism": mechanism, "epsilon_target": epsilon, "flags": list(flags), "auc": report["auc"],
-        "epsilon": report["epsilon"], "delta": report["delta"], "noise_multiplier": report["noise_multiplier"],
-        "gradient_size_reduction": reduction, "steps": report["steps"], "median_step_s": report.get("median_step_s"),
+        "mechanism": mechanism,
+        "epsilon_target": epsilon,
+        "flags": list(flags),
+        "auc": report["auc"],
+        "epsilon": report["epsilon"],
+        "delta": report["delta"],
+        "noise_multiplier": report["noise_multiplier"],
+        "gradient_size_reduction": reduction,
+        "steps": report["steps"],
+        "median_step_s": report.get("median_step_s"),
         "ledger": report.get("ledger"),
-    }  # fmt: skip
+    }
 
 
 def check_kept(report: dict, settings: list, path: str) -> None:
@@ -292,8 +311,17 @@ def summarize(a, rows: list) -> dict:
             for loss in REPORTED_LOSSES:
                 best = best_reduction(grid, base, loss)
                 pick = private_pick(grid, base, loss, delta=grid[0]["delta"], seed=a.seed)
-                out["picks"].append({"mechanism": mech, "epsilon": eps, "loss": loss, "lazy_auc": base,
-                                     "grid_size": len(grid), "best": best and _short(best), "private": pick})  # fmt: skip
+                out["picks"].append(
+                    {
+                        "mechanism": mech,
+                        "epsilon": eps,
+                        "loss": loss,
+                        "lazy_auc": base,
+                        "grid_size": len(grid),
+                        "best": best and _short(best),
+                        "private": pick,
+                    }
+                )
     return out
 
 
@@ -333,34 +361,49 @@ def markdown(a, rows: list, summary: dict, missing: list, info: dict, command: s
         else f"synthetic Criteo, Table 3 vocabularies, {a.rows:,} rows"
     )
     lines = [
-        "", f"## fest_tradeoff: DP-FEST Figure 3 ({title})", "",
+        "",
+        f"## fest_tradeoff: DP-FEST Figure 3 ({title})",
+        "",
         f"Date: {info['date_utc']}. Command: `{command}`. Commit: {info.get('git', {}).get('commit', '?')}.",
         f"Machine: {info['nproc']} cores ({info['cpu_model']}), load at start {info['load_average_at_start']} "
-        "(shared with other jobs).", "",
+        "(shared with other jobs).",
+        "",
         "| eps | mechanism | settings | AUC | AUC loss vs LazyDP | gradient-size reduction | eps spent |",
         "|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for r in rows:
         base = summary["baseline"].get(f"{r['epsilon_target']:g}")
         loss = "-" if base is None else f"{base - r['auc']:+.4f}"
         red = "n/a" if r["gradient_size_reduction"] is None else f"{r['gradient_size_reduction']:.3g}"
-        lines.append(f"| {r['epsilon_target']:g} | {r['mechanism']} | {' '.join(r['flags']) or 'default'} "
-                     f"| {r['auc']:.4f} | {loss} | {red} | {r['epsilon']:.3f} |")  # fmt: skip
-    lines += ["", "Best reduction within an allowed AUC loss (grid max = the curve; private = `select_privately`):", "",
-              "| eps | mechanism | loss <= | grid best (settings, AUC, reduction) | private pick (settings, AUC, reduction) "
-              "| runs drawn | search eps (RDP) | one run eps (RDP) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {r['epsilon_target']:g} | {r['mechanism']} | {' '.join(r['flags']) or 'default'} "
+            f"| {r['auc']:.4f} | {loss} | {red} | {r['epsilon']:.3f} |"
+        )
+    lines += [
+        "",
+        "Best reduction within an allowed AUC loss (grid max = the curve; private = `select_privately`):",
+        "",
+        "| eps | mechanism | loss <= | grid best (settings, AUC, reduction) | private pick (settings, AUC, reduction) "
+        "| runs drawn | search eps (RDP) | one run eps (RDP) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for p in summary["picks"]:
         best = p["best"]
-        grid = "none within the loss" if not best else (
-            f"{' '.join(best['flags'])}, {best['auc']:.4f}, {best['gradient_size_reduction']:.3g}")  # fmt: skip
+        grid = (
+            "none within the loss"
+            if not best
+            else (f"{' '.join(best['flags'])}, {best['auc']:.4f}, {best['gradient_size_reduction']:.3g}")
+        )
         q = p["private"]
         pick = (
             "nothing within the loss"
             if q["reduction"] is None
             else f"{' '.join(q['flags'])}, {q['auc']:.4f}, {q['reduction']:.3g}"
         )
-        lines.append(f"| {p['epsilon']:g} | {p['mechanism']} | {p['loss']} | {grid} | {pick} | {q['runs']} "
-                     f"| {q['search_epsilon']:.2f} | {q['run_epsilon_rdp']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {p['epsilon']:g} | {p['mechanism']} | {p['loss']} | {grid} | {pick} | {q['runs']} "
+            f"| {q['search_epsilon']:.2f} | {q['run_epsilon_rdp']:.2f} |"
+        )
     if missing:
         lines += ["", f"Did not run or failed (not estimated): {'; '.join(missing)}."]
     return "\n".join(lines + [""])
@@ -393,8 +436,11 @@ def main(argv=None) -> int:
     if not a.summarize:
         todo = sum(not os.path.exists(os.path.join(_run_dir(a, m, e, f), "report.json")) for e, m, f in order)
         minutes = expected_minutes(todo, 7_200 if a.real else a.rows)
-        print(f"[fest_tradeoff] grid {a.grid}: {len(order)} runs, {todo} to do, about {minutes:.0f} min "
-              f"(~{MINUTES_PER_RUN_AT_1E6:g} min a run at 10^6 rows, scaled with the rows)", flush=True)  # fmt: skip
+        print(
+            f"[fest_tradeoff] grid {a.grid}: {len(order)} runs, {todo} to do, about {minutes:.0f} min "
+            f"(~{MINUTES_PER_RUN_AT_1E6:g} min a run at 10^6 rows, scaled with the rows)",
+            flush=True,
+        )
     rows, missing = [], []
     for eps, mech, flags in order:
         row = run_one(a, train, evaluation, mech, eps, flags) if not a.summarize else _load(a, mech, eps, flags)
@@ -406,8 +452,12 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             slim = [{k: v for k, v in r.items() if k != "ledger"} for r in rows]
-            json.dump({"command": command, "machine": info, "rows": slim, "missing": missing, **summary}, f, indent=1,
-                      default=str)  # fmt: skip
+            json.dump(
+                {"command": command, "machine": info, "rows": slim, "missing": missing, **summary},
+                f,
+                indent=1,
+                default=str,
+            )
     if a.png:
         plot(a, summary, a.png)
     if a.results_md:

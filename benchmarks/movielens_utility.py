@@ -190,9 +190,12 @@ def main(argv=None) -> int:
     p.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' skips")
     args = p.parse_args(argv)
     outputs.resolve(
-        p, args, benchmark="movielens_utility", tag=f"eps{args.epsilon:g}-ep{args.epochs}",
+        p,
+        args,
+        benchmark="movielens_utility",
+        tag=f"eps{args.epsilon:g}-ep{args.epochs}",
         files={"json": ".json", "png": ".png"},
-    )  # fmt: skip
+    )
     from benchmarks.machine import machine_info
     from pipelines import movielens
 
@@ -200,9 +203,13 @@ def main(argv=None) -> int:
     command = "python -m benchmarks.movielens_utility " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     sigmas = [float(s) for s in args.noise_multipliers.split(",") if s]
     base = movielens.MovieLensConfig(
-        epochs=args.epochs, batch_size=args.batch_size, seed=args.seed, accountant=args.accountant, verbose=0,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        accountant=args.accountant,
+        verbose=0,
         **({"data_path": args.data} if args.data else {}),
-    )  # fmt: skip
+    )
     data = movielens.load_movielens(base)
     rows, rates_used = [], {}
     settings = _settings(sigmas, args.epsilon)
@@ -228,14 +235,28 @@ def main(argv=None) -> int:
         )
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     config = {
-        "epochs": args.epochs, "batch_size": args.batch_size, "embedding_dim": base.embedding_dim,
-        "hidden_units": list(base.hidden_units), "momentum": base.momentum, "l2_norm_clip": base.l2_norm_clip,
-        "learning_rates": {name: sorted(rates) if len(rates) > 1 else rates.pop() for name, rates in rates_used.items()},
-        "seed": args.seed, "accountant": args.accountant,
-        "epsilon": args.epsilon, "noise_multipliers": sigmas,
-    }  # fmt: skip
-    result = {"command": command, "machine": info, "config": config, "data": data.summary(), "runs": rows,
-              "peak_rss_mb": peak_mb}  # fmt: skip
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "embedding_dim": base.embedding_dim,
+        "hidden_units": list(base.hidden_units),
+        "momentum": base.momentum,
+        "l2_norm_clip": base.l2_norm_clip,
+        "learning_rates": {
+            name: sorted(rates) if len(rates) > 1 else rates.pop() for name, rates in rates_used.items()
+        },
+        "seed": args.seed,
+        "accountant": args.accountant,
+        "epsilon": args.epsilon,
+        "noise_multipliers": sigmas,
+    }
+    result = {
+        "command": command,
+        "machine": info,
+        "config": config,
+        "data": data.summary(),
+        "runs": rows,
+        "peak_rss_mb": peak_mb,
+    }
     section = _markdown(command, info, config, rows, data.summary(), peak_mb)
     outputs.write_run(args, result, plot=lambda path: _plot(rows, path), section=lambda **_: section)
     print(section)

@@ -239,11 +239,19 @@ def main(argv=None) -> int:
     command = _command(argv if argv is not None else sys.argv[1:])
     if args.json:
         document = {
-            "benchmark": "normal_sampler", "command": command, "date_utc": started, "cpu_model": _cpu_model(),
-            "nproc": os.cpu_count(), "isas": isas, "load_average_at_start": load_start, "load_average_at_end": load_end,
+            "benchmark": "normal_sampler",
+            "command": command,
+            "date_utc": started,
+            "cpu_model": _cpu_model(),
+            "nproc": os.cpu_count(),
+            "isas": isas,
+            "load_average_at_start": load_start,
+            "load_average_at_end": load_end,
             "versions": {"python": platform.python_version(), "tensorflow": tf.__version__, "numpy": np.__version__},
-            "commit": _git("rev-parse", "HEAD").strip() or "unknown", "fast_normal_unavailable": reason, "rows": rows,
-        }  # fmt: skip
+            "commit": _git("rev-parse", "HEAD").strip() or "unknown",
+            "fast_normal_unavailable": reason,
+            "rows": rows,
+        }
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=1)
     if args.png:
@@ -295,8 +303,13 @@ def plot(rows: list, path: str, *, title: str) -> None:
     for ax, n in zip(axes[0], sizes):
         mine = [r for r in rows if r["n"] == n]
         y = range(len(mine))
-        ax.barh(y, [r["median"] for r in mine], xerr=[[r["median"] - r["p10"] for r in mine],
-                [r["p90"] - r["median"] for r in mine]], capsize=2, color="tab:blue")  # fmt: skip
+        ax.barh(
+            y,
+            [r["median"] for r in mine],
+            xerr=[[r["median"] - r["p10"] for r in mine], [r["p90"] - r["median"] for r in mine]],
+            capsize=2,
+            color="tab:blue",
+        )
         ax.set_yticks(list(y))
         ax.set_yticklabels([r["sampler"] for r in mine], fontsize=8)
         ax.invert_yaxis()

@@ -280,9 +280,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--steps and --warmup must be >= 1")
     if not args.worker:
         outputs.resolve(
-            parser, args, benchmark="phantom", tag=f"v{outputs.range_tag(args.vocab)}-{'-'.join(args.positions)}",
+            parser,
+            args,
+            benchmark="phantom",
+            tag=f"v{outputs.range_tag(args.vocab)}-{'-'.join(args.positions)}",
             files={"json": ".json", "png": ".png"},
-        )  # fmt: skip
+        )
     return args
 
 
@@ -313,10 +316,18 @@ def run_vocab(args, *, positions: str, vocab: int, workdir: str) -> list:
     tag = f"{positions}_v{vocab}"
     spec_path, out_path, log_path = (os.path.join(workdir, f"{tag}.{x}") for x in ("spec.json", "out.json", "log"))
     spec = {
-        "vocab": vocab, "length": args.length, "dim": args.dim, "positions": positions, "configs": configs,
-        "steps": args.steps, "warmup": args.warmup, "max_seconds": args.max_seconds,
-        "l2_norm_clip": args.l2_norm_clip, "noise_multiplier": args.noise_multiplier, "seed": args.seed,
-    }  # fmt: skip
+        "vocab": vocab,
+        "length": args.length,
+        "dim": args.dim,
+        "positions": positions,
+        "configs": configs,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "max_seconds": args.max_seconds,
+        "l2_norm_clip": args.l2_norm_clip,
+        "noise_multiplier": args.noise_multiplier,
+        "seed": args.seed,
+    }
     with open(spec_path, "w", encoding="utf-8") as handle:
         json.dump(spec, handle)
     limit_kb = (args.max_gb + 1.5) * 2**20
@@ -325,8 +336,10 @@ def run_vocab(args, *, positions: str, vocab: int, workdir: str) -> list:
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.phantom", "--worker", spec_path, out_path],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         killed = None
         while proc.poll() is None:
             rss = machine.status_kb("VmRSS", proc.pid)
@@ -577,8 +590,12 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(document, handle, indent=1)
             handle.write("\n")
     if args.png:
-        plot(rows, args.png, f"Phantom Clipping, dim {args.dim}, L {args.length} — "
-             f"{document['machine']['nproc']} cores, {document['machine']['date_utc'][:10]}")  # fmt: skip
+        plot(
+            rows,
+            args.png,
+            f"Phantom Clipping, dim {args.dim}, L {args.length} — "
+            f"{document['machine']['nproc']} cores, {document['machine']['date_utc'][:10]}",
+        )
     if args.results_md:
         outputs.append_section(args.results_md, markdown_section(document), files=(args.json, args.png))
     return 0

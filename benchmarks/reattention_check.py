@@ -160,19 +160,29 @@ def main(argv=None) -> int:
     p.add_argument("--real-max-len", type=int, default=10)
     a = p.parse_args(argv)
     if a.real_data:
-        scale = real_scale(a.real_data, noise_multiplier=a.real_sigma, batch=a.real_batch, max_len=a.real_max_len,
-                           users=512, seed=a.seed)  # fmt: skip
+        scale = real_scale(
+            a.real_data,
+            noise_multiplier=a.real_sigma,
+            batch=a.real_batch,
+            max_len=a.real_max_len,
+            users=512,
+            seed=a.seed,
+        )
         print(f"{a.real_data}: sigma {a.real_sigma}, batch {a.real_batch}, L {a.real_max_len}, initial weights")
         for key, value in scale.items():
             print(f"  {key}: {value}")
         return 0
     model, ids = tiny_model(a.seed, error_scale=a.error_scale)
     measured = monte_carlo(model, ids, samples=a.samples, seed=a.seed + 1, noise_layer_norm=a.noise_layer_norm)
-    print(f"tiny DPFormer: {ITEMS} items, L={MAX_LEN}, d={DIM}, 2 blocks; sigma_eff(W)={a.error_scale:g}, "
-          f"items / p_i (p in [0.05, 1]); {a.samples} Monte-Carlo samples; layer norm noised: {a.noise_layer_norm}")  # fmt: skip
+    print(
+        f"tiny DPFormer: {ITEMS} items, L={MAX_LEN}, d={DIM}, 2 blocks; sigma_eff(W)={a.error_scale:g}, "
+        f"items / p_i (p in [0.05, 1]); {a.samples} Monte-Carlo samples; layer norm noised: {a.noise_layer_norm}"
+    )
     print(f"{'stage':28s} {'tracked':>11s} {'measured':>11s} {'ratio':>7s} {'median token ratio':>19s}")
     for r in compare(model, ids, measured):
-        print(f"{r['stage']:28s} {r['tracked']:11.4g} {r['measured']:11.4g} {r['ratio']:7.3f} {r['median_token_ratio']:19.3f}")  # fmt: skip
+        print(
+            f"{r['stage']:28s} {r['tracked']:11.4g} {r['measured']:11.4g} {r['ratio']:7.3f} {r['median_token_ratio']:19.3f}"
+        )
     return 0
 
 

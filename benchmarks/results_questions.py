@@ -410,11 +410,27 @@ def build_vocabulary(runs):
     rows = []
     for r in movielens.doc["movielens"] if movielens else []:
         metric = f"recall@10 {r['recall@10']:.4f}" if "recall@10" in r else r.get("error", "")
-        rows.append(["MovieLens ml-100k, dense", r["setting"], metric, str(r.get("movies_in_map", "—")),
-                     str(r.get("unranked_test_positions", "—")), num(r.get("epsilon"), 2)])  # fmt: skip
+        rows.append(
+            [
+                "MovieLens ml-100k, dense",
+                r["setting"],
+                metric,
+                str(r.get("movies_in_map", "—")),
+                str(r.get("unranked_test_positions", "—")),
+                num(r.get("epsilon"), 2),
+            ]
+        )
     for r in sequential.doc["sequential"] if sequential else []:
-        rows.append(["Amazon Games, DPFormer", r["setting"], f"NDCG@10 {r['ndcg@10']:.4f}", str(r.get("items")),
-                     str(r.get("unknown_test_targets", "—")), num(r.get("epsilon"), 2)])  # fmt: skip
+        rows.append(
+            [
+                "Amazon Games, DPFormer",
+                r["setting"],
+                f"NDCG@10 {r['ndcg@10']:.4f}",
+                str(r.get("items")),
+                str(r.get("unknown_test_targets", "—")),
+                num(r.get("epsilon"), 2),
+            ]
+        )
     header = ["pipeline", "item ids", "metric", "ids kept", "unrankable test targets", "ε"]
     return used, table(header, rows, "llrrrr")
 

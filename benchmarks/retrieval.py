@@ -192,9 +192,13 @@ def mechanism(name: str, sigma: float, seed: int, taus: dict):
         return mechanisms.LazyDP(l2_norm_clip=1.0, noise_multiplier=sigma, seed=seed)
     if name == "adafest":
         return mechanisms.DPAdaFEST(
-            l2_norm_clip=1.0, noise_multiplier=sigma, contribution_clip=1.0, contribution_noise_multiplier=1.0,
-            threshold=taus, seed=seed,
-        )  # fmt: skip
+            l2_norm_clip=1.0,
+            noise_multiplier=sigma,
+            contribution_clip=1.0,
+            contribution_noise_multiplier=1.0,
+            threshold=taus,
+            seed=seed,
+        )
     raise ValueError(f"--dp-runs: unknown mechanism {name!r}; choose from lazy, adafest.")
 
 
@@ -223,12 +227,17 @@ def run_dp(data, catalogue, args, *, name: str, negatives) -> dict:
     return {
         "warnings": sorted({str(w.message)[:160] for w in caught if "DP-AdaFEST" in str(w.message)}),
         "run": f"DP {name}, {'full softmax' if negatives.full else f'sampled softmax K={negatives.num_negatives}'}",
-        "mechanism": name, "negatives": "full" if negatives.full else "sampled",
-        "epsilon": float(budget.epsilon), "delta": 1.0 / n, "noise_multiplier": args.noise_multiplier,
+        "mechanism": name,
+        "negatives": "full" if negatives.full else "sampled",
+        "epsilon": float(budget.epsilon),
+        "delta": 1.0 / n,
+        "noise_multiplier": args.noise_multiplier,
         **recall(towers[0], towers[1], catalogue, data["test"]),
-        "median_step_ms": median_ms(timer.times), "steps": len(timer.times), "wall_s": wall,
+        "median_step_ms": median_ms(timer.times),
+        "steps": len(timer.times),
+        "wall_s": wall,
         "final_train_loss": float(history.history["loss"][-1]),
-    }  # fmt: skip
+    }
 
 
 def run_in_batch(data, catalogue, args) -> dict:
@@ -246,12 +255,18 @@ def run_in_batch(data, catalogue, args) -> dict:
     history = model.fit(dataset.batch(args.batch_size), epochs=args.epochs, callbacks=[timer], verbose=0)
     wall = time.perf_counter() - started
     return {
-        "run": "non-private TFRS in-batch (tfrs.tasks.Retrieval, Adagrad)", "mechanism": "none",
-        "negatives": "in-batch", "epsilon": None, "delta": None, "noise_multiplier": None,
+        "run": "non-private TFRS in-batch (tfrs.tasks.Retrieval, Adagrad)",
+        "mechanism": "none",
+        "negatives": "in-batch",
+        "epsilon": None,
+        "delta": None,
+        "noise_multiplier": None,
         **recall(towers[0], towers[1], catalogue, data["test"]),
-        "median_step_ms": median_ms(timer.times), "steps": len(timer.times), "wall_s": wall,
+        "median_step_ms": median_ms(timer.times),
+        "steps": len(timer.times),
+        "wall_s": wall,
         "final_train_loss": float(history.history["loss"][-1]),
-    }  # fmt: skip
+    }
 
 
 # -- synthetic catalogue ---------------------------------------------------------
@@ -386,9 +401,12 @@ def main(argv=None) -> int:
     p.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' skips")
     args = p.parse_args(argv)
     outputs.resolve(
-        p, args, benchmark="retrieval", tag=f"ml-100k-ep{args.epochs}-b{args.batch_size}",
+        p,
+        args,
+        benchmark="retrieval",
+        tag=f"ml-100k-ep{args.epochs}-b{args.batch_size}",
         files={"json": ".json", "png": ".png"},
-    )  # fmt: skip
+    )
     if not os.path.exists(os.path.join(args.data, "u.data")):
         p.error(f"--data: no u.data in {args.data!r} (ml-100k is expected there).")
     from benchmarks.machine import machine_info

@@ -364,9 +364,15 @@ def plot_exposure(runs: list, params: dict, path: str) -> None:
             label = run["setting"] + (" (poor fit)" if poor else "")
             values = [by[str(c)][key] for c in counts]
             ax.plot(
-                counts, values, style, marker="o", ms=3, label=label, alpha=0.35 if poor else 1.0,
+                counts,
+                values,
+                style,
+                marker="o",
+                ms=3,
+                label=label,
+                alpha=0.35 if poor else 1.0,
                 color=colors[(2 * index) % 20 + (index // 10) % 2],
-            )  # fmt: skip
+            )
         ax.axhline(1 / math.log(2), color="0.6", lw=0.8, ls="--")
         if key == "mean_exposure":
             ax.axhline(math.log2(params["num_candidates"]), color="0.3", lw=0.8, ls=":")
@@ -562,9 +568,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (and held GBs), and PLD calibration + budget bisection cost minutes per calibrated run on this machine.
     # RDP is a valid (slightly looser) accountant: calibrated sigma is a little larger than PLD's.
     base = {
-        "data_path": args.data, "epochs": args.epochs, "seed": args.seed, "verbose": args.verbose,
+        "data_path": args.data,
+        "epochs": args.epochs,
+        "seed": args.seed,
+        "verbose": args.verbose,
         "accountant": args.accountant,
-    }  # fmt: skip
+    }
     base["batch_size"] = args.batch_size
     if args.learning_rate > 0:  # one rate for all runs: the comparison then differs only in clipping and noise
         base["learning_rate"] = args.learning_rate
@@ -581,17 +590,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         canaries_per_count=args.canaries_per_count,
     )
     candidates = audit.sample_candidates(
-        item_ids=items, context_length=context_length, num_candidates=args.num_candidates, seed=args.seed + 1,
+        item_ids=items,
+        context_length=context_length,
+        num_candidates=args.num_candidates,
+        seed=args.seed + 1,
         exclude=canaries,
-    )  # fmt: skip
+    )
     taken = audit.RandomSequences(
         contexts=np.concatenate([canaries.contexts, candidates.contexts]),
         labels=np.concatenate([canaries.labels, candidates.labels]),
     )
     controls = audit.sample_candidates(
-        item_ids=items, context_length=context_length, num_candidates=args.num_controls, seed=args.seed + 2,
+        item_ids=items,
+        context_length=context_length,
+        num_candidates=args.num_controls,
+        seed=args.seed + 2,
         exclude=taken,
-    )  # fmt: skip
+    )
 
     settings = settings_for(args.mechanisms, args.noise_multipliers, args.epsilon if args.epsilon > 0 else None)
     runs = []
@@ -599,9 +614,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for setting in progress:
         progress.set_postfix_str(setting.name)
         run = run_setting(
-            movielens, audit, data, base, setting,
-            canaries=canaries, candidates=candidates, controls=controls, out_dir=args.out or None,
-        )  # fmt: skip
+            movielens,
+            audit,
+            data,
+            base,
+            setting,
+            canaries=canaries,
+            candidates=candidates,
+            controls=controls,
+            out_dir=args.out or None,
+        )
         runs.append(run)
         by = run["exposure"]["by_insertion_count"]
         top = str(max(args.insertion_counts))

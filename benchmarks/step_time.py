@@ -85,9 +85,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MECHANISMS = "none,dense,tfp_keras_sgd,eana,lazy,fest,adafest"
 # Fields every result row has (the JSON schema the smoke test checks; rows carry more).
 RESULT_KEYS = (
-    "mechanism", "vocab", "dim", "batch", "zipf", "median_step_s", "p10_step_s", "p90_step_s",
-    "steps_timed", "ratio_to_none", "peak_rss_mb", "notes",
-)  # fmt: skip
+    "mechanism",
+    "vocab",
+    "dim",
+    "batch",
+    "zipf",
+    "median_step_s",
+    "p10_step_s",
+    "p90_step_s",
+    "steps_timed",
+    "ratio_to_none",
+    "peak_rss_mb",
+    "notes",
+)
 
 
 def _names(text: str) -> list[str]:
@@ -149,9 +159,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--adafest-noise-rows must be >= 0 (0 turns the adafest@R rows off)")
     ids = f"zipf{args.zipf:g}" if args.zipf else "uniform"
     outputs.resolve(
-        parser, args, benchmark="step_time", tag=f"{ids}-{outputs.range_tag(args.vocab)}",
+        parser,
+        args,
+        benchmark="step_time",
+        tag=f"{ids}-{outputs.range_tag(args.vocab)}",
         files={"json": ".json", "png": ".png"},
-    )  # fmt: skip
+    )
     return args
 
 

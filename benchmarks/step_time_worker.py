@@ -173,9 +173,11 @@ def make_mechanism(name: str, spec: dict, counts: np.ndarray | None):
 
         sigma1, sigma2 = split_noise_multiplier(spec["noise_multiplier"], ratio=spec["adafest_ratio"])
         common.update(
-            noise_multiplier=sigma2, contribution_noise_multiplier=sigma1,
-            contribution_clip=spec["adafest_contribution_clip"], threshold=spec["adafest_threshold"],
-        )  # fmt: skip
+            noise_multiplier=sigma2,
+            contribution_noise_multiplier=sigma1,
+            contribution_clip=spec["adafest_contribution_clip"],
+            threshold=spec["adafest_threshold"],
+        )
     return mechanisms.create(name, **common)
 
 

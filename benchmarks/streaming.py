@@ -134,8 +134,10 @@ def measure(spec: dict, workdir: str, timeout_s: float) -> dict:
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.streaming_worker", spec_path, out_path],
-            cwd=ROOT, env=_child_env(), stderr=log,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=_child_env(),
+            stderr=log,
+        )
     killed = False
     while True:
         pid, status, rusage = os.wait4(proc.pid, 0 if killed else os.WNOHANG)
@@ -302,9 +304,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--workdir must lie outside the repository (the data files are large).")
     args.spill_dir = args.spill_dir or os.path.join(args.workdir, "spill")
     outputs.resolve(
-        parser, args, benchmark="streaming", tag=f"rows{outputs.range_tag(args.rows)}",
+        parser,
+        args,
+        benchmark="streaming",
+        tag=f"rows{outputs.range_tag(args.rows)}",
         files={"json": ".json", "png": ".png"},
-    )  # fmt: skip
+    )
     return args
 
 

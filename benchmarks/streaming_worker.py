@@ -32,15 +32,24 @@ def build(method: str, path: str, rows: int, *, batch: int, buffer_rows: int, sp
     q = batch / rows
     if method == "one_pass":
         dataset, info = one_pass_poisson_batches(
-            source, sampling_probability=q, num_examples=rows, seed=seed, spill_dir=spill_dir,
-            bucket_rows=buffer_rows, source_batched=True,
-        )  # fmt: skip
+            source,
+            sampling_probability=q,
+            num_examples=rows,
+            seed=seed,
+            spill_dir=spill_dir,
+            bucket_rows=buffer_rows,
+            source_batched=True,
+        )
         return dataset, info, read
     if method == "multi_pass":
         dataset, info = streaming_poisson_batches(
-            source, sampling_probability=q, num_examples=rows, batches_per_pass=max(1, buffer_rows // batch),
-            seed=seed, source_batched=True,
-        )  # fmt: skip
+            source,
+            sampling_probability=q,
+            num_examples=rows,
+            batches_per_pass=max(1, buffer_rows // batch),
+            seed=seed,
+            source_batched=True,
+        )
         return dataset, info, read
     return source, None, read
 

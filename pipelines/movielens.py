@@ -398,11 +398,19 @@ def _plan(config: MovieLensConfig, data: MovieLensData, extra_train_examples) ->
     steps = config.epochs * max(1, round(1 / q))
     delta = config.delta if config.delta is not None else released.delta()
     plan = movielens_privacy.plan(
-        mechanism=config.mechanism, noise_multiplier=config.noise_multiplier, epsilon=config.epsilon, delta=delta,
-        sampling_probability=q, steps=steps, l2_norm_clip=config.l2_norm_clip, accountant=config.accountant,
-        seed=config.seed, releases=[] if config.mechanism == "none" else [Release.dataset_size(released),
-                                                                          *movielens_vocabulary.releases(data.item_release)],
-    )  # fmt: skip
+        mechanism=config.mechanism,
+        noise_multiplier=config.noise_multiplier,
+        epsilon=config.epsilon,
+        delta=delta,
+        sampling_probability=q,
+        steps=steps,
+        l2_norm_clip=config.l2_norm_clip,
+        accountant=config.accountant,
+        seed=config.seed,
+        releases=[]
+        if config.mechanism == "none"
+        else [Release.dataset_size(released), *movielens_vocabulary.releases(data.item_release)],
+    )
     if config.verbose:
         print(
             f"movielens: {config.mechanism}, sigma {plan.noise_multiplier:.4g} ({movielens_privacy.noise_source(plan)}), "
@@ -446,9 +454,14 @@ def _train(config: MovieLensConfig, data: MovieLensData, setup: _Setup, built: t
     lazy = config.mechanism == "lazy"
     counter = movielens_privacy.TouchCounter(data.num_items + 1)
     batches, _ = _batches(
-        setup.contexts, setup.labels, q=setup.sampling_probability, seed=config.seed, lookahead=lazy,
-        counter=counter, table_name=model.history_embedding.name,
-    )  # fmt: skip
+        setup.contexts,
+        setup.labels,
+        q=setup.sampling_probability,
+        seed=config.seed,
+        lookahead=lazy,
+        counter=counter,
+        table_name=model.history_embedding.name,
+    )
     # Build the model, check the per-example contract and init the mechanism from a separate
     # probe batch (>= 2 examples: the independence check needs them), so that `fit` does not
     # draw (and count) a Poisson batch the model never trains on.
@@ -498,12 +511,18 @@ def _privacy_report(config: MovieLensConfig, data: MovieLensData, setup: _Setup,
         steps=None if budget is not None else steps_run,
         accountant=accountant,
         epsilon=(
-            movielens_privacy.nominal_epsilon(noise_multiplier=sigma, sampling_probability=setup.sampling_probability,
-                                              steps=steps_run, delta=setup.delta, accountant=accountant)
-            if config.mechanism == "eana" else None
+            movielens_privacy.nominal_epsilon(
+                noise_multiplier=sigma,
+                sampling_probability=setup.sampling_probability,
+                steps=steps_run,
+                delta=setup.delta,
+                accountant=accountant,
+            )
+            if config.mechanism == "eana"
+            else None
         ),
         extra={"item_ids": data.item_ids.summary() if data.item_ids is not None else None, **vocabulary},
-    )  # fmt: skip
+    )
     report["caveats"] = [*report.get("caveats", []), *caveats]
     return movielens_vocabulary.add_threshold_delta(report, data.item_release)
 
@@ -537,9 +556,16 @@ def baselines(data: MovieLensData, labels: np.ndarray) -> dict:
 
 
 def _report(
-    config: MovieLensConfig, data: MovieLensData, setup: _Setup, trained: _Trained, privacy: dict, metrics: dict,
-    test_examples: int, *, train_seconds: float,
-) -> dict:  # fmt: skip
+    config: MovieLensConfig,
+    data: MovieLensData,
+    setup: _Setup,
+    trained: _Trained,
+    privacy: dict,
+    metrics: dict,
+    test_examples: int,
+    *,
+    train_seconds: float,
+) -> dict:
     """Stage 5: the report, the privacy report plus metrics, counts, timings, settings (and EANA's bounds)."""
     counter, history = trained.counter, trained.history
     final_loss = float(history.history["loss"][-1]) if history.history.get("loss") else None
@@ -561,12 +587,21 @@ def _report(
         median_step_s=trained.timer.median(),
         train_seconds=train_seconds,
         data=data.summary(),
-        model={"embedding_dim": config.embedding_dim, "hidden_units": list(config.hidden_units),
-               "num_items": data.num_items, "loss": "full softmax cross-entropy over all items"},
-        training={"epochs": config.epochs, "batch_size": config.batch_size,
-                  "learning_rate": config.resolved_learning_rate, "momentum": config.momentum,
-                  "optimizer": "keras.optimizers.legacy.SGD", "seeded": config.seed is not None},
-    )  # fmt: skip
+        model={
+            "embedding_dim": config.embedding_dim,
+            "hidden_units": list(config.hidden_units),
+            "num_items": data.num_items,
+            "loss": "full softmax cross-entropy over all items",
+        },
+        training={
+            "epochs": config.epochs,
+            "batch_size": config.batch_size,
+            "learning_rate": config.resolved_learning_rate,
+            "momentum": config.momentum,
+            "optimizer": "keras.optimizers.legacy.SGD",
+            "seeded": config.seed is not None,
+        },
+    )
     if config.mechanism == "eana" and setup.plan.noise_multiplier > 0 and counter.steps > 0:
         report.update(_eana_bounds(config, data, setup, trained))
     return report
@@ -577,14 +612,22 @@ def _eana_bounds(config: MovieLensConfig, data: MovieLensData, setup: _Setup, tr
     sigma, k = setup.plan.noise_multiplier, min(config.eana_bound_examples, setup.size)
     return {
         "eana_bound": movielens_privacy.eana_theorem_bound(
-            model=trained.model, counter=trained.counter, noise_multiplier=sigma,
-            context_length=data.context_length, delta=setup.delta,
+            model=trained.model,
+            counter=trained.counter,
+            noise_multiplier=sigma,
+            context_length=data.context_length,
+            delta=setup.delta,
         ),
         "eana_per_instance_bounds": movielens_privacy.eana_per_instance_bounds(
-            model=trained.model, counter=trained.counter, contexts=setup.contexts[:k], labels=setup.labels[:k],
-            noise_multiplier=sigma, l2_norm_clip=config.l2_norm_clip, delta=setup.delta,
+            model=trained.model,
+            counter=trained.counter,
+            contexts=setup.contexts[:k],
+            labels=setup.labels[:k],
+            noise_multiplier=sigma,
+            l2_norm_clip=config.l2_norm_clip,
+            delta=setup.delta,
         ),
-    }  # fmt: skip
+    }
 
 
 def _export(config: MovieLensConfig, data: MovieLensData, trained: _Trained, privacy: dict, out_dir: str) -> str:
@@ -711,15 +754,27 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
     if args.delta is not None and args.delta >= 1:
         parser.error(f"--delta must lie in (0, 1); received {args.delta}")
     config = MovieLensConfig(
-        data_path=args.data, item_catalogue=None if args.item_catalogue == "none" else args.item_catalogue,
-        mechanism=args.mechanism, noise_multiplier=args.noise_multiplier,
-        epsilon=args.epsilon, delta=args.delta, l2_norm_clip=args.l2_norm_clip, epochs=args.epochs,
-        batch_size=args.batch_size, learning_rate=args.learning_rate, momentum=args.momentum,
-        embedding_dim=args.embedding_dim, context_length=args.context_length, seed=args.seed, k=args.k,
-        accountant=args.accountant, vocabulary_epsilon_share=args.vocabulary_epsilon_share,
-        vocabulary_noise_multiplier=args.vocabulary_noise_multiplier, vocabulary_max_items=args.vocabulary_max_items,
+        data_path=args.data,
+        item_catalogue=None if args.item_catalogue == "none" else args.item_catalogue,
+        mechanism=args.mechanism,
+        noise_multiplier=args.noise_multiplier,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        l2_norm_clip=args.l2_norm_clip,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        momentum=args.momentum,
+        embedding_dim=args.embedding_dim,
+        context_length=args.context_length,
+        seed=args.seed,
+        k=args.k,
+        accountant=args.accountant,
+        vocabulary_epsilon_share=args.vocabulary_epsilon_share,
+        vocabulary_noise_multiplier=args.vocabulary_noise_multiplier,
+        vocabulary_max_items=args.vocabulary_max_items,
         verbose=0 if args.quiet else 1,
-    )  # fmt: skip
+    )
     return config, args.out
 
 
@@ -734,10 +789,10 @@ def format_report(report: dict) -> str:
         **_baseline_lines(report.get("baselines")),
         "test examples": report["test_examples"],
         "median step": _milliseconds(report.get("median_step_s")),
-        "EANA bound": None if bound is None else (
-            f"data-dependent eps {bound['data_dependent_epsilon']:.4g} (NOT DP: {bound['label']})"
-        ),
-    }  # fmt: skip
+        "EANA bound": None
+        if bound is None
+        else (f"data-dependent eps {bound['data_dependent_epsilon']:.4g} (NOT DP: {bound['label']})"),
+    }
     return accounting.format_report(report, title="movielens two-tower report", details=details)
 
 

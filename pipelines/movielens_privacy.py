@@ -40,9 +40,18 @@ MECHANISM_NAMES = ("none", "dense", "eana", "lazy")
 
 
 def plan(
-    *, mechanism: str, noise_multiplier, epsilon, delta: float, sampling_probability: float, steps: int,
-    l2_norm_clip: float, accountant: str = "pld", seed: int | None = None, releases=(),
-) -> RunPlan:  # fmt: skip
+    *,
+    mechanism: str,
+    noise_multiplier,
+    epsilon,
+    delta: float,
+    sampling_probability: float,
+    steps: int,
+    l2_norm_clip: float,
+    accountant: str = "pld",
+    seed: int | None = None,
+    releases=(),
+) -> RunPlan:
     """The run's plan: sigma given (`noise_multiplier`) or calibrated for `epsilon`; nothing for "none".
 
     `releases` (e.g. `Release.dataset_size(N~)`) are charged to the same budget.
@@ -53,8 +62,9 @@ def plan(
     """
     if mechanism not in MECHANISM_NAMES:
         raise ValueError(f"`mechanism` must be one of {MECHANISM_NAMES}; received {mechanism!r}.")
-    common = dict(target_delta=delta, accountant=accountant, sampling_probability=sampling_probability, steps=steps,
-                  seed=seed)  # fmt: skip
+    common = dict(
+        target_delta=delta, accountant=accountant, sampling_probability=sampling_probability, steps=steps, seed=seed
+    )
     if mechanism == "none":
         if noise_multiplier is not None or epsilon is not None:
             raise ValueError(
@@ -68,9 +78,13 @@ def plan(
             f"calibrated); received noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}."
         )
     return plan_run(
-        mechanism, target_epsilon=epsilon, noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip,
-        releases=releases, **common,
-    )  # fmt: skip
+        mechanism,
+        target_epsilon=epsilon,
+        noise_multiplier=noise_multiplier,
+        l2_norm_clip=l2_norm_clip,
+        releases=releases,
+        **common,
+    )
 
 
 def noise_source(run: RunPlan) -> str:
@@ -81,8 +95,9 @@ def noise_source(run: RunPlan) -> str:
     return "calibrated for dense DP-SGD" + nominal
 
 
-def nominal_epsilon(*, noise_multiplier: float, sampling_probability: float, steps: int, delta: float,
-                    accountant: str = "pld") -> float | None:  # fmt: skip
+def nominal_epsilon(
+    *, noise_multiplier: float, sampling_probability: float, steps: int, delta: float, accountant: str = "pld"
+) -> float | None:
     """Epsilon that dense DP-SGD with this sigma would have (None for sigma = 0)."""
     if not noise_multiplier > 0 or steps < 1:
         return None
@@ -152,8 +167,9 @@ def _sum_and_convert(kind: str, bounds: list, delta: float, source: str) -> dict
     }
 
 
-def eana_theorem_bound(*, model, counter: TouchCounter, noise_multiplier: float, context_length: int,
-                       delta: float) -> dict:  # fmt: skip
+def eana_theorem_bound(
+    *, model, counter: TouchCounter, noise_multiplier: float, context_length: int, delta: float
+) -> dict:
     """Theorem 3.1 from the real counts: per pass C_0 = min over every coordinate an example can touch.
 
     Coordinates: history rows 1..n (counts as recorded), item rows 1..n and dense
@@ -165,9 +181,10 @@ def eana_theorem_bound(*, model, counter: TouchCounter, noise_multiplier: float,
     for counts, steps in zip(counter.epochs, counter.steps_per_epoch):
         touch = np.concatenate([counts[1:], [steps]])  # item rows / dense: `steps` draws in this pass
         bounds.append(
-            eana_rdp_bound(noise_multiplier=noise_multiplier, touch_counts=touch,
-                           max_coordinates_per_example=d0, delta=delta)
-        )  # fmt: skip
+            eana_rdp_bound(
+                noise_multiplier=noise_multiplier, touch_counts=touch, max_coordinates_per_example=d0, delta=delta
+            )
+        )
     out = _sum_and_convert("theorem_3_1", bounds, delta, "Theorem 3.1, eq. 1, summed over passes")
     total = counter.total()[1:]
     out.update(
@@ -209,8 +226,16 @@ def _per_row_squared_norms(model, context: np.ndarray, label: np.ndarray, l2_nor
     return hist * scale, item * scale, dense_sq * scale
 
 
-def eana_per_instance_bounds(*, model, counter: TouchCounter, contexts: np.ndarray, labels: np.ndarray,
-                             noise_multiplier: float, l2_norm_clip: float, delta: float) -> list:  # fmt: skip
+def eana_per_instance_bounds(
+    *,
+    model,
+    counter: TouchCounter,
+    contexts: np.ndarray,
+    labels: np.ndarray,
+    noise_multiplier: float,
+    l2_norm_clip: float,
+    delta: float,
+) -> list:
     """Remark 2 (eq. 9) for each given example x_*, from its clipped per-row gradient and the real counts.
 
     s_j is x_*'s clipped squared gradient norm on row j at the released model (the theorem's
@@ -232,10 +257,16 @@ def eana_per_instance_bounds(*, model, counter: TouchCounter, contexts: np.ndarr
                 ]
             )
             bounds.append(
-                eana_per_instance_rdp_bound(noise_multiplier=noise_multiplier, touch_counts=touch,
-                                            row_squared_norms=norms, row_dims=dims, delta=delta,
-                                            l2_norm_clip=l2_norm_clip, orders=DEFAULT_ORDERS)
-            )  # fmt: skip
+                eana_per_instance_rdp_bound(
+                    noise_multiplier=noise_multiplier,
+                    touch_counts=touch,
+                    row_squared_norms=norms,
+                    row_dims=dims,
+                    delta=delta,
+                    l2_norm_clip=l2_norm_clip,
+                    orders=DEFAULT_ORDERS,
+                )
+            )
         record = _sum_and_convert("remark_2_eq_9", bounds, delta, "Remark 2, eq. 9, summed over passes")
         record.update(
             label_item=int(label),

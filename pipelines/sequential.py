@@ -281,9 +281,11 @@ def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
         parser.error(f"--max-len must be >= 2; received {a.max_len}.")
     try:
         sequential_privacy.check_frequency_options(
-            frequencies=a.frequencies, frequencies_file=a.frequencies_file,
-            epsilon_share=a.frequency_epsilon_share, noise_multiplier=a.frequency_noise_multiplier,
-        )  # fmt: skip
+            frequencies=a.frequencies,
+            frequencies_file=a.frequencies_file,
+            epsilon_share=a.frequency_epsilon_share,
+            noise_multiplier=a.frequency_noise_multiplier,
+        )
     except ValueError as error:
         parser.error(str(error))
     for flag, path in (("--item-catalogue", a.item_catalogue),):
@@ -512,8 +514,9 @@ def baselines(data, *, limit: int | None = None, k: int = 10) -> dict:
 
 
 def _warnings(data) -> list:
-    table = table_size_warning(table_rows=data.num_items + 1, distinct_ids=data.distinct_items or data.num_items,
-                               what="item")  # fmt: skip
+    table = table_size_warning(
+        table_rows=data.num_items + 1, distinct_ids=data.distinct_items or data.num_items, what="item"
+    )
     return [table] if table else []
 
 
@@ -554,9 +557,12 @@ def _release(config: SequentialConfig, data, privacy, model, dp_model, budget, t
     serving = SASRecServing(model, k=min(config.top_k, model.config.num_items), item_ids=privacy.items.ids)
     saved_model = os.path.join(config.out, "saved_model")
     export_saved_model(
-        dp_model, saved_model, serving_module=serving, signatures={"serving_default": serving.serve},
+        dp_model,
+        saved_model,
+        serving_module=serving,
+        signatures={"serving_default": serving.serve},
         report=report_privacy,
-    )  # fmt: skip
+    )
     return report_privacy, serving, saved_model
 
 

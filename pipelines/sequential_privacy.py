@@ -152,9 +152,11 @@ def plan(
         frequencies file, or a target the accountant cannot meet.
     """
     check_frequency_options(
-        frequencies=frequencies, frequencies_file=frequencies_file,
-        epsilon_share=frequency_epsilon_share, noise_multiplier=frequency_noise_multiplier,
-    )  # fmt: skip
+        frequencies=frequencies,
+        frequencies_file=frequencies_file,
+        epsilon_share=frequency_epsilon_share,
+        noise_multiplier=frequency_noise_multiplier,
+    )
     size = release_dataset_size(data.num_users, seed=seed)  # N~: q, delta and T come from it, never from N
     n = size.value
     if not 1 <= batch <= n:
@@ -163,27 +165,51 @@ def plan(
     steps = size.steps(epochs, batch)
     if max_steps is not None:
         steps = min(steps, check_int("max_steps", max_steps))
-    common = dict(target_delta=size.delta() if delta is None else float(delta), accountant=accountant,
-                  sampling_probability=size.sampling_probability(batch), steps=steps, seed=seed)  # fmt: skip
+    common = dict(
+        target_delta=size.delta() if delta is None else float(delta),
+        accountant=accountant,
+        sampling_probability=size.sampling_probability(batch),
+        steps=steps,
+        seed=seed,
+    )
     vocabulary = dict(catalogue=item_catalogue, max_items_per_user=vocabulary_max_items, seed=seed)
     releases, assumptions = _vocabulary_terms(item_catalogue, vocabulary_epsilon_share)
     dp = dict(target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, assumptions=assumptions, **common)
     if frequencies == "public":
-        return _public_plan(data, frequencies_file, float(epsilon), dp=dp if private else None, common=common,
-                            size=size, releases=releases, vocabulary=vocabulary)  # fmt: skip
+        return _public_plan(
+            data,
+            frequencies_file,
+            float(epsilon),
+            dp=dp if private else None,
+            common=common,
+            size=size,
+            releases=releases,
+            vocabulary=vocabulary,
+        )
     if not private:  # a non-private reference run: nothing is guaranteed, the exact counts are used
         items, data = _items(data, None, vocabulary)
         exact = exact_item_frequencies(np.minimum(data.item_user_counts(), n), num_users=n)
         return SequentialPrivacy(plan_run("none", **common), float(epsilon), exact, size, items, data)
-    run = plan_run("dense", **dp, releases=[Release.dataset_size(size), *releases, _frequency_release(
-        frequency_epsilon_share, frequency_noise_multiplier, frequency_mechanism)])  # fmt: skip
+    run = plan_run(
+        "dense",
+        **dp,
+        releases=[
+            Release.dataset_size(size),
+            *releases,
+            _frequency_release(frequency_epsilon_share, frequency_noise_multiplier, frequency_mechanism),
+        ],
+    )
     items, data = _items(data, run, vocabulary)
     counts = np.minimum(data.item_user_counts(), n)  # min(c, N~): 1-Lipschitz, so the sensitivity is unchanged
     release = run.release(ITEM_FREQUENCIES)
     freq = private_item_frequencies(
-        counts, num_users=n, max_items_per_user=data.max_len, noise_multiplier=release.noise_multiplier,
-        mechanism=frequency_mechanism, seed=seed,
-    )  # fmt: skip
+        counts,
+        num_users=n,
+        max_items_per_user=data.max_len,
+        noise_multiplier=release.noise_multiplier,
+        mechanism=frequency_mechanism,
+        seed=seed,
+    )
     if (freq.event,) != release.events:
         raise AssertionError(f"The frequency release {freq.event} is not the planned {release.events}.")
     return SequentialPrivacy(run, float(epsilon), freq, size, items, data)
@@ -205,8 +231,17 @@ def _items(data: SequenceData, run: RunPlan | None, vocabulary: dict) -> tuple:
     return items, sequential_vocabulary.apply(data, items)
 
 
-def _public_plan(data: SequenceData, frequencies_file: str, epsilon: float, *, dp: dict | None, common: dict, size,
-                 releases: list, vocabulary: dict):  # fmt: skip
+def _public_plan(
+    data: SequenceData,
+    frequencies_file: str,
+    epsilon: float,
+    *,
+    dp: dict | None,
+    common: dict,
+    size,
+    releases: list,
+    vocabulary: dict,
+):
     """The plan with public frequencies read from a file: nothing is released, the guarantee assumes them public.
 
     `dp` holds the DP-SGD arguments of a private run; None for a non-private one.

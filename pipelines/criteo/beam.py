@@ -53,9 +53,18 @@ def expected_batch(manifest: dict) -> int:
 
 
 def conflicts(
-    manifest: dict, *, train, epochs, batch, fixed_size_batches: bool, streaming_periods: bool, mechanism: str,
-    skip_bad_rows: bool, format: str, calibration_fraction: float | None,
-) -> list[str]:  # fmt: skip
+    manifest: dict,
+    *,
+    train,
+    epochs,
+    batch,
+    fixed_size_batches: bool,
+    streaming_periods: bool,
+    mechanism: str,
+    skip_bad_rows: bool,
+    format: str,
+    calibration_fraction: float | None,
+) -> list[str]:
     """What the run's settings say against the manifest or the shards (empty: none); None: not given."""
     problems = []
     if train:
@@ -96,11 +105,17 @@ def check(config, manifest: dict) -> None:
     """Raises ValueError when a `PipelineConfig` disagrees with the manifest (`conflicts`)."""
     settings = config.privacy
     problems = conflicts(
-        manifest, train=config.train, epochs=config.epochs, batch=config.batch,
-        fixed_size_batches=config.fixed_size_batches, streaming_periods=config.streaming_periods,
-        mechanism=config.mechanism, skip_bad_rows=config.skip_bad_rows, format=config.format,
+        manifest,
+        train=config.train,
+        epochs=config.epochs,
+        batch=config.batch,
+        fixed_size_batches=config.fixed_size_batches,
+        streaming_periods=config.streaming_periods,
+        mechanism=config.mechanism,
+        skip_bad_rows=config.skip_bad_rows,
+        format=config.format,
         calibration_fraction=settings.calibration_fraction if settings is not None else None,
-    )  # fmt: skip
+    )
     if problems:
         raise ValueError(" ".join(problems))
 

@@ -318,10 +318,17 @@ def _check_beam(parser: argparse.ArgumentParser, a: argparse.Namespace) -> dict:
     except ValueError as error:
         parser.error(f"--beam-shards: {error}")
     problems = criteo_beam.conflicts(
-        manifest, train=a.train, epochs=a.epochs, batch=a.batch, fixed_size_batches=a.fixed_size_batches,
-        streaming_periods=a.streaming_periods, mechanism=a.mechanism, skip_bad_rows=a.skip_bad_rows,
-        format=a.format, calibration_fraction=None if a.calibration_auto else a.calibration_fraction,
-    )  # fmt: skip
+        manifest,
+        train=a.train,
+        epochs=a.epochs,
+        batch=a.batch,
+        fixed_size_batches=a.fixed_size_batches,
+        streaming_periods=a.streaming_periods,
+        mechanism=a.mechanism,
+        skip_bad_rows=a.skip_bad_rows,
+        format=a.format,
+        calibration_fraction=None if a.calibration_auto else a.calibration_fraction,
+    )
     if problems:
         parser.error(" ".join(problems))
     a.calibration_fraction, a.calibration_auto = 0.0, False  # it would read the training files (beam.py)

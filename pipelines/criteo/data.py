@@ -173,9 +173,13 @@ class Period:
 
 def _reader(files, vocab_sizes, skip_bad_rows, stats, format="auto") -> tf.data.Dataset:
     return criteo_dataset(
-        list(files), vocab_sizes=dict(vocab_sizes), skip_bad_rows=skip_bad_rows, stats=stats, batch_size=_READ_BATCH,
+        list(files),
+        vocab_sizes=dict(vocab_sizes),
+        skip_bad_rows=skip_bad_rows,
+        stats=stats,
+        batch_size=_READ_BATCH,
         format=format,
-    )  # fmt: skip
+    )
 
 
 def read_period(
@@ -291,9 +295,12 @@ def bucket_counts(period: Period, *, counts: Mapping[str, np.ndarray] | None = N
         own = period.counts
     else:
         own = scan_period(
-            period.files, vocab_sizes=period.vocab_sizes, skip_bad_rows=period.skip_bad_rows, count_buckets=True,
+            period.files,
+            vocab_sizes=period.vocab_sizes,
+            skip_bad_rows=period.skip_bad_rows,
+            count_buckets=True,
             format=period.format,
-        ).counts  # fmt: skip
+        ).counts
     result = {name: own[name].astype(np.int64) for name in CAT_FEATURES}
     if counts is not None:
         for name in CAT_FEATURES:

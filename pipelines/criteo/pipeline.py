@@ -164,9 +164,12 @@ def _read_beam(config: PipelineConfig) -> _Data:
     vocab = _vocabulary(config, rows)
     period = criteo_beam.training_period(config.beam_shards, manifest, vocab)
     final_eval = criteo_data.open_period(
-        eval_files, vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming,
+        eval_files,
+        vocab_sizes=vocab,
+        skip_bad_rows=config.skip_bad_rows,
+        streaming=config.streaming,
         format=config.format,
-    )  # fmt: skip
+    )
     data = _Data(list(manifest.get("inputs") or []), eval_files, synthetic, vocab, [period], final_eval, rows)
     data.beam_manifest = manifest
     data.released = _release_size(config, data)
@@ -182,11 +185,17 @@ def _choose(config: PipelineConfig, data: _Data) -> tuple[PipelineConfig, criteo
     """Stage 1b: batch, tower, learning rate (and, in `_read`, vocabulary) from N where the flags left them unset."""
     clip, smallest = _settings(config, data).l2_norm_clip, min(data.released.values)
     chosen = criteo_defaults.resolve(
-        mechanism=config.mechanism, clip=clip, rows=data.released_rows, smallest_period=smallest, batch=config.batch,
-        hidden=config.hidden_units, lr=config.learning_rate, hash_size=config.hash_size,
+        mechanism=config.mechanism,
+        clip=clip,
+        rows=data.released_rows,
+        smallest_period=smallest,
+        batch=config.batch,
+        hidden=config.hidden_units,
+        lr=config.learning_rate,
+        hash_size=config.hash_size,
         table3_vocabulary=config.table3_vocabulary,
         rows_estimate=data.rows_estimate,
-    )  # fmt: skip
+    )
     config = dataclasses.replace(
         config, batch=chosen.batch, hidden_units=chosen.hidden_units, learning_rate=chosen.learning_rate
     )
@@ -233,8 +242,9 @@ def _calibration_decision(config: PipelineConfig, data: _Data, settings) -> tupl
     fraction = settings.calibration_fraction
     if config.beam_shards and settings.mechanism != "none":
         return dataclasses.replace(settings, calibration_fraction=0.0), {
-            "skipped": True, "reason": criteo_beam.CALIBRATION_REASON,
-        }  # fmt: skip
+            "skipped": True,
+            "reason": criteo_beam.CALIBRATION_REASON,
+        }
     if settings.mechanism == "none" or not fraction > 0 or not config.calibration_auto:
         return settings, None
     epsilon = fraction * settings.epsilon
@@ -266,9 +276,11 @@ def _plan(config: PipelineConfig, data: _Data) -> tuple[RunPlan, dict | None, di
     settings, skipped = _calibration_decision(config, data, _settings(config, data))
     counts = criteo_data.bucket_counts(data.periods[0]) if criteo_privacy.selects_rows(settings.mechanism) else None
     plan = criteo_privacy.plan(
-        settings, periods=_periods(config, data), counts=None if counts is None else _layer_counts(counts),
+        settings,
+        periods=_periods(config, data),
+        counts=None if counts is None else _layer_counts(counts),
         released=data.released,
-    )  # fmt: skip
+    )
     composition = "parallel over periods, " if plan.parallel else ""
     _log(
         config,
@@ -337,9 +349,12 @@ def _fit_period(config: PipelineConfig, data: _Data, training: _Training, index:
     try:
         with period.stats.python_errors():
             training.dp_model.fit(
-                touched.wrap(batches), epochs=epochs, steps_per_epoch=per_epoch, callbacks=callbacks,
+                touched.wrap(batches),
+                epochs=epochs,
+                steps_per_epoch=per_epoch,
+                callbacks=callbacks,
                 verbose=config.verbose,
-            )  # fmt: skip
+            )
     except tf.errors.InvalidArgumentError as error:  # DPModel refuses to clip a non-finite loss
         if divergence.NON_FINITE_LOSS not in str(error):
             raise
@@ -510,9 +525,12 @@ def _release(
     serving = CTRServingModule(model, model_config)
     saved_model = os.path.join(config.out, "saved_model")
     export_saved_model(
-        training.dp_model, saved_model, serving_module=serving, signatures={"serving_default": serving.serve},
+        training.dp_model,
+        saved_model,
+        serving_module=serving,
+        signatures={"serving_default": serving.serve},
         report=privacy,
-    )  # fmt: skip
+    )
     return _Release(output_calibration, privacy, serving, saved_model, final)
 
 
@@ -548,9 +566,16 @@ def _settings_report(config: PipelineConfig, data: _Data, sampler: dict) -> dict
 
 
 def _report(
-    config: PipelineConfig, data: _Data, model_config: CTRModelConfig, training: _Training, trained: dict,
-    released: _Release, *, started: float, train_seconds: float,
-) -> dict:  # fmt: skip
+    config: PipelineConfig,
+    data: _Data,
+    model_config: CTRModelConfig,
+    training: _Training,
+    trained: dict,
+    released: _Release,
+    *,
+    started: float,
+    train_seconds: float,
+) -> dict:
     """Stage 6: `report.json`, the privacy report plus the run's metrics, data, timings and settings."""
     final, output_calibration = released.final, released.output_calibration
     sampler = _sampler(data, trained["infos"]) | {"streaming_mode": config.streaming}

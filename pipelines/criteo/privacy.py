@@ -106,19 +106,22 @@ def plan(
         count = len(periods) if name == "fest" else 1  # fest re-selects each period; adafest+ selects once
         releases.append(Release.selection(settings.selection_fraction, count=count))
     return plan_run(
-        name, target_epsilon=settings.epsilon, target_delta=settings.delta, accountant=settings.accountant,
-        periods=periods, l2_norm_clip=settings.l2_norm_clip, releases=releases, seed=settings.seed,
+        name,
+        target_epsilon=settings.epsilon,
+        target_delta=settings.delta,
+        accountant=settings.accountant,
+        periods=periods,
+        l2_norm_clip=settings.l2_norm_clip,
+        releases=releases,
+        seed=settings.seed,
         **_mechanism_options(settings, counts),
-    )  # fmt: skip
+    )
 
 
 def _mechanism_options(settings: PrivacySettings, counts) -> dict:
     """The CLI's mechanism flags, for the mechanisms that take them."""
     accepted = mechanisms.options(settings.mechanism, counts=counts is not None)
-    flags = dict(
-        counts=counts, contribution_clip=settings.contribution_clip,
-        threshold=settings.adafest_threshold,
-    )  # fmt: skip
+    flags = dict(counts=counts, contribution_clip=settings.contribution_clip, threshold=settings.adafest_threshold)
     flags.update(top_rows(settings, counts))
     options = {k: v for k, v in flags.items() if k in accepted}
     if "contribution_noise_multiplier" in accepted:

@@ -63,10 +63,14 @@ def run_privacy_report(
     """
     ledger = budget.ledger if budget is not None and plan.is_dp else None
     report = plan.report(
-        dataset_size=dataset_size, batching=batching, ledger=ledger, steps=None if ledger is not None else steps,
-        steps_by_period=steps_by_period if plan.parallel else None, extra={"streaming_periods": len(plan.periods)},
+        dataset_size=dataset_size,
+        batching=batching,
+        ledger=ledger,
+        steps=None if ledger is not None else steps,
+        steps_by_period=steps_by_period if plan.parallel else None,
+        extra={"streaming_periods": len(plan.periods)},
         privacy_unit="one training row (one impression)",
-    )  # fmt: skip
+    )
     if seeded_sampler and "the batch sampler" not in report["seeded"]:
         if report["seeded"]:
             report["seeded"].append("the batch sampler")
