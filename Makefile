@@ -14,12 +14,12 @@ BEAM := .venv-beam
 BEAM_PY := $(BEAM)/bin/python
 BEAM_STAMP := $(BEAM)/.installed-stamp
 
-.PHONY: run test test-main test-peers test-beam test-slow lint format install bench results clean
+.PHONY: run test test-main test-peers test-beam test-slow lint docs format install bench results clean
 
 $(STAMP): setup.cfg pyproject.toml constraints/ci.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints/ci.txt -e ".[test,lint]"
+	$(PY) -m pip install -q -c constraints/ci.txt -e ".[test,lint,docs]"
 	$(PY) -m tfdp_embed.ops.build
 	$(PY) -m pip check
 	touch $(STAMP)
@@ -71,6 +71,11 @@ lint: $(STAMP)
 	$(PY) -m mypy || status=1; \
 	exit $$status
 
+# The documentation site (mkdocs.yml, docs/) into site/. --strict: every warning fails the build,
+# broken internal links and anchors included; external links are not checked (CI has no network).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
 format: $(STAMP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
@@ -85,4 +90,4 @@ results: $(STAMP)
 	$(PY) -m benchmarks.results_page
 
 clean:
-	rm -rf $(VENV) $(PEERS) $(BEAM) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(PEERS) $(BEAM) build site *.egg-info .pytest_cache .ruff_cache .mypy_cache
