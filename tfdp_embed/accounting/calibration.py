@@ -31,6 +31,7 @@ import logging
 import math
 import numbers
 from collections.abc import Callable, Iterable
+from typing import cast
 
 import dp_accounting
 
@@ -267,7 +268,7 @@ def epsilon_levels(make_entries: Callable, *, delta: float, accountant: str, int
 
     `make_entries(x)` gives `(event, count)` entries (`entries_epsilon`).
     """
-    grids = search_intervals(interval) if accountant == "pld" else (None,)
+    grids = search_intervals(cast(float, interval)) if accountant == "pld" else (None,)  # PLD: a float (pld_interval)
 
     def level(grid: float | None) -> Callable[[float], float]:
         return lambda x: entries_epsilon(make_entries(x), delta=delta, accountant=accountant, interval=grid)
@@ -388,7 +389,7 @@ def _is_number(value) -> bool:
 
 
 def _is_integral(value) -> bool:
-    return isinstance(value, numbers.Real) and math.isfinite(value) and int(value) == value
+    return isinstance(value, numbers.Real) and math.isfinite(value) and math.trunc(value) == value
 
 
 def _as_event(events_or_ledger) -> dp_accounting.DpEvent:

@@ -175,7 +175,7 @@ class PrivacyLedger:
             (e.kind, e.event, e.count) for e in other._entries
         ]
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value: unhashable
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -65,7 +65,8 @@ def layer_norm_layer_gradients(
         if layer.center:
             beta_grads += tf.reduce_sum(grad, axis=reduce_axes)
 
-    variables, per_example = [], []  # per_example[j]: [B, *variables[j].shape]
+    variables: list = []
+    per_example: list = []  # per_example[j]: [B, *variables[j].shape]
     if layer.scale:
         variables.append(layer.gamma)
         per_example.append(gamma_grads)

@@ -144,7 +144,7 @@ class BatchingInfo:
             "sampler": self.sampler,
             "fixed_shape": self.fixed_shape,
         }
-        if self.truncated_batches is not None:
+        if self.truncated_batches is not None and self.truncated_examples is not None:  # set together
             out["truncated_batches"] = int(self.truncated_batches.numpy())
             out["truncated_examples"] = int(self.truncated_examples.numpy())
         return out
@@ -271,7 +271,7 @@ def streaming_poisson_batches(
     specs = dataset.element_spec
     for spec in tf.nest.flatten(specs):
         shape = spec.shape[1:] if source_batched and isinstance(spec, tf.TensorSpec) else getattr(spec, "shape", None)
-        if not isinstance(spec, tf.TensorSpec) or not shape.is_fully_defined():
+        if shape is None or not isinstance(spec, tf.TensorSpec) or not shape.is_fully_defined():
             raise ValueError(
                 "`streaming_poisson_batches` needs examples with fully defined shapes (pad "
                 f"variable-length features first); received element spec {dataset.element_spec}"
@@ -379,13 +379,13 @@ def fixed_size_batches(
             lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), data)
         )
         return register(batches, info), info
-    n = num_examples
-    if n is None:
-        n = int(dataset.cardinality())
-        if n < 0:
-            n = int(dataset.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
-    info = _fixed_size_info(n, batch_size, seed)
-    batches = dataset.shuffle(n, seed=seed, reshuffle_each_iteration=True).batch(batch_size, drop_remainder=True)
+    size = num_examples
+    if size is None:
+        size = int(dataset.cardinality())
+        if size < 0:
+            size = int(dataset.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+    info = _fixed_size_info(size, batch_size, seed)
+    batches = dataset.shuffle(size, seed=seed, reshuffle_each_iteration=True).batch(batch_size, drop_remainder=True)
     return register(batches, info), info
 
 
@@ -452,8 +452,10 @@ def _truncate(indices, seed, cap: int, info: BatchingInfo, *, ordered: bool) -> 
     """Cuts a batch above `cap` to a uniformly random subset of size `cap`; counts it."""
     size = tf.size(indices, out_type=tf.int64)
     over = size > cap
-    info.truncated_batches.assign_add(tf.cast(over, tf.int64))
-    info.truncated_examples.assign_add(tf.maximum(size - cap, 0))
+    batches, examples = info.truncated_batches, info.truncated_examples
+    assert batches is not None and examples is not None  # made with a cap (_poisson_info)
+    batches.assign_add(tf.cast(over, tf.int64))
+    examples.assign_add(tf.maximum(size - cap, 0))
     if not ordered:  # mask path: indices are sorted, shuffle before cutting
 
         def shuffled():
@@ -488,7 +490,7 @@ def _poisson_info(n, q, cap, seed, *, streaming, batches_per_pass) -> BatchingIn
 
 
 def _check_q(q) -> float:
-    if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 < q <= 1:
+    if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 < float(q) <= 1:
         raise ValueError(f"`sampling_probability` must be a number in (0, 1]; received {q!r}.")
     return float(q)
 
@@ -498,7 +500,7 @@ def _check_cap(cap) -> int | None:
         return None
     if isinstance(cap, bool) or not isinstance(cap, numbers.Integral) or cap < 1:
         raise ValueError(f"`max_batch_size` must be an int >= 1 or None; received {cap!r}.")
-    return cap
+    return int(cap)
 
 
 def _load_all(dataset):

@@ -226,7 +226,7 @@ class TpuDPStep:
         self._fallback = clipping.vectorized_layer_gradients
         self._loss = loss
         self._dense_layers = dense_layers
-        self.tables = [EngineTable(t, *table_sizes[t], combiners[t]) for t in tables_used]
+        self.tables = [EngineTable(t, table_sizes[t][0], table_sizes[t][1], combiners[t]) for t in tables_used]
         if mechanism.clips_per_example:
             mechanism.init(tables=self.tables, dense_variables=list(model.trainable_variables), optimizer=optimizer)
 

@@ -13,6 +13,8 @@ References: Abadi et al. 2016, Alg. 1; DP-FEST §2 (dense baseline).
 
 from __future__ import annotations
 
+from typing import cast
+
 import dp_accounting
 
 from tfdp_embed._keras import tf
@@ -53,8 +55,9 @@ class DenseDPSGD(NoiseMechanism):
             var, sparse = table.variable, table.gradient
             if std > 0 and self.row_noise == "stateless":
                 rows = tf.range(tf.shape(var)[0])
+                seed = cast(int, self.seed)  # an int in the stateless mode (check_row_noise)
                 noise = (std / batch) * stateless_row_normals(
-                    seed=self.seed, steps=self.steps + 1, rows=rows, shape=var.shape[1:]
+                    seed=seed, steps=self.steps + 1, rows=rows, shape=var.shape[1:]
                 )
             elif std > 0:
                 noise = self._noise_like(tf.shape(var), std / batch)

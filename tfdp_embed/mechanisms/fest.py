@@ -101,7 +101,7 @@ def _check_fraction(f) -> None:
 class _Config:
     top_k: object
     top_fraction: object
-    counts: object
+    counts: Mapping[str, np.ndarray] | None
     resolved_k: dict = dataclasses.field(default_factory=dict)
     selections: list = dataclasses.field(default_factory=list)
 

@@ -184,6 +184,7 @@ class SASRec(keras.Model):
             raise ValueError("`set_item_rows` needs SASRecConfig(head_items=k); every item has its own row otherwise.")
         freq = self._item_frequencies(item_frequencies)
         k = self.config.head_items
+        assert k is not None  # item_rows exists only with head_items
         order = np.argsort(-freq[1:], kind="stable") + 1  # item ids, most frequent first
         rows = np.full(self.config.num_items + 1, k + 1, np.int32)
         rows[0] = 0
