@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import dp_accounting
 
@@ -123,7 +123,7 @@ class NoiseMechanism(tf.Module, abc.ABC):
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         self._tables: list = []
         self._dense_variables: list = []
-        self._optimizer = None
+        self._optimizer: Any = None  # the Keras optimizer, from init
 
     # -- state --------------------------------------------------------------
     def init(self, *, tables: Sequence[DPEmbedding], dense_variables: Sequence[tf.Variable], optimizer) -> None:

@@ -163,7 +163,7 @@ class LazyDP(NoiseMechanism):
         self.flush_chunk_rows = flush_chunk_rows
         self.flushed_at = tf.Variable(0, dtype=tf.int64, trainable=False, name="flushed_at")
         self._histories: list = []
-        self._step_sums = None
+        self._step_sums: lazy_history.StepSums | None = None
         self._stream = None
         self._beta, self._nesterov, self._decay = 0.0, False, 0.0
         self._initialized = False
@@ -203,7 +203,7 @@ class LazyDP(NoiseMechanism):
         if self._beta > 0:
             read_guard.install(self._optimizer.add_slot(layer.embeddings, "momentum"), self._flush_before_read)
         hook = functools.partial(self._bring_current, index)
-        hook.gather = functools.partial(self._read_rows, index)  # see DPEmbedding.set_read_hook
+        hook.gather = functools.partial(self._read_rows, index)  # type: ignore[attr-defined]  # DPEmbedding.set_read_hook
         layer.set_read_hook(hook)
 
     def rekey_from_entropy(self) -> bool:
@@ -483,6 +483,7 @@ class LazyDP(NoiseMechanism):
         return self._traced("bring_current")(self._table_state(index), ids, now, unique=False, stamp=stamp)
 
     def _op_state(self) -> lazy_fused.OpState:
+        assert self._step_sums is not None  # the fused path runs only with noise (lazy_fused.applies)
         sums = self._step_sums.sums
         return lazy_fused.OpState(sums.p_hi, sums.p_lo, self.steps, self._stream)
 
@@ -532,8 +533,12 @@ class LazyDP(NoiseMechanism):
 
 
 def _flush_tables(mechanism: weakref.ref, chunks: tuple, sizes) -> None:
-    mechanism()._flush_tables(chunks, sizes)  # noqa: SLF001
+    owner = mechanism()
+    assert owner is not None  # the op's owner outlives its graph
+    owner._flush_tables(chunks, sizes)  # noqa: SLF001
 
 
 def _owed_noise(mechanism: weakref.ref) -> lazy_catch_up.OwedNoise:
-    return mechanism()._owed_noise()  # noqa: SLF001
+    owner = mechanism()
+    assert owner is not None  # the op's owner outlives its graph
+    return owner._owed_noise()  # noqa: SLF001
