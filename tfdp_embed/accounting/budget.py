@@ -182,7 +182,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         self.dataset_size = dataset_size
         self.batching = batching  # the caller's explicit claim, or None
         self.scalars = EpochScalars(log_dir)
-        self.fed_batching = None  # the least private batching fed in this callback's fits
+        self.fed_batching: FedBatching | None = None  # the least private batching fed in this callback's fits
         self.ledger = PrivacyLedger() if ledger is None else ledger
         self.is_dp = bool(mechanism.is_dp)
         self.log_key = "epsilon" if self.is_dp else "epsilon_not_dp"
@@ -403,6 +403,8 @@ class PrivacyBudget(keras.callbacks.Callback):
         if self.report_path is None:
             return
         from tfdp_embed.accounting.report import privacy_report, write_privacy_report
+
+        assert self.dataset_size is not None  # required with `report_path` (checked in __init__)
 
         budget = {
             "target_epsilon": self.target_epsilon,

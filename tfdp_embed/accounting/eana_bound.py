@@ -128,12 +128,12 @@ class EanaRdpBound:
 
 
 def _check_orders(orders: Sequence[float]) -> np.ndarray:
-    orders = np.asarray(list(orders), dtype=np.float64)
-    if orders.ndim != 1 or orders.size == 0:
-        raise ValueError(f"`orders` must be a non-empty list of numbers > 1; received {orders!r}.")
-    if not np.all(np.isfinite(orders)) or np.any(orders <= 1):
-        raise ValueError(f"`orders` must all be finite and > 1; received {orders.tolist()!r}.")
-    return orders
+    grid = np.asarray(list(orders), dtype=np.float64)
+    if grid.ndim != 1 or grid.size == 0:
+        raise ValueError(f"`orders` must be a non-empty list of numbers > 1; received {grid!r}.")
+    if not np.all(np.isfinite(grid)) or np.any(grid <= 1):
+        raise ValueError(f"`orders` must all be finite and > 1; received {grid.tolist()!r}.")
+    return grid
 
 
 def _check_delta(delta) -> float:
@@ -234,14 +234,14 @@ def eana_rdp_bound(
             f"embedding dimension, summed over tables); received {max_coordinates_per_example!r}."
         )
     delta = _check_delta(delta)
-    orders = _check_orders(orders)
+    grid = _check_orders(orders)
     c0 = np.array([counts.min()])
     d0 = float(max_coordinates_per_example)
     with np.errstate(divide="ignore"):
-        room = c0[0] + 1.0 - orders
-        mean_term = np.where(room > 0, orders / (2.0 * np.where(room > 0, room, 1.0) * z * z), np.inf)
-    rdp = mean_term + d0 * _log_terms(orders, c0)[:, 0]
-    return _convert("theorem_3_1", orders, rdp, delta, "Theorem 3.1, eq. 1")
+        room = c0[0] + 1.0 - grid
+        mean_term = np.where(room > 0, grid / (2.0 * np.where(room > 0, room, 1.0) * z * z), np.inf)
+    rdp = mean_term + d0 * _log_terms(grid, c0)[:, 0]
+    return _convert("theorem_3_1", grid, rdp, delta, "Theorem 3.1, eq. 1")
 
 
 def eana_per_instance_rdp_bound(
@@ -303,10 +303,10 @@ def eana_per_instance_rdp_bound(
     if np.any(dims < 1) or np.any(dims != np.round(dims)):
         raise ValueError(f"`row_dims` must be ints >= 1; received {np.asarray(row_dims).tolist()!r}.")
     delta = _check_delta(delta)
-    orders = _check_orders(orders)
-    a = orders[:, None]
+    grid = _check_orders(orders)
+    a = grid[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         room = counts[None, :] + 1.0 - a
         mean = np.where(room > 0, a * norms[None, :] / (2.0 * room * (z * clip) ** 2), np.inf)
-    rdp = np.sum(mean + dims[None, :] * _log_terms(orders, counts), axis=1)
-    return _convert("remark_2_eq_9", orders, rdp, delta, "Remark 2, eq. 9")
+    rdp = np.sum(mean + dims[None, :] * _log_terms(grid, counts), axis=1)
+    return _convert("remark_2_eq_9", grid, rdp, delta, "Remark 2, eq. 9")

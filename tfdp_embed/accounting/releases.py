@@ -32,6 +32,7 @@ References: Dwork & Roth 2014 §3.5 (composition); Abadi et al. 2016
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import dp_accounting
 
@@ -176,7 +177,7 @@ def calibrate_noise_multiplier_with_releases(
     if truncation is not None:
         return _truncated_sigma(releases, q, steps, target_epsilon, delta, accountant, value_discretization_interval,
                                 truncation)  # fmt: skip
-    common = dict(target_delta=delta, sampling_probability=q, steps=steps, accountant=accountant,
+    common: dict[str, Any] = dict(target_delta=delta, sampling_probability=q, steps=steps, accountant=accountant,
                   value_discretization_interval=value_discretization_interval)  # fmt: skip
     if not releases:
         return calibrate_noise_multiplier(target_epsilon=target_epsilon, **common)

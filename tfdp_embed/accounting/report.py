@@ -50,7 +50,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import dp_accounting
 from scipy import stats
@@ -194,7 +194,7 @@ def privacy_report(
     steps = _resolve_steps(ledger, epsilon, steps)
     batching = _batching(batching)
     _check_batching_matches(batching.details, dataset_size=dataset_size if released is None else released, q=q)
-    dataset_size = released.value if released is not None else dataset_size
+    dataset_size = released.value if released is not None else cast(int, dataset_size)  # an int: _released_size
     mech, report, caveats = _mechanism_fields(mechanism)
     public_n = [PUBLIC_N_ASSUMPTION] if released is None and report["is_dp"] else []
     assumptions = _check_assumptions(assumptions) + public_n
@@ -386,7 +386,7 @@ def _guarantee(epsilon: float, *, delta: float, steps: int, accountant: str, ass
 
 def _not_dp_fields(name: str, nominal_epsilon: float | None, caveats: list) -> dict:
     """A non-DP run: epsilon null, the guarantee says NONE; a nominal epsilon only labelled as such."""
-    fields = {"epsilon": None, "guarantee": NOT_DP_GUARANTEE.format(name=name)}
+    fields: dict[str, Any] = {"epsilon": None, "guarantee": NOT_DP_GUARANTEE.format(name=name)}
     caveats.insert(
         0,
         f"Mechanism {name!r} is NOT differentially private: epsilon is null because no "
@@ -420,14 +420,13 @@ def _add_batching_section(report: dict, caveats: list, batching: _Batching, *, e
 
 def _add_truncation(report: dict, caveats: list, batching: _Batching, *, exact: bool, n: int) -> None:
     """Truncated Poisson batches: exact (truncated events) or `delta_with_truncation` and a caveat saying what it adds."""
-    cap = batching.details.get("max_batch_size")
+    details = batching.details
+    assert details is not None  # called only with details (_add_batching_section)
+    cap = details.get("max_batch_size")
     if batching.name != "poisson" or cap is None:
         return
-    cut = (
-        f"({batching.details.get('truncated_batches', 0)} batches, "
-        f"{batching.details.get('truncated_examples', 0)} examples cut)"
-    )
-    shape = " and padded with weight-0 examples to that fixed shape" if batching.details.get("fixed_shape") else ""
+    cut = f"({details.get('truncated_batches', 0)} batches, {details.get('truncated_examples', 0)} examples cut)"
+    shape = " and padded with weight-0 examples to that fixed shape" if details.get("fixed_shape") else ""
     if exact:
         report["step_accounting"] = "truncated_poisson"
         caveats.append(
@@ -536,9 +535,10 @@ def _batching(batching) -> _Batching:
         name, details = batching, None
     elif hasattr(batching, "report") and callable(batching.report):
         details = dict(batching.report())
-        name = details.get("batching")
-        if name not in BATCHINGS:
-            raise ValueError(f"`batching.report()['batching']` must be one of {BATCHINGS}; received {name!r}.")
+        reported = details.get("batching")
+        if reported not in BATCHINGS:
+            raise ValueError(f"`batching.report()['batching']` must be one of {BATCHINGS}; received {reported!r}.")
+        name = str(reported)
         details = _jsonable(details)
     else:
         raise ValueError(
