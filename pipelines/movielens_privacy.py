@@ -23,6 +23,7 @@ References: EANA (RecSys 2022) §3.1, Theorem 3.1, Remark 2; Abadi et al.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
@@ -62,7 +63,7 @@ def plan(
     """
     if mechanism not in MECHANISM_NAMES:
         raise ValueError(f"`mechanism` must be one of {MECHANISM_NAMES}; received {mechanism!r}.")
-    common = dict(
+    common: dict[str, Any] = dict(
         target_delta=delta, accountant=accountant, sampling_probability=sampling_probability, steps=steps, seed=seed
     )
     if mechanism == "none":

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -165,7 +166,7 @@ def plan(
     steps = size.steps(epochs, batch)
     if max_steps is not None:
         steps = min(steps, check_int("max_steps", max_steps))
-    common = dict(
+    common: dict[str, Any] = dict(
         target_delta=size.delta() if delta is None else float(delta),
         accountant=accountant,
         sampling_probability=size.sampling_probability(batch),
@@ -174,7 +175,9 @@ def plan(
     )
     vocabulary = dict(catalogue=item_catalogue, max_items_per_user=vocabulary_max_items, seed=seed)
     releases, assumptions = _vocabulary_terms(item_catalogue, vocabulary_epsilon_share)
-    dp = dict(target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, assumptions=assumptions, **common)
+    dp: dict[str, Any] = dict(
+        target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, assumptions=assumptions, **common
+    )
     if frequencies == "public":
         return _public_plan(
             data,

@@ -52,6 +52,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -102,7 +103,7 @@ def write_default_data(directory: str, spec: SyntheticSpec) -> tuple[list[str], 
     Returns:
       (training files in day order, [evaluation file]).
     """
-    common = dict(seed=spec.seed, vocab_scale=spec.vocab_scale, daily_drift=spec.daily_drift)
+    common: dict[str, Any] = dict(seed=spec.seed, vocab_scale=spec.vocab_scale, daily_drift=spec.daily_drift)
     train = write_synthetic_criteo(
         os.path.join(directory, "train"),
         num_rows=spec.train_rows - spec.train_rows % spec.days,
@@ -273,7 +274,7 @@ def open_period(
     """
     if streaming not in STREAMING_MODES:
         raise ValueError(f"`streaming` must be one of {STREAMING_MODES}; received {streaming!r}.")
-    read = dict(vocab_sizes=vocab_sizes, skip_bad_rows=skip_bad_rows, format=format)
+    read: dict[str, Any] = dict(vocab_sizes=vocab_sizes, skip_bad_rows=skip_bad_rows, format=format)
     if streaming != "on":
         period = read_period(files, **read, max_rows=threshold if streaming == "auto" else None)
         if period is not None:

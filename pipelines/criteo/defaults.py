@@ -169,7 +169,7 @@ def resolve(
       table3_vocabulary: True when `--vocabulary table3` fixed Table 3's sizes (no cap chosen).
       rows_estimate: the row estimate the vocabulary cap was chosen from.
     """
-    chosen = []
+    chosen: list[str] = []
     if batch is None:
         batch, chosen = batch_size(smallest_period), [*chosen, "batch"]
     if hidden is None:

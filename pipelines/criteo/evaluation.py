@@ -65,7 +65,8 @@ def log_loss(labels: np.ndarray, logits: np.ndarray) -> float:
         return float(np.mean(np.logaddexp(0.0, logits) - labels * logits))
 
 
-_FORWARD = weakref.WeakKeyDictionary()  # model -> its traced forward pass (one trace per model)
+# model -> its traced forward pass (one trace per model)
+_FORWARD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _forward(model):

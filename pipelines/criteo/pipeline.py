@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import time
+from typing import Any
 
 from pipelines.criteo import beam as criteo_beam
 from pipelines.criteo import calibration as criteo_calibration
@@ -97,10 +98,10 @@ class _Data:
 class _Training:
     """Stage 3's output: the model, its tables, the privacy plan (its mechanism), the DP wrapper and the budget."""
 
-    model: object
+    model: Any  # a Keras model
     tables: list
     plan: RunPlan
-    dp_model: object
+    dp_model: Any  # a DPModel
     budget: PrivacyBudget | None  # one period: the sequential budget; several: None (`plan.budget(period=i)` each)
     counts: dict | None
     calibration_skipped: dict | None = None  # why the output calibration did not run, when it was asked for
@@ -123,7 +124,9 @@ def _read(config: PipelineConfig) -> _Data:
         train_files, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
     rows_estimate = None if config.fixed_vocabulary else estimate_rows(train_files)
     vocab = _vocabulary(config, rows_estimate)
-    read = dict(vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming, format=config.format)
+    read: dict[str, Any] = dict(
+        vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming, format=config.format
+    )
     selecting = criteo_privacy.selects_rows(config.mechanism)
     groups = [[f] for f in train_files] if config.streaming_periods else [train_files]
     periods = [criteo_data.open_period(files, **read, count_buckets=selecting) for files in groups]
@@ -315,7 +318,13 @@ def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, tr
     Raises:
       TrainingDivergedError: a non-finite or exploding training loss (`divergence.py`).
     """
-    trained = {"timer": StepTimer(), "infos": [], "fed": [], "periods": [], "monitor": divergence.DivergenceMonitor()}
+    trained: dict[str, Any] = {
+        "timer": StepTimer(),
+        "infos": [],
+        "fed": [],
+        "periods": [],
+        "monitor": divergence.DivergenceMonitor(),
+    }
     touched = criteo_data.TouchedRows(dict(zip(CAT_FEATURES, model_config.dims)))
     counts = training.counts
     for index, period in enumerate(data.periods):
