@@ -69,11 +69,15 @@ def dp_movie_ids(config, ratings_path: str) -> tuple[ItemIdMap, DPVocabulary]:
     timelines = user_timelines(ratings)
     threshold_delta = THRESHOLD_DELTA_SHARE * (SIZING_DELTA if config.delta is None else config.delta)
     vocab = dp_vocabulary(
-        [timeline[::-1].tolist() for timeline in timelines.values()], max_keys_per_unit=config.vocabulary_max_items,
-        noise_multiplier=release_noise(config), delta=SIZING_DELTA + threshold_delta if config.delta is None
-        else config.delta + threshold_delta, threshold_delta=threshold_delta, seed=config.seed,
-        name=MOVIE_VOCABULARY, weighting="per_unit",
-    )  # fmt: skip
+        [timeline[::-1].tolist() for timeline in timelines.values()],
+        max_keys_per_unit=config.vocabulary_max_items,
+        noise_multiplier=release_noise(config),
+        delta=SIZING_DELTA + threshold_delta if config.delta is None else config.delta + threshold_delta,
+        threshold_delta=threshold_delta,
+        seed=config.seed,
+        name=MOVIE_VOCABULARY,
+        weighting="per_unit",
+    )
     if vocab.keys.size < 2:  # an example needs two movies
         raise ValueError(
             f"The movie-id release selected {vocab.keys.size} movie(s) (an example needs 2): too few users rate "

@@ -102,9 +102,14 @@ def item_vocabulary(
     planned = run.release(ITEM_VOCABULARY)
     threshold_delta = THRESHOLD_DELTA_SHARE * run.target_delta
     vocab = dp_vocabulary(
-        keys, max_keys_per_unit=max_items_per_user, noise_multiplier=planned.noise_multiplier,
-        delta=run.target_delta + threshold_delta, threshold_delta=threshold_delta, seed=seed, name=ITEM_VOCABULARY,
-    )  # fmt: skip
+        keys,
+        max_keys_per_unit=max_items_per_user,
+        noise_multiplier=planned.noise_multiplier,
+        delta=run.target_delta + threshold_delta,
+        threshold_delta=threshold_delta,
+        seed=seed,
+        name=ITEM_VOCABULARY,
+    )
     if vocab.event not in planned.events or vocab.keys.size == 0:
         raise ValueError(
             f"The item vocabulary release selected {vocab.keys.size} items (event {vocab.event}, planned "

@@ -41,8 +41,9 @@ def test_one_unit_keys_are_released_with_probability_at_most_threshold_delta():
     # Bernoulli(<= 0.2): 4 standard errors are 4 x sqrt(0.16 / 20000) = 0.011.
     d0, units = 4, 20_000
     keys = np.arange(units * d0).reshape(units, d0)
-    vocab = dp_vocabulary(keys.tolist(), max_keys_per_unit=d0, delta=0.4, threshold_delta=0.2,
-                          noise_multiplier=0.5, seed=1)  # fmt: skip
+    vocab = dp_vocabulary(
+        keys.tolist(), max_keys_per_unit=d0, delta=0.4, threshold_delta=0.2, noise_multiplier=0.5, seed=1
+    )
     released_units = np.isin(keys, vocab.keys).any(axis=1).mean()
     assert released_units <= 0.2 + 0.011, released_units
     assert released_units >= 0.2 - 0.011, released_units  # the bound is tight (independent keys)
@@ -102,8 +103,15 @@ def test_per_unit_weighting_bounds_the_threshold_delta_for_every_unit_size():
     d0, units = 3, 10_000
     singles = [[f"a{i}"] for i in range(units)]
     triples = [[f"b{i}_{j}" for j in range(3)] for i in range(units)]
-    vocab = dp_vocabulary(singles + triples, max_keys_per_unit=d0, delta=0.4, threshold_delta=0.2,
-                          noise_multiplier=0.5, seed=3, weighting="per_unit")  # fmt: skip
+    vocab = dp_vocabulary(
+        singles + triples,
+        max_keys_per_unit=d0,
+        delta=0.4,
+        threshold_delta=0.2,
+        noise_multiplier=0.5,
+        seed=3,
+        weighting="per_unit",
+    )
     released = set(vocab.keys.tolist())
     for group in (singles, triples):
         rate = np.mean([any(k in released for k in unit) for unit in group])
