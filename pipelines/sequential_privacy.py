@@ -74,8 +74,8 @@ class SequentialPrivacy:
     epsilon: float
     frequencies: ItemFrequencies
     size: ReleasedDatasetSize
-    items: ItemVocabulary | None = None
-    data: SequenceData | None = None
+    items: ItemVocabulary
+    data: SequenceData
 
     @property
     def private(self) -> bool:
