@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -181,7 +181,7 @@ def plan(
     if frequencies == "public":
         return _public_plan(
             data,
-            frequencies_file,
+            cast(str, frequencies_file),  # given with "public" (check_frequency_options)
             float(epsilon),
             dp=dp if private else None,
             common=common,
@@ -209,7 +209,7 @@ def plan(
         counts,
         num_users=n,
         max_items_per_user=data.max_len,
-        noise_multiplier=release.noise_multiplier,
+        noise_multiplier=cast(float, release.noise_multiplier),  # a Gaussian/Laplace release has one
         mechanism=frequency_mechanism,
         seed=seed,
     )
