@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -108,7 +109,7 @@ def plan(
     return plan_run(
         name,
         target_epsilon=settings.epsilon,
-        target_delta=settings.delta,
+        target_delta=cast(float, settings.delta),  # resolved by the caller (see Args)
         accountant=settings.accountant,
         periods=periods,
         l2_norm_clip=settings.l2_norm_clip,
