@@ -222,6 +222,7 @@ def _per_row_squared_norms(model, context: np.ndarray, label: np.ndarray, l2_nor
             item = np.sum(np.square(g), axis=1)
         else:
             dense_sq += float(np.sum(np.square(g)))
+    assert hist is not None and item is not None  # both tables are trainable variables of the model
     total = float(hist.sum() + item.sum() + dense_sq)
     scale = min(1.0, l2_norm_clip**2 / total) if total > 0 else 1.0
     return hist * scale, item * scale, dense_sq * scale

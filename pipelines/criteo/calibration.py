@@ -307,7 +307,7 @@ def calibrate_output(
     if rows is not None and rows < 1:
         raise ValueError(f"`rows` must be >= 1 (the training rows N) or None; received {rows!r}.")
     subset = None if rows is None else subset_rows(rows, epsilon)
-    probability = 1.0 if rows is None else subset / rows
+    probability = 1.0 if rows is None or subset is None else subset / rows  # subset: None iff rows is
     seeds = np.random.SeedSequence(seed)
     noise_rng, coins = np.random.default_rng(seeds), np.random.default_rng(seeds.spawn(1)[0])
     kept = row_subset(itertools.chain.from_iterable(datasets), probability=probability, rng=coins)
