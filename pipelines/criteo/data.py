@@ -205,7 +205,7 @@ def read_period(
     """
     stats = CriteoReadStats()
     parts: dict[str, list] = {}
-    labels, rows = [], 0
+    label_parts, rows = [], 0
     with stats.python_errors():
         for features, label in _reader(files, vocab_sizes, skip_bad_rows, stats, format).as_numpy_iterator():
             rows += label.size
@@ -213,10 +213,10 @@ def read_period(
                 return None
             for name, value in features.items():
                 parts.setdefault(name, []).append(value)
-            labels.append(label)
+            label_parts.append(label)
     stats.raise_if_failed()
     features = {name: np.concatenate(values) for name, values in parts.items()}
-    labels = np.concatenate(labels) if labels else np.zeros([0], np.float32)
+    labels = np.concatenate(label_parts) if label_parts else np.zeros([0], np.float32)
     return Period(
         list(files), dict(vocab_sizes), skip_bad_rows, stats, int(labels.size), features, labels, format=format
     )
@@ -291,7 +291,7 @@ def bucket_counts(period: Period, *, counts: Mapping[str, np.ndarray] | None = N
     """
     sizes = table_sizes(dict(period.vocab_sizes))
     if period.features is not None:
-        own = {name: np.bincount(period.features[name], minlength=sizes[name]) for name in CAT_FEATURES}
+        own: dict | None = {name: np.bincount(period.features[name], minlength=sizes[name]) for name in CAT_FEATURES}
     elif period.counts is not None:
         own = period.counts
     else:
@@ -302,6 +302,7 @@ def bucket_counts(period: Period, *, counts: Mapping[str, np.ndarray] | None = N
             count_buckets=True,
             format=period.format,
         ).counts
+    assert own is not None  # the scan counted buckets (count_buckets=True)
     result = {name: own[name].astype(np.int64) for name in CAT_FEATURES}
     if counts is not None:
         for name in CAT_FEATURES:
@@ -316,7 +317,7 @@ def examples(period: Period) -> tuple:
     per-example tensors per row through `tf.data` takes many times the
     memory of the arrays.
     """
-    if period.features is None:
+    if period.features is None or period.labels is None:
         raise ValueError(f"Period {period.files} is streamed: its rows are not in memory; use `period.source()`.")
     return period.features, period.labels[:, None]
 
@@ -504,6 +505,7 @@ def eval_dataset(period: Period, batch_size: int = 4096) -> tf.data.Dataset:
     """Batched `(features, labels)` of an evaluation period (from memory, or streamed from the files)."""
     if period.streaming:
         return period.source(batch_size)
+    assert period.features is not None and period.labels is not None  # not streamed: in memory
     signature = (
         {name: tf.TensorSpec([None, *value.shape[1:]], value.dtype) for name, value in period.features.items()},
         tf.TensorSpec([None], period.labels.dtype),
