@@ -89,9 +89,15 @@ class _Data:
         return sum(p.size for p in self.periods)
 
     @property
+    def release(self) -> ReleasedDatasetSize:
+        """`released`, once stage 1 (`_release_size`) has set it."""
+        assert self.released is not None, "stage 1 (_release_size) sets `released`"
+        return self.released
+
+    @property
     def released_rows(self) -> int:
         """N~, the number of training rows released with DP."""
-        return self.released.value
+        return self.release.value
 
 
 @dataclasses.dataclass
@@ -186,7 +192,7 @@ def _read_beam(config: PipelineConfig) -> _Data:
 
 def _choose(config: PipelineConfig, data: _Data) -> tuple[PipelineConfig, criteo_defaults.Chosen]:
     """Stage 1b: batch, tower, learning rate (and, in `_read`, vocabulary) from N where the flags left them unset."""
-    clip, smallest = _settings(config, data).l2_norm_clip, min(data.released.values)
+    clip, smallest = _settings(config, data).l2_norm_clip, min(data.release.values)
     chosen = criteo_defaults.resolve(
         mechanism=config.mechanism,
         clip=clip,
@@ -203,7 +209,7 @@ def _choose(config: PipelineConfig, data: _Data) -> tuple[PipelineConfig, criteo
         config, batch=chosen.batch, hidden_units=chosen.hidden_units, learning_rate=chosen.learning_rate
     )
     _log(config, chosen.describe())
-    for period, size in zip(data.periods, data.released.values):
+    for period, size in zip(data.periods, data.release.values):
         if config.batch > size:
             raise ValueError(
                 f"`--batch` {config.batch} is larger than the {size} training rows (released with DP) of "
@@ -223,12 +229,12 @@ def _periods(config: PipelineConfig, data: _Data) -> list:
         ]
     periods = []
     for index in range(len(data.periods)):  # from N~_p: q_p = B / N~_p
-        size = data.released.values[index]
+        size = data.release.values[index]
         per_epoch = size // config.batch if config.fixed_size_batches else max(1, round(size / config.batch))
         steps = config.epochs * per_epoch
         if config.max_steps is not None:
             steps = min(steps, config.max_steps)
-        periods.append(Period(data.released.sampling_probability(config.batch, index), steps))
+        periods.append(Period(data.release.sampling_probability(config.batch, index), steps))
     return periods
 
 
@@ -237,7 +243,7 @@ def _settings(config: PipelineConfig, data: _Data) -> criteo_privacy.PrivacySett
     settings = config.privacy or criteo_privacy.PrivacySettings(
         mechanism=config.mechanism, epsilon=config.epsilon, delta=None
     )
-    return dataclasses.replace(settings, delta=config.delta if config.delta is not None else data.released.delta())
+    return dataclasses.replace(settings, delta=config.delta if config.delta is not None else data.release.delta())
 
 
 def _calibration_decision(config: PipelineConfig, data: _Data, settings) -> tuple:
@@ -345,7 +351,7 @@ def _fit_period(config: PipelineConfig, data: _Data, training: _Training, index:
     batches, info = _batches(config, data, training, index)
     trained["infos"].append(info)
     if several:
-        rows = data.released.values[index]
+        rows = data.release.values[index]
         _log(config, f"streaming period {index + 1}/{len(data.periods)}: {period.files[0]} ({rows} rows, N~)")
     callbacks = [trained["timer"], StopAfter(steps), trained["monitor"]]
     if training.budget is not None:
@@ -407,7 +413,7 @@ def _evaluate_period(config: PipelineConfig, data: _Data, training: _Training, i
     metrics = criteo_eval.evaluate(training.model, criteo_data.eval_dataset(following))
     _log(config, f"period {index + 1}: AUC {criteo_report.number(metrics['auc'])} on {following.files}")
     return {"period": index + 1, "train_files": period.files, "eval_files": following.files} | {
-        "train_rows": data.released.values[index],  # N~_p
+        "train_rows": data.release.values[index],  # N~_p
         "streamed": period.streaming,
         "steps": len(timer.durations),
         **metrics,
@@ -446,7 +452,7 @@ def _privacy(config: PipelineConfig, data: _Data, training: _Training, trained: 
     return criteo_report.run_privacy_report(
         training.plan,
         budget=training.budget,
-        dataset_size=data.released,  # N~ (and the periods' N~_p), never the exact rows
+        dataset_size=data.release,  # N~ (and the periods' N~_p), never the exact rows
         batching=_run_batching(trained["fed"], with_details=len(trained["infos"]) == 1),
         steps=steps,
         steps_by_period=trained["steps_by_period"],
