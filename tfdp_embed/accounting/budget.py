@@ -309,8 +309,14 @@ class PrivacyBudget(keras.callbacks.Callback):
         _LOG.info(
             "PrivacyBudget: the %d planned steps fit %s %g at delta=%g (q=%g, %s accountant; %.6g after "
             "them); the steps beyond them are counted if training goes on.",
-            planned, what, self.target_epsilon, self.target_delta, self.sampling_probability, self.accountant, after,
-        )  # fmt: skip
+            planned,
+            what,
+            self.target_epsilon,
+            self.target_delta,
+            self.sampling_probability,
+            self.accountant,
+            after,
+        )
         return True
 
     def _last_batch(self, batch) -> bool:

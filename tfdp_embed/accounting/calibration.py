@@ -225,9 +225,14 @@ def _calibrated_sigma(target_epsilon: float, delta: float, q: float, steps: int,
         levels = epsilon_levels(make_entries, delta=delta, accountant="pld", interval=interval)
         try:
             sigma, at_lowest = smallest_parameter(
-                levels, target_epsilon, start=1.0, factor=2.0,
-                lowest=MIN_NOISE_MULTIPLIER, highest=MAX_NOISE_MULTIPLIER, rtol=_SIGMA_RTOL,
-            )  # fmt: skip
+                levels,
+                target_epsilon,
+                start=1.0,
+                factor=2.0,
+                lowest=MIN_NOISE_MULTIPLIER,
+                highest=MAX_NOISE_MULTIPLIER,
+                rtol=_SIGMA_RTOL,
+            )
         except Unreachable as err:
             raise ValueError(_unreachable_message(unreachable, err.epsilon_at_highest)) from None
         if at_lowest:
@@ -242,9 +247,13 @@ def _calibrated_sigma(target_epsilon: float, delta: float, q: float, steps: int,
 
     try:
         lo, hi = bracket(
-            epsilon_of, target_epsilon, start=1.0, factor=_SEARCH_FACTOR[accountant],
-            lowest=MIN_NOISE_MULTIPLIER, highest=MAX_NOISE_MULTIPLIER,
-        )  # fmt: skip
+            epsilon_of,
+            target_epsilon,
+            start=1.0,
+            factor=_SEARCH_FACTOR[accountant],
+            lowest=MIN_NOISE_MULTIPLIER,
+            highest=MAX_NOISE_MULTIPLIER,
+        )
     except Unreachable as err:
         raise ValueError(_unreachable_message(unreachable, err.epsilon_at_highest)) from None
     if lo is None:

@@ -125,9 +125,14 @@ def calibrate_periods(
 @functools.lru_cache(maxsize=256)
 def _calibrate(target_epsilon, target_delta, sampling_probability, steps, releases, accountant, truncation) -> float:
     return calibrate_noise_multiplier_with_releases(
-        target_epsilon=target_epsilon, target_delta=target_delta, sampling_probability=sampling_probability,
-        steps=steps, releases=list(releases), accountant=accountant, truncation=truncation,
-    )  # fmt: skip
+        target_epsilon=target_epsilon,
+        target_delta=target_delta,
+        sampling_probability=sampling_probability,
+        steps=steps,
+        releases=list(releases),
+        accountant=accountant,
+        truncation=truncation,
+    )
 
 
 def period_ledger(

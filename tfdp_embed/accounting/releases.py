@@ -175,14 +175,21 @@ def calibrate_noise_multiplier_with_releases(
     accountant = check_accountant(accountant)
     releases = _check_releases(releases, accountant)
     if truncation is not None:
-        return _truncated_sigma(releases, q, steps, target_epsilon, delta, accountant, value_discretization_interval,
-                                truncation)  # fmt: skip
-    common: dict[str, Any] = dict(target_delta=delta, sampling_probability=q, steps=steps, accountant=accountant,
-                  value_discretization_interval=value_discretization_interval)  # fmt: skip
+        return _truncated_sigma(
+            releases, q, steps, target_epsilon, delta, accountant, value_discretization_interval, truncation
+        )
+    common: dict[str, Any] = dict(
+        target_delta=delta,
+        sampling_probability=q,
+        steps=steps,
+        accountant=accountant,
+        value_discretization_interval=value_discretization_interval,
+    )
     if not releases:
         return calibrate_noise_multiplier(target_epsilon=target_epsilon, **common)
-    spent = release_epsilon(releases, delta=delta, accountant=accountant,
-                            value_discretization_interval=value_discretization_interval)  # fmt: skip
+    spent = release_epsilon(
+        releases, delta=delta, accountant=accountant, value_discretization_interval=value_discretization_interval
+    )
     if spent >= target_epsilon:
         raise ValueError(
             f"The one-off releases alone spend epsilon {spent:.6g} >= `target_epsilon`={target_epsilon!r} at "
@@ -253,9 +260,8 @@ def _pld_sigma(
     levels = epsilon_levels(make_entries, delta=delta, accountant="pld", interval=pld_interval("pld", interval))
     try:
         sigma, _ = smallest_parameter(
-            levels, target, start=1.0, factor=2.0, lowest=MIN_NOISE_MULTIPLIER, highest=MAX_NOISE_MULTIPLIER,
-            rtol=_RTOL,
-        )  # fmt: skip
+            levels, target, start=1.0, factor=2.0, lowest=MIN_NOISE_MULTIPLIER, highest=MAX_NOISE_MULTIPLIER, rtol=_RTOL
+        )
     except Unreachable:
         raise ValueError(unreachable) from None
     return sigma

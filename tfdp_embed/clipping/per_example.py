@@ -103,10 +103,12 @@ def layer_gradients(
         _check_leading_axis(tap, batch_size)
     # Per tap, per call: the output gradients (per example for shared calls, zeros where none).
     call_grads = [
-        [per_example[id(c)] if id(c) in per_example else (tf.zeros_like(c.outputs) if g is None else g)
-         for c, g in zip(tap.calls, tap_grads)]
+        [
+            per_example[id(c)] if id(c) in per_example else (tf.zeros_like(c.outputs) if g is None else g)
+            for c, g in zip(tap.calls, tap_grads)
+        ]
         for tap, tap_grads in zip(used, grads)
-    ]  # fmt: skip
+    ]
     call_grads, call_values = _finite((call_grads, [[_call_values(c) for c in tap.calls] for tap in used]))
     result = []
     for tap, output_grads, values in zip(used, call_grads, call_values):

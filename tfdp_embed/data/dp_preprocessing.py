@@ -138,9 +138,15 @@ def dp_normalization_statistics(
     variance = np.maximum((s2 / count - mean**2) * radius**2, variance_floor)
     spent = gaussian_release_epsilon(float(z), delta=delta) if epsilon is None else epsilon
     return NormalizationStatistics(
-        mean=centre + radius * mean, variance=variance, noise_multiplier=float(z), noise_std=std,
-        clip_range=(lo, hi), epsilon=float(spent), delta=float(delta), name=name,
-    )  # fmt: skip
+        mean=centre + radius * mean,
+        variance=variance,
+        noise_multiplier=float(z),
+        noise_std=std,
+        clip_range=(lo, hi),
+        epsilon=float(spent),
+        delta=float(delta),
+        name=name,
+    )
 
 
 def normalization_layer(stats: NormalizationStatistics, **kwargs) -> keras.layers.Layer:

@@ -131,9 +131,13 @@ def read_ratings(path: str | os.PathLike) -> Ratings:
     if not users:
         raise MovieLensFormatError(f"{path}: no ratings (the file is empty or holds only a header).")
     return Ratings(
-        np.frombuffer(users, np.int64), np.frombuffer(items, np.int64), np.frombuffer(ratings, np.float64),
-        np.frombuffer(stamps, np.int64), path=path, separator=separator or "\t",
-    )  # fmt: skip
+        np.frombuffer(users, np.int64),
+        np.frombuffer(items, np.int64),
+        np.frombuffer(ratings, np.float64),
+        np.frombuffer(stamps, np.int64),
+        path=path,
+        separator=separator or "\t",
+    )
 
 
 def _detect_separator(line: str, path: str, number: int) -> str:

@@ -113,11 +113,15 @@ class DPVocabulary:
         out = {"name": self.name, "source": self.source, "keys": int(self.keys.size)}
         if not self.is_public:
             out.update(
-                max_keys_per_unit=self.max_keys_per_unit, noise_multiplier=self.noise_multiplier,
-                threshold=self.threshold, threshold_delta=self.threshold_delta, epsilon=self.epsilon,
-                gaussian_delta=self.gaussian_delta, mechanism="Gaussian thresholding (partition selection)",
+                max_keys_per_unit=self.max_keys_per_unit,
+                noise_multiplier=self.noise_multiplier,
+                threshold=self.threshold,
+                threshold_delta=self.threshold_delta,
+                epsilon=self.epsilon,
+                gaussian_delta=self.gaussian_delta,
+                mechanism="Gaussian thresholding (partition selection)",
                 weighting=self.weighting,
-            )  # fmt: skip
+            )
         return out
 
 
@@ -187,10 +191,18 @@ def dp_vocabulary(
     candidates, counts = bounded_key_counts(keys_per_unit, max_keys_per_unit=d0, weighting=weighting)
     noisy = counts + np.random.default_rng(seed).normal(0.0, sigma, size=counts.shape)
     return DPVocabulary(
-        keys=np.sort(candidates[noisy > tau]), source="dp", name=name, max_keys_per_unit=d0,
-        noise_multiplier=sigma, threshold=tau, threshold_delta=threshold_delta, gaussian_delta=gaussian_delta,
-        epsilon=epsilon, candidate_keys=int(candidates.size), weighting=weighting,
-    )  # fmt: skip
+        keys=np.sort(candidates[noisy > tau]),
+        source="dp",
+        name=name,
+        max_keys_per_unit=d0,
+        noise_multiplier=sigma,
+        threshold=tau,
+        threshold_delta=threshold_delta,
+        gaussian_delta=gaussian_delta,
+        epsilon=epsilon,
+        candidate_keys=int(candidates.size),
+        weighting=weighting,
+    )
 
 
 def bounded_key_counts(

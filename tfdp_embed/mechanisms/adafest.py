@@ -351,9 +351,19 @@ _TABLE_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _table_step(
-    mechanism: weakref.ref, grad_values, grad_rows, pair_rows, pair_weights, shared, tau, selected,
-    chunk, log_q, limit, divisor: float,
-) -> tuple:  # fmt: skip
+    mechanism: weakref.ref,
+    grad_values,
+    grad_rows,
+    pair_rows,
+    pair_weights,
+    shared,
+    tau,
+    selected,
+    chunk,
+    log_q,
+    limit,
+    divisor: float,
+) -> tuple:
     """One table's step: (survivors' values, their rows, int64 [4] statistics).
 
     One `Unique` over [gradient rows, contribution rows, shared rows, noise
@@ -550,9 +560,16 @@ class DPAdaFEST(NoiseMechanism):
         if self._draws(index):
             draw = (tf.cast(chunk, tf.int32), log_q, limit)
         values, rows, stats = self._table_step_function()(
-            tf.reshape(grad.values, [-1, dim]), tf.cast(grad.indices, tf.int64), pair_rows, pair_weights, shared,
-            tf.cast(tau, tf.float32), self._selection(index), *draw, float(divisor),
-        )  # fmt: skip
+            tf.reshape(grad.values, [-1, dim]),
+            tf.cast(grad.indices, tf.int64),
+            pair_rows,
+            pair_weights,
+            shared,
+            tf.cast(tau, tf.float32),
+            self._selection(index),
+            *draw,
+            float(divisor),
+        )
         values = tf.ensure_shape(values, [None, dim])
         # The noise-only survivors are rows no lookup read: warm them for the optimizer's scatter.
         sparse_rows.prefetch_rows(table.variable, rows)

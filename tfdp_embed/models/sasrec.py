@@ -151,9 +151,11 @@ class SASRec(keras.Model):
             name="items",
         )
         self.positions = DPEmbedding(
-            config.max_len, config.dim, embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            config.max_len,
+            config.dim,
+            embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
             name="positions",
-        )  # fmt: skip
+        )
         self.embedding_dropout = keras.layers.Dropout(config.dropout)
         self.blocks = [_Block(self, i, config) for i in range(config.blocks)]
         self.final_norm = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="final_norm")

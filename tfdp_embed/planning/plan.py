@@ -69,8 +69,14 @@ def plan_run(
     delta, accountant = check_delta(target_delta), check_accountant(accountant)
     periods, parallel = _periods(sampling_probability, steps, periods, (dataset_size, max_batch_size))
     releases = tuple(releases)
-    common: dict[str, Any] = dict(mechanism_name=mechanism, target_delta=delta, accountant=accountant, periods=periods,
-                  parallel=parallel, assumptions=tuple(assumptions))  # fmt: skip
+    common: dict[str, Any] = dict(
+        mechanism_name=mechanism,
+        target_delta=delta,
+        accountant=accountant,
+        periods=periods,
+        parallel=parallel,
+        assumptions=tuple(assumptions),
+    )
     if "noise_multiplier" not in allowed:
         return _non_private(common, target_epsilon, noise_multiplier, releases, options, seed)
     if (target_epsilon is None) == (noise_multiplier is None):
@@ -89,10 +95,16 @@ def plan_run(
     )
     built = factory.create(mechanism, l2_norm_clip=l2_norm_clip, seed=seed, **arguments, **options)
     return RunPlan(
-        mechanism=built, target_epsilon=None if target_epsilon is None else float(target_epsilon),
-        l2_norm_clip=built.l2_norm_clip, noise_multiplier=sigma, noise_source=source,
-        mechanism_arguments=arguments, training_epsilon=training, releases=planned, **common,
-    )  # fmt: skip
+        mechanism=built,
+        target_epsilon=None if target_epsilon is None else float(target_epsilon),
+        l2_norm_clip=built.l2_norm_clip,
+        noise_multiplier=sigma,
+        noise_source=source,
+        mechanism_arguments=arguments,
+        training_epsilon=training,
+        releases=planned,
+        **common,
+    )
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -123,9 +135,14 @@ def _non_private(common: dict, target_epsilon, noise_multiplier, releases, optio
         )
     built = factory.create(common["mechanism_name"], seed=seed, **options)
     return RunPlan(
-        mechanism=built, target_epsilon=None if target_epsilon is None else float(target_epsilon),
-        l2_norm_clip=None, noise_multiplier=0.0, noise_source="non-private", mechanism_arguments={}, **common,
-    )  # fmt: skip
+        mechanism=built,
+        target_epsilon=None if target_epsilon is None else float(target_epsilon),
+        l2_norm_clip=None,
+        noise_multiplier=0.0,
+        noise_source="non-private",
+        mechanism_arguments={},
+        **common,
+    )
 
 
 def _calibrated(target: float, releases: tuple, delta: float, accountant: str, periods: tuple):

@@ -163,9 +163,11 @@ def plan_composed(release: Release, target: float | None, delta: float, accounta
     if event is None:  # a share with `noise`, planned against a target
         noise = cast(str, release.noise)
         z = release_noise_multiplier(
-            epsilon=cast(float, release.epsilon_share) * cast(float, target), delta=delta, mechanism=noise,
+            epsilon=cast(float, release.epsilon_share) * cast(float, target),
+            delta=delta,
+            mechanism=noise,
             accountant=accountant,
-        )  # fmt: skip
+        )
         event = RELEASE_MECHANISMS[noise](z)
     spent = release_epsilon([event], delta=delta, accountant=accountant)
     share = release.epsilon_share if release.epsilon_share is not None else None if target is None else spent / target

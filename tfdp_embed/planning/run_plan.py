@@ -120,9 +120,13 @@ class RunPlan:
         if period is None or not 0 <= period < len(self.periods):
             raise ValueError(f"`period` must be an index in [0, {len(self.periods)}); received {period!r}.")
         return PeriodBudget(
-            self.mechanism, period=self.periods[period], planned_one_off_events=self._mechanism_one_off_events(),
-            events=self.events, **target, **kwargs,
-        )  # fmt: skip
+            self.mechanism,
+            period=self.periods[period],
+            planned_one_off_events=self._mechanism_one_off_events(),
+            events=self.events,
+            **target,
+            **kwargs,
+        )
 
     def report(
         self,
@@ -166,10 +170,15 @@ class RunPlan:
         if not isinstance(dataset_size, ReleasedDatasetSize):
             dataset_size = int(dataset_size)
         common = dict(
-            mechanism=self.step_source, delta=self.target_delta, dataset_size=dataset_size, batching=batching,
-            accountant=accountant or self.accountant, assumptions=[*self.assumptions, *assumptions],
-            extra={"plan": self.summary(), **(extra or {})}, **unit,
-        )  # fmt: skip
+            mechanism=self.step_source,
+            delta=self.target_delta,
+            dataset_size=dataset_size,
+            batching=batching,
+            accountant=accountant or self.accountant,
+            assumptions=[*self.assumptions, *assumptions],
+            extra={"plan": self.summary(), **(extra or {})},
+            **unit,
+        )
         if self.parallel and self.mechanism_name != "none":
             report = self._parallel_report(common, steps=steps, steps_by_period=steps_by_period)
         else:
@@ -229,9 +238,11 @@ class RunPlan:
         if self.is_dp:
             epsilons, worst = parallel_epsilon(ledgers, delta=self.target_delta, accountant=common["accountant"])
         report = privacy_report(
-            **common, sampling_probability=ran[worst].sampling_probability, epsilon=epsilons[worst],
+            **common,
+            sampling_probability=ran[worst].sampling_probability,
+            epsilon=epsilons[worst],
             steps=sum(steps_by_period) if steps is None else steps,
-        )  # fmt: skip
+        )
         return add_period_accounting(report, ledgers, epsilons, worst)
 
 

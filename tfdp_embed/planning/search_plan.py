@@ -104,17 +104,25 @@ class SearchPlan:
         kwargs.setdefault("ledger", plan.ledger())
         kwargs.setdefault("planned_steps", plan.steps)
         return PrivacyBudget(
-            plan.step_source, sampling_probability=plan.sampling_probability,
-            target_epsilon=self.run_epsilon * (1.0 + _BUDGET_SLACK), target_delta=self.target_delta,
-            accountant="rdp", **kwargs,
-        )  # fmt: skip
+            plan.step_source,
+            sampling_probability=plan.sampling_probability,
+            target_epsilon=self.run_epsilon * (1.0 + _BUDGET_SLACK),
+            target_delta=self.target_delta,
+            accountant="rdp",
+            **kwargs,
+        )
 
     def select(self, candidates: Sequence, train: Callable[[Any], tuple[Any, float]], **kwargs) -> SelectionResult:
         """`select_privately` with this plan's run event, number of runs and delta (`**kwargs`: ledger, rng, ...)."""
         return select_privately(
-            candidates, train, run_event=self.run_event, mean_runs=self.mean_runs, shape=self.shape,
-            target_delta=self.target_delta, **kwargs,
-        )  # fmt: skip
+            candidates,
+            train,
+            run_event=self.run_event,
+            mean_runs=self.mean_runs,
+            shape=self.shape,
+            target_delta=self.target_delta,
+            **kwargs,
+        )
 
 
 def plan_search(
@@ -169,10 +177,18 @@ def plan_search(
     sigma = float(hi) if lo is None else _brent(search_event, target, delta, "rdp", None, lo, hi)
     event = search_event(sigma)
     return SearchPlan(
-        mechanism_name=mechanism, target_epsilon=target, target_delta=delta, mean_runs=mean, shape=shape,
-        noise_multiplier=sigma, run_event=event.event, event=event, epsilon=_rdp_epsilon(event, delta),
-        run_epsilon=_rdp_epsilon(event.event, delta), run_arguments=arguments,
-    )  # fmt: skip
+        mechanism_name=mechanism,
+        target_epsilon=target,
+        target_delta=delta,
+        mean_runs=mean,
+        shape=shape,
+        noise_multiplier=sigma,
+        run_event=event.event,
+        event=event,
+        epsilon=_rdp_epsilon(event, delta),
+        run_epsilon=_rdp_epsilon(event.event, delta),
+        run_arguments=arguments,
+    )
 
 
 def _plan(mechanism: str, sigma: float, delta: float, arguments: Mapping) -> RunPlan:

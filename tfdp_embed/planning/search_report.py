@@ -76,9 +76,14 @@ def search_report(
         steps = int(steps.numpy()) if hasattr(steps, "numpy") else int(steps)
     epsilon = result.ledger.epsilon(result.delta, "rdp")
     report = privacy_report(
-        mechanism=mechanism, batching=batching, delta=result.delta, epsilon=epsilon, accountant="rdp", steps=steps,
+        mechanism=mechanism,
+        batching=batching,
+        delta=result.delta,
+        epsilon=epsilon,
+        accountant="rdp",
+        steps=steps,
         **report_arguments,
-    )  # fmt: skip
+    )
     report["ledger"] = json.loads(result.ledger.to_json())
     report["selection"] = _selection_section(result)
     report["caveats"].append(SEARCH_CAVEAT)
