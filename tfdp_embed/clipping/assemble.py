@@ -16,9 +16,7 @@ from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
 
 
-def assemble(
-    step, taps, batch_size, *, tables, trainable_variables, expected_batch_size: float | None
-) -> ClippedGradients:
+def assemble(step, taps, batch_size, *, tables, trainable_variables, expected_batch_size: float) -> ClippedGradients:
     """Collects every variable's clipped sum; zeros for layers not called this step.
 
     Args:
@@ -27,7 +25,7 @@ def assemble(
       batch_size: the batch's number of examples (a scalar tensor).
       tables: the model's `DPEmbedding` layers, in the mechanism's order.
       trainable_variables: every trainable variable of the model.
-      expected_batch_size: the divisor of the noised sum.
+      expected_batch_size: the divisor of the noised sum (set whenever examples are clipped).
     """
     grads, averaged, occurrences, shared_rows = _clipped_sums(step, tables, expected_batch_size)
     table_gradients = []
@@ -68,10 +66,7 @@ def assemble(
 
 def _clipped_sums(step, tables, expected_batch_size):
     """Each variable's clipped sum, the tables' averaged sums, and each layer's occurrences and shared rows."""
-    grads: dict = {}
-    averaged: dict = {}
-    occurrences: dict = {}
-    shared_rows: dict = {}
+    grads, averaged, occurrences, shared_rows = {}, {}, {}, {}
     table_vars = {layer.embeddings.ref() for layer in tables}
     for tap, info in step.layers:
         for i, (variable, grad) in enumerate(zip(info.variables, info.clipped_sum(step.clip_factors))):
