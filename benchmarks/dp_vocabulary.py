@@ -42,22 +42,34 @@ def movielens_runs(args) -> list:
     rows = []
     for name, catalogue, share in settings:
         config = movielens.MovieLensConfig(
-            data_path=args.movielens_data, item_catalogue=catalogue, vocabulary_epsilon_share=share,
-            mechanism="dense", epsilon=args.epsilon, epochs=args.movielens_epochs, seed=args.seed, verbose=0,
-        )  # fmt: skip
+            data_path=args.movielens_data,
+            item_catalogue=catalogue,
+            vocabulary_epsilon_share=share,
+            mechanism="dense",
+            epsilon=args.epsilon,
+            epochs=args.movielens_epochs,
+            seed=args.seed,
+            verbose=0,
+        )
         started = time.perf_counter()
         try:
             report = movielens.train_and_evaluate(config).report
         except ValueError as error:  # e.g. the release kept fewer than 2 movies
             rows.append({"setting": name, "error": str(error)})
             continue
-        rows.append({
-            "setting": name, "recall@10": report["recall@10"], "precision@10": report["precision@10"],
-            "movies_in_map": report["model"]["num_items"], "epsilon": report["epsilon"],
-            "noise_multiplier": report["noise_multiplier"],
-            "unranked_test_positions": report.get("unranked_test_positions", 0),
-            "vocabulary": report.get("extra", {}).get("movie_vocabulary"), "wall_seconds": time.perf_counter() - started,
-        })  # fmt: skip
+        rows.append(
+            {
+                "setting": name,
+                "recall@10": report["recall@10"],
+                "precision@10": report["precision@10"],
+                "movies_in_map": report["model"]["num_items"],
+                "epsilon": report["epsilon"],
+                "noise_multiplier": report["noise_multiplier"],
+                "unranked_test_positions": report.get("unranked_test_positions", 0),
+                "vocabulary": report.get("extra", {}).get("movie_vocabulary"),
+                "wall_seconds": time.perf_counter() - started,
+            }
+        )
     return rows
 
 
@@ -71,21 +83,48 @@ def sequential_runs(args) -> list:
         catalogue = os.path.join(tmp, "items.txt")
         with open(catalogue, "w") as f:
             f.write("".join(f"{i}\n" for i in range(1, largest + 1)))
-        common = ["--data", args.sequential_data, "--model", "dpformer", "--epsilon", str(args.sequential_epsilon),
-                  "--epochs", "1", "--max-steps", str(args.sequential_steps), "--dim", "32", "--blocks", "1",
-                  "--max-eval-users", str(args.max_eval_users), "--verbose", "0", "--seed", str(args.seed)]  # fmt: skip
-        for name, flags in (("catalogue (ids 1..largest, stand-in)", ["--item-catalogue", catalogue]),
-                            ("DP vocabulary (default: 0.1 of epsilon, D0 = 5)", [])):  # fmt: skip
+        common = [
+            "--data",
+            args.sequential_data,
+            "--model",
+            "dpformer",
+            "--epsilon",
+            str(args.sequential_epsilon),
+            "--epochs",
+            "1",
+            "--max-steps",
+            str(args.sequential_steps),
+            "--dim",
+            "32",
+            "--blocks",
+            "1",
+            "--max-eval-users",
+            str(args.max_eval_users),
+            "--verbose",
+            "0",
+            "--seed",
+            str(args.seed),
+        ]
+        for name, flags in (
+            ("catalogue (ids 1..largest, stand-in)", ["--item-catalogue", catalogue]),
+            ("DP vocabulary (default: 0.1 of epsilon, D0 = 5)", []),
+        ):
             started = time.perf_counter()
             out = os.path.join(tmp, f"run{len(rows)}")
             report = sequential.run(sequential.parse_args([*common, *flags, "--out", out])).report
-            rows.append({
-                "setting": name, "ndcg@10": report["ndcg@10"], "hit@10": report["hit@10"],
-                "items": report["extra"].get("item_vocabulary", {}).get("items"),
-                "unknown_test_targets": report["test"].get("unknown_targets"), "epsilon": report["epsilon"],
-                "noise_multiplier": report["noise_multiplier"], "vocabulary": report["extra"].get("item_vocabulary"),
-                "wall_seconds": time.perf_counter() - started,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "setting": name,
+                    "ndcg@10": report["ndcg@10"],
+                    "hit@10": report["hit@10"],
+                    "items": report["extra"].get("item_vocabulary", {}).get("items"),
+                    "unknown_test_targets": report["test"].get("unknown_targets"),
+                    "epsilon": report["epsilon"],
+                    "noise_multiplier": report["noise_multiplier"],
+                    "vocabulary": report["extra"].get("item_vocabulary"),
+                    "wall_seconds": time.perf_counter() - started,
+                }
+            )
     return rows
 
 
@@ -123,8 +162,14 @@ def main(argv=None) -> int:
 
 
 def _section(payload: dict, *, png: str, json_path: str) -> str:
-    lines = ["## DP vocabularies: what the id maps cost", "", f"`{payload['command']}` ({payload['date']}); "
-             f"JSON: `{json_path}`.", "", "| pipeline | setting | metric | ids kept |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "## DP vocabularies: what the id maps cost",
+        "",
+        f"`{payload['command']}` ({payload['date']}); JSON: `{json_path}`.",
+        "",
+        "| pipeline | setting | metric | ids kept |",
+        "|---|---|---|---|",
+    ]
     for row in payload["movielens"]:
         metric = f"recall@10 {row['recall@10']:.4f}" if "recall@10" in row else row["error"]
         lines.append(f"| MovieLens | {row['setting']} | {metric} | {row.get('movies_in_map', '-')} |")
