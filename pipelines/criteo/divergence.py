@@ -6,9 +6,15 @@ instead, with `TrainingDivergedError` (exit status 1 from the CLI), when
 
 * a training batch's loss is non-finite (DPModel's step refuses to clip a
   NaN/Inf loss; the non-private step reports it in its logs);
-* the training loss explodes: the mean loss of the last `WINDOW` batches
-  exceeds `EXPLODE_FACTOR` x max(first batch's loss, log 2) (log 2 is the
-  loss of predicting 1/2, which an untrained model is near);
+* (non-private runs only, `--mechanism none`) the training loss explodes:
+  the mean loss of the last `WINDOW` batches exceeds `EXPLODE_FACTOR` x
+  max(first batch's loss, log 2) (log 2 is the loss of predicting 1/2,
+  which an untrained model is near). A DP run does not attach
+  `DivergenceMonitor`: stopping on the un-noised training loss would make
+  whether a model is released depend on single training rows, outside the
+  guarantee (the library refuses `TerminateOnNaN` and `EarlyStopping` on
+  training statistics for the same reason). A DP run is judged on the
+  held-out evaluation rows (next item) instead;
 * the released model, on the evaluation rows: non-finite log loss, log loss
   above `EXPLODE_FACTOR` x max(base-rate log loss, log 2), or a collapsed
   mean prediction (below `COLLAPSE_RATIO` x the click rate, or its

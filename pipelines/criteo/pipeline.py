@@ -322,7 +322,7 @@ def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, tr
     """Stage 4: fit period by period (DP-FEST re-selects from running counts; each period evaluated on the next day).
 
     Raises:
-      TrainingDivergedError: a non-finite or exploding training loss (`divergence.py`).
+      TrainingDivergedError: a non-finite training loss, or (mechanism none only) an exploding one (`divergence.py`).
     """
     trained: dict[str, Any] = {
         "timer": StepTimer(),
@@ -353,7 +353,9 @@ def _fit_period(config: PipelineConfig, data: _Data, training: _Training, index:
     if several:
         rows = data.release.values[index]
         _log(config, f"streaming period {index + 1}/{len(data.periods)}: {period.files[0]} ({rows} rows, N~)")
-    callbacks = [trained["timer"], StopAfter(steps), trained["monitor"]]
+    callbacks = [trained["timer"], StopAfter(steps)]
+    if config.mechanism == "none":  # under DP, stopping on the un-noised training loss is outside the guarantee
+        callbacks.append(trained["monitor"])  # a DP run is checked on the held-out evaluation rows instead
     if training.budget is not None:
         callbacks.append(training.budget)
     elif several and config.mechanism != "none":
@@ -373,7 +375,7 @@ def _fit_period(config: PipelineConfig, data: _Data, training: _Training, index:
     except tf.errors.InvalidArgumentError as error:  # DPModel refuses to clip a non-finite loss
         if divergence.NON_FINITE_LOSS not in str(error):
             raise
-        monitor.problem = f"a per-example training loss became NaN or Inf (step {monitor.steps + 1})"
+        monitor.problem = "a per-example training loss became NaN or Inf"
     if monitor.problem:
         raise divergence.TrainingDivergedError(f"Training diverged: {monitor.problem}. {_advice(config, data)}")
     trained["fed"].append(training.dp_model.batching)  # read by fit from the data itself (Poisson only if verified)

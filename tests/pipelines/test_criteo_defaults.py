@@ -135,6 +135,22 @@ def test_a_diverging_run_stops_without_exporting(mechanism, days, tmp_path, caps
     assert not os.path.exists(out / "saved_model") and not os.path.exists(out / "report.json")
 
 
+def test_a_dp_run_does_not_stop_on_the_un_noised_training_loss(days, tmp_path, monkeypatch):
+    # Whether a DP model is released must not hinge on the raw training loss (single rows): the monitor that
+    # stops on it is attached to non-private runs only; a DP run is judged on the held-out evaluation rows.
+    seen = []
+
+    class Spy(divergence.DivergenceMonitor):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(batch)
+            super().on_train_batch_end(batch, logs)
+
+    monkeypatch.setattr(divergence, "DivergenceMonitor", Spy)
+    argv = ["--train", days[0], "--eval", days[1], "--out", str(tmp_path / "run"), *TINY, "--mechanism", "dense"]
+    assert criteo.main(argv) == 0
+    assert seen == []
+
+
 def _feed(monitor, epochs):
     """Feeds per-batch losses to the monitor as Keras logs them: the epoch's running mean."""
     for epoch in epochs:
