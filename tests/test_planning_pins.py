@@ -63,6 +63,7 @@ def criteo_numbers(flags: str, period_sizes: list) -> dict:
         rows=sum(period_sizes),
         beam_manifest=None,
         released=released,
+        release=released,
         released_rows=released.value,
     )
     settings = criteo_pipeline._settings(config, data)
