@@ -76,8 +76,8 @@ def install() -> dict:
     from pipelines.criteo import calibration, evaluation, pipeline
     from pipelines.criteo import data as criteo_data
     from pipelines.criteo import privacy as criteo_privacy
-    from tfdp_embed import export, training
     from tfdp_embed.accounting import budget
+    from tfdp_embed.keras2 import export, training
 
     for stage in ("_read", "_plan", "_build", "_train", "_release", "_report"):
         _wrap(pipeline, stage, stage.lstrip("_"))

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import outputs
-from tfdp_embed._keras import tf
+from tfdp_embed.keras2._keras import tf
 from tfdp_embed.ops import fast_normal
 
 REPO = Path(__file__).resolve().parents[1]

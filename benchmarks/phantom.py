@@ -98,12 +98,12 @@ def _measure_batch(spec: dict, batch: int, methods: list, report: dict, out_path
     """Builds the methods' steps at one batch size; memory phase, then interleaved timing."""
     import numpy as np
 
-    from tfdp_embed._keras import keras, tf
-    from tfdp_embed.layers.embedding import DPEmbedding
-    from tfdp_embed.layers.shared_embedding import SharedEmbedding
+    from tfdp_embed.keras2._keras import keras, tf
+    from tfdp_embed.keras2.layers.embedding import DPEmbedding
+    from tfdp_embed.keras2.layers.shared_embedding import SharedEmbedding
+    from tfdp_embed.keras2.training import DPModel
     from tfdp_embed.mechanisms import MECHANISMS
     from tfdp_embed.ops import fast_normal
-    from tfdp_embed.training import DPModel
 
     vocab, length, dim = spec["vocab"], spec["length"], spec["dim"]
     last_only = spec["positions"] == "last"

@@ -26,9 +26,9 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.attention import effective_errors
-from tfdp_embed.models.sasrec import SASRec, SASRecConfig
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.attention import effective_errors
+from tfdp_embed.keras2.models.sasrec import SASRec, SASRecConfig
 
 ITEMS, MAX_LEN, DIM = 40, 8, 16
 SCORES = "score_log_bias"  # trace stage: the raw scores q k / sqrt(d) and Re-Attention's correction

@@ -9,7 +9,7 @@ multi-valued genre table + Dense over the catalogue) trained
 * without privacy with `tfrs.tasks.Retrieval` (in-batch negatives, Adagrad,
   as in the TFRS tutorial): the baseline;
 * with DP (`DPModel`, Poisson batches, legacy SGD, fixed sigma) and
-  `tfdp_embed.retrieval.Retrieval`: full softmax and sampled softmax
+  `tfdp_embed.keras2.retrieval.Retrieval`: full softmax and sampled softmax
   (uniform data-independent negatives, log-Q), under LazyDP or DP-AdaFEST
   (`--dp-runs`).
 
@@ -21,7 +21,7 @@ Part 2, a synthetic catalogue of `--synthetic-items` (10^6) items: median
 LazyDP step time of the sampled softmax and of the full softmax at
 `--synthetic-batch`, the sampled softmax again at `--batch-size`. The full
 softmax's per-example cotangents cost O(batch x items x dim) memory
-(`tfdp_embed.clipping.shared`), which is why it is measured at a small batch.
+(`tfdp_embed.keras2.clipping.shared`), which is why it is measured at a small batch.
 
 Writes `--json`, `--png` (both default to new files under
 `benchmarks/results/`) and appends a section to `--results-md`. Run it
@@ -101,7 +101,7 @@ def build_towers(num_users: int, num_items: int, num_genres: int, dim: int):
 def dp_model(towers, catalogue: dict, negatives):
     import tensorflow_recommenders as tfrs
 
-    from tfdp_embed.retrieval import Retrieval
+    from tfdp_embed.keras2.retrieval import Retrieval
 
     user_model, movie_model = towers
 
@@ -168,7 +168,7 @@ def median_ms(times) -> float | None:
 
 
 def recall(user_model, movie_model, catalogue: dict, test: dict) -> dict:
-    """recall@k over every movie, ties counted against the positive (as `tfdp_embed.retrieval.top_k`)."""
+    """recall@k over every movie, ties counted against the positive (as `tfdp_embed.keras2.retrieval.top_k`)."""
     from tfdp_embed import tf
 
     candidates = tf.convert_to_tensor(movie_model(catalogue)).numpy()
@@ -204,8 +204,8 @@ def mechanism(name: str, sigma: float, seed: int, taus: dict):
 
 def run_dp(data, catalogue, args, *, name: str, negatives) -> dict:
     from tfdp_embed import DPModel, keras
-    from tfdp_embed.accounting import PrivacyBudget
     from tfdp_embed.data import poisson_batches
+    from tfdp_embed.keras2.callbacks import PrivacyBudget
 
     keras.utils.set_random_seed(args.seed)
     towers = build_towers(data["num_users"], len(data["movie_ids"]), 19, args.dim)
@@ -411,7 +411,7 @@ def main(argv=None) -> int:
         p.error(f"--data: no u.data in {args.data!r} (ml-100k is expected there).")
     from benchmarks.machine import machine_info
     from tfdp_embed import tf
-    from tfdp_embed.retrieval import FullSoftmax, SampledSoftmax
+    from tfdp_embed.keras2.retrieval import FullSoftmax, SampledSoftmax
 
     info = machine_info(ROOT)
     command = "python -m benchmarks.retrieval " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))

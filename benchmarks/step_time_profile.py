@@ -23,7 +23,7 @@ import types
 import numpy as np
 
 from benchmarks import step_time_worker as worker
-from tfdp_embed._keras import keras, tf
+from tfdp_embed.keras2._keras import keras, tf
 
 _WRAPPERS = ("__inference", "Run", "Process", "Executor", "Record", "StartRegion", "StopRegion")
 
@@ -37,7 +37,7 @@ def _step_functions(name: str, spec: dict, batches: list) -> types.SimpleNamespa
     The plain step is `step_time_worker.plain_step` on the mechanism's model,
     traced with the read hooks removed (as the worker's in-process baseline).
     """
-    from tfdp_embed.training import DPModel
+    from tfdp_embed.keras2.training import DPModel
 
     model = worker.build_model(vocab=spec["vocab"], dim=spec["dim"], dp_embedding=True, seed=0)
     counts = np.ones(spec["vocab"], np.int64) if name == "fest" else None

@@ -29,7 +29,7 @@ import traceback
 import numpy as np
 
 from benchmarks import machine
-from tfdp_embed._keras import keras, tf
+from tfdp_embed.keras2._keras import keras, tf
 
 TABLE_NAME = "table"
 IDS_PER_EXAMPLE = 4
@@ -90,7 +90,7 @@ def build_model(*, vocab: int, dim: int, dp_embedding: bool, seed: int) -> keras
     keras.utils.set_random_seed(seed)
     ids = keras.Input((IDS_PER_EXAMPLE,), dtype="int64", name="ids")
     if dp_embedding:
-        from tfdp_embed.layers.embedding import DPEmbedding
+        from tfdp_embed.keras2.layers.embedding import DPEmbedding
 
         layer = DPEmbedding(vocab, dim, combiner="mean", embeddings_initializer="zeros", name=TABLE_NAME)
         pooled = layer(ids)
@@ -271,7 +271,7 @@ class Setup:
             self.concrete = lambda: fn.get_concrete_function(*self._batch(0))
             self._with_baseline(model)
             return
-        from tfdp_embed.training import DPModel
+        from tfdp_embed.keras2.training import DPModel
 
         model = build_model(vocab=vocab, dim=dim, dp_embedding=True, seed=spec["seed"])
         counts = None

@@ -61,7 +61,7 @@ _RECEIVED = re.compile(r"bytes_received:(\d+)")
 # -- cluster processes --------------------------------------------------------------
 def serve(cluster: dict, job: str, index: int) -> None:
     """Runs one gRPC server of `cluster` until killed (the child processes)."""
-    from tfdp_embed.distribute import start_server
+    from tfdp_embed.keras2.distribute import start_server
 
     start_server(cluster, job_name=job, task_index=index).join()
 
@@ -160,7 +160,7 @@ def reset_peak_rss(pid: int) -> None:
 
 def metered_sgd_class():
     """Legacy SGD that adds the bytes of every gradient it applies to a counter variable."""
-    from tfdp_embed._keras import keras, tf
+    from tfdp_embed.keras2._keras import keras, tf
 
     class MeteredSGD(keras.optimizers.legacy.SGD):
         def __init__(self, *args, meter, **kwargs):
@@ -183,8 +183,8 @@ def metered_sgd_class():
 def measure(strategy, name: str, spec: dict, batches: list, pids: dict) -> dict:
     """Warm-up, then `spec['steps']` steps of mechanism `name`; bytes per step both ways."""
     from benchmarks.step_time_worker import build_model, hyperparameters, make_mechanism
-    from tfdp_embed._keras import keras, tf
-    from tfdp_embed.training import DPModel
+    from tfdp_embed.keras2._keras import keras, tf
+    from tfdp_embed.keras2.training import DPModel
 
     ids, labels = batches  # numpy [steps, batch, 4], [steps, batch, 1]
 
@@ -430,7 +430,7 @@ def main(argv=None) -> int:
         import numpy as np
 
         from benchmarks.step_time_worker import make_batches
-        from tfdp_embed._keras import tf
+        from tfdp_embed.keras2._keras import tf
 
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(cluster), rpc_layer="grpc")
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)

@@ -16,7 +16,7 @@ What happens:
      protects) plus any extra fixed examples (secret-sharer canaries);
   2. q = batch_size / N, T = epochs x round(1/q) steps; sigma given, or
      calibrated for (epsilon, delta = 1/N by default) with `dp_accounting` (PLD);
-  3. train the two-tower model (`tfdp_embed.models.two_tower`: bag-of-words
+  3. train the two-tower model (`tfdp_embed.keras2.models.two_tower`: bag-of-words
      context tower, item lookup label tower, full softmax over all items)
      with `DPModel` on Poisson-sampled batches (LazyDP with the one-batch
      lookahead), a privacy budget stopping DP runs at the target epsilon;
@@ -53,7 +53,7 @@ from pipelines import cli_types, movielens_privacy, movielens_vocabulary
 from pipelines.output_dir import removed_on_failure
 from pipelines.step_timer import StepTimer
 from tfdp_embed import DPModel, Release, ReleasedDatasetSize, RunPlan, accounting, keras, release_dataset_size, tf
-from tfdp_embed.accounting import PrivacyBudget, write_privacy_report
+from tfdp_embed.accounting import write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data import poisson_batches, with_lookahead
 from tfdp_embed.data.item_ids import table_size_warning
@@ -64,11 +64,12 @@ from tfdp_embed.data.movielens import (
     load_movielens_data,
     read_ratings,
 )
-from tfdp_embed.export import export_saved_model, release_ready
+from tfdp_embed.keras2.callbacks import PrivacyBudget
+from tfdp_embed.keras2.export import export_saved_model, release_ready
+from tfdp_embed.keras2.models.two_tower import TwoTowerModel, two_tower_registry
+from tfdp_embed.keras2.models.two_tower_serving import RetrievalServingModule
 from tfdp_embed.metrics.baselines import NOT_RELEASED_NOTE, chance_retrieval, item_counts, popularity_retrieval
 from tfdp_embed.metrics.retrieval import DEFAULT_KS, precision_recall_at_k
-from tfdp_embed.models.two_tower import TwoTowerModel, two_tower_registry
-from tfdp_embed.models.two_tower_serving import RetrievalServingModule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA_PATH = os.path.join(ROOT, "..", "shared", "data", "movielens", "ml-100k", "u.data")

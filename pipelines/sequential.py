@@ -33,7 +33,7 @@ What happens:
   5. evaluate on validation and test users, ranking ALL items, next to two
      references that are not released: chance and the most-popular ranking
      of the training split (`tfdp_embed.metrics.baselines`);
-  6. export `OUT/saved_model` through `tfdp_embed.export.export_saved_model`
+  6. export `OUT/saved_model` through `tfdp_embed.keras2.export.export_saved_model`
      (refuses a model that owes noise); `serving_default` maps a history of
      any length `[B, any]` to the top-10 items (padded/trimmed inside, unknown
      ids dropped: `SASRecServing`); `OUT/report.json` holds the metrics, the
@@ -61,7 +61,6 @@ from pipelines.stop_after import StopAfter
 from tfdp_embed import DPModel, accounting, export_saved_model, keras, tf
 from tfdp_embed.accounting import write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
-from tfdp_embed.attention import effective_errors
 from tfdp_embed.data import poisson_batches
 from tfdp_embed.data.item_ids import table_size_warning
 from tfdp_embed.data.sequence_files import LAYOUTS
@@ -70,8 +69,9 @@ from tfdp_embed.data.sequences import (
     load_sequences,
     training_dataset,
 )
+from tfdp_embed.keras2.attention import effective_errors
+from tfdp_embed.keras2.models.sasrec import SASRec, SASRecConfig, SASRecServing
 from tfdp_embed.metrics.baselines import NOT_RELEASED_NOTE, chance_ranking, item_counts, popularity_ranking
-from tfdp_embed.models.sasrec import SASRec, SASRecConfig, SASRecServing
 
 MODELS = ("transformer", "dpformer")
 MECHANISM_NAMES = ("dense", "none")

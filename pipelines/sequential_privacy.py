@@ -35,13 +35,13 @@ from pipelines.sequential_vocabulary import ItemVocabulary
 from tfdp_embed import Release, ReleasedDatasetSize, RunPlan, plan_run, release_dataset_size
 from tfdp_embed._checks import check_int
 from tfdp_embed.accounting.releases import RELEASE_MECHANISMS
-from tfdp_embed.attention import (
+from tfdp_embed.data.sequences import SequenceData
+from tfdp_embed.keras2.attention import (
     ItemFrequencies,
     exact_item_frequencies,
     private_item_frequencies,
     read_item_frequencies,
 )
-from tfdp_embed.data.sequences import SequenceData
 
 SOURCES = ("private", "public")
 ITEM_FREQUENCIES = "item_frequencies"

@@ -30,8 +30,8 @@ import numpy as np
 
 from tfdp_embed import DPEmbedding, DPModel, keras, tf
 from tfdp_embed.accounting import PrivacyBudget
-from tfdp_embed.checkpointing import DPCheckpoint, rest_of_epoch
 from tfdp_embed.data import poisson_batches, with_lookahead
+from tfdp_embed.keras2.checkpointing import DPCheckpoint, rest_of_epoch
 from tfdp_embed.mechanisms import DPFEST, EANA, DenseDPSGD, DPAdaFEST, LazyDP
 
 VOCAB, DIM, N, Q, EPOCHS = 50, 4, 200, 0.025, 5  # 40 batches per epoch, 200 steps

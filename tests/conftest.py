@@ -14,7 +14,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return
-    from tfdp_embed._keras import tf
+    from tfdp_embed.keras2._keras import tf
 
     if tf.config.list_physical_devices("GPU"):
         return

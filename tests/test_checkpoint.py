@@ -1,4 +1,4 @@
-"""Checkpoint / resume of DP training (tfdp_embed/checkpointing/).
+"""Checkpoint / resume of DP training (tfdp_embed/keras2/checkpointing/).
 
 THE test kills a training process with SIGKILL mid-epoch, resumes it in a new
 process and compares with an uninterrupted run (tests/checkpoint_worker.py):
@@ -25,15 +25,15 @@ import pytest
 
 from tfdp_embed import keras, tf
 from tfdp_embed.accounting import PrivacyLedger
-from tfdp_embed.checkpointing import (
+from tfdp_embed.keras2.checkpointing import (
     CheckpointCorruptedError,
     CheckpointError,
     CheckpointMismatchError,
     DPCheckpoint,
     rest_of_epoch,
 )
-from tfdp_embed.checkpointing.position import normalized_position
-from tfdp_embed.export import export_saved_model
+from tfdp_embed.keras2.checkpointing.position import normalized_position
+from tfdp_embed.keras2.export import export_saved_model
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_worker.py")
 ROOT = os.path.dirname(os.path.dirname(WORKER))

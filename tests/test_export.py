@@ -7,12 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.export import REPORT_FILENAME, export_saved_model
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.export import REPORT_FILENAME, export_saved_model
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
-from tfdp_embed.training import DPModel
 
 
 def _trained(mechanism):

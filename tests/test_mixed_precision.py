@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import DenseDPSGD, LazyDP, MechanismCapabilities, create
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, B = 200, 4, 3, 8
 TOUCHED = 5  # the data reads rows 0..4 only

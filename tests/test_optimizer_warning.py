@@ -1,4 +1,4 @@
-"""A non-legacy optimizer on a sparse table is warned about once, naming the legacy one (tfdp_embed/optimizer_check.py).
+"""A non-legacy optimizer on a sparse table is warned about once, naming the legacy one (tfdp_embed/keras2/optimizer_check.py).
 
 Written as the user who compiles with `keras.optimizers.SGD` (tf-keras' new-style
 optimizer) and sees a step as slow as the table is large.

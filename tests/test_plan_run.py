@@ -210,7 +210,7 @@ def test_periods_compose_in_parallel():
     assert isinstance(budget, PeriodBudget) and budget.planned_one_off_events == 2
     with pytest.raises(ValueError, match="`period` must be an index"):
         plan.budget()
-    from tfdp_embed.layers.embedding import DPEmbedding
+    from tfdp_embed.keras2.layers.embedding import DPEmbedding
 
     plan.mechanism.init(tables=[DPEmbedding(100, 2, name="t")], dense_variables=[], optimizer=None)
     budget.on_train_begin()  # both selections charged up front, within the target

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import tf
 from tfdp_embed._rng import make_generator
 from tfdp_embed._sorted_sets import is_member
+from tfdp_embed.keras2._keras import tf
 
 
 def _draws(generator, n=8):

@@ -3,7 +3,7 @@
 What is saved is the released model: the wrapped model with every noise
 the mechanism owes added (LazyDP flushed), no mechanism, optimizer or
 training metric. Training state that must resume goes through
-`tfdp_embed.checkpointing.DPCheckpoint` (tests/test_checkpoint.py).
+`tfdp_embed.keras2.checkpointing.DPCheckpoint` (tests/test_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import create
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, B = 50, 4, 3, 8
 

@@ -5,12 +5,12 @@ import sys
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.none import NonPrivate
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, BATCH = 30, 4, 3, 8
 BCE = keras.losses.BinaryCrossentropy(from_logits=True)

@@ -8,7 +8,7 @@ and seeded results (tests, checkpoints) pin each caller's layout.
 
 from __future__ import annotations
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
 
 _SEED_AS = ("key", "counter")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
 
 
 def is_member(values: tf.Tensor, sorted_set: tf.Tensor) -> tf.Tensor:

@@ -33,8 +33,7 @@ contribution; an example contributing 0 is within the bound).
 from __future__ import annotations
 
 import numpy as np
-
-from tfdp_embed._keras import tf
+import tensorflow as tf
 
 DIVERGED_MESSAGE = (
     "Training stopped: the model's weights are NaN or Inf after this step (the model diverged; lower the "

@@ -34,7 +34,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
 
 _GUARDED_METHODS = ("_read_variable_op", "sparse_read", "gather_nd")
 _GUARD_ATTRIBUTE = "_tfdp_before_read"

@@ -21,7 +21,8 @@ References: Abadi et al. 2016 §3.1 (every update is clipped and noised).
 
 from __future__ import annotations
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
+
 from tfdp_embed.errors import PrivacyContractError
 
 MESSAGE = (

@@ -41,7 +41,7 @@ What happens (`pipeline.run`, one function per stage):
      (`divergence.py`);
   6. export `OUT/saved_model` (no optimizer or mechanism state;
      `serving_default` takes the raw Criteo fields as strings, see
-     `tfdp_embed.models.ctr_serving`) with `privacy_report.json` beside it;
+     `tfdp_embed.keras2.models.ctr_serving`) with `privacy_report.json` beside it;
   7. write `OUT/report.json` (AUC (null with `auc_note` on a single-class
      evaluation file), log loss and the base-rate log loss, mean prediction,
      the chosen settings, privacy, which

@@ -29,7 +29,7 @@ from pipelines.output_dir import removed_on_failure
 from tfdp_embed import PrivacyContractError
 from tfdp_embed.data.criteo import CriteoFormatError
 from tfdp_embed.data.criteo.layout import FORMATS
-from tfdp_embed.models import ARCHITECTURES
+from tfdp_embed.keras2.models import ARCHITECTURES
 
 
 def _units(text):

@@ -26,12 +26,13 @@ from pipelines.criteo.config import PipelineConfig
 from pipelines.step_timer import StepTimer
 from pipelines.stop_after import StopAfter
 from tfdp_embed import DPEmbedding, ReleasedDatasetSize, RunPlan, export_saved_model, keras, release_dataset_size, tf
-from tfdp_embed.accounting import Period, PrivacyBudget
+from tfdp_embed.accounting import Period
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data.criteo import CAT_FEATURES, resolve_vocab_sizes
 from tfdp_embed.data.criteo.text import estimate_rows
-from tfdp_embed.export import release_ready
-from tfdp_embed.models import CTRModelConfig, CTRServingModule, build_ctr_model
+from tfdp_embed.keras2.callbacks import PrivacyBudget
+from tfdp_embed.keras2.export import release_ready
+from tfdp_embed.keras2.models import CTRModelConfig, CTRServingModule, build_ctr_model
 
 
 @dataclasses.dataclass

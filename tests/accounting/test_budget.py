@@ -13,9 +13,9 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.accounting import PrivacyBudget, PrivacyLedger, compute_epsilon
 from tfdp_embed.errors import PrivacyBudgetExceededError
+from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.mechanisms.base import NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import MechanismCapabilities
 

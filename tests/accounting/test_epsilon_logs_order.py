@@ -72,7 +72,7 @@ def test_tensorboard_and_every_callback_see_epsilon_whatever_the_order(order, tm
 
 
 def test_epsilon_first_leaves_a_list_without_a_budget_as_it_is():
-    from tfdp_embed.accounting.epsilon_logs import epsilon_first  # here: the module is new (the file runs on old code)
+    from tfdp_embed.keras2.callbacks import epsilon_first  # here: the module is new (the file runs on old code)
 
     callbacks = [keras.callbacks.TensorBoard("unused"), _Reader()]
     assert epsilon_first(callbacks) == callbacks

@@ -14,7 +14,6 @@ from tfdp_embed.accounting import EventSource, calibrate_noise_multiplier, compu
 from tfdp_embed.accounting.periods import (
     PARALLEL,
     Period,
-    PeriodBudget,
     add_period_accounting,
     calibrate_periods,
     parallel_epsilon,
@@ -22,6 +21,7 @@ from tfdp_embed.accounting.periods import (
     period_ledgers,
 )
 from tfdp_embed.errors import PrivacyBudgetExceededError
+from tfdp_embed.keras2.callbacks import PeriodBudget
 
 DELTA = 1e-5
 SELECTION = dp_accounting.GaussianDpEvent(20.0)

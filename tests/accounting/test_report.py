@@ -8,7 +8,6 @@ import dp_accounting
 import pytest
 from scipy import stats
 
-from tfdp_embed._keras import tf
 from tfdp_embed.accounting import (
     PrivacyLedger,
     compute_epsilon,
@@ -20,6 +19,7 @@ from tfdp_embed.accounting import (
 )
 from tfdp_embed.accounting.dataset_size import PUBLIC_N_ASSUMPTION, release_dataset_size
 from tfdp_embed.data import fed_batching, fixed_size_batches, poisson_batches
+from tfdp_embed.keras2._keras import tf
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.eana import EANA
 

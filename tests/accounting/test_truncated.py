@@ -10,7 +10,6 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.accounting import (
     PrivacyBudget,
     PrivacyLedger,
@@ -23,11 +22,12 @@ from tfdp_embed.accounting.calibration import PLD_VALUE_DISCRETIZATION_INTERVAL
 from tfdp_embed.data import fixed_shape_batches, poisson_batches
 from tfdp_embed.data.provenance import register
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.lazy import LazyDP
 from tfdp_embed.planning import plan_run
-from tfdp_embed.training import DPModel
 
 N, Q, CAP, SIGMA, STEPS, DELTA = 1000, 0.05, 60, 1.2, 40, 1e-5  # q N = 50, sd ~6.9: cap at +1.5 sd
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed.accounting import compute_epsilon
-from tfdp_embed.attention import (
+from tfdp_embed.keras2.attention import (
     ItemFrequencyFileError,
     exact_item_frequencies,
     private_item_frequencies,

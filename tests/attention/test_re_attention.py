@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed import tf
-from tfdp_embed.attention import (
+from tfdp_embed.keras2.attention import (
     CausalSelfAttention,
     attention_output_variance,
     dense_output_variance,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks import step_time_worker as worker
-from tfdp_embed._keras import tf
+from tfdp_embed.keras2._keras import tf
 
 SPEC = dict(vocab=3000, dim=8, batch=16, l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)
 

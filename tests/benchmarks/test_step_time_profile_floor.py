@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks import step_time_profile, step_time_worker
-from tfdp_embed._keras import tf
+from tfdp_embed.keras2._keras import tf
 
 
 def test_floor_times_plain_write_and_mechanism_and_writes_the_rows():

@@ -6,8 +6,8 @@ import warnings
 
 import numpy as np
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.clipping import LayerRegistry, default_registry
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.clipping import LayerRegistry, default_registry
 
 from .brute_force import check_against_brute_force, infos_by_layer, run_step
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.clipping import layer_norm_layer_gradients, record_taps
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.clipping import layer_norm_layer_gradients, record_taps
 
 from .brute_force import check_against_brute_force, infos_by_layer
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.clipping import (
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.clipping import (
     default_registry,
     embedding_layer_gradients,
     phantom_layer_gradients,
     record_taps,
 )
-from tfdp_embed.clipping.registry import LayerRegistry
-from tfdp_embed.clipping.taps import LayerCall, LayerTaps
-from tfdp_embed.layers.shared_embedding import SharedEmbedding
+from tfdp_embed.keras2.clipping.registry import LayerRegistry
+from tfdp_embed.keras2.clipping.taps import LayerCall, LayerTaps
+from tfdp_embed.keras2.layers.shared_embedding import SharedEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import MECHANISMS
 from tfdp_embed.mechanisms.none import NonPrivate
-from tfdp_embed.training import DPModel
 
 from .brute_force import check_against_brute_force, infos_by_layer
 
@@ -167,7 +167,7 @@ def test_registry_routes_shared_embedding_before_dp_embedding():
     registry = default_registry()
     assert registry.lookup(_table()) is phantom_layer_gradients
     assert registry.lookup(keras.layers.Dense(1)) is not phantom_layer_gradients
-    from tfdp_embed.layers.embedding import DPEmbedding
+    from tfdp_embed.keras2.layers.embedding import DPEmbedding
 
     assert registry.lookup(DPEmbedding(3, 2)) is embedding_layer_gradients
 

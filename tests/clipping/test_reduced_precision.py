@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
-from tfdp_embed.layers.shared_embedding import SharedEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.layers.shared_embedding import SharedEmbedding
 
 from .brute_force import check_against_brute_force, run_step
 

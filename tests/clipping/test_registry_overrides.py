@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.clipping import (
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.clipping import (
     LayerRegistry,
     clipped_step,
     default_registry,
@@ -15,10 +16,9 @@ from tfdp_embed.clipping import (
     record_taps,
     vectorized_layer_gradients,
 )
-from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
-from tfdp_embed.layers.shared_embedding import SharedEmbedding
-from tfdp_embed.models.two_tower import (
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.layers.shared_embedding import SharedEmbedding
+from tfdp_embed.keras2.models.two_tower import (
     ItemEmbedding,
     item_embedding_gradients,
     two_tower_registry,

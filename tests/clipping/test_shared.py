@@ -3,7 +3,7 @@
 Written as the user's code: a `tfrs.Model` with a query tower and an item
 tower with features (item id table, a multi-valued genre table with a
 mean combiner, Dense layers, LayerNormalization, a custom layer with no
-rule), trained with `tfdp_embed.retrieval.Retrieval`. The per-example
+rule), trained with `tfdp_embed.keras2.retrieval.Retrieval`. The per-example
 squared norms and the clipped sums of every layer must equal the
 brute-force jacobian (float64) for the full softmax, the sampled softmax,
 and with the positive's embedding computed per example by the user (the
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPEmbedding, keras, tf
-from tfdp_embed.clipping import shared_computation
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.retrieval import FullSoftmax, Retrieval, SampledSoftmax
+from tfdp_embed.keras2.clipping import shared_computation
+from tfdp_embed.keras2.retrieval import FullSoftmax, Retrieval, SampledSoftmax
 
 from .brute_force import check_against_brute_force, infos_by_layer
 
@@ -130,8 +130,8 @@ def test_item_tower_norms_and_clipped_sums_match_brute_force(negatives, positive
 
 def test_traced_step_matches_brute_force():
     """Inside `tf.function` (as in `DPModel`) the per-example cotangents come from one vectorised pass."""
-    from tfdp_embed.clipping import clipped_step, default_registry, vectorized_layer_gradients
-    from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+    from tfdp_embed.keras2.clipping import clipped_step, default_registry, vectorized_layer_gradients
+    from tfdp_embed.keras2.clipping.taps import layers_owning_weights, record_taps
 
     model = _model(SampledSoftmax(5, seed=3), positives_from_user=True)
     registry = default_registry()
@@ -191,7 +191,7 @@ def test_catalogue_tower_outside_a_shared_computation_is_refused_with_the_way_ou
 
 
 def test_a_rule_without_shared_support_is_refused():
-    from tfdp_embed.clipping import default_registry, dense_layer_gradients
+    from tfdp_embed.keras2.clipping import default_registry, dense_layer_gradients
 
     def my_dense_rule(layer, taps, output_grads):  # a user's rule, unaware of shared calls
         return dense_layer_gradients(layer, taps, output_grads)

@@ -17,8 +17,8 @@ import random
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import tf
 from tfdp_embed.data import beam_poisson_batches, fed_batching, fixed_shape_batches
+from tfdp_embed.keras2._keras import tf
 from tfdp_embed_beam import record_format as fmt
 from tfdp_embed_beam.sampling import check_seed, cut_step, example_steps
 

@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import tf
 from tfdp_embed.data.criteo import (
     CAT_FEATURES,
     CRITEO_VOCAB_SIZES,
@@ -28,6 +27,7 @@ from tfdp_embed.data.criteo import (
 )
 from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
 from tfdp_embed.data.criteo.text import iter_chunks
+from tfdp_embed.keras2._keras import tf
 
 TOKEN = "68fd1e64"
 

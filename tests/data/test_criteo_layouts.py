@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from pipelines import criteo
-from tfdp_embed._keras import tf
 from tfdp_embed.data.criteo import (
     CAT_FEATURES,
     INT_FEATURES,
@@ -30,8 +29,9 @@ from tfdp_embed.data.criteo import (
 from tfdp_embed.data.criteo.layout import detect_layout
 from tfdp_embed.data.criteo.rows import INT_FIELD_PATTERN, parse_block
 from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
-from tfdp_embed.models import CTRModelConfig, CTRServingModule, build_ctr_model
-from tfdp_embed.models.ctr_serving import RAW_FIELDS, check_request
+from tfdp_embed.keras2._keras import tf
+from tfdp_embed.keras2.models import CTRModelConfig, CTRServingModule, build_ctr_model
+from tfdp_embed.keras2.models.ctr_serving import RAW_FIELDS, check_request
 
 ROWS = 300
 NAMES = ["label", *INT_FEATURES, *CAT_FEATURES]

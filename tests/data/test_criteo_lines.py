@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import tf
 from tfdp_embed.data.criteo import CriteoFormatError, criteo_dataset, criteo_lines
 from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
+from tfdp_embed.keras2._keras import tf
 
 
 def test_lines_parse_as_the_files_reader_reads_them(tmp_path):

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from tfdp_embed.contract.preprocessing import check_preprocessing, state_source
-from tfdp_embed.data.dp_preprocessing import dp_normalization_statistics, lookup_layer, normalization_layer
 from tfdp_embed.data.vocabulary import public_vocabulary
+from tfdp_embed.keras2.contract.preprocessing import check_preprocessing, state_source
+from tfdp_embed.keras2.dp_preprocessing import dp_normalization_statistics, lookup_layer, normalization_layer
 
 VALUES = np.linspace(10.0, 30.0, 1000)  # mean 20, variance (20^2 / 12) x 1001/999 ~ 33.4
 

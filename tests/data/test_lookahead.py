@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tfdp_embed._keras import tf
 from tfdp_embed.data import poisson_batches, with_lookahead
+from tfdp_embed.keras2._keras import tf
 
 
 def _batches():

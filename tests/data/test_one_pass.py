@@ -12,8 +12,8 @@ import os
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import tf
 from tfdp_embed.data import fed_batching, fixed_shape_batches, one_pass, one_pass_poisson_batches, poisson_batches
+from tfdp_embed.keras2._keras import tf
 from tfdp_embed_beam.sampling import joined_cells
 
 N = 300

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import tf
 from tfdp_embed.data import BatchingInfo, fixed_size_batches, poisson_batches, streaming_poisson_batches
 from tfdp_embed.data.provenance import registered_info
+from tfdp_embed.keras2._keras import tf
 
 N = 200
 

@@ -23,7 +23,7 @@ import json
 import sys
 import tempfile
 
-from tfdp_embed._keras import keras, tf
+from tfdp_embed.keras2._keras import keras, tf
 
 _CPU = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -31,11 +31,11 @@ tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfigu
 import numpy as np
 
 from tfdp_embed.accounting import PrivacyBudget
-from tfdp_embed.checkpointing import DPCheckpoint, rest_of_epoch
 from tfdp_embed.data import poisson_batches
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.checkpointing import DPCheckpoint, rest_of_epoch
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import DPFEST, EANA, DenseDPSGD
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, N, Q, EPOCHS = 30, 4, 64, 0.125, 2  # 8 batches per epoch, 16 steps
 EVERY, STOP_AFTER = 5, 13

@@ -11,7 +11,7 @@ recorded.
 
 from __future__ import annotations
 
-from tfdp_embed._keras import tf
+from tfdp_embed.keras2._keras import tf
 
 
 class CpuEngine:

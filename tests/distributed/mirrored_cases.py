@@ -13,15 +13,16 @@ from __future__ import annotations
 import json
 import sys
 
-from tfdp_embed._keras import keras, tf
+from tfdp_embed.keras2._keras import keras, tf
 
 _CPU = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import numpy as np
 
-from tfdp_embed import distribute
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2 import distribute
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import (
     DPFEST,
     EANA,
@@ -31,7 +32,6 @@ from tfdp_embed.mechanisms import (
     LazyDP,
     NonPrivate,
 )
-from tfdp_embed.training import DPModel
 
 VOCAB, IDS, BATCH = 30, 3, 8
 BCE = keras.losses.BinaryCrossentropy(from_logits=True)
@@ -247,7 +247,7 @@ def _zero_gradient_data(steps):
 
     Sample weights are 1e-20, so every clipped gradient is ~1e-20 and each step's
     update is the noise alone: -lr * noise / B. (Not 0: a weight-0 example is
-    absent, its lookups touch no row; `tfdp_embed.clipping.absent_examples`.)
+    absent, its lookups touch no row; `tfdp_embed.absent_examples`.)
     """
     first = np.array([[0, 1, 2], [1, 2, 3], [3, 0, 0], [2, 2, 1]], "int32")
     ids = np.concatenate([first, first + 10])  # 8 examples = one global batch

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import json
 
-from tfdp_embed._keras import keras, tf
+from tfdp_embed.keras2._keras import keras, tf
 
 # Must exist before any other TensorFlow op runs in this process.
 STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()
 
 import numpy as np
 
-from tfdp_embed import distribute
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2 import distribute
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import DPFEST, EANA, DPAdaFESTPlus, NonPrivate
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, BATCH, STEPS = 30, 4, 3, 8, 3
 BCE = keras.losses.BinaryCrossentropy(from_logits=True)

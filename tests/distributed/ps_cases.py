@@ -16,9 +16,10 @@ import socket
 
 import numpy as np
 
-from tfdp_embed import distribute
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2 import distribute
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import (
     DPFEST,
     EANA,
@@ -28,7 +29,6 @@ from tfdp_embed.mechanisms import (
     LazyDP,
     NonPrivate,
 )
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, BATCH, STEPS = 50, 4, 3, 8, 4
 BCE = keras.losses.BinaryCrossentropy(from_logits=True)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 from cpu_engine import CpuEngine
 
-from tfdp_embed import distribute
-from tfdp_embed._keras import keras
+from tfdp_embed.keras2 import distribute
+from tfdp_embed.keras2._keras import keras
 from tfdp_embed.mechanisms import EANA
 
 VOCAB, DIM, IDS = 20, 4, 3

@@ -8,11 +8,11 @@ The 2-replica ownership of noise rows is tested in test_mirrored.py.
 import numpy as np
 import pytest
 
-from tfdp_embed import distribute
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2 import distribute
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import EANA, MECHANISMS, LazyDP
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, BATCH = 20, 3, 3, 6
 
@@ -24,7 +24,7 @@ def test_every_mechanism_has_a_tpu_plan_and_tpu_training_is_refused_with_the_rea
     for name in MECHANISMS:
         reason = distribute.unsupported_reason(name, distribute.TPU)
         assert reason is not None and "docs/tpu_sparsecore.md" in reason
-        assert "tfdp_embed.distribute.TpuDPStep" in reason  # DPModel's refusal points at the TPU step
+        assert "tfdp_embed.keras2.distribute.TpuDPStep" in reason  # DPModel's refusal points at the TPU step
     assert distribute.tpu_embedding_plan(EANA(l2_norm_clip=1.0, noise_multiplier=1.0)).possible
     with pytest.raises(KeyError, match="No TPU SparseCore plan for mechanism 'nope'"):
         distribute.tpu_embedding_plan("nope")

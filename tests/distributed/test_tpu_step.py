@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 from cpu_engine import CpuEngine
 
-from tfdp_embed import distribute
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2 import distribute
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import (
     DPFEST,
     EANA,
@@ -32,7 +33,6 @@ from tfdp_embed.mechanisms import (
     LazyDP,
     NonPrivate,
 )
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, BATCH, LR = 40, 4, 3, 8, 0.5
 BCE = keras.losses.BinaryCrossentropy(from_logits=True)

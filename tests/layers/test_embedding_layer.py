@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
 
 
 def _layer(**kwargs):
@@ -109,7 +109,7 @@ def test_config_round_trip_and_subclass():
 
 def test_keras_file_loads_without_custom_objects(tmp_path):
     """DPEmbedding and SharedEmbedding are registered Keras serializables (package tfdp_embed)."""
-    from tfdp_embed.layers.shared_embedding import SharedEmbedding
+    from tfdp_embed.keras2.layers.shared_embedding import SharedEmbedding
 
     inp = keras.Input((2,), dtype="int32")
     items = SharedEmbedding(10, 3, name="items")

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.adafest import (
     DPAdaFEST,
     contribution_map,
@@ -107,7 +107,7 @@ def test_zero_noise_huge_clip_reproduces_sgd_sum():
 
 @pytest.mark.parametrize("run_eagerly", [True, False])
 def test_end_to_end_dpmodel_zero_noise_matches_sgd(run_eagerly):
-    from tfdp_embed.training import DPModel
+    from tfdp_embed.keras2.training import DPModel
 
     def build():
         keras.utils.set_random_seed(3)
@@ -150,7 +150,7 @@ def test_end_to_end_dpmodel_zero_noise_matches_sgd(run_eagerly):
 
 
 def test_end_to_end_dpmodel_noisy_runs_in_graph():
-    from tfdp_embed.training import DPModel
+    from tfdp_embed.keras2.training import DPModel
 
     inputs = keras.Input((2,), dtype="int32")
     x = DPEmbedding(5000, 4, combiner="mean", name="big")(inputs)
@@ -187,8 +187,8 @@ def test_end_to_end_dpmodel_noisy_runs_in_graph():
 def test_one_trace_of_the_table_step_serves_tables_of_every_shape(plus):
     # Tables of different sizes and widths, one with an empty selection (AdaFEST+) and one with p = 0:
     # the table step is traced once (per kind of draw) and every table still trains.
+    from tfdp_embed.keras2.training import DPModel
     from tfdp_embed.mechanisms.adafest_plus import DPAdaFESTPlus
-    from tfdp_embed.training import DPModel
 
     sizes, dims = (50, 300, 7), (3, 5, 2)
     inputs = [keras.Input((), dtype="int64", name=f"f{i}") for i in range(3)]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tfdp_embed._keras import tf
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.adafest_plus import DPAdaFESTPlus
 from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
 
@@ -196,9 +196,9 @@ def test_bad_selection_arguments_raise():
 
 
 def test_end_to_end_fest_selection_then_adafest_in_dpmodel():
-    from tfdp_embed._keras import keras
+    from tfdp_embed.keras2._keras import keras
+    from tfdp_embed.keras2.training import DPModel
     from tfdp_embed.mechanisms.topk_selection import bucket_counts
-    from tfdp_embed.training import DPModel
 
     vocab = 300
     rng = np.random.default_rng(0)

@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tfdp_embed._keras import tf
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.adafest import (
     DPAdaFEST,
     noise_survival_probability,

@@ -7,7 +7,7 @@ import gc
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import tf
+from tfdp_embed.keras2._keras import tf
 from tfdp_embed.mechanisms.any_shape import AnyShapeFunction
 
 

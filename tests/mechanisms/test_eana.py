@@ -2,7 +2,7 @@
 
 Unit tests drive the mechanism with hand-built `ClippedGradients` and apply
 its output with the legacy Keras SGD optimizer the train step uses; one
-end-to-end test trains through `tfdp_embed.training.DPModel`.
+end-to-end test trains through `tfdp_embed.keras2.training.DPModel`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import MECHANISMS
 from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
 from tfdp_embed.mechanisms.eana import EANA
-from tfdp_embed.training import DPModel
 
 
 def table_step(vocab, dim, rows, values, *, expected_batch_size=4.0, dense=()):

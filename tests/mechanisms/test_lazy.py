@@ -17,9 +17,9 @@ import pytest
 from scipy import stats
 
 from tfdp_embed import read_guard
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms import lazy_math
 from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
 from tfdp_embed.mechanisms.dense import DenseDPSGD
@@ -183,8 +183,8 @@ def test_per_step_stateless_lazy_equals_dense_dpsgd(momentum, nesterov, lookahea
 def _dp_model_run(mechanism, steps=12, momentum=0.9):
     """DPModel.fit over a lookahead dataset (without it for mechanisms not declaring lookahead), then
     evaluate (read hooks) and flush."""
+    from tfdp_embed.keras2.training import DPModel
     from tfdp_embed.mechanisms import capabilities_of
-    from tfdp_embed.training import DPModel
 
     rng = np.random.default_rng(11)
     ids = rng.integers(0, VOCAB - 4, size=(steps, BATCH, IDS)).astype(np.int32)

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.lazy import LazyDP
-from tfdp_embed.training import DPModel
 
 TABLES, VOCAB, DIM, BATCH, STEPS, EPOCHS = 7, 16, 2, 4, 3, 3
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from tfdp_embed._keras import tf
+from tfdp_embed.keras2._keras import tf
 from tfdp_embed.mechanisms import topk_selection
 from tfdp_embed.mechanisms.topk_selection import (
     bucket_counts,

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPModel, keras, tf
-from tfdp_embed.clipping import (
+from tfdp_embed.keras2.clipping import (
     clipped_step,
     default_registry,
     vectorized_layer_gradients,
 )
-from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.keras2.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.keras2.models.sasrec import SASRec, SASRecConfig, SASRecServing
 from tfdp_embed.mechanisms import MECHANISMS
-from tfdp_embed.models.sasrec import SASRec, SASRecConfig, SASRecServing
 
 V, L, D = 12, 5, 8
 IDS = np.array([[0, 0, 3, 5, 3], [1, 2, 3, 4, 5], [0, 0, 0, 0, 7], [0, 0, 0, 0, 0], [9, 9, 9, 9, 9]], np.int32)

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPModel, keras, mechanisms, tf
-from tfdp_embed.clipping import (
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.keras2.clipping import (
     clipped_step,
     default_registry,
     vectorized_layer_gradients,
 )
-from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
-from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.models.two_tower import (
+from tfdp_embed.keras2.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.keras2.models.two_tower import (
     ItemEmbedding,
     TwoTowerModel,
     two_tower_registry,

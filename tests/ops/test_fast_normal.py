@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import tf
+from tfdp_embed.keras2._keras import tf
 from tfdp_embed.ops import fast_normal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -410,7 +410,7 @@ def test_fallback_when_disabled_and_without_compiler(tmp_path):
     script = """
         import warnings
         import numpy as np
-        from tfdp_embed._keras import tf
+        from tfdp_embed.keras2._keras import tf
         from tfdp_embed.ops import fast_normal
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPEmbedding, DPModel
-from tfdp_embed._keras import keras, tf
+from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.mechanisms import LazyDP
 from tfdp_embed.ops import fast_normal, placement, sparse_rows
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import tf
+from tfdp_embed.keras2._keras import tf
 from tfdp_embed.ops import fast_normal, sparse_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -377,7 +377,7 @@ def test_fallback_runs_the_references_and_training_still_works(tmp_path):
     and EANA and LazyDP train (LazyDP on its TF path)."""
     script = """
         import numpy as np
-        from tfdp_embed._keras import keras, tf
+        from tfdp_embed.keras2._keras import keras, tf
         from tfdp_embed.ops import sparse_rows
         from tfdp_embed import DPEmbedding, DPModel
         from tfdp_embed.mechanisms import EANA, LazyDP
@@ -448,8 +448,8 @@ def test_noised_values_streams_are_the_offset_keys(op):
 
 
 def test_lazy_lookahead_with_out_of_range_ids_is_refused(op):
-    from tfdp_embed._keras import keras
-    from tfdp_embed.layers.embedding import DPEmbedding
+    from tfdp_embed.keras2._keras import keras
+    from tfdp_embed.keras2.layers.embedding import DPEmbedding
     from tfdp_embed.mechanisms import LazyDP
 
     layer = DPEmbedding(10, 2, combiner="mean", name="t")

@@ -19,10 +19,10 @@ import pytest
 
 from pipelines import criteo
 from tfdp_embed import Release, plan_run
-from tfdp_embed._keras import tf
 from tfdp_embed.accounting import Period, compute_epsilon
 from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
-from tfdp_embed.models.ctr_serving import RAW_FIELDS
+from tfdp_embed.keras2._keras import tf
+from tfdp_embed.keras2.models.ctr_serving import RAW_FIELDS
 from tfdp_embed_beam import record_format as fmt
 
 TINY = [

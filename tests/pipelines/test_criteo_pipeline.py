@@ -31,12 +31,12 @@ from pipelines.criteo import calibration as criteo_calibration
 from pipelines.criteo import data as criteo_data
 from pipelines.criteo import evaluation as criteo_eval
 from pipelines.criteo.report import REQUIRED_KEYS
-from tfdp_embed._keras import tf
 from tfdp_embed.accounting import PrivacyLedger
 from tfdp_embed.data.criteo import CAT_FEATURES, criteo_dataset, resolve_vocab_sizes
 from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
-from tfdp_embed.export import REPORT_FILENAME
-from tfdp_embed.models.ctr_serving import RAW_FIELDS, check_request
+from tfdp_embed.keras2._keras import tf
+from tfdp_embed.keras2.export import REPORT_FILENAME
+from tfdp_embed.keras2.models.ctr_serving import RAW_FIELDS, check_request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROWS_PER_DAY = 400
@@ -242,7 +242,7 @@ missing = {k: v for k, v in tensors.items() if k != "C5"}
 attempt("missing_field", lambda: serve(**missing))
 attempt("wrong_dtype", lambda: serve(**{**tensors, "I3": tf.constant([1.0] * len(request["I3"]))}))
 attempt("not_a_number", lambda: serve(**{**tensors, "I3": tf.constant(["abc"] * len(request["I3"]))}))
-from tfdp_embed.models.ctr_serving import check_request
+from tfdp_embed.keras2.models.ctr_serving import check_request
 attempt("checked_missing_field", lambda: check_request({k: v for k, v in request.items() if k != "C5"}))
 attempt("checked_wrong_dtype", lambda: check_request({**request, "I3": [1.0] * len(request["I3"])}))
 print(json.dumps(out))
@@ -420,7 +420,7 @@ def test_output_calibration_solves_the_shift_and_adds_laplace_noise_of_the_state
 
 
 def test_output_calibration_moves_the_mean_prediction_to_the_click_rate(days):
-    from tfdp_embed.models import CTRModelConfig, build_ctr_model
+    from tfdp_embed.keras2.models import CTRModelConfig, build_ctr_model
 
     vocab = resolve_vocab_sizes(None, 20)
     period = criteo_data.read_period([days[1]], vocab_sizes=vocab, skip_bad_rows=False)

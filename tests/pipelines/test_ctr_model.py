@@ -7,8 +7,7 @@ import pytest
 
 from tfdp_embed import DPModel, keras, tf
 from tfdp_embed.data.criteo import CRITEO_VOCAB_SIZES, parse_raw_fields
-from tfdp_embed.mechanisms import DenseDPSGD, NonPrivate
-from tfdp_embed.models import (
+from tfdp_embed.keras2.models import (
     RAW_FIELDS,
     CTRModelConfig,
     build_ctr_model,
@@ -16,6 +15,7 @@ from tfdp_embed.models import (
     ctr_embedding_dims,
     table_names,
 )
+from tfdp_embed.mechanisms import DenseDPSGD, NonPrivate
 
 
 def _dense_units(model):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pipelines import movielens
-from tfdp_embed.models.two_tower_serving import check_history
+from tfdp_embed.keras2.models.two_tower_serving import check_history
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NUM_ITEMS = 30

@@ -12,7 +12,7 @@ import pytest
 from pipelines import sequential
 from tfdp_embed import tf
 from tfdp_embed.data.sequences import read_user_sequences, write_synthetic_sequences
-from tfdp_embed.models.sasrec import fit_history
+from tfdp_embed.keras2.models.sasrec import fit_history
 
 MAX_LEN = 6
 FLAGS = [

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import json
 
-from tfdp_embed._keras import keras, tf
+from tfdp_embed.keras2._keras import keras, tf
 
 _CPU = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import dp_accounting
 
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import DenseDPSGD, LazyDP, NoiseMechanism
-from tfdp_embed.training import DPModel
 
 
 class MyLazy(LazyDP):

@@ -19,8 +19,8 @@ import numpy as np
 from tiny_model import embedding_dense_model
 
 from tfdp_embed import mechanisms
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.training import DPModel
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.training import DPModel
 
 
 def _epoch_messages(threshold: float) -> list:

@@ -7,7 +7,7 @@ mechanism, new `PrivacyBudget`, the same backup directory) continues from
 epoch 2 with the restored weights, and its budget counts the last two
 epochs only: the weights have seen every step, the ledger half of them, and
 epsilon is under-reported. Now `DPModel.fit` refuses `BackupAndRestore` and
-names `tfdp_embed.checkpointing.DPCheckpoint`, which resumes the ledger.
+names `tfdp_embed.keras2.checkpointing.DPCheckpoint`, which resumes the ledger.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.accounting import PrivacyBudget, privacy_report
 from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.none import NonPrivate
-from tfdp_embed.training import DPModel
 
 N, BATCH, EPOCHS, KILLED_AFTER = 32, 8, 4, 2
 Q, DELTA = BATCH / N, 1e-5

@@ -16,14 +16,14 @@ import json
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.accounting import PrivacyBudget, privacy_report
 from tfdp_embed.accounting.report import NOT_POISSON_CAVEAT
 from tfdp_embed.data import fixed_size_batches, poisson_batches, with_lookahead
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import DenseDPSGD, LazyDP
-from tfdp_embed.training import DPModel
 
 N, VOCAB, IDS, BATCH = 2000, 50, 2, 500
 Q = BATCH / N

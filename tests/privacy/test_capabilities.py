@@ -21,13 +21,13 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from tfdp_embed import distribute
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.accounting import PrivacyBudget, privacy_report
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2 import distribute
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import EANA, DenseDPSGD, NoiseMechanism
-from tfdp_embed.training import DPModel
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -134,5 +134,5 @@ def test_undeclared_one_off_event_is_refused_by_budget_and_report():
 
 
 def test_package_docstring_table_is_the_declarations():
-    # The table in tfdp_embed/distribute/__init__.py, indented as a docstring block.
+    # The table in tfdp_embed/keras2/distribute/__init__.py, indented as a docstring block.
     assert textwrap.indent(distribute.support_table(), "    ") in distribute.__doc__

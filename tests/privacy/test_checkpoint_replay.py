@@ -21,11 +21,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.checkpointing import DataPosition, TrainingCheckpoint
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.checkpointing import DataPosition, TrainingCheckpoint
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import DPFEST, DenseDPSGD, LazyDP
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS = 256, 4, 2
 TOUCHED = 8  # every batch reads rows < TOUCHED only

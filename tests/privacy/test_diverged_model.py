@@ -21,9 +21,9 @@ import pytest
 
 from tests.retrieval.user_model import dp_two_tower, movielens_like
 from tfdp_embed import mechanisms, tf
+from tfdp_embed.keras2.retrieval import FullSoftmax, export_top_k
 from tfdp_embed.metrics.ranking import target_ranks
 from tfdp_embed.metrics.retrieval import precision_recall_at_k
-from tfdp_embed.retrieval import FullSoftmax, export_top_k
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from tiny_model import embedding_dense_model
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.accounting import PrivacyBudget, privacy_report
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.lazy import LazyDP
-from tfdp_embed.training import DPModel
 
 N, VOCAB, DIM, BATCH, EPOCHS = 32, 20, 3, 4, 3
 Q, DELTA = BATCH / N, 1e-5

@@ -15,12 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.none import NonPrivate
 from tfdp_embed.tape_guard import MESSAGE
-from tfdp_embed.training import DPModel
 
 LR, CLIP, SIGMA, BATCH = 0.1, 1.0, 1.0, 4
 

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 from tfdp_embed import mechanisms
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.layers.embedding import DPEmbedding
-from tfdp_embed.training import DPModel
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 
 VOCAB, DIM, BATCH, SEEDS, C = 10, 3, 8, 10, 0.5
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from tiny_model import embedding_dense_model
 
-from tfdp_embed._keras import keras, tf
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, N, C = 12, 4, 6, 0.02  # C small: every finite example is clipped
 B = float(N)

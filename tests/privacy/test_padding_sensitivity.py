@@ -43,14 +43,14 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from tfdp_embed import distribute
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.data import fixed_shape_batches, poisson_batches
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2 import distribute
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import DPFEST, EANA, DenseDPSGD, DPAdaFEST, DPAdaFESTPlus, LazyDP
 from tfdp_embed.mechanisms.adafest import contribution_map
 from tfdp_embed.mechanisms.topk_selection import bucket_counts
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, C1 = 16, 2, 1.0
 OTHERS = [[1, 2], [2, 3], [3, 4], [4, 5]]  # the four other examples: rows 1..5

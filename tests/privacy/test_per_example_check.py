@@ -1,6 +1,6 @@
 """Attack: get a model that mixes examples or stores training data past DPModel's first-batch check.
 
-The check (tfdp_embed.contract) must hold for every way data reaches `fit`
+The check (tfdp_embed.keras2.contract) must hold for every way data reaches `fit`
 (datasets whose first batch has one example, numpy arrays, ragged and
 sparse features), must not be fooled into refusing honest models with
 dropout, must leave every variable as it was, and the per-example fallback
@@ -15,17 +15,17 @@ import warnings
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.clipping import (
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.clipping import (
     clipped_step,
     default_registry,
     vectorized_layer_gradients,
 )
-from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
-from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, N = 12, 4, 3, 6
 BCE = keras.losses.BinaryCrossentropy(from_logits=True)

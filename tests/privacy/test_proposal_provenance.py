@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.retrieval import SampledSoftmax
+from tfdp_embed.keras2.retrieval import SampledSoftmax
 
 TRAINING_ITEMS = np.random.default_rng(0).integers(0, 9, 500)
 EXACT = np.bincount(TRAINING_ITEMS, minlength=9) / TRAINING_ITEMS.size  # not private

@@ -22,9 +22,10 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.accounting import privacy_report
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import (
     DPFEST,
     EANA,
@@ -34,7 +35,6 @@ from tfdp_embed.mechanisms import (
     LazyDP,
     NonPrivate,
 )
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, BATCH = 40, 3, 8
 # Rows 0-3 are read by two examples each (AdaFEST: noisy count 2/sqrt(2) >= tau = 1, kept),

@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
-from tfdp_embed.checkpointing import DataPosition, TrainingCheckpoint
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.checkpointing import DataPosition, TrainingCheckpoint
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import DenseDPSGD, LazyDP
-from tfdp_embed.training import DPModel
 
 RNG_NAMES = ("generator", "_state_var", "stream")
 

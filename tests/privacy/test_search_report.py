@@ -21,11 +21,11 @@ import pytest
 from tiny_model import embedding_dense_model
 
 from tfdp_embed import PrivacyContractError, select_privately
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.accounting import PrivacyBudget, compute_epsilon, dpsgd_event, privacy_report
-from tfdp_embed.export import export_saved_model
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.export import export_saved_model
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
-from tfdp_embed.training import DPModel
 
 N, VOCAB, DIM, BATCH = 32, 20, 3, 8
 Q, DELTA, SIGMA = BATCH / N, 1e-5, 1.5

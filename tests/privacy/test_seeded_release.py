@@ -26,10 +26,10 @@ from tiny_model import embedding_dense_model
 
 from pipelines.criteo import beam as criteo_beam
 from tfdp_embed import export_saved_model
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.accounting import PrivacyLedger, privacy_report
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import DenseDPSGD
-from tfdp_embed.training import DPModel
 
 SEED = 914_273_551  # distinctive: searched for in the released files
 IDS = np.random.default_rng(0).integers(0, 16, (8, 2)).astype(np.int32)

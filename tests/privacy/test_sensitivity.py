@@ -24,12 +24,12 @@ import warnings
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.models.two_tower import ItemEmbedding, two_tower_registry
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
-from tfdp_embed.models.two_tower import ItemEmbedding, two_tower_registry
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, IDS, N = 12, 4, 3, 6
 C = 0.5  # small: every example below is clipped, so mixing shows in the sensitivity

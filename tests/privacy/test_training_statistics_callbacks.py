@@ -10,7 +10,7 @@ the released weights, tells the target apart. The fixed test: "stopped
 within 2 epochs" means "the target is in".
 
 Fixed: `DPModel.fit` refuses callbacks that act on training statistics
-(`tfdp_embed.callbacks_check`); `History` still shows the loss to the
+(`tfdp_embed.keras2.callbacks_check`); `History` still shows the loss to the
 operator (the control below runs the same test on it offline).
 """
 
@@ -19,11 +19,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.none import NonPrivate
-from tfdp_embed.training import DPModel
 
 N, BATCH, EPOCHS, RUNS = 64, 16, 6, 10
 EARLY = 2  # the test: training stopped after at most EARLY epochs -> "the target is in"

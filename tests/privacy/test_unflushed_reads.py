@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 from tiny_model import embedding_dense_model
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.lazy import LazyDP
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, BATCH, STEPS = 64, 4, 4, 4
 CLIP, SIGMA, LR = 1.0, 1.0, 0.5

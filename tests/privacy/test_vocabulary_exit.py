@@ -24,11 +24,11 @@ import os
 import numpy as np
 import pytest
 
-from tfdp_embed._keras import keras, tf
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
-from tfdp_embed.training import DPModel
 
 N, DIM, BATCH = 40, 3, 8
 TARGET_ID, TARGET_AGE = "user_target", 87.25
@@ -103,16 +103,16 @@ def test_lookup_built_from_the_training_rows_is_refused():
 def _new_api(name: str):
     """`declare_public` where it exists (absent before the fix, when nothing is refused anyway)."""
     try:
-        from tfdp_embed.contract import preprocessing
+        from tfdp_embed.keras2.contract import preprocessing
     except ImportError:
         return None
     return getattr(preprocessing, name)
 
 
 def test_dp_built_and_declared_public_layers_are_accepted():
-    from tfdp_embed.contract.preprocessing import declare_public
-    from tfdp_embed.data.dp_preprocessing import dp_normalization_statistics, lookup_layer, normalization_layer
     from tfdp_embed.data.vocabulary import dp_vocabulary
+    from tfdp_embed.keras2.contract.preprocessing import declare_public
+    from tfdp_embed.keras2.dp_preprocessing import dp_normalization_statistics, lookup_layer, normalization_layer
 
     users, ages, labels = _rows(with_target=True)
     # Each user holds its own id; "user_0" is also held by 400 more units (a shared id). Only that one passes
@@ -130,7 +130,7 @@ def test_dp_built_and_declared_public_layers_are_accepted():
 
 
 def test_declaring_needs_a_source():
-    from tfdp_embed.contract.preprocessing import declare_public
+    from tfdp_embed.keras2.contract.preprocessing import declare_public
 
     with pytest.raises(ValueError, match="`source`"):
         declare_public(keras.layers.StringLookup(vocabulary=["a"]), source=" ")

@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 from tiny_model import embedding_dense_model
 
-from tfdp_embed._keras import keras, tf
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.lazy import LazyDP
-from tfdp_embed.training import DPModel
 
 VOCAB, DIM, BATCH, STEPS = 8, 3, 4, 3
 CLIP, SIGMA, LR = 1.0, 1.0, 0.1

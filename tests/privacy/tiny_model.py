@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tfdp_embed._keras import keras
-from tfdp_embed.layers.embedding import DPEmbedding
+from tfdp_embed.keras2._keras import keras
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
 
 
 def embedding_dense_model(vocab: int, dim: int, *, table_seed: int, dense_seed: int) -> keras.Model:

@@ -15,7 +15,7 @@ import pytest
 
 from tfdp_embed import DPEmbedding, DPModel, keras, mechanisms, tf
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.retrieval import FullSoftmax, Retrieval
+from tfdp_embed.keras2.retrieval import FullSoftmax, Retrieval
 
 tfrs = pytest.importorskip("tensorflow_recommenders")  # after tfdp_embed: it selects Keras 2
 

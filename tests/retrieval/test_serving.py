@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPEmbedding, keras, mechanisms, tf
-from tfdp_embed.retrieval import SampledSoftmax, TopKServing, export_top_k
+from tfdp_embed.keras2.retrieval import SampledSoftmax, TopKServing, export_top_k
 
 from .user_model import MOVIE_IDS, NUM_USERS
 from .user_model import dp_two_tower as _dp

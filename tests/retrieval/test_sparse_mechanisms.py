@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed import mechanisms, tf
-from tfdp_embed.retrieval import FullSoftmax, SampledSoftmax
+from tfdp_embed.keras2.retrieval import FullSoftmax, SampledSoftmax
 
 from .user_model import NUM_GENRES, NUM_ITEMS, NUM_USERS
 from .user_model import dp_two_tower as _dp

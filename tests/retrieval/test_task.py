@@ -1,4 +1,4 @@
-"""`tfdp_embed.retrieval.Retrieval`: losses against numpy oracles, the negative sample, metrics, errors."""
+"""`tfdp_embed.keras2.retrieval.Retrieval`: losses against numpy oracles, the negative sample, metrics, errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from tfdp_embed import DPEmbedding, keras, tf
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.retrieval import FullSoftmax, Retrieval, SampledSoftmax
+from tfdp_embed.keras2.retrieval import FullSoftmax, Retrieval, SampledSoftmax
 
 N, D = 9, 4
 IDS = np.array([f"item{i}" for i in range(N)])  # identifiers as the data names items

@@ -2,7 +2,7 @@
 
 The user's code: `tfrs.Model`, a query tower, an item tower made of a
 `DPEmbedding` subclass (item id), a genre table and Dense layers, and
-`tfdp_embed.retrieval.Retrieval` where `tfrs.tasks.Retrieval` was. Before,
+`tfdp_embed.keras2.retrieval.Retrieval` where `tfrs.tasks.Retrieval` was. Before,
 running that item tower over the catalogue inside the model died in the
 clipping op (`TfdpEmbedPooledWeightSquares: row_index, examples and
 weights must have the same length`).
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed import mechanisms, tf
-from tfdp_embed.retrieval import FullSoftmax, SampledSoftmax
+from tfdp_embed.keras2.retrieval import FullSoftmax, SampledSoftmax
 
 from .user_model import NUM_GENRES, NUM_ITEMS, NUM_USERS
 from .user_model import dp_two_tower as _dp

@@ -3,7 +3,7 @@
 A `tfrs.Model` with a query tower (user-id table + Dense) and an item
 tower with features (a `DPEmbedding` subclass for the movie id, a
 multi-valued genre table, Dense), trained with
-`tfdp_embed.retrieval.Retrieval` where `tfrs.tasks.Retrieval` was.
+`tfdp_embed.keras2.retrieval.Retrieval` where `tfrs.tasks.Retrieval` was.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPEmbedding, DPModel, keras, tf
-from tfdp_embed.retrieval import Retrieval
+from tfdp_embed.keras2.retrieval import Retrieval
 
 tfrs = pytest.importorskip("tensorflow_recommenders")  # after tfdp_embed: it selects Keras 2
 

@@ -8,7 +8,7 @@ data-dependent bound lives in `tfdp_embed.accounting.eana_bound` (not
 imported here).
 """
 
-from tfdp_embed.accounting.budget import PrivacyBudget
+from tfdp_embed.accounting.budget import BudgetTracker
 from tfdp_embed.accounting.calibration import (
     calibrate_noise_multiplier,
     compute_epsilon,
@@ -18,7 +18,7 @@ from tfdp_embed.accounting.calibration import (
 from tfdp_embed.accounting.dataset_size import ReleasedDatasetSize, release_dataset_size
 from tfdp_embed.accounting.events import EventSource, accountable_event
 from tfdp_embed.accounting.ledger import PrivacyLedger
-from tfdp_embed.accounting.periods import Period, PeriodBudget, calibrate_periods, period_ledger, period_ledgers
+from tfdp_embed.accounting.periods import Period, PeriodTracker, calibrate_periods, period_ledger, period_ledgers
 from tfdp_embed.accounting.releases import (
     calibrate_noise_multiplier_with_releases,
     release_epsilon,
@@ -33,10 +33,22 @@ from tfdp_embed.accounting.report import (
 from tfdp_embed.accounting.report_text import format_report
 from tfdp_embed.accounting.truncated import TruncatedSteps, truncate_event, truncated_steps
 
+
+def __getattr__(name: str):
+    """`PrivacyBudget` and `PeriodBudget`: the front end's callbacks (loading it), kept here for existing code."""
+    if name in ("PrivacyBudget", "PeriodBudget"):
+        from tfdp_embed import front_end
+
+        return getattr(front_end.callbacks(), name)
+    raise AttributeError(f"module 'tfdp_embed.accounting' has no attribute {name!r}")
+
+
 __all__ = [
+    "BudgetTracker",
     "EventSource",
     "Period",
     "PeriodBudget",
+    "PeriodTracker",
     "PrivacyBudget",
     "PrivacyLedger",
     "ReleasedDatasetSize",

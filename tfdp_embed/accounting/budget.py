@@ -17,7 +17,7 @@ PLD evaluation costs ~0.1-2 s. Under `DPModel.fit` epsilon is in the epoch
 logs before any callback reads them, whatever their order
 (`accounting.epsilon_logs`), so Keras' `TensorBoard` writes it too.
 
-Resuming (`resume_from(ledger)`, done by `tfdp_embed.checkpointing`): the
+Resuming (`resume_from(ledger)`, done by `tfdp_embed.keras2.checkpointing`): the
 checkpointed ledger replaces the empty one, so a resumed run's budget counts
 every step of every earlier run once, and stops at the same step an
 uninterrupted run would. With `report_path` the callback writes the privacy
@@ -55,7 +55,6 @@ import os
 
 import dp_accounting
 
-from tfdp_embed._keras import keras
 from tfdp_embed.accounting.calibration import (
     check_accountant,
     check_delta,
@@ -83,8 +82,12 @@ _LOG = logging.getLogger(__name__)
 MAX_STEPS = 2**40
 
 
-class PrivacyBudget(keras.callbacks.Callback):
+class BudgetTracker:
     """Stops `model.fit` at the last step that keeps epsilon within `target_epsilon`.
+
+    Keras-free: the hooks have Keras callback names; a front end makes it a
+    callback (`tfdp_embed.keras2.callbacks.PrivacyBudget`, which users get from
+    `RunPlan.budget()` or `tfdp_embed.accounting.PrivacyBudget`).
 
     Args:
       mechanism: the `NoiseMechanism` that noises the training steps (any

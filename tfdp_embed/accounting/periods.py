@@ -44,7 +44,6 @@ from collections.abc import Sequence
 
 import dp_accounting
 
-from tfdp_embed._keras import keras
 from tfdp_embed.accounting.calibration import check_sampling_probability, check_steps
 from tfdp_embed.accounting.events import EventSource, accountable_event
 from tfdp_embed.accounting.ledger import PrivacyLedger
@@ -196,8 +195,10 @@ def add_period_accounting(report: dict, ledgers: Sequence[PrivacyLedger], epsilo
     return report
 
 
-class PeriodBudget(keras.callbacks.Callback):
+class PeriodTracker:
     """One streaming period's account under parallel composition (see the module docstring).
+
+    Keras-free; the front end's callback is `tfdp_embed.keras2.callbacks.PeriodBudget`.
 
     At train begin it charges the period with every one-off event of the run
     (those made so far plus the planned ones still to come) and its planned
@@ -259,7 +260,7 @@ class PeriodBudget(keras.callbacks.Callback):
 __all__ = [
     "PARALLEL",
     "Period",
-    "PeriodBudget",
+    "PeriodTracker",
     "add_period_accounting",
     "calibrate_periods",
     "parallel_epsilon",

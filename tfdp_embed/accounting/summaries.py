@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
 
 
 class EpochScalars:

@@ -36,7 +36,8 @@ from __future__ import annotations
 import json
 import posixpath
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
+
 from tfdp_embed.data.poisson import BatchingInfo, _poisson_info
 from tfdp_embed.data.provenance import register
 from tfdp_embed_beam import record_format as fmt

@@ -9,7 +9,7 @@ smaller batch up to B:
 
 A padding example is absent from the step, not merely weightless: its
 loss is multiplied by its weight 0 (`DPModel` scales each example's loss
-by its sample weight), and `tfdp_embed.clipping.absent_examples` gives
+by its sample weight), and `tfdp_embed.absent_examples` gives
 every weight-0 example clip factor 0 and drops its lookups and the rows
 only it reads before any mechanism sees the step. Its lookups must not
 count: padding examples read rows too (the ids of all-zero features), and
@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
+
 from tfdp_embed.data.poisson import BatchingInfo
 from tfdp_embed.data.provenance import register, registered_info
 

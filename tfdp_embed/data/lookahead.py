@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
+
 from tfdp_embed.data.provenance import register, registered_info
 
 

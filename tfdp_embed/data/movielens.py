@@ -5,7 +5,7 @@ time, form a *timeline*; 80% of the users train and 20% test; an example is
 one position p of a timeline: the movie at p is the **label**, the (up to)
 `context_length` movies before it are the **context**.
 
-Conventions (used by `tfdp_embed.models.two_tower` and the serving export):
+Conventions (used by `tfdp_embed.keras2.models.two_tower` and the serving export):
 
 * Item ids inside the model are **dense**: the file's own movie ids (sparse
   in ml-latest / ML-20M, up to 6 digits) are numbered 1..n by an `ItemIdMap`

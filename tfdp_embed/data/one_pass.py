@@ -50,8 +50,8 @@ import shutil
 import tempfile
 
 import numpy as np
+import tensorflow as tf
 
-from tfdp_embed._keras import tf
 from tfdp_embed.data.poisson import BatchingInfo, _check_cap, _check_q, _poisson_info
 from tfdp_embed.data.provenance import register
 from tfdp_embed_beam.sampling import joined_cells

@@ -76,8 +76,9 @@ import dataclasses
 import math
 import numbers
 
+import tensorflow as tf
+
 from tfdp_embed._checks import check_int
-from tfdp_embed._keras import tf
 from tfdp_embed._rng import make_generator
 from tfdp_embed._sorted_sets import is_member
 from tfdp_embed.data.provenance import register

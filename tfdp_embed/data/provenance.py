@@ -4,7 +4,7 @@ The Poisson accounting (`PoissonSampled(q, ...)` per step) describes a run
 only if its batches were Poisson-sampled. The samplers of `tfdp_embed.data`
 (`poisson_batches`, `streaming_poisson_batches`, `one_pass_poisson_batches`,
 `beam_poisson_batches`, `fixed_shape_batches`, `fixed_size_batches`, `with_lookahead`, and
-`tfdp_embed.checkpointing.rest_of_epoch`) register
+`tfdp_embed.keras2.checkpointing.rest_of_epoch`) register
 the dataset they return, with its `BatchingInfo`, in a weak registry.
 `fed_batching(x)` finds the batching of what `fit` receives by walking
 back from `x` through transformations that keep each batch as it is
@@ -42,7 +42,7 @@ import dataclasses
 import weakref
 from typing import TYPE_CHECKING
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
 
 if TYPE_CHECKING:  # poisson.py imports this module to register its datasets
     from tfdp_embed.data.poisson import BatchingInfo

@@ -30,9 +30,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import tensorflow as tf
 
 from tfdp_embed._checks import check_int
-from tfdp_embed._keras import tf
 from tfdp_embed.data.item_ids import ItemIdMap
 from tfdp_embed.data.sequence_files import SequenceFormatError, read_sequence_file
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
 
 
 def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:

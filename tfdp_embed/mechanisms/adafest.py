@@ -57,9 +57,9 @@ from collections.abc import Mapping, Sequence
 
 import dp_accounting
 import numpy as np
+import tensorflow as tf
 
 from tfdp_embed._checks import check_int, check_positive
-from tfdp_embed._keras import tf
 from tfdp_embed._sorted_sets import is_member
 from tfdp_embed.mechanisms.any_shape import AnyShapeFunction
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
@@ -202,7 +202,7 @@ def contribution_map(tables: Sequence, batch_size, contribution_clip: float, sel
     Args:
       tables: `TableGradient`s of one step (their `occurrences` are read;
         weight-0 examples, the padding of a static-shape batch, have none:
-        `tfdp_embed.clipping.absent_examples` drops them, else adding an
+        `tfdp_embed.absent_examples` drops them, else adding an
         example would also remove a padding vector and move the map by
         sqrt(2) C1).
       batch_size: scalar int, number of examples.

@@ -36,8 +36,8 @@ from collections.abc import Mapping
 
 import dp_accounting
 import numpy as np
+import tensorflow as tf
 
-from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.adafest import DPAdaFEST
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 from tfdp_embed.mechanisms.fest import refuse_scored_tables

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
 
 try:  # the spec of a variable a traced function takes as an argument (no public name)
     from tensorflow.python.ops.resource_variable_ops import VariableSpec as _VariableSpec

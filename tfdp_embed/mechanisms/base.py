@@ -7,7 +7,7 @@ mechanism captures all of it; `update` takes the clipped sums of
 per-example gradients of one step and returns the gradients to apply.
 Each step's privacy cost is reported as a `dp_accounting` event.
 
-Train-step order (see `tfdp_embed.training`):
+Train-step order (see `tfdp_embed.keras2.training`):
   forward + per-example loss -> per-example norms -> clip ->
   mechanism.update -> optimizer.apply -> mechanism.after_apply(lookahead)
 
@@ -25,13 +25,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import dp_accounting
+import tensorflow as tf
 
 from tfdp_embed._checks import check_positive
-from tfdp_embed._keras import tf
 from tfdp_embed._rng import make_generator
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.capabilities import MechanismCapabilities, capabilities_of, how_to_declare
+from tfdp_embed.mechanisms.tables import EmbeddingTable
 from tfdp_embed.ops import fast_normal, sparse_rows
 
 
@@ -60,7 +60,7 @@ class TableGradient:
         which rows they are does not depend on the data. Not in `occurrences`.
     """
 
-    layer: DPEmbedding
+    layer: EmbeddingTable
     variable: tf.Variable
     gradient: tf.IndexedSlices
     occurrences: list
@@ -126,7 +126,7 @@ class NoiseMechanism(tf.Module, abc.ABC):
         self._optimizer: Any = None  # the Keras optimizer, from init
 
     # -- state --------------------------------------------------------------
-    def init(self, *, tables: Sequence[DPEmbedding], dense_variables: Sequence[tf.Variable], optimizer) -> None:
+    def init(self, *, tables: Sequence[EmbeddingTable], dense_variables: Sequence[tf.Variable], optimizer) -> None:
         """Creates per-variable state. Called once, before the first step."""
         self._tables = list(tables)
         self._dense_variables = list(dense_variables)
@@ -151,7 +151,7 @@ class NoiseMechanism(tf.Module, abc.ABC):
     def rekey_from_entropy(self) -> bool:
         """Replaces every random-number state with fresh OS entropy, unless `seed` was given.
 
-        Called after restoring a checkpoint (`tfdp_embed.checkpointing`). An
+        Called after restoring a checkpoint (`tfdp_embed.keras2.checkpointing`). An
         unseeded mechanism never writes its random-number state
         (`_trackable_children`), so there is none to restore; re-keying makes
         sure no state read from anywhere else is replayed: two runs drawing

@@ -4,7 +4,7 @@ Every `NoiseMechanism` class carries a `capabilities` class attribute, a
 frozen `MechanismCapabilities`, inherited by subclasses. The library reads
 it, never the mechanism's `name`, to decide:
 
-* which `tf.distribute` strategies it may run under (`tfdp_embed.distribute`
+* which `tf.distribute` strategies it may run under (`tfdp_embed.keras2.distribute`
   refuses the others at `DPModel` construction and again at `prepare`),
   and how many ParameterServerStrategy workers;
 * whether it runs with its tables on the TPU embedding engine (`TpuDPStep`);
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 
-# Strategy kinds (the names `tfdp_embed.distribute.strategy_kind` returns).
+# Strategy kinds (the names `tfdp_embed.keras2.distribute.strategy_kind` returns).
 ONE_DEVICE = "default"
 MIRRORED = "mirrored"
 MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
@@ -63,7 +63,7 @@ class MechanismCapabilities:
         supports (None: any number); e.g. 1 for state that asynchronous
         workers would race on.
       tpu: runs with its tables on the TPU embedding engine (`TpuDPStep`;
-        the recipe is in `tfdp_embed.distribute.TPU_PLANS`).
+        the recipe is in `tfdp_embed.keras2.distribute.TPU_PLANS`).
       lookahead: consumes the next batch's ids in `after_apply`
         (`DPModel(lookahead=True)`).
       defers_noise: leaves noise owed between steps; it overrides `flush`
@@ -74,7 +74,7 @@ class MechanismCapabilities:
         `clip_factors` (gathered from every replica under synchronous
         strategies; False skips that collective).
       mixed_precision: it trains models computing in float16 or bfloat16
-        with float32 variables (`tfdp_embed.mixed_precision`): its state,
+        with float32 variables (`tfdp_embed.keras2.mixed_precision`): its state,
         noise and updates stay in the variables' dtype whatever the
         gradients' compute dtype was. Declare it only with a test under
         both mixed policies.

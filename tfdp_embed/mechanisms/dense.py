@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import cast
 
 import dp_accounting
+import tensorflow as tf
 
-from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 from tfdp_embed.mechanisms.row_noise import check_row_noise, stateless_row_normals

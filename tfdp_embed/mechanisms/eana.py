@@ -29,8 +29,8 @@ Recommendation Models", RecSys 2022: §3, Alg. 2; §3.1 (why it is not DP).
 from __future__ import annotations
 
 import dp_accounting
+import tensorflow as tf
 
-from tfdp_embed._keras import tf
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
 

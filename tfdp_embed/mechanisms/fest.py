@@ -45,12 +45,12 @@ from collections.abc import Mapping, Sequence
 
 import dp_accounting
 import numpy as np
+import tensorflow as tf
 
 from tfdp_embed._checks import check_positive
-from tfdp_embed._keras import tf
-from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
+from tfdp_embed.mechanisms.tables import EmbeddingTable
 from tfdp_embed.mechanisms.topk_selection import TopKSelection, select_top_k
 from tfdp_embed.ops import sparse_rows
 
@@ -78,7 +78,7 @@ def refuse_scored_tables(mechanism, tables: Sequence) -> None:
             )
 
 
-def _per_table(name: str, value, tables: Sequence[DPEmbedding]) -> dict:
+def _per_table(name: str, value, tables: Sequence[EmbeddingTable]) -> dict:
     if isinstance(value, Mapping):
         missing = sorted({t.name for t in tables} - set(value))
         if missing:

@@ -51,11 +51,10 @@ import weakref
 from collections.abc import Callable
 
 import dp_accounting
+import tensorflow as tf
 
 from tfdp_embed import read_guard
-from tfdp_embed._keras import tf
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms import lazy_catch_up, lazy_fused, lazy_history, lazy_sgd
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import (
@@ -66,6 +65,7 @@ from tfdp_embed.mechanisms.capabilities import (
     MechanismCapabilities,
 )
 from tfdp_embed.mechanisms.row_noise import check_row_noise
+from tfdp_embed.mechanisms.tables import EmbeddingTable
 from tfdp_embed.ops import sparse_rows
 
 # Floats of noise per flush chunk (8 MB) when `flush_chunk_rows` is not given.
@@ -177,7 +177,8 @@ class LazyDP(NoiseMechanism):
         """
         if self._initialized:
             raise RuntimeError("LazyDP.init was already called; use one LazyDP per model.")
-        self._beta, self._nesterov, self._decay = lazy_sgd.sgd_settings(optimizer)
+        optimizer = lazy_sgd.adapt(optimizer)
+        self._beta, self._nesterov, self._decay = optimizer.settings()
         super().init(tables=tables, dense_variables=dense_variables, optimizer=optimizer)
         optimizer.iterations  # noqa: B018 - created eagerly, read in update()
         for index, layer in enumerate(self._tables):
@@ -192,16 +193,16 @@ class LazyDP(NoiseMechanism):
 
     def _init_table(self, index: int, layer) -> None:
         """The table's history (all rows current), read guards, and read hook."""
-        if not isinstance(layer, DPEmbedding):
-            raise TypeError(f"`tables` must hold DPEmbedding layers; received {type(layer).__name__}.")
-        if not layer.built:
+        if not callable(getattr(layer, "set_read_hook", None)):
+            raise TypeError(f"`tables` must hold embedding layers (DPEmbedding); received {type(layer).__name__}.")
+        if not getattr(layer, "built", True) or not isinstance(layer, EmbeddingTable):
             raise ValueError(f"Table {layer.name!r} is not built; build the model before LazyDP.init.")
         # Appended to the list made in __init__ (not a new list): a checkpoint restored before
         # init fills each history as it is created (and one restored after overrides it).
         self._histories.append(lazy_history.new_history(layer, self._now()))
         read_guard.install(layer.embeddings, self._flush_before_read)
         if self._beta > 0:
-            read_guard.install(self._optimizer.add_slot(layer.embeddings, "momentum"), self._flush_before_read)
+            read_guard.install(self._optimizer.momentum_slot(layer.embeddings, create=True), self._flush_before_read)
         hook = functools.partial(self._bring_current, index)
         hook.gather = functools.partial(self._read_rows, index)  # type: ignore[attr-defined]  # DPEmbedding.set_read_hook
         layer.set_read_hook(hook)
@@ -228,7 +229,7 @@ class LazyDP(NoiseMechanism):
             layer.set_read_hook(None)
             read_guard.remove(layer.embeddings)
             if self._beta > 0:
-                read_guard.remove(self._optimizer.get_slot(layer.embeddings, "momentum"))
+                read_guard.remove(self._optimizer.momentum_slot(layer.embeddings))
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         """A checkpoint holding this mechanism is written flushed, unless written in `read_guard.unguarded()`.
@@ -315,7 +316,7 @@ class LazyDP(NoiseMechanism):
         return self.noise_multiplier * self.l2_norm_clip / float(clipped.expected_batch_size)
 
     def _learning_rate(self) -> tf.Tensor:
-        return lazy_sgd.learning_rate(self._optimizer, decay=self._decay)
+        return self._optimizer.learning_rate()
 
     @_plain_python
     @_raw_reads
@@ -489,7 +490,7 @@ class LazyDP(NoiseMechanism):
 
     def _table_state(self, index: int) -> lazy_catch_up.TableState:
         layer = self._tables[index]
-        momentum = self._optimizer.get_slot(layer.embeddings, "momentum") if self._beta > 0 else None
+        momentum = self._optimizer.momentum_slot(layer.embeddings) if self._beta > 0 else None
         return lazy_catch_up.TableState(layer.embeddings, self._histories[index], momentum, layer.output_dim)
 
     def _owed_noise(self) -> lazy_catch_up.OwedNoise:

@@ -25,7 +25,8 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
+
 from tfdp_embed.mechanisms import lazy_history, lazy_math
 from tfdp_embed.mechanisms.any_shape import AnyShapeFunction
 from tfdp_embed.mechanisms.row_noise import stateless_row_normals

@@ -30,8 +30,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import tensorflow as tf
 
-from tfdp_embed._keras import tf
 from tfdp_embed.ops import sparse_rows
 
 

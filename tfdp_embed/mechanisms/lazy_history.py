@@ -17,7 +17,8 @@ References: LazyDP (Lim et al., ASPLOS 2024) §5.2, Alg. 1 (HistoryTable).
 
 from __future__ import annotations
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
+
 from tfdp_embed.mechanisms import lazy_math
 from tfdp_embed.ops import sparse_rows
 

@@ -97,7 +97,7 @@ from __future__ import annotations
 
 import collections
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
 
 RunningSums = collections.namedtuple("RunningSums", ["p_hi", "p_lo", "a", "q"])
 RunningSums.__doc__ = """Per-step running sums of the noise weights w_r (float64).

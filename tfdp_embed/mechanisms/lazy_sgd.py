@@ -1,20 +1,21 @@
 """The optimizers LazyDP can defer exactly, and the learning rate of the coming step.
 
 An idle row's state after k noisy steps has a Gaussian closed form only
-under SGD (`tfdp_embed.mechanisms.lazy_math`): tf-keras `legacy.SGD` with
-a learning rate or schedule, `decay`, constant momentum in [0, 1), Nesterov
-or not. Everything else is refused with the reason.
+under SGD (`tfdp_embed.mechanisms.lazy_math`): a learning rate or schedule,
+inverse-time decay, constant momentum in [0, 1), Nesterov or not. LazyDP
+talks to the optimizer only through `SgdOptimizer`; each Keras front end
+registers an adapter for its SGD (`register_adapter`; tf-keras `legacy.SGD`
+in `tfdp_embed.keras2.sgd_adapter`) that refuses everything else with the reason.
 
 References: LazyDP (Lim et al., ASPLOS 2024) §5.2.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-import numpy as np
-
-from tfdp_embed._keras import keras, tf
+import tensorflow as tf
 
 
 class SgdSettings(NamedTuple):
@@ -31,53 +32,53 @@ class SgdSettings(NamedTuple):
     decay: float
 
 
-def sgd_settings(optimizer) -> SgdSettings:
-    """The settings of a tf-keras legacy SGD; refuses anything without a lazy form.
+@runtime_checkable
+class SgdOptimizer(Protocol):
+    """The optimizer-slot protocol LazyDP needs of an SGD optimizer.
 
-    Raises:
-      ValueError: no optimizer, another optimizer, gradient clipping in the
-        optimizer, or a momentum that is callable or outside [0, 1).
+    Attributes:
+      iterations: the optimizer's applied-step counter (int64 variable).
     """
-    _check_is_legacy_sgd(optimizer)
-    config = optimizer.get_config()
-    for key in ("clipnorm", "clipvalue", "global_clipnorm"):
-        if config.get(key) is not None:
-            raise ValueError(
-                f"LazyDP cannot use an optimizer with `{key}`={config[key]!r}: it would clip the "
-                "noiseless sparse gradient instead of dense DP-SGD's noisy one, so the model "
-                "would differ from DP-SGD. Per-example clipping already bounds the gradient."
-            )
-    momentum = optimizer.momentum
-    if callable(momentum) and not isinstance(momentum, tf.Variable):
-        raise ValueError(
-            "LazyDP needs a constant `momentum` (the deferred-noise closed form depends on it); "
-            f"received a callable {momentum!r}."
-        )
-    # Keras applies momentum as float32: use exactly that value in the closed form.
-    beta = float(np.float32(momentum.numpy() if hasattr(momentum, "numpy") else momentum))
-    if not 0.0 <= beta < 1.0:
-        raise ValueError(
-            f"LazyDP needs optimizer `momentum` in [0, 1); received {beta!r} (beta = 1 never "
-            "forgets noise and the closed form divides by 1 - beta)."
-        )
-    return SgdSettings(beta, bool(config.get("nesterov", False)), float(config.get("decay", 0.0) or 0.0))
+
+    iterations: tf.Variable
+
+    def settings(self) -> SgdSettings:
+        """Momentum, Nesterov and decay; raises ValueError for settings without a lazy form."""
+
+    def learning_rate(self) -> tf.Tensor:
+        """eta of the coming apply (float32), schedules and decay applied as the optimizer does."""
+
+    def momentum_slot(self, variable: tf.Variable, *, create: bool = False) -> tf.Variable:
+        """The momentum slot of `variable` (created when `create`)."""
 
 
-def _check_is_legacy_sgd(optimizer) -> None:
+_ADAPTERS: list[Callable[[Any], SgdOptimizer | None]] = []
+
+
+def register_adapter(adapt: Callable[[Any], SgdOptimizer | None]) -> None:
+    """Registers `adapt(optimizer)`: an `SgdOptimizer` for optimizers it knows, None for others.
+
+    A front end registers one for its Keras; an adapter may raise ValueError to
+    refuse an optimizer it knows has no lazy form (with the reason).
+    """
+    if adapt not in _ADAPTERS:
+        _ADAPTERS.append(adapt)
+
+
+def adapt(optimizer) -> SgdOptimizer:
+    """`optimizer` as an `SgdOptimizer`; refuses what no registered adapter accepts."""
     if optimizer is None:
         raise ValueError(
-            "LazyDP.init needs the `optimizer` (a keras.optimizers.legacy.SGD): the deferred "
+            "LazyDP.init needs the `optimizer` (an SGD, e.g. keras.optimizers.legacy.SGD): the deferred "
             "noise and momentum drift depend on its learning rate and momentum."
         )
-    if isinstance(optimizer, keras.optimizers.legacy.SGD):
-        return
+    if isinstance(optimizer, SgdOptimizer):
+        return optimizer
+    for adapter in _ADAPTERS:
+        adapted = adapter(optimizer)
+        if adapted is not None:
+            return adapted
     kind = type(optimizer).__name__
-    if isinstance(optimizer, keras.optimizers.SGD):
-        raise ValueError(
-            "LazyDP needs `keras.optimizers.legacy.SGD`; received the new-style "
-            f"keras.optimizers.{kind}, whose sparse momentum update decays the momentum of "
-            "every row every step (a dense update) and has no per-row lazy counterpart here."
-        )
     raise ValueError(
         f"LazyDP supports only SGD (keras.optimizers.legacy.SGD, with or without momentum and "
         f"a learning-rate schedule); received optimizer {kind}. An idle row's state under "
@@ -86,16 +87,3 @@ def _check_is_legacy_sgd(optimizer) -> None:
         "exactly. Use mechanism 'adafest' (DP-AdaFEST), which only noises the rows it "
         "selects and needs no deferral, or 'dense'."
     )
-
-
-def learning_rate(optimizer, *, decay: float) -> tf.Tensor:
-    """eta of the coming apply, computed as Keras's legacy `_decayed_lr` does (float32)."""
-    lr = optimizer.learning_rate
-    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-        lr = lr(tf.cast(optimizer.iterations, tf.float32))
-    elif callable(lr) and not isinstance(lr, tf.Variable):
-        lr = lr()
-    lr = tf.cast(lr, tf.float32)
-    if decay > 0:
-        lr = lr / (1.0 + tf.cast(decay, tf.float32) * tf.cast(optimizer.iterations, tf.float32))
-    return lr

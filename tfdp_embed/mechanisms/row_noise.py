@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
 
 ROW_NOISE_MODES = ("generator", "stateless")
 _ROW_BITS = 32

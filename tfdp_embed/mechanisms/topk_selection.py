@@ -68,11 +68,11 @@ from collections.abc import Callable, Mapping
 
 import dp_accounting
 import numpy as np
+import tensorflow as tf
 from scipy import special
 
 from tfdp_embed._checks import check_positive
-from tfdp_embed._keras import tf
-from tfdp_embed.clipping.absent_examples import present_examples
+from tfdp_embed.absent_examples import present_examples
 
 
 # -- the accounting event ------------------------------------------------------------

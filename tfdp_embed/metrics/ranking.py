@@ -25,9 +25,9 @@ KDD 2020; DPFormer App. A.9.4 (eq. 32-34).
 from __future__ import annotations
 
 import numpy as np
+import tensorflow as tf
 
 from tfdp_embed._checks import check_int
-from tfdp_embed._keras import tf
 
 
 def target_ranks(scores, targets) -> tf.Tensor:

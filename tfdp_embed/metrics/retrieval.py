@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import tensorflow as tf
 
 from tfdp_embed._checks import check_int
-from tfdp_embed._keras import tf
 
 DEFAULT_KS = (1, 5, 10, 20)
 

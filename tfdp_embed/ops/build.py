@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     try:
         library = fast_normal.build(force=args.force, verbose=args.verbose)
-        from tfdp_embed._keras import tf
+        import tensorflow as tf
 
         fast_normal._load()  # noqa: SLF001 (loads and runs the known-answer test)
 

@@ -44,7 +44,8 @@ import threading
 import warnings
 from pathlib import Path
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
+
 from tfdp_embed.ops import placement
 
 OP_NAME = "TfdpEmbedFastNormal"

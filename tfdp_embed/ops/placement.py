@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
 
 ACCELERATORS = ("GPU", "TPU")
 

@@ -32,7 +32,8 @@ ASPLOS 2024) §5.2, Alg. 1 (aggregated noise sampling).
 
 from __future__ import annotations
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
+
 from tfdp_embed.ops import fast_normal, placement
 
 

@@ -6,9 +6,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tfdp_embed.accounting import PrivacyBudget, PrivacyLedger, privacy_report
+from tfdp_embed import front_end
+from tfdp_embed.accounting import PrivacyLedger, privacy_report
 from tfdp_embed.accounting.dataset_size import DATASET_SIZE, ReleasedDatasetSize
-from tfdp_embed.accounting.periods import PeriodBudget, add_period_accounting, parallel_epsilon, period_ledgers
+from tfdp_embed.accounting.periods import add_period_accounting, parallel_epsilon, period_ledgers
 from tfdp_embed.accounting.truncated import truncated_steps
 from tfdp_embed.mechanisms.base import NoiseMechanism
 from tfdp_embed.planning.releases import SELECTION, PlannedRelease
@@ -116,10 +117,12 @@ class RunPlan:
                 raise ValueError("`period` is only for plans with several streaming `periods`.")
             kwargs.setdefault("ledger", self.ledger())
             kwargs.setdefault("planned_steps", self.steps)
-            return PrivacyBudget(self.step_source, sampling_probability=self.sampling_probability, **target, **kwargs)
+            return front_end.callbacks().PrivacyBudget(
+                self.step_source, sampling_probability=self.sampling_probability, **target, **kwargs
+            )
         if period is None or not 0 <= period < len(self.periods):
             raise ValueError(f"`period` must be an index in [0, {len(self.periods)}); received {period!r}.")
-        return PeriodBudget(
+        return front_end.callbacks().PeriodBudget(
             self.mechanism,
             period=self.periods[period],
             planned_one_off_events=self._mechanism_one_off_events(),

@@ -38,7 +38,8 @@ from typing import Any
 
 import dp_accounting
 
-from tfdp_embed.accounting.budget import PrivacyBudget
+from tfdp_embed import front_end
+from tfdp_embed.accounting.budget import BudgetTracker
 from tfdp_embed.accounting.calibration import MAX_NOISE_MULTIPLIER, check_delta, check_epsilon
 from tfdp_embed.accounting.releases import _bracket_decreasing, _brent, _epsilon_function
 from tfdp_embed.errors import PrivacyContractError
@@ -94,7 +95,7 @@ class SearchPlan:
             )
         return plan
 
-    def budget(self, plan: RunPlan, **kwargs) -> PrivacyBudget:
+    def budget(self, plan: RunPlan, **kwargs) -> BudgetTracker:
         """The callback that holds one run to `run_epsilon` (RDP), starting from `plan`'s one-off events.
 
         Args:
@@ -103,7 +104,7 @@ class SearchPlan:
         """
         kwargs.setdefault("ledger", plan.ledger())
         kwargs.setdefault("planned_steps", plan.steps)
-        return PrivacyBudget(
+        return front_end.callbacks().PrivacyBudget(
             plan.step_source,
             sampling_probability=plan.sampling_probability,
             target_epsilon=self.run_epsilon * (1.0 + _BUDGET_SLACK),

@@ -51,8 +51,8 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
+import tensorflow as tf
 
-from tfdp_embed._keras import tf
 from tfdp_embed.data.criteo.layout import check_format
 from tfdp_embed.data.criteo.rows import parse_block
 from tfdp_embed.data.criteo.schema import (

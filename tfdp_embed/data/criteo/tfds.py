@@ -31,10 +31,10 @@ import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import tensorflow as tf
 import tensorflow_datasets as tfds
 from etils import epath
 
-from tfdp_embed._keras import tf
 from tfdp_embed.data.criteo.schema import CAT_FEATURES, INT_FEATURES
 from tfdp_embed.data.criteo.text import iter_chunks
 from tfdp_embed.data.criteo.transform import parse_raw_fields

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tfdp_embed._keras import tf
+import tensorflow as tf
+
 from tfdp_embed.data.criteo.schema import (
     CAT_FEATURES,
     INT_FEATURES,

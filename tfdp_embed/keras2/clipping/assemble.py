@@ -1,0 +1,104 @@
+"""The step's clipped gradients for every trainable variable, in the form mechanisms take.
+
+`assemble` turns the clipping stage's per-layer clipped sums into one
+`ClippedGradients`: a `TableGradient` per `DPEmbedding` table and a dense
+gradient per other variable, zeros for layers the step did not call (so the
+mechanism still noises them). `check_every_variable_noised` checks, when the
+step is traced, that the mechanism returned a noised gradient for each.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.keras2._keras import tf
+from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
+
+
+def assemble(step, taps, batch_size, *, tables, trainable_variables, expected_batch_size: float) -> ClippedGradients:
+    """Collects every variable's clipped sum; zeros for layers not called this step.
+
+    Args:
+      step: the clipping stage's result (`clipped_step`): per-layer clipped sums and clip factors.
+      taps: the step's recorded layer calls (`record_taps`).
+      batch_size: the batch's number of examples (a scalar tensor).
+      tables: the model's `DPEmbedding` layers, in the mechanism's order.
+      trainable_variables: every trainable variable of the model.
+      expected_batch_size: the divisor of the noised sum (set whenever examples are clipped).
+    """
+    grads, averaged, occurrences, shared_rows = _clipped_sums(step, tables, expected_batch_size)
+    table_gradients = []
+    for layer in tables:
+        var = layer.embeddings
+        grad = grads.get(var.ref())
+        if grad is None:
+            grad = tf.IndexedSlices(
+                tf.zeros([0, layer.output_dim], var.dtype),
+                tf.zeros([0], tf.int64),
+                tf.shape(var, out_type=tf.int64),
+            )
+        table_gradients.append(
+            TableGradient(
+                layer=layer,
+                variable=var,
+                gradient=grad,
+                occurrences=occurrences.get(id(layer), []),
+                clip_factors=step.clip_factors,
+                averaged=averaged.get(var.ref()),
+                shared_rows=shared_rows.get(id(layer)),
+            )
+        )
+    table_vars = {layer.embeddings.ref() for layer in tables}
+    dense = []
+    for variable in trainable_variables:
+        if variable.ref() in table_vars:
+            continue
+        grad = grads.get(variable.ref())
+        dense.append((variable, tf.zeros_like(variable) if grad is None else grad))
+    return ClippedGradients(
+        tables=table_gradients,
+        dense=dense,
+        expected_batch_size=expected_batch_size,
+        batch_size=batch_size,
+    )
+
+
+def _clipped_sums(step, tables, expected_batch_size):
+    """Each variable's clipped sum, the tables' averaged sums, and each layer's occurrences and shared rows."""
+    grads, averaged, occurrences, shared_rows = {}, {}, {}, {}
+    table_vars = {layer.embeddings.ref() for layer in tables}
+    for tap, info in step.layers:
+        for i, (variable, grad) in enumerate(zip(info.variables, info.clipped_sum(step.clip_factors))):
+            grads[variable.ref()] = grad
+            if variable.ref() in table_vars:
+                averaged[variable.ref()] = functools.partial(
+                    _averaged_sum, info.clipped_sum, step.clip_factors, expected_batch_size, i
+                )
+        if info.occurrences is not None:
+            occurrences[id(tap.layer)] = info.occurrences
+        if info.shared_rows is not None:
+            shared_rows[id(tap.layer)] = info.shared_rows
+    return grads, averaged, occurrences, shared_rows
+
+
+def _averaged_sum(clipped_sum, clip_factors, expected_batch_size: float, index: int) -> tf.IndexedSlices:
+    """Variable `index`'s clipped sum divided by the expected batch size, via c_i / B."""
+    return clipped_sum(clip_factors / expected_batch_size)[index]
+
+
+def check_every_variable_noised(pairs, trainable_variables, mechanism_name: str) -> None:
+    """Trace-time check: the mechanism returned a noised gradient for every variable.
+
+    Raises:
+      PrivacyContractError: a trainable variable has no (gradient, variable) pair in `pairs`.
+    """
+    returned = {variable.ref() for _, variable in pairs}
+    for variable in trainable_variables:
+        if variable.ref() not in returned:
+            raise PrivacyContractError(
+                f"Trainable variable {variable.name!r} is not handled by mechanism "
+                f"{mechanism_name!r}: it would train without noise (or not at all, "
+                "silently). Every trainable variable must be noised; freeze it with "
+                "`trainable=False` if it should not train."
+            )

@@ -1,0 +1,204 @@
+"""Exact per-example norms and sparse clipped sums for `DPEmbedding` tables.
+
+The gradient of example i with respect to the table has one non-zero row
+per distinct row r that the example reads, across every call of the layer:
+
+    grad_i[r] = sum over occurrences k of example i with id_k = r of w_k * g[segment_k],
+
+where w_k is the combiner weight and g the output gradient of the segment
+(pooled output row, or sequence position) that occurrence k adds into. So
+an id repeated inside one example adds up *before* the square: occurrences
+are grouped by (example, row), the group sums squared, and the squares
+summed per example. The work is O(occurrences x dim); a `[batch, vocab,
+dim]` tensor is never built. The groups are exactly the non-zero rows of
+the per-example gradients, so the clipped sum sum_i c_i grad_i is one more
+segment sum of them into the unique touched rows: a `tf.IndexedSlices`.
+
+A call inside a shared computation (a candidate tower over the catalogue,
+`tfdp_embed.keras2.clipping.shared`) reads the same ids for every example, with
+per-example output gradients: each of its occurrences is counted once per
+example (O(batch x occurrences x dim)), and its rows are reported as
+`shared_rows` rather than as the batch's lookups, since which rows it reads
+does not depend on the data.
+
+The rule reads the taps of `DPEmbedding.lookup` (the default registry
+records that method, not `call`): the output gradient it sees then
+includes whatever a subclass's `call` does with the looked-up rows (a
+scale, a normalisation), so the norms are exact for what the subclass
+computes. Those taps are flattened with `DPEmbedding.occurrences`, which
+describes `lookup` (a subclass's own `occurrences` describes its `call`).
+
+Example:
+    >>> registry = LayerRegistry()
+    >>> registry.register(DPEmbedding, embedding_layer_gradients,
+    ...                   tapped_method="lookup", if_overridden="refuse")
+
+References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping;
+tensorflow/privacy fast_gradient_clipping/registry_functions/embedding.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from tfdp_embed.keras2._keras import tf
+from tfdp_embed.keras2.clipping.registry import LayerGradients
+from tfdp_embed.keras2.clipping.taps import LayerTaps, call_inputs
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.ops import sparse_rows
+
+
+def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: Sequence[tf.Tensor]) -> LayerGradients:
+    """Exact per-example squared norms and the sparse clipped sum of one table.
+
+    ||grad_i||^2 = sum_r ||sum_{k in i, id_k = r} w_k g_{segment_k}||^2, over all calls.
+
+    Args:
+      layer: a `DPEmbedding` (or subclass); each call's ids are read back through
+        `DPEmbedding.occurrences` for taps of `lookup`, `layer.occurrences` for
+        taps of `call` (a subclass's `occurrences` describes its `call`).
+      taps: the layer's recorded calls of `lookup` or `call`.
+      output_grads: d(sum_i loss_i)/d(output) for each call (`[B, dim]` pooled or
+        single id, `[B, n, dim]` for unpooled sequences).
+
+    Returns:
+      `LayerGradients` over `[layer.embeddings]`; `clipped_sum` returns a
+      `tf.IndexedSlices` with unique int64 row indices and the table's dense shape;
+      `occurrences` holds one `EmbeddingOccurrences` per call.
+
+    References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping.
+    """
+    table = layer.embeddings
+    flatten = _occurrences_fn(layer, taps)
+    has_shared = any(call.shared is not None for call in taps.calls)
+    if len(taps.calls) == 1 and not has_shared and _is_pooled(layer, taps.calls[0]):
+        return _pooled_layer_gradients(layer, taps.calls[0], output_grads[0], flatten)
+    dtype = table.dtype.base_dtype
+    dim = table.shape[-1]
+    occurrences, rows, examples, contributions, shared_rows = [], [], [], [], []
+    batch_size = None
+    for call, grad in zip(taps.calls, output_grads):
+        # `call` already range-checked these ids in this step.
+        occ = flatten(call_inputs(layer, call), check_range=False)
+        if call.shared is not None:
+            block = _shared_block(occ, grad, dtype, dim)
+            shared_rows.append(block[0])
+            batch_size = tf.shape(grad, out_type=tf.int64)[0]
+        else:
+            occurrences.append(occ)
+            block = _per_example_block(occ, grad, dtype, dim)
+            batch_size = tf.cast(occ.batch_size, tf.int64)
+        rows.append(block[0])
+        examples.append(block[1])
+        contributions.append(block[2])
+    rows, examples = tf.concat(rows, 0), tf.concat(examples, 0)
+    contributions = tf.concat(contributions, 0)  # [n, dim], one per occurrence
+
+    # Group occurrences by (example, row): the non-zero rows of the per-example grads.
+    unique_rows, row_index = sparse_rows.unique(rows)
+    keys = tf.cast(row_index, tf.int64) * batch_size + examples
+    group_keys, group_index = sparse_rows.unique(keys)
+    num_groups = tf.size(group_keys)
+    group_rows = group_keys // batch_size  # positions in unique_rows
+    group_examples = group_keys % batch_size
+    per_example_rows = tf.math.unsorted_segment_sum(contributions, group_index, num_groups)
+    squared = tf.math.unsorted_segment_sum(
+        tf.reduce_sum(tf.square(per_example_rows), axis=1), group_examples, batch_size
+    )
+
+    def clipped_sum(clip_factors: tf.Tensor) -> list:
+        c = tf.gather(tf.cast(clip_factors, dtype), group_examples)
+        values = tf.math.unsorted_segment_sum(c[:, None] * per_example_rows, group_rows, tf.size(unique_rows))
+        return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
+
+    return LayerGradients(
+        variables=[table],
+        squared_norms=tf.cast(squared, tf.float32),
+        clipped_sum=clipped_sum,
+        occurrences=occurrences,
+        shared_rows=sparse_rows.unique(tf.concat(shared_rows, 0))[0] if shared_rows else None,
+        rows_from_lookups=True,
+    )
+
+
+embedding_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+
+
+def _per_example_block(occ, grad, dtype, dim) -> tuple:
+    """(rows, examples, contributions) of one per-example call: one per occurrence."""
+    grad = tf.reshape(tf.cast(grad, dtype), [-1, dim])  # [num_segments, dim]
+    segments = tf.cast(occ.segments, tf.int32)
+    examples = tf.cast(tf.gather(occ.segment_examples, segments), tf.int64)
+    weights = tf.cast(occ.weights, dtype)[:, None]
+    return tf.cast(occ.ids, tf.int64), examples, weights * tf.gather(grad, segments)
+
+
+def _shared_block(occ, grad, dtype, dim) -> tuple:
+    """(rows, examples, contributions) of a shared call: each occurrence once per example.
+
+    The call's ids are the same for every example (a candidate tower over the
+    catalogue); `grad` `[B, *outputs.shape]` holds each example's own output
+    gradient, so occurrence k contributes w_k * grad[i, segment_k] to example i.
+    """
+    batch = tf.shape(grad, out_type=tf.int64)[0]
+    grad = tf.reshape(tf.cast(grad, dtype), [batch, -1, dim])  # [B, num_segments, dim]
+    segments = tf.cast(occ.segments, tf.int32)
+    weights = tf.cast(occ.weights, dtype)[None, :, None]
+    contributions = tf.reshape(weights * tf.gather(grad, segments, axis=1), [-1, dim])
+    ids = tf.cast(occ.ids, tf.int64)
+    n = tf.size(ids, out_type=tf.int64)
+    rows = tf.tile(ids, [batch])
+    examples = tf.repeat(tf.range(batch), n)
+    return rows, examples, contributions
+
+
+def _occurrences_fn(layer, taps: LayerTaps):
+    """How the tapped method's ids flatten: `DPEmbedding.occurrences` describes `lookup`."""
+    if taps.method == "lookup":
+        return functools.partial(DPEmbedding.occurrences, layer)
+    return layer.occurrences
+
+
+def _is_pooled(layer, call) -> bool:
+    """One output row per example: a combiner, or a single id per example."""
+    ids = call_inputs(layer, call)
+    return layer.combiner is not None or (isinstance(ids, tf.Tensor) and ids.shape.rank == 1)
+
+
+def _pooled_layer_gradients(layer, call, grad, flatten) -> LayerGradients:
+    """The one-call pooled case: every occurrence of example i shares g_i.
+
+    ||grad_i||^2 = ||g_i||^2 * sum_r (sum_{k in i, id_k = r} w_k)^2, so the grouping
+    by (example, row) works on scalar weights, not `[n, dim]` vectors. Both the
+    weight squares and the clipped sum run as one fused op each
+    (`tfdp_embed.ops.sparse_rows`; bit-identical TensorFlow fallback).
+    """
+    table = layer.embeddings
+    dtype = table.dtype.base_dtype
+    occ = flatten(call_inputs(layer, call), check_range=False)
+    grad = tf.reshape(tf.cast(grad, dtype), [-1, table.shape[-1]])  # [batch, dim]
+    examples = tf.cast(occ.segments, tf.int32)  # pooled: segment == example
+    weights = tf.cast(occ.weights, dtype)
+    unique_rows, row_index = sparse_rows.unique(tf.cast(occ.ids, tf.int64))
+    if dtype == tf.float32:
+        weight_sq = sparse_rows.pooled_weight_squares(row_index, examples, weights, occ.batch_size)
+    else:
+        weight_sq = sparse_rows.pooled_weight_squares_reference(row_index, examples, weights, occ.batch_size)
+    squared = weight_sq * tf.reduce_sum(tf.square(grad), axis=1)
+
+    def clipped_sum(clip_factors: tf.Tensor) -> list:
+        args = (grad, examples, row_index, weights, tf.cast(clip_factors, dtype), tf.size(unique_rows))
+        if dtype == tf.float32:
+            values = sparse_rows.scaled_segment_sum(*args)
+        else:
+            values = sparse_rows.scaled_segment_sum_reference(*args)
+        return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
+
+    return LayerGradients(
+        variables=[table],
+        squared_norms=tf.cast(squared, tf.float32),
+        clipped_sum=clipped_sum,
+        occurrences=[occ],
+        rows_from_lookups=True,
+    )

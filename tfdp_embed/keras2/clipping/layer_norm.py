@@ -1,0 +1,95 @@
+"""Per-example gradients of `keras.layers.LayerNormalization` (gamma, beta).
+
+y = gamma * x_hat + beta with x_hat = (x - mean) / sqrt(var + eps) over the
+normalised axes. The per-example gradients are as small as the parameters,
+so they are computed directly: d gamma_i = sum_t g_t * x_hat_t and
+d beta_i = sum_t g_t, summed over every non-normalised, non-batch position
+t of every call of the layer.
+
+Example:
+    >>> registry = LayerRegistry([(keras.layers.LayerNormalization, layer_norm_layer_gradients)])
+
+References: Li et al. 2022 (per-example LayerNorm gradients, App.); Bu et al. 2022 book-keeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.clipping.registry import LayerGradients
+from tfdp_embed.keras2.clipping.taps import LayerTaps, dense_call_input
+
+
+def layer_norm_layer_gradients(
+    layer: keras.layers.LayerNormalization, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
+) -> LayerGradients:
+    """Exact per-example squared norms and clipped sums for LayerNormalization.
+
+    ||grad_i||^2 = ||sum_t g_t * x_hat_t||^2 + ||sum_t g_t||^2 (gamma and beta parts).
+
+    Args:
+      layer: the `keras.layers.LayerNormalization`; any `axis` not containing 0.
+      taps: the layer's recorded calls, inputs `[B, d]`, `[B, T, d]`, ...
+      output_grads: d(sum_i loss_i)/d(output) for each call.
+
+    Returns:
+      `LayerGradients` over `[gamma, beta]`, each present only with `scale` / `center`.
+
+    Raises:
+      ValueError: if the layer normalises over the batch axis.
+      TypeError: if a call's input is not a dense tensor.
+
+    References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping.
+    """
+    axes = sorted(int(a) for a in layer.axis)
+    if 0 in axes:
+        raise ValueError(
+            f"Per-example clipping of LayerNormalization {layer.name!r} needs `axis` to "
+            f"exclude the batch axis 0; received axis={layer.axis}."
+        )
+    params = [v for v in (layer.gamma, layer.beta) if v is not None]
+    dtype = params[0].dtype.base_dtype if params else tf.float32
+    gamma_grads, beta_grads = 0.0, 0.0
+    for call, grad in zip(taps.calls, output_grads):
+        x = tf.cast(dense_call_input(layer, call), dtype)
+        grad = tf.cast(grad, dtype)
+        # A shared call: x [K, ...] is every example's input; grad [B, K, ...] is per example.
+        shared = call.shared is not None
+        first = 0 if shared else 1
+        reduce_axes = [a + (1 if shared else 0) for a in range(first, x.shape.rank) if a not in axes]
+        if layer.scale:
+            mean, variance = tf.nn.moments(x, axes, keepdims=True)
+            x_hat = (x - mean) * tf.math.rsqrt(variance + layer.epsilon)
+            gamma_grads += tf.reduce_sum(grad * (x_hat[None] if shared else x_hat), axis=reduce_axes)
+        if layer.center:
+            beta_grads += tf.reduce_sum(grad, axis=reduce_axes)
+
+    variables: list = []
+    per_example: list = []  # per_example[j]: [B, *variables[j].shape]
+    if layer.scale:
+        variables.append(layer.gamma)
+        per_example.append(gamma_grads)
+    if layer.center:
+        variables.append(layer.beta)
+        per_example.append(beta_grads)
+    squared = 0.0
+    for grads in per_example:
+        squared += tf.reduce_sum(tf.square(grads), axis=list(range(1, grads.shape.rank)))
+
+    def clipped_sum(clip_factors: tf.Tensor) -> list:
+        c = tf.cast(clip_factors, dtype)
+        return [tf.tensordot(c, grads, axes=1) for grads in per_example]
+
+    return LayerGradients(
+        variables=variables,
+        squared_norms=tf.cast(squared, tf.float32) if per_example else _zeros(output_grads),
+        clipped_sum=clipped_sum,
+    )
+
+
+layer_norm_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+
+
+def _zeros(output_grads: Sequence[tf.Tensor]) -> tf.Tensor:
+    return tf.zeros(tf.shape(output_grads[0])[:1], tf.float32)

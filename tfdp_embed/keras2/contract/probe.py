@@ -1,0 +1,53 @@
+"""Which batch `DPModel` checks the contract on, and the warnings when it cannot check.
+
+The independence check needs >= 2 examples, so a dataset's first few
+batches are searched for one; when none has two (or there is no data to
+read), training goes on with a warning rather than unchecked in silence.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from tfdp_embed.keras2._keras import tf
+from tfdp_embed.keras2.contract.examples import batch_size_of
+
+PROBE_BATCHES = 4  # batches of a dataset searched for one with >= 2 examples
+
+
+def probe_batch(data: tf.data.Dataset, unpack):
+    """The first batch of `data` with >= 2 examples among its first few, else its first.
+
+    `unpack` maps a dataset element to `(x, y, sample_weight, ...)`.
+    """
+    first = None
+    for element in data.take(PROBE_BATCHES):
+        if first is None:
+            first = element
+        size = batch_size_of(unpack(element)[:3])
+        if size is not None and size >= 2:
+            return element
+    if first is None:
+        raise ValueError("The training dataset is empty: it yielded no batch.")
+    return first
+
+
+def warn_no_data(stacklevel: int) -> None:
+    """Warns that the contract went unchecked: no dataset or arrays to read a batch from."""
+    warnings.warn(
+        "DPModel could not check the per-example contract (no layer updates state in "
+        "training, each example's loss depends on it alone): it needs a tf.data.Dataset "
+        "or arrays to read one batch from. Pass one to `prepare` or `fit`.",
+        RuntimeWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+def warn_no_pair(stacklevel: int) -> None:
+    """Warns that independence went unchecked: none of the probed batches has two examples."""
+    warnings.warn(
+        "DPModel could not check that each example's loss depends on that example alone: "
+        f"none of the first {PROBE_BATCHES} batches has two examples.",
+        RuntimeWarning,
+        stacklevel=stacklevel + 1,
+    )

@@ -1,0 +1,222 @@
+"""The pCTR model of DP-FEST App. D.1, with a DCN-v2 option, from public tfdp_embed layers.
+
+    x = concat([E_1[C1], ..., E_26[C26], log-integers I1..I13, missing flags])
+    mlp: logit = W_out relu(W_4 ... relu(W_1 x))              (4 x 598 in the paper)
+    dcn: x_{l+1} = x_0 * (W_l x_l + b_l) + x_l  (L cross layers, DCN-v2),
+         then the same ReLU tower and W_out
+
+One `DPEmbedding` per categorical feature `Ck`, with `V_k + 1` rows (row 0 =
+missing, as `tfdp_embed.data.criteo` hashes) and `int(2 * V_k ** 0.25)`
+columns. The inputs are the features `tfdp_embed.data.criteo.parse_raw_fields`
+produces: `I1..I13` float32 `[batch]` (sign(x) log(1 + |x|)), `int_missing`
+float32 `[batch, 13]`, `C1..C26` int64 `[batch]` bucket ids. The model
+returns one click *logit* per example, `[batch, 1]`: train it with
+`BinaryCrossentropy(from_logits=True)`; the serving module
+(`tfdp_embed.keras2.models.ctr_serving`) applies the sigmoid.
+
+Every layer with weights is a `DPEmbedding` or a `keras.layers.Dense` (the
+DCN-v2 `tfrs.layers.dcn.Cross` layers hold Dense sub-layers), so the default
+clipping registry computes exact per-example norms without per-example
+gradients, and every mechanism sees the 26 tables as sparse variables.
+
+Example:
+    >>> config = CTRModelConfig.from_vocab_sizes(hash_size=1000, hidden_units=(64, 64))
+    >>> model = build_ctr_model(config)
+    >>> logits = model(parse_raw_fields(ints, cats, hash_size=1000))   # [batch, 1]
+
+References: Ghazi et al., "Sparsity-Preserving Differentially Private
+Training of Large Embedding Models" (DP-FEST), NeurIPS 2023, App. D.1 and
+Table 3; Wang et al., "DCN V2", WWW 2021, Eq. (1) (`tfrs.layers.dcn.Cross`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from tfdp_embed.data.criteo import (
+    CAT_FEATURES,
+    INT_FEATURES,
+    INT_MISSING,
+    embedding_dim,
+    resolve_vocab_sizes,
+)
+from tfdp_embed.keras2 import DPEmbedding, keras, tf
+
+ARCHITECTURES = ("mlp", "dcn")
+PAPER_HIDDEN_UNITS = (598, 598, 598, 598)
+
+
+def ctr_embedding_dims(vocab_sizes: Sequence[int]) -> tuple[int, ...]:
+    """Embedding widths `int(2 * V ** 0.25)` for vocabularies `V` (DP-FEST App. D.1).
+
+    Example:
+        >>> ctr_embedding_dims([82741, 3])
+        (33, 2)
+    """
+    return tuple(embedding_dim(int(v)) for v in vocab_sizes)
+
+
+def _positive_ints(name: str, values, *, length: int | None = None, allow_empty: bool = False) -> tuple:
+    values = tuple(values)
+    if length is not None and len(values) != length:
+        raise ValueError(f"`{name}` must have {length} entries; received {len(values)}: {values!r}.")
+    if not values and not allow_empty:
+        raise ValueError(f"`{name}` must not be empty.")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"`{name}` must hold positive ints; received {values!r}.")
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class CTRModelConfig:
+    """Static description of a pCTR model (no tensors; JSON-able via `get_config`).
+
+    Attributes:
+      vocab_sizes: 26 hash vocabulary sizes `V_k`, in `C1..C26` order (the
+        tables have `V_k + 1` rows). Must equal what the reader hashed with.
+      hidden_units: widths of the ReLU tower; the paper uses 4 x 598.
+      architecture: "mlp" (DP-FEST App. D.1) or "dcn" (DCN-v2 cross layers
+        before the tower).
+      num_cross_layers: DCN-v2 cross layers (architecture "dcn" only).
+      cross_projection_dim: low-rank size of each cross layer's matrix
+        (None: full rank), DCN-v2 §3.
+      embedding_dims: per-feature widths overriding `int(2 * V ** 0.25)`
+        (tests use tiny ones); None for the paper's rule.
+      use_missing_indicators: also feed the 13 integer missing flags.
+    """
+
+    vocab_sizes: tuple
+    hidden_units: tuple = PAPER_HIDDEN_UNITS
+    architecture: str = "mlp"
+    num_cross_layers: int = 3
+    cross_projection_dim: int | None = None
+    embedding_dims: tuple | None = None
+    use_missing_indicators: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(
+            self, "vocab_sizes", _positive_ints("vocab_sizes", self.vocab_sizes, length=len(CAT_FEATURES))
+        )
+        object.__setattr__(self, "hidden_units", _positive_ints("hidden_units", self.hidden_units, allow_empty=True))
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"`architecture` must be one of {ARCHITECTURES}; received {self.architecture!r}.")
+        if (
+            isinstance(self.num_cross_layers, bool)
+            or not isinstance(self.num_cross_layers, int)
+            or (self.num_cross_layers < (1 if self.architecture == "dcn" else 0))
+        ):
+            raise ValueError(
+                "`num_cross_layers` must be an int >= 1 for architecture 'dcn' (>= 0 otherwise); "
+                f"received {self.num_cross_layers!r}."
+            )
+        if self.cross_projection_dim is not None:
+            _positive_ints("cross_projection_dim", [self.cross_projection_dim])
+        if self.embedding_dims is not None:
+            object.__setattr__(
+                self,
+                "embedding_dims",
+                _positive_ints("embedding_dims", self.embedding_dims, length=len(CAT_FEATURES)),
+            )
+        if not self.hidden_units and self.architecture == "mlp":
+            raise ValueError("`hidden_units` must not be empty for architecture 'mlp'.")
+
+    @classmethod
+    def from_vocab_sizes(
+        cls,
+        vocab_sizes: Mapping[str, int] | Sequence[int] | None = None,
+        *,
+        hash_size: int | None = None,
+        **kwargs,
+    ) -> CTRModelConfig:
+        """Config for the reader's vocabulary (`resolve_vocab_sizes` arguments) plus `kwargs`."""
+        sizes = resolve_vocab_sizes(vocab_sizes, hash_size)
+        return cls(vocab_sizes=tuple(sizes[name] for name in CAT_FEATURES), **kwargs)
+
+    @property
+    def vocab_by_feature(self) -> dict[str, int]:
+        """`{"C1": V_1, ...}`: what `parse_raw_fields(vocab_sizes=...)` takes."""
+        return dict(zip(CAT_FEATURES, self.vocab_sizes))
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The embedding width of each feature."""
+        return self.embedding_dims or ctr_embedding_dims(self.vocab_sizes)
+
+    def get_config(self) -> dict:
+        """A JSON-able dict; `from_config` inverts it."""
+        config = dataclasses.asdict(self)
+        for key, value in config.items():
+            if isinstance(value, tuple):
+                config[key] = list(value)
+        return config
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> CTRModelConfig:
+        return cls(**dict(config))
+
+
+def _feature_inputs() -> dict:
+    inputs = {name: keras.Input((), dtype=tf.float32, name=name) for name in INT_FEATURES}
+    inputs[INT_MISSING] = keras.Input((len(INT_FEATURES),), dtype=tf.float32, name=INT_MISSING)
+    inputs.update({name: keras.Input((), dtype=tf.int64, name=name) for name in CAT_FEATURES})
+    return inputs
+
+
+def build_ctr_model(config: CTRModelConfig, *, name: str = "pctr") -> keras.Model:
+    """Builds the functional pCTR model: feature dict in, click logit `[batch, 1]` out.
+
+    Args:
+      config: a `CTRModelConfig`.
+      name: Keras model name.
+
+    Returns:
+      A built `keras.Model`; its embedding layers are named `embedding_C1` ..
+      `embedding_C26` (DP-FEST selections and LazyDP lookaheads key on them).
+
+    Raises:
+      TypeError: `config` is not a `CTRModelConfig`.
+      ImportError: architecture "dcn" without tensorflow-recommenders.
+
+    References: DP-FEST App. D.1; DCN-v2 Eq. (1).
+    """
+    if not isinstance(config, CTRModelConfig):
+        raise TypeError(f"`config` must be a CTRModelConfig; received {type(config).__name__}.")
+    inputs = _feature_inputs()
+    parts = []
+    for feature, vocab, dim in zip(CAT_FEATURES, config.vocab_sizes, config.dims):
+        table = DPEmbedding(vocab + 1, dim, name=f"embedding_{feature}")
+        parts.append(table(inputs[feature]))
+    ints = keras.layers.Lambda(lambda xs: tf.stack(xs, axis=-1), name="log_integers")(
+        [inputs[name] for name in INT_FEATURES]
+    )
+    parts.append(ints)
+    if config.use_missing_indicators:
+        parts.append(inputs[INT_MISSING])
+    x = keras.layers.Concatenate(name="features")(parts)
+    if config.architecture == "dcn":
+        import tensorflow_recommenders as tfrs
+
+        x0 = x
+        for i in range(config.num_cross_layers):
+            x = tfrs.layers.dcn.Cross(projection_dim=config.cross_projection_dim, name=f"cross_{i}")(x0, x)
+    for i, units in enumerate(config.hidden_units):
+        x = keras.layers.Dense(units, activation="relu", name=f"hidden_{i}")(x)
+    logit = keras.layers.Dense(1, name="click_logit")(x)
+    return keras.Model(inputs, logit, name=name)
+
+
+def table_names() -> list[str]:
+    """The `DPEmbedding` layer names `build_ctr_model` uses, in `C1..C26` order."""
+    return [f"embedding_{feature}" for feature in CAT_FEATURES]
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "PAPER_HIDDEN_UNITS",
+    "CTRModelConfig",
+    "build_ctr_model",
+    "ctr_embedding_dims",
+    "table_names",
+]
