@@ -106,6 +106,8 @@ LazyDP (ASPLOS 2024) §5.2 (history table next to its table).
 
 from __future__ import annotations
 
+import importlib
+
 from tfdp_embed.keras2.distribute.collectives import all_reduce_clipped, union_of_rows
 from tfdp_embed.keras2.distribute.parameter_server import (
     PS_GROWABLE_CAPACITY,
@@ -134,24 +136,35 @@ from tfdp_embed.keras2.distribute.sync import (
     noised_gradients,
     synchronize_generator,
 )
-from tfdp_embed.keras2.distribute.tpu_engine_table import (
-    EngineTable,
-    TpuFeature,
-    engine_table_gradients,
-)
-from tfdp_embed.keras2.distribute.tpu_gradient_path import (
-    NOISE_FEATURE_SUFFIX,
-    clipped_activation_gradients,
-    noise_feature_gradients,
-    noise_feature_name,
-    noise_feature_rows,
-)
-from tfdp_embed.keras2.distribute.tpu_plan import (
-    TPU_PLANS,
-    TpuEmbeddingPlan,
-    tpu_embedding_plan,
-)
-from tfdp_embed.keras2.distribute.tpu_step import TpuDPStep
+
+# The TPU parts load on first use (PEP 562), so `import tfdp_embed.keras2` loads no TPU code.
+_TPU = {
+    "EngineTable": "tpu_engine_table",
+    "TpuFeature": "tpu_engine_table",
+    "engine_table_gradients": "tpu_engine_table",
+    "NOISE_FEATURE_SUFFIX": "tpu_gradient_path",
+    "clipped_activation_gradients": "tpu_gradient_path",
+    "noise_feature_gradients": "tpu_gradient_path",
+    "noise_feature_name": "tpu_gradient_path",
+    "noise_feature_rows": "tpu_gradient_path",
+    "TPU_PLANS": "tpu_plan",
+    "TpuEmbeddingPlan": "tpu_plan",
+    "tpu_embedding_plan": "tpu_plan",
+    "TpuDPStep": "tpu_step",
+}
+
+
+def __getattr__(name: str):
+    if name not in _TPU:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_TPU[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted([*globals(), *_TPU])
+
 
 __all__ = [
     "DEFAULT",
