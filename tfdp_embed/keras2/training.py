@@ -44,8 +44,7 @@ from tfdp_embed.keras2.layers.embedding import DPEmbedding
 from tfdp_embed.keras2.optimizer_weights import create_optimizer_weights
 from tfdp_embed.keras2.training_exits import ReleaseExits
 from tfdp_embed.keras2.training_losses import LossesAndMetrics, loss_name
-from tfdp_embed.mechanisms.base import NoiseMechanism
-from tfdp_embed.mechanisms.capabilities import check_declared_use
+from tfdp_embed.mechanisms.base import NoiseMechanism, check_declared_use
 
 
 class _MechanismWarnings(keras.callbacks.Callback):

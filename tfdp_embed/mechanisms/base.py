@@ -284,3 +284,27 @@ def one_off_events(mechanism: NoiseMechanism) -> list:
             + how_to_declare(mechanism, "one-off events (`one_off_events=True`)")
         )
     return events
+
+
+def check_declared_use(mechanism, *, lookahead: bool) -> None:
+    """Refuses uses of `mechanism` its class does not declare (called by `DPModel`).
+
+    Raises:
+      ValueError: `lookahead=True` with a mechanism that does not declare
+        `lookahead` (it would ignore the ids, or misuse them).
+      PrivacyContractError: a mechanism declaring `defers_noise` without
+        its own `flush` and `owes_noise` (releases could not pay what it owes).
+    """
+    capabilities = capabilities_of(mechanism)
+    if lookahead and not capabilities.lookahead:
+        raise ValueError(
+            "`lookahead=True` feeds the next batch's ids to the mechanism, but "
+            + how_to_declare(mechanism, "lookahead (`lookahead=True`)")
+            + " Build DPModel with lookahead=False for it (only lazy mechanisms use the lookahead)."
+        )
+    cls = type(mechanism)
+    if capabilities.defers_noise and (cls.flush is NoiseMechanism.flush or cls.owes_noise is NoiseMechanism.owes_noise):
+        raise PrivacyContractError(
+            f"Mechanism class {cls.__name__} declares `defers_noise` but does not override both `flush` and "
+            "`owes_noise`: a release could not add the noise it still owes. Implement them."
+        )

@@ -152,30 +152,3 @@ def how_to_declare(mechanism, what: str) -> str:
         f"the mechanism really supports it, set `capabilities = MechanismCapabilities(...)` on "
         f"{cls.__name__} (tfdp_embed.mechanisms.MechanismCapabilities)."
     )
-
-
-def check_declared_use(mechanism, *, lookahead: bool) -> None:
-    """Refuses uses of `mechanism` its class does not declare (called by `DPModel`).
-
-    Raises:
-      ValueError: `lookahead=True` with a mechanism that does not declare
-        `lookahead` (it would ignore the ids, or misuse them).
-      PrivacyContractError: a mechanism declaring `defers_noise` without
-        its own `flush` and `owes_noise` (releases could not pay what it owes).
-    """
-    from tfdp_embed.errors import PrivacyContractError
-    from tfdp_embed.mechanisms.base import NoiseMechanism
-
-    capabilities = capabilities_of(mechanism)
-    if lookahead and not capabilities.lookahead:
-        raise ValueError(
-            "`lookahead=True` feeds the next batch's ids to the mechanism, but "
-            + how_to_declare(mechanism, "lookahead (`lookahead=True`)")
-            + " Build DPModel with lookahead=False for it (only lazy mechanisms use the lookahead)."
-        )
-    cls = type(mechanism)
-    if capabilities.defers_noise and (cls.flush is NoiseMechanism.flush or cls.owes_noise is NoiseMechanism.owes_noise):
-        raise PrivacyContractError(
-            f"Mechanism class {cls.__name__} declares `defers_noise` but does not override both `flush` and "
-            "`owes_noise`: a release could not add the noise it still owes. Implement them."
-        )
