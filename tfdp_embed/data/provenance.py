@@ -40,12 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import TYPE_CHECKING
 
 import tensorflow as tf
-
-if TYPE_CHECKING:  # poisson.py imports this module to register its datasets
-    from tfdp_embed.data.poisson import BatchingInfo
 
 POISSON = "poisson"
 FIXED_SHUFFLED = "fixed_shuffled"
@@ -72,6 +68,68 @@ _PASS_THROUGH = frozenset(
 )
 
 _REGISTRY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # dataset -> BatchingInfo
+
+
+@dataclasses.dataclass
+class BatchingInfo:
+    """How a batched dataset was sampled: what the privacy report needs.
+
+    Attributes:
+      batching: "poisson" or "fixed_shuffled".
+      num_examples: N.
+      sampling_probability: q (Poisson) or batch_size / N (fixed).
+      expected_batch_size: q N (the divisor of the noised gradient sum).
+      batches_per_epoch: round(1/q) (Poisson) or ceil(N / batch_size).
+      max_batch_size: the truncation cap, or None.
+      streaming: True for `streaming_poisson_batches`.
+      batches_per_pass: G for streaming, else None.
+      seeded: True if an explicit seed was given (reproducible batches).
+      truncated_batches: int64 `tf.Variable`, batches cut to the cap so far
+        (counts batches the pipeline produced, including prefetched ones).
+      truncated_examples: int64 `tf.Variable`, examples removed by the cap.
+      sampler: which sampler drew the batches: "in_memory", "multi_pass"
+        (`streaming_poisson_batches`), "one_pass_spill"
+        (`one_pass_poisson_batches`), "beam_poisson" (`beam_poisson_batches`:
+        the Apache Beam job's shards), or None (shuffled batches).
+      fixed_shape: True when every batch is padded to `max_batch_size`
+        (`fixed_shape_batches`; padding examples carry weight 0).
+      spill: the one-pass sampler's `SpillStats` (disk and memory it used), else None.
+    """
+
+    batching: str
+    num_examples: int
+    sampling_probability: float
+    expected_batch_size: float
+    batches_per_epoch: int
+    max_batch_size: int | None = None
+    streaming: bool = False
+    batches_per_pass: int | None = None
+    seeded: bool = False
+    truncated_batches: tf.Variable | None = None
+    truncated_examples: tf.Variable | None = None
+    sampler: str | None = None
+    fixed_shape: bool = False
+    spill: object = None
+
+    def report(self) -> dict:
+        """Plain-Python fields for `privacy_report(batching=...)`."""
+        out = {
+            "batching": self.batching,
+            "num_examples": self.num_examples,
+            "sampling_probability": self.sampling_probability,
+            "expected_batch_size": self.expected_batch_size,
+            "batches_per_epoch": self.batches_per_epoch,
+            "max_batch_size": self.max_batch_size,
+            "streaming": self.streaming,
+            "batches_per_pass": self.batches_per_pass,
+            "seeded": self.seeded,
+            "sampler": self.sampler,
+            "fixed_shape": self.fixed_shape,
+        }
+        if self.truncated_batches is not None and self.truncated_examples is not None:  # set together
+            out["truncated_batches"] = int(self.truncated_batches.numpy())
+            out["truncated_examples"] = int(self.truncated_examples.numpy())
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +199,6 @@ def fed_batching(x, *, declared: BatchingInfo | None = None) -> FedBatching:
         (Poisson declared for numpy arrays, or another batching than the
         registered sampler's).
     """
-    from tfdp_embed.data.poisson import BatchingInfo
-
     if declared is not None and not isinstance(declared, BatchingInfo):
         raise TypeError(
             "`batching` must be the `BatchingInfo` of the sampler that made the data (tfdp_embed.data); "
