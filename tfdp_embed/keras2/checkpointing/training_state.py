@@ -63,6 +63,7 @@ import os
 import re
 
 from tfdp_embed import read_guard
+from tfdp_embed._version import __version__
 from tfdp_embed.accounting.ledger import PrivacyLedger
 from tfdp_embed.keras2._keras import tf
 from tfdp_embed.keras2.checkpointing import manifest as manifest_lib
@@ -473,6 +474,4 @@ def _rekey(dp_model) -> None:
 
 
 def _library_version() -> str:
-    import tfdp_embed
-
-    return getattr(tfdp_embed, "__version__", "unknown")
+    return __version__
