@@ -164,14 +164,15 @@ def test_read_hook_gather_supplies_the_rows(ragged, combiner):
 
 
 def test_keras3_in_process_is_refused_with_a_clear_message():
-    code = "import os; os.environ['TF_USE_LEGACY_KERAS']='0'\nimport tfdp_embed\n"
+    # The core imports under Keras 3; the tf-keras front end (DPModel, DPEmbedding) is what refuses.
+    code = "import os; os.environ['TF_USE_LEGACY_KERAS']='0'\nimport tfdp_embed.mechanisms\nfrom tfdp_embed import DPModel\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "needs Keras 2" in result.stderr
 
 
 def test_keras3_already_loaded_is_refused_with_a_clear_message():
-    code = "import tensorflow as tf\ntf.keras.layers.Dense\nimport tfdp_embed\n"
+    code = "import tensorflow as tf\ntf.keras.layers.Dense\nimport tfdp_embed\nfrom tfdp_embed import DPEmbedding\n"
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode != 0
