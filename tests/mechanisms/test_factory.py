@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed import mechanisms
-from tfdp_embed.mechanisms import MECHANISMS, NoiseMechanism, create
+from tfdp_embed.mechanisms import MECHANISMS, NoiseMechanism, create, factory
 
 COUNTS = {"t": np.arange(50, dtype=np.int64)}
 NOISE = dict(l2_norm_clip=1.0, noise_multiplier=1.1, seed=0)
@@ -66,3 +66,58 @@ def test_errors_name_what_is_allowed():
         create("dense", l2_norm_clip=1.0)
     with pytest.raises(ValueError, match="exactly one of `top_k`"):
         create("adafest+", **dict(OPTIONS["adafest+"], top_fraction=0.1))
+
+
+class _TinyDense(mechanisms.DenseDPSGD):
+    name = "tiny_dense"
+
+
+@pytest.fixture
+def registry():
+    """The registry as it was before the test (a registered name must not leak into other tests)."""
+    saved = dict(factory._REGISTRY)
+    yield
+    factory._REGISTRY.clear()
+    factory._REGISTRY.update(saved)
+
+
+def test_register_mechanism_makes_create_build_a_users_class(registry):
+    assert mechanisms.register_mechanism("tiny_dense", _TinyDense) is _TinyDense
+    mechanism = create("tiny_dense", **NOISE)
+    assert type(mechanism) is _TinyDense and MECHANISMS["tiny_dense"] is _TinyDense
+    assert mechanism.l2_norm_clip == 1.0 and mechanism.noise_multiplier == 1.1
+    mechanisms.register_mechanism("tiny_dense", _TinyDense)  # the same class again: nothing to refuse
+
+
+def test_register_mechanism_refuses_duplicates_and_non_mechanisms(registry):
+    class Dense(mechanisms.DenseDPSGD):  # name "dense", inherited
+        pass
+
+    with pytest.raises(ValueError, match=r"'dense' is taken by DenseDPSGD; pass `replace=True`"):
+        mechanisms.register_mechanism("dense", Dense)
+    mechanisms.register_mechanism("dense", Dense, replace=True)
+    assert MECHANISMS["dense"] is Dense
+    with pytest.raises(ValueError, match=r"`name` must be the class's `name` \('tiny_dense'\); received 'other'"):
+        mechanisms.register_mechanism("other", _TinyDense)
+
+    class Undeclared(NoiseMechanism):
+        name = "undeclared"
+
+        def update(self, clipped):
+            return []
+
+        def step_event(self):
+            return None
+
+    with pytest.raises(TypeError, match="does not declare `capabilities`"):
+        mechanisms.register_mechanism("undeclared", Undeclared)
+    for not_a_mechanism in (dict, "dense", _TinyDense(**NOISE)):
+        with pytest.raises(TypeError, match="must be a concrete subclass of tfdp_embed.mechanisms.NoiseMechanism"):
+            mechanisms.register_mechanism("tiny_dense", not_a_mechanism)
+    assert "undeclared" not in MECHANISMS and "tiny_dense" not in MECHANISMS
+
+
+def test_mechanisms_is_read_only():
+    with pytest.raises(TypeError):
+        MECHANISMS["mine"] = _TinyDense  # type: ignore[index]
+    assert "mine" not in MECHANISMS

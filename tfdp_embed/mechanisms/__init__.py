@@ -2,7 +2,8 @@
 
 Adding a mechanism: subclass `NoiseMechanism` in its own module, declare
 its `capabilities` (`MechanismCapabilities`; undeclared means refused),
-and add one `name: class` line to `MECHANISMS` in `factory.py`.
+and add one `name: class` line to `_REGISTRY` in `factory.py` (a library
+mechanism) or call `register_mechanism(name, cls)` (a user's).
 """
 
 from tfdp_embed.mechanisms.adafest import DPAdaFEST
@@ -11,7 +12,7 @@ from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism, TableGr
 from tfdp_embed.mechanisms.capabilities import MechanismCapabilities, capabilities_of
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.eana import EANA
-from tfdp_embed.mechanisms.factory import MECHANISMS, create, mechanism_class, options
+from tfdp_embed.mechanisms.factory import MECHANISMS, create, mechanism_class, options, register_mechanism
 from tfdp_embed.mechanisms.fest import DPFEST
 from tfdp_embed.mechanisms.lazy import LazyDP
 from tfdp_embed.mechanisms.none import NonPrivate
@@ -34,4 +35,5 @@ __all__ = [
     "mechanism_class",
     "one_off_events",
     "options",
+    "register_mechanism",
 ]

@@ -13,8 +13,8 @@ Train-step order (see `tfdp_embed.keras2.training`):
 
 Adding a mechanism means subclassing `NoiseMechanism`, declaring what it
 supports in its `capabilities` (`tfdp_embed.mechanisms.capabilities`; the
-base declares one device only) and adding it to `MECHANISMS` in
-`tfdp_embed/mechanisms/factory.py`; no other mechanism changes.
+base declares one device only) and registering it
+(`tfdp_embed.mechanisms.register_mechanism`); no other mechanism changes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The one mechanism factory: `create(name, ...)` builds `MECHANISMS[name]` from keyword options.
 
-`MECHANISMS` maps each name to its class, nothing else; whether a name is
+`MECHANISMS` maps each name to its class, nothing else, and is read-only:
+a user's mechanism joins it through `register_mechanism(name, cls)`; whether a name is
 DP, what it supports and which options it takes come from the class
 (`is_dp`, `capabilities`, its constructor's keywords). Options are checked
 against the constructor: an unknown one, or a required one left out, is an
@@ -16,22 +17,27 @@ Example:
     >>> create("fest", l2_norm_clip=1.0, noise_multiplier=0.9, selection_epsilon=0.3,
     ...        top_fraction=0.1, counts=counts)
     >>> create("none")                    # no clip norm, no noise
+    >>> register_mechanism("my_dense", MyDense)  # class MyDense(DenseDPSGD): name = "my_dense"
+    >>> create("my_dense", l2_norm_clip=1.0, noise_multiplier=1.1)
 """
 
 from __future__ import annotations
 
 import inspect
+import types
+from collections.abc import Mapping
 
 from tfdp_embed.mechanisms.adafest import DPAdaFEST
 from tfdp_embed.mechanisms.adafest_plus import DPAdaFESTPlus
 from tfdp_embed.mechanisms.base import NoiseMechanism
+from tfdp_embed.mechanisms.capabilities import capabilities_of, declaring_class
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.eana import EANA
 from tfdp_embed.mechanisms.fest import DPFEST
 from tfdp_embed.mechanisms.lazy import LazyDP
 from tfdp_embed.mechanisms.none import NonPrivate
 
-MECHANISMS: dict[str, type[NoiseMechanism]] = {
+_REGISTRY: dict[str, type[NoiseMechanism]] = {
     "none": NonPrivate,
     "dense": DenseDPSGD,
     "adafest": DPAdaFEST,
@@ -40,9 +46,47 @@ MECHANISMS: dict[str, type[NoiseMechanism]] = {
     "fest": DPFEST,
     "lazy": LazyDP,
 }
+MECHANISMS: Mapping[str, type[NoiseMechanism]] = types.MappingProxyType(_REGISTRY)  # read-only view
 
 # What `from_counts` fills in itself from the selection it makes.
 _MADE_BY_FROM_COUNTS = frozenset({"selected_rows", "selection_event"})
+
+
+def register_mechanism(name: str, cls: type[NoiseMechanism], *, replace: bool = False) -> type[NoiseMechanism]:
+    """Makes `create(name, ...)` (and the pipelines' `--mechanism name`) build `cls`, a user's mechanism.
+
+    Args:
+      name: the name to register; must equal `cls.name` (reports and
+        checkpoints record the class's `name`).
+      cls: a concrete `NoiseMechanism` subclass that declares its
+        `capabilities` (its own or a parent's, never the base's default).
+      replace: allow replacing the class already registered as `name`.
+
+    Returns:
+      `cls`.
+
+    Raises:
+      TypeError: `cls` is not a concrete `NoiseMechanism` subclass, or does
+        not declare `MechanismCapabilities`.
+      ValueError: `name` is not `cls.name`, or is taken and `replace` is False.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, NoiseMechanism)) or inspect.isabstract(cls):
+        raise TypeError(f"`cls` must be a concrete subclass of tfdp_embed.mechanisms.NoiseMechanism; received {cls!r}.")
+    capabilities_of(cls)  # a TypeError if `capabilities` is not a MechanismCapabilities
+    if declaring_class(cls) is NoiseMechanism:
+        raise TypeError(
+            f"Mechanism class {cls.__name__} does not declare `capabilities`; set "
+            "`capabilities = MechanismCapabilities(...)` on it (tfdp_embed.mechanisms.MechanismCapabilities)."
+        )
+    if not isinstance(name, str) or name != cls.name:
+        raise ValueError(f"`name` must be the class's `name` ({cls.name!r}); received {name!r}.")
+    if name in _REGISTRY and _REGISTRY[name] is not cls and not replace:
+        raise ValueError(
+            f"Mechanism name {name!r} is taken by {_REGISTRY[name].__name__}; pass `replace=True` to replace it, "
+            f"or choose a name not in {sorted(_REGISTRY)}."
+        )
+    _REGISTRY[name] = cls
+    return cls
 
 
 def mechanism_class(name: str) -> type[NoiseMechanism]:
@@ -113,4 +157,4 @@ def _keywords(function) -> dict:
     return {k: p for k, p in params.items() if p.kind in kinds and k not in ("self", "cls")}
 
 
-__all__ = ["MECHANISMS", "create", "mechanism_class", "options"]
+__all__ = ["MECHANISMS", "create", "mechanism_class", "options", "register_mechanism"]
