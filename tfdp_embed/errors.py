@@ -12,3 +12,6 @@ class PrivacyContractError(RuntimeError):
 
 class PrivacyBudgetExceededError(PrivacyContractError):
     """Training would spend more privacy budget than the target allows."""
+
+
+__all__ = ["PrivacyBudgetExceededError", "PrivacyContractError"]

@@ -104,3 +104,6 @@ def remove(variable: tf.Variable) -> None:
 def is_guarded(variable: tf.Variable) -> bool:
     """True when `install` guards `variable`."""
     return all(_GUARD_ATTRIBUTE in resource.__dict__ for resource in _resource_variables(variable))
+
+
+__all__ = ["active", "install", "is_guarded", "remove", "unguarded"]

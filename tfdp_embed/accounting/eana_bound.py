@@ -310,3 +310,6 @@ def eana_per_instance_rdp_bound(
         mean = np.where(room > 0, a * norms[None, :] / (2.0 * room * (z * clip) ** 2), np.inf)
     rdp = np.sum(mean + dims[None, :] * _log_terms(grid, counts), axis=1)
     return _convert("remark_2_eq_9", grid, rdp, delta, "Remark 2, eq. 9")
+
+
+__all__ = ["DEFAULT_ORDERS", "NOT_DP_LABEL", "EanaRdpBound", "eana_per_instance_rdp_bound", "eana_rdp_bound"]

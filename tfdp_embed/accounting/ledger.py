@@ -247,3 +247,6 @@ def _rebuild(value):
     if isinstance(value, list):
         return [_rebuild(v) for v in value]
     return value
+
+
+__all__ = ["LedgerEntry", "PrivacyLedger", "event_from_dict", "event_to_dict"]

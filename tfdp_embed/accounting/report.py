@@ -577,3 +577,25 @@ def _jsonable(value):
     if isinstance(value, dp_accounting.DpEvent):
         return event_to_dict(value)
     return str(value)
+
+
+__all__ = [
+    "ADJACENCY",
+    "BATCHINGS",
+    "DECLARED_CAVEAT",
+    "DEFAULT_PRIVACY_UNIT",
+    "NOT_DP_GUARANTEE",
+    "NOT_POISSON_CAVEAT",
+    "NOT_RELEASED",
+    "SEEDED_CAVEAT",
+    "STATED_CAVEAT",
+    "UNVERIFIED_CAVEAT",
+    "add_seed_caveat",
+    "attacker_bound",
+    "not_released_note",
+    "privacy_report",
+    "read_privacy_report",
+    "seeded_parts",
+    "truncation_delta",
+    "write_privacy_report",
+]

@@ -287,3 +287,14 @@ def sample_candidates(
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xCA0D]))
     contexts, labels = _draw_distinct(ids, context_length, n, rng, taken)
     return RandomSequences(contexts=contexts, labels=labels)
+
+
+__all__ = [
+    "DEFAULT_INSERTION_COUNTS",
+    "EANA_CANARIES_PER_COUNT",
+    "EANA_NUM_CANDIDATES",
+    "CanarySet",
+    "RandomSequences",
+    "generate_canaries",
+    "sample_candidates",
+]

@@ -263,3 +263,15 @@ def extrapolated_exposure(canary_scores, candidate_scores, *, distribution: str 
       ValueError: as `fit_score_distribution` and `check_scores`.
     """
     return fit_score_distribution(candidate_scores, distribution=distribution).exposure(canary_scores)
+
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "TIES",
+    "ScoreDistribution",
+    "canary_ranks",
+    "check_scores",
+    "extrapolated_exposure",
+    "fit_score_distribution",
+    "rank_exposure",
+]

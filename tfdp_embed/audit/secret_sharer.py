@@ -224,3 +224,13 @@ def secret_sharer_audit(
         fit=fit,
         ties=ties,
     )
+
+
+__all__ = [
+    "CHANCE_EXPOSURE_BITS",
+    "ScoreFn",
+    "SecretSharerAudit",
+    "score_sequences",
+    "secret_sharer_audit",
+    "summarize_exposure",
+]

@@ -130,3 +130,6 @@ def _empty_like(spec):
             [0 if d is None else d for d in spec.shape.as_list()],
         )
     raise ValueError(f"`with_lookahead` supports tensors, ragged and sparse tensors; received a component {spec}.")
+
+
+__all__ = ["with_lookahead"]

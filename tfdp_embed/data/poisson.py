@@ -481,3 +481,6 @@ def _leading_dim(data) -> int:
     if isinstance(first, tf.RaggedTensor):
         return int(first.nrows())
     return int(tf.shape(first)[0])
+
+
+__all__ = ["BatchingInfo", "fixed_size_batches", "poisson_batches", "streaming_poisson_batches"]

@@ -263,3 +263,18 @@ def _describe(x, stopped_at) -> str:
     if _is_arrays(x):
         return "arrays batched by Keras fit (fixed-size batches, shuffled unless shuffle=False)"
     return f"{type(x).__name__} (its batching cannot be inspected)"
+
+
+__all__ = [
+    "DECLARED",
+    "FIXED_SHUFFLED",
+    "NOT_VERIFIED",
+    "POISSON",
+    "UNVERIFIED",
+    "VERIFIED",
+    "BatchingInfo",
+    "FedBatching",
+    "fed_batching",
+    "register",
+    "registered_info",
+]

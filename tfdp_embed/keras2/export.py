@@ -83,3 +83,6 @@ def export_saved_model(
         with open(os.path.join(path, REPORT_FILENAME), "w") as f:
             json.dump(dict(report), f, indent=2, sort_keys=True, default=str)
     return path
+
+
+__all__ = ["REPORT_FILENAME", "export_saved_model", "release_ready"]

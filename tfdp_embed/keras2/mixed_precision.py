@@ -131,3 +131,13 @@ def check_mechanism(mechanism, model) -> None:
         "`capabilities = MechanismCapabilities(..., mixed_precision=True)` on the class once it keeps its "
         "state, noise and updates in the variables' dtype."
     )
+
+
+__all__ = [
+    "FLOAT16_LOSS_SCALE",
+    "check_mechanism",
+    "check_variable_dtypes",
+    "compute_dtype",
+    "inner_optimizer",
+    "loss_scale",
+]

@@ -40,3 +40,6 @@ def create_optimizer_weights(optimizer, variables, *, strategy: tf.distribute.St
                 optimizer.add_slot(variable, "momentum")
     elif isinstance(optimizer, keras.optimizers.Optimizer):
         optimizer.build(list(variables))
+
+
+__all__ = ["create_optimizer_weights"]

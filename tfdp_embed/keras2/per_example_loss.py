@@ -306,3 +306,6 @@ def _describe(struct) -> str:
     if isinstance(struct, (list, tuple)):
         return f"a {type(struct).__name__} of {len(struct)}"
     return f"a {type(struct).__name__}"
+
+
+__all__ = ["PerExampleLoss", "align"]

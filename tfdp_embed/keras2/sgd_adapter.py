@@ -82,3 +82,6 @@ def adapt(optimizer) -> LegacySgd | None:
 
 
 lazy_sgd.register_adapter(adapt)
+
+
+__all__ = ["LegacySgd", "adapt"]

@@ -381,3 +381,6 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
             grads = self.optimizer.get_unscaled_gradients(grads)
         self.optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
         return self._update_metrics(losses, y, sample_weight)
+
+
+__all__ = ["DPModel"]

@@ -92,3 +92,6 @@ class ReleaseExits:
                 "privacy report) or dp_model.save(path)."
             )
         return {"inner": self.inner}
+
+
+__all__ = ["ReleaseExits"]

@@ -168,3 +168,6 @@ class LossesAndMetrics:
         x = self._unpack(data)[0]
         with read_guard.unguarded():  # as in train_step
             return self.inner(x, training=False)
+
+
+__all__ = ["Losses", "LossesAndMetrics", "check_per_example", "loss_name", "per_example_losses", "unpack"]

@@ -308,3 +308,6 @@ def check_declared_use(mechanism, *, lookahead: bool) -> None:
             f"Mechanism class {cls.__name__} declares `defers_noise` but does not override both `flush` and "
             "`owes_noise`: a release could not add the noise it still owes. Implement them."
         )
+
+
+__all__ = ["ClippedGradients", "NoiseMechanism", "TableGradient", "check_declared_use", "one_off_events"]

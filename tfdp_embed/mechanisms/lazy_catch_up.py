@@ -224,3 +224,14 @@ def catch_up_rows(target: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> 
     if theta_delta is not None:
         var.scatter_add(tf.IndexedSlices(theta_delta, rows))
     history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), lazy_history.current(now)), rows))
+
+
+__all__ = [
+    "DIRECT_WINDOW",
+    "OwedNoise",
+    "TableState",
+    "bring_current",
+    "bring_current_function",
+    "catch_up_rows",
+    "table_width",
+]

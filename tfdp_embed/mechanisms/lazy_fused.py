@@ -109,3 +109,16 @@ def noised_dense(generator: tf.random.Generator, clipped, *, stddev: float) -> t
 def record_step(state: OpState, learning_rate, noise_scale, key, *, first_stream: int) -> None:
     """Ends the step: its noise weight in the step sums, the catch-up stream from `key`, steps + 1."""
     sparse_rows.lazy_record_step(*state, learning_rate, noise_scale, key, first_stream=first_stream)
+
+
+__all__ = [
+    "OpState",
+    "applies",
+    "catch_up",
+    "catch_up_and_gather",
+    "catch_up_next_batch",
+    "new_catch_up_stream",
+    "noised_dense",
+    "record_step",
+    "rekey",
+]

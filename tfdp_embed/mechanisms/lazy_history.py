@@ -105,3 +105,6 @@ class StepSums(tf.Module):
         """w at lags 0..size-1 from step `now` (0 before step 1)."""
         steps = now - tf.range(size)
         return tf.where(steps >= 1, self.weights(tf.maximum(steps, 1)), tf.zeros([], tf.float64))
+
+
+__all__ = ["MAX_STEPS", "StepSums", "current", "new_history", "owed_from", "state_ahead"]

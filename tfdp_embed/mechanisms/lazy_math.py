@@ -301,3 +301,17 @@ def propagation_coefficients(lag, *, beta: float, nesterov: bool = False) -> tup
     if beta == 0.0:
         return tf.cast(tf.equal(j, 0.0), _F64), tf.ones_like(j)
     return tf.pow(_as64(beta), j), _one_minus_pow(beta, j + (2.0 if nesterov else 1.0)) / (1.0 - beta)
+
+
+__all__ = [
+    "RunningSums",
+    "advance_running_sums",
+    "cholesky_2x2",
+    "deferred_noise_moments",
+    "momentum_drift",
+    "owed_noise_moments",
+    "propagation_coefficients",
+    "range_sums",
+    "windowed_moments",
+    "zero_running_sums",
+]

@@ -87,3 +87,6 @@ def adapt(optimizer) -> SgdOptimizer:
         "exactly. Use mechanism 'adafest' (DP-AdaFEST), which only noises the rows it "
         "selects and needs no deferral, or 'dense'."
     )
+
+
+__all__ = ["SgdOptimizer", "SgdSettings", "adapt", "register_adapter"]

@@ -38,3 +38,6 @@ class NonPrivate(NoiseMechanism):
             "noise_multiplier": 0.0,
             "caveats": ["Non-private training: no clipping and no noise; there is no privacy guarantee."],
         }
+
+
+__all__ = ["NonPrivate"]

@@ -68,3 +68,6 @@ def stateless_row_normals(*, seed: int, steps, rows, shape: Sequence[int]) -> tf
         return tf.random.stateless_normal(shape, seed=key, dtype=tf.float32)
 
     return tf.map_fn(draw, keys, fn_output_signature=tf.TensorSpec(shape, tf.float32))
+
+
+__all__ = ["ROW_NOISE_MODES", "check_row_noise", "stateless_row_normals"]

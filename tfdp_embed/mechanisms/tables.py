@@ -30,3 +30,6 @@ class EmbeddingTable(Protocol):
 
     def set_read_hook(self, hook) -> None:
         """Routes every lookup through `hook.gather` (None: plain reads); LazyDP's catch-up uses it."""
+
+
+__all__ = ["EmbeddingTable"]

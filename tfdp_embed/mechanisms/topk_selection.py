@@ -404,3 +404,14 @@ def bucket_counts(
         for name, (rows, counts) in batch.items():
             np.add.at(totals[name], rows, counts)
     return totals
+
+
+__all__ = [
+    "SELECTION_CHUNK_ROWS",
+    "TopKSelection",
+    "bucket_counts",
+    "dp_top_k",
+    "pure_dp_dominating_noise_multiplier",
+    "select_top_k",
+    "selection_dp_event",
+]

@@ -3,3 +3,5 @@
 Modules: `retrieval` (precision@k / recall@k for two-tower retrieval),
 `ranking` (NDCG@k / HIT@k for next-item prediction; Krichene & Rendle 2020).
 """
+
+__all__ = ["baselines", "ranking", "retrieval"]

@@ -94,3 +94,6 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+__all__ = ["main", "ulp_check"]

@@ -375,3 +375,27 @@ def normal(generator: tf.random.Generator, shape, stddev=1.0, dtype=tf.float32) 
     if stddev.shape.rank != 0:
         return op.tfdp_embed_fast_normal(shape=_shape_tensor(shape), key=key, stddev=tf.constant(1.0)) * stddev
     return op.tfdp_embed_fast_normal(shape=_shape_tensor(shape), key=key, stddev=stddev)
+
+
+__all__ = [
+    "CXXFLAGS",
+    "ENV_CACHE",
+    "ENV_SWITCH",
+    "ISAS",
+    "LIBRARY_NAME",
+    "OP_NAME",
+    "OP_NAMES",
+    "SOURCE",
+    "SOURCES",
+    "BuildError",
+    "available",
+    "build",
+    "build_dir",
+    "cache_root",
+    "compile_command",
+    "compiler",
+    "enabled",
+    "fast_normal",
+    "normal",
+    "unavailable_reason",
+]

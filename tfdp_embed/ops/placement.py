@@ -48,3 +48,6 @@ def fused_allowed(*, accelerator: bool, devices: Sequence[str]) -> bool:
 def fused_allowed_for(variables: Sequence = ()) -> bool:
     """`fused_allowed` for this process and these variables."""
     return fused_allowed(accelerator=accelerator_visible(), devices=[v.device for v in variables])
+
+
+__all__ = ["ACCELERATORS", "accelerator_visible", "fused_allowed", "fused_allowed_for", "on_cpu"]

@@ -515,3 +515,27 @@ def takes_table(table) -> bool:
         return False
     dtype = getattr(table, "dtype", None)
     return dtype is not None and dtype.base_dtype == tf.float32 and getattr(table, "handle", None) is not None
+
+
+__all__ = [
+    "LAZY_MAX_STEPS",
+    "available",
+    "dense_ghost_norms",
+    "dense_ghost_norms_reference",
+    "lazy_catch_up",
+    "lazy_catch_up_gather",
+    "lazy_catch_up_reference",
+    "lazy_catch_up_split",
+    "lazy_record_step",
+    "lazy_record_step_reference",
+    "noised_values",
+    "noised_values_many",
+    "noised_values_reference",
+    "pooled_weight_squares",
+    "pooled_weight_squares_reference",
+    "prefetch_rows",
+    "scaled_segment_sum",
+    "scaled_segment_sum_reference",
+    "takes_table",
+    "unique",
+]

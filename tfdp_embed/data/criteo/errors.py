@@ -71,3 +71,6 @@ class CriteoFormatError(ValueError):
 
     def __reduce__(self):  # picklable with its attributes
         return (type(self), (self.path, self.line, self.reason, self.detail, self.hint))
+
+
+__all__ = ["FILE_FAULTS", "OPTION_HINTS", "SKIP_REASONS", "CriteoFormatError", "render"]

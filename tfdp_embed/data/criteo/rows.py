@@ -274,3 +274,6 @@ def _describe(reason: str, line: bytes, ints_ok: np.ndarray, cats_ok: np.ndarray
         f"bytes long ({_show(value)}); allowed: empty (missing) or at most {MAX_CAT_BYTES} "
         "bytes (Criteo writes 8 hex digits)"
     )
+
+
+__all__ = ["INT_FIELD_PATTERN", "MAX_CAT_BYTES", "MAX_FRACTION_ZEROS", "MAX_INT_DIGITS", "CriteoChunk", "parse_block"]

@@ -153,3 +153,17 @@ def table_sizes(
       `{"C1": V1 + 1, ...}`; bucket ids of `Ck` lie in `[0, V_k]`.
     """
     return {k: v + 1 for k, v in resolve_vocab_sizes(vocab_sizes, hash_size).items()}
+
+
+__all__ = [
+    "CAT_FEATURES",
+    "CRITEO_VOCAB_SIZES",
+    "INT_FEATURES",
+    "INT_MISSING",
+    "LABEL",
+    "MISSING_BUCKET",
+    "NUM_FIELDS",
+    "embedding_dim",
+    "resolve_vocab_sizes",
+    "table_sizes",
+]

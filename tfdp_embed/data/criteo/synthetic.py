@@ -374,3 +374,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+__all__ = ["main", "write_synthetic_criteo"]

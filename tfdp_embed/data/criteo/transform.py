@@ -146,3 +146,6 @@ def _check_shape(arg: str, tensor: tf.Tensor, trailing: list[int]) -> None:
     if dims != trailing:
         want = ", ".join(["..."] + [str(d) for d in trailing])
         raise ValueError(f"`{arg}` must have shape [{want}] (one column per Criteo field), got shape {tensor.shape}.")
+
+
+__all__ = ["CAT_BYTES", "cat_bytes_to_strings", "parse_raw_fields"]

@@ -183,3 +183,6 @@ class DPCheckpoint(keras.callbacks.Callback):
     def _save_if_due(self) -> None:
         if self._due:
             self.save()
+
+
+__all__ = ["DPCheckpoint"]

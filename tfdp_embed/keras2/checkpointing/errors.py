@@ -13,3 +13,6 @@ class CheckpointCorruptedError(CheckpointError):
 
 class CheckpointMismatchError(CheckpointError):
     """A checkpoint was written by another model, optimizer, mechanism or accounting setup."""
+
+
+__all__ = ["CheckpointCorruptedError", "CheckpointError", "CheckpointMismatchError"]

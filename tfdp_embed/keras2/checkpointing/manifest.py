@@ -312,3 +312,23 @@ def read_manifest(path: str) -> dict[str, Any]:
 
 def tensorflow_version() -> str:
     return tf.__version__
+
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST_SUFFIX",
+    "VERSION",
+    "checkpoint_files",
+    "describe_files",
+    "describe_training_state",
+    "file_digest",
+    "file_problems",
+    "manifest_path",
+    "mechanism_hyperparameters",
+    "optimizer_variables",
+    "read_manifest",
+    "signature_differences",
+    "tensorflow_version",
+    "variable_descriptor",
+    "write_manifest",
+]

@@ -121,3 +121,6 @@ def rest_of_epoch(batches: tf.data.Dataset, position: DataPosition) -> tf.data.D
     rest = batches.repeat().skip(position.batches_consumed).take(per_epoch - position.batch_in_epoch)
     info = registered_info(batches)  # the same sampler's stream: its batching carries over
     return rest if info is None else register(rest, info)
+
+
+__all__ = ["DataPosition", "normalized_position", "rest_of_epoch"]

@@ -475,3 +475,6 @@ def _rekey(dp_model) -> None:
 
 def _library_version() -> str:
     return __version__
+
+
+__all__ = ["CHECKPOINT_NAME", "ResumeInfo", "TrainingCheckpoint"]

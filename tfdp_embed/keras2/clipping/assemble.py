@@ -102,3 +102,6 @@ def check_every_variable_noised(pairs, trainable_variables, mechanism_name: str)
                 "silently). Every trainable variable must be noised; freeze it with "
                 "`trainable=False` if it should not train."
             )
+
+
+__all__ = ["assemble", "check_every_variable_noised"]

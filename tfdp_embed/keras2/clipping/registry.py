@@ -186,3 +186,6 @@ def _refusal(layer, entry: RegistryEntry, overridden: list) -> str:
         f"[batch, vocabulary, dim] gradient. To subclass {base}, {hint}; or register a rule "
         f"for {type(layer).__name__} in the LayerRegistry."
     )
+
+
+__all__ = ["LayerGradients", "LayerRegistry", "RegistryEntry", "RegistryFunction"]

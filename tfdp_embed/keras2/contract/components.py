@@ -36,3 +36,6 @@ def reject_non_per_example(model) -> None:
                 "in training, which mixes examples and breaks per-example clipping. Use "
                 "LayerNormalization or freeze it (trainable=False)."
             )
+
+
+__all__ = ["NON_PER_EXAMPLE_LAYERS", "reject_non_per_example"]

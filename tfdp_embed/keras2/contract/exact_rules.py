@@ -165,3 +165,6 @@ def _message(layer, variable, difference: float, scale: float) -> str:
         "be wrong. Read the weights only through the layer (`lookup` for tables), or register a "
         "rule for that layer in the LayerRegistry."
     )
+
+
+__all__ = ["ATOL", "FLOAT32_EPS", "NORM_SUM_RTOL", "RTOL", "check_rules_cover_gradients"]

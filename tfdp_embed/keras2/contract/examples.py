@@ -59,3 +59,6 @@ def _select(leaf, keep: np.ndarray, batch_size: int):
     if isinstance(leaf, np.ndarray):
         return leaf[keep]
     return tf.gather(leaf, keep)
+
+
+__all__ = ["batch_size_of", "select_examples"]

@@ -220,3 +220,6 @@ def _loss_message(loss_name: str) -> str:
         "(full softmax, or sampled softmax with negatives drawn independently of the data), and "
         "return one loss per example that depends on that example alone."
     )
+
+
+__all__ = ["MAX_EXAMPLES", "RTOL", "check_independence"]

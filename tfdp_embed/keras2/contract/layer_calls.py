@@ -113,3 +113,14 @@ def recorded_calls(model):
 
     with replaced_calls(all_layers(model), recording):
         yield records
+
+
+__all__ = [
+    "STOCHASTIC_LAYERS",
+    "LayerCall",
+    "all_layers",
+    "deterministic",
+    "frozen_randomness",
+    "recorded_calls",
+    "replaced_calls",
+]

@@ -124,3 +124,6 @@ def one_batch_of_arrays(x, args: tuple, kwargs: dict) -> tf.data.Dataset | None:
         return tf.data.Dataset.from_tensor_slices(data).batch(bound.get("batch_size") or 32).take(1)
     except (TypeError, ValueError):
         return None
+
+
+__all__ = ["check_model", "forward_as_loss", "one_batch_of_arrays", "tolerances"]

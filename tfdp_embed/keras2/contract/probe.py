@@ -51,3 +51,6 @@ def warn_no_pair(stacklevel: int) -> None:
         RuntimeWarning,
         stacklevel=stacklevel + 1,
     )
+
+
+__all__ = ["PROBE_BATCHES", "probe_batch", "warn_no_data", "warn_no_pair"]

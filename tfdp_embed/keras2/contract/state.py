@@ -68,3 +68,6 @@ def _owners(model, variables) -> list:
         owner = min(holding, key=lambda layer: len(layer.weights)) if holding else model
         owners.setdefault(id(owner), (owner, []))[1].append(v.name)
     return list(owners.values())
+
+
+__all__ = ["check_no_state_updates"]

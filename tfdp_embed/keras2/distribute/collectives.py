@@ -180,3 +180,6 @@ def _decode_grad(grad):
     if isinstance(grad, (tuple, list)):
         return tf.IndexedSlices(*grad)
     return grad
+
+
+__all__ = ["all_reduce_clipped", "union_of_rows"]

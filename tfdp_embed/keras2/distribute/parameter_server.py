@@ -116,3 +116,6 @@ def _table_for_state(name: str, by_name: dict):
         if name == f"history_{table_name}" or name.startswith(f"{table_name}/") or name.endswith(f"_{table_name}"):
             return table
     return None
+
+
+__all__ = ["PS_GROWABLE_CAPACITY", "mechanism_state_scope", "start_server"]

@@ -212,3 +212,17 @@ def _parameter_server_workers(strategy) -> int:
 def is_synchronous_replicated(strategy: tf.distribute.Strategy | None = None) -> bool:
     """True under Mirrored / MultiWorkerMirrored strategies (the all-reduce + merge path)."""
     return strategy_kind(strategy) in (MIRRORED, MULTI_WORKER_MIRRORED)
+
+
+__all__ = [
+    "DEFAULT",
+    "OTHER",
+    "TPU",
+    "DistributionNotSupportedError",
+    "check_supported",
+    "check_tables",
+    "is_synchronous_replicated",
+    "strategy_kind",
+    "support_table",
+    "unsupported_reason",
+]

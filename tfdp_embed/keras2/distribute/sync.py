@@ -153,3 +153,6 @@ def apply_gradients(optimizer, pairs) -> None:
         optimizer.apply_gradients(pairs, experimental_aggregate_gradients=False)
     else:
         optimizer.apply_gradients(pairs)
+
+
+__all__ = ["apply_gradients", "check_identical_state", "mean_loss", "noised_gradients", "synchronize_generator"]

@@ -108,3 +108,6 @@ def _check_table_sizes(table_sizes) -> dict:
             )
         out[name] = (int(size[0]), int(size[1]))
     return out
+
+
+__all__ = ["EngineTable", "TpuFeature", "engine_table_gradients"]

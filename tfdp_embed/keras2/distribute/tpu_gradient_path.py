@@ -125,3 +125,12 @@ def _values_at(slices: tf.IndexedSlices, ids: tf.Tensor) -> tf.Tensor:
     padded = tf.concat([values, tf.zeros([1, tf.shape(values)[1]], values.dtype)], 0)
     rows = tf.gather(padded, tf.gather(tf.concat([order, [tf.size(indices)]], 0), at))
     return rows * tf.cast(found, values.dtype)[:, None]
+
+
+__all__ = [
+    "NOISE_FEATURE_SUFFIX",
+    "clipped_activation_gradients",
+    "noise_feature_gradients",
+    "noise_feature_name",
+    "noise_feature_rows",
+]

@@ -131,3 +131,6 @@ def _library_name(mechanism) -> str | None:
         if klass in names:
             return names[klass]
     return None
+
+
+__all__ = ["TPU_PLANS", "TpuEmbeddingPlan", "tpu_embedding_plan"]

@@ -533,3 +533,6 @@ def _mechanism_state(mechanism: NoiseMechanism) -> list:
             seen.add(id(variable))
             out.append(variable)
     return out
+
+
+__all__ = ["TpuDPStep"]

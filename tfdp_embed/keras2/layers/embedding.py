@@ -349,3 +349,6 @@ def read_hooks_removed(tables):
     finally:
         for table, hook in zip(tables, hooks):
             table.set_read_hook(hook)
+
+
+__all__ = ["DPEmbedding", "EmbeddingOccurrences", "read_hooks_removed"]
