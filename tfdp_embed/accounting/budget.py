@@ -582,3 +582,6 @@ def _not_recorded(model) -> FedBatching:
     return FedBatching(
         UNVERIFIED, NOT_VERIFIED, f"{what} did not record the data it was fed (only DPModel.fit records it)"
     )
+
+
+__all__ = ["MAX_STEPS", "BudgetTracker"]

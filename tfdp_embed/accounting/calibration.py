@@ -416,3 +416,23 @@ def _as_event(events_or_ledger) -> dp_accounting.DpEvent:
         "`events_or_ledger` must be a `dp_accounting.DpEvent`, an iterable of them or a "
         f"`PrivacyLedger`; received {type(events_or_ledger).__name__}."
     )
+
+
+__all__ = [
+    "ACCOUNTANTS",
+    "MAX_NOISE_MULTIPLIER",
+    "MIN_NOISE_MULTIPLIER",
+    "PLD_VALUE_DISCRETIZATION_INTERVAL",
+    "calibrate_noise_multiplier",
+    "check_accountant",
+    "check_delta",
+    "check_epsilon",
+    "check_sampling_probability",
+    "check_steps",
+    "compute_epsilon",
+    "dpsgd_event",
+    "entries_epsilon",
+    "epsilon_levels",
+    "make_accountant",
+    "pld_interval",
+]

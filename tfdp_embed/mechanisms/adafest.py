@@ -714,3 +714,18 @@ class DPAdaFEST(NoiseMechanism):
             return []
         self._tau_note_given = True
         return [TAU_TUNING_NOTE]
+
+
+__all__ = [
+    "TAU_TUNING_NOTE",
+    "DPAdaFEST",
+    "contribution_map",
+    "contribution_pairs",
+    "effective_noise_multiplier",
+    "geometric_skip_positions",
+    "noise_survival_probability",
+    "skip_parameters",
+    "skip_positions",
+    "split_noise_multiplier",
+    "threshold_for_noise_rows",
+]

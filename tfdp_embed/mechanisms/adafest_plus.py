@@ -234,3 +234,6 @@ class DPAdaFESTPlus(DPAdaFEST):
             "cost is the setup event, composed once with the per-step events."
         ]
         return report
+
+
+__all__ = ["DPAdaFESTPlus"]

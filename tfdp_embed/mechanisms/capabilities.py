@@ -152,3 +152,18 @@ def how_to_declare(mechanism, what: str) -> str:
         f"the mechanism really supports it, set `capabilities = MechanismCapabilities(...)` on "
         f"{cls.__name__} (tfdp_embed.mechanisms.MechanismCapabilities)."
     )
+
+
+__all__ = [
+    "ALL_STRATEGIES",
+    "MIRRORED",
+    "MULTI_WORKER_MIRRORED",
+    "ONE_DEVICE",
+    "PARAMETER_SERVER",
+    "STRATEGY_KINDS",
+    "STRATEGY_TITLES",
+    "MechanismCapabilities",
+    "capabilities_of",
+    "declaring_class",
+    "how_to_declare",
+]

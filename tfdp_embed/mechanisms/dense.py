@@ -74,3 +74,6 @@ class DenseDPSGD(NoiseMechanism):
         return dp_accounting.PoissonSampledDpEvent(
             sampling_probability, dp_accounting.GaussianDpEvent(self.noise_multiplier)
         )
+
+
+__all__ = ["DenseDPSGD"]

@@ -104,3 +104,6 @@ class EANA(NoiseMechanism):
             "noised_rows": "rows touched in each batch only (untouched rows unchanged)",
             "caveats": [NOT_DP_CAVEAT, BOUND_CAVEAT],
         }
+
+
+__all__ = ["BOUND_CAVEAT", "EANA", "NOT_DP_CAVEAT"]

@@ -352,3 +352,6 @@ class DPFEST(NoiseMechanism):
             ],
         )
         return report
+
+
+__all__ = ["DPFEST", "refuse_scored_tables"]

@@ -543,3 +543,6 @@ def _owed_noise(mechanism: weakref.ref) -> lazy_catch_up.OwedNoise:
     owner = mechanism()
     assert owner is not None  # the op's owner outlives its graph
     return owner._owed_noise()  # noqa: SLF001
+
+
+__all__ = ["LazyDP"]

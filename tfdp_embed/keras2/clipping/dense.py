@@ -150,3 +150,6 @@ def _sequence_kernel_sq_norms(x: tf.Tensor, g: tf.Tensor) -> tf.Tensor:
     if steps is not None:
         return gram() if steps * (d + p) < d * p else direct()
     return tf.cond(tf.shape(x)[1] * (d + p) < d * p, gram, direct)
+
+
+__all__ = ["dense_layer_gradients"]

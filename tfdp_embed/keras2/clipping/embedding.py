@@ -202,3 +202,6 @@ def _pooled_layer_gradients(layer, call, grad, flatten) -> LayerGradients:
         occurrences=[occ],
         rows_from_lookups=True,
     )
+
+
+__all__ = ["embedding_layer_gradients"]

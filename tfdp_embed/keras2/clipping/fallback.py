@@ -186,3 +186,6 @@ def _warn_once(layer: keras.layers.Layer) -> None:
         RuntimeWarning,
         stacklevel=3,
     )
+
+
+__all__ = ["vectorized_layer_gradients"]

@@ -157,3 +157,6 @@ def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: 
 
 # Lookups in a candidate tower; refused with scoring.
 item_embedding_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+
+
+__all__ = ["item_embedding_gradients"]

@@ -93,3 +93,6 @@ layer_norm_layer_gradients.supports_shared_calls = True  # type: ignore[attr-def
 
 def _zeros(output_grads: Sequence[tf.Tensor]) -> tf.Tensor:
     return tf.zeros(tf.shape(output_grads[0])[:1], tf.float32)
+
+
+__all__ = ["layer_norm_layer_gradients"]

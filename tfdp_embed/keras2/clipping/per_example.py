@@ -274,3 +274,6 @@ def clipped_step(
     norms, factors = clip_factors(squared, l2_norm_clip)
     factors = tf.where(tf.math.is_finite(per_example_loss), factors, tf.zeros_like(factors))
     return ClippedStep(norms=norms, clip_factors=factors, layers=layers)
+
+
+__all__ = ["ClippedStep", "clip_factors", "clipped_step", "layer_gradients", "start_gradients"]

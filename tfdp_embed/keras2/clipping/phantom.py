@@ -147,3 +147,6 @@ def _mode_of(layer, call: LayerCall) -> str:
             f"Phantom Clipping of SharedEmbedding {layer.name!r}: a call used `mode`={mode!r}; allowed: {MODES}."
         )
     return mode
+
+
+__all__ = ["phantom_layer_gradients"]

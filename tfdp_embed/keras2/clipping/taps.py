@@ -228,3 +228,17 @@ def record_taps(layers: Sequence[keras.layers.Layer], registry=None) -> Iterator
                 object.__delattr__(tap.layer, tap.method)
             except AttributeError:
                 pass
+
+
+__all__ = [
+    "LayerCall",
+    "LayerTaps",
+    "Recording",
+    "active_recording",
+    "call_inputs",
+    "dense_call_input",
+    "layers_owning_weights",
+    "own_trainable_variables",
+    "record_taps",
+    "untapped",
+]
