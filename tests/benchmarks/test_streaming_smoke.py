@@ -10,9 +10,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# Nine fresh TensorFlow processes (~2 min on 2 cores): `make test-slow`. The default run keeps the arithmetic
+# (test_estimate_is_linear_in_rows_read_plus_the_pilots_process_overhead below) and the one-pass and multi-pass
+# samplers over a file (tests/pipelines/test_criteo_pipeline.py::test_streaming_and_in_memory_periods_hold_the_same_rows).
+@pytest.mark.slow
 def test_streaming_smoke(tmp_path):
     out_json, results_md, png = tmp_path / "s.json", tmp_path / "RESULTS.md", tmp_path / "s.png"
     command = [
