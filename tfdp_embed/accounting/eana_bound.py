@@ -152,6 +152,23 @@ def _check_counts(name: str, counts) -> np.ndarray:
     return counts
 
 
+def _check_row_squared_norms(row_squared_norms, counts: np.ndarray, clip: float) -> np.ndarray:
+    """s_j, one per row of `counts`, finite, >= 0 and summing to at most L^2 (x_* is clipped)."""
+    norms = np.asarray(row_squared_norms, dtype=np.float64).reshape(-1)
+    if norms.shape != counts.shape:
+        raise ValueError(
+            f"`row_squared_norms` needs one value per row of `touch_counts` ({counts.size}); received {norms.size}."
+        )
+    if np.any(norms < 0) or not np.all(np.isfinite(norms)):
+        raise ValueError(f"`row_squared_norms` must be finite and >= 0; received {norms.tolist()!r}.")
+    if norms.sum() > clip * clip * (1 + 1e-6):
+        raise ValueError(
+            f"`row_squared_norms` sum to {norms.sum()!r} > L^2 = {clip * clip!r}: x_* is a clipped "
+            "example, its squared norm is at most the clip norm squared."
+        )
+    return norms
+
+
 def _log_terms(orders: np.ndarray, count: np.ndarray) -> np.ndarray:
     """(1/2) ln(1 + 1/C) + ln((C + 1) / (C + 1 - alpha)) / (2 (alpha - 1)), [orders, rows].
 
@@ -287,18 +304,7 @@ def eana_per_instance_rdp_bound(
     z = check_positive("noise_multiplier", noise_multiplier)
     clip = check_positive("l2_norm_clip", l2_norm_clip)
     counts = _check_counts("touch_counts", touch_counts)
-    norms = np.asarray(row_squared_norms, dtype=np.float64).reshape(-1)
-    if norms.shape != counts.shape:
-        raise ValueError(
-            f"`row_squared_norms` needs one value per row of `touch_counts` ({counts.size}); received {norms.size}."
-        )
-    if np.any(norms < 0) or not np.all(np.isfinite(norms)):
-        raise ValueError(f"`row_squared_norms` must be finite and >= 0; received {norms.tolist()!r}.")
-    if norms.sum() > clip * clip * (1 + 1e-6):
-        raise ValueError(
-            f"`row_squared_norms` sum to {norms.sum()!r} > L^2 = {clip * clip!r}: x_* is a clipped "
-            "example, its squared norm is at most the clip norm squared."
-        )
+    norms = _check_row_squared_norms(row_squared_norms, counts, clip)
     dims = np.broadcast_to(np.asarray(row_dims), counts.shape).astype(np.float64)
     if np.any(dims < 1) or np.any(dims != np.round(dims)):
         raise ValueError(f"`row_dims` must be ints >= 1; received {np.asarray(row_dims).tolist()!r}.")
