@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import criteo_memory, end_to_end
 
 TINY_MODEL = (
@@ -57,6 +59,10 @@ def test_end_to_end_runs_none_and_one_mechanism_and_writes_its_json(tmp_path, ca
     assert "| dense |" in printed and "÷ none" in printed
 
 
+# `make test-slow`: a fresh pipeline process (~35 s). The default run keeps the streamed pipeline end to end
+# (tests/pipelines/test_criteo_pipeline.py::test_end_to_end_report_and_saved_model[adafest], `--streaming on`) and this
+# benchmark's row check (test_criteo_memory_flags_missing_rows_but_not_the_noise_of_n_tilde below).
+@pytest.mark.slow
 def test_criteo_memory_runs_one_mechanism_streamed_and_writes_its_json(tmp_path):
     path = tmp_path / "criteo_memory.json"
     argv = [
