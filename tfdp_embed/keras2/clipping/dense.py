@@ -58,15 +58,7 @@ def dense_layer_gradients(
     kernel = layer.kernel
     dtype = kernel.dtype.base_dtype
     d_in, d_out = kernel.shape
-    xs, gs = [], []
-    for call, grad in zip(taps.calls, output_grads):
-        x, y = dense_call_input(layer, call), call.outputs
-        if call.shared is not None:  # the same input for every example; per-example grads [B, ...]
-            x, y = _broadcast_to_batch(x, grad), _broadcast_to_batch(y, grad)
-        g = _pre_activation_grads(layer, x, y, grad)
-        xs.append(tf.cast(x, dtype))
-        gs.append(tf.cast(g, dtype))
-
+    xs, gs = _inputs_and_pre_activation_grads(layer, taps, output_grads, dtype)
     if len(xs) == 1 and xs[0].shape.rank == 2:
         x, g = xs[0], gs[0]
         squared = sparse_rows.dense_ghost_norms(x, g, use_bias=layer.use_bias)  # one op
@@ -98,6 +90,21 @@ def dense_layer_gradients(
 
 
 dense_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+
+
+def _inputs_and_pre_activation_grads(
+    layer: keras.layers.Dense, taps: LayerTaps, output_grads: Sequence[tf.Tensor], dtype: tf.DType
+) -> tuple[list, list]:
+    """Per call: the input x and the pre-activation output gradient g, both per example and in `dtype`."""
+    xs, gs = [], []
+    for call, grad in zip(taps.calls, output_grads):
+        x, y = dense_call_input(layer, call), call.outputs
+        if call.shared is not None:  # the same input for every example; per-example grads [B, ...]
+            x, y = _broadcast_to_batch(x, grad), _broadcast_to_batch(y, grad)
+        g = _pre_activation_grads(layer, x, y, grad)
+        xs.append(tf.cast(x, dtype))
+        gs.append(tf.cast(g, dtype))
+    return xs, gs
 
 
 def _broadcast_to_batch(t: tf.Tensor, per_example: tf.Tensor) -> tf.Tensor:

@@ -75,26 +75,9 @@ def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads:
     if len(taps.calls) == 1 and not has_shared and _is_pooled(layer, taps.calls[0]):
         return _pooled_layer_gradients(layer, taps.calls[0], output_grads[0], flatten)
     dtype = table.dtype.base_dtype
-    dim = table.shape[-1]
-    occurrences, rows, examples, contributions, shared_rows = [], [], [], [], []
-    batch_size = None
-    for call, grad in zip(taps.calls, output_grads):
-        # `call` already range-checked these ids in this step.
-        occ = flatten(call_inputs(layer, call), check_range=False)
-        if call.shared is not None:
-            block = _shared_block(occ, grad, dtype, dim)
-            shared_rows.append(block[0])
-            batch_size = tf.shape(grad, out_type=tf.int64)[0]
-        else:
-            occurrences.append(occ)
-            block = _per_example_block(occ, grad, dtype, dim)
-            batch_size = tf.cast(occ.batch_size, tf.int64)
-        rows.append(block[0])
-        examples.append(block[1])
-        contributions.append(block[2])
-    rows, examples = tf.concat(rows, 0), tf.concat(examples, 0)
-    contributions = tf.concat(contributions, 0)  # [n, dim], one per occurrence
-
+    occurrences, (rows, examples, contributions), shared_rows, batch_size = _all_calls_blocks(
+        layer, taps, output_grads, flatten, dtype
+    )
     # Group occurrences by (example, row): the non-zero rows of the per-example grads.
     unique_rows, row_index = sparse_rows.unique(rows)
     keys = tf.cast(row_index, tf.int64) * batch_size + examples
@@ -123,6 +106,33 @@ def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads:
 
 
 embedding_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+
+
+def _all_calls_blocks(layer, taps: LayerTaps, output_grads: Sequence[tf.Tensor], flatten, dtype) -> tuple:
+    """Every call's occurrences as one block (rows, examples, contributions `[n, dim]`).
+
+    Returns (the per-example calls' occurrences, the concatenated block, the shared
+    calls' rows, the batch size as int64).
+    """
+    dim = layer.embeddings.shape[-1]
+    occurrences, rows, examples, contributions, shared_rows = [], [], [], [], []
+    batch_size = None
+    for call, grad in zip(taps.calls, output_grads):
+        # `call` already range-checked these ids in this step.
+        occ = flatten(call_inputs(layer, call), check_range=False)
+        if call.shared is not None:
+            block = _shared_block(occ, grad, dtype, dim)
+            shared_rows.append(block[0])
+            batch_size = tf.shape(grad, out_type=tf.int64)[0]
+        else:
+            occurrences.append(occ)
+            block = _per_example_block(occ, grad, dtype, dim)
+            batch_size = tf.cast(occ.batch_size, tf.int64)
+        rows.append(block[0])
+        examples.append(block[1])
+        contributions.append(block[2])
+    block = (tf.concat(rows, 0), tf.concat(examples, 0), tf.concat(contributions, 0))
+    return occurrences, block, shared_rows, batch_size
 
 
 def _per_example_block(occ, grad, dtype, dim) -> tuple:

@@ -68,28 +68,7 @@ def vectorized_layer_gradients(
     if not variables:
         return LayerGradients([], tf.zeros([batch_size], tf.float32), lambda c: [])
 
-    plans, elems = [], []
-    for call, grad in zip(taps.calls, output_grads):
-        structure = (call.args, call.kwargs)
-        flat = tf.nest.flatten(structure)
-        batched = []
-        shared = call.shared is not None  # inputs alike for every example; `grad` is per example
-        for leaf in flat:
-            if shared:
-                batched.append(False)
-                continue
-            if isinstance(leaf, (tf.RaggedTensor, tf.SparseTensor)):
-                raise TypeError(
-                    f"The per-example fallback cannot slice the {type(leaf).__name__} input "
-                    f"of layer {layer.name!r} ({type(layer).__name__}); register a rule for "
-                    "this layer in the LayerRegistry."
-                )
-            is_batched = isinstance(leaf, tf.Tensor) and leaf.shape.rank != 0
-            batched.append(is_batched)
-            if is_batched:
-                elems.append(leaf)
-        elems.append(grad)
-        plans.append((structure, flat, batched, shared))
+    plans, elems = _slicing_plans(layer, taps, output_grads)
 
     def one_example(example_elems):
         it = iter(example_elems)
@@ -118,6 +97,36 @@ def vectorized_layer_gradients(
 
 
 vectorized_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+
+
+def _slicing_plans(layer: keras.layers.Layer, taps: LayerTaps, output_grads: Sequence[tf.Tensor]) -> tuple:
+    """Per call (structure, flat leaves, which leaves are batched, shared?), and the tensors to map over.
+
+    The tensors to map over are, call after call, its batched leaves then its output gradient.
+    """
+    plans, elems = [], []
+    for call, grad in zip(taps.calls, output_grads):
+        structure = (call.args, call.kwargs)
+        flat = tf.nest.flatten(structure)
+        batched = []
+        shared = call.shared is not None  # inputs alike for every example; `grad` is per example
+        for leaf in flat:
+            if shared:
+                batched.append(False)
+                continue
+            if isinstance(leaf, (tf.RaggedTensor, tf.SparseTensor)):
+                raise TypeError(
+                    f"The per-example fallback cannot slice the {type(leaf).__name__} input "
+                    f"of layer {layer.name!r} ({type(layer).__name__}); register a rule for "
+                    "this layer in the LayerRegistry."
+                )
+            is_batched = isinstance(leaf, tf.Tensor) and leaf.shape.rank != 0
+            batched.append(is_batched)
+            if is_batched:
+                elems.append(leaf)
+        elems.append(grad)
+        plans.append((structure, flat, batched, shared))
+    return plans, elems
 
 
 # Ops that write a variable (resource or reference), and ops that call a function body.

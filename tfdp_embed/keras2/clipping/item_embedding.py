@@ -61,66 +61,19 @@ def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: 
     scoring = [(c, g) for c, g in zip(taps.calls, output_grads) if _is_scoring_call(layer, c)]
     if not scoring:
         return embedding_layer_gradients(layer, taps, output_grads)
-    if any(c.shared is not None for c in taps.calls):
-        raise PrivacyContractError(
-            f"ItemEmbedding {layer.name!r} scores queries against all items and is also called inside "
-            "a shared computation (a candidate tower): its rule covers one of the two per step. Use the "
-            "table either as a full-softmax scorer or inside the candidate tower of "
-            "`tfdp_embed.keras2.retrieval.Retrieval`, not both."
-        )
+    _refuse_shared_calls(layer, taps)
     lookups = [(c, g) for c, g in zip(taps.calls, output_grads) if not _is_scoring_call(layer, c)]
     table = layer.embeddings
     dtype = table.dtype.base_dtype
     dim, rows = layer.output_dim, layer.vocabulary_size
     queries = tf.stack([tf.cast(call_inputs(layer, c), dtype) for c, _ in scoring], 1)
     logit_grads = tf.stack([tf.cast(g, dtype) for _, g in scoring], 1)  # [B, A, n]
-    qq = tf.matmul(queries, queries, transpose_b=True)  # [B, A, A]
-    gg = tf.matmul(logit_grads, logit_grads, transpose_b=True)
-    squared = tf.reduce_sum(qq * gg, axis=[1, 2])
+    squared = _scoring_squared_norms(queries, logit_grads)
     batch_size = tf.shape(queries, out_type=tf.int64)[0]
-
-    lookup_rows = tf.zeros([0], tf.int64)
-    lookup_examples = tf.zeros([0], tf.int64)
-    lookup_vectors = tf.zeros([0, dim], dtype)
-    occurrences = []
-    for call, grad in lookups:
-        occ = layer.occurrences(call_inputs(layer, call), check_range=False)
-        occurrences.append(occ)
-        grad = tf.reshape(tf.cast(grad, dtype), [-1, dim])
-        segments = tf.cast(occ.segments, tf.int32)
-        lookup_rows = tf.concat([lookup_rows, tf.cast(occ.ids, tf.int64)], 0)
-        lookup_examples = tf.concat(
-            [
-                lookup_examples,
-                tf.cast(tf.gather(occ.segment_examples, segments), tf.int64),
-            ],
-            0,
-        )
-        lookup_vectors = tf.concat(
-            [
-                lookup_vectors,
-                tf.cast(occ.weights, dtype)[:, None] * tf.gather(grad, segments),
-            ],
-            0,
-        )
+    occurrences, lookup_rows, lookup_examples, lookup_vectors = _lookup_block(layer, lookups, dtype)
     if lookups:
-        # Cross term 2 <G_i^T q_i, L_i>: occurrence k on row r >= 1 meets column r - 1 of every scoring call.
-        is_item = lookup_rows > 0
-        column = tf.maximum(lookup_rows - 1, 0)
-        g_at = tf.gather_nd(tf.transpose(logit_grads, [0, 2, 1]), tf.stack([lookup_examples, column], 1))  # [k, A]
-        q_at = tf.gather(queries, lookup_examples)  # [k, A, dim]
-        cross = tf.reduce_sum(g_at[:, :, None] * q_at * lookup_vectors[:, None, :], axis=[1, 2])
-        cross = tf.where(is_item, cross, tf.zeros_like(cross))
-        squared += 2.0 * tf.math.unsorted_segment_sum(cross, lookup_examples, batch_size)
-        # ||L_i||^2: group occurrences by (example, row) before squaring.
-        _, row_index = tf.unique(lookup_rows)
-        keys = tf.cast(row_index, tf.int64) * batch_size + lookup_examples
-        group_keys, group_index = tf.unique(keys)
-        per_group = tf.math.unsorted_segment_sum(lookup_vectors, group_index, tf.size(group_keys))
-        squared += tf.math.unsorted_segment_sum(
-            tf.reduce_sum(tf.square(per_group), axis=1),
-            group_keys % batch_size,
-            batch_size,
+        squared = _add_lookup_squared_norms(
+            squared, queries, logit_grads, lookup_rows, lookup_examples, lookup_vectors, batch_size
         )
     extra_rows = tf.unique(tf.boolean_mask(lookup_rows, tf.equal(lookup_rows, 0))).y  # [] or [0]
     indices = tf.concat([extra_rows, tf.range(1, rows, dtype=tf.int64)], 0)
@@ -132,17 +85,9 @@ def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: 
         full = tf.concat([tf.zeros([1, dim], dtype), item_part], 0)
         if lookups:
             full = tf.tensor_scatter_nd_add(
-                full,
-                lookup_rows[:, None],
-                tf.gather(c, lookup_examples)[:, None] * lookup_vectors,
+                full, lookup_rows[:, None], tf.gather(c, lookup_examples)[:, None] * lookup_vectors
             )
-        return [
-            tf.IndexedSlices(
-                tf.gather(full, indices),
-                indices,
-                dense_shape=tf.shape(table, out_type=tf.int64),
-            )
-        ]
+        return [tf.IndexedSlices(tf.gather(full, indices), indices, dense_shape=tf.shape(table, out_type=tf.int64))]
 
     return LayerGradients(
         variables=[table],
@@ -152,6 +97,63 @@ def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: 
         # Scoring reads every item row, for every example, whatever the data: a shared read.
         shared_rows=tf.range(1, rows, dtype=tf.int64),
         rows_from_lookups=True,  # rows 1..n are shared; row 0 only if a lookup read it
+    )
+
+
+def _refuse_shared_calls(layer: DPEmbedding, taps: LayerTaps) -> None:
+    if any(c.shared is not None for c in taps.calls):
+        raise PrivacyContractError(
+            f"ItemEmbedding {layer.name!r} scores queries against all items and is also called inside "
+            "a shared computation (a candidate tower): its rule covers one of the two per step. Use the "
+            "table either as a full-softmax scorer or inside the candidate tower of "
+            "`tfdp_embed.keras2.retrieval.Retrieval`, not both."
+        )
+
+
+def _scoring_squared_norms(queries: tf.Tensor, logit_grads: tf.Tensor) -> tf.Tensor:
+    """||G_i^T q_i||^2 = sum_{a,b} (G_ia . G_ib)(q_ia . q_ib) per example, over the scoring calls a, b."""
+    qq = tf.matmul(queries, queries, transpose_b=True)  # [B, A, A]
+    gg = tf.matmul(logit_grads, logit_grads, transpose_b=True)
+    return tf.reduce_sum(qq * gg, axis=[1, 2])
+
+
+def _lookup_block(layer: DPEmbedding, lookups: list, dtype: tf.DType) -> tuple:
+    """(occurrences per call, rows, examples, weighted output gradients `[k, dim]`), one per occurrence k."""
+    dim = layer.output_dim
+    lookup_rows = tf.zeros([0], tf.int64)
+    lookup_examples = tf.zeros([0], tf.int64)
+    lookup_vectors = tf.zeros([0, dim], dtype)
+    occurrences = []
+    for call, grad in lookups:
+        occ = layer.occurrences(call_inputs(layer, call), check_range=False)
+        occurrences.append(occ)
+        grad = tf.reshape(tf.cast(grad, dtype), [-1, dim])
+        segments = tf.cast(occ.segments, tf.int32)
+        lookup_rows = tf.concat([lookup_rows, tf.cast(occ.ids, tf.int64)], 0)
+        examples = tf.cast(tf.gather(occ.segment_examples, segments), tf.int64)
+        lookup_examples = tf.concat([lookup_examples, examples], 0)
+        vectors = tf.cast(occ.weights, dtype)[:, None] * tf.gather(grad, segments)
+        lookup_vectors = tf.concat([lookup_vectors, vectors], 0)
+    return occurrences, lookup_rows, lookup_examples, lookup_vectors
+
+
+def _add_lookup_squared_norms(squared, queries, logit_grads, lookup_rows, lookup_examples, lookup_vectors, batch_size):
+    """`squared` `[B]` plus the lookups' share of the squared norms: 2 <G_i^T q_i, L_i> + ||L_i||^2."""
+    # Cross term 2 <G_i^T q_i, L_i>: occurrence k on row r >= 1 meets column r - 1 of every scoring call.
+    is_item = lookup_rows > 0
+    column = tf.maximum(lookup_rows - 1, 0)
+    g_at = tf.gather_nd(tf.transpose(logit_grads, [0, 2, 1]), tf.stack([lookup_examples, column], 1))  # [k, A]
+    q_at = tf.gather(queries, lookup_examples)  # [k, A, dim]
+    cross = tf.reduce_sum(g_at[:, :, None] * q_at * lookup_vectors[:, None, :], axis=[1, 2])
+    cross = tf.where(is_item, cross, tf.zeros_like(cross))
+    squared += 2.0 * tf.math.unsorted_segment_sum(cross, lookup_examples, batch_size)
+    # ||L_i||^2: group occurrences by (example, row) before squaring.
+    _, row_index = tf.unique(lookup_rows)
+    keys = tf.cast(row_index, tf.int64) * batch_size + lookup_examples
+    group_keys, group_index = tf.unique(keys)
+    per_group = tf.math.unsorted_segment_sum(lookup_vectors, group_index, tf.size(group_keys))
+    return squared + tf.math.unsorted_segment_sum(
+        tf.reduce_sum(tf.square(per_group), axis=1), group_keys % batch_size, batch_size
     )
 
 

@@ -50,29 +50,7 @@ def layer_norm_layer_gradients(
         )
     params = [v for v in (layer.gamma, layer.beta) if v is not None]
     dtype = params[0].dtype.base_dtype if params else tf.float32
-    gamma_grads, beta_grads = 0.0, 0.0
-    for call, grad in zip(taps.calls, output_grads):
-        x = tf.cast(dense_call_input(layer, call), dtype)
-        grad = tf.cast(grad, dtype)
-        # A shared call: x [K, ...] is every example's input; grad [B, K, ...] is per example.
-        shared = call.shared is not None
-        first = 0 if shared else 1
-        reduce_axes = [a + (1 if shared else 0) for a in range(first, x.shape.rank) if a not in axes]
-        if layer.scale:
-            mean, variance = tf.nn.moments(x, axes, keepdims=True)
-            x_hat = (x - mean) * tf.math.rsqrt(variance + layer.epsilon)
-            gamma_grads += tf.reduce_sum(grad * (x_hat[None] if shared else x_hat), axis=reduce_axes)
-        if layer.center:
-            beta_grads += tf.reduce_sum(grad, axis=reduce_axes)
-
-    variables: list = []
-    per_example: list = []  # per_example[j]: [B, *variables[j].shape]
-    if layer.scale:
-        variables.append(layer.gamma)
-        per_example.append(gamma_grads)
-    if layer.center:
-        variables.append(layer.beta)
-        per_example.append(beta_grads)
+    variables, per_example = _per_example_grads(layer, taps, output_grads, axes, dtype)
     squared = 0.0
     for grads in per_example:
         squared += tf.reduce_sum(tf.square(grads), axis=list(range(1, grads.shape.rank)))
@@ -89,6 +67,39 @@ def layer_norm_layer_gradients(
 
 
 layer_norm_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+
+
+def _per_example_grads(
+    layer: keras.layers.LayerNormalization,
+    taps: LayerTaps,
+    output_grads: Sequence[tf.Tensor],
+    axes: list,
+    dtype: tf.DType,
+) -> tuple[list, list]:
+    """The present ones of gamma and beta, and their per-example gradients `[B, *variable.shape]`."""
+    gamma_grads, beta_grads = 0.0, 0.0
+    for call, grad in zip(taps.calls, output_grads):
+        x = tf.cast(dense_call_input(layer, call), dtype)
+        grad = tf.cast(grad, dtype)
+        # A shared call: x [K, ...] is every example's input; grad [B, K, ...] is per example.
+        shared = call.shared is not None
+        first = 0 if shared else 1
+        reduce_axes = [a + (1 if shared else 0) for a in range(first, x.shape.rank) if a not in axes]
+        if layer.scale:
+            mean, variance = tf.nn.moments(x, axes, keepdims=True)
+            x_hat = (x - mean) * tf.math.rsqrt(variance + layer.epsilon)
+            gamma_grads += tf.reduce_sum(grad * (x_hat[None] if shared else x_hat), axis=reduce_axes)
+        if layer.center:
+            beta_grads += tf.reduce_sum(grad, axis=reduce_axes)
+    variables: list = []
+    per_example: list = []
+    if layer.scale:
+        variables.append(layer.gamma)
+        per_example.append(gamma_grads)
+    if layer.center:
+        variables.append(layer.beta)
+        per_example.append(beta_grads)
+    return variables, per_example
 
 
 def _zeros(output_grads: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -101,33 +101,42 @@ def layer_gradients(
     batch_size = per_example_loss.shape[0] if per_example_loss.shape.rank == 1 else None
     for tap in used:
         _check_leading_axis(tap, batch_size)
-    # Per tap, per call: the output gradients (per example for shared calls, zeros where none).
-    call_grads = [
-        [
-            per_example[id(c)] if id(c) in per_example else (tf.zeros_like(c.outputs) if g is None else g)
-            for c, g in zip(tap.calls, tap_grads)
-        ]
-        for tap, tap_grads in zip(used, grads)
-    ]
+    call_grads = _call_output_grads(used, grads, per_example)
     call_grads, call_values = _finite((call_grads, [[_call_values(c) for c in tap.calls] for tap in used]))
     result = []
     for tap, output_grads, values in zip(used, call_grads, call_values):
         tap = dataclasses.replace(
             tap, calls=[dataclasses.replace(c, args=a, kwargs=k, outputs=o) for c, (a, k, o) in zip(tap.calls, values)]
         )
-        fn = registry.lookup(tap.layer)
-        expected = registry.tapped_method(tap.layer)
-        if tap.method != expected:
-            raise ValueError(
-                f"Layer {tap.layer.name!r} was recorded on `{tap.method}`, but its registry rule "
-                f"reads `{expected}`: pass the same registry to `record_taps` and `clipped_step`."
-            )
-        rule = fn or fallback
-        if any(c.shared is not None for c in tap.calls) and not getattr(rule, "supports_shared_calls", False):
-            raise PrivacyContractError(_no_shared_rule(tap, rule))
-        info = rule(tap.layer, tap, output_grads)
+        info = _rule_for(tap, registry, fallback)(tap.layer, tap, output_grads)
         result.append((tap, info if scale == 1.0 else _unscaled(info, scale)))
     return result
+
+
+def _call_output_grads(used: list, grads: list, per_example: dict) -> list:
+    """Per tap, per call: the output gradients (per example for shared calls, zeros where none)."""
+    return [
+        [
+            per_example[id(c)] if id(c) in per_example else (tf.zeros_like(c.outputs) if g is None else g)
+            for c, g in zip(tap.calls, tap_grads)
+        ]
+        for tap, tap_grads in zip(used, grads)
+    ]
+
+
+def _rule_for(tap: LayerTaps, registry: LayerRegistry, fallback):
+    """The registry's rule for `tap.layer` (or `fallback`), refused if it cannot read these taps."""
+    fn = registry.lookup(tap.layer)
+    expected = registry.tapped_method(tap.layer)
+    if tap.method != expected:
+        raise ValueError(
+            f"Layer {tap.layer.name!r} was recorded on `{tap.method}`, but its registry rule "
+            f"reads `{expected}`: pass the same registry to `record_taps` and `clipped_step`."
+        )
+    rule = fn or fallback
+    if any(c.shared is not None for c in tap.calls) and not getattr(rule, "supports_shared_calls", False):
+        raise PrivacyContractError(_no_shared_rule(tap, rule))
+    return rule
 
 
 def _shared_call_grads(shared: list, scores: list, score_grads: list) -> dict:

@@ -83,34 +83,13 @@ def phantom_layer_gradients(
     table = layer.embeddings
     dtype = table.dtype.base_dtype
     vocab, dim = int(table.shape[0]), int(table.shape[1])
-    batch_size = tf.shape(output_grads[0])[0]
-
-    ids, lookup_grads, hidden, logit_grads, occurrences = [], [], [], [], []
-    for call, mode, grad in zip(taps.calls, modes, output_grads):
-        inputs = call_inputs(layer, call)
-        if mode == "embed":
-            occurrences.append(layer.occurrences(inputs, check_range=False))
-            x = tf.reshape(tf.cast(inputs, tf.int64), [batch_size, -1])  # [B, P_k]
-            a = tf.reshape(tf.cast(grad, dtype), [batch_size, -1, dim])
-            ids.append(x)
-            lookup_grads.append(a * layer.padding_weights(x, dtype)[..., None])
-        else:
-            hidden.append(tf.reshape(tf.cast(inputs, dtype), [batch_size, -1, dim]))
-            logit_grads.append(tf.reshape(tf.cast(grad, dtype), [batch_size, -1, vocab]))
-    h = tf.concat(hidden, axis=1)  # [B, Q, d]
-    z = tf.concat(logit_grads, axis=1)  # [B, Q, V]
-
+    occurrences, ids, lookup_grads, h, z = _split_calls(layer, taps, modes, output_grads, dtype)
     # Projection term (eq. 20-21): sum_{q,q'} <z_q, z_q'> <h_q, h_q'>, a [B, Q, Q] Gram.
     squared = _gram_product(z, h)
     if ids:
         x = tf.concat(ids, axis=1)  # [B, P]
         a = tf.concat(lookup_grads, axis=1)  # [B, P, d], zero at padding
-        # Lookup term (eq. 19): sum_{p,p'} [x_p = x_p'] <a_p, a_p'>.
-        same_id = tf.cast(tf.equal(x[:, :, None], x[:, None, :]), dtype)
-        squared += tf.reduce_sum(same_id * tf.matmul(a, a, transpose_b=True), axis=[1, 2])
-        # Cross term (eq. 22): sum_{p,q} z_q[x_p] <a_p, h_q>; z_q[x_p] is a gather.
-        z_at_ids = tf.gather(z, x, axis=2, batch_dims=1)  # [B, Q, P]
-        squared += 2.0 * tf.reduce_sum(z_at_ids * tf.matmul(h, a, transpose_b=True), axis=[1, 2])
+        squared = _add_lookup_and_cross_terms(squared, x, a, z, h)
     else:
         x = a = None
 
@@ -129,6 +108,38 @@ def phantom_layer_gradients(
         clipped_sum=clipped_sum,
         occurrences=occurrences,
     )
+
+
+def _split_calls(layer: SharedEmbedding, taps: LayerTaps, modes: list, output_grads: Sequence[tf.Tensor], dtype):
+    """(occurrences, ids `[B, P_k]` and lookup gradients `[B, P_k, d]` per embed call, h `[B, Q, d]`, z `[B, Q, V]`).
+
+    The lookup gradients are zero at padding; h and z concatenate the logits calls' positions.
+    """
+    vocab, dim = int(layer.embeddings.shape[0]), int(layer.embeddings.shape[1])
+    batch_size = tf.shape(output_grads[0])[0]
+    ids, lookup_grads, hidden, logit_grads, occurrences = [], [], [], [], []
+    for call, mode, grad in zip(taps.calls, modes, output_grads):
+        inputs = call_inputs(layer, call)
+        if mode == "embed":
+            occurrences.append(layer.occurrences(inputs, check_range=False))
+            x = tf.reshape(tf.cast(inputs, tf.int64), [batch_size, -1])  # [B, P_k]
+            a = tf.reshape(tf.cast(grad, dtype), [batch_size, -1, dim])
+            ids.append(x)
+            lookup_grads.append(a * layer.padding_weights(x, dtype)[..., None])
+        else:
+            hidden.append(tf.reshape(tf.cast(inputs, dtype), [batch_size, -1, dim]))
+            logit_grads.append(tf.reshape(tf.cast(grad, dtype), [batch_size, -1, vocab]))
+    return occurrences, ids, lookup_grads, tf.concat(hidden, axis=1), tf.concat(logit_grads, axis=1)
+
+
+def _add_lookup_and_cross_terms(squared: tf.Tensor, x: tf.Tensor, a: tf.Tensor, z: tf.Tensor, h: tf.Tensor):
+    """`squared` plus the lookup term (eq. 19) and twice the cross term (eq. 22), per example."""
+    # Lookup term (eq. 19): sum_{p,p'} [x_p = x_p'] <a_p, a_p'>.
+    same_id = tf.cast(tf.equal(x[:, :, None], x[:, None, :]), a.dtype)
+    squared += tf.reduce_sum(same_id * tf.matmul(a, a, transpose_b=True), axis=[1, 2])
+    # Cross term (eq. 22): sum_{p,q} z_q[x_p] <a_p, h_q>; z_q[x_p] is a gather.
+    z_at_ids = tf.gather(z, x, axis=2, batch_dims=1)  # [B, Q, P]
+    return squared + 2.0 * tf.reduce_sum(z_at_ids * tf.matmul(h, a, transpose_b=True), axis=[1, 2])
 
 
 def _gram_product(z: tf.Tensor, h: tf.Tensor) -> tf.Tensor:

@@ -157,6 +157,39 @@ def _returns_logits_shortcut(layer) -> bool:
     return activation is not None and any(activation is a for a in shortcuts)
 
 
+def _in_graph(outputs, graph) -> bool:
+    """`outputs` were made in `graph` (eagerly when `graph` is None), not in a scratch graph."""
+    if graph is None:
+        return isinstance(outputs, tf.__internal__.EagerTensor)
+    return getattr(outputs, "graph", None) is graph
+
+
+def _recording_call(tap: LayerTaps, recording: Recording, graph):
+    """`tap.call_fn`, recording each of its calls in `graph` into `tap` (and the active shared computation)."""
+    original = tap.call_fn
+
+    def recording_call(*args, **kwargs):
+        outputs = original(*args, **kwargs)
+        if recording.paused or not _in_graph(outputs, graph):
+            return outputs
+        if not isinstance(outputs, tf.Tensor):
+            raise TypeError(
+                f"Per-example clipping needs `{tap.method}` of layer {tap.layer.name!r} "
+                f"({type(tap.layer).__name__}) to return one dense tensor; it "
+                f"returned {type(outputs).__name__}."
+            )
+        if _returns_logits_shortcut(tap.layer):
+            outputs = tf.identity(outputs)  # the loss must go through the recorded output
+        shared = recording.active_shared[-1] if recording.active_shared else None
+        call = LayerCall(args=args, kwargs=kwargs, outputs=outputs, shared=shared)
+        tap.calls.append(call)
+        if shared is not None:
+            shared.calls.append(call)
+        return outputs
+
+    return recording_call
+
+
 @contextlib.contextmanager
 def record_taps(layers: Sequence[keras.layers.Layer], registry=None) -> Iterator[list]:
     """Records every call of `layers` inside the block; yields a list of `LayerTaps`.
@@ -182,42 +215,12 @@ def record_taps(layers: Sequence[keras.layers.Layer], registry=None) -> Iterator
     # Keras sometimes runs layers symbolically in a scratch graph (e.g. a Sequential
     # model inferring its shape): only calls in the graph of this block are taps.
     graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-
-    def in_this_graph(outputs) -> bool:
-        if graph is None:
-            return isinstance(outputs, tf.__internal__.EagerTensor)
-        return getattr(outputs, "graph", None) is graph
-
-    def make_wrapper(tap: LayerTaps):
-        original = tap.call_fn
-
-        def recording_call(*args, **kwargs):
-            outputs = original(*args, **kwargs)
-            if taps.paused or not in_this_graph(outputs):
-                return outputs
-            if not isinstance(outputs, tf.Tensor):
-                raise TypeError(
-                    f"Per-example clipping needs `{tap.method}` of layer {tap.layer.name!r} "
-                    f"({type(tap.layer).__name__}) to return one dense tensor; it "
-                    f"returned {type(outputs).__name__}."
-                )
-            if _returns_logits_shortcut(tap.layer):
-                outputs = tf.identity(outputs)  # the loss must go through the recorded output
-            shared = taps.active_shared[-1] if taps.active_shared else None
-            call = LayerCall(args=args, kwargs=kwargs, outputs=outputs, shared=shared)
-            tap.calls.append(call)
-            if shared is not None:
-                shared.calls.append(call)
-            return outputs
-
-        return recording_call
-
     stack = getattr(_RECORDINGS, "stack", None)
     if stack is None:
         stack = _RECORDINGS.stack = []
     try:
         for tap in taps:
-            object.__setattr__(tap.layer, tap.method, make_wrapper(tap))
+            object.__setattr__(tap.layer, tap.method, _recording_call(tap, taps, graph))
         stack.append(taps)
         yield taps
     finally:
