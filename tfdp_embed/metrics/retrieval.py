@@ -108,7 +108,18 @@ def precision_recall_at_k(
     counts = valid.sum(axis=1)
     if np.any(counts == 0):
         raise ValueError(f"Query {int(np.argmax(counts == 0))} has no relevant id; every query needs at least one.")
+    hits = _hits_at_k(queries, candidates, ids, rel, valid, ks, batch_size)
+    out = {}
+    for k in ks:
+        out[f"precision@{k}"] = float(np.mean(hits[k] / k))
+        out[f"recall@{k}"] = float(np.mean(hits[k] / counts))
+    out["queries"] = int(n)
+    return out
 
+
+def _hits_at_k(queries, candidates, ids, rel, valid, ks: tuple, batch_size: int) -> dict:
+    """`{k: float [n]}`: how many of each query's top k candidates are relevant (NaN for a non-finite score)."""
+    n = queries.shape[0]
     cand = tf.constant(candidates)
     kmax = max(ks)
     hits = {k: np.zeros(n, np.float64) for k in ks}
@@ -123,12 +134,7 @@ def precision_recall_at_k(
         cumulative = np.cumsum(found, axis=1)
         for k in ks:
             hits[k][start:stop] = np.where(finite, cumulative[:, k - 1], np.nan)
-    out = {}
-    for k in ks:
-        out[f"precision@{k}"] = float(np.mean(hits[k] / k))
-        out[f"recall@{k}"] = float(np.mean(hits[k] / counts))
-    out["queries"] = int(n)
-    return out
+    return hits
 
 
 __all__ = ["DEFAULT_KS", "precision_recall_at_k"]
