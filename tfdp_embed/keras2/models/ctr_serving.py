@@ -159,28 +159,7 @@ def check_request(request: Mapping[str, object]) -> dict:
     out: dict[str, tf.Tensor] = {}
     lengths: dict[int, str] = {}  # length -> first field with it
     for name in RAW_FIELDS:
-        value = request[name]
-        if not isinstance(value, tf.Tensor):
-            try:
-                value = tf.convert_to_tensor(value)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(f"Criteo serving request: field {name} cannot become a tensor: {exc}") from None
-        if value.dtype != tf.string:
-            kind = (
-                "integer values as decimal strings ('' = missing)"
-                if name in INT_FEATURES
-                else "hash strings ('' = missing)"
-            )
-            raise TypeError(
-                f"Criteo serving request: field {name} has dtype {value.dtype.name}; serving_default "
-                f"takes tf.string for every field ({name}: {kind})."
-            )
-        if value.shape.rank != 1:
-            raise ValueError(
-                f"Criteo serving request: field {name} must be 1-D (one value per request row); "
-                f"received shape {value.shape}."
-            )
-        out[name] = value
+        value = out[name] = _request_field(name, request[name])
         lengths.setdefault(int(value.shape[0]), name)
     if len(lengths) > 1:
         raise ValueError(
@@ -188,6 +167,31 @@ def check_request(request: Mapping[str, object]) -> dict:
             f"{ {length: field for length, field in lengths.items()} } (length: first field with it)."
         )
     return out
+
+
+def _request_field(name: str, value) -> tf.Tensor:
+    """Field `name` of a request as a 1-D tf.string tensor; refused (naming the field) otherwise."""
+    if not isinstance(value, tf.Tensor):
+        try:
+            value = tf.convert_to_tensor(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"Criteo serving request: field {name} cannot become a tensor: {exc}") from None
+    if value.dtype != tf.string:
+        kind = (
+            "integer values as decimal strings ('' = missing)"
+            if name in INT_FEATURES
+            else "hash strings ('' = missing)"
+        )
+        raise TypeError(
+            f"Criteo serving request: field {name} has dtype {value.dtype.name}; serving_default "
+            f"takes tf.string for every field ({name}: {kind})."
+        )
+    if value.shape.rank != 1:
+        raise ValueError(
+            f"Criteo serving request: field {name} must be 1-D (one value per request row); "
+            f"received shape {value.shape}."
+        )
+    return value
 
 
 __all__ = ["RAW_FIELDS", "CTRServingModule", "check_request", "serving_input_signature"]
