@@ -26,6 +26,7 @@ from pipelines.criteo.config import (
 )
 from pipelines.criteo.pipeline import run
 from pipelines.output_dir import removed_on_failure
+from pipelines.privacy_flags import add_privacy_flags, check_privacy_flags
 from tfdp_embed import PrivacyContractError
 from tfdp_embed.data.criteo import CriteoFormatError
 from tfdp_embed.data.criteo.layout import FORMATS
@@ -135,27 +136,18 @@ def _add_data_flags(data) -> None:
 
 def _add_privacy_flags(priv) -> None:
     """The mechanism, the target (epsilon, delta), and how epsilon is shared out."""
-    priv.add_argument(
-        "--mechanism",
-        choices=criteo_privacy.MECHANISM_NAMES,
-        default=DEFAULT_MECHANISM,
-        help="noise mechanism (default %(default)s; eana is NOT DP, none is non-private)",
+    add_privacy_flags(
+        priv,
+        mechanisms=criteo_privacy.MECHANISM_NAMES,
+        mechanism_default=DEFAULT_MECHANISM,
+        mechanism_help="noise mechanism (default %(default)s; eana is NOT DP, none is non-private)",
+        epsilon_default=DEFAULT_EPSILON,
+        epsilon_help=f"target epsilon (default {DEFAULT_EPSILON})",
+        delta_help="target delta in (0, 1) (default 1/N, N = training rows)",
+        clip_default=criteo_defaults.DEFAULT_CLIP,
+        clip_help="per-example L2 clip norm C (default %(default)s; the default learning rate is scaled by 1/C, so "
+        "a larger C adds no noise per step and clips fewer examples)",
     )
-    priv.add_argument(
-        "--epsilon",
-        type=cli_types.positive(float),
-        default=DEFAULT_EPSILON,
-        help=f"target epsilon (default {DEFAULT_EPSILON})",
-    )
-    priv.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1/N, N = training rows)")
-    priv.add_argument(
-        "--clip",
-        type=cli_types.positive(float),
-        default=criteo_defaults.DEFAULT_CLIP,
-        help="per-example L2 clip norm C (default %(default)s; the default learning rate is scaled by 1/C, so a "
-        "larger C adds no noise per step and clips fewer examples)",
-    )
-    priv.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
     priv.add_argument(
         "--fixed-size-batches",
         action="store_true",
@@ -288,8 +280,7 @@ def _check_files(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None
 
 def _check_values(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Ranges argparse's types cannot express, and epsilon's shares leaving some for training."""
-    if a.delta is not None and not 0 < a.delta < 1:
-        parser.error(f"--delta must lie in (0, 1); received {a.delta!r}.")
+    check_privacy_flags(parser, a)
     if not 0 < a.selection_fraction < 1:
         parser.error(f"--selection-fraction must lie in (0, 1); received {a.selection_fraction!r}.")
     a.calibration_auto = a.calibration_fraction is None

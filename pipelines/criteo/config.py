@@ -6,6 +6,7 @@ import dataclasses
 
 from pipelines.criteo import data as criteo_data
 from pipelines.criteo import privacy as criteo_privacy
+from tfdp_embed.mechanisms import capabilities_of, mechanism_class
 
 DEFAULT_MECHANISM = "adafest"
 DEFAULT_EPSILON = 3.0
@@ -54,7 +55,7 @@ class PipelineConfig:
     @property
     def lazy_lookahead(self) -> bool:
         """True when the run is LazyDP's with the one-batch lookahead (`--lookahead`)."""
-        return self.mechanism == "lazy" and self.lookahead
+        return self.lookahead and capabilities_of(mechanism_class(self.mechanism)).lookahead
 
     @property
     def fixed_vocabulary(self) -> bool:

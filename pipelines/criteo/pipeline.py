@@ -33,6 +33,7 @@ from tfdp_embed.data.criteo.text import estimate_rows
 from tfdp_embed.keras2.callbacks import PrivacyBudget
 from tfdp_embed.keras2.export import release_ready
 from tfdp_embed.keras2.models import CTRModelConfig, CTRServingModule, build_ctr_model
+from tfdp_embed.mechanisms import capabilities_of
 
 
 @dataclasses.dataclass
@@ -335,7 +336,7 @@ def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, tr
     touched = criteo_data.TouchedRows(dict(zip(CAT_FEATURES, model_config.dims)))
     counts = training.counts
     for index, period in enumerate(data.periods):
-        if index > 0 and config.mechanism == "fest":
+        if index > 0 and capabilities_of(training.mechanism).reselects:
             counts = criteo_data.bucket_counts(period, counts=counts)
             training.mechanism.reselect(_layer_counts(counts))
         _fit_period(config, data, training, index, touched, trained)
@@ -532,7 +533,7 @@ def _release(
     """
     mechanism, model = training.mechanism, training.model
     release_ready(training.dp_model)
-    if hasattr(mechanism, "detach"):  # LazyDP: flushed and done; later passes run without read hooks
+    if capabilities_of(mechanism).read_hooks:  # LazyDP: flushed and done; later passes run without read hooks
         mechanism.detach()
     output_calibration = _calibrate(config, data, training)
     final = criteo_eval.evaluate(model, criteo_data.eval_dataset(data.final_eval))

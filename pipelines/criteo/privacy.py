@@ -104,7 +104,8 @@ def plan(
     if name != "none" and settings.calibration_fraction > 0:
         releases.append(Release(OUTPUT_CALIBRATION, epsilon_share=settings.calibration_fraction))
     if selects_rows(name):
-        count = len(periods) if name == "fest" else 1  # fest re-selects each period; adafest+ selects once
+        reselects = mechanisms.capabilities_of(mechanisms.mechanism_class(name)).reselects
+        count = len(periods) if reselects else 1  # fest re-selects each period; adafest+ selects once
         releases.append(Release.selection(settings.selection_fraction, count=count))
     return plan_run(
         name,

@@ -11,6 +11,7 @@ itself is `tfdp_embed.accounting.PrivacyBudget`; the step timer is
 from __future__ import annotations
 
 from tfdp_embed import DPModel, keras
+from tfdp_embed.mechanisms import capabilities_of
 
 
 def make_dp_model(
@@ -56,31 +57,31 @@ def gradient_size(mechanism, tables, *, touched: float) -> dict:
       `{"gradient_size_fraction", "gradient_size_reduction", "gradient_size_basis"}`.
     """
     total = sum(int(t.vocabulary_size) * int(t.output_dim) for t in tables)
-    name = mechanism.name
+    capabilities = capabilities_of(mechanism)
+    rows = capabilities.noised_rows
     touched = touched / total if total else float("nan")
-    if name == "none":
-        return {"gradient_size_fraction": None, "gradient_size_reduction": None, "gradient_size_basis": "no noise"}
-    if name == "dense":
+    if rows is None:
+        basis = "no noise" if mechanism.noise_multiplier == 0 else "not reported"
+        return {"gradient_size_fraction": None, "gradient_size_reduction": None, "gradient_size_basis": basis}
+    if rows == "all":
         fraction, basis = 1.0, "every row noised every step"
-    elif hasattr(mechanism, "gradient_size_fraction"):  # adafest, adafest+
+    elif rows == "thresholded":
         fraction, basis = (
             float(mechanism.gradient_size_fraction()),
             "rows surviving the noisy threshold (mechanism statistics)",
         )
-    elif name == "fest":
+    elif rows == "selected":
         dims = {t.name: int(t.output_dim) for t in tables}
         fraction = sum(k * dims[n] for n, k in mechanism.top_k.items()) / total
         basis = "DP-selected rows (all noised every step)"
-    elif name == "eana":
-        fraction, basis = touched, "rows touched by a batch (measured on the training batches: operator-only, NOT DP)"
-    elif name == "lazy":
+    elif capabilities.defers_noise:
         fraction = touched
         basis = (
             "noise draws per step = rows the next batch reads (measured on the training batches: operator-only, "
             "NOT DP); the released, flushed model carries dense DP-SGD noise on every row"
         )
     else:
-        return {"gradient_size_fraction": None, "gradient_size_reduction": None, "gradient_size_basis": "not reported"}
+        fraction, basis = touched, "rows touched by a batch (measured on the training batches: operator-only, NOT DP)"
     reduction = (1.0 / fraction) if fraction and fraction == fraction else None
     return {"gradient_size_fraction": fraction, "gradient_size_reduction": reduction, "gradient_size_basis": basis}
 

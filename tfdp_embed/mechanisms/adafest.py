@@ -463,7 +463,9 @@ class DPAdaFEST(NoiseMechanism):
     """
 
     name = "adafest"
-    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, mixed_precision=True)
+    capabilities = MechanismCapabilities(
+        strategies=ALL_STRATEGIES, tpu=True, mixed_precision=True, noised_rows="thresholded"
+    )
 
     def __init__(
         self,

@@ -83,7 +83,9 @@ class DPAdaFESTPlus(DPAdaFEST):
     """
 
     name = "adafest+"
-    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, one_off_events=True, mixed_precision=True)
+    capabilities = MechanismCapabilities(
+        strategies=ALL_STRATEGIES, tpu=True, one_off_events=True, mixed_precision=True, noised_rows="thresholded"
+    )
 
     def __init__(
         self,

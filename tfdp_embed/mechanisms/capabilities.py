@@ -41,6 +41,7 @@ MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
 PARAMETER_SERVER = "parameter_server"
 STRATEGY_KINDS = (ONE_DEVICE, MIRRORED, MULTI_WORKER_MIRRORED, PARAMETER_SERVER)
 ALL_STRATEGIES = STRATEGY_KINDS
+NOISED_ROWS = ("all", "selected", "thresholded", "touched", None)
 
 STRATEGY_TITLES = {
     ONE_DEVICE: "one device",
@@ -78,6 +79,16 @@ class MechanismCapabilities:
         noise and updates stay in the variables' dtype whatever the
         gradients' compute dtype was. Declare it only with a test under
         both mixed policies.
+      noised_rows: which embedding rows a step noises, for gradient-size
+        reports: "all" (every row), "selected" (the DP-selected `top_k`
+        rows), "thresholded" (rows surviving a noisy threshold; the
+        mechanism reports `gradient_size_fraction()`), "touched" (the rows
+        a batch reads), or None (no noise, or not reported).
+      reselects: re-runs its DP selection on each streaming period's counts
+        (`reselect(counts)`), one selection event per period.
+      read_hooks: installs hooks on its tables' reads (LazyDP's catch-up);
+        after the release flush, `detach()` removes them so evaluation and
+        export read plain tables.
       why_not: `(strategy kind, reason)` pairs explaining refusals in errors.
 
     Raises:
@@ -92,6 +103,9 @@ class MechanismCapabilities:
     one_off_events: bool = False
     needs_lookups: bool = True
     mixed_precision: bool = False
+    noised_rows: str | None = None
+    reselects: bool = False
+    read_hooks: bool = False
     why_not: tuple = ()
 
     def __post_init__(self):
@@ -100,6 +114,8 @@ class MechanismCapabilities:
         if unknown:
             raise ValueError(f"`strategies` holds unknown kinds {unknown}; allowed: {list(STRATEGY_KINDS)}.")
         object.__setattr__(self, "strategies", strategies)
+        if self.noised_rows not in NOISED_ROWS:
+            raise ValueError(f"`noised_rows` must be one of {list(NOISED_ROWS)}; received {self.noised_rows!r}.")
         workers = self.parameter_server_workers
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError(f"`parameter_server_workers` must be an int >= 1 or None; received {workers!r}.")

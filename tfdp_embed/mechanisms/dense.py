@@ -34,7 +34,9 @@ class DenseDPSGD(NoiseMechanism):
     """
 
     name = "dense"
-    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, needs_lookups=False, mixed_precision=True)
+    capabilities = MechanismCapabilities(
+        strategies=ALL_STRATEGIES, needs_lookups=False, mixed_precision=True, noised_rows="all"
+    )
 
     def __init__(
         self,

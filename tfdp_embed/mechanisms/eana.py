@@ -65,7 +65,9 @@ class EANA(NoiseMechanism):
 
     name = "eana"
     is_dp = False
-    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, needs_lookups=False, mixed_precision=True)
+    capabilities = MechanismCapabilities(
+        strategies=ALL_STRATEGIES, tpu=True, needs_lookups=False, mixed_precision=True, noised_rows="touched"
+    )
 
     def update(self, clipped: ClippedGradients) -> list:
         """Noises the touched rows (IndexedSlices) and the dense variables; divides by B."""

@@ -144,7 +144,13 @@ class DPFEST(NoiseMechanism):
 
     name = "fest"
     capabilities = MechanismCapabilities(
-        strategies=ALL_STRATEGIES, tpu=True, one_off_events=True, needs_lookups=False, mixed_precision=True
+        strategies=ALL_STRATEGIES,
+        tpu=True,
+        one_off_events=True,
+        needs_lookups=False,
+        mixed_precision=True,
+        noised_rows="selected",
+        reselects=True,
     )
 
     def __init__(

@@ -138,6 +138,8 @@ class LazyDP(NoiseMechanism):
         defers_noise=True,
         needs_lookups=False,
         mixed_precision=True,
+        noised_rows="touched",
+        read_hooks=True,
         why_not=((MIRRORED, _LAZY_SYNC_REASON), (MULTI_WORKER_MIRRORED, _LAZY_SYNC_REASON)),
     )
 
