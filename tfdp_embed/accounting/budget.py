@@ -52,9 +52,15 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any, NoReturn
 
 import dp_accounting
 
+from tfdp_embed.accounting import budget_messages
+from tfdp_embed.accounting.budget_batching import check_batching, fed_to, least_private, report_batching
+from tfdp_embed.accounting.budget_history import record_earlier_steps, record_setup_events, warn_foreign_steps
+from tfdp_embed.accounting.budget_report import check_report_dataset_size, write_budget_report
+from tfdp_embed.accounting.budget_steps import entries_after, expected_extra_steps, is_last_batch, max_extra_steps
 from tfdp_embed.accounting.calibration import (
     check_accountant,
     check_delta,
@@ -62,24 +68,15 @@ from tfdp_embed.accounting.calibration import (
     check_sampling_probability,
     check_steps,
     entries_epsilon,
-    epsilon_levels,
-    pld_interval,
 )
-from tfdp_embed.accounting.coarse_to_exact import largest_count
 from tfdp_embed.accounting.dataset_size import ReleasedDatasetSize
-from tfdp_embed.accounting.events import EventSource, accountable_event, check_event_source, steps_taken
+from tfdp_embed.accounting.events import EventSource, check_event_source
 from tfdp_embed.accounting.ledger import PrivacyLedger
-from tfdp_embed.accounting.progress import announced
 from tfdp_embed.accounting.summaries import EpochScalars
-from tfdp_embed.accounting.truncated import TruncatedSteps, check_matches_batching
-from tfdp_embed.data.provenance import NOT_VERIFIED, UNVERIFIED, FedBatching
-from tfdp_embed.errors import PrivacyBudgetExceededError, PrivacyContractError
+from tfdp_embed.data.provenance import FedBatching
+from tfdp_embed.errors import PrivacyBudgetExceededError
 
 _LOG = logging.getLogger(__name__)
-
-# Upper end of the step search: a budget that allows more steps than this is
-# treated as allowing exactly this many (2**40 steps is far beyond any run).
-MAX_STEPS = 2**40
 
 
 class BudgetTracker:
@@ -141,6 +138,8 @@ class BudgetTracker:
         contradicting the data the model was fed.
     """
 
+    model: Any  # the model being trained, set by the front end (Keras' `set_model`)
+
     def __init__(
         self,
         mechanism: EventSource,
@@ -159,15 +158,7 @@ class BudgetTracker:
         log_dir: str | os.PathLike | None = None,
     ):
         super().__init__()
-        if (
-            report_path is not None
-            and not isinstance(dataset_size, ReleasedDatasetSize)
-            and (isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1)
-        ):
-            raise ValueError(
-                "`dataset_size` (N~ from `release_dataset_size`, or an int >= 1 stated as public) is required with "
-                f"`report_path`; received {dataset_size!r}."
-            )
+        check_report_dataset_size(report_path, dataset_size)
         check_event_source(mechanism)
         if ledger is not None and not isinstance(ledger, PrivacyLedger):
             raise TypeError(f"`ledger` must be a `PrivacyLedger` or None; received {type(ledger).__name__}.")
@@ -215,15 +206,7 @@ class BudgetTracker:
         """
         if not isinstance(ledger, PrivacyLedger):
             raise TypeError(f"`ledger` must be a `PrivacyLedger`; received {type(ledger).__name__}.")
-        step_event = self.mechanism.step_event(self.sampling_probability)
-        foreign = [e for e in ledger.entries if e.kind == "step" and e.event != step_event]
-        if foreign:
-            _LOG.warning(
-                "PrivacyBudget.resume_from: %d checkpointed step entries have another event than this run's "
-                "(%s); they are accounted as recorded.",
-                len(foreign),
-                step_event,
-            )
+        warn_foreign_steps(ledger, self.mechanism.step_event(self.sampling_probability))
         self.ledger.resume_from(ledger)
         self.max_steps = None
         self.epsilon, self._epsilon_steps = None, -1
@@ -251,57 +234,33 @@ class BudgetTracker:
         self.stopped_by_budget = False
         self._check_batching()
         self._step_event = self.mechanism.step_event(self.sampling_probability)
-        self._record_history()
+        record_setup_events(self.ledger, self.mechanism)
+        record_earlier_steps(self.ledger, self.mechanism, self._step_event, self.initial_steps)
         what = "epsilon" if self.is_dp else "NOMINAL epsilon (NOT a DP guarantee)"
         if not self.is_dp:
-            _LOG.warning(
-                "PrivacyBudget: mechanism %r is NOT differentially private. The budget below is the "
-                "epsilon DP-SGD with the same noise multiplier would spend; it is logged as %r and "
-                "is not a privacy guarantee for this model.",
-                self.mechanism.name,
-                self.log_key,
-            )
+            budget_messages.not_dp(self)
         spent = self._epsilon_after(0)
         if spent > self.target_epsilon:
-            self.epsilon, self._epsilon_steps = spent, self.ledger.steps
-            self._write_report(stopped=True, refused_to_start=True)
-            raise PrivacyBudgetExceededError(
-                f"The ledger already spent {what} {spent:.6g} > `target_epsilon`={self.target_epsilon:g} "
-                f"at delta={self.target_delta:g} ({self.ledger.steps} steps, {self.accountant} accountant): "
-                "any further training step would release more than the budget allows. Allowed: a larger "
-                "`target_epsilon`, or stop training."
-            )
+            self._refuse_to_start(spent, budget_messages.already_spent(self, what, spent))
         if self._planned_steps_fit(spent, what):
             return
         remaining = self._max_extra_steps(spent)
         if remaining == 0:
-            self.epsilon, self._epsilon_steps = spent, self.ledger.steps
             self.max_steps = self.ledger.steps
-            self._write_report(stopped=True, refused_to_start=True)
-            raise PrivacyBudgetExceededError(
-                f"Not even one more step fits the budget: {what} is {spent:.6g} now and one more step "
-                f"would exceed `target_epsilon`={self.target_epsilon:g} at delta={self.target_delta:g} "
-                f"({self.ledger.steps} steps taken, {self.accountant} accountant)."
-            )
+            self._refuse_to_start(spent, budget_messages.no_step_fits(self, what, spent))
         self.max_steps = self.ledger.steps + remaining
         self.epsilon, self._epsilon_steps = spent, self.ledger.steps
-        _LOG.info(
-            "PrivacyBudget: %d more steps allowed (%d in total) within %s %g at delta=%g "
-            "(q=%g, %s accountant); %s spent so far: %.6g.",
-            remaining,
-            self.max_steps,
-            what,
-            self.target_epsilon,
-            self.target_delta,
-            self.sampling_probability,
-            self.accountant,
-            what,
-            spent,
-        )
+        budget_messages.steps_allowed(self, remaining, what, spent)
+
+    def _refuse_to_start(self, spent: float, message: str) -> NoReturn:
+        """Writes the report of a run that did not start (epsilon `spent`) and raises `message`."""
+        self.epsilon, self._epsilon_steps = spent, self.ledger.steps
+        write_budget_report(self, max_steps=self._max_steps, stopped=True, refused_to_start=True)
+        raise PrivacyBudgetExceededError(message)
 
     def _planned_steps_fit(self, spent: float, what: str) -> bool:
         """True when this run's expected steps fit (checked exactly); the full search then waits."""
-        planned = self._expected_extra_steps()
+        planned = expected_extra_steps(self.planned_steps, self.ledger.steps, getattr(self, "params", None) or {})
         if not planned or planned < 1:
             return False
         after = self._epsilon_after(planned)
@@ -309,33 +268,15 @@ class BudgetTracker:
             return False
         self.max_steps, self._fits_through = None, self.ledger.steps + planned
         self.epsilon, self._epsilon_steps = spent, self.ledger.steps
-        _LOG.info(
-            "PrivacyBudget: the %d planned steps fit %s %g at delta=%g (q=%g, %s accountant; %.6g after "
-            "them); the steps beyond them are counted if training goes on.",
-            planned,
-            what,
-            self.target_epsilon,
-            self.target_delta,
-            self.sampling_probability,
-            self.accountant,
-            after,
-        )
+        budget_messages.planned_steps_fit(self, planned, what, after)
         return True
-
-    def _last_batch(self, batch) -> bool:
-        """True when no training step follows this batch (stopping, or the last batch of the last epoch)."""
-        if self.model is not None and self.model.stop_training:
-            return True
-        params = getattr(self, "params", None) or {}
-        epochs, steps = params.get("epochs"), params.get("steps")
-        return isinstance(epochs, int) and isinstance(steps, int) and self._epoch == epochs - 1 and batch + 1 >= steps
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         # A one-off event added during training (e.g. a DP-FEST re-selection for a
         # new streaming period) shrinks what is left: recount before the epoch runs.
         started = self._max_steps is not None or self._fits_through is not None
-        if started and self._record_setup_events():
+        if started and record_setup_events(self.ledger, self.mechanism):
             spent = self._epsilon_after(0)
             remaining = self._max_extra_steps(spent) if spent <= self.target_epsilon else 0
             self.max_steps = self.ledger.steps + remaining
@@ -354,29 +295,19 @@ class BudgetTracker:
         taken = max(1, int(batch) - self._batch_begin + 1)
         self.ledger.record_steps(self._step_event, taken)
         steps = self.ledger.steps
-        if self._fits_through is not None and (steps + taken <= self._fits_through or self._last_batch(batch)):
+        if self._fits_through is not None and (
+            steps + taken <= self._fits_through
+            or is_last_batch(self.model, getattr(self, "params", None) or {}, self._epoch, batch)
+        ):
             return  # another execution stays within the planned steps, which fit, or none follows
         if self.max_steps is None:
             return
         if steps > self.max_steps:
-            raise PrivacyBudgetExceededError(
-                f"{steps} steps were taken but only {self.max_steps} fit the budget "
-                f"`target_epsilon`={self.target_epsilon:g}: a multi-step execution "
-                f"(`steps_per_execution`={taken}) crossed the limit. Do not release this model; use "
-                "`steps_per_execution=1` with PrivacyBudget."
-            )
+            raise PrivacyBudgetExceededError(budget_messages.crossed_in_one_execution(self, steps, taken))
         if self.max_steps - steps < taken and not self.model.stop_training:
             self.model.stop_training = True
             self.stopped_by_budget = True
-            _LOG.warning(
-                "PrivacyBudget: stopping training after step %d: one more step would exceed %s %g at "
-                "delta=%g (%s accountant).",
-                steps,
-                "epsilon" if self.is_dp else "the NOMINAL (not DP) epsilon",
-                self.target_epsilon,
-                self.target_delta,
-                self.accountant,
-            )
+            budget_messages.stopping(self, steps)
 
     def on_epoch_end(self, epoch, logs=None):
         self.scalars.write(self.log_key, self.put_epsilon(logs), epoch=epoch)
@@ -395,114 +326,20 @@ class BudgetTracker:
 
     def on_train_end(self, logs=None):
         epsilon = self._current_epsilon()
-        _LOG.info(
-            "PrivacyBudget: training ended after %d steps; %s %.6g at delta=%g (%s accountant)%s.",
-            self.ledger.steps,
-            "epsilon" if self.is_dp else "NOMINAL epsilon (NOT a DP guarantee)",
-            epsilon,
-            self.target_delta,
-            self.accountant,
-            ", stopped by the privacy budget" if self.stopped_by_budget else "",
-        )
-        self._write_report(stopped=self.stopped_by_budget, refused_to_start=False)
+        budget_messages.train_end(self, epsilon)
+        write_budget_report(self, max_steps=self._max_steps, stopped=self.stopped_by_budget, refused_to_start=False)
         self.scalars.close()
-
-    def _write_report(self, *, stopped: bool, refused_to_start: bool) -> None:
-        """Writes the privacy report to `report_path` (if set), with the budget's outcome."""
-        if self.report_path is None:
-            return
-        from tfdp_embed.accounting.report import privacy_report, write_privacy_report
-
-        assert self.dataset_size is not None  # required with `report_path` (checked in __init__)
-
-        budget = {
-            "target_epsilon": self.target_epsilon,
-            "target_delta": self.target_delta,
-            "max_steps": self._max_steps,  # None: training never went past the planned steps, which fit
-            "steps": self.ledger.steps,
-            "stopped_by_budget": bool(stopped),
-            "refused_to_start": bool(refused_to_start),
-            "message": (
-                "Not one more step fits the budget: training did not start."
-                if refused_to_start
-                else "Training stopped because one more step would exceed the budget."
-                if stopped
-                else "Training ended within the budget."
-            ),
-        }
-        report = privacy_report(
-            mechanism=self.mechanism,
-            batching=self.report_batching(),
-            delta=self.target_delta,
-            sampling_probability=self.sampling_probability,
-            dataset_size=self.dataset_size,
-            ledger=self.ledger if self.is_dp else None,
-            epsilon=None if self.is_dp else self.epsilon,
-            steps=None if self.is_dp else self.ledger.steps,
-            accountant=self.accountant,
-            extra={"budget": budget},
-        )
-        write_privacy_report(self.report_path, report)
-        _LOG.info("PrivacyBudget: privacy report written to %s.", self.report_path)
 
     def report_batching(self):
         """The batching the report states: the explicit non-Poisson value if given, else what was fed."""
-        if self.batching is not None and not _claims_poisson(self.batching):
-            return self.batching
-        return self.fed_batching if self.fed_batching is not None else _not_recorded(None)
+        return report_batching(self.batching, self.fed_batching)
 
     # -- internals ----------------------------------------------------------------
     def _check_batching(self) -> None:
         """Records what the model was fed (the least private so far); refuses a false Poisson claim."""
-        fed = getattr(self.model, "batching", None) or _not_recorded(self.model)
-        if self.fed_batching is None or _rank(fed) > _rank(self.fed_batching):
-            self.fed_batching = fed
-        if self.batching is not None and _claims_poisson(self.batching) and not self.fed_batching.claims_poisson:
-            raise PrivacyContractError(
-                "PrivacyBudget was given `batching` Poisson, but the data fed to training is not Poisson-sampled "
-                f"as far as tfdp_embed can tell: {self.fed_batching.description}. The Poisson epsilon would not "
-                "describe this run. Feed batches from tfdp_embed.data.poisson_batches / "
-                "streaming_poisson_batches, or drop `batching` (the report then says how the data was batched)."
-            )
-        if isinstance(self.mechanism, TruncatedSteps):  # truncated events describe only batches cut at that cap
-            check_matches_batching(self.mechanism, fed.info.report() if fed.info is not None else None)
-
-    def _record_setup_events(self) -> bool:
-        """Records one-off events the ledger lacks (by multiplicity); True if any was new."""
-        events = list(self.mechanism.one_off_events())
-        recorded = [e.event for e in self.ledger.entries if e.kind == "setup"]
-        new = False
-        for event in {id(e): e for e in events}.values():
-            missing = sum(e == event for e in events) - sum(e == event for e in recorded)
-            for _ in range(max(0, missing)):
-                self.ledger.record_setup(event)
-                new = True
-            recorded.extend([event] * max(0, missing))
-        return new
-
-    def _record_history(self) -> None:
-        """Adds one-off events (once) and steps taken before this run to the ledger."""
-        self._record_setup_events()
-        known = self.ledger.steps
-        sources = {"mechanism.steps": steps_taken(self.mechanism)}
-        if self.initial_steps is not None:
-            sources["initial_steps"] = self.initial_steps
-        source, claimed = max(sources.items(), key=lambda kv: kv[1])
-        if claimed > known:
-            _LOG.info(
-                "PrivacyBudget: counting %d steps taken before this run (%s=%d; the ledger held %d).",
-                claimed - known,
-                source,
-                claimed,
-                known,
-            )
-            self.ledger.record_steps(self._step_event, claimed - known)
-        elif self.initial_steps is not None and self.initial_steps < known:
-            _LOG.warning(
-                "PrivacyBudget: `initial_steps`=%d is below the ledger's %d steps; the ledger's count is used.",
-                self.initial_steps,
-                known,
-            )
+        fed = fed_to(self.model)
+        self.fed_batching = least_private(self.fed_batching, fed)
+        check_batching(self.batching, self.fed_batching, fed, self.mechanism)
 
     def _current_epsilon(self) -> float:
         if self._epsilon_steps != self.ledger.steps or self.epsilon is None:
@@ -510,78 +347,34 @@ class BudgetTracker:
             self._epsilon_steps = self.ledger.steps
         return self.epsilon
 
-    def _epsilon_after(self, extra_steps: int, interval: float | None = None) -> float:
+    def _epsilon_after(self, extra_steps: int) -> float:
         """epsilon of the ledger plus `extra_steps` more steps (nominal events for non-DP), memoised."""
-        if interval is None:
-            interval = self.value_discretization_interval
+        interval = self.value_discretization_interval
         return entries_epsilon(
             self._entries_after(extra_steps), delta=self.target_delta, accountant=self.accountant, interval=interval
         )
 
     def _entries_after(self, extra_steps: int) -> tuple:
         """The ledger's `(event, count)` entries plus `extra_steps` more steps, as the accountant charges them."""
-        step_event = self._accounting_event(self._step_event or self.mechanism.step_event(self.sampling_probability))
-        entries = [(self._accounting_event(e.event), e.count) for e in self.ledger.entries]
-        if extra_steps:
-            entries.append((step_event, int(extra_steps)))
-        return tuple(entries)
-
-    def _accounting_event(self, event: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
-        """The event as is for DP mechanisms; for non-DP ones, DP-SGD's (nominal) event if unsupported."""
-        return accountable_event(
-            event, source=self.mechanism, sampling_probability=self.sampling_probability, accountant=self.accountant
+        return entries_after(
+            self.ledger,
+            self._step_event or self.mechanism.step_event(self.sampling_probability),
+            extra_steps,
+            source=self.mechanism,
+            sampling_probability=self.sampling_probability,
+            accountant=self.accountant,
         )
-
-    def _expected_extra_steps(self) -> int | None:
-        """The steps this run expects to add: `planned_steps` less the ledger's, else Keras' epochs x steps."""
-        if self.planned_steps is not None:
-            return self.planned_steps - self.ledger.steps
-        params = getattr(self, "params", None) or {}  # set by Keras once the callback joins a fit
-        epochs, steps = params.get("epochs"), params.get("steps")
-        return epochs * steps if isinstance(epochs, int) and isinstance(steps, int) else None
 
     def _max_extra_steps(self, spent: float) -> int:
-        """Largest k >= 0 with eps(ledger + k steps) <= target < eps(ledger + k + 1 steps); eps(0) = `spent`.
-
-        The search runs on coarse PLD grids first; the budget's own grid
-        decides (`coarse_to_exact.largest_count`: it checks k and k + 1).
-        """
-        interval = pld_interval(self.accountant, self.value_discretization_interval)
-        levels = epsilon_levels(
-            self._entries_after, delta=self.target_delta, accountant=self.accountant, interval=interval
+        """Largest k >= 0 with eps(ledger + k steps) <= target < eps(ledger + k + 1 steps); eps(0) = `spent`."""
+        return max_extra_steps(
+            self._entries_after,
+            target_epsilon=self.target_epsilon,
+            target_delta=self.target_delta,
+            sampling_probability=self.sampling_probability,
+            accountant=self.accountant,
+            value_discretization_interval=self.value_discretization_interval,
         )
-        what = (
-            f"epsilon={self.target_epsilon:g} at delta={self.target_delta:.3g} "
-            f"(q={self.sampling_probability:.4g}, {self.accountant.upper()})"
-        )
-        with announced(f"PrivacyBudget: counting the steps that fit {what}") as note:
-            k = largest_count(
-                levels, self.target_epsilon, start=max(1, round(1.0 / self.sampling_probability)), highest=MAX_STEPS
-            )
-            note.result = f"PrivacyBudget: {k} more steps fit {what}"
-        if k == MAX_STEPS:
-            _LOG.warning("PrivacyBudget: the budget allows more than %d steps; capping there.", MAX_STEPS)
-        return k
 
 
-def _claims_poisson(batching) -> bool:
-    """True when an explicit `batching` (string, BatchingInfo or FedBatching) states Poisson."""
-    if isinstance(batching, FedBatching):
-        return batching.claims_poisson
-    name = batching if isinstance(batching, str) else getattr(batching, "batching", None)
-    return name == "poisson"
-
-
-def _rank(fed: FedBatching) -> int:
-    """0: verified Poisson, 1: declared Poisson, 2: anything else (a run is as private as its worst fit)."""
-    return 0 if fed.verified_poisson else 1 if fed.claims_poisson else 2
-
-
-def _not_recorded(model) -> FedBatching:
-    what = "no model" if model is None else f"model {getattr(model, 'name', '?')!r} ({type(model).__name__})"
-    return FedBatching(
-        UNVERIFIED, NOT_VERIFIED, f"{what} did not record the data it was fed (only DPModel.fit records it)"
-    )
-
-
-__all__ = ["MAX_STEPS", "BudgetTracker"]
+__all__ = ["BudgetTracker"]
