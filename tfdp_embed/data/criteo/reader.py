@@ -88,39 +88,29 @@ def criteo_dataset(
 ) -> tf.data.Dataset:
     """Streams Criteo TSV files as `(features, label)` examples.
 
-    Files are read in the order given, one after another, plain or gzip
-    (detected from the content). Each element is one row: `features` as in
-    `parse_raw_fields` (scalars plus `int_missing` `[13]`), label float32.
+    Files are read in the order given, plain or gzip (detected from the content). Each element is one
+    row: `features` as in `parse_raw_fields` (scalars plus `int_missing` `[13]`), label float32.
 
     Args:
       files: a path or a sequence of paths (e.g. `day_files(dir)`).
       vocab_sizes: per-feature vocabulary sizes; default DP-FEST Table 3.
       hash_size: one vocabulary size for all features instead.
-      skip_bad_rows: drop rows that break a row rule (see
-        `SKIP_REASONS`) and count them in `stats`, instead of
+      skip_bad_rows: drop rows that break a row rule (`SKIP_REASONS`), counted in `stats`, instead of
         failing on the first one. File-level faults always fail.
-      stats: a `CriteoReadStats` to receive row/skip counts and the first
-        error; required with `skip_bad_rows=True` so no drop goes uncounted.
-      include_raw: also return `raw_ints` (int64 `[13]`, 0 where missing) and
-        `raw_cats` (string `[26]`).
-      batch_size: None for single examples; else consecutive fixed-size
-        batches cut straight from the parsed chunks (`Dataset.rebatch`), about
-        twice as fast as `.batch()` on single examples. Not Poisson sampling:
-        DP accounting that assumes Poisson batches must sample itself.
+      stats: a `CriteoReadStats` for row/skip counts and the first error; required with `skip_bad_rows=True`.
+      include_raw: also return `raw_ints` (int64 `[13]`, 0 where missing) and `raw_cats` (string `[26]`).
+      batch_size: None for single examples; else consecutive fixed-size batches cut straight from the parsed
+        chunks (`Dataset.rebatch`, ~2x faster than `.batch()`). Not Poisson sampling.
       drop_remainder: with `batch_size`, drop a last smaller batch.
-      format: the text layout, "auto" (found per file from its first line),
-        "tsv" (Criteo's: tabs, no header) or "csv" (commas, optional header
-        and leading Id column; `layout.py`).
+      format: "auto" (found per file from its first line), "tsv" (Criteo's: tabs, no header) or "csv"
+        (commas, optional header and leading Id column; `layout.py`).
 
     Returns:
-      A `tf.data.Dataset` of `(dict[str, tf.Tensor], tf.Tensor)`, unbatched
-      unless `batch_size` is given.
+      A `tf.data.Dataset` of `(dict[str, tf.Tensor], tf.Tensor)`, unbatched unless `batch_size` is given.
 
     Raises:
-      CriteoFormatError: now, for a missing, empty, binary or truncated-gzip
-        file; during iteration (as a `tf.errors.InvalidArgumentError` whose
-        message contains it; `stats.python_errors()` re-raises the Python
-        error) for a bad row or a gzip stream cut short.
+      CriteoFormatError: now, for a missing, empty, binary or truncated-gzip file; during iteration (inside a
+        `tf.errors.InvalidArgumentError`; `stats.python_errors()` re-raises it) for a bad row or a cut gzip.
       ValueError: bad arguments.
 
     References: DP-FEST App. D.1 (log-transformed integers, hashed categoricals).
@@ -135,6 +125,18 @@ def criteo_dataset(
     stats = stats if stats is not None else CriteoReadStats()
     check_format(format)
     check_files(paths)
+    if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
+        raise ValueError(f"`batch_size` must be None or a positive integer, got {batch_size!r}.")
+    dataset = _chunk_dataset(paths, sizes, skip_bad_rows=skip_bad_rows, stats=stats, format=format, raw=include_raw)
+    if batch_size is None:
+        return dataset.unbatch()
+    return dataset.rebatch(int(batch_size), drop_remainder=drop_remainder)
+
+
+def _chunk_dataset(
+    paths: list[str], sizes: dict, *, skip_bad_rows: bool, stats: CriteoReadStats, format: str, raw: bool
+) -> tf.data.Dataset:
+    """One element per parsed chunk: Python parses (`iter_chunks`), TF transforms the whole chunk at once."""
 
     def chunks() -> Iterator[tuple[np.ndarray, ...]]:
         for chunk in iter_chunks(paths, skip_bad_rows=skip_bad_rows, stats=stats, format=format):
@@ -151,21 +153,16 @@ def criteo_dataset(
 
     def transform(ints, missing, cat_bytes, cat_strings, labels):
         features = _chunk_features(ints, missing, cat_bytes, cat_strings, sizes)
-        if include_raw:
+        if raw:
             as_strings = tf.shape(cat_strings)[0] > 0
             features["raw_ints"] = ints
             features["raw_cats"] = tf.cond(as_strings, lambda: cat_strings, lambda: cat_bytes_to_strings(cat_bytes))
         return features, labels
 
-    if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
-        raise ValueError(f"`batch_size` must be None or a positive integer, got {batch_size!r}.")
     dataset = tf.data.Dataset.from_generator(chunks, output_signature=signature)
     # Python parsing (the slow stage) runs ahead; the TF transform of a whole
     # chunk is ~4x faster and needs no parallel calls.
-    dataset = without_autotuning(dataset.prefetch(2).map(transform))
-    if batch_size is None:
-        return dataset.unbatch()
-    return dataset.rebatch(int(batch_size), drop_remainder=drop_remainder)
+    return without_autotuning(dataset.prefetch(2).map(transform))
 
 
 def criteo_lines(
@@ -352,26 +349,8 @@ def running_counts(
     if unknown:
         raise ValueError(f"`features` must be among C1..C26, got unknown {unknown}.")
     features = list(features)
-    result = {name: np.zeros(sizes[name], np.int64) for name in features}
-    if counts is not None:
-        for name in features:
-            previous = np.asarray(counts[name])
-            if previous.shape != result[name].shape:
-                raise ValueError(
-                    f"`counts[{name!r}]` has shape {previous.shape}, expected "
-                    f"{result[name].shape} (vocabulary size + 1)."
-                )
-            result[name] += previous.astype(np.int64)
-
-    spec = dataset.element_spec
-    if isinstance(spec, tuple):
-        spec = spec[0]
-        dataset = dataset.map(lambda x, *rest: {name: x[name] for name in features})
-    else:
-        dataset = dataset.map(lambda x: {name: x[name] for name in features})
-    if spec[features[0]].shape.rank == 0:
-        dataset = dataset.batch(batch_size)
-    for batch in dataset.prefetch(2).as_numpy_iterator():
+    result = _previous_counts(counts, sizes, features)
+    for batch in _feature_batches(dataset, features, batch_size).prefetch(2).as_numpy_iterator():
         for name in features:
             ids = batch[name].ravel()
             if ids.size and (ids.min() < 0 or ids.max() >= sizes[name]):
@@ -382,6 +361,34 @@ def running_counts(
                 )
             result[name] += np.bincount(ids, minlength=sizes[name])
     return result
+
+
+def _previous_counts(counts: Mapping[str, np.ndarray] | None, sizes: dict, features: list) -> dict[str, np.ndarray]:
+    """New int64 arrays, one per feature: zeros, plus `counts` (each checked to be `[V + 1]`) when given."""
+    result = {name: np.zeros(sizes[name], np.int64) for name in features}
+    if counts is not None:
+        for name in features:
+            previous = np.asarray(counts[name])
+            if previous.shape != result[name].shape:
+                raise ValueError(
+                    f"`counts[{name!r}]` has shape {previous.shape}, expected "
+                    f"{result[name].shape} (vocabulary size + 1)."
+                )
+            result[name] += previous.astype(np.int64)
+    return result
+
+
+def _feature_batches(dataset: tf.data.Dataset, features: list, batch_size: int) -> tf.data.Dataset:
+    """Batches of `{name: ids}` for `features`, from `(features, label)` or `features` elements, batched or not."""
+    spec = dataset.element_spec
+    if isinstance(spec, tuple):
+        spec = spec[0]
+        dataset = dataset.map(lambda x, *rest: {name: x[name] for name in features})
+    else:
+        dataset = dataset.map(lambda x: {name: x[name] for name in features})
+    if spec[features[0]].shape.rank == 0:
+        dataset = dataset.batch(batch_size)
+    return dataset
 
 
 __all__ = [

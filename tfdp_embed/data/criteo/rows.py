@@ -26,6 +26,7 @@ References: Criteo Kaggle / 1TB click-log format.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -88,27 +89,8 @@ def parse_block(
     sep, lead = layout.separator, int(layout.id_column)
     width = NUM_FIELDS + lead
     padded = np.frombuffer(b"\t" * _PAD + data + b"\t" * _PAD, dtype=np.uint8)
-    a = padded[_PAD : _PAD + len(data)]
-    ends = np.flatnonzero((a == sep) | (a == _NEWLINE))  # where each field ends
-    is_newline = a[ends] == _NEWLINE
-    line_of_field = np.cumsum(is_newline) - is_newline
+    ends, is_newline, fields_per_line, start, length = _locate_fields(padded[_PAD : _PAD + len(data)], sep, width)
     n = int(is_newline.sum())
-    starts = np.empty_like(ends)
-    starts[:1] = 0
-    starts[1:] = ends[:-1] + 1
-    lengths = ends - starts
-    fields_per_line = np.bincount(line_of_field, minlength=n)
-    if n and (fields_per_line == width).all():
-        start = starts.reshape(n, width)
-        length = lengths.reshape(n, width)
-    else:
-        first_field = np.cumsum(fields_per_line) - fields_per_line
-        column = np.arange(ends.size) - np.repeat(first_field, fields_per_line)
-        keep = column < width
-        start = np.zeros((n, width), np.int64)
-        length = np.zeros((n, width), np.int64)
-        start[line_of_field[keep], column[keep]] = starts[keep]
-        length[line_of_field[keep], column[keep]] = lengths[keep]
     empty = (fields_per_line == 1) & (length[:, 0] == 0)
     start, length = start[:, lead:], length[:, lead:]
 
@@ -132,30 +114,9 @@ def parse_block(
     mark(~cats_ok.all(axis=1), "bad_categorical")
 
     skipped: dict[str, tuple[int, str]] = {}
-    bad = np.flatnonzero(reason)
-    if bad.size:
-        line_start = np.concatenate([[0], ends[is_newline][:-1] + 1])
-
-        def describe(i: int) -> str:
-            line = data[line_start[i] : ends[is_newline][i]]
-            return _describe(SKIP_REASONS[reason[i] - 1], line, ints_ok[i], cats_ok[i], layout)
-
-        if not skip_bad_rows:
-            i = int(bad[0])
-            raise CriteoFormatError(
-                path,
-                first_line + i,
-                SKIP_REASONS[reason[i] - 1],
-                describe(i),
-                hint="pass {skip_bad_rows} to drop and count such rows",
-            )
-        for code in np.unique(reason[bad]):
-            rows = np.flatnonzero(reason == code)
-            first = int(rows[0])
-            skipped[SKIP_REASONS[code - 1]] = (
-                int(rows.size),
-                f"{path}, line {first_line + first}: {render(describe(first))}",
-            )
+    if reason.any():
+        rows = _BadRows(path, first_line, data, ends[is_newline], reason, ints_ok, cats_ok, layout)
+        skipped = _skipped(rows, skip_bad_rows=skip_bad_rows)
 
     good = np.flatnonzero(reason == 0)
     chunk = CriteoChunk(
@@ -165,6 +126,70 @@ def parse_block(
         cats=_gather_cats(padded, start[good, 1 + _NUM_INTS :], cat_length[good]),
     )
     return chunk, skipped
+
+
+def _locate_fields(a: np.ndarray, sep: int, width: int) -> tuple[np.ndarray, ...]:
+    """`(ends, is_newline, fields_per_line, start, length)` of the block `a`: `[n, width]` field starts and lengths."""
+    ends = np.flatnonzero((a == sep) | (a == _NEWLINE))  # where each field ends
+    is_newline = a[ends] == _NEWLINE
+    line_of_field = np.cumsum(is_newline) - is_newline
+    n = int(is_newline.sum())
+    starts = np.empty_like(ends)
+    starts[:1] = 0
+    starts[1:] = ends[:-1] + 1
+    lengths = ends - starts
+    fields_per_line = np.bincount(line_of_field, minlength=n)
+    if n and (fields_per_line == width).all():
+        return ends, is_newline, fields_per_line, starts.reshape(n, width), lengths.reshape(n, width)
+    first_field = np.cumsum(fields_per_line) - fields_per_line
+    column = np.arange(ends.size) - np.repeat(first_field, fields_per_line)
+    keep = column < width
+    start = np.zeros((n, width), np.int64)
+    length = np.zeros((n, width), np.int64)
+    start[line_of_field[keep], column[keep]] = starts[keep]
+    length[line_of_field[keep], column[keep]] = lengths[keep]
+    return ends, is_newline, fields_per_line, start, length
+
+
+class _BadRows(NamedTuple):
+    """A block's rows with a skip reason (`reason` > 0), and what is needed to describe them."""
+
+    path: str
+    first_line: int
+    data: bytes
+    line_ends: np.ndarray
+    reason: np.ndarray
+    ints_ok: np.ndarray
+    cats_ok: np.ndarray
+    layout: CriteoLayout
+
+    def describe(self, i: int) -> str:
+        start = self.line_ends[i - 1] + 1 if i else 0
+        line = self.data[start : self.line_ends[i]]
+        return _describe(SKIP_REASONS[self.reason[i] - 1], line, self.ints_ok[i], self.cats_ok[i], self.layout)
+
+
+def _skipped(rows: _BadRows, *, skip_bad_rows: bool) -> dict[str, tuple[int, str]]:
+    """`reason -> (count, first message)` of the bad rows; raises for the first one unless `skip_bad_rows`."""
+    bad = np.flatnonzero(rows.reason)
+    if not skip_bad_rows:
+        i = int(bad[0])
+        raise CriteoFormatError(
+            rows.path,
+            rows.first_line + i,
+            SKIP_REASONS[rows.reason[i] - 1],
+            rows.describe(i),
+            hint="pass {skip_bad_rows} to drop and count such rows",
+        )
+    skipped: dict[str, tuple[int, str]] = {}
+    for code in np.unique(rows.reason[bad]):
+        found = np.flatnonzero(rows.reason == code)
+        first = int(found[0])
+        skipped[SKIP_REASONS[code - 1]] = (
+            int(found.size),
+            f"{rows.path}, line {rows.first_line + first}: {render(rows.describe(first))}",
+        )
+    return skipped
 
 
 def _windows(a: np.ndarray, width: int) -> np.ndarray:

@@ -353,18 +353,23 @@ def iter_chunks(
             if rows == 0:
                 raise _no_valid_rows(path, lines, skipped_here, layout)
             if skipped_here:
-                _LOG.warning(
-                    "%s: skipped %d of %d lines (%s); first: %s",
-                    path,
-                    sum(skipped_here.values()),
-                    lines,
-                    skipped_here,
-                    stats.first_skipped.get(next(iter(skipped_here)), ""),
-                )
+                _warn_skipped(path, lines, skipped_here, stats)
             with stats._lock:  # noqa: SLF001
                 stats.files_completed += 1
     except CriteoFormatError as error:
         raise stats._fail(error) from None  # noqa: SLF001
+
+
+def _warn_skipped(path: str, lines: int, skipped_here: dict[str, int], stats: CriteoReadStats) -> None:
+    """Warns how many of a file's `lines` were skipped, by reason, with the first one's message."""
+    _LOG.warning(
+        "%s: skipped %d of %d lines (%s); first: %s",
+        path,
+        sum(skipped_here.values()),
+        lines,
+        skipped_here,
+        stats.first_skipped.get(next(iter(skipped_here)), ""),
+    )
 
 
 _EXACT_COUNT_BYTES = 4 << 20
