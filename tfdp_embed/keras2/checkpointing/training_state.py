@@ -151,31 +151,7 @@ class TrainingCheckpoint:
         batches_per_epoch: int | None = None,
         sampler_seed: int | None = None,
     ):
-        from tfdp_embed.accounting.budget import BudgetTracker
-        from tfdp_embed.keras2.training import DPModel
-
-        if not isinstance(dp_model, DPModel):
-            raise TypeError(f"`dp_model` must be a tfdp_embed DPModel; received {type(dp_model).__name__}.")
-        if getattr(dp_model, "optimizer", None) is None:
-            raise ValueError("`dp_model` must be compiled (it needs its optimizer) before checkpointing.")
-        if budget is not None and not isinstance(budget, BudgetTracker):
-            raise TypeError(f"`budget` must be a PrivacyBudget or None; received {type(budget).__name__}.")
-        if budget is not None and ledger is not None:
-            raise ValueError("Pass `budget` (its ledger is checkpointed) or `ledger`, not both.")
-        if ledger is not None and not isinstance(ledger, PrivacyLedger):
-            raise TypeError(f"`ledger` must be a PrivacyLedger or None; received {type(ledger).__name__}.")
-        if budget is not None and budget.mechanism is not dp_model.mechanism:
-            raise ValueError("`budget` accounts for another mechanism than `dp_model.mechanism`.")
-        for name, value in (
-            ("max_to_keep", max_to_keep),
-            ("batches_per_epoch", batches_per_epoch),
-        ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(
-                    f"`{name}` must be an int >= 1{' or None' if name != 'max_to_keep' else ''}; received {value!r}."
-                )
-        if sampler_seed is not None and (isinstance(sampler_seed, bool) or not isinstance(sampler_seed, int)):
-            raise TypeError(f"`sampler_seed` must be an int or None; received {sampler_seed!r}.")
+        _check_arguments(dp_model, budget, ledger, max_to_keep, batches_per_epoch, sampler_seed)
         self.directory = os.fspath(directory)
         os.makedirs(self.directory, exist_ok=True)
         self.dp_model = dp_model
@@ -187,10 +163,7 @@ class TrainingCheckpoint:
         self._progress = _Progress()
         self._root = tf.train.Checkpoint(training_state=_TrainingState(dp_model), progress=self._progress)
         self._manager = tf.train.CheckpointManager(
-            self._root,
-            self.directory,
-            max_to_keep=max_to_keep,
-            checkpoint_name=CHECKPOINT_NAME,
+            self._root, self.directory, max_to_keep=max_to_keep, checkpoint_name=CHECKPOINT_NAME
         )
 
     # -- accessors ----------------------------------------------------------------
@@ -225,19 +198,7 @@ class TrainingCheckpoint:
                 f"{self.directory} holds checkpoints of an earlier run ({os.path.basename(self.complete_checkpoints()[-1])} "
                 "the newest); call `restore_or_initialize()` first to continue it, or use a new directory."
             )
-        mechanism = self.dp_model.mechanism
-        step = (
-            int(mechanism.steps.numpy())
-            if mechanism.clips_per_example
-            else int(self.dp_model.optimizer.iterations.numpy())
-        )
-        ledger = self.ledger
-        if ledger is not None and mechanism.clips_per_example and ledger.steps != step:
-            raise CheckpointError(
-                f"Refusing to checkpoint: the ledger holds {ledger.steps} steps but mechanism "
-                f"{mechanism.name!r} has taken {step}; after a resume a step would be accounted twice or "
-                "not at all. Record every step in the ledger (PrivacyBudget does) before saving."
-            )
+        step, ledger = self._step_accounted_for(), self.ledger
         self._progress.ledger_json.assign("" if ledger is None else ledger.to_json(indent=None))
         self._progress.batches_consumed.assign(position.batches_consumed)
         self._progress.epoch.assign(position.epoch)
@@ -251,8 +212,32 @@ class TrainingCheckpoint:
         # what each row owes (LazyDP's read guard would otherwise flush it first).
         with read_guard.unguarded():
             prefix = self._manager.save(checkpoint_number=step)
-        owes = bool(mechanism.owes_noise())
-        manifest = {
+        manifest_lib.write_manifest(prefix, self._manifest(prefix, step, position, ledger))
+        self._adopted = True
+        self._remove_stale_manifests()
+        return prefix
+
+    def _step_accounted_for(self) -> int:
+        """The step to save (the mechanism's, or the optimizer's without clipping), checked against the ledger."""
+        mechanism = self.dp_model.mechanism
+        step = (
+            int(mechanism.steps.numpy())
+            if mechanism.clips_per_example
+            else int(self.dp_model.optimizer.iterations.numpy())
+        )
+        ledger = self.ledger
+        if ledger is not None and mechanism.clips_per_example and ledger.steps != step:
+            raise CheckpointError(
+                f"Refusing to checkpoint: the ledger holds {ledger.steps} steps but mechanism "
+                f"{mechanism.name!r} has taken {step}; after a resume a step would be accounted twice or "
+                "not at all. Record every step in the ledger (PrivacyBudget does) before saving."
+            )
+        return step
+
+    def _manifest(self, prefix: str, step: int, position: DataPosition, ledger: PrivacyLedger | None) -> dict:
+        """What wrote checkpoint `prefix`, its files' checksums and where the run stands."""
+        owes = bool(self.dp_model.mechanism.owes_noise())
+        return {
             "checkpoint": os.path.basename(prefix),
             "signature": self._signature(),
             "files": manifest_lib.describe_files(prefix),
@@ -268,13 +253,9 @@ class TrainingCheckpoint:
                 if owes
                 else "training state; export with tfdp_embed.keras2.export.export_saved_model"
             ),
-            "library_version": _library_version(),
+            "library_version": __version__,
             "tensorflow_version": manifest_lib.tensorflow_version(),
         }
-        manifest_lib.write_manifest(prefix, manifest)
-        self._adopted = True
-        self._remove_stale_manifests()
-        return prefix
 
     def _remove_stale_manifests(self) -> None:
         """Deletes manifests whose checkpoint the manager rotated away."""
@@ -284,10 +265,7 @@ class TrainingCheckpoint:
 
     def _signature(self) -> dict:
         return manifest_lib.describe_training_state(
-            self.dp_model,
-            budget=self.budget,
-            batches_per_epoch=self.batches_per_epoch,
-            sampler_seed=self.sampler_seed,
+            self.dp_model, budget=self.budget, batches_per_epoch=self.batches_per_epoch, sampler_seed=self.sampler_seed
         )
 
     # -- restoring ----------------------------------------------------------------
@@ -331,10 +309,7 @@ class TrainingCheckpoint:
             prefix = complete[-1]
         manifest = manifest_lib.read_manifest(manifest_lib.manifest_path(prefix))
         self.dp_model.prepare(data)
-        slots = (
-            "optimizer",
-            "variables",
-        )  # compared once the optimizer has created its slots
+        slots = ("optimizer", "variables")  # compared once the optimizer has created its slots
         self._refuse_if_different(prefix, manifest, skip=slots)
         broken = manifest_lib.file_problems(prefix, manifest["files"])
         if broken:
@@ -346,7 +321,7 @@ class TrainingCheckpoint:
             )
         optimizer = self.dp_model.optimizer
         iterations_before = int(optimizer.iterations.numpy())
-        self._create_optimizer_variables()
+        _create_optimizer_variables(self.dp_model)
         try:
             self._refuse_if_different(prefix, manifest, only=slots)
         except CheckpointError:
@@ -411,33 +386,6 @@ class TrainingCheckpoint:
         )
         return ResumeInfo(prefix, step, position, ledger, owes, manifest)
 
-    def _create_optimizer_variables(self) -> None:
-        """Creates the optimizer's slots with one zero-gradient step (restore overwrites all it touches).
-
-        A fresh optimizer creates its slots at its first step; restoring before
-        that would leave them to TensorFlow's deferred restoration, i.e. load
-        part of the checkpoint now and part later. It runs only after the
-        model, mechanism, optimizer config and files were checked. SGD (with
-        momentum), Adam, Adagrad and RMSprop leave every weight unchanged on a
-        zero gradient; whatever it changes (the iteration counter, fresh
-        slots; an FTRL optimizer's weights) is overwritten by the restore.
-        """
-        dp = self.dp_model
-        tables = {layer.embeddings.ref(): layer for layer in dp.inner.submodules if isinstance(layer, DPEmbedding)}
-        pairs = []
-        for variable in dp.inner.trainable_variables:
-            layer = tables.get(variable.ref())
-            if layer is not None:  # an empty sparse gradient: no [vocab, dim] tensor
-                grad = tf.IndexedSlices(
-                    tf.zeros([0, layer.output_dim], variable.dtype),
-                    tf.zeros([0], tf.int64),
-                    tf.shape(variable, out_type=tf.int64),
-                )
-            else:
-                grad = tf.zeros_like(variable)
-            pairs.append((grad, variable))
-        dp.optimizer.apply_gradients(pairs)
-
     def _log_incomplete(self) -> None:
         """Logs checkpoint files without a manifest (a run stopped while writing them): never used."""
         complete = {os.path.basename(p) for p in self.complete_checkpoints()}
@@ -450,6 +398,59 @@ class TrainingCheckpoint:
                     name,
                     self.directory,
                 )
+
+
+def _create_optimizer_variables(dp) -> None:
+    """Creates the optimizer's slots with one zero-gradient step (restore overwrites all it touches).
+
+    A fresh optimizer creates its slots at its first step; restoring before
+    that would leave them to TensorFlow's deferred restoration, i.e. load
+    part of the checkpoint now and part later. It runs only after the
+    model, mechanism, optimizer config and files were checked. SGD (with
+    momentum), Adam, Adagrad and RMSprop leave every weight unchanged on a
+    zero gradient; whatever it changes (the iteration counter, fresh
+    slots; an FTRL optimizer's weights) is overwritten by the restore.
+    """
+    tables = {layer.embeddings.ref(): layer for layer in dp.inner.submodules if isinstance(layer, DPEmbedding)}
+    pairs = []
+    for variable in dp.inner.trainable_variables:
+        layer = tables.get(variable.ref())
+        if layer is not None:  # an empty sparse gradient: no [vocab, dim] tensor
+            grad = tf.IndexedSlices(
+                tf.zeros([0, layer.output_dim], variable.dtype),
+                tf.zeros([0], tf.int64),
+                tf.shape(variable, out_type=tf.int64),
+            )
+        else:
+            grad = tf.zeros_like(variable)
+        pairs.append((grad, variable))
+    dp.optimizer.apply_gradients(pairs)
+
+
+def _check_arguments(dp_model, budget, ledger, max_to_keep, batches_per_epoch, sampler_seed) -> None:
+    """Refuses what `TrainingCheckpoint` cannot work with, naming the argument."""
+    from tfdp_embed.accounting.budget import BudgetTracker
+    from tfdp_embed.keras2.training import DPModel
+
+    if not isinstance(dp_model, DPModel):
+        raise TypeError(f"`dp_model` must be a tfdp_embed DPModel; received {type(dp_model).__name__}.")
+    if getattr(dp_model, "optimizer", None) is None:
+        raise ValueError("`dp_model` must be compiled (it needs its optimizer) before checkpointing.")
+    if budget is not None and not isinstance(budget, BudgetTracker):
+        raise TypeError(f"`budget` must be a PrivacyBudget or None; received {type(budget).__name__}.")
+    if budget is not None and ledger is not None:
+        raise ValueError("Pass `budget` (its ledger is checkpointed) or `ledger`, not both.")
+    if ledger is not None and not isinstance(ledger, PrivacyLedger):
+        raise TypeError(f"`ledger` must be a PrivacyLedger or None; received {type(ledger).__name__}.")
+    if budget is not None and budget.mechanism is not dp_model.mechanism:
+        raise ValueError("`budget` accounts for another mechanism than `dp_model.mechanism`.")
+    for name, value in (("max_to_keep", max_to_keep), ("batches_per_epoch", batches_per_epoch)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(
+                f"`{name}` must be an int >= 1{' or None' if name != 'max_to_keep' else ''}; received {value!r}."
+            )
+    if sampler_seed is not None and (isinstance(sampler_seed, bool) or not isinstance(sampler_seed, int)):
+        raise TypeError(f"`sampler_seed` must be an int or None; received {sampler_seed!r}.")
 
 
 def _rekey(dp_model) -> None:
@@ -471,10 +472,6 @@ def _rekey(dp_model) -> None:
         _LOG.info(
             "Restored mechanism %r re-keyed from OS entropy: no noise of the saved run is replayed.", mechanism.name
         )
-
-
-def _library_version() -> str:
-    return __version__
 
 
 __all__ = ["CHECKPOINT_NAME", "ResumeInfo", "TrainingCheckpoint"]
