@@ -67,22 +67,6 @@ def with_lookahead(dataset: tf.data.Dataset, ids_fn: Callable[[object], Mapping[
         )
     sentinel = tf.nest.map_structure(_empty_like, spec)
 
-    def unique_ids(features) -> dict:
-        ids = ids_fn(features)
-        if not isinstance(ids, Mapping) or not ids:
-            raise ValueError(f"`ids_fn` must return a non-empty dict table_name -> ids; returned {ids!r}.")
-        out = {}
-        for name, value in ids.items():
-            if isinstance(value, tf.RaggedTensor):
-                value = value.flat_values
-            elif isinstance(value, tf.SparseTensor):
-                value = value.values
-            value = tf.convert_to_tensor(value)
-            if not value.dtype.is_integer:
-                raise ValueError(f"`ids_fn` must return integer ids; table {name!r} has dtype {value.dtype.name}.")
-            out[name] = tf.unique(tf.cast(tf.reshape(value, [-1]), tf.int64)).y
-        return out
-
     # Scan states must be plain tensors (tf.data's scan rejects ragged/sparse
     # state), so the carried element is kept as its flat component tensors.
     def flat(element):
@@ -94,7 +78,7 @@ def with_lookahead(dataset: tf.data.Dataset, ids_fn: Callable[[object], Mapping[
     def step(state, item):
         previous, has_previous = state
         components, is_real = item
-        ids = unique_ids(rebuild(components)[0])
+        ids = _unique_ids(ids_fn, rebuild(components)[0])
         keep = tf.cast(is_real, tf.int32)
         ids = {name: v[: keep * tf.shape(v)[0]] for name, v in ids.items()}  # empty after the last batch
         return (components, tf.constant(True)), (has_previous, previous, ids)
@@ -108,6 +92,24 @@ def with_lookahead(dataset: tf.data.Dataset, ids_fn: Callable[[object], Mapping[
     # The same batches, in order, each with ids appended: the batching of `dataset` carries over.
     info = registered_info(dataset)
     return out if info is None else register(out, info)
+
+
+def _unique_ids(ids_fn: Callable[[object], Mapping[str, tf.Tensor]], features) -> dict:
+    """`{table: unique int64 ids}` of `ids_fn(features)` (flattened; ragged and sparse ids by their values)."""
+    ids = ids_fn(features)
+    if not isinstance(ids, Mapping) or not ids:
+        raise ValueError(f"`ids_fn` must return a non-empty dict table_name -> ids; returned {ids!r}.")
+    out = {}
+    for name, value in ids.items():
+        if isinstance(value, tf.RaggedTensor):
+            value = value.flat_values
+        elif isinstance(value, tf.SparseTensor):
+            value = value.values
+        value = tf.convert_to_tensor(value)
+        if not value.dtype.is_integer:
+            raise ValueError(f"`ids_fn` must return integer ids; table {name!r} has dtype {value.dtype.name}.")
+        out[name] = tf.unique(tf.cast(tf.reshape(value, [-1]), tf.int64)).y
+    return out
 
 
 def _empty_like(spec):

@@ -161,15 +161,7 @@ def streaming_poisson_batches(
     """Exactly Poisson-sampled batches of a dataset too large to hold in memory.
 
     Each pass over `dataset` yields G = `batches_per_pass` batches; memory ~ G q N
-    examples (G x the expected batch size), independent of N.
-
-    One pass: the G index sets are sampled first; the source is read once,
-    chunk by chunk, keeping only the rows at wanted positions (a vectorised
-    binary search per chunk); the kept rows are collected with one
-    `Dataset.rebatch` (O(kept rows), no per-example work, no re-copying of the
-    growing buffer) and the G batches are gathered from them. A sentinel
-    chunk at the end of the pass carries the number of rows read, which is
-    checked against `num_examples` before any batch of the pass is emitted.
+    examples (G x the expected batch size), independent of N (how: `_pass_batches`).
 
     Args:
       dataset: examples with fully defined per-example shapes; unbatched, or
@@ -204,6 +196,14 @@ def streaming_poisson_batches(
     if num_examples == 0:
         raise ValueError("`num_examples` is 0: the dataset is empty; Poisson sampling needs at least one example.")
     batches_per_pass = check_int("batches_per_pass", batches_per_pass)
+    specs, chunks = _example_chunks(dataset, source_batched, read_chunk_size)
+    generator = make_generator(seed, seed_as="counter")
+    info = _poisson_info(num_examples, q, max_batch_size, seed, streaming=True, batches_per_pass=batches_per_pass)
+    return register(_pass_batches(chunks, specs, info, generator, batches_per_pass), info), info
+
+
+def _example_chunks(dataset, source_batched: bool, read_chunk_size: int) -> tuple:
+    """`(per-example specs, chunks of examples)` of a streaming source; refuses shapes not fully defined."""
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"`dataset` must be a `tf.data.Dataset`; received {type(dataset).__name__}.")
     specs = dataset.element_spec
@@ -216,16 +216,24 @@ def streaming_poisson_batches(
                 + (" (batches: the first dimension may vary)." if source_batched else ".")
             )
     if source_batched:
-        specs = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), specs)
-        chunks = dataset
-    else:
-        chunks = dataset.batch(read_chunk_size)
-    n = num_examples
-    generator = make_generator(seed, seed_as="counter")
-    info = _poisson_info(n, q, max_batch_size, seed, streaming=True, batches_per_pass=batches_per_pass)
+        return tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), specs), dataset
+    return specs, dataset.batch(read_chunk_size)
+
+
+def _pass_batches(chunks, specs, info: BatchingInfo, generator, batches_per_pass: int) -> tf.data.Dataset:
+    """The batches of `info`, G = `batches_per_pass` per pass over `chunks`.
+
+    One pass: the G index sets are sampled first; the source is read once,
+    chunk by chunk, keeping only the rows at wanted positions (a vectorised
+    binary search per chunk); the kept rows are collected with one
+    `Dataset.rebatch` (O(kept rows), no per-example work, no re-copying of the
+    growing buffer) and the G batches are gathered from them. A sentinel
+    chunk at the end of the pass carries the number of rows read, which is
+    checked against `num_examples` before any batch of the pass is emitted.
+    """
+    n, q, cap = info.num_examples, info.sampling_probability, info.max_batch_size
     total = info.batches_per_epoch
     g_max = min(batches_per_pass, total)
-    passes = math.ceil(total / g_max)
     # The pass ends with a sentinel chunk (one zero row, flagged) that reports the rows read.
     sentinel = tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape.as_list(), s.dtype), specs)
     flagged = chunks.map(lambda *e: (e[0] if len(e) == 1 else e, False)).concatenate(
@@ -233,52 +241,58 @@ def streaming_poisson_batches(
     )
 
     def one_pass(pass_index):
-        seeds = generator.make_seeds(g_max)  # [2, G]
-
-        def sample_set(seed_):
-            indices = _poisson_indices(seed_, n, q)
-            if max_batch_size is not None:
-                indices = _truncate(indices, seed_, max_batch_size, info, ordered=q < _MASK_THRESHOLD)
-            return tf.sort(indices)
-
-        sets = tf.map_fn(
-            sample_set, tf.transpose(seeds), fn_output_signature=tf.RaggedTensorSpec([None], tf.int64, ragged_rank=0)
-        )
+        sets = _index_sets(generator.make_seeds(g_max), n, q, cap, info)  # [G, None], sorted
         wanted, _ = tf.unique(sets.flat_values)
-        wanted = tf.sort(wanted)
-
-        def keep(offset, chunk):
-            examples, is_end = chunk
-            size = tf.shape(tf.nest.flatten(examples)[0], out_type=tf.int64)[0]
-            pos = offset + tf.range(size, dtype=tf.int64)
-            hit = tf.logical_or(is_end, is_member(pos, wanted))
-            pos = tf.where(is_end, -offset - 1, pos)  # the sentinel's position encodes the rows read
-            kept = tf.nest.map_structure(lambda e: tf.boolean_mask(e, hit), examples)
-            return offset + tf.where(is_end, tf.constant(0, tf.int64), size), (kept, tf.boolean_mask(pos, hit))
-
-        # Positions are distinct, so at most |wanted| + 1 rows are kept: one rebatch element.
-        kept = flagged.scan(tf.constant(0, tf.int64), keep).rebatch(tf.size(wanted, out_type=tf.int64) + 1)
-        rows, positions = kept.get_single_element()
-        seen = -positions[-1] - 1
-        check = tf.debugging.assert_equal(
-            seen,
-            tf.constant(n, tf.int64),
-            message="streaming_poisson_batches: the source did not yield exactly `num_examples` examples in a pass",
-        )
-        with tf.control_dependencies([check]):
-            positions = tf.identity(positions[:-1])
-        rows = tf.nest.map_structure(lambda r: r[:-1], rows)
+        rows, positions = _kept_rows(flagged, tf.sort(wanted), n)
         in_pass = tf.minimum(tf.constant(g_max, tf.int64), total - pass_index * g_max)
 
         def emit(j):
-            want = sets[j]
-            loc = tf.searchsorted(positions, want)
+            loc = tf.searchsorted(positions, sets[j])
             return tf.nest.map_structure(lambda r: tf.gather(r, loc), rows)
 
         return tf.data.Dataset.range(in_pass).map(emit)
 
-    batches = tf.data.Dataset.range(passes).flat_map(one_pass)
-    return register(batches, info), info
+    return tf.data.Dataset.range(math.ceil(total / g_max)).flat_map(one_pass)
+
+
+def _index_sets(seeds, n: int, q: float, cap: int | None, info: BatchingInfo) -> tf.RaggedTensor:
+    """One sorted Poisson index set over 0..n-1 per column of `seeds` ([2, G]), each cut at `cap` (counted)."""
+
+    def sample_set(seed_):
+        indices = _poisson_indices(seed_, n, q)
+        if cap is not None:
+            indices = _truncate(indices, seed_, cap, info, ordered=q < _MASK_THRESHOLD)
+        return tf.sort(indices)
+
+    return tf.map_fn(
+        sample_set, tf.transpose(seeds), fn_output_signature=tf.RaggedTensorSpec([None], tf.int64, ragged_rank=0)
+    )
+
+
+def _kept_rows(flagged: tf.data.Dataset, wanted: tf.Tensor, n: int) -> tuple:
+    """`(rows, positions)` of one read of `flagged` kept at the sorted `wanted` positions; checks n rows were read."""
+
+    def keep(offset, chunk):
+        examples, is_end = chunk
+        size = tf.shape(tf.nest.flatten(examples)[0], out_type=tf.int64)[0]
+        pos = offset + tf.range(size, dtype=tf.int64)
+        hit = tf.logical_or(is_end, is_member(pos, wanted))
+        pos = tf.where(is_end, -offset - 1, pos)  # the sentinel's position encodes the rows read
+        kept = tf.nest.map_structure(lambda e: tf.boolean_mask(e, hit), examples)
+        return offset + tf.where(is_end, tf.constant(0, tf.int64), size), (kept, tf.boolean_mask(pos, hit))
+
+    # Positions are distinct, so at most |wanted| + 1 rows are kept: one rebatch element.
+    kept = flagged.scan(tf.constant(0, tf.int64), keep).rebatch(tf.size(wanted, out_type=tf.int64) + 1)
+    rows, positions = kept.get_single_element()
+    seen = -positions[-1] - 1
+    check = tf.debugging.assert_equal(
+        seen,
+        tf.constant(n, tf.int64),
+        message="streaming_poisson_batches: the source did not yield exactly `num_examples` examples in a pass",
+    )
+    with tf.control_dependencies([check]):
+        positions = tf.identity(positions[:-1])
+    return tf.nest.map_structure(lambda r: r[:-1], rows), positions
 
 
 def fixed_size_batches(
