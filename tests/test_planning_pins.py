@@ -24,10 +24,12 @@ import types
 import numpy as np
 import pytest
 
-from pipelines import movielens, movielens_privacy, sequential, sequential_privacy
+from pipelines import movielens, sequential
 from pipelines.criteo import cli as criteo_cli
 from pipelines.criteo import pipeline as criteo_pipeline
 from pipelines.criteo import privacy as criteo_privacy
+from pipelines.movielens import privacy as movielens_privacy
+from pipelines.sequential import privacy as sequential_privacy
 from tfdp_embed import DPEmbedding
 from tfdp_embed.accounting import compute_epsilon, dpsgd_event, period_ledger
 from tfdp_embed.accounting.dataset_size import DEFAULT_NOISE_MULTIPLIER, ReleasedDatasetSize

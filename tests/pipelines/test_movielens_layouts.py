@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from pipelines import movielens
+from pipelines.movielens import pipeline as movielens_pipeline
+from pipelines.movielens import report as movielens_report
 from tfdp_embed import tf
 
 MOVIES = np.array([450, 2711, 5508, 6719, 12338, 28740, 44238, 45483, 50477, 64639, 82586, 83813, 89148, 90906, 91820,
@@ -130,7 +132,7 @@ def test_a_failed_run_leaves_no_out_directory(tmp_path, monkeypatch, capsys):
     def failing_write(path, report):
         raise ValueError("disk full (simulated)")
 
-    monkeypatch.setattr(movielens, "write_privacy_report", failing_write)
+    monkeypatch.setattr(movielens_pipeline, "write_privacy_report", failing_write)
     assert movielens.main([*FLAGS, "--data", good, "--out", str(out), "--epochs", "1"]) == 1
     assert "disk full (simulated)" in capsys.readouterr().err and not out.exists()
     # a directory that existed before the run is left as it was
@@ -146,5 +148,5 @@ def test_a_catalogue_much_larger_than_the_rated_movies_is_warned_about(tmp_path)
         f.write("movieId,title,genres\n" + "".join(f"{movie},M{movie},Drama\n" for movie in range(1, 163950)))
     data = movielens.load_movielens(movielens.MovieLensConfig(data_path=data_dir, context_length=3, mechanism="none"))
     assert data.num_items == 163949 and data.rated_items <= 30
-    (warning,) = movielens._warnings(movielens.MovieLensConfig(mechanism="none"), data, final_loss=1.0)
+    (warning,) = movielens_report.run_warnings(movielens.MovieLensConfig(mechanism="none"), data, final_loss=1.0)
     assert f"163950 rows for {data.rated_items} distinct ids" in warning and "--item-catalogue none" in warning

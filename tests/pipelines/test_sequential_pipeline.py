@@ -11,7 +11,9 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from pipelines import sequential, sequential_privacy
+from pipelines import sequential
+from pipelines.sequential import privacy as sequential_privacy
+from pipelines.sequential import training as sequential_training
 from tfdp_embed.accounting import calibrate_noise_multiplier, compute_epsilon, dpsgd_event
 from tfdp_embed.data.sequences import load_sequences, write_synthetic_sequences
 
@@ -166,8 +168,8 @@ def test_bad_input(data_file, tmp_path, capsys):
 
 def test_popularity_prior_uses_the_run_frequencies(data_file, tmp_path, monkeypatch):
     made = []
-    adam = sequential.keras.optimizers.Adam
-    monkeypatch.setattr(sequential.keras.optimizers, "Adam", lambda **kwargs: made.append(kwargs) or adam(**kwargs))
+    adam = sequential_training.keras.optimizers.Adam
+    monkeypatch.setattr(sequential_training.keras.optimizers, "Adam", lambda **kwargs: made.append(kwargs) or adam(**kwargs))
     out = tmp_path / "prior"
     args = [
         "--data",

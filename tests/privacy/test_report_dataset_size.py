@@ -21,7 +21,7 @@ import re
 
 import numpy as np
 
-from pipelines import sequential_privacy
+from pipelines.sequential import privacy as sequential_privacy
 from tfdp_embed.data.sequences import load_sequences, write_synthetic_sequences
 
 N, B = 173, 10

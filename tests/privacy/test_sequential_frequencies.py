@@ -25,7 +25,8 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from pipelines import sequential, sequential_privacy
+from pipelines import sequential
+from pipelines.sequential import privacy as sequential_privacy
 from tfdp_embed import tf
 from tfdp_embed.accounting import PrivacyLedger, compute_epsilon
 from tfdp_embed.data.sequences import load_sequences, write_synthetic_sequences

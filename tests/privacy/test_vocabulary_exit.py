@@ -236,7 +236,7 @@ def _movielens_release(path: str, out) -> dict:
         str(out),
         "--quiet",
     ]
-    if importlib.util.find_spec("pipelines.movielens_vocabulary") is not None:  # the fix's flag (absent before)
+    if importlib.util.find_spec("pipelines.movielens.vocabulary") is not None:  # the fix's flag (absent before)
         flags += ["--vocabulary-epsilon-share", "0.5"]  # ml-100k has 943 users: 10% of epsilon 3 keeps 1 movie
     assert movielens.main(flags) == 0
     loaded = tf.saved_model.load(str(out / "retrieval_saved_model"))

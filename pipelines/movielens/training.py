@@ -1,0 +1,177 @@
+"""Stages 1-4 of a MovieLens run: plan q, T and sigma; build the two-tower `DPModel`; fit; flush and evaluate."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from pipelines.movielens import privacy as movielens_privacy
+from pipelines.movielens import vocabulary as movielens_vocabulary
+from pipelines.movielens.config import (
+    MovieLensConfig,
+)
+from pipelines.movielens.data import counted_batches, training_pool
+from pipelines.step_timer import StepTimer
+from tfdp_embed import DPModel, Release, ReleasedDatasetSize, RunPlan, keras, release_dataset_size, tf
+from tfdp_embed.data import with_lookahead
+from tfdp_embed.data.movielens import (
+    MovieLensData,
+)
+from tfdp_embed.keras2.callbacks import PrivacyBudget
+from tfdp_embed.keras2.export import release_ready
+from tfdp_embed.keras2.models.two_tower import TwoTowerModel, two_tower_registry
+from tfdp_embed.mechanisms import capabilities_of
+from tfdp_embed.metrics.retrieval import DEFAULT_KS, precision_recall_at_k
+
+
+def evaluate(model: TwoTowerModel, contexts, labels, *, ks=DEFAULT_KS, batch_size: int = 2048) -> dict:
+    """precision@k / recall@k ranking all items for every (context, label) pair."""
+    queries = np.concatenate(
+        [model.query(contexts[i : i + batch_size]).numpy() for i in range(0, len(labels), batch_size)]
+    )
+    candidates = model.item_embedding.candidates().numpy()
+    return precision_recall_at_k(
+        queries,
+        candidates,
+        labels,
+        candidate_ids=np.arange(1, model.num_items + 1),
+        ks=ks,
+        batch_size=batch_size,
+    )
+
+
+@dataclasses.dataclass
+class Setup:
+    """Stage 1's output: the training pool (the privacy units) and the plan for it."""
+
+    contexts: np.ndarray
+    labels: np.ndarray
+    num_extra: int
+    sampling_probability: float
+    steps: int
+    delta: float
+    plan: RunPlan
+    released: ReleasedDatasetSize
+
+    @property
+    def size(self) -> int:
+        return len(self.labels)
+
+
+@dataclasses.dataclass
+class Trained:
+    """Stages 2-3's output: the model, its DP wrapper and budget, and what training recorded."""
+
+    model: TwoTowerModel
+    dp_model: DPModel
+    budget: PrivacyBudget | None
+    counter: movielens_privacy.TouchCounter
+    timer: StepTimer
+    history: keras.callbacks.History
+
+
+def plan_training(config: MovieLensConfig, data: MovieLensData, extra_train_examples) -> Setup:
+    """Stage 1: the training pool (plus any extra examples), q = B / N, T steps, and the privacy plan."""
+    contexts, labels, num_extra = training_pool(data, extra_train_examples)
+    released = release_dataset_size(len(labels), seed=config.seed)  # N~: q, delta, T and the report use it, never N
+    n = released.value
+    if config.batch_size > n:
+        raise ValueError(f"`batch_size` {config.batch_size} exceeds the {n} training examples (released with DP).")
+    q = released.sampling_probability(config.batch_size)
+    steps = config.epochs * max(1, round(1 / q))
+    delta = config.delta if config.delta is not None else released.delta()
+    plan = movielens_privacy.plan(
+        mechanism=config.mechanism,
+        noise_multiplier=config.noise_multiplier,
+        epsilon=config.epsilon,
+        delta=delta,
+        sampling_probability=q,
+        steps=steps,
+        l2_norm_clip=config.l2_norm_clip,
+        accountant=config.accountant,
+        seed=config.seed,
+        releases=[]
+        if config.mechanism == "none"
+        else [Release.dataset_size(released), *movielens_vocabulary.releases(data.item_release)],
+    )
+    if config.verbose:
+        print(
+            f"movielens: {config.mechanism}, sigma {plan.noise_multiplier:.4g} ({movielens_privacy.noise_source(plan)}), "
+            f"N~ {n} (released with DP), q {q:.4g}, {steps} steps, delta {delta:.3g}",
+            flush=True,
+        )
+    return Setup(contexts, labels, num_extra, q, steps, delta, plan, released)
+
+
+def build_model(config: MovieLensConfig, data: MovieLensData, setup: Setup) -> tuple:
+    """Stage 2: the two-tower model, its `DPModel` around the plan's mechanism, and the budget.
+
+    Returns:
+      `(model, dp_model, budget)`; the budget is None unless the run is DP with a target epsilon.
+    """
+    if config.seed is not None:
+        keras.utils.set_random_seed(config.seed)
+    model = TwoTowerModel(
+        num_items=data.num_items,
+        embedding_dim=config.embedding_dim,
+        hidden_units=tuple(config.hidden_units),
+    )
+    dp_model = DPModel(
+        model,
+        mechanism=setup.plan.mechanism,
+        expected_batch_size=setup.sampling_probability * setup.released.value,  # q N~: a scale, not a statistic
+        registry=two_tower_registry(),
+        lookahead=capabilities_of(setup.plan.mechanism).lookahead,
+    )
+    dp_model.compile(
+        optimizer=keras.optimizers.legacy.SGD(learning_rate=config.resolved_learning_rate, momentum=config.momentum)
+    )
+    plan = setup.plan
+    budget = plan.budget() if plan.is_dp and plan.target_epsilon is not None else None
+    return model, dp_model, budget
+
+
+def fit_model(config: MovieLensConfig, data: MovieLensData, setup: Setup, built: tuple) -> Trained:
+    """Stage 3: fit on Poisson batches, counting the history rows each batch touches (EANA's bound)."""
+    model, dp_model, budget = built
+    lazy = capabilities_of(dp_model.mechanism).lookahead
+    counter = movielens_privacy.TouchCounter(data.num_items + 1)
+    batches, _ = counted_batches(
+        setup.contexts,
+        setup.labels,
+        q=setup.sampling_probability,
+        seed=config.seed,
+        lookahead=lazy,
+        counter=counter,
+        table_name=model.history_embedding.name,
+    )
+    # Build the model, check the per-example contract and init the mechanism from a separate
+    # probe batch (>= 2 examples: the independence check needs them), so that `fit` does not
+    # draw (and count) a Poisson batch the model never trains on.
+    probe = tf.data.Dataset.from_tensors((setup.contexts[:8], setup.labels[:8]))
+    if lazy:
+        probe = with_lookahead(probe, lambda features: {model.history_embedding.name: features})
+    dp_model.prepare(probe)
+    timer = StepTimer()
+    callbacks = [timer] + ([budget] if budget is not None else [])
+    history = dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
+    return Trained(model, dp_model, budget, counter, timer, history)
+
+
+def release_and_evaluate(config: MovieLensConfig, data: MovieLensData, trained: Trained) -> tuple:
+    """Stage 4: flush owed noise (LazyDP), detach read hooks, evaluate the released model.
+
+    Returns:
+      `(metrics, number of test examples)`.
+    """
+    release_ready(trained.dp_model)
+    mechanism = trained.dp_model.mechanism
+    if capabilities_of(mechanism).read_hooks:
+        mechanism.detach()
+    limit = config.max_test_examples
+    test_contexts, test_labels = data.test_contexts[:limit], data.test_labels[:limit]
+    metrics = evaluate(trained.model, test_contexts, test_labels)
+    if limit is None:  # positions whose movie the map dropped count as misses
+        metrics = movielens_vocabulary.scale_metrics(metrics, data, len(test_labels))
+    return metrics, len(test_labels)

@@ -1,0 +1,85 @@
+"""One sequential run end to end (`run`): read, the stages of `training.py`, release, `report.json`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from pipelines.output_dir import removed_on_failure
+from pipelines.sequential.config import SequentialConfig
+from pipelines.sequential.report import (
+    baselines,
+    release,
+    run_warnings,
+)
+from pipelines.sequential.training import build_model, evaluate_model, fit_model, log, plan_privacy
+from tfdp_embed.accounting import write_privacy_report
+from tfdp_embed.accounting.report import not_released_note
+from tfdp_embed.data.sequences import (
+    load_sequences,
+)
+from tfdp_embed.keras2.models.sasrec import SASRec, SASRecServing
+
+
+@dataclasses.dataclass
+class SequentialResult:
+    report: dict
+    model: SASRec
+    serving: SASRecServing
+
+
+def run(config: SequentialConfig) -> SequentialResult:
+    """read -> frequencies + calibration -> build -> train -> evaluate -> export; writes `OUT/report.json`.
+
+    Raises:
+      SequenceFormatError: a malformed input line (names file and line).
+      ValueError: settings the data or the accountant cannot support.
+    """
+    with removed_on_failure(config.out):  # a failed run leaves no `out` behind
+        return _run(config)
+
+
+def _run(config: SequentialConfig) -> SequentialResult:
+    started = time.perf_counter()
+    data = load_sequences(config.data, max_len=config.max_len, layout=config.layout)
+    os.makedirs(config.out, exist_ok=True)
+    summary = {k: v for k, v in data.summary().items() if k != "users"}  # N is not released, not even to a log
+    log(config, f"read {config.data}: {summary}")
+    privacy = plan_privacy(config, data)
+    raw, data = data, privacy.data  # the data in the run's item ids (a DP vocabulary or a public catalogue)
+    model, dp_model, budget = build_model(config, data, privacy)
+    timer, history = fit_model(config, data, privacy, dp_model, budget)
+    train_seconds = time.perf_counter() - started
+    valid, test = evaluate_model(config, data, model)
+    report_privacy, serving, saved_model = release(config, data, privacy, model, dp_model, budget, timer)
+    report = dict(report_privacy)
+    report.update(
+        {
+            "ndcg@10": test["ndcg@10"],
+            "hit@10": test["hit@10"],
+            "test": test,
+            "validation": valid,
+            "baselines": baselines(raw, limit=config.max_eval_users),
+            "warnings": run_warnings(data),
+            "model": config.model,
+            "target_epsilon": privacy.epsilon,
+            "noise_multiplier": privacy.run.noise_multiplier,
+            "steps": len(timer.durations),
+            "loss_per_epoch": [float(x) for x in history.history.get("loss", [])],
+            "median_step_s": timer.median(),
+            "train_seconds": train_seconds,
+            "wall_seconds": time.perf_counter() - started,
+            "data": {"file": config.data, **data.summary()},
+            "settings": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("data", "out", "seed")}
+            | {"seeded": config.seed is not None},  # never the seed itself
+            "metric_protocol": "full ranking over all items (no sampling), history items kept, ties pessimistic",
+            "saved_model": saved_model,
+            "not_released": not_released_note(
+                ["ndcg@10", "hit@10", "test", "validation", "baselines", "loss_per_epoch", "data"],
+                release="saved_model/",
+            ),
+        }
+    )
+    write_privacy_report(os.path.join(config.out, "report.json"), report)
+    return SequentialResult(report=report, model=model, serving=serving)
