@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import numpy as np
 
     from pipelines.criteo import privacy, report
-    from tfdp_embed.accounting import Period
+    from tfdp_embed.accounting import AccountingPeriod
     from tfdp_embed.data.criteo import CAT_FEATURES
 
     seconds: dict = {}
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if privacy.selects_rows(args.mechanism):
         rng = np.random.default_rng(0)
         counts = {f"embedding_{name}": rng.integers(0, 50, size=1001) for name in CAT_FEATURES}
-    plan = timed("plan", lambda: privacy.plan(settings, periods=[Period(BATCH / ROWS, STEPS)], counts=counts))
+    plan = timed("plan", lambda: privacy.plan(settings, periods=[AccountingPeriod(BATCH / ROWS, STEPS)], counts=counts))
     budget = plan.budget()
     budget.set_model(type("Model", (), {"batching": None, "stop_training": False})())
     timed("budget on_train_begin", budget.on_train_begin)

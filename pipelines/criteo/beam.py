@@ -29,7 +29,7 @@ import posixpath
 
 from pipelines.criteo import data as criteo_data
 from pipelines.criteo import privacy as criteo_privacy
-from tfdp_embed.accounting import Period
+from tfdp_embed.accounting import AccountingPeriod
 from tfdp_embed.data import beam_poisson_batches, read_manifest, with_lookahead
 from tfdp_embed.data.criteo import CriteoReadStats, criteo_lines
 from tfdp_embed_beam import record_format as fmt
@@ -127,7 +127,7 @@ def training_period(directory: str, manifest: dict, vocab_sizes: dict) -> criteo
     )
 
 
-def accounting_period(manifest: dict, *, max_steps: int | None, accountant: str) -> Period:
+def accounting_period(manifest: dict, *, max_steps: int | None, accountant: str) -> AccountingPeriod:
     """q and T of the manifest (T at most `max_steps`); with a cap and the PLD accountant, the truncated event.
 
     The RDP accountant has no truncated event: its report adds the coupling
@@ -136,8 +136,8 @@ def accounting_period(manifest: dict, *, max_steps: int | None, accountant: str)
     steps = manifest["steps"] if max_steps is None else min(manifest["steps"], max_steps)
     cap = manifest["max_batch_size"]
     if cap is None or accountant != "pld":
-        return Period(manifest["sampling_probability"], steps)
-    return Period(manifest["sampling_probability"], steps, int(manifest["num_examples"]), int(cap))
+        return AccountingPeriod(manifest["sampling_probability"], steps)
+    return AccountingPeriod(manifest["sampling_probability"], steps, int(manifest["num_examples"]), int(cap))
 
 
 def train_batches(directory: str, vocab_sizes: dict, *, lookahead: bool):

@@ -26,7 +26,7 @@ from pipelines.criteo.config import PipelineConfig
 from pipelines.step_timer import StepTimer
 from pipelines.stop_after import StopAfter
 from tfdp_embed import DPEmbedding, ReleasedDatasetSize, RunPlan, export_saved_model, keras, release_dataset_size, tf
-from tfdp_embed.accounting import Period
+from tfdp_embed.accounting import AccountingPeriod
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data.criteo import CAT_FEATURES, resolve_vocab_sizes
 from tfdp_embed.data.criteo.text import estimate_rows
@@ -236,7 +236,7 @@ def _periods(config: PipelineConfig, data: _Data) -> list:
         steps = config.epochs * per_epoch
         if config.max_steps is not None:
             steps = min(steps, config.max_steps)
-        periods.append(Period(data.release.sampling_probability(config.batch, index), steps))
+        periods.append(AccountingPeriod(data.release.sampling_probability(config.batch, index), steps))
     return periods
 
 

@@ -26,7 +26,7 @@ from typing import cast
 import numpy as np
 
 from tfdp_embed import Release, ReleasedDatasetSize, RunPlan, mechanisms, plan_run
-from tfdp_embed.accounting import Period
+from tfdp_embed.accounting import AccountingPeriod
 
 MECHANISM_NAMES = tuple(mechanisms.MECHANISMS)
 OUTPUT_CALIBRATION = "output_calibration"
@@ -81,7 +81,7 @@ def selects_rows(name: str) -> bool:
 def plan(
     settings: PrivacySettings,
     *,
-    periods: Sequence[Period],
+    periods: Sequence[AccountingPeriod],
     counts: Mapping[str, np.ndarray] | None = None,
     released: ReleasedDatasetSize | None = None,
 ) -> RunPlan:
@@ -89,7 +89,7 @@ def plan(
 
     Args:
       settings: the privacy settings (delta resolved).
-      periods: one `Period` per streaming period (one for a plain run).
+      periods: one `AccountingPeriod` per streaming period (one for a plain run).
       counts: {table layer name: bucket counts} for mechanisms that select
         rows (`selects_rows`): the non-private frequencies the DP selection is made from.
       released: N~ of the periods (`release_dataset_size`), charged to the budget (not for "none").

@@ -34,7 +34,7 @@ from pipelines.sequential import vocabulary as sequential_vocabulary
 from pipelines.sequential.vocabulary import ItemVocabulary
 from tfdp_embed import Release, ReleasedDatasetSize, RunPlan, plan_run, release_dataset_size
 from tfdp_embed._checks import check_int
-from tfdp_embed.accounting.releases import RELEASE_MECHANISMS
+from tfdp_embed.accounting.one_off_releases import RELEASE_MECHANISMS
 from tfdp_embed.data.sequences import SequenceData
 from tfdp_embed.keras2.attention import (
     ItemFrequencies,

@@ -15,6 +15,7 @@ import pytest
 
 from tfdp_embed.accounting.calibration import (
     MAX_NOISE_MULTIPLIER,
+    calibrate,
     calibrate_noise_multiplier,
     compute_epsilon,
     dpsgd_event,
@@ -155,3 +156,30 @@ def test_unreachable_target_says_so():
 def test_keyword_only():
     with pytest.raises(TypeError):
         calibrate_noise_multiplier(1.0, DELTA, 0.01, 100)
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_calibrate_takes_any_event_factory_and_returns_the_smallest_sigma(accountant):
+    # Two Gaussian releases composed: eps(z) decreasing in z; the answer meets the target, z / (1 + 2e-4) does not.
+    def make_event(z):
+        return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(z), dp_accounting.GaussianDpEvent(2 * z)])
+
+    z = calibrate(make_event, target_epsilon=1.0, target_delta=DELTA, accountant=accountant)
+    assert compute_epsilon(make_event(z), target_delta=DELTA, accountant=accountant) <= 1.0
+    assert compute_epsilon(make_event(z / (1 + 2e-4)), target_delta=DELTA, accountant=accountant) > 1.0
+
+
+def test_calibrate_with_the_dpsgd_factory_is_calibrate_noise_multiplier():
+    args = dict(sampling_probability=0.01, steps=200)
+    expected = calibrate_noise_multiplier(target_epsilon=2.0, target_delta=DELTA, accountant="rdp", **args)
+    sigma = calibrate(
+        lambda s: dpsgd_event(noise_multiplier=s, **args), target_epsilon=2.0, target_delta=DELTA, accountant="rdp"
+    )
+    assert sigma == expected
+
+
+def test_calibrate_says_when_no_sigma_reaches_the_target():
+    with pytest.raises(ValueError, match="epsilon .* at the largest parameter"):
+        calibrate(
+            lambda s: dp_accounting.GaussianDpEvent(0.1), target_epsilon=1.0, target_delta=DELTA, accountant="rdp"
+        )

@@ -43,7 +43,6 @@ def exact_evaluations(monkeypatch):
         return compute(events, value_discretization_interval=value_discretization_interval, **kwargs)
 
     monkeypatch.setattr(calibration_module, "compute_epsilon", counting)
-    calibration_module._calibrated_sigma.cache_clear()
     calibration_module._entries_epsilon.cache_clear()
     return counts
 

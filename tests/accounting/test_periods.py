@@ -13,7 +13,7 @@ import pytest
 from tfdp_embed.accounting import EventSource, calibrate_noise_multiplier, compute_epsilon, dpsgd_event
 from tfdp_embed.accounting.periods import (
     PARALLEL,
-    Period,
+    AccountingPeriod,
     add_period_accounting,
     calibrate_periods,
     parallel_epsilon,
@@ -54,7 +54,7 @@ def test_a_plain_object_is_an_event_source():
 
 
 def test_the_noisier_period_decides_sigma():
-    periods = [Period(0.02, 100), Period(0.05, 100)]
+    periods = [AccountingPeriod(0.02, 100), AccountingPeriod(0.05, 100)]
     both = calibrate_periods(periods, target_epsilon=2.0, target_delta=DELTA, accountant="rdp")
     alone = calibrate_noise_multiplier(
         target_epsilon=2.0, target_delta=DELTA, sampling_probability=0.05, steps=100, accountant="rdp"
@@ -65,33 +65,33 @@ def test_the_noisier_period_decides_sigma():
 
 
 def test_each_period_is_charged_its_steps_and_every_one_off_event():
-    sigma = calibrate_periods([Period(0.05, 100)], target_epsilon=2.0, target_delta=DELTA, accountant="rdp")
+    sigma = calibrate_periods([AccountingPeriod(0.05, 100)], target_epsilon=2.0, target_delta=DELTA, accountant="rdp")
     source = Source(sigma, [SELECTION])
-    ledger = period_ledger(source, Period(0.05, 100), planned_one_off_events=3, events=[CALIBRATION])
+    ledger = period_ledger(source, AccountingPeriod(0.05, 100), planned_one_off_events=3, events=[CALIBRATION])
     assert ledger.steps == 100
     assert [e.event for e in ledger.entries if e.kind == "setup"] == [SELECTION] * 3 + [CALIBRATION]
     oracle = [SELECTION] * 3 + [CALIBRATION, dpsgd_event(sampling_probability=0.05, noise_multiplier=sigma, steps=100)]
     assert ledger.epsilon(DELTA, "rdp") == pytest.approx(compute_epsilon(oracle, target_delta=DELTA, accountant="rdp"))
     # After the run only the events really made are charged; sequential composition would charge more.
-    final = period_ledgers(source, [Period(0.02, 100), Period(0.05, 100)], events=[CALIBRATION])
+    final = period_ledgers(source, [AccountingPeriod(0.02, 100), AccountingPeriod(0.05, 100)], events=[CALIBRATION])
     epsilons, worst = parallel_epsilon(final, delta=DELTA, accountant="rdp")
     assert worst == 1 and epsilons[0] < epsilons[1] <= 2.0 + 0.1 + 1e-6
-    sequential = period_ledger(source, Period(0.05, 200), events=[CALIBRATION])
+    sequential = period_ledger(source, AccountingPeriod(0.05, 200), events=[CALIBRATION])
     assert sequential.epsilon(DELTA, "rdp") > epsilons[1]
 
 
 def test_a_non_dp_source_is_charged_the_nominal_dp_sgd_step():
-    ledger = period_ledger(Source(0.8, is_dp=False), Period(0.05, 10))
+    ledger = period_ledger(Source(0.8, is_dp=False), AccountingPeriod(0.05, 10))
     assert ledger.entries[-1].event == dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(0.8))
 
 
 def test_period_budget_refuses_a_plan_over_the_target_and_stops_after_its_steps():
-    sigma = calibrate_periods([Period(0.05, 100)], target_epsilon=2.0, target_delta=DELTA, accountant="rdp")
+    sigma = calibrate_periods([AccountingPeriod(0.05, 100)], target_epsilon=2.0, target_delta=DELTA, accountant="rdp")
 
     def budget(steps, planned=0):
         return PeriodBudget(
             Source(sigma, [SELECTION]),
-            period=Period(0.05, steps),
+            period=AccountingPeriod(0.05, steps),
             target_epsilon=2.5,
             target_delta=DELTA,
             accountant="rdp",
@@ -112,7 +112,7 @@ def test_period_budget_refuses_a_plan_over_the_target_and_stops_after_its_steps(
 
 
 def test_report_fields_name_the_worst_period():
-    ledgers = period_ledgers(Source(1.0), [Period(0.01, 10), Period(0.05, 10)])
+    ledgers = period_ledgers(Source(1.0), [AccountingPeriod(0.01, 10), AccountingPeriod(0.05, 10)])
     epsilons, worst = parallel_epsilon(ledgers, delta=DELTA, accountant="rdp")
     report = add_period_accounting({"caveats": []}, ledgers, epsilons, worst)
     assert report["composition"] == PARALLEL

@@ -44,7 +44,7 @@ def test_silenced(monkeypatch, capsys):
 
 def test_a_slow_calibration_says_what_it_calibrates_and_the_result(monkeypatch, capsys):
     monkeypatch.setattr(progress, "ANNOUNCE_AFTER_SECONDS", 0.01)
-    calibration_module._calibrated_sigma.cache_clear()
+    calibration_module._entries_epsilon.cache_clear()
     sigma = calibrate_noise_multiplier(
         target_epsilon=3.0, target_delta=1e-5, sampling_probability=0.01, steps=100, value_discretization_interval=1e-3
     )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tfdp_embed.accounting.releases import release_epsilon
+from tfdp_embed.accounting.one_off_releases import release_epsilon
 from tfdp_embed.data.vocabulary import (
     add_threshold_delta,
     bounded_key_counts,

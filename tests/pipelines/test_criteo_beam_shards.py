@@ -19,7 +19,7 @@ import pytest
 
 from pipelines import criteo
 from tfdp_embed import Release, plan_run
-from tfdp_embed.accounting import Period, compute_epsilon
+from tfdp_embed.accounting import AccountingPeriod, compute_epsilon
 from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
 from tfdp_embed.keras2._keras import tf
 from tfdp_embed.keras2.models.ctr_serving import RAW_FIELDS
@@ -167,7 +167,7 @@ def test_pipeline_trains_from_beam_shards_and_accounts_the_manifest(tmp_path, be
         "lazy",
         target_epsilon=3.0,
         target_delta=delta,
-        periods=[Period(q, manifest["steps"], n, cap)],
+        periods=[AccountingPeriod(q, manifest["steps"], n, cap)],
         releases=[Release("dataset_size", event=size_event)],
     )
     assert report["noise_multiplier"] == pytest.approx(planned.noise_multiplier, rel=1e-9)

@@ -10,6 +10,7 @@ imported here).
 
 from tfdp_embed.accounting.budget import BudgetTracker
 from tfdp_embed.accounting.calibration import (
+    calibrate,
     calibrate_noise_multiplier,
     compute_epsilon,
     dpsgd_event,
@@ -18,11 +19,17 @@ from tfdp_embed.accounting.calibration import (
 from tfdp_embed.accounting.dataset_size import ReleasedDatasetSize, release_dataset_size
 from tfdp_embed.accounting.events import EventSource, accountable_event
 from tfdp_embed.accounting.ledger import PrivacyLedger
-from tfdp_embed.accounting.periods import Period, PeriodTracker, calibrate_periods, period_ledger, period_ledgers
-from tfdp_embed.accounting.releases import (
+from tfdp_embed.accounting.one_off_releases import (
     calibrate_noise_multiplier_with_releases,
     release_epsilon,
     release_noise_multiplier,
+)
+from tfdp_embed.accounting.periods import (
+    AccountingPeriod,
+    PeriodTracker,
+    calibrate_periods,
+    period_ledger,
+    period_ledgers,
 )
 from tfdp_embed.accounting.report import (
     privacy_report,
@@ -44,15 +51,16 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "AccountingPeriod",
     "BudgetTracker",
     "EventSource",
-    "Period",
     "PeriodBudget",
     "PeriodTracker",
     "PrivacyBudget",
     "PrivacyLedger",
     "ReleasedDatasetSize",
     "accountable_event",
+    "calibrate",
     "calibrate_noise_multiplier",
     "calibrate_noise_multiplier_with_releases",
     "calibrate_periods",

@@ -6,7 +6,10 @@ DP-SGD with Poisson sampling rate q, noise multiplier sigma and T steps is the
     SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)
 
 and `calibrate_noise_multiplier` finds the smallest sigma whose epsilon at
-`target_delta` is at most `target_epsilon`. All accounting is done by
+`target_delta` is at most `target_epsilon`. Every calibration in the library
+(DP-SGD, with one-off releases, per streaming period, a release's own noise,
+a hyperparameter search) is `calibrate` with an event factory sigma -> event,
+as `dp_accounting.calibrate_dp_mechanism` takes one. All accounting is done by
 `dp_accounting` accountants; this module only builds events, validates
 arguments and searches. A PLD search runs on coarse grids and asks the
 exact grid (the one asked for) only to confirm the answer
@@ -35,7 +38,7 @@ from typing import cast
 
 import dp_accounting
 
-from tfdp_embed.accounting.coarse_to_exact import Unreachable, bracket, search_intervals, smallest_parameter
+from tfdp_embed.accounting.coarse_to_exact import Unreachable, search_intervals, smallest_parameter
 from tfdp_embed.accounting.pld_steps import StepMemoPLDAccountant
 from tfdp_embed.accounting.progress import announced
 
@@ -56,6 +59,8 @@ MAX_NOISE_MULTIPLIER = 1e4
 # Smallest noise multiplier considered; a target met even at this value is
 # returned with a warning (the returned sigma is then conservative).
 MIN_NOISE_MULTIPLIER = 1e-2
+# Relative tolerance on sigma: epsilon then lies within ~0.05% below the target.
+_SIGMA_RTOL = 1e-4
 
 
 def make_accountant(
@@ -149,6 +154,68 @@ def compute_epsilon(
     return float(acc.compose(event).get_epsilon(delta))
 
 
+def calibrate(
+    make_event: Callable[[float], dp_accounting.DpEvent],
+    *,
+    target_epsilon: float,
+    target_delta: float,
+    accountant: str = "pld",
+    value_discretization_interval: float | None = None,
+    what: str = "the event given",
+    start: float = 1.0,
+    factor: float = 2.0,
+    accelerate: bool = False,
+    lowest: float = MIN_NOISE_MULTIPLIER,
+) -> float:
+    """The smallest noise multiplier x with eps(make_event(x), delta) <= target_epsilon (eps decreasing in x).
+
+    x* = min{x : eps(make_event(x), delta) <= eps_target}
+
+    The library's one calibration; like `dp_accounting.calibrate_dp_mechanism`
+    it takes an event factory. A bracket search from `start`, then Brent's
+    method (`accounting.coarse_to_exact`); with PLD on coarse grids first,
+    the exact grid confirming x and that x / (1 + 1e-4) misses the target.
+    Epsilons are memoised by event (`entries_epsilon`).
+
+    Args:
+      make_event: x -> the whole run's `dp_accounting.DpEvent` at noise multiplier x.
+      target_epsilon, target_delta: epsilon > 0 and delta in (0, 1).
+      accountant, value_discretization_interval: "pld" (default, tight) or "rdp"; the PLD grid step.
+      what: what is calibrated, for the progress line and the warning.
+      start, factor, accelerate: the bracket search (`coarse_to_exact.bracket`).
+      lowest: the smallest x considered; a target met there returns the
+        lowest probe, with a warning (conservative).
+
+    Returns:
+      x (float), at most a relative 1e-4 above the smallest.
+
+    Raises:
+      ValueError: a bad argument (named).
+      Unreachable: (a ValueError) even x = `MAX_NOISE_MULTIPLIER` misses the target.
+
+    References: `dp_accounting.mechanism_calibration.calibrate_dp_mechanism`; Brent 1973.
+    """
+    target_epsilon, delta = check_epsilon(target_epsilon), check_delta(target_delta)
+    accountant = check_accountant(accountant)
+    interval = pld_interval(accountant, value_discretization_interval)
+    levels = epsilon_levels(_event_entries(make_event), delta=delta, accountant=accountant, interval=interval)
+    with announced(f"calibrating the noise multiplier for {what}") as note:
+        sigma, at_lowest = smallest_parameter(
+            levels,
+            target_epsilon,
+            start=start,
+            factor=factor,
+            accelerate=accelerate,
+            lowest=lowest,
+            highest=MAX_NOISE_MULTIPLIER,
+            rtol=_SIGMA_RTOL,
+        )
+        note.result = f"noise multiplier {sigma:.6g} for {what}"
+    if at_lowest:
+        _LOG.warning("Even noise_multiplier=%g meets %s; returning it (conservative).", sigma, what)
+    return sigma
+
+
 def calibrate_noise_multiplier(
     *,
     target_epsilon: float,
@@ -158,18 +225,11 @@ def calibrate_noise_multiplier(
     accountant: str = "pld",
     value_discretization_interval: float | None = None,
 ) -> float:
-    """The smallest noise multiplier sigma with epsilon(q, sigma, T, delta) <= target_epsilon.
+    """The smallest noise multiplier sigma with epsilon(q, sigma, T, delta) <= target_epsilon (DP-SGD).
 
     sigma* = min{sigma : eps(SelfComposed(PoissonSampled(q, Gaussian(sigma)), T), delta) <= eps_target}
 
-    With PLD, Brent's method runs on coarse grids (1e-2, then 1e-3), each
-    narrowing the bracket for the next; the exact grid then confirms that
-    sigma meets the target and that sigma / (1 + 1e-4) would not (that
-    neighbour predicted from the 1e-3 grid's slope), or searches on (see
-    `accounting.coarse_to_exact`). With RDP, Brent's method
-    (`dp_accounting.calibrate_dp_mechanism`) runs directly. Either way the
-    value returned meets the target under the accountant and grid asked
-    for. Results are memoised (a pure function of the arguments).
+    `calibrate` with the DP-SGD event factory (`dpsgd_event`).
 
     Args:
       target_epsilon: epsilon > 0.
@@ -191,75 +251,26 @@ def calibrate_noise_multiplier(
         >>> calibrate_noise_multiplier(target_epsilon=1.0, target_delta=1e-5,
         ...     sampling_probability=0.01, steps=1000, accountant="rdp")
 
-    References: Abadi et al. 2016 §3.1; `dp_accounting.calibrate_dp_mechanism`.
+    References: Abadi et al. 2016 §3.1.
     """
-    target_epsilon = check_epsilon(target_epsilon)
-    delta = check_delta(target_delta)
-    q = check_sampling_probability(sampling_probability)
-    steps = check_steps(steps)
-    accountant = check_accountant(accountant)
-    interval = pld_interval(accountant, value_discretization_interval)
-    what = f"epsilon={target_epsilon:g} at delta={delta:.3g} (q={q:.4g}, {steps} steps, {accountant.upper()})"
-    with announced(f"calibrating the noise multiplier for {what}") as note:
-        sigma = _calibrated_sigma(target_epsilon, delta, q, steps, accountant, interval)
-        note.result = f"noise multiplier {sigma:.6g} for {what}"
-    return sigma
-
-
-@functools.lru_cache(maxsize=256)
-def _calibrated_sigma(target_epsilon: float, delta: float, q: float, steps: int, accountant: str, interval) -> float:
-    """`calibrate_noise_multiplier` on checked arguments (memoised: a pure function of them)."""
-
-    def make_event(sigma: float) -> dp_accounting.DpEvent:
-        return dpsgd_event(sampling_probability=q, noise_multiplier=sigma, steps=steps)
-
-    unreachable = (
-        f"`target_epsilon`={target_epsilon!r} cannot be met at `target_delta`={delta!r} with "
-        f"`sampling_probability`={q!r} and `steps`={steps!r} using the {accountant!r} accountant"
-    )
-    if accountant == "pld":
-
-        def make_entries(sigma: float) -> tuple:
-            return ((dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps),)
-
-        levels = epsilon_levels(make_entries, delta=delta, accountant="pld", interval=interval)
-        try:
-            sigma, at_lowest = smallest_parameter(
-                levels,
-                target_epsilon,
-                start=1.0,
-                factor=2.0,
-                lowest=MIN_NOISE_MULTIPLIER,
-                highest=MAX_NOISE_MULTIPLIER,
-                rtol=_SIGMA_RTOL,
-            )
-        except Unreachable as err:
-            raise ValueError(_unreachable_message(unreachable, err.epsilon_at_highest)) from None
-        if at_lowest:
-            _warn_lowest(sigma, target_epsilon, q, steps)
-        return sigma
-
-    def make_fresh() -> dp_accounting.PrivacyAccountant:
-        return make_accountant(accountant)
-
-    def epsilon_of(sigma: float) -> float:
-        return float(make_fresh().compose(make_event(sigma)).get_epsilon(delta))
-
+    q, steps = check_sampling_probability(sampling_probability), check_steps(steps)
+    delta, accountant = check_delta(target_delta), check_accountant(accountant)
+    what = f"epsilon={check_epsilon(target_epsilon):g} at delta={delta:.3g} (q={q:.4g}, {steps} steps, {accountant.upper()})"
     try:
-        lo, hi = bracket(
-            epsilon_of,
-            target_epsilon,
-            start=1.0,
-            factor=_SEARCH_FACTOR[accountant],
-            lowest=MIN_NOISE_MULTIPLIER,
-            highest=MAX_NOISE_MULTIPLIER,
+        return calibrate(
+            lambda sigma: dpsgd_event(sampling_probability=q, noise_multiplier=sigma, steps=steps),
+            target_epsilon=target_epsilon,
+            target_delta=delta,
+            accountant=accountant,
+            value_discretization_interval=value_discretization_interval,
+            what=what,
         )
     except Unreachable as err:
+        unreachable = (
+            f"`target_epsilon`={target_epsilon!r} cannot be met at `target_delta`={delta!r} with "
+            f"`sampling_probability`={q!r} and `steps`={steps!r} using the {accountant!r} accountant"
+        )
         raise ValueError(_unreachable_message(unreachable, err.epsilon_at_highest)) from None
-    if lo is None:
-        _warn_lowest(hi, target_epsilon, q, steps)
-        return float(hi)
-    return _calibrate(make_fresh, make_event, target_epsilon, delta, lo, hi)
 
 
 def pld_interval(accountant: str, value_discretization_interval: float | None) -> float | None:
@@ -310,22 +321,27 @@ def entries_epsilon(
         return _entries_epsilon.__wrapped__(tuple(merged), delta, accountant, interval)
 
 
+def _event_entries(make_event: Callable[[float], dp_accounting.DpEvent]) -> Callable[[float], tuple]:
+    """x -> the `(event, count)` entries of make_event(x): a composition's parts, self-compositions as counts."""
+
+    def entry(event: dp_accounting.DpEvent) -> tuple:
+        if isinstance(event, dp_accounting.SelfComposedDpEvent):
+            return (event.event, event.count)
+        return (event, 1)
+
+    def make_entries(x: float) -> tuple:
+        event = make_event(x)
+        parts = event.events if isinstance(event, dp_accounting.ComposedDpEvent) else [event]
+        return tuple(entry(part) for part in parts)
+
+    return make_entries
+
+
 @functools.lru_cache(maxsize=1024)
 def _entries_epsilon(entries: tuple, delta: float, accountant: str, interval: float | None) -> float:
     # Built as `PrivacyLedger.as_event` builds them, so a ledger's epsilon is the same number either way.
     events = [event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count) for event, count in entries]
     return compute_epsilon(events, target_delta=delta, accountant=accountant, value_discretization_interval=interval)
-
-
-def _warn_lowest(sigma: float, target_epsilon: float, q: float, steps: int) -> None:
-    _LOG.warning(
-        "Even noise_multiplier=%g meets target_epsilon=%g (q=%g, steps=%d); returning it (conservative). "
-        "Is `sampling_probability` below `target_delta`?",
-        sigma,
-        target_epsilon,
-        q,
-        steps,
-    )
 
 
 def _unreachable_message(unreachable: str, eps_max: float) -> str:
@@ -334,24 +350,6 @@ def _unreachable_message(unreachable: str, eps_max: float) -> str:
         f"epsilon={eps_max:.6g}. Allowed: a larger `target_epsilon`, fewer `steps` "
         "or a smaller `sampling_probability`."
     )
-
-
-# Relative tolerance on sigma: epsilon then lies within ~0.05% below the target.
-_SIGMA_RTOL = 1e-4
-_SEARCH_FACTOR = {"rdp": 2.0}
-
-
-def _calibrate(make_fresh, make_event, target_epsilon: float, delta: float, lo: float, hi: float) -> float:
-    """Brent's method inside [lo, hi] via `dp_accounting.calibrate_dp_mechanism` (never above target)."""
-    sigma = dp_accounting.calibrate_dp_mechanism(
-        make_fresh,
-        make_event,
-        target_epsilon,
-        delta,
-        bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
-        tol=hi * _SIGMA_RTOL,
-    )
-    return float(sigma)
 
 
 # -- validation ------------------------------------------------------------------
@@ -423,6 +421,7 @@ __all__ = [
     "MAX_NOISE_MULTIPLIER",
     "MIN_NOISE_MULTIPLIER",
     "PLD_VALUE_DISCRETIZATION_INTERVAL",
+    "calibrate",
     "calibrate_noise_multiplier",
     "check_accountant",
     "check_delta",

@@ -57,6 +57,7 @@ def smallest_parameter(
     lowest: float,
     highest: float,
     rtol: float,
+    accelerate: bool = False,
 ) -> tuple[float, bool]:
     """(x, at_lowest): about the smallest x in [lowest, highest] with eps(x) <= target, eps decreasing in x.
 
@@ -65,6 +66,7 @@ def smallest_parameter(
       target: epsilon to meet.
       start: first probe of the first level's bracket search.
       factor: step of that bracket search (multiply going up, divide going down).
+      accelerate: square the upward step after each probe (`bracket`).
       lowest, highest: the range searched.
       rtol: relative tolerance on x.
 
@@ -80,7 +82,9 @@ def smallest_parameter(
     for i, level in enumerate(levels):
         try:
             if found is None:
-                lo, x = bracket(level, target, start=start, factor=factor, lowest=lowest, highest=highest)
+                lo, x = bracket(
+                    level, target, start=start, factor=factor, lowest=lowest, highest=highest, accelerate=accelerate
+                )
             else:
                 lo, x = _bracket_near(level, levels[i - 1], target, found, rtol=rtol, lowest=lowest, highest=highest)
         except Unreachable:
@@ -190,8 +194,14 @@ def _widen(level: Level, target: float, lo, hi, *, lowest, highest) -> tuple[flo
     return lo, hi
 
 
-def bracket(level: Level, target: float, *, start, factor, lowest, highest) -> tuple[float | None, float]:
+def bracket(
+    level: Level, target: float, *, start, factor, lowest, highest, accelerate: bool = False
+) -> tuple[float | None, float]:
     """(lo, hi) with eps(lo) > target >= eps(hi); lo is None when eps <= target down to `lowest`.
+
+    Going down it divides by `factor`; going up it multiplies by `factor`,
+    or with `accelerate` by a step that squares after each probe (1.05, 1.1,
+    1.22, 1.48, ...: a small first step still reaches a far bracket quickly).
 
     Raises:
       Unreachable: eps(highest) > target.
@@ -206,14 +216,14 @@ def bracket(level: Level, target: float, *, start, factor, lowest, highest) -> t
             if level(lo) > target:
                 return lo, hi
             hi = lo
-    lo = x  # go up until feasible
+    lo, step = x, factor  # go up until feasible
     while True:
-        hi = min(lo * factor, highest)
+        hi = min(lo * step, highest)
         if level(hi) <= target:
             return lo, hi
         if hi == highest:
             raise Unreachable(level(hi))
-        lo = hi
+        lo, step = hi, step * step if accelerate else step
 
 
 def _brent(level: Level, target: float, lo: float, hi: float, *, tol: float) -> float:

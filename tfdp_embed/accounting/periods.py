@@ -26,7 +26,7 @@ add/remove-one-example neighbours:
 Metrics measured between periods on raw evaluation data are not covered.
 
 Example:
-    >>> periods = [Period(0.02, 100), Period(0.05, 100)]
+    >>> periods = [AccountingPeriod(0.02, 100), AccountingPeriod(0.05, 100)]
     >>> sigma = calibrate_periods(periods, target_epsilon=2.0, target_delta=1e-5)
     >>> ledgers = period_ledgers(mechanism, periods)
     >>> epsilons, worst = parallel_epsilon(ledgers, delta=1e-5)
@@ -38,7 +38,6 @@ References: McSherry 2009 §4 (parallel composition); DP-FEST (NeurIPS
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from collections.abc import Sequence
 
@@ -47,7 +46,7 @@ import dp_accounting
 from tfdp_embed.accounting.calibration import check_sampling_probability, check_steps
 from tfdp_embed.accounting.events import EventSource, accountable_event
 from tfdp_embed.accounting.ledger import PrivacyLedger
-from tfdp_embed.accounting.releases import calibrate_noise_multiplier_with_releases
+from tfdp_embed.accounting.one_off_releases import calibrate_noise_multiplier_with_releases
 from tfdp_embed.accounting.truncated import truncate_event
 from tfdp_embed.errors import PrivacyBudgetExceededError
 
@@ -55,7 +54,7 @@ PARALLEL = "parallel over streaming periods"
 
 
 @dataclasses.dataclass(frozen=True)
-class Period:
+class AccountingPeriod:
     """One streaming period: its Poisson rate q_p = B / N_p and its planned steps T_p.
 
     With `max_batch_size` (and the period's `dataset_size` N_p), its batches
@@ -96,7 +95,7 @@ class Period:
 
 
 def calibrate_periods(
-    periods: Sequence[Period],
+    periods: Sequence[AccountingPeriod],
     *,
     target_epsilon: float,
     target_delta: float,
@@ -106,37 +105,31 @@ def calibrate_periods(
     """sigma = max_p sigma(q_p, T_p): each period with `releases` then meets the target alone.
 
     Each sigma(q_p, T_p) is `calibrate_noise_multiplier_with_releases`
-    (cached: a pure function of its arguments, and PLD calibration can take
-    minutes). One period is the plain sequential calibration.
+    (a repeated one costs no accountant call: epsilons are memoised by
+    event). One period is the plain sequential calibration.
 
     Raises:
       ValueError: no period, or a target the accountant cannot meet.
     """
     if not periods:
         raise ValueError("`periods` is empty: calibration needs at least one period.")
-    target, releases = (float(target_epsilon), float(target_delta)), tuple(releases)
     return max(
-        _calibrate(*target, p.sampling_probability, p.steps, releases, accountant, p.truncation)
+        calibrate_noise_multiplier_with_releases(
+            target_epsilon=target_epsilon,
+            target_delta=target_delta,
+            sampling_probability=p.sampling_probability,
+            steps=p.steps,
+            releases=list(releases),
+            accountant=accountant,
+            truncation=p.truncation,
+        )
         for p in dict.fromkeys(periods)
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def _calibrate(target_epsilon, target_delta, sampling_probability, steps, releases, accountant, truncation) -> float:
-    return calibrate_noise_multiplier_with_releases(
-        target_epsilon=target_epsilon,
-        target_delta=target_delta,
-        sampling_probability=sampling_probability,
-        steps=steps,
-        releases=list(releases),
-        accountant=accountant,
-        truncation=truncation,
     )
 
 
 def period_ledger(
     source: EventSource,
-    period: Period,
+    period: AccountingPeriod,
     *,
     planned_one_off_events: int = 0,
     events: Sequence[dp_accounting.DpEvent] = (),
@@ -165,7 +158,7 @@ def period_ledger(
 
 
 def period_ledgers(
-    source: EventSource, periods: Sequence[Period], *, events: Sequence[dp_accounting.DpEvent] = ()
+    source: EventSource, periods: Sequence[AccountingPeriod], *, events: Sequence[dp_accounting.DpEvent] = ()
 ) -> list:
     """Each period's ledger after the run: every one-off event the source made and `events`, then its steps."""
     return [period_ledger(source, period, events=events) for period in periods]
@@ -221,7 +214,7 @@ class PeriodTracker:
         self,
         source: EventSource,
         *,
-        period: Period,
+        period: AccountingPeriod,
         target_epsilon: float,
         target_delta: float,
         accountant: str = "pld",
@@ -259,7 +252,7 @@ class PeriodTracker:
 
 __all__ = [
     "PARALLEL",
-    "Period",
+    "AccountingPeriod",
     "PeriodTracker",
     "add_period_accounting",
     "calibrate_periods",

@@ -47,7 +47,7 @@ import dp_accounting
 import numpy as np
 from scipy import stats
 
-from tfdp_embed.accounting.releases import release_epsilon, release_noise_multiplier
+from tfdp_embed.accounting.one_off_releases import release_epsilon, release_noise_multiplier
 
 PUBLIC = "public"
 WEIGHTINGS = ("uniform", "per_unit")

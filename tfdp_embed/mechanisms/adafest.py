@@ -463,6 +463,8 @@ class DPAdaFEST(NoiseMechanism):
     """
 
     name = "adafest"
+    # How the planner splits a calibrated sigma into (sigma1, sigma2): through the class (`planning.plan_run`).
+    split_noise_multiplier = staticmethod(split_noise_multiplier)
     capabilities = MechanismCapabilities(
         strategies=ALL_STRATEGIES, tpu=True, mixed_precision=True, noised_rows="thresholded"
     )

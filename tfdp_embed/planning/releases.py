@@ -2,7 +2,7 @@
 
 A pure-DP share is deducted from the target (basic composition); a Gaussian
 or Laplace release sized for its share, or an explicit event, is composed
-with the steps by the accountant (`tfdp_embed.accounting.releases`).
+with the steps by the accountant (`tfdp_embed.accounting.one_off_releases`).
 
 References: Dwork & Roth 2014 §3.5 (composition); DP-FEST (NeurIPS 2023)
 App. C.3 (selection + steps).
@@ -16,7 +16,7 @@ from typing import cast
 import dp_accounting
 
 from tfdp_embed.accounting.dataset_size import DATASET_SIZE, ReleasedDatasetSize
-from tfdp_embed.accounting.releases import RELEASE_MECHANISMS, release_epsilon, release_noise_multiplier
+from tfdp_embed.accounting.one_off_releases import RELEASE_MECHANISMS, release_epsilon, release_noise_multiplier
 
 SELECTION = "selection"
 BASIC, ACCOUNTANT = "basic composition", "accountant"

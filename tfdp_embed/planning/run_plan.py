@@ -25,7 +25,7 @@ class RunPlan:
       target_epsilon: the run's epsilon (None when the noise was given).
       target_delta: delta.
       accountant: "pld" or "rdp".
-      periods: the `Period`s (one for a plain run; several compose in parallel).
+      periods: the `AccountingPeriod`s (one for a plain run; several compose in parallel).
       parallel: True when several streaming periods were planned.
       l2_norm_clip: C (None for "none").
       noise_multiplier: the step's DP-SGD-equivalent sigma (NOMINAL for non-DP mechanisms; 0 for "none").
@@ -61,7 +61,7 @@ class RunPlan:
         """What the budget and report charge: the mechanism, as `truncated_steps` when the batches are truncated."""
         truncation = self.periods[0].truncation
         if self.parallel or truncation is None or self.mechanism_name == "none":
-            return self.mechanism  # several periods: each `Period` truncates its own steps
+            return self.mechanism  # several periods: each `AccountingPeriod` truncates its own steps
         return truncated_steps(self.mechanism, dataset_size=truncation[0], max_batch_size=truncation[1])
 
     @property
@@ -163,20 +163,16 @@ class RunPlan:
           extra: more fields, beside `extra.plan` (this plan's `summary()`).
           **unit: `privacy_unit`, `contribution_bound` (see `privacy_report`).
         """
-        if batching is None:
-            if dp_model is None:
-                raise ValueError("Pass `dp_model` (its recorded batching is reported) or `batching`.")
-            batching = dp_model.batching
+        if batching is None and dp_model is None:
+            raise ValueError("Pass `dp_model` (its recorded batching is reported) or `batching`.")
         if ledger is not None and not self.is_dp:
             steps, ledger = ledger.steps if steps is None else steps, None
         self._check_size_charged(dataset_size)
-        if not isinstance(dataset_size, ReleasedDatasetSize):
-            dataset_size = int(dataset_size)
         common = dict(
             mechanism=self.step_source,
             delta=self.target_delta,
-            dataset_size=dataset_size,
-            batching=batching,
+            dataset_size=dataset_size if isinstance(dataset_size, ReleasedDatasetSize) else int(dataset_size),
+            batching=dp_model.batching if batching is None else batching,
             accountant=accountant or self.accountant,
             assumptions=[*self.assumptions, *assumptions],
             extra={"plan": self.summary(), **(extra or {})},

@@ -9,10 +9,9 @@ geometric: about 3.0). `plan_search` calibrates the other way round:
 
 with `run(sigma)` = `plan_event(plan_run(mechanism, noise_multiplier=sigma, ...))`
 (its releases, selections and steps), by the library's one calibration
-path (`accounting.releases`: bracketing, then Brent's method through
-`dp_accounting.calibrate_dp_mechanism`). Every run is then planned with
-sigma* (`SearchPlan.run_plan`) and enforced by a budget at one run's epsilon
-(`SearchPlan.budget`).
+(`accounting.calibration.calibrate`: bracketing, then Brent's method). Every
+run is then planned with sigma* (`SearchPlan.run_plan`) and enforced by a
+budget at one run's epsilon (`SearchPlan.budget`).
 
 Example:
     >>> search_plan = plan_search("dense", target_epsilon=3.0, target_delta=1e-5, mean_runs=5,
@@ -26,8 +25,7 @@ Example:
     >>> report = search_report(result, sampling_probability=q, dataset_size=N)   # epsilon <= 3.0
 
 References: Papernot & Steinke, "Hyperparameter Tuning with Renyi
-Differential Privacy", ICLR 2022, Theorems 2 and 6;
-`dp_accounting.calibrate_dp_mechanism`.
+Differential Privacy", ICLR 2022, Theorems 2 and 6.
 """
 
 from __future__ import annotations
@@ -40,8 +38,8 @@ import dp_accounting
 
 from tfdp_embed import front_end
 from tfdp_embed.accounting.budget import BudgetTracker
-from tfdp_embed.accounting.calibration import MAX_NOISE_MULTIPLIER, check_delta, check_epsilon
-from tfdp_embed.accounting.releases import _bracket_decreasing, _brent, _epsilon_function
+from tfdp_embed.accounting.calibration import MAX_NOISE_MULTIPLIER, calibrate, check_delta, check_epsilon
+from tfdp_embed.accounting.coarse_to_exact import Unreachable
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.planning.plan import plan_run
 from tfdp_embed.planning.run_plan import RunPlan
@@ -168,14 +166,7 @@ def plan_search(
         run = plan_event(_plan(mechanism, sigma, delta, arguments))
         return dp_accounting.dp_event.RepeatAndSelectDpEvent(run, mean, shape)
 
-    lo, hi = _bracket_decreasing(_epsilon_function(search_event, delta, "rdp", None), target, start=1.0, factor=2.0)
-    if hi is None:
-        raise ValueError(
-            f"`target_epsilon`={target!r} for the whole search (mean {mean:g} runs) cannot be met at "
-            f"`target_delta`={delta!r}: each run would need a noise multiplier above {MAX_NOISE_MULTIPLIER:g}. "
-            "Allowed: a larger target, fewer runs on average, fewer steps or a smaller sampling probability."
-        )
-    sigma = float(hi) if lo is None else _brent(search_event, target, delta, "rdp", None, lo, hi)
+    sigma = _search_sigma(search_event, target, delta, mean)
     event = search_event(sigma)
     return SearchPlan(
         mechanism_name=mechanism,
@@ -190,6 +181,21 @@ def plan_search(
         run_epsilon=_rdp_epsilon(event.event, delta),
         run_arguments=arguments,
     )
+
+
+def _search_sigma(search_event: Callable, target: float, delta: float, mean: float) -> float:
+    """`calibrate` (RDP) with the search's event factory sigma -> RepeatAndSelect(run(sigma), mean, shape)."""
+    what = f"a search of {mean:g} runs on average, epsilon={target:g} at delta={delta:.3g} (RDP)"
+    try:
+        return calibrate(
+            search_event, target_epsilon=target, target_delta=delta, accountant="rdp", what=what, accelerate=True
+        )
+    except Unreachable:
+        raise ValueError(
+            f"`target_epsilon`={target!r} for the whole search (mean {mean:g} runs) cannot be met at "
+            f"`target_delta`={delta!r}: each run would need a noise multiplier above {MAX_NOISE_MULTIPLIER:g}. "
+            "Allowed: a larger target, fewer runs on average, fewer steps or a smaller sampling probability."
+        ) from None
 
 
 def _plan(mechanism: str, sigma: float, delta: float, arguments: Mapping) -> RunPlan:

@@ -181,18 +181,23 @@ def select_privately(
     runs = sample_run_count(generator, mean=event.mean, shape=event.shape)
     ledger = PrivacyLedger() if ledger is None else ledger
     ledger.record_setup(event)
-    best: tuple | None = None
-    mechanisms = []
     with searching(event):
-        for _ in range(runs):
-            candidate = candidates[int(generator.integers(len(candidates)))]
-            model, score, rank = _checked_run(train, candidate, higher_is_better)
-            mechanisms.append(getattr(model, "mechanism", None))
-            if best is None or rank > best[3]:
-                best = (model, candidate, score, rank)
-    model, candidate, score = best[:3] if best is not None else (None, None, None)
+        (model, candidate, score), mechanisms = _best_run(train, candidates, runs, generator, higher_is_better)
     mark_search_runs(mechanisms, selected=getattr(model, "mechanism", None), event=event)
     return SelectionResult(model, candidate, score, runs, event, epsilon, float(target_delta), ledger)
+
+
+def _best_run(train, candidates: list, runs: int, generator, higher_is_better: bool) -> tuple[tuple, list]:
+    """((model, candidate, score) of the best of `runs` uniformly drawn candidates, each run's mechanism)."""
+    best: tuple | None = None
+    mechanisms = []
+    for _ in range(runs):
+        candidate = candidates[int(generator.integers(len(candidates)))]
+        model, score, rank = _checked_run(train, candidate, higher_is_better)
+        mechanisms.append(getattr(model, "mechanism", None))
+        if best is None or rank > best[3]:
+            best = (model, candidate, score, rank)
+    return (best[:3] if best is not None else (None, None, None)), mechanisms
 
 
 def sample_run_count(rng: np.random.Generator, *, mean: float, shape: float) -> int:

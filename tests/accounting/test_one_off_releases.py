@@ -1,4 +1,4 @@
-"""One-off releases composed with the training steps (tfdp_embed/accounting/releases.py), checked with dp_accounting directly."""
+"""One-off releases composed with the training steps (tfdp_embed/accounting/one_off_releases.py), checked with dp_accounting directly."""
 
 from __future__ import annotations
 
