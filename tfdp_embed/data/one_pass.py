@@ -127,10 +127,8 @@ def one_pass_poisson_batches(
     References: Chua et al. 2024 (map, group by step, truncate).
     """
     q, cap = _check_q(sampling_probability), _check_cap(max_batch_size)
-    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
-        raise ValueError(f"`num_examples` must be an int >= 1; received {num_examples!r}.")
-    if isinstance(bucket_rows, bool) or not isinstance(bucket_rows, int) or bucket_rows < 1:
-        raise ValueError(f"`bucket_rows` must be an int >= 1; received {bucket_rows!r}.")
+    _check_count("num_examples", num_examples)
+    _check_count("bucket_rows", bucket_rows)
     specs = _example_specs(dataset, source_batched)
     info = _poisson_info(num_examples, q, cap, seed, streaming=True, batches_per_pass=None)
     info.sampler = ONE_PASS
@@ -144,6 +142,16 @@ def one_pass_poisson_batches(
         rng = np.random.Generator(np.random.PCG64(epochs.next()))
         yield from _epoch(chunks, layout, num_examples, q, cap, rng, spill_dir, stats)
 
+    return register(_decoded_batches(generate, layout, specs, info, cap), info), info
+
+
+def _check_count(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be an int >= 1; received {value!r}.")
+
+
+def _decoded_batches(generate, layout: _Layout, specs, info: BatchingInfo, cap: int | None) -> tf.data.Dataset:
+    """The batches of `generate`'s `(records, cut)` pairs, decoded to `specs`; truncations counted in `info`."""
     # One uint8 [batch, record bytes] tensor per step crosses from Python; the graph splits it into columns.
     raw = tf.TensorSpec([None, layout.dtype.itemsize], tf.uint8)
     flat = tf.data.Dataset.from_generator(generate, output_signature=(raw, tf.TensorSpec([], tf.int64)))
@@ -159,8 +167,7 @@ def one_pass_poisson_batches(
                 components = [tf.identity(c) for c in components]
         return tf.nest.pack_sequence_as(specs, components)
 
-    batches = flat.map(unflatten)
-    return register(batches, info), info
+    return flat.map(unflatten)
 
 
 # -- one epoch ----------------------------------------------------------------------
