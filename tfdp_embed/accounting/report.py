@@ -153,89 +153,118 @@ def privacy_report(
       mechanism: the `NoiseMechanism` used (its `report()` fields are included).
       delta: delta in (0, 1).
       sampling_probability: q in (0, 1].
-      dataset_size: N~, the `ReleasedDatasetSize` of `release_dataset_size`
-        (examples, or users for user-level DP; its event must be in the
-        ledger): the report states N~ only. An int N is stated exactly and
-        the guarantee is conditional on N being public (an assumption).
+      dataset_size: N~, the `ReleasedDatasetSize` of `release_dataset_size` (its event in the ledger),
+        stated alone; or an int N, stated exactly (the guarantee then assumes N public).
+      batching: required: `dp_model.batching` (what `DPModel.fit` recorded from the data), or the caller's
+        "poisson", "fixed_shuffled", "unverified" or `BatchingInfo` (a stated Poisson is not verified).
       ledger: the run's `PrivacyLedger`; epsilon is computed from it.
       epsilon: an epsilon computed elsewhere (instead of `ledger`).
       accountant: "pld" or "rdp" (how epsilon was / is computed).
-      steps: training steps (default: `ledger.steps`). With neither `ledger`
-        nor `epsilon`, epsilon is computed from the mechanism's setup event
-        plus `steps` step events.
-      batching: required. `dp_model.batching` (the `FedBatching` that
-        `DPModel.fit` recorded from the data: verified, declared or not
-        verified), or the caller's statement: "poisson", "fixed_shuffled",
-        "unverified" or a `BatchingInfo` (from `tfdp_embed.data`; its
-        counters and cap go into the report). A stated Poisson batching is
-        reported as not verified.
-      assumptions: conditions the guarantee rests on beyond the ledger, in
-        plain words (e.g. "the supplied item frequencies are independent of
-        the training data"); the guarantee line says it holds only under them.
+      steps: training steps (default `ledger.steps`). With neither `ledger` nor `epsilon`, epsilon is
+        computed from the mechanism's setup event plus `steps` step events.
+      assumptions: conditions beyond the ledger, in plain words; the guarantee holds only under them.
       extra: more JSON-able fields, stored under "extra".
       privacy_unit: what one neighbouring dataset adds or removes (default one example).
-      contribution_bound: how much one unit can contribute (default: its
-        gradient clipped to `l2_norm_clip` in each step it is sampled).
+      contribution_bound: how much one unit can contribute (default: its clipped gradient in each step).
 
     Returns:
-      dict with keys epsilon, delta, accountant, mechanism, is_dp, guarantee,
-      noise_multiplier, noise_multipliers, l2_norm_clip, sampling_probability,
-      expected_batch_size, steps, epochs, dataset_size, batching, batching_source, adjacency,
-      assumptions, caveats, mechanism_report, (ledger, batching_details, delta_with_truncation, extra).
+      dict with epsilon, delta, accountant, mechanism, is_dp, guarantee, noise_multiplier(s), l2_norm_clip,
+      q, expected_batch_size, steps, epochs, dataset_size, batching(_source), adjacency, assumptions,
+      caveats, mechanism_report (and ledger, batching_details, delta_with_truncation, extra).
 
     Raises:
-      ValueError: bad or contradictory arguments (both `ledger` and
-        `epsilon`, `steps` disagreeing with the ledger, unknown batching).
+      ValueError: bad or contradictory arguments (both `ledger` and `epsilon`, `steps` disagreeing with
+        the ledger, unknown batching).
     """
+    run = _checked_run(delta, sampling_probability, accountant, dataset_size, ledger, epsilon, steps, batching)
+    mech, report, caveats = _mechanism_fields(mechanism)
+    public_n = [PUBLIC_N_ASSUMPTION] if run.released is None and report["is_dp"] else []
+    assumptions = _check_assumptions(assumptions) + public_n
+    report.update(
+        _epsilon_fields(mechanism, run, report, caveats, epsilon=epsilon, ledger=ledger, assumptions=assumptions)
+    )
+    report.update(_run_fields(mechanism, mech, run, report["epsilon"], privacy_unit, contribution_bound, assumptions))
+    _add_caveats(report, caveats, mechanism, run, assumptions)
+    _add_records(report, mech, ledger, run.released, extra)
+    check_search_run(report, mechanism)  # a run of a private search: the search's epsilon, or refused
+    return report
+
+
+class _Run(NamedTuple):
+    """The report's checked inputs."""
+
+    delta: float
+    q: float
+    accountant: str
+    released: ReleasedDatasetSize | None
+    steps: int
+    batching: _Batching
+    dataset_size: int  # N~'s value when released
+
+
+def _checked_run(delta, sampling_probability, accountant, dataset_size, ledger, epsilon, steps, batching) -> _Run:
+    """Checks the report's arguments (in this order) and that the sampler's own N and q are the report's."""
     delta = check_delta(delta, "delta")
     q = check_sampling_probability(sampling_probability)
     accountant = check_accountant(accountant)
     released = _released_size(dataset_size, ledger)
     steps = _resolve_steps(ledger, epsilon, steps)
-    batching = _batching(batching)
-    _check_batching_matches(batching.details, dataset_size=dataset_size if released is None else released, q=q)
-    dataset_size = released.value if released is not None else cast(int, dataset_size)  # an int: _released_size
-    mech, report, caveats = _mechanism_fields(mechanism)
-    public_n = [PUBLIC_N_ASSUMPTION] if released is None and report["is_dp"] else []
-    assumptions = _check_assumptions(assumptions) + public_n
-    if report["is_dp"]:
-        if epsilon is None:
-            if ledger is not None:  # memoised: the budget's epoch-end epsilon of the same ledger is reused
-                epsilon = ledger.epsilon(delta, accountant)
-            else:
-                events = _events(mechanism, q, steps) + ([released.event] if released is not None else [])
-                epsilon = compute_epsilon(events, target_delta=delta, accountant=accountant)
-        report.update(_guarantee(epsilon, delta=delta, steps=steps, accountant=accountant, assumptions=assumptions))
-    else:
-        report.update(_not_dp_fields(report["mechanism"], epsilon, caveats))
+    stated = _batching(batching)
+    _check_batching_matches(stated.details, dataset_size=dataset_size if released is None else released, q=q)
+    n = released.value if released is not None else cast(int, dataset_size)  # an int: _released_size
+    return _Run(delta, q, accountant, released, steps, stated, n)
+
+
+def _epsilon_fields(mechanism, run: _Run, report: dict, caveats: list, *, epsilon, ledger, assumptions) -> dict:
+    """epsilon and the guarantee line: from `epsilon`, the ledger or the mechanism's events; NONE for non-DP."""
+    if not report["is_dp"]:
+        return _not_dp_fields(report["mechanism"], epsilon, caveats)
+    if epsilon is None:
+        if ledger is not None:  # memoised: the budget's epoch-end epsilon of the same ledger is reused
+            epsilon = ledger.epsilon(run.delta, run.accountant)
+        else:
+            events = _events(mechanism, run.q, run.steps) + ([run.released.event] if run.released is not None else [])
+            epsilon = compute_epsilon(events, target_delta=run.delta, accountant=run.accountant)
+    return _guarantee(epsilon, delta=run.delta, steps=run.steps, accountant=run.accountant, assumptions=assumptions)
+
+
+def _run_fields(mechanism, mech: dict, run: _Run, epsilon, privacy_unit, contribution_bound, assumptions) -> dict:
+    """The run's noise, clip, sampling, steps, size, batching, privacy unit and attacker bound (in report order)."""
     clip = mech.pop("l2_norm_clip", getattr(mechanism, "l2_norm_clip", None))
-    report.update(
-        delta=delta,
-        accountant=accountant,
+    return dict(
+        delta=run.delta,
+        accountant=run.accountant,
         noise_multiplier=mech.pop("noise_multiplier", getattr(mechanism, "noise_multiplier", None)),
         noise_multipliers=_noise_multipliers(mechanism, mech),
         l2_norm_clip=clip,
-        sampling_probability=q,
-        expected_batch_size=q * dataset_size,
-        steps=steps,
-        epochs=steps * q,
-        dataset_size=dataset_size,
-        batching=batching.name,
-        batching_source=batching.source,
+        sampling_probability=run.q,
+        expected_batch_size=run.q * run.dataset_size,
+        steps=run.steps,
+        epochs=run.steps * run.q,
+        dataset_size=run.dataset_size,
+        batching=run.batching.name,
+        batching_source=run.batching.source,
         adjacency=ADJACENCY,
         privacy_unit=str(privacy_unit),
         contribution_bound=contribution_bound or _default_bound(clip),
-        attacker_bound=attacker_bound(report["epsilon"], delta),
+        attacker_bound=attacker_bound(epsilon, run.delta),
         assumptions=list(assumptions),
     )
+
+
+def _add_caveats(report: dict, caveats: list, mechanism, run: _Run, assumptions: list) -> None:
+    """The assumptions', batching's, dataset size's and seed's caveats and sections, then `caveats` itself."""
     caveats.extend(f"The guarantee holds only if {text}" for text in assumptions)
-    exact_n = released.exact_total() if released is not None else dataset_size  # only for the truncation delta
-    _add_batching_section(
-        report, caveats, batching, exact_truncation=check_matches_batching(mechanism, batching.details), n=exact_n
-    )
-    _add_dataset_size(report, caveats, released)
-    add_seed_caveat(report, caveats, seeded_parts(mechanism, batching.details, released))
+    exact_n = run.released.exact_total() if run.released is not None else run.dataset_size  # for the truncation delta
+    exact = check_matches_batching(mechanism, run.batching.details)
+    _add_batching_section(report, caveats, run.batching, exact_truncation=exact, n=exact_n)
+    _add_dataset_size(report, caveats, run.released)
+    add_seed_caveat(report, caveats, seeded_parts(mechanism, run.batching.details, run.released))
     report["caveats"] = caveats
+
+
+def _add_records(report: dict, mech: dict, ledger, released: ReleasedDatasetSize | None, extra) -> None:
+    """The mechanism's own report, the ledger and `extra`, with the exact N written as not released under N~."""
     report["mechanism_report"] = _jsonable(mech)
     if ledger is not None:
         report["ledger"] = json.loads(ledger.to_json())
@@ -248,8 +277,6 @@ def privacy_report(
         report["extra"] = _jsonable(dict(extra))
         if released is not None:
             report["extra"] = _redact_dataset_size(report["extra"])
-    check_search_run(report, mechanism)  # a run of a private search: the search's epsilon, or refused
-    return report
 
 
 def _resolve_steps(ledger: PrivacyLedger | None, epsilon: float | None, steps: int | None) -> int:
