@@ -124,7 +124,10 @@ def test_per_unit_weighting_bounds_the_threshold_delta_for_every_unit_size():
 
 
 def test_threshold_delta_is_added_to_a_dp_release_report_only():
-    dp = dp_vocabulary([[1], [1], [2]], max_keys_per_unit=1, epsilon=50.0, delta=1e-3, threshold_delta=1e-4, seed=1)
+    # sigma given, not calibrated: calibrating for epsilon 50 (sigma ~0.13) takes ~10 s of PLD and is not what is checked.
+    dp = dp_vocabulary(
+        [[1], [1], [2]], max_keys_per_unit=1, noise_multiplier=1.0, delta=1e-3, threshold_delta=1e-4, seed=1
+    )
     report = add_threshold_delta({"delta": 1e-5, "caveats": []}, dp, what="item vocabulary")
     # 1e-5 + 1e-4 = 1.1e-4: the run's delta plus the threshold's.
     assert report["delta_with_vocabulary"] == pytest.approx(1.1e-4)
