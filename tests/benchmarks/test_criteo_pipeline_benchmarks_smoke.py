@@ -20,6 +20,10 @@ TINY_MODEL = (
 )
 
 
+# `make test-slow`: two fresh pipeline processes (~55 s). The default run keeps the same two runs in process
+# (tests/pipelines/test_criteo_pipeline.py::test_end_to_end_report_and_saved_model[none] and [dense]); what only this
+# test checks is the benchmark's own stage table and JSON.
+@pytest.mark.slow
 def test_end_to_end_runs_none_and_one_mechanism_and_writes_its_json(tmp_path, capsys):
     path = tmp_path / "end_to_end.json"
     argv = [
