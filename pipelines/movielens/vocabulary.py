@@ -24,15 +24,15 @@ from __future__ import annotations
 import numpy as np
 
 from tfdp_embed import Release
-from tfdp_embed.accounting.one_off_releases import release_noise_multiplier
+from tfdp_embed.accounting.releases import release_noise_multiplier
 from tfdp_embed.data import vocabulary as vocabulary_lib
 from tfdp_embed.data.item_ids import ItemIdMap
 from tfdp_embed.data.movielens import MovieLensData, user_timelines
 from tfdp_embed.data.movielens_files import catalogue_path, read_ratings
 from tfdp_embed.data.vocabulary import DPVocabulary, dp_vocabulary
+from tfdp_embed.mechanisms import mechanism_class
 
 MOVIE_VOCABULARY = "movie_vocabulary"
-DP_MECHANISMS = ("dense", "lazy")
 DEFAULT_EPSILON_SHARE = 0.1
 DEFAULT_NOISE_MULTIPLIER = 4.0
 """z of the release when sigma is given (no target to take a share of)."""
@@ -45,7 +45,7 @@ THRESHOLD_DELTA_SHARE = 0.1
 def needs_release(config, ratings_path: str) -> bool:
     """True when the movie ids must come from a DP release: a DP run, no catalogue beside the ratings or given."""
     catalogue = catalogue_path(ratings_path) if config.item_catalogue == "auto" else config.item_catalogue
-    return catalogue is None and config.mechanism in DP_MECHANISMS
+    return catalogue is None and mechanism_class(config.mechanism).is_dp  # dense, lazy: not eana, none
 
 
 def release_noise(config) -> float:
@@ -95,7 +95,7 @@ def check_data(config, data: MovieLensData) -> None:
       ValueError: names the way out (`load_movielens(config)` for this config, or a catalogue).
     """
     source = data.item_ids.source if data.item_ids is not None else ""
-    if config.mechanism in DP_MECHANISMS and data.item_release is None and not source.startswith("catalogue"):
+    if mechanism_class(config.mechanism).is_dp and data.item_release is None and not source.startswith("catalogue"):
         raise ValueError(
             f"The data's movie-id map ({source or 'none'}) lists every rated movie and would ship with a "
             f"{config.mechanism!r} model outside its DP guarantee. Allowed: data loaded with this config "
