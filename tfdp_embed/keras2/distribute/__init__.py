@@ -98,6 +98,7 @@ Modules (device branching lives in this package only; import from
     tpu_gradient_path.py  the noise feature and clipped activation gradients
     tpu_engine_table.py   TpuFeature, EngineTable (an engine table seen as a DPEmbedding)
     tpu_step.py           TpuDPStep, the DP step with the tables on TPUEmbeddingV2
+    tpu_mechanism_update.py  mechanism.update once per global batch, and its dry run (the rows planned)
 
 References: TensorFlow `tf.distribute` guide (merge_call, all_reduce,
 ClusterCoordinator); EANA (RecSys 2022) §3 (parameter-server traffic);

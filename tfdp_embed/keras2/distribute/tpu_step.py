@@ -4,6 +4,39 @@ The engine is an argument of `TPUEmbeddingV2`'s interface; the step is
 CPU-tested with a CPU engine of that interface
 (tests/distributed/test_tpu_step.py) and was never run on a TPU.
 
+Per replica (inside `strategy.run`), for one global batch:
+
+    rows_t = the rows mechanism.update will change in table t this step (a
+             dry run on the batch's ids; the draws are then replayed)
+    engine.enqueue(batch features + per table a noise feature listing the
+                   rows of rows_t this replica owns)  ->  dequeue: activations
+    TensorCore: model(activations) -> per-example losses; ghost norms (the
+                clipping registry: DPEmbedding rule from ids + activation
+                gradients, Dense/LayerNorm rules for the TensorCore layers)
+                -> c_i = C / max(||g_i||, C)
+    M = mechanism.update(global clipped sums)   (once; merge_call on > 1 replica)
+    engine.apply_gradients(
+        batch features: c_i / B x activation gradients (sequence features:
+                        masked to rows_t, so frozen rows get exactly 0),
+        noise features: M[r] - S[r] for owned rows r, S = clipped sum / B)
+    optimizer.apply_gradients(M's dense DP-SGD gradients)   (noised once)
+
+The engine sums every feature and replica per row, so row r of table t
+receives S[r] + (M[r] - S[r]) = M[r], the mechanism's own gradient (EANA:
+(clipped sum + N(0, sigma^2 C^2)) / B on the union of touched rows; DP-FEST:
+noise on all k selected rows, unselected rows 0; DP-AdaFEST: survivors),
+and every row of the cross-replica union once. Rows outside M get no
+gradient at all. With an SGD engine optimizer the tables then move as
+`DPModel`'s would (`tests/distributed/test_tpu_step.py` checks it against a
+`DPModel` step to float rounding, with a CPU engine of the same interface).
+
+Why a dry run, and what it costs: `tpu_mechanism_update`.
+
+On a TPU, shapes are static: `tf.unique` / boolean masks inside the
+clipping rules and mechanisms would need padding to static maxima for XLA
+(the noise feature already is padded to `max_noise_rows`). See
+docs/tpu_sparsecore.md.
+
 References: EANA (RecSys 2022) §3, Alg. 2; DP-FEST / DP-AdaFEST (NeurIPS
 2023) §3; docs/tpu_sparsecore.md.
 """
@@ -12,20 +45,9 @@ from __future__ import annotations
 
 from tfdp_embed import nonfinite
 from tfdp_embed._sorted_sets import is_member
-from tfdp_embed.absent_examples import (
-    present_examples,
-    present_occurrences,
-    read_rows,
-    without_absent_examples,
-)
+from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.keras2._keras import tf
 from tfdp_embed.keras2.clipping.per_example import start_gradients
-from tfdp_embed.keras2.distribute.collectives import (
-    _decode_grad,
-    _encode_grad,
-    _flatten,
-    all_reduce_clipped,
-)
 from tfdp_embed.keras2.distribute.support import DistributionNotSupportedError
 from tfdp_embed.keras2.distribute.tpu_engine_table import (
     EngineTable,
@@ -40,6 +62,7 @@ from tfdp_embed.keras2.distribute.tpu_gradient_path import (
     clipped_activation_gradients,
     noise_feature_name,
 )
+from tfdp_embed.keras2.distribute.tpu_mechanism_update import planned_rows, run_once
 from tfdp_embed.keras2.distribute.tpu_plan import TPU_PLANS, tpu_embedding_plan
 from tfdp_embed.keras2.layers.embedding import DPEmbedding
 from tfdp_embed.mechanisms.adafest import DPAdaFEST
@@ -51,46 +74,9 @@ from tfdp_embed.mechanisms.fest import DPFEST
 class TpuDPStep:
     """One DP training step with the embedding tables on the TPU embedding engine (SparseCore).
 
-    Per replica (inside `strategy.run`), for one global batch:
-
-        rows_t = the rows mechanism.update will change in table t this step (a
-                 dry run on the batch's ids; the draws are then replayed)
-        engine.enqueue(batch features + per table a noise feature listing the
-                       rows of rows_t this replica owns)  ->  dequeue: activations
-        TensorCore: model(activations) -> per-example losses; ghost norms (the
-                    clipping registry: DPEmbedding rule from ids + activation
-                    gradients, Dense/LayerNorm rules for the TensorCore layers)
-                    -> c_i = C / max(||g_i||, C)
-        M = mechanism.update(global clipped sums)   (once; merge_call on > 1 replica)
-        engine.apply_gradients(
-            batch features: c_i / B x activation gradients (sequence features:
-                            masked to rows_t, so frozen rows get exactly 0),
-            noise features: M[r] - S[r] for owned rows r, S = clipped sum / B)
-        optimizer.apply_gradients(M's dense DP-SGD gradients)   (noised once)
-
-    The engine sums every feature and replica per row, so row r of table t
-    receives S[r] + (M[r] - S[r]) = M[r], the mechanism's own gradient (EANA:
-    (clipped sum + N(0, sigma^2 C^2)) / B on the union of touched rows; DP-FEST:
-    noise on all k selected rows, unselected rows 0; DP-AdaFEST: survivors),
-    and every row of the cross-replica union once. Rows outside M get no
-    gradient at all. With an SGD engine optimizer the tables then move as
-    `DPModel`'s would (`tests/distributed/test_tpu_step.py` checks it against a
-    `DPModel` step to float rounding, with a CPU engine of the same interface).
-
-    Why a dry run: the noise feature is enqueued with the batch, before any
-    gradient exists, but DP-AdaFEST draws its survivors inside `update`.
-    Every TPU-possible mechanism decides its rows from the ids and its
-    generator only, never from gradient values, so `update` is run once on
-    zero gradients with the batch's touched rows, its rows are kept, and all
-    mechanism state (generator included) is put back; the real `update` draws
-    the same numbers and must return the same rows (checked). Cost: a second
-    `update` (O(rows x dim)) and a copy of the mechanism's variables per step
-    (DP-FEST: its [vocabulary] int32 position map).
-
-    On a TPU, shapes are static: `tf.unique` / boolean masks inside the
-    clipping rules and mechanisms would need padding to static maxima for XLA
-    (the noise feature already is padded to `max_noise_rows`). See
-    docs/tpu_sparsecore.md.
+    Per replica (inside `strategy.run`), for one global batch: the stages
+    in the module docstring (rows planned by a dry run, lookup with the noise
+    features, ghost norms and clipping, `mechanism.update` once, both updates).
 
     Args:
       engine: the embedding engine, with `TPUEmbeddingV2`'s interface:
@@ -154,7 +140,6 @@ class TpuDPStep:
         registry=None,
     ):
         from tfdp_embed.keras2 import clipping
-        from tfdp_embed.keras2.clipping.taps import layers_owning_weights
 
         if not isinstance(mechanism, NoiseMechanism):
             raise TypeError(f"`mechanism` must be a tfdp_embed NoiseMechanism; received {type(mechanism).__name__}.")
@@ -163,64 +148,18 @@ class TpuDPStep:
             if not callable(getattr(engine, method, None)):
                 raise TypeError(f"`engine` must have TPUEmbeddingV2's {method}(); {type(engine).__name__} has none.")
         table_sizes = _check_table_sizes(table_sizes)
-        features = list(features)
-        if not features or not all(isinstance(f, TpuFeature) for f in features):
-            raise ValueError(f"`features` must be a non-empty sequence of TpuFeature; received {features!r}.")
-        names = [f.name for f in features]
-        if len(set(names)) != len(names):
-            raise ValueError(f"Feature names repeat: {names}; each feature needs its own name.")
-        combiners: dict[str, str | None] = {}
-        for f in features:
-            if f.table not in table_sizes:
-                raise ValueError(
-                    f"Feature {f.name!r} reads table {f.table!r}, which `table_sizes` does not have; it has "
-                    f"{sorted(table_sizes)}."
-                )
-            if f.name.endswith(NOISE_FEATURE_SUFFIX):
-                raise ValueError(
-                    f"Feature name {f.name!r} ends with {NOISE_FEATURE_SUFFIX!r}, reserved for noise features."
-                )
-            if combiners.setdefault(f.table, f.combiner) != f.combiner:
-                raise ValueError(
-                    f"The features of table {f.table!r} use different combiners ({combiners[f.table]!r}, "
-                    f"{f.combiner!r}); one table, one combiner."
-                )
-        if isinstance(mechanism, (DPFEST, DPAdaFEST)):
-            pooled = [f.name for f in features if f.combiner is not None]
-            if pooled:
-                raise DistributionNotSupportedError(
-                    f"Mechanism {mechanism.name!r} leaves some touched rows unchanged (unselected or below "
-                    f"the threshold), which needs a per-id activation gradient to mask: features {pooled} "
-                    "are pooled by the engine. Declare them as sequence features (combiner=None, engine "
-                    "max_sequence_length = ids per example) and pool on the TensorCore."
-                )
-        if not model.built or not model.trainable_variables:
-            raise ValueError(f"The TensorCore model {model.name!r} must be built (call it once on activations).")
-        dense_layers = layers_owning_weights(model)
-        inner_tables = [layer.name for layer in dense_layers if isinstance(layer, DPEmbedding)]
-        if inner_tables:
-            raise ValueError(
-                f"The TensorCore model holds DPEmbedding tables {inner_tables}; with TpuDPStep every table "
-                "lives on the engine (declare it in the engine's table config and as a TpuFeature)."
-            )
+        features, combiners = _checked_features(features, table_sizes, mechanism)
+        dense_layers = _tensorcore_layers(model)
         if expected_batch_size is None or not float(expected_batch_size) > 0:
             raise ValueError(f"`expected_batch_size` must be > 0; received {expected_batch_size!r}.")
         tables_used = sorted(combiners)
-        limits = max_noise_rows if isinstance(max_noise_rows, dict) else {t: max_noise_rows for t in tables_used}
-        for table in tables_used:
-            limit = limits.get(table)
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-                raise ValueError(
-                    f"`max_noise_rows` for table {table!r} must be an int > 0 (noise-feature ids per replica); "
-                    f"received {limit!r}."
-                )
         self.engine = engine
         self.model = model
         self.features = features
         self.mechanism = mechanism
         self.optimizer = optimizer
         self.expected_batch_size = float(expected_batch_size)
-        self.max_noise_rows = {t: limits[t] for t in tables_used}
+        self.max_noise_rows = _noise_row_limits(max_noise_rows, tables_used)
         registry = registry if registry is not None else clipping.default_registry()
         self.registry = clipping.LayerRegistry([(EngineTable, engine_table_gradients), *registry])
         self._fallback = clipping.vectorized_layer_gradients
@@ -260,6 +199,7 @@ class TpuDPStep:
         return self._private_step(ids, labels, sample_weight)
 
     def _private_step(self, ids, labels, sample_weight=None) -> dict:
+        """Rows planned (dry run), lookup with the noise features, clipping, the mechanism, both updates."""
         ctx = tf.distribute.get_replica_context()
         occurrences = {t.name: [t.occurrences(ids[f.name]) for f in self._features_of(t)] for t in self.tables}
         batch_size = tf.shape(next(iter(ids.values())))[0]
@@ -267,6 +207,58 @@ class TpuDPStep:
 
         # 1. The rows the mechanism changes this step, before the lookup (a dry run).
         planned = self._planned_rows(occurrences, batch_size, ctx, present)
+        noise_ids, noise_weights, counts = self._noise_features(planned, ctx)
+
+        # 2. Lookup of the batch and the noise features.
+        weights = {**{name: None for name in ids}, **noise_weights}
+        partitioned = self.engine.enqueue({**ids, **noise_ids}, weights)
+        activations, preserved = self.engine.dequeue(partitioned)
+
+        # 3. TensorCore forward / backward, ghost norms, clip factors.
+        acts = {name: activations[name] for name in ids}
+        step, per_example_loss, act_grads = self._clipped_step(ids, acts, labels, sample_weight, present)
+        clipped = _clipped_gradients(
+            step, self.tables, self.model.trainable_variables, self.expected_batch_size, batch_size
+        )
+
+        # 4. The mechanism, once for the global batch.
+        pairs, total = run_once(self.mechanism, clipped, ctx, dry=False)
+        by_variable = {id(v): g for g, v in pairs}
+        gradients, checks = {}, []
+        for table, rows, global_sum in zip(self.tables, planned, total.tables):
+            key = noise_feature_name(table.name)
+            update = by_variable[id(table.embeddings)]
+            checks.append(self._check_planned(table, update, rows))
+            gradients[key] = self._noise_feature_gradient(table, update, global_sum, noise_ids[key], noise_weights[key])
+            for f in self._features_of(table):
+                gradients[f.name] = self._feature_gradient(f, act_grads, step.clip_factors, ids, acts, rows)
+        with tf.control_dependencies(checks):
+            self.engine.apply_gradients(gradients, preserved)
+        table_ids = {id(t.embeddings) for t in self.tables}
+        dense = [(g, v) for g, v in pairs if id(v) not in table_ids]
+        if ctx is not None and ctx.num_replicas_in_sync > 1:  # already the global, noised gradient
+            self.optimizer.apply_gradients(dense, experimental_aggregate_gradients=False)
+        else:
+            self.optimizer.apply_gradients(dense)
+        mean_loss, _ = nonfinite.finite_mean(per_example_loss, nonfinite.finite_examples(per_example_loss))
+        return {"loss": mean_loss, "noise_rows": counts}
+
+    def _planned_rows(self, occurrences, batch_size, ctx, present) -> list:
+        """Sorted int64 rows per table that `mechanism.update` will change for this batch (`planned_rows`)."""
+        variables, B = self.model.trainable_variables, self.expected_batch_size
+        return planned_rows(
+            self.mechanism,
+            self.tables,
+            variables,
+            expected_batch_size=B,
+            occurrences=occurrences,
+            batch_size=batch_size,
+            ctx=ctx,
+            present=present,
+        )
+
+    def _noise_features(self, planned: list, ctx) -> tuple:
+        """Per table the noise feature's ids (the planned rows this replica owns) and weights; the counts."""
         noise_ids, noise_weights, counts = {}, {}, {}
         replicas, me = 1, 0
         if ctx is not None and ctx.num_replicas_in_sync > 1:
@@ -283,23 +275,18 @@ class TpuDPStep:
             )
             key = noise_feature_name(table.name)
             noise_ids[key], noise_weights[key], counts[table.name] = owned, weights, count
+        return noise_ids, noise_weights, counts
 
-        # 2. Lookup of the batch and the noise features.
-        weights = {**{name: None for name in ids}, **noise_weights}
-        partitioned = self.engine.enqueue({**ids, **noise_ids}, weights)
-        activations, preserved = self.engine.dequeue(partitioned)
-
-        # 3. TensorCore forward / backward, ghost norms, clip factors.
+    def _clipped_step(self, ids, acts, labels, sample_weight, present) -> tuple:
+        """(ghost norms and clip factors of the present examples, per-example losses, finite activation grads)."""
         from tfdp_embed.keras2.clipping.per_example import clipped_step
         from tfdp_embed.keras2.clipping.taps import LayerCall, LayerTaps, record_taps
 
-        acts = {name: activations[name] for name in ids}
         with record_taps(self._dense_layers, self.registry) as taps, tf.GradientTape(persistent=True) as tape:
             for value in acts.values():
                 tape.watch(value)
-            per_example_loss = self._per_example_loss(
-                labels, self.model(acts, training=True), sample_weight, check_finite=False
-            )
+            predictions = self.model(acts, training=True)
+            per_example_loss = _per_example_loss(self._loss, labels, predictions, sample_weight, check_finite=False)
         table_taps = [
             LayerTaps(
                 layer=t,
@@ -321,46 +308,34 @@ class TpuDPStep:
         act_grads = tape.gradient(per_example_loss, acts, output_gradients=start_gradients(per_example_loss, 1.0))
         act_grads = nonfinite.finite_values(act_grads)
         del tape
-        clipped = self._clipped(step, batch_size)
+        return step, per_example_loss, act_grads
 
-        # 4. The mechanism, once for the global batch.
-        pairs, total = self._run_mechanism(clipped, ctx, dry=False)
-        by_variable = {id(v): g for g, v in pairs}
-        B = self.expected_batch_size
-        gradients, checks = {}, []
-        for table, rows, global_sum in zip(self.tables, planned, total.tables):
-            update = by_variable[id(table.embeddings)]
-            update_rows = tf.sort(tf.cast(update.indices, tf.int64))
-            checks.append(
-                tf.debugging.assert_equal(
-                    update_rows,
-                    rows,
-                    message=f"TpuDPStep: mechanism {self.mechanism.name!r} changed different rows of table "
-                    f"{table.name!r} than its dry run on the same ids and generator state",
-                )
-            )
-            key = noise_feature_name(table.name)
-            owned = noise_ids[key]
-            sent = _values_at(update, owned) - _values_at(global_sum.gradient, owned) / B
-            # The engine checks each gradient against its feature's static output shape.
-            shape = [self.max_noise_rows[table.name], table.output_dim]
-            gradients[key] = tf.ensure_shape(sent * noise_weights[key][:, None], shape)
-            for f in self._features_of(table):
-                grad = clipped_activation_gradients(act_grads[f.name], step.clip_factors, expected_batch_size=B)
-                if f.combiner is None:  # sequence feature: occurrences of rows outside M get nothing
-                    keep = is_member(tf.cast(ids[f.name], tf.int64), rows)
-                    grad = grad * tf.cast(keep, grad.dtype)[..., None]
-                gradients[f.name] = tf.ensure_shape(grad, acts[f.name].shape)
-        with tf.control_dependencies(checks):
-            self.engine.apply_gradients(gradients, preserved)
-        table_ids = {id(t.embeddings) for t in self.tables}
-        dense = [(g, v) for g, v in pairs if id(v) not in table_ids]
-        if ctx is not None and ctx.num_replicas_in_sync > 1:  # already the global, noised gradient
-            self.optimizer.apply_gradients(dense, experimental_aggregate_gradients=False)
-        else:
-            self.optimizer.apply_gradients(dense)
-        mean_loss, _ = nonfinite.finite_mean(per_example_loss, nonfinite.finite_examples(per_example_loss))
-        return {"loss": mean_loss, "noise_rows": counts}
+    def _check_planned(self, table, update, rows):
+        """Asserts that the real `update` changed the rows of its dry run."""
+        update_rows = tf.sort(tf.cast(update.indices, tf.int64))
+        return tf.debugging.assert_equal(
+            update_rows,
+            rows,
+            message=f"TpuDPStep: mechanism {self.mechanism.name!r} changed different rows of table "
+            f"{table.name!r} than its dry run on the same ids and generator state",
+        )
+
+    def _noise_feature_gradient(self, table, update, global_sum, owned, weights) -> tf.Tensor:
+        """M[r] - S[r] on the rows r this replica owns (S = clipped sum / B), zero on the padding."""
+        sent = _values_at(update, owned) - _values_at(global_sum.gradient, owned) / self.expected_batch_size
+        # The engine checks each gradient against its feature's static output shape.
+        shape = [self.max_noise_rows[table.name], table.output_dim]
+        return tf.ensure_shape(sent * weights[:, None], shape)
+
+    def _feature_gradient(self, feature, act_grads, clip_factors, ids, acts, rows) -> tf.Tensor:
+        """c_i / B x the activation gradient; a sequence feature's ids outside the changed `rows` get 0."""
+        grad = clipped_activation_gradients(
+            act_grads[feature.name], clip_factors, expected_batch_size=self.expected_batch_size
+        )
+        if feature.combiner is None:  # sequence feature: occurrences of rows outside M get nothing
+            keep = is_member(tf.cast(ids[feature.name], tf.int64), rows)
+            grad = grad * tf.cast(keep, grad.dtype)[..., None]
+        return tf.ensure_shape(grad, acts[feature.name].shape)
 
     def _non_private_step(self, ids, labels, sample_weight=None) -> dict:
         """`NonPrivate`: gradients of the global-batch mean loss, no clipping, no noise feature."""
@@ -372,7 +347,7 @@ class TpuDPStep:
         with tf.GradientTape() as tape:
             for value in acts.values():
                 tape.watch(value)
-            per_example_loss = self._per_example_loss(labels, self.model(acts, training=True), sample_weight)
+            per_example_loss = _per_example_loss(self._loss, labels, self.model(acts, training=True), sample_weight)
             total = tf.cast(tf.shape(per_example_loss)[0], per_example_loss.dtype)
             if ctx is not None and ctx.num_replicas_in_sync > 1:
                 total = ctx.all_reduce("sum", total)
@@ -386,114 +361,119 @@ class TpuDPStep:
     def _features_of(self, table) -> list:
         return [f for f in self.features if f.table == table.name]
 
-    def _per_example_loss(self, labels, predictions, sample_weight=None, check_finite: bool = True):
-        from tfdp_embed.errors import PrivacyContractError
-        from tfdp_embed.keras2._keras import keras
 
-        fn = self._loss
-        loss = fn.call(labels, predictions) if isinstance(fn, keras.losses.Loss) else fn(labels, predictions)
-        loss = tf.convert_to_tensor(loss)
-        if loss.shape.rank is not None and loss.shape.rank > 1:
-            loss = tf.reduce_mean(loss, axis=list(range(1, loss.shape.rank)))
-        if loss.shape.rank != 1:
-            raise PrivacyContractError(
-                f"The loss must be one value per example (shape [batch]); it has shape {loss.shape}."
-            )
-        if sample_weight is not None:
-            loss = loss * tf.cast(tf.reshape(sample_weight, [-1]), loss.dtype)
-        if not check_finite:  # the private step: a non-finite example gets c_i = 0 (`clipped_step`)
-            return loss
-        return tf.debugging.assert_all_finite(loss, "TpuDPStep: the per-example loss is NaN or Inf.")
+def _per_example_loss(loss_fn, labels, predictions, sample_weight=None, check_finite: bool = True):
+    """`loss_fn`'s per-example loss `[batch]` (a Keras `Loss` applied unreduced), times `sample_weight`."""
+    from tfdp_embed.errors import PrivacyContractError
+    from tfdp_embed.keras2._keras import keras
 
-    def _clipped(self, step, batch_size) -> ClippedGradients:
-        grads, occurrences = {}, {}
-        for tap, info in step.layers:
-            for variable, grad in zip(info.variables, info.clipped_sum(step.clip_factors)):
-                grads[id(variable)] = grad
-            if info.occurrences is not None:
-                occurrences[id(tap.layer)] = info.occurrences
-        tables = [
-            TableGradient(
-                layer=t,
-                variable=t.embeddings,
-                gradient=grads[id(t.embeddings)],
-                occurrences=occurrences[id(t)],
-                clip_factors=step.clip_factors,
-            )
-            for t in self.tables
-        ]
-        dense = [(v, grads[id(v)] if id(v) in grads else tf.zeros_like(v)) for v in self.model.trainable_variables]
-        return ClippedGradients(
-            tables=tables, dense=dense, expected_batch_size=self.expected_batch_size, batch_size=batch_size
+    fn = loss_fn
+    loss = fn.call(labels, predictions) if isinstance(fn, keras.losses.Loss) else fn(labels, predictions)
+    loss = tf.convert_to_tensor(loss)
+    if loss.shape.rank is not None and loss.shape.rank > 1:
+        loss = tf.reduce_mean(loss, axis=list(range(1, loss.shape.rank)))
+    if loss.shape.rank != 1:
+        raise PrivacyContractError(
+            f"The loss must be one value per example (shape [batch]); it has shape {loss.shape}."
         )
+    if sample_weight is not None:
+        loss = loss * tf.cast(tf.reshape(sample_weight, [-1]), loss.dtype)
+    if not check_finite:  # the private step: a non-finite example gets c_i = 0 (`clipped_step`)
+        return loss
+    return tf.debugging.assert_all_finite(loss, "TpuDPStep: the per-example loss is NaN or Inf.")
 
-    def _planned_rows(self, occurrences, batch_size, ctx, present=None) -> list:
-        """Sorted int64 rows per table that `mechanism.update` will change for this batch.
 
-        With `present`, absent examples' lookups are dropped as `without_absent_examples` drops them.
-        """
-        tables = []
-        for t in self.tables:
-            occ = occurrences[t.name]
-            touched, _ = tf.unique(tf.concat([tf.cast(o.ids, tf.int64) for o in occ], 0))  # the registry's order
-            if present is not None:  # the registry's rows, then those only absent examples read dropped
-                occ = [present_occurrences(o, present) for o in occ]
-                touched = tf.boolean_mask(touched, is_member(touched, read_rows(occ)))
-            zeros = tf.zeros([tf.size(touched), t.output_dim], t.embeddings.dtype)
-            tables.append(
-                TableGradient(
-                    layer=t,
-                    variable=t.embeddings,
-                    gradient=tf.IndexedSlices(zeros, touched, t.dense_shape),
-                    occurrences=occ,
-                    clip_factors=tf.ones([batch_size], tf.float32),
-                )
-            )
-        dense = [(v, tf.zeros_like(v)) for v in self.model.trainable_variables]
-        dry = ClippedGradients(
-            tables=tables, dense=dense, expected_batch_size=self.expected_batch_size, batch_size=batch_size
+def _clipped_gradients(step, tables: list, dense_variables: list, expected_batch_size: float, batch_size):
+    """The clipped sums of `step` as the mechanism's `ClippedGradients` (zeros for unreached dense variables)."""
+    grads, occurrences = {}, {}
+    for tap, info in step.layers:
+        for variable, grad in zip(info.variables, info.clipped_sum(step.clip_factors)):
+            grads[id(variable)] = grad
+        if info.occurrences is not None:
+            occurrences[id(tap.layer)] = info.occurrences
+    table_grads = [
+        TableGradient(
+            layer=t,
+            variable=t.embeddings,
+            gradient=grads[id(t.embeddings)],
+            occurrences=occurrences[id(t)],
+            clip_factors=step.clip_factors,
         )
-        pairs, _ = self._run_mechanism(dry, ctx, dry=True)
-        by_variable = {id(v): g for g, v in pairs}
-        return [tf.sort(tf.cast(by_variable[id(t.embeddings)].indices, tf.int64)) for t in self.tables]
+        for t in tables
+    ]
+    dense = [(v, grads[id(v)] if id(v) in grads else tf.zeros_like(v)) for v in dense_variables]
+    return ClippedGradients(
+        tables=table_grads, dense=dense, expected_batch_size=expected_batch_size, batch_size=batch_size
+    )
 
-    def _run_mechanism(self, clipped: ClippedGradients, ctx, *, dry: bool):
-        """`mechanism.update` once for the global batch; (pairs, global clipped sums).
 
-        `dry`: the mechanism's state (generator included) is restored afterwards.
-        """
-        mechanism = self.mechanism
+def _checked_features(features, table_sizes: dict, mechanism: NoiseMechanism) -> tuple:
+    """(the features as a list, {table: combiner}), refusing what the engine path cannot run.
 
-        def update(sums):
-            if not dry:
-                return mechanism.update(sums)
-            state = _mechanism_state(mechanism)
-            saved = [tf.identity(v.read_value()) for v in state]
-            with tf.control_dependencies(saved):
-                pairs = mechanism.update(sums)
-            done = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs]
-            with tf.control_dependencies(done):
-                for variable, value in zip(state, saved):
-                    variable.assign(value)
-            return pairs
+    Refused: repeated or reserved names, unknown tables, mixed combiners on one table,
+    pooled features with a mechanism that leaves touched rows unchanged.
+    """
+    features = list(features)
+    if not features or not all(isinstance(f, TpuFeature) for f in features):
+        raise ValueError(f"`features` must be a non-empty sequence of TpuFeature; received {features!r}.")
+    names = [f.name for f in features]
+    if len(set(names)) != len(names):
+        raise ValueError(f"Feature names repeat: {names}; each feature needs its own name.")
+    combiners: dict[str, str | None] = {}
+    for f in features:
+        if f.table not in table_sizes:
+            raise ValueError(
+                f"Feature {f.name!r} reads table {f.table!r}, which `table_sizes` does not have; it has "
+                f"{sorted(table_sizes)}."
+            )
+        if f.name.endswith(NOISE_FEATURE_SUFFIX):
+            raise ValueError(
+                f"Feature name {f.name!r} ends with {NOISE_FEATURE_SUFFIX!r}, reserved for noise features."
+            )
+        if combiners.setdefault(f.table, f.combiner) != f.combiner:
+            raise ValueError(
+                f"The features of table {f.table!r} use different combiners ({combiners[f.table]!r}, "
+                f"{f.combiner!r}); one table, one combiner."
+            )
+    if isinstance(mechanism, (DPFEST, DPAdaFEST)):
+        pooled = [f.name for f in features if f.combiner is not None]
+        if pooled:
+            raise DistributionNotSupportedError(
+                f"Mechanism {mechanism.name!r} leaves some touched rows unchanged (unselected or below "
+                f"the threshold), which needs a per-id activation gradient to mask: features {pooled} "
+                "are pooled by the engine. Declare them as sequence features (combiner=None, engine "
+                "max_sequence_length = ids per example) and pool on the TensorCore."
+            )
+    return features, combiners
 
-        if ctx is None or ctx.num_replicas_in_sync == 1:
-            return update(clipped), clipped
-        total = all_reduce_clipped(clipped, ctx, with_lookups=True)
-        variables = [t.variable for t in total.tables] + [v for v, _ in total.dense]
-        order = {id(v): i for i, v in enumerate(variables)}
-        flat, rebuild = _flatten(total)
 
-        def merged(strategy, *per_replica):
-            local = [strategy.experimental_local_results(x)[0] for x in per_replica]
-            grads = [None] * len(variables)
-            for grad, var in update(rebuild(local)):
-                grads[order[id(var)]] = grad
-            return [_encode_grad(g) for g in grads]
+def _tensorcore_layers(model) -> list:
+    """The built TensorCore model's layers owning weights; refused if any is a `DPEmbedding` table."""
+    from tfdp_embed.keras2.clipping.taps import layers_owning_weights
 
-        encoded = ctx.merge_call(merged, args=tuple(flat))
-        pairs = [(_decode_grad(g), v) for g, v in zip(encoded, variables) if g is not None]
-        return pairs, total
+    if not model.built or not model.trainable_variables:
+        raise ValueError(f"The TensorCore model {model.name!r} must be built (call it once on activations).")
+    dense_layers = layers_owning_weights(model)
+    inner_tables = [layer.name for layer in dense_layers if isinstance(layer, DPEmbedding)]
+    if inner_tables:
+        raise ValueError(
+            f"The TensorCore model holds DPEmbedding tables {inner_tables}; with TpuDPStep every table "
+            "lives on the engine (declare it in the engine's table config and as a TpuFeature)."
+        )
+    return dense_layers
+
+
+def _noise_row_limits(max_noise_rows, tables: list) -> dict:
+    """{table: noise-feature ids per replica} from an int or a dict; each must be an int > 0."""
+    limits = max_noise_rows if isinstance(max_noise_rows, dict) else {t: max_noise_rows for t in tables}
+    for table in tables:
+        limit = limits.get(table)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise ValueError(
+                f"`max_noise_rows` for table {table!r} must be an int > 0 (noise-feature ids per replica); "
+                f"received {limit!r}."
+            )
+    return {t: limits[t] for t in tables}
 
 
 def _check_tpu_capable(mechanism: NoiseMechanism) -> None:
@@ -523,16 +503,6 @@ def _check_tpu_capable(mechanism: NoiseMechanism) -> None:
             f"Mechanism {mechanism.name!r} cannot run with its tables on the TPU embedding engine "
             f"(class {type(mechanism).__name__}): {why} TPU-possible mechanisms: {possible} (docs/tpu_sparsecore.md)."
         )
-
-
-def _mechanism_state(mechanism: NoiseMechanism) -> list:
-    """Every variable `update` may write: the mechanism's variables and its generator's state."""
-    seen, out = set(), []
-    for variable in [*mechanism.variables, mechanism.generator.state]:
-        if id(variable) not in seen:
-            seen.add(id(variable))
-            out.append(variable)
-    return out
 
 
 __all__ = ["TpuDPStep"]
