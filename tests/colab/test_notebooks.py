@@ -14,7 +14,9 @@ TINY_CRITEO = {
     "CRITEO_NB_BATCH": "100",
     "CRITEO_NB_EPOCHS": "1",
     "CRITEO_NB_ACCOUNTANT": "rdp",
-    "CRITEO_NB_MECHANISMS": "dense,adafest",
+    # One mechanism: the notebook's cells are the same for each (the pipeline's mechanisms have their own
+    # end-to-end runs in tests/pipelines/test_criteo_pipeline.py); a second costs a whole pipeline run.
+    "CRITEO_NB_MECHANISMS": "adafest",
 }
 
 
@@ -23,6 +25,5 @@ def test_criteo_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     assert "== privacy report ==" in text
     assert "P(click)=" in text
     assert "TypeError: Criteo serving request: field I3" in text
-    for mechanism in ("dense", "adafest"):
-        assert os.path.exists(tmp_path / "out" / mechanism / "saved_model" / "saved_model.pb")
-        assert os.path.exists(tmp_path / "out" / mechanism / "report.json")
+    assert os.path.exists(tmp_path / "out" / "adafest" / "saved_model" / "saved_model.pb")
+    assert os.path.exists(tmp_path / "out" / "adafest" / "report.json")
