@@ -7,7 +7,9 @@ from typing import Any
 
 from tfdp_embed.accounting.calibration import check_accountant, check_delta, check_epsilon
 from tfdp_embed.accounting.periods import AccountingPeriod, calibrate_periods
+from tfdp_embed.data.provenance import BatchingInfo
 from tfdp_embed.mechanisms import factory
+from tfdp_embed.planning.from_batching import run_from_batching
 from tfdp_embed.planning.releases import ACCOUNTANT, SELECTION, Release, plan_event_releases, plan_releases
 from tfdp_embed.planning.run_plan import RunPlan
 
@@ -28,6 +30,8 @@ def plan_run(
     assumptions: Sequence[str] = (),
     dataset_size: int | None = None,
     max_batch_size: int | None = None,
+    batching: BatchingInfo | None = None,
+    epochs: float | None = None,
     **mechanism_options,
 ) -> RunPlan:
     """Plans a run: calibrates every noise multiplier and builds the mechanism (`mechanisms.create`).
@@ -46,6 +50,8 @@ def plan_run(
         each step is `TruncatedSubsampledGaussianDpEvent(N, q, B, sigma)` (PLD only; with `periods`, per period).
       **mechanism_options: the mechanism's constructor options (`mechanisms.options(name)`), plus `ratio`
         (sigma1 / sigma2 of a contribution map, default 1) and `threshold_sigmas` (tau in sigma1 x contribution_clip).
+      batching: the sampler's `BatchingInfo`: q, N (and its cap) are read from it, stated once.
+      epochs: instead of `steps`, T = round(epochs / q).
 
     Returns a frozen `RunPlan`. Raises ValueError: an unknown mechanism or option, both or neither of
     `target_epsilon`/`noise_multiplier`, releases leaving nothing for training, a selecting mechanism
@@ -53,8 +59,17 @@ def plan_run(
     """
     options = dict(mechanism_options)
     allowed = factory.options(mechanism, counts="counts" in options)
-    run = (sampling_probability, steps, periods, (dataset_size, max_batch_size))
+    q, steps, dataset_size, max_batch_size, known_size = run_from_batching(
+        batching,
+        sampling_probability=sampling_probability,
+        steps=steps,
+        epochs=epochs,
+        dataset_size=dataset_size,
+        max_batch_size=max_batch_size,
+    )
+    run = (q, steps, periods, (dataset_size, max_batch_size))
     common = _common(mechanism, target_epsilon, target_delta, accountant, assumptions, *run)
+    common["dataset_size"] = known_size
     if "noise_multiplier" not in allowed:
         return _non_private(common, noise_multiplier, tuple(releases), options, seed)
     sigma, planned, training = _noise(common, noise_multiplier, tuple(releases))

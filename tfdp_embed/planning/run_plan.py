@@ -35,6 +35,7 @@ class RunPlan:
       training_epsilon: what the steps were calibrated for (target minus pure-DP shares).
       releases: the `PlannedRelease`s.
       assumptions: conditions the guarantee rests on (go into the report).
+      dataset_size: N when the plan knows it (from `batching` or `dataset_size`), the report's default.
     """
 
     mechanism: NoiseMechanism
@@ -51,6 +52,7 @@ class RunPlan:
     training_epsilon: float | None = None
     releases: tuple = ()
     assumptions: tuple = ()
+    dataset_size: int | None = None
 
     @property
     def is_dp(self) -> bool:
@@ -134,7 +136,7 @@ class RunPlan:
     def report(
         self,
         *,
-        dataset_size: int | ReleasedDatasetSize,
+        dataset_size: int | ReleasedDatasetSize | None = None,
         dp_model=None,
         batching=None,
         ledger: PrivacyLedger | None = None,
@@ -151,6 +153,7 @@ class RunPlan:
         Args:
           dataset_size: N~ (`release_dataset_size`, charged with `Release.dataset_size`): the report
             states N~ only; an int N is stated exactly, under the assumption that N is public.
+            None: the plan's N (`plan_run(batching=)` or `dataset_size=`).
           dp_model: the trained `DPModel`; its `batching` (what `fit` was fed) is reported.
           batching: instead of `dp_model`, a batching statement (see `privacy_report`).
           ledger: the budget's ledger (DP mechanisms; ignored for non-DP ones,
@@ -165,6 +168,9 @@ class RunPlan:
         """
         if batching is None and dp_model is None:
             raise ValueError("Pass `dp_model` (its recorded batching is reported) or `batching`.")
+        dataset_size = self.dataset_size if dataset_size is None else dataset_size
+        if dataset_size is None:
+            raise ValueError("Pass `dataset_size`: this plan does not know N (plan with `batching=` to record it).")
         if ledger is not None and not self.is_dp:
             steps, ledger = ledger.steps if steps is None else steps, None
         self._check_size_charged(dataset_size)
