@@ -244,3 +244,56 @@ def test_repeated_plans_reuse_the_calibration(monkeypatch):
     monkeypatch.setattr(calibration_module, "compute_epsilon", lambda *a, **k: calls.append(a) or compute(*a, **k))
     again = plan_run("dense", target_epsilon=1.5, **RUN)
     assert again.noise_multiplier == first.noise_multiplier and calls == []  # every epsilon is memoised by event
+
+
+def _sampled(q: float, n: int = 200):
+    from tfdp_embed import data, tf
+
+    ids = np.arange(n, dtype=np.int32).reshape(n, 1) % 10
+    dataset = tf.data.Dataset.from_tensor_slices((ids, (ids % 2).astype("float32")))
+    return data.poisson_batches(dataset, sampling_probability=q, num_examples=n, seed=1)
+
+
+def _tiny_model():
+    from tfdp_embed import DPEmbedding, keras
+
+    inputs = keras.Input((1,), dtype="int32")
+    x = DPEmbedding(10, 2, combiner="mean")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1)(x))
+
+
+def test_plan_from_batching_info_is_the_plan_from_q_and_steps():
+    _, info = _sampled(0.05)
+    read = plan_run("dense", target_epsilon=3.0, target_delta=DELTA, accountant="rdp", batching=info, epochs=10)
+    stated = plan_run("dense", target_epsilon=3.0, **RUN)  # q = 0.05, T = 200 = 10 epochs / q
+    assert read.noise_multiplier == stated.noise_multiplier and read.steps == 200
+    assert read.dataset_size == 200 and stated.dataset_size is None
+    with pytest.raises(ValueError, match=r"`sampling_probability`=0.1 but `batching` was sampled with q=0.05"):
+        plan_run("dense", target_epsilon=3.0, target_delta=DELTA, batching=info, sampling_probability=0.1, steps=9)
+    with pytest.raises(TypeError, match="BatchingInfo"):
+        plan_run("dense", target_epsilon=3.0, target_delta=DELTA, batching="poisson", steps=9)
+
+
+def test_dp_model_from_a_plan_is_the_model_from_its_mechanism_and_batch_size():
+    from tfdp_embed import DPModel
+
+    _, info = _sampled(0.05)
+    plan = plan_run("dense", noise_multiplier=1.0, target_delta=DELTA, batching=info, epochs=1)
+    wired = DPModel(_tiny_model(), plan=plan)
+    explicit = DPModel(_tiny_model(), mechanism=plan.mechanism, expected_batch_size=0.05 * 200)
+    assert wired.mechanism is explicit.mechanism and wired.expected_batch_size == explicit.expected_batch_size == 10
+    with pytest.raises(ValueError, match=r"`expected_batch_size`=32 but the plan's q N is 10"):
+        DPModel(_tiny_model(), plan=plan, expected_batch_size=32)
+
+
+def test_batches_sampled_with_another_q_are_refused_before_the_first_step():
+    from tfdp_embed import DPModel, PrivacyContractError, keras
+
+    _, info = _sampled(0.05)
+    batches, _ = _sampled(0.1)
+    plan = plan_run("dense", noise_multiplier=1.0, target_delta=DELTA, batching=info, epochs=1)
+    dp = DPModel(_tiny_model(), plan=plan)
+    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    with pytest.raises(PrivacyContractError, match=r"q=0.05.*sampled with q=0.1"):
+        dp.fit(batches, epochs=1, verbose=0)
+    assert int(dp.optimizer.iterations.numpy()) == 0  # refused before any step

@@ -210,7 +210,7 @@ def _checked_run(delta, sampling_probability, accountant, dataset_size, ledger, 
     released = _released_size(dataset_size, ledger)
     steps = _resolve_steps(ledger, epsilon, steps)
     stated = _batching(batching)
-    _check_batching_matches(stated.details, dataset_size=dataset_size if released is None else released, q=q)
+    check_batching_matches(stated.details, dataset_size=dataset_size if released is None else released, q=q)
     n = released.value if released is not None else cast(int, dataset_size)  # an int: _released_size
     return _Run(delta, q, accountant, released, steps, stated, n)
 
@@ -333,7 +333,7 @@ def _released_size(dataset_size, ledger: PrivacyLedger | None) -> ReleasedDatase
     return None
 
 
-def _check_batching_matches(details: dict | None, *, dataset_size, q: float) -> None:
+def check_batching_matches(details: dict | None, *, dataset_size, q: float) -> None:
     """The sampler's own N and q (when it reported them) must be the report's (N~ was drawn from the N sampled)."""
     if details is None:
         return
@@ -619,6 +619,7 @@ __all__ = [
     "UNVERIFIED_CAVEAT",
     "add_seed_caveat",
     "attacker_bound",
+    "check_batching_matches",
     "not_released_note",
     "privacy_report",
     "read_privacy_report",

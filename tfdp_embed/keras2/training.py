@@ -32,7 +32,7 @@ from tfdp_embed import nonfinite, read_guard, tape_guard
 from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2 import callbacks_check, contract, distribute, mixed_precision, optimizer_check
+from tfdp_embed.keras2 import callbacks_check, contract, distribute, mixed_precision, optimizer_check, plan_wiring
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.clipping.assemble import assemble, check_every_variable_noised
 from tfdp_embed.keras2.clipping.per_example import clipped_step
@@ -62,10 +62,10 @@ class _MechanismWarnings(keras.callbacks.Callback):
 class _TrainingOnly:
     """State `DPModel` keeps out of Keras/TF tracking, so no weights file, checkpoint or SavedModel of it holds it."""
 
-    __slots__ = ("mechanism", "loss_tracker", "fed_batching", "loss")
+    __slots__ = ("mechanism", "loss_tracker", "fed_batching", "loss", "plan")
 
-    def __init__(self, mechanism, loss_tracker):
-        self.mechanism = mechanism
+    def __init__(self, mechanism, loss_tracker, plan=None):
+        self.mechanism, self.plan = mechanism, plan  # the `RunPlan` whose q and N `fit` checks the batches against
         self.loss_tracker = loss_tracker
         self.fed_batching = None
         self.loss = None  # the compiled `PerExampleLoss` (None: the model's `compute_loss`)
@@ -135,23 +135,20 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
     """Trains `model` with a noise mechanism; `fit`, callbacks and `tf.function` work.
 
     Args:
-      model: the Keras model to train (functional, sequential, subclassed, or
-        `tfrs.Model`). Its `DPEmbedding` tables are sparse variables; every
-        other trainable variable is dense.
+      model: the Keras model to train (functional, sequential, subclassed, or `tfrs.Model`). Its `DPEmbedding`
+        tables are sparse variables; every other trainable variable is dense.
       mechanism: a `NoiseMechanism` (keyword-only).
-      expected_batch_size: divisor of the noised gradient sum: q * N under
-        Poisson sampling, the batch size under fixed-size batching.
+      plan: instead, a `plan_run` RunPlan: its mechanism and q * N; `fit` refuses batches sampled with another q or N.
+      expected_batch_size: divisor of the noised gradient sum: q * N under Poisson sampling, else the batch size.
       registry: a `LayerRegistry` of per-example norm functions; defaults to
         `tfdp_embed.keras2.clipping.default_registry()`.
-      lookahead: the dataset yields `(features, labels, lookahead)` where
-        `lookahead` maps a `DPEmbedding` layer name to the next batch's unique
-        ids (`tfdp_embed.data.with_lookahead`); only mechanisms declaring
+      lookahead: the dataset yields `(features, labels, lookahead)` where `lookahead` maps a `DPEmbedding` layer
+        name to the next batch's unique ids (`tfdp_embed.data.with_lookahead`); only mechanisms declaring
         `capabilities.lookahead` (LazyDP) accept it.
-      check_per_example: on the first batch, check that each example's loss
-        depends on that example alone and that the clipping rules cover the
-        whole gradient (a few eager forward passes, once). Turn it off only to
-        save that time on a model known to pass; a warning says it is off.
-        The check that training leaves non-trainable state alone always runs.
+      check_per_example: on the first batch, check that each example's loss depends on that example alone and
+        that the clipping rules cover the whole gradient (a few eager forward passes, once). Turn it off only to
+        save that time on a model known to pass (a warning says it is off); the check that training leaves
+        non-trainable state alone always runs.
 
     What leaves training is the wrapped model's weights alone, flushed first
     (`tfdp_embed.keras2.training_exits`); training state that must resume exactly
@@ -170,7 +167,8 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
         self,
         model: keras.Model,
         *,
-        mechanism: NoiseMechanism,
+        mechanism: NoiseMechanism | None = None,
+        plan=None,
         expected_batch_size: float | None = None,
         registry=None,
         lookahead: bool = False,
@@ -178,6 +176,7 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
         name: str | None = None,
     ):
         super().__init__(name=name or f"dp_{model.name}")
+        mechanism, expected_batch_size = plan_wiring.from_plan(plan, mechanism, expected_batch_size)
         _check_arguments(model, mechanism, expected_batch_size, lookahead)
         from tfdp_embed.keras2 import clipping  # registry functions live in the clipping package
 
@@ -191,7 +190,7 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
         self._loss_scale = 1.0  # the fixed float16 loss scale (`tfdp_embed.keras2.mixed_precision`), set by prepare
         self._contract_pending = True
         self._trace_error = None
-        self._training_only = _TrainingOnly(mechanism, keras.metrics.Mean(name="loss"))
+        self._training_only = _TrainingOnly(mechanism, keras.metrics.Mean(name="loss"), plan)
 
     @property
     def mechanism(self) -> NoiseMechanism:
@@ -231,6 +230,7 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
         epoch logs before any callback reads them.
         """
         self._training_only.fed_batching = fed_batching(x, declared=batching)
+        plan_wiring.check_fed(self._training_only.plan, self._training_only.fed_batching)  # before any step
         data = x if isinstance(x, tf.data.Dataset) else contract.one_batch_of_arrays(x, args, kwargs)
         self.prepare(data)
         if self._contract_pending:
