@@ -1,4 +1,4 @@
-"""Tests of LazyDP (tfdp_embed/mechanisms/lazy.py).
+"""Tests of LazyDP (tfdp_embed/mechanisms/lazy/mechanism.py).
 
 A tiny DPEmbedding + Dense model is trained by a hand-written DP step
 (per-example gradients by a loop, clipped, summed) that calls the mechanism
@@ -20,10 +20,10 @@ from tfdp_embed import read_guard
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.layers.embedding import DPEmbedding
-from tfdp_embed.mechanisms import lazy_math
 from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.lazy import LazyDP
+from tfdp_embed.mechanisms.lazy import closed_form as lazy_math
 
 VOCAB, DIM, BATCH, IDS = 24, 3, 4, 2
 CLIP, SIGMA = 1.0, 1.3

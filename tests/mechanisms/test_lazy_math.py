@@ -1,4 +1,4 @@
-"""Closed forms of LazyDP's deferred noise (tfdp_embed/mechanisms/lazy_math.py).
+"""Closed forms of LazyDP's deferred noise (tfdp_embed/mechanisms/lazy/closed_form.py).
 
 Every closed form is checked against a brute-force float64 simulation of the
 Keras momentum recursion, m_r = beta m_(r-1) + u_r, theta_r = theta_(r-1) + m_r
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed.keras2._keras import tf
-from tfdp_embed.mechanisms import lazy_math
+from tfdp_embed.mechanisms.lazy import closed_form as lazy_math
 
 
 def _weights(steps: int, seed: int = 0) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""LazyDP's optimizer protocol (`tfdp_embed.mechanisms.lazy_sgd.SgdOptimizer`) for tf-keras `legacy.SGD`.
+"""LazyDP's optimizer protocol (`tfdp_embed.mechanisms.lazy.sgd.SgdOptimizer`) for tf-keras `legacy.SGD`.
 
 Only `legacy.SGD` has an exact lazy form here: the new-style `SGD`'s sparse
 momentum update decays every row's momentum every step (a dense update), and
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.mechanisms import lazy_sgd
+from tfdp_embed.mechanisms.lazy import sgd as lazy_sgd
 
 
 class LegacySgd:

@@ -1,7 +1,7 @@
 """The optimizers LazyDP can defer exactly, and the learning rate of the coming step.
 
 An idle row's state after k noisy steps has a Gaussian closed form only
-under SGD (`tfdp_embed.mechanisms.lazy_math`): a learning rate or schedule,
+under SGD (`tfdp_embed.mechanisms.lazy.closed_form`): a learning rate or schedule,
 inverse-time decay, constant momentum in [0, 1), Nesterov or not. LazyDP
 talks to the optimizer only through `SgdOptimizer`; each Keras front end
 registers an adapter for its SGD (`register_adapter`; tf-keras `legacy.SGD`

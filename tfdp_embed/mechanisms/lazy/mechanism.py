@@ -55,7 +55,6 @@ import tensorflow as tf
 
 from tfdp_embed import read_guard
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.mechanisms import lazy_catch_up, lazy_fused, lazy_history, lazy_sgd
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import (
     MIRRORED,
@@ -64,6 +63,10 @@ from tfdp_embed.mechanisms.capabilities import (
     PARAMETER_SERVER,
     MechanismCapabilities,
 )
+from tfdp_embed.mechanisms.lazy import catch_up as lazy_catch_up
+from tfdp_embed.mechanisms.lazy import fused as lazy_fused
+from tfdp_embed.mechanisms.lazy import history as lazy_history
+from tfdp_embed.mechanisms.lazy import sgd as lazy_sgd
 from tfdp_embed.mechanisms.row_noise import check_row_noise
 from tfdp_embed.mechanisms.tables import EmbeddingTable
 from tfdp_embed.ops import sparse_rows

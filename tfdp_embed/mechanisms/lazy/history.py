@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdp_embed.mechanisms import lazy_math
+from tfdp_embed.mechanisms.lazy import closed_form as lazy_math
 from tfdp_embed.ops import sparse_rows
 
 # Steps an int32 history can count (entries are (step << 1) | flag); the fused ops check the same.

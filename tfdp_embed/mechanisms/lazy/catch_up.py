@@ -2,7 +2,7 @@
 
 A row whose history says it is behind step t gets, in one catch-up, the
 momentum drift it missed and the noise it owes (closed forms in
-`tfdp_embed.mechanisms.lazy_math`), and is marked current:
+`tfdp_embed.mechanisms.lazy.closed_form`), and is marked current:
 
     plain SGD:  theta += N(0, sum_{r in (h, t]} (eta_r sigma C / B)^2)
     momentum:   (m, theta) <- (beta^k m, theta + gain_k m) + (M, Theta),
@@ -27,8 +27,9 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from tfdp_embed.mechanisms import lazy_history, lazy_math
 from tfdp_embed.mechanisms.any_shape import AnyShapeFunction
+from tfdp_embed.mechanisms.lazy import closed_form as lazy_math
+from tfdp_embed.mechanisms.lazy import history as lazy_history
 from tfdp_embed.mechanisms.row_noise import stateless_row_normals
 
 # Rows owing at most this many steps get their momentum moments summed directly.

@@ -1,0 +1,10 @@
+"""LazyDP: deferred noise on the rows a step does not read (`mechanism.LazyDP`).
+
+Modules: `mechanism` (the class), `history` (per-row step stamps and step sums), `closed_form` (the sums and
+moments of the deferred noise), `catch_up` (the TensorFlow-ops catch-up), `fused` (the custom-op catch-up),
+`sgd` (the optimizer protocol).
+"""
+
+from tfdp_embed.mechanisms.lazy.mechanism import LazyDP
+
+__all__ = ["LazyDP"]
