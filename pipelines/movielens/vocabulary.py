@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from tfdp_embed import Release
-from tfdp_embed.accounting.releases import release_noise_multiplier
+from tfdp_embed.accounting.one_off_releases import release_noise_multiplier
 from tfdp_embed.data import vocabulary as vocabulary_lib
 from tfdp_embed.data.item_ids import ItemIdMap
 from tfdp_embed.data.movielens import MovieLensData, user_timelines
