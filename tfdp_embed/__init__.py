@@ -46,11 +46,11 @@ _FRONT_END = {
     "SharedEmbedding": "tfdp_embed.keras2",
     "export_saved_model": "tfdp_embed.keras2",
     # Kept for code written before the core/front-end split (the modules now live in tfdp_embed.keras2).
-    "attention": "tfdp_embed.keras2",
-    "checkpointing": "tfdp_embed.keras2",
-    "clipping": "tfdp_embed.keras2",
-    "distribute": "tfdp_embed.keras2",
-    "retrieval": "tfdp_embed.keras2",
+    "attention": "tfdp_embed.keras2.attention",
+    "checkpointing": "tfdp_embed.keras2.checkpointing",
+    "clipping": "tfdp_embed.keras2.clipping",
+    "distribute": "tfdp_embed.keras2.distribute",
+    "retrieval": "tfdp_embed.keras2.retrieval",
 }
 
 

@@ -169,7 +169,9 @@ def test_bad_input(data_file, tmp_path, capsys):
 def test_popularity_prior_uses_the_run_frequencies(data_file, tmp_path, monkeypatch):
     made = []
     adam = sequential_training.keras.optimizers.Adam
-    monkeypatch.setattr(sequential_training.keras.optimizers, "Adam", lambda **kwargs: made.append(kwargs) or adam(**kwargs))
+    monkeypatch.setattr(
+        sequential_training.keras.optimizers, "Adam", lambda **kwargs: made.append(kwargs) or adam(**kwargs)
+    )
     out = tmp_path / "prior"
     args = [
         "--data",

@@ -214,7 +214,7 @@ def remap_items(data: SequenceData, id_map: ItemIdMap) -> SequenceData:
 
     Training inputs and targets keep their positions (an unknown input is masked like padding, an unknown
     target has no loss); evaluation histories drop unknown items and are left-padded again (what serving
-    does); an unknown evaluation target stays 0 (`pipelines.sequential_eval` counts it as a miss).
+    does); an unknown evaluation target stays 0 (`pipelines.sequential.evaluation` counts it as a miss).
     """
 
     def dense(array):

@@ -34,13 +34,11 @@ class SgdSettings(NamedTuple):
 
 @runtime_checkable
 class SgdOptimizer(Protocol):
-    """The optimizer-slot protocol LazyDP needs of an SGD optimizer.
+    """The optimizer-slot protocol LazyDP needs of an SGD optimizer."""
 
-    Attributes:
-      iterations: the optimizer's applied-step counter (int64 variable).
-    """
-
-    iterations: tf.Variable
+    @property
+    def iterations(self) -> tf.Variable:
+        """The optimizer's applied-step counter (int64 variable)."""
 
     def settings(self) -> SgdSettings:
         """Momentum, Nesterov and decay; raises ValueError for settings without a lazy form."""
