@@ -72,20 +72,7 @@ def plan_run(
     common["dataset_size"] = known_size
     if "noise_multiplier" not in allowed:
         return _non_private(common, noise_multiplier, tuple(releases), options, seed)
-    sigma, planned, training = _noise(common, noise_multiplier, tuple(releases))
-    selection = _selection_arguments(mechanism, planned, options, allowed, calibrated=noise_multiplier is None)
-    arguments = _noise_arguments(mechanism, sigma, options, allowed) | selection
-    built = factory.create(mechanism, l2_norm_clip=l2_norm_clip, seed=seed, **arguments, **options)
-    return RunPlan(
-        mechanism=built,
-        l2_norm_clip=built.l2_norm_clip,
-        noise_multiplier=sigma,
-        noise_source="calibrated" if noise_multiplier is None else "given",
-        mechanism_arguments=arguments,
-        training_epsilon=training,
-        releases=planned,
-        **common,
-    )
+    return _private(common, noise_multiplier, tuple(releases), options, allowed, l2_norm_clip, seed)
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -135,6 +122,27 @@ def _non_private(common: dict, noise_multiplier, releases: tuple, options: dict,
         noise_multiplier=0.0,
         noise_source="non-private",
         mechanism_arguments={},
+        **common,
+    )
+
+
+def _private(
+    common: dict, noise_multiplier, releases: tuple, options: dict, allowed: frozenset, l2_norm_clip, seed
+) -> RunPlan:
+    """A noised mechanism: sigma (given or calibrated), the releases' shares, then the built mechanism."""
+    mechanism = common["mechanism_name"]
+    sigma, planned, training = _noise(common, noise_multiplier, releases)
+    selection = _selection_arguments(mechanism, planned, options, allowed, calibrated=noise_multiplier is None)
+    arguments = _noise_arguments(mechanism, sigma, options, allowed) | selection
+    built = factory.create(mechanism, l2_norm_clip=l2_norm_clip, seed=seed, **arguments, **options)
+    return RunPlan(
+        mechanism=built,
+        l2_norm_clip=built.l2_norm_clip,
+        noise_multiplier=sigma,
+        noise_source="calibrated" if noise_multiplier is None else "given",
+        mechanism_arguments=arguments,
+        training_epsilon=training,
+        releases=planned,
         **common,
     )
 

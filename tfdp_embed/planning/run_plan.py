@@ -168,9 +168,7 @@ class RunPlan:
         """
         if batching is None and dp_model is None:
             raise ValueError("Pass `dp_model` (its recorded batching is reported) or `batching`.")
-        dataset_size = self.dataset_size if dataset_size is None else dataset_size
-        if dataset_size is None:
-            raise ValueError("Pass `dataset_size`: this plan does not know N (plan with `batching=` to record it).")
+        dataset_size = self._report_dataset_size(dataset_size)
         if ledger is not None and not self.is_dp:
             steps, ledger = ledger.steps if steps is None else steps, None
         self._check_size_charged(dataset_size)
@@ -190,12 +188,7 @@ class RunPlan:
             report = privacy_report(
                 **common, sampling_probability=self.sampling_probability, ledger=ledger, epsilon=epsilon, steps=steps
             )
-        if not self.is_dp and self.noise_source == "calibrated":
-            report["caveats"].append(
-                f"The noise multiplier {self.noise_multiplier:.4g} is what dense DP-SGD would need for "
-                f"epsilon={self.target_epsilon:g} at delta={self.target_delta:.3g}; {self.mechanism_name} with it "
-                "has no such guarantee."
-            )
+        self._add_nominal_noise_caveat(report)
         return report
 
     def summary(self) -> dict:
@@ -219,6 +212,22 @@ class RunPlan:
         if self.parallel:
             out["periods"] = [dataclasses.asdict(p) for p in self.periods]
         return out
+
+    def _report_dataset_size(self, dataset_size):
+        """The report's N: the one given, else the plan's (ValueError when neither is known)."""
+        dataset_size = self.dataset_size if dataset_size is None else dataset_size
+        if dataset_size is None:
+            raise ValueError("Pass `dataset_size`: this plan does not know N (plan with `batching=` to record it).")
+        return dataset_size
+
+    def _add_nominal_noise_caveat(self, report: dict) -> None:
+        """A non-DP mechanism with a calibrated sigma: the report says the sigma's epsilon does not apply."""
+        if not self.is_dp and self.noise_source == "calibrated":
+            report["caveats"].append(
+                f"The noise multiplier {self.noise_multiplier:.4g} is what dense DP-SGD would need for "
+                f"epsilon={self.target_epsilon:g} at delta={self.target_delta:.3g}; {self.mechanism_name} with it "
+                "has no such guarantee."
+            )
 
     def _check_size_charged(self, size) -> None:
         """A released N~ of a DP plan must be one of its releases (else its cost is missing from epsilon)."""
