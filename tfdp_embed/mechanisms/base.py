@@ -182,8 +182,14 @@ class NoiseMechanism(tf.Module, abc.ABC):
         unseeded mechanism keeps its own fresh state (`rekey_from_entropy`).
         With an explicit `seed` (tests) the state is saved, so a resumed run
         reproduces an uninterrupted one.
+
+        The optimizer is not the mechanism's state: its owner checkpoints it.
+        Under `mixed_float16` the mechanism holds the `LossScaleOptimizer`'s
+        inner optimizer, a second optimizer node beside the wrapper whose
+        slots TensorFlow would then list twice and refuse to save.
         """
         children = super()._trackable_children(save_type, **kwargs)
+        children.pop("_optimizer", None)
         if self.seed is None:
             for name in self._unseeded_rng_state():
                 children.pop(name, None)
