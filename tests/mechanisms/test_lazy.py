@@ -294,10 +294,11 @@ def test_fused_plain_sgd_step_is_bit_identical_to_its_tf_ops(monkeypatch):
     assert int(fused.mechanism.steps.numpy()) == 14
     fused.mechanism.flush()
     want = fused.weights()
-    monkeypatch.setattr(sparse_rows, "lazy_catch_up", sparse_rows.lazy_catch_up_reference)
-    monkeypatch.setattr(sparse_rows, "lazy_catch_up_split", sparse_rows.lazy_catch_up_reference)
-    monkeypatch.setattr(sparse_rows, "lazy_record_step", sparse_rows.lazy_record_step_reference)
+    assert fused.mechanism._rows.paths.tables[0].fused  # init chose the custom ops
+    # LazyDP chooses its ops once, at init (`sparse_rows.lazy_ops`): here it is given the references.
+    monkeypatch.setattr(sparse_rows, "lazy_ops", lambda *variables: sparse_rows.LAZY_REFERENCE)
     reference = Harness(LazyDP(**kwargs))
+    assert reference.mechanism._fused(0) and not reference.mechanism._rows.paths.tables[0].fused
     got_unflushed = reference.run(ids, labels, flush=False)
     reference.mechanism.flush()
     for got, expected in zip(got_unflushed + reference.weights(), unflushed + want):

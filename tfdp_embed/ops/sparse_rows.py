@@ -20,6 +20,7 @@ reference runs instead: slower, identical results.
     lazy_catch_up_gather    the same, returning the caught-up rows (the lookup's gather)
     lazy_catch_up_split     the same in two ops (draws first, table write last)
     lazy_record_step        LazyDP's per-step bookkeeping (step sums, key, counter)
+    lazy_ops                the four LazyDP ops above, custom or reference, chosen once
     prefetch_rows           a hint: brings rows of a table into cache (no reference:
                             it computes nothing)
 
@@ -31,6 +32,10 @@ ASPLOS 2024) §5.2, Alg. 1 (aggregated noise sampling).
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -347,9 +352,11 @@ def lazy_catch_up(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, st
       tf.errors.InvalidArgumentError: a row outside [0, vocab), an invalid
         history entry, step sums too short, or t > 2^30 - 1.
     """
-    op = _op(table, history, p_hi, p_lo, steps, stream)
-    if op is None:
-        return lazy_catch_up_reference(table, history, rows, p_hi, p_lo, steps, stream)
+    ops = lazy_ops(table, history, p_hi, p_lo, steps, stream)
+    return ops.catch_up(table, history, rows, p_hi, p_lo, steps, stream)
+
+
+def _lazy_catch_up_op(op, table, history, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
     return op.tfdp_embed_lazy_catch_up(
         table.handle, history.handle, _flat_rows(rows), p_hi.handle, p_lo.handle, steps.handle, stream.handle
     )
@@ -366,11 +373,19 @@ def lazy_catch_up_gather(table: tf.Variable, history: tf.Variable, rows, p_hi, p
     Returns:
       float32 `[n, dim]`, n the number of entries of `rows`.
     """
-    op = _op(table, history, p_hi, p_lo, steps, stream)
+    ops = lazy_ops(table, history, p_hi, p_lo, steps, stream)
+    return ops.catch_up_gather(table, history, rows, p_hi, p_lo, steps, stream)
+
+
+def lazy_catch_up_gather_reference(table, history, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
+    """`lazy_catch_up_reference`, then `tf.gather(table, flat rows)`."""
     flat = _flat_rows(rows)
-    if op is None:
-        with tf.control_dependencies([lazy_catch_up_reference(table, history, flat, p_hi, p_lo, steps, stream)]):
-            return tf.gather(table, flat)
+    with tf.control_dependencies([lazy_catch_up_reference(table, history, flat, p_hi, p_lo, steps, stream)]):
+        return tf.gather(table, flat)
+
+
+def _lazy_catch_up_gather_op(op, table, history, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
+    flat = _flat_rows(rows)
     # A read of no rows marks `table` as accessed for any recording tape (the public
     # way; the op takes the handle), so the gradient below reaches the variable.
     table.sparse_read(flat[:0])
@@ -395,11 +410,14 @@ def lazy_catch_up_split(table: tf.Variable, history: tf.Variable, rows, p_hi, p_
     expensive half) reads only the history and the step state, so inside a
     `tf.function` it can run while the optimizer still writes the table;
     `TfdpEmbedLazyAddRows` then adds the rows. Same table, history and
-    stream as `lazy_catch_up`, bit for bit. Args, Returns and Raises as there.
+    stream as `lazy_catch_up`, bit for bit (its reference is
+    `lazy_catch_up_reference`). Args, Returns and Raises as there.
     """
-    op = _op(table, history, p_hi, p_lo, steps, stream)
-    if op is None:
-        return lazy_catch_up_reference(table, history, rows, p_hi, p_lo, steps, stream)
+    ops = lazy_ops(table, history, p_hi, p_lo, steps, stream)
+    return ops.catch_up_split(table, history, rows, p_hi, p_lo, steps, stream)
+
+
+def _lazy_catch_up_split_op(op, table, history, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
     stale, noise = op.tfdp_embed_lazy_catch_up_noise(
         history.handle,
         _flat_rows(rows),
@@ -467,12 +485,12 @@ def lazy_record_step(p_hi, p_lo, steps, stream, learning_rate, noise_scale, key,
     """
     if not isinstance(first_stream, int) or first_stream < 0:
         raise ValueError(f"`first_stream` must be an int >= 0; received {first_stream!r}.")
-    op = _op(p_hi, p_lo, steps, stream)
     key = tf.convert_to_tensor(key, tf.int64)
-    if op is None:
-        return lazy_record_step_reference(
-            p_hi, p_lo, steps, stream, learning_rate, noise_scale, key, first_stream=first_stream
-        )
+    ops = lazy_ops(p_hi, p_lo, steps, stream)
+    return ops.record_step(p_hi, p_lo, steps, stream, learning_rate, noise_scale, key, first_stream=first_stream)
+
+
+def _lazy_record_step_op(op, p_hi, p_lo, steps, stream, learning_rate, noise_scale, key, *, first_stream: int = 0):
     return op.tfdp_embed_lazy_record_step(
         p_hi.handle,
         p_lo.handle,
@@ -480,8 +498,53 @@ def lazy_record_step(p_hi, p_lo, steps, stream, learning_rate, noise_scale, key,
         stream.handle,
         tf.cast(learning_rate, tf.float32),
         _as_float64(noise_scale),
-        key,
+        tf.convert_to_tensor(key, tf.int64),
         first_stream=first_stream,
+    )
+
+
+class LazyOps(NamedTuple):
+    """One implementation of LazyDP's four ops: the custom ops (`fused`) or their TensorFlow references.
+
+    Chosen by `lazy_ops` for the variables the ops will run on; calling a
+    member decides nothing. Each member takes the arguments of the public
+    function of its name (`lazy_catch_up`, `lazy_catch_up_gather`,
+    `lazy_catch_up_split`, `lazy_record_step`), after their checks.
+    """
+
+    fused: bool
+    catch_up: Callable[..., tf.Tensor]
+    catch_up_gather: Callable[..., tf.Tensor]
+    catch_up_split: Callable[..., tf.Tensor]
+    record_step: Callable[..., tf.Tensor]
+
+
+LAZY_REFERENCE = LazyOps(
+    fused=False,
+    catch_up=lazy_catch_up_reference,
+    catch_up_gather=lazy_catch_up_gather_reference,
+    catch_up_split=lazy_catch_up_reference,
+    record_step=lazy_record_step_reference,
+)
+
+
+def lazy_ops(*variables) -> LazyOps:
+    """The implementation of LazyDP's ops on `variables`: the custom ops where they may run, else the references.
+
+    The one place that choice is made: the op library must be loaded and
+    `placement` must allow its CPU kernels on `variables`. LazyDP makes it
+    once per table at `init` and keeps the result (`lazy.fused.choose`);
+    the public functions above make it per call, for callers holding none.
+    """
+    op = _op(*variables)
+    if op is None:
+        return LAZY_REFERENCE
+    return LazyOps(
+        fused=True,
+        catch_up=functools.partial(_lazy_catch_up_op, op),
+        catch_up_gather=functools.partial(_lazy_catch_up_gather_op, op),
+        catch_up_split=functools.partial(_lazy_catch_up_split_op, op),
+        record_step=functools.partial(_lazy_record_step_op, op),
     )
 
 
@@ -519,13 +582,17 @@ def takes_table(table) -> bool:
 
 __all__ = [
     "LAZY_MAX_STEPS",
+    "LAZY_REFERENCE",
+    "LazyOps",
     "available",
     "dense_ghost_norms",
     "dense_ghost_norms_reference",
     "lazy_catch_up",
     "lazy_catch_up_gather",
+    "lazy_catch_up_gather_reference",
     "lazy_catch_up_reference",
     "lazy_catch_up_split",
+    "lazy_ops",
     "lazy_record_step",
     "lazy_record_step_reference",
     "noised_values",

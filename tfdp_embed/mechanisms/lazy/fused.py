@@ -6,8 +6,11 @@ hook, a flush), `lazy_catch_up_gather` (a lookup: the caught-up rows are
 returned, saving the lookup's own gather) or `lazy_catch_up_split` (the
 lookahead: the draws run while the optimizer writes the table, then the
 rows are added); a step's bookkeeping is one `lazy_record_step`. Without
-the op library the same functions run as TensorFlow ops, bit-identical
-given the op's normals (`sparse_rows.*_reference`).
+the op library, or where `placement` keeps its CPU kernels off the
+variables, the same functions run as TensorFlow ops, bit-identical given
+the op's normals (`sparse_rows.*_reference`). Which of the two runs, and
+whether a table takes this path at all, is chosen once, at `init`
+(`choose`); the functions here run what was chosen.
 
 Keys: each step draws one generator key. The dense variables' noise uses
 its streams 0..n-1; the catch-ups that follow (this step's lookahead, the
@@ -27,6 +30,7 @@ noise sampling).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -50,9 +54,41 @@ class OpState(NamedTuple):
     stream: tf.Variable
 
 
+class Paths(NamedTuple):
+    """What runs LazyDP's step and each table's catch-ups, chosen once (`choose`).
+
+    Attributes:
+      step: the ops of a fused step (`record_step`); None: the TensorFlow path's step.
+      tables: per table, the ops that catch it up; None: the TensorFlow path (`lazy_catch_up`).
+    """
+
+    step: sparse_rows.LazyOps | None
+    tables: tuple[sparse_rows.LazyOps | None, ...]
+
+
 def applies(*, beta: float, aggregate: bool, row_noise: str, noise_multiplier: float) -> bool:
     """True for the settings this path implements: plain SGD, aggregated generator noise, sigma > 0."""
     return noise_multiplier > 0 and beta == 0 and aggregate and row_noise == "generator"
+
+
+def choose(tables: Sequence[tf.Variable], histories: Sequence[tf.Variable], state: OpState | None) -> Paths:
+    """The paths, from the settings, the tables and the variables' placement.
+
+    Args:
+      tables, histories: each table's variable and history.
+      state: the op state for the settings this path implements
+        (`applies`), None otherwise: every table takes the TensorFlow path.
+
+    A table takes this path when the in-place ops can update it (a float32
+    variable with one resource handle, `sparse_rows.takes_table`); then
+    `sparse_rows.lazy_ops` picks the custom ops or their references.
+    """
+    if state is None:
+        return Paths(None, (None,) * len(tables))
+    ops = [
+        sparse_rows.lazy_ops(t, h, *state) if sparse_rows.takes_table(t) else None for t, h in zip(tables, histories)
+    ]
+    return Paths(sparse_rows.lazy_ops(*state), tuple(ops))
 
 
 def new_catch_up_stream(seed: int | None) -> tf.Variable:
@@ -72,19 +108,19 @@ def rekey(stream: tf.Variable) -> None:
     stream.assign(tf.concat([key, tf.zeros([1], tf.int64)], 0))
 
 
-def catch_up(table: tf.Variable, history: tf.Variable, ids, state: OpState) -> tf.Tensor:
-    """Catches up the rows among `ids` behind the current step; returns whether any were."""
-    return sparse_rows.lazy_catch_up(table, history, ids, *state) > 0
+def catch_up(ops: sparse_rows.LazyOps, table: tf.Variable, history: tf.Variable, ids, state: OpState) -> tf.Tensor:
+    """Catches up the rows among `ids` behind the current step with `ops`; returns whether any were."""
+    return ops.catch_up(table, history, ids, *state) > 0
 
 
-def catch_up_and_gather(table: tf.Variable, history: tf.Variable, ids, state: OpState) -> tf.Tensor:
+def catch_up_and_gather(ops: sparse_rows.LazyOps, table: tf.Variable, history: tf.Variable, ids, state: OpState):
     """`catch_up`, then the rows of `ids` (`[n, dim]`, with `tf.gather`'s gradient)."""
-    return sparse_rows.lazy_catch_up_gather(table, history, ids, *state)
+    return ops.catch_up_gather(table, history, ids, *state)
 
 
-def catch_up_next_batch(table: tf.Variable, history: tf.Variable, rows, state: OpState) -> None:
+def catch_up_next_batch(ops: sparse_rows.LazyOps, table: tf.Variable, history: tf.Variable, rows, state) -> None:
     """`catch_up` as two ops: the draws need not wait for the optimizer's table write."""
-    sparse_rows.lazy_catch_up_split(table, history, rows, *state)
+    ops.catch_up_split(table, history, rows, *state)
 
 
 def noised_dense(generator: tf.random.Generator, clipped, *, stddev: float) -> tuple:
@@ -106,17 +142,19 @@ def noised_dense(generator: tf.random.Generator, clipped, *, stddev: float) -> t
     return key, [(grad, variable) for grad, (variable, _) in zip(noised, clipped.dense)]
 
 
-def record_step(state: OpState, learning_rate, noise_scale, key, *, first_stream: int) -> None:
-    """Ends the step: its noise weight in the step sums, the catch-up stream from `key`, steps + 1."""
-    sparse_rows.lazy_record_step(*state, learning_rate, noise_scale, key, first_stream=first_stream)
+def record_step(ops: sparse_rows.LazyOps, state: OpState, learning_rate, noise_scale, key, *, first_stream: int):
+    """Ends the step with `ops`: its noise weight in the step sums, the catch-up stream from `key`, steps + 1."""
+    ops.record_step(*state, learning_rate, noise_scale, key, first_stream=first_stream)
 
 
 __all__ = [
     "OpState",
+    "Paths",
     "applies",
     "catch_up",
     "catch_up_and_gather",
     "catch_up_next_batch",
+    "choose",
     "new_catch_up_stream",
     "noised_dense",
     "record_step",

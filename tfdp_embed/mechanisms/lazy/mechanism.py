@@ -17,8 +17,12 @@ Catching a row up early is always exact, so rows are caught up
 
 Two paths implement the catch-up: `lazy_fused` (custom ops) for plain SGD
 with aggregated generator noise, the common case, and `lazy_catch_up`
-(TensorFlow ops) for momentum, per-step draws and stateless noise.
-Non-table variables get ordinary dense DP-SGD noise.
+(TensorFlow ops) for momentum, per-step draws and stateless noise. `init`
+chooses once which path, and which implementation of the fused one, runs
+each table (`lazy_fused.choose`). Non-table variables get ordinary dense
+DP-SGD noise. Helpers: `lazy_rows` (each table's catch-ups, on the path
+chosen at init), `lazy_hooks` (read hooks, read guards, lookahead rows),
+`lazy_traced` (the flush and the shared traced catch-up).
 
 No un-flushed row leaves training. `flush()` brings every row up to date
 (the model is then distributed exactly as dense DP-SGD's); `init` installs
@@ -47,7 +51,6 @@ noise sampling); §3 (threat model: the final model is released).
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable
 
 import dp_accounting
@@ -66,13 +69,11 @@ from tfdp_embed.mechanisms.capabilities import (
 from tfdp_embed.mechanisms.lazy import catch_up as lazy_catch_up
 from tfdp_embed.mechanisms.lazy import fused as lazy_fused
 from tfdp_embed.mechanisms.lazy import history as lazy_history
+from tfdp_embed.mechanisms.lazy import hooks as lazy_hooks
+from tfdp_embed.mechanisms.lazy import rows as lazy_rows
 from tfdp_embed.mechanisms.lazy import sgd as lazy_sgd
+from tfdp_embed.mechanisms.lazy import traced as lazy_traced
 from tfdp_embed.mechanisms.row_noise import check_row_noise
-from tfdp_embed.mechanisms.tables import EmbeddingTable
-from tfdp_embed.ops import sparse_rows
-
-# Floats of noise per flush chunk (8 MB) when `flush_chunk_rows` is not given.
-_FLUSH_CHUNK_FLOATS = 1 << 21
 
 # Why LazyDP does not declare the synchronous strategies (quoted in their refusals).
 _LAZY_SYNC_REASON = (
@@ -82,24 +83,16 @@ _LAZY_SYNC_REASON = (
     "owed noise twice). Use ParameterServerStrategy with one worker, one device, or a mechanism "
     "without deferred noise (DenseDPSGD, DPFEST, DPAdaFEST, DPAdaFESTPlus)."
 )
+# The report's caveat: what a released LazyDP model is, and what must not be released.
+_RELEASE_CAVEAT = (
+    "LazyDP defers the noise (and momentum drift) of embedding rows a step does not "
+    "read and adds the exact owed Gaussian in one draw before the row is read again; "
+    "every released model is flushed first, so it has the distribution of a dense "
+    "DP-SGD model and the same (epsilon, delta). Un-flushed intermediate checkpoints "
+    "are not DP-SGD iterates and must not be released (LazyDP §3 threat model)."
+)
 
-# Per-mechanism traced functions (flush, catch-up), each shared by all tables; kept out
-# of the mechanism so checkpoints and SavedModels never see them.
-_TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-# Everything here is straight-line TF with explicit tf.cond: autograph would only slow tracing.
-_plain_python = tf.autograph.experimental.do_not_convert
-
-
-def _raw_reads(method):
-    """The mechanism's own bookkeeping reads the raw table: it knows what each row owes."""
-
-    @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        with read_guard.unguarded():
-            return method(*args, **kwargs)
-
-    return wrapper
+_plain_python, _raw_reads = lazy_rows.plain_python, lazy_rows.raw_reads
 
 
 class LazyDP(NoiseMechanism):
@@ -170,47 +163,44 @@ class LazyDP(NoiseMechanism):
         self._histories: list = []
         self._step_sums: lazy_history.StepSums | None = None
         self._stream = None
+        self._rows: lazy_rows.TableRows | None = None
         self._beta, self._nesterov, self._decay = 0.0, False, 0.0
-        self._initialized = False
 
     # -- state --------------------------------------------------------------
     def init(self, *, tables, dense_variables, optimizer) -> None:
         """Creates one history per table, the step sums and momentum slots; installs hooks and guards.
 
+        Then chooses, once, what catches up each table (`lazy_fused.choose`).
+
         Raises:
           ValueError: for an optimizer without an exact lazy form or an unbuilt table.
         """
-        if self._initialized:
+        if self._rows is not None:
             raise RuntimeError("LazyDP.init was already called; use one LazyDP per model.")
         optimizer = lazy_sgd.adapt(optimizer)
         self._beta, self._nesterov, self._decay = optimizer.settings()
         super().init(tables=tables, dense_variables=dense_variables, optimizer=optimizer)
         optimizer.iterations  # noqa: B018 - created eagerly, read in update()
-        for index, layer in enumerate(self._tables):
-            self._init_table(index, layer)
+        momenta = []
+        for layer in self._tables:
+            lazy_hooks.check_table(layer)
+            # Appended to the list made in __init__ (not a new list): a checkpoint restored before
+            # init fills each history as it is created (and one restored after overrides it).
+            self._histories.append(lazy_history.new_history(layer, self._now()))
+            momenta.append(self._momentum(layer, create=True))
         self._by_name = {layer.name: i for i, layer in enumerate(self._tables)}
         self._step_sums = lazy_history.StepSums() if self.noise_multiplier > 0 else None
         if lazy_fused.applies(
             beta=self._beta, aggregate=self.aggregate, row_noise=self.row_noise, noise_multiplier=self.noise_multiplier
         ):
             self._stream = lazy_fused.new_catch_up_stream(self.seed)
-        self._initialized = True
-
-    def _init_table(self, index: int, layer) -> None:
-        """The table's history (all rows current), read guards, and read hook."""
-        if not callable(getattr(layer, "set_read_hook", None)):
-            raise TypeError(f"`tables` must hold embedding layers (DPEmbedding); received {type(layer).__name__}.")
-        if not getattr(layer, "built", True) or not isinstance(layer, EmbeddingTable):
-            raise ValueError(f"Table {layer.name!r} is not built; build the model before LazyDP.init.")
-        # Appended to the list made in __init__ (not a new list): a checkpoint restored before
-        # init fills each history as it is created (and one restored after overrides it).
-        self._histories.append(lazy_history.new_history(layer, self._now()))
-        read_guard.install(layer.embeddings, self._flush_before_read)
-        if self._beta > 0:
-            read_guard.install(self._optimizer.momentum_slot(layer.embeddings, create=True), self._flush_before_read)
-        hook = functools.partial(self._bring_current, index)
-        hook.gather = functools.partial(self._read_rows, index)  # type: ignore[attr-defined]  # DPEmbedding.set_read_hook
-        layer.set_read_hook(hook)
+        state = None if self._stream is None else self._op_state()
+        paths = lazy_fused.choose([layer.embeddings for layer in self._tables], self._histories, state)
+        traced = functools.partial(self._traced, "bring_current")
+        self._rows = lazy_rows.TableRows(
+            self._tables, self._histories, momenta, paths, state, now=self._now, owed=self._owed_noise, traced=traced
+        )
+        self._rows.attach(guard=self._flush_before_read)
 
     def rekey_from_entropy(self) -> bool:
         """Re-keys the generator and the catch-up stream from OS entropy (unless `seed` was given).
@@ -230,11 +220,8 @@ class LazyDP(NoiseMechanism):
 
     def detach(self) -> None:
         """Removes the read hooks and read guards; rows read afterwards are not caught up."""
-        for layer in self._tables:
-            layer.set_read_hook(None)
-            read_guard.remove(layer.embeddings)
-            if self._beta > 0:
-                read_guard.remove(self._optimizer.momentum_slot(layer.embeddings))
+        if self._rows is not None:
+            self._rows.detach()
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         """A checkpoint holding this mechanism is written flushed, unless written in `read_guard.unguarded()`.
@@ -270,58 +257,42 @@ class LazyDP(NoiseMechanism):
         TensorFlow path they are then flagged: the optimizer applies their
         gradient at step t, their step-t noise is owed.
         """
-        self._require_init()
+        rows = self._require_init()
         # State changes wait for the batch: at the end of a dataset Keras runs the step
         # function once more and only its data-dependent ops fail, so without this the
         # step counter and the step sums would advance for a step that never happened.
         # (Table indices, not values: the values unused here are pruned, see TableGradient.averaged.)
         batch = [clipped.batch_size, *(t.gradient.indices for t in clipped.tables), *(g for _, g in clipped.dense)]
         with tf.control_dependencies(batch):
-            if self._fused_step():
-                return self._fused_update(clipped)
-            return self._tf_update(clipped)
+            if rows.fused_step():
+                return self._fused_update(rows, clipped)
+            return self._tf_update(rows, clipped)
 
-    def _fused_update(self, clipped: ClippedGradients) -> list:
+    def _fused_update(self, rows: lazy_rows.TableRows, clipped: ClippedGradients) -> list:
         """`update` on the fused path (`lazy_fused`): a handful of ops per step."""
         key, out = lazy_fused.noised_dense(self.generator, clipped, stddev=self.noise_multiplier * self.l2_norm_clip)
-        now = None
-        for table in clipped.tables:
-            index = self._table_index(table)
-            if not self._fused(index):  # a table the ops cannot update (float64, not a resource variable)
-                now = self._now() if now is None else now
-                self._stamp_stepped_rows(index, table, now)
-            out.append((table.averaged_gradient(clipped.expected_batch_size), table.variable))
-        lazy_fused.record_step(
-            self._op_state(), self._learning_rate(), self._noise_scale(clipped), key, first_stream=len(clipped.dense)
-        )
+        out += rows.stepped(clipped)  # a table the ops cannot update (float64, not a resource variable) is stamped
+        assert rows.paths.step is not None and rows.state is not None  # a fused step has its ops
+        learning_rate, scale = self._optimizer.learning_rate(), self._noise_scale(clipped)
+        lazy_fused.record_step(rows.paths.step, rows.state, learning_rate, scale, key, first_stream=len(clipped.dense))
         return out
 
-    def _tf_update(self, clipped: ClippedGradients) -> list:
+    def _tf_update(self, rows: lazy_rows.TableRows, clipped: ClippedGradients) -> list:
         """`update` on the TensorFlow path: step sums, dense noise, stepped rows flagged."""
         now = self._now()
         tf.debugging.assert_less(now, lazy_history.MAX_STEPS, message="LazyDP's int32 history holds 2^30 steps.")
         if self._step_sums is not None:
-            lr = tf.cast(self._learning_rate(), tf.float64)
+            lr = tf.cast(self._optimizer.learning_rate(), tf.float64)
             std = lr * self._noise_scale(clipped)
             self._step_sums.record(now + 1, tf.square(std), beta=self._beta)
         out = self._dense_noised(clipped, self.noise_multiplier)
-        for table in clipped.tables:
-            self._stamp_stepped_rows(self._table_index(table), table, now)
-            out.append((table.averaged_gradient(clipped.expected_batch_size), table.variable))
+        out += rows.stepped(clipped, now)
         self.steps.assign_add(1)
         return out
-
-    def _stamp_stepped_rows(self, index: int, table, now) -> None:
-        """Catches up the rows the optimizer is about to step and flags them one step ahead."""
-        rows = tf.cast(table.gradient.indices, tf.int64)
-        self._bring_current(index, rows, unique=True, stamp=lazy_history.state_ahead(now))
 
     def _noise_scale(self, clipped: ClippedGradients) -> float:
         """sigma C / B: a step's noise std on a weight is eta times this."""
         return self.noise_multiplier * self.l2_norm_clip / float(clipped.expected_batch_size)
-
-    def _learning_rate(self) -> tf.Tensor:
-        return self._optimizer.learning_rate()
 
     @_plain_python
     @_raw_reads
@@ -332,70 +303,29 @@ class LazyDP(NoiseMechanism):
         and deduplicated. Wrong or missing ids never break exactness (the read
         hook catches every row before it is read); they only cost draws.
         """
-        self._require_init()
-        if not lookahead:
-            return
-        for name, ids in lookahead.items():
+        rows = self._require_init()
+        for name, ids in (lookahead or {}).items():
             if name not in self._by_name:
                 raise KeyError(f"`lookahead` names table {name!r}; LazyDP's tables are {sorted(self._by_name)}.")
-            index = self._by_name[name]
-            rows = self._lookahead_rows(index, ids)
-            if self._fused(index):  # the op deduplicates (same rows, same order)
-                lazy_fused.catch_up_next_batch(
-                    self._tables[index].embeddings, self._histories[index], rows, self._op_state()
-                )
-            else:
-                rows = tf.reshape(tf.cast(rows, tf.int64), [-1])
-                self._bring_current(index, tf.unique(rows).y, unique=True)
-
-    def _lookahead_rows(self, index: int, ids) -> tf.Tensor:
-        """Table `index`'s rows for the lookahead's `ids`, flat (repeats kept)."""
-        # The fused op checks the range itself (one op instead of min, max and an assert).
-        rows = self._tables[index].bucket_ids(ids, check_range=not self._fused(index))
-        if isinstance(rows, tf.RaggedTensor):
-            return rows.flat_values
-        if isinstance(rows, tf.SparseTensor):
-            return rows.values
-        return rows
+            rows.next_batch(self._by_name[name], ids)
 
     # -- leaving training -----------------------------------------------------
     @_raw_reads
     def flush(self) -> None:
         """Brings every row of every table up to date, `flush_chunk_rows` rows at a time."""
         self._require_init()
-        chunks = tuple(
-            self.flush_chunk_rows or max(1, _FLUSH_CHUNK_FLOATS // (layer.output_dim * (2 if self._beta > 0 else 1)))
-            for layer in self._tables
-        )
+        chunks = lazy_traced.chunk_rows(self._tables, self.flush_chunk_rows, momentum=self._beta > 0)
         sizes = tf.constant([layer.vocabulary_size for layer in self._tables], tf.int64)
         self._traced("flush")(chunks, sizes)
         self.flushed_at.assign(self.steps)
 
     def _flush_tables(self, chunks: tuple, sizes: tf.Tensor) -> None:
-        """The traced flush: each table's rows in chunks of `chunks[i]`, one chunk after the other.
-
-        The sizes are an argument, not constants: with constant rows the
-        graph optimiser would specialise the shared catch-up for each table.
-        The chunks are caught up as the read hook catches up ids (rows in a
-        range are unique already; `tf.unique` keeps their order): the
-        catch-up's trace from the steps serves, none is made for the flush.
-        """
-        for index, (layer, chunk) in enumerate(zip(self._tables, chunks)):
-            vocab = sizes[index]
-            if layer.vocabulary_size <= chunk:
-                self._bring_current(index, tf.range(vocab))
-                continue
-
-            def flush_chunk(start, index=index, chunk=chunk, vocab=vocab):
-                rows = tf.range(start, tf.minimum(start + chunk, vocab))
-                with tf.control_dependencies([self._bring_current(index, rows)]):
-                    return start + chunk
-
-            tf.while_loop(lambda start, vocab=vocab: start < vocab, flush_chunk, [tf.constant(0, tf.int64)])
+        """The traced flush's body (`lazy_traced.flush_tables`)."""
+        lazy_traced.flush_tables(self._require_init().bring_current, self._tables, chunks, sizes)
 
     def owes_noise(self) -> bool:
         """True when some row may be behind (a step ran since the last flush); O(1)."""
-        if not self._initialized:
+        if self._rows is None:
             return False
         return bool(self.owes_noise_tensor().numpy())
 
@@ -429,74 +359,22 @@ class LazyDP(NoiseMechanism):
             momentum=self._beta,
             nesterov=self._nesterov,
         )
-        report["caveats"].append(
-            "LazyDP defers the noise (and momentum drift) of embedding rows a step does not "
-            "read and adds the exact owed Gaussian in one draw before the row is read again; "
-            "every released model is flushed first, so it has the distribution of a dense "
-            "DP-SGD model and the same (epsilon, delta). Un-flushed intermediate checkpoints "
-            "are not DP-SGD iterates and must not be released (LazyDP §3 threat model)."
-        )
+        report["caveats"].append(_RELEASE_CAVEAT)
         return report
 
-    # -- catching rows up: choosing the path ------------------------------------
-    def _fused_step(self) -> bool:
-        """True when a step runs on the fused path (`lazy_fused`).
-
-        The catch-up stream exists exactly for the settings that path
-        implements (`lazy_fused.applies`); under a distribution strategy the
-        TensorFlow path runs.
-        """
-        return self._stream is not None and not tf.distribute.has_strategy()
-
+    # -- catching rows up (`lazy_rows`) ----------------------------------------
     def _fused(self, index: int) -> bool:
-        """True when table `index` is caught up by the fused ops (TF ops without the library)."""
-        return self._fused_step() and sparse_rows.takes_table(self._tables[index].embeddings)
-
-    @_plain_python
-    @_raw_reads
-    def _read_rows(self, index: int, ids):
-        """The lookup's read: catches up `ids` and returns their rows in one op, or None.
-
-        None (the layer then runs the read hook and its own gather) unless
-        table `index` is caught up by the fused ops (`_fused`).
-        """
-        if not self._fused(index):
-            return None
-        return lazy_fused.catch_up_and_gather(
-            self._tables[index].embeddings, self._histories[index], ids, self._op_state()
-        )
-
-    @_plain_python
-    @_raw_reads
-    def _bring_current(self, index: int, ids, *, unique: bool = False, stamp=None) -> tf.Tensor:
-        """Catches up the rows among `ids` that are behind the current step; returns whether any were.
-
-        `stamp` (default: current) is then written to the history of every
-        row among `ids`; a stamp (stepped rows of a table the fused ops
-        cannot update) takes the TensorFlow path.
-        """
-        if self._fused(index) and stamp is None:
-            return lazy_fused.catch_up(self._tables[index].embeddings, self._histories[index], ids, self._op_state())
-        if tf.executing_eagerly():
-            return lazy_catch_up.bring_current(
-                self._table_state(index), ids, self._now(), self._owed_noise(), unique=unique, stamp=stamp
-            )
-        # Traced (a step, a flush, an evaluation): one traced function for every table and call site,
-        # called the same way everywhere, so it is traced once: a read stamps its rows current (what
-        # catching up writes anyway), and rows known to be unique go through `tf.unique` too.
-        now = self._now()
-        stamp = lazy_history.current(now) if stamp is None else stamp
-        return self._traced("bring_current")(self._table_state(index), ids, now, unique=False, stamp=stamp)
+        """True when table `index` is caught up by the fused path's ops (chosen at init)."""
+        return self._require_init().table_ops(index) is not None
 
     def _op_state(self) -> lazy_fused.OpState:
         assert self._step_sums is not None  # the fused path runs only with noise (lazy_fused.applies)
         sums = self._step_sums.sums
         return lazy_fused.OpState(sums.p_hi, sums.p_lo, self.steps, self._stream)
 
-    def _table_state(self, index: int) -> lazy_catch_up.TableState:
-        layer = self._tables[index]
-        momentum = self._optimizer.momentum_slot(layer.embeddings) if self._beta > 0 else None
-        return lazy_catch_up.TableState(layer.embeddings, self._histories[index], momentum, layer.output_dim)
+    def _momentum(self, layer, *, create: bool = False) -> tf.Variable | None:
+        """The momentum slot of `layer`'s table (created at init), None without momentum."""
+        return self._optimizer.momentum_slot(layer.embeddings, create=create) if self._beta > 0 else None
 
     def _owed_noise(self) -> lazy_catch_up.OwedNoise:
         return lazy_catch_up.OwedNoise(
@@ -504,50 +382,17 @@ class LazyDP(NoiseMechanism):
         )
 
     def _traced(self, name: str) -> Callable:
-        """This mechanism's traced function `name` (each serves every table), cached outside tracking.
-
-        "bring_current": `lazy_catch_up.bring_current_function`; "flush":
-        `_flush_tables` of `chunks` (one trace for all tables; the catch-ups
-        in it call "bring_current"). They hold the mechanism by a weak
-        reference (a cache entry must not keep its key alive).
-        """
-        functions = _TRACED.setdefault(self, {})
-        if name not in functions:
-            mechanism = weakref.ref(self)
-            makers = {
-                "bring_current": lambda: lazy_catch_up.bring_current_function(
-                    functools.partial(_owed_noise, mechanism)
-                ),
-                "flush": lambda: tf.function(functools.partial(_flush_tables, mechanism), autograph=False),
-            }
-            functions[name] = makers[name]()
-        return functions[name]
+        """This mechanism's traced function `name`: "bring_current" or "flush" (`lazy_traced.function`)."""
+        return lazy_traced.function(self, name)
 
     # -- internals ------------------------------------------------------------
-    def _require_init(self) -> None:
-        if not self._initialized:
+    def _require_init(self) -> lazy_rows.TableRows:
+        if self._rows is None:
             raise RuntimeError("Call LazyDP.init(tables=..., dense_variables=..., optimizer=...) first.")
-
-    def _table_index(self, table) -> int:
-        for index, layer in enumerate(self._tables):
-            if layer.embeddings is table.variable:
-                return index
-        raise ValueError(f"Table {table.layer.name!r} was not given to LazyDP.init.")
+        return self._rows
 
     def _now(self) -> tf.Tensor:
         return tf.cast(self.steps, tf.int32)
-
-
-def _flush_tables(mechanism: weakref.ref, chunks: tuple, sizes) -> None:
-    owner = mechanism()
-    assert owner is not None  # the op's owner outlives its graph
-    owner._flush_tables(chunks, sizes)  # noqa: SLF001
-
-
-def _owed_noise(mechanism: weakref.ref) -> lazy_catch_up.OwedNoise:
-    owner = mechanism()
-    assert owner is not None  # the op's owner outlives its graph
-    return owner._owed_noise()  # noqa: SLF001
 
 
 __all__ = ["LazyDP"]
