@@ -345,6 +345,14 @@ def skip_positions(generator, chunk, log_q, limit) -> tf.Tensor:
     return tf.cast(tf.boolean_mask(positions, positions < limit), tf.int64)
 
 
+def _noise_draw(generator, selected, chunk, log_q, limit) -> tf.Tensor:
+    """The untouched candidates' draw: `skip_positions` over the rows, or over `selected` (DP-AdaFEST+); none when `chunk` is None."""
+    if chunk is None:
+        return tf.zeros([0], tf.int64)
+    drawn = skip_positions(generator, chunk, log_q, limit)
+    return drawn if selected is None else tf.gather(selected, drawn)
+
+
 # Per-mechanism traced table steps, kept out of the mechanism (checkpoints never see them).
 _TABLE_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _TABLE_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -381,10 +389,7 @@ def _table_step(
     ada = mechanism()
     assert ada is not None, "traced while the mechanism is alive"
     shared = tf.zeros([0], tf.int64) if shared is None else shared
-    drawn = tf.zeros([0], tf.int64)
-    if chunk is not None:
-        drawn = skip_positions(ada.generator, chunk, log_q, limit)
-        drawn = drawn if selected is None else tf.gather(selected, drawn)
+    drawn = _noise_draw(ada.generator, selected, chunk, log_q, limit)
     num_grad = tf.size(grad_rows)
     num_counted = num_grad + tf.size(pair_rows)
     num_touched_entries = num_counted + tf.size(shared)
@@ -411,6 +416,22 @@ def _table_step(
     num_extra = tf.cast(num_rows - num_touched, tf.int64)
     touched = tf.cast(num_touched, tf.int64)
     return values_out, rows_out, tf.stack([num_out, num_extra, touched, touched - (num_out - num_extra)])
+
+
+def _released_tables(tables: Sequence, thresholds: TableThresholds, rows_noised: tf.Variable, steps: int) -> list:
+    """The report's per-table entries: hyperparameters and DP-released statistics only."""
+    return [
+        {
+            "table": table.name,
+            "vocabulary_size": int(table.vocabulary_size),
+            # Survivors of the noisy threshold: post-processing of the DP map.
+            "mean_rows_noised": float(rows_noised[i].numpy()) / max(steps, 1),
+            "threshold": thresholds.tau(i),
+            # A constant: V * P(N(0, sigma1^2 C1^2) >= tau).
+            "expected_noise_only_rows": table.vocabulary_size * thresholds.survival(i),
+        }
+        for i, table in enumerate(tables)
+    ]
 
 
 class DPAdaFEST(NoiseMechanism):
@@ -649,20 +670,9 @@ class DPAdaFEST(NoiseMechanism):
         """
         report = super().report()
         steps = int(self.steps.numpy())
-        per_table = []
-        if self._stats_ready:
-            for i, table in enumerate(self._tables):
-                per_table.append(
-                    {
-                        "table": table.name,
-                        "vocabulary_size": int(table.vocabulary_size),
-                        # Survivors of the noisy threshold: post-processing of the DP map.
-                        "mean_rows_noised": float(self.rows_noised[i].numpy()) / max(steps, 1),
-                        "threshold": self._thresholds.tau(i),
-                        # A constant: V * P(N(0, sigma1^2 C1^2) >= tau).
-                        "expected_noise_only_rows": table.vocabulary_size * self._thresholds.survival(i),
-                    }
-                )
+        per_table = (
+            _released_tables(self._tables, self._thresholds, self.rows_noised, steps) if self._stats_ready else []
+        )
         report.update(
             contribution_clip=self.contribution_clip,
             contribution_noise_multiplier=self.contribution_noise_multiplier,
