@@ -81,9 +81,12 @@ def choose(tables: Sequence[tf.Variable], histories: Sequence[tf.Variable], stat
 
     A table takes this path when the in-place ops can update it (a float32
     variable with one resource handle, `sparse_rows.takes_table`); then
-    `sparse_rows.lazy_ops` picks the custom ops or their references.
+    `sparse_rows.lazy_ops` picks the custom ops or their references. Chosen
+    under a distribution strategy (`init` under ParameterServerStrategy,
+    whose servers hold the state: one op would take variables of several
+    servers), every table takes the TensorFlow path, eager flushes included.
     """
-    if state is None:
+    if state is None or tf.distribute.has_strategy():
         return Paths(None, (None,) * len(tables))
     ops = [
         sparse_rows.lazy_ops(t, h, *state) if sparse_rows.takes_table(t) else None for t, h in zip(tables, histories)
