@@ -29,7 +29,8 @@ def all_reduce_clipped(clipped: ClippedGradients, ctx, *, with_lookups: bool) ->
         dense: sum_r S_r;  tables: IndexedSlices over the union of touched rows,
         values summed per row;  batch_size: sum_r B_r;  with_lookups: clip
         factors and lookups concatenated in replica order (example and
-        segment ids offset by the replicas before).
+        segment ids offset by the replicas before); `shared_rows` (rows
+        scored whatever the data): their union over the replicas, sorted.
 
     Every replica receives the same result.
 
@@ -50,7 +51,12 @@ def all_reduce_clipped(clipped: ClippedGradients, ctx, *, with_lookups: bool) ->
         if with_lookups:
             factors = ctx.all_gather(table.clip_factors, axis=0)
             occurrences = [_gather_occurrences(o, ctx, example_offset) for o in table.occurrences]
-        tables.append(dataclasses.replace(table, gradient=summed, occurrences=occurrences, clip_factors=factors))
+        shared = None if table.shared_rows is None else _union_across(table.shared_rows, ctx)
+        tables.append(
+            dataclasses.replace(
+                table, gradient=summed, occurrences=occurrences, clip_factors=factors, shared_rows=shared
+            )
+        )
     return ClippedGradients(
         tables=tables,
         dense=[(v, g) for (v, _), g in zip(clipped.dense, dense_sums)],
@@ -86,6 +92,12 @@ def _all_reduced_rows(slices: tf.IndexedSlices, ctx) -> tf.IndexedSlices:
     return tf.IndexedSlices(
         tf.boolean_mask(summed.values, keep), tf.boolean_mask(summed.indices, keep), summed.dense_shape
     )
+
+
+def _union_across(rows: tf.Tensor, ctx) -> tf.Tensor:
+    """Sorted distinct int64 `rows` of all replicas (the same rows on each, for a data-independent read)."""
+    (gathered,) = _gather_lookups([tf.reshape(tf.cast(rows, tf.int64), [-1])], ctx)
+    return tf.sort(tf.unique(gathered).y)
 
 
 def _offset(sizes: tf.Tensor, ctx) -> tf.Tensor:
@@ -143,13 +155,14 @@ def _flatten(clipped: ClippedGradients):
         occ_slots = [
             tuple(push(getattr(o, f.name)) for f in dataclasses.fields(EmbeddingOccurrences)) for o in table.occurrences
         ]
-        plan.append((table, slots, occ_slots))
+        shared_slot = None if table.shared_rows is None else push(table.shared_rows)
+        plan.append((table, slots, occ_slots, shared_slot))
     dense_slots = [push(g) for _, g in clipped.dense]
     batch_slot = push(clipped.batch_size)
 
     def rebuild(values) -> ClippedGradients:
         tables = []
-        for table, (vs, ix, shape, factors), occ_slots in plan:
+        for table, (vs, ix, shape, factors), occ_slots, shared_slot in plan:
             occurrences = [EmbeddingOccurrences(*(values[i] for i in slots)) for slots in occ_slots]
             tables.append(
                 TableGradient(
@@ -158,6 +171,7 @@ def _flatten(clipped: ClippedGradients):
                     gradient=tf.IndexedSlices(values[vs], values[ix], values[shape]),
                     occurrences=occurrences,
                     clip_factors=values[factors],
+                    shared_rows=None if shared_slot is None else values[shared_slot],
                 )
             )
         return ClippedGradients(
