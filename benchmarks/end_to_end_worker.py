@@ -104,10 +104,10 @@ def install() -> dict:
 
 def _traces() -> dict:
     """Traces of the library's flush and catch-up functions (LazyDP; each serves every table)."""
-    from tfdp_embed.mechanisms import lazy
+    from tfdp_embed.mechanisms.lazy import traced as lazy_traced
 
     found = {}
-    for functions in list(lazy._TRACED.values()):  # noqa: SLF001
+    for functions in list(lazy_traced._TRACED.values()):  # noqa: SLF001
         for name, function in functions.items():
             traced = getattr(function, "traced", function)
             found[f"lazy_{name}"] = found.get(f"lazy_{name}", 0) + traced.experimental_get_tracing_count()
