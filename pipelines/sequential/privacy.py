@@ -160,50 +160,75 @@ def plan(
         noise_multiplier=frequency_noise_multiplier,
     )
     size = release_dataset_size(data.num_users, seed=seed)  # N~: q, delta and T come from it, never from N
+    common = _run_arguments(size, batch, epochs, max_steps, delta=delta, accountant=accountant, seed=seed)
+    private = mechanism != "none" and math.isfinite(epsilon)
+    vocabulary = dict(catalogue=item_catalogue, max_items_per_user=vocabulary_max_items, seed=seed)
+    releases, assumptions = _vocabulary_terms(item_catalogue, vocabulary_epsilon_share)
+    dp = dict(target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, assumptions=assumptions, **common)
+    terms = _RunTerms(data, float(epsilon), size, private, common, dp, releases, vocabulary)
+    if frequencies == "public":
+        return _public_plan(terms, cast(str, frequencies_file))  # given with "public" (check_frequency_options)
+    if not private:
+        return _exact_plan(terms)
+    release = _frequency_release(frequency_epsilon_share, frequency_noise_multiplier, frequency_mechanism)
+    return _private_plan(terms, release, frequency_mechanism, seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunTerms:
+    """What every kind of run shares: the data, the target, N~, `plan_run`'s arguments and the item ids' terms.
+
+    Attributes:
+      common: `plan_run`'s arguments of any run (delta, accountant, q, T, seed).
+      dp: `common` plus a DP run's (target epsilon, C, assumptions).
+      releases: the item ids' release (none with a public catalogue).
+      vocabulary: `sequential_vocabulary.item_vocabulary`'s arguments.
+    """
+
+    data: SequenceData
+    epsilon: float
+    size: ReleasedDatasetSize
+    private: bool
+    common: dict
+    dp: dict
+    releases: list
+    vocabulary: dict
+
+
+def _run_arguments(
+    size: ReleasedDatasetSize, batch: int, epochs: int, max_steps: int | None, *, delta, accountant, seed
+) -> dict[str, Any]:
+    """`plan_run`'s arguments of any run: delta, accountant, q = B / N~ and T (checks B against N~)."""
     n = size.value
     if not 1 <= batch <= n:
         raise ValueError(f"`batch` must lie in [1, {n}] (the number of users, released with DP); received {batch}.")
-    private = mechanism != "none" and math.isfinite(epsilon)
     steps = size.steps(epochs, batch)
     if max_steps is not None:
         steps = min(steps, check_int("max_steps", max_steps))
-    common: dict[str, Any] = dict(
+    return dict(
         target_delta=size.delta() if delta is None else float(delta),
         accountant=accountant,
         sampling_probability=size.sampling_probability(batch),
         steps=steps,
         seed=seed,
     )
-    vocabulary = dict(catalogue=item_catalogue, max_items_per_user=vocabulary_max_items, seed=seed)
-    releases, assumptions = _vocabulary_terms(item_catalogue, vocabulary_epsilon_share)
-    dp: dict[str, Any] = dict(
-        target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, assumptions=assumptions, **common
-    )
-    if frequencies == "public":
-        return _public_plan(
-            data,
-            cast(str, frequencies_file),  # given with "public" (check_frequency_options)
-            float(epsilon),
-            dp=dp if private else None,
-            common=common,
-            size=size,
-            releases=releases,
-            vocabulary=vocabulary,
-        )
-    if not private:  # a non-private reference run: nothing is guaranteed, the exact counts are used
-        items, data = _items(data, None, vocabulary)
-        exact = exact_item_frequencies(np.minimum(data.item_user_counts(), n), num_users=n)
-        return SequentialPrivacy(plan_run("none", **common), float(epsilon), exact, size, items, data)
-    run = plan_run(
-        "dense",
-        **dp,
-        releases=[
-            Release.dataset_size(size),
-            *releases,
-            _frequency_release(frequency_epsilon_share, frequency_noise_multiplier, frequency_mechanism),
-        ],
-    )
-    items, data = _items(data, run, vocabulary)
+
+
+def _exact_plan(terms: _RunTerms) -> SequentialPrivacy:
+    """A non-private reference run: nothing is guaranteed, the exact counts are used."""
+    items, data = _items(terms.data, None, terms.vocabulary)
+    n = terms.size.value
+    exact = exact_item_frequencies(np.minimum(data.item_user_counts(), n), num_users=n)
+    return SequentialPrivacy(plan_run("none", **terms.common), terms.epsilon, exact, terms.size, items, data)
+
+
+def _private_plan(
+    terms: _RunTerms, frequency: Release, frequency_mechanism: str, seed: int | None
+) -> SequentialPrivacy:
+    """A DP run with private frequencies: N~, the item ids (unless public) and the counts released in one plan."""
+    run = plan_run("dense", **terms.dp, releases=[Release.dataset_size(terms.size), *terms.releases, frequency])
+    items, data = _items(terms.data, run, terms.vocabulary)
+    n = terms.size.value
     counts = np.minimum(data.item_user_counts(), n)  # min(c, N~): 1-Lipschitz, so the sensitivity is unchanged
     release = run.release(ITEM_FREQUENCIES)
     freq = private_item_frequencies(
@@ -216,7 +241,7 @@ def plan(
     )
     if (freq.event,) != release.events:
         raise AssertionError(f"The frequency release {freq.event} is not the planned {release.events}.")
-    return SequentialPrivacy(run, float(epsilon), freq, size, items, data)
+    return SequentialPrivacy(run, terms.epsilon, freq, terms.size, items, data)
 
 
 def _vocabulary_terms(item_catalogue: str | None, epsilon_share: float | None) -> tuple[list, tuple]:
@@ -235,37 +260,25 @@ def _items(data: SequenceData, run: RunPlan | None, vocabulary: dict) -> tuple:
     return items, sequential_vocabulary.apply(data, items)
 
 
-def _public_plan(
-    data: SequenceData,
-    frequencies_file: str,
-    epsilon: float,
-    *,
-    dp: dict | None,
-    common: dict,
-    size,
-    releases: list,
-    vocabulary: dict,
-):
-    """The plan with public frequencies read from a file: nothing is released, the guarantee assumes them public.
-
-    `dp` holds the DP-SGD arguments of a private run; None for a non-private one.
-    """
+def _public_plan(terms: _RunTerms, frequencies_file: str) -> SequentialPrivacy:
+    """The plan with public frequencies read from a file: nothing is released, the guarantee assumes them public."""
     assumptions = (
         f"the item frequencies supplied in {frequencies_file!r} are independent of the training data (public); "
         "they and everything computed from them (Re-Attention's errors, the popularity prior, head rows) are "
         "released without privacy cost",
     )
-    if dp is not None:
-        dp = {**dp, "assumptions": (*assumptions, *dp["assumptions"])}
-        run = plan_run("dense", **dp, releases=[Release.dataset_size(size), *releases])
+    if terms.private:
+        dp = {**terms.dp, "assumptions": (*assumptions, *terms.dp["assumptions"])}
+        run = plan_run("dense", **dp, releases=[Release.dataset_size(terms.size), *terms.releases])
     else:
-        run = plan_run("none", **common)
-    items, dense = _items(data, run if dp is not None else None, vocabulary)
+        run = plan_run("none", **terms.common)
+    data = terms.data
+    items, dense = _items(data, run if terms.private else None, terms.vocabulary)
     # The file names the data's own ids: read up to the largest of them or of the map, then take the map's.
     largest = max(data.num_items, int(items.ids.ids[-1]))
     freq = read_item_frequencies(frequencies_file, num_items=largest)
     freq = dataclasses.replace(freq, frequencies=freq.frequencies[np.concatenate([[0], items.ids.ids])])
-    return SequentialPrivacy(run, epsilon, freq, size, items, dense)
+    return SequentialPrivacy(run, terms.epsilon, freq, terms.size, items, dense)
 
 
 def _frequency_release(share: float | None, noise_multiplier: float | None, mechanism: str) -> Release:
