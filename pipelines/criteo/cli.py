@@ -58,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_data_flags(data) -> None:
     """Which files, how to read them, and the default synthetic data."""
+    _add_file_flags(data)
+    _add_streaming_flags(data)
+    _add_hashing_flags(data)
+    _add_synthetic_flags(data)
+
+
+def _add_file_flags(data) -> None:
+    """The training and evaluation files (or Beam shards) and their text layout."""
     data.add_argument(
         "--train",
         nargs="+",
@@ -81,6 +89,10 @@ def _add_data_flags(data) -> None:
         "(comma-separated, optional header line and leading Id column, as DeepCTR's criteo_sample.txt), or auto "
         "(default: per file, from its first line); integers may be written as integral floats (260.0)",
     )
+
+
+def _add_streaming_flags(data) -> None:
+    """Streaming periods, and whether and how a period's rows are streamed from the files."""
     data.add_argument(
         "--streaming-periods",
         action="store_true",
@@ -107,6 +119,10 @@ def _add_data_flags(data) -> None:
         help="streaming: local directory for the epoch's sampled rows (about one copy of the rows as binary; "
         "default: the system temp directory)",
     )
+
+
+def _add_hashing_flags(data) -> None:
+    """The hash buckets of the categorical features."""
     data.add_argument(
         "--hash-size",
         type=cli_types.positive(int),
@@ -120,6 +136,10 @@ def _add_data_flags(data) -> None:
         help="scaled: DP-FEST Table 3 capped by the row count (the --hash-size default); table3: Table 3's "
         "sizes uncapped, whatever the row count (exclusive with --hash-size)",
     )
+
+
+def _add_synthetic_flags(data) -> None:
+    """The size of the default synthetic data."""
     data.add_argument(
         "--synthetic-rows",
         type=cli_types.positive(int),

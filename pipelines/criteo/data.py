@@ -375,25 +375,9 @@ def train_batches(
     if sampler not in STREAM_SAMPLERS:
         raise ValueError(f"`sampler` must be one of {STREAM_SAMPLERS}; received {sampler!r}.")
     q = batch_size / period.size if sampling_probability is None else float(sampling_probability)
-    if period.streaming and poisson and sampler == "one_pass":
-        batches, info = one_pass_poisson_batches(
-            period.source().map(lambda features, labels: (features, labels[:, None])),
-            sampling_probability=q,
-            num_examples=period.size,
-            seed=seed,
-            spill_dir=spill_dir,
-            bucket_rows=stream_buffer_rows,
-            source_batched=True,
-        )
-    elif period.streaming and poisson:
-        source = period.source().map(lambda features, labels: (features, labels[:, None]))
-        batches, info = streaming_poisson_batches(
-            source,
-            sampling_probability=q,
-            num_examples=period.size,
-            batches_per_pass=batches_per_pass(batch_size, stream_buffer_rows),
-            seed=seed,
-            source_batched=True,
+    if period.streaming and poisson:
+        batches, info = _streaming_poisson_batches(
+            period, q, batch_size, sampler=sampler, seed=seed, buffer_rows=stream_buffer_rows, spill_dir=spill_dir
         )
     elif period.streaming:
         batches, info = _streaming_shuffled_batches(period, batch_size, seed=seed, buffer_rows=stream_buffer_rows)
@@ -404,6 +388,31 @@ def train_batches(
     if lookahead:
         batches = with_lookahead(batches, table_ids)
     return batches.prefetch(2), info
+
+
+def _streaming_poisson_batches(
+    period: Period, q: float, batch_size: int, *, sampler: str, seed: int | None, buffer_rows: int, spill_dir
+) -> tuple[tf.data.Dataset, BatchingInfo]:
+    """Poisson batches of a streaming period: one pass per epoch with a spill, or `sampler="multi_pass"`."""
+    if sampler == "one_pass":
+        return one_pass_poisson_batches(
+            period.source().map(lambda features, labels: (features, labels[:, None])),
+            sampling_probability=q,
+            num_examples=period.size,
+            seed=seed,
+            spill_dir=spill_dir,
+            bucket_rows=buffer_rows,
+            source_batched=True,
+        )
+    source = period.source().map(lambda features, labels: (features, labels[:, None]))
+    return streaming_poisson_batches(
+        source,
+        sampling_probability=q,
+        num_examples=period.size,
+        batches_per_pass=batches_per_pass(batch_size, buffer_rows),
+        seed=seed,
+        source_batched=True,
+    )
 
 
 def _streaming_shuffled_batches(
