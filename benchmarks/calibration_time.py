@@ -21,7 +21,8 @@ target < eps(max_steps + 1).
 worktree` of it), the same way, in processes whose `tfdp_embed` is that
 checkout's. Outputs: `--json`, `--png` (median seconds per phase, this
 checkout vs the baseline; both default to new files under
-`benchmarks/results/`) and a section appended to `--results-md`.
+`benchmarks/results/`); `make results` regenerates `benchmarks/RESULTS.md`
+from the JSON files (`--results-md` naming another page appends the section).
 
 Run:
     git worktree add /tmp/base 972fed9

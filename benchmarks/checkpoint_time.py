@@ -19,8 +19,9 @@ Per vocabulary size, in one process, `--repeats` rounds of:
     `tfdp_embed.keras2.checkpointing.training_state`) would add to every save.
 Medians and min/max over the rounds; bytes on disk; peak RSS of the process.
 Outputs: `--json`, `--png` (median seconds per operation and vocabulary;
-both default to new files of this run under `benchmarks/results/`) and a
-section appended to `--results-md`.
+both default to new files of this run under `benchmarks/results/`);
+`make results` regenerates `benchmarks/RESULTS.md` from the JSON files
+(`--results-md` naming another page appends the section).
 
 Run:
     python -m benchmarks.checkpoint_time --vocab 100000,1000000 --repeats 5

@@ -25,8 +25,9 @@ accounting, streaming with G = `--stream-buffer-rows` // 1,024 batches per
 pass (one pass over the file covers the steps).
 
 Writes a table to stdout, `--json`, `--png` (peak RSS vs rows, log-log; both
-default to new files of this run under `benchmarks/results/`) and appends a
-section "criteo_memory" to `--results-md` (`benchmarks/RESULTS.md`).
+default to new files of this run under `benchmarks/results/`); `make results`
+regenerates `benchmarks/RESULTS.md` from the JSON files (`--results-md` naming
+another page appends the section "criteo_memory").
 """
 
 from __future__ import annotations

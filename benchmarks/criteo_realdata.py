@@ -8,12 +8,13 @@ epsilon (delta = 1/N, N = 7,200) and each seed, it runs the pipeline
 and evaluates on `dev.tsv` + `test.tsv` together (800 rows; no hyperparameter
 is tuned on them), then
 
-* appends a section to `--results-md` (`benchmarks/RESULTS.md`: date, exact
-  command, machine, settings, table of AUC and gradient-size reduction, and
-  what 7,200 rows can and cannot show);
 * writes `--png` (AUC vs epsilon, one line per mechanism, the non-private AUC
   as a band) and `--json`, by default new files of this run under
-  `benchmarks/results/`.
+  `benchmarks/results/`; `make results` regenerates `benchmarks/RESULTS.md`
+  from the JSON files;
+* with `--results-md` naming another page, appends its section there (date,
+  exact command, machine, settings, table of AUC and gradient-size reduction,
+  and what 7,200 rows can and cannot show).
 
 Settings chosen for 7,200 rows (and said so in the results): 1,000 hash
 buckets per categorical feature (the Kaggle sample has up to a few thousand

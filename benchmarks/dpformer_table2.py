@@ -9,8 +9,9 @@ each run's step time longer on a small machine), with the same settings; its `re
 interrupted benchmark resumes where it stopped and `--summarize` rebuilds
 the table from whatever finished. The summary goes to `--json`, a PNG of
 NDCG@10 vs epsilon (`--png`; both default to new files of this run under
-`benchmarks/results/`) and, with `--results-md`, one section appended to
-`benchmarks/RESULTS.md`. Runs that did not finish are listed as missing,
+`benchmarks/results/`); `make results` regenerates `benchmarks/RESULTS.md`
+from the JSON files (`--results-md` naming another page appends the
+section). Runs that did not finish are listed as missing,
 never filled in. The section states the item-frequency source each run's
 report.json records (the frequencies feed Re-Attention, `--popularity-prior`
 and `--head-items`).

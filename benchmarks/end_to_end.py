@@ -17,8 +17,9 @@ release (flush, output calibration, export, evaluation), the step count and
 median step.
 
 Prints a table with the ratios DP / none (medians over repeats), writes
-`--json` and `--png` (stacked stage times per mechanism) and appends a
-section to `--results-md`.
+`--json` and `--png` (stacked stage times per mechanism; by default new files
+under `benchmarks/results/`); `make results` regenerates `benchmarks/RESULTS.md`
+from the JSON files (`--results-md` naming another page appends the section).
 """
 
 from __future__ import annotations

@@ -9,10 +9,11 @@ multiplier calibrated for (--epsilon, delta = 1/N) and `eana` at that same
 sigma (EANA has no epsilon: the sigma is DP-SGD's). Every run: precision@k /
 recall@k for k in 1, 5, 10, 20 ranking all 1,682 items for every position of
 the 189 test users, epsilon (DP mechanisms), EANA's data-dependent bound,
-steps, median step time, wall time. Then it appends a "movielens" section
-to `--results-md` (`benchmarks/RESULTS.md`: command, date, machine, versions,
-table), writes `--json` and `--png` (precision@k vs k, one line per run; both
-default to new files of this run under `benchmarks/results/`).
+steps, median step time, wall time. Then it writes `--json` and `--png`
+(precision@k vs k, one line per run; both default to new files of this run
+under `benchmarks/results/`); `make results` regenerates
+`benchmarks/RESULTS.md` from the JSON files (`--results-md` naming another
+page appends a "movielens" section: command, date, machine, versions, table).
 
 One seed per setting: the run-to-run spread is not measured, and the section says so.
 

@@ -22,9 +22,11 @@ ratio of tf_generator_normal's median to each median.
 
 Outputs: a table on stdout, `--json` (rows, command, machine) and `--png`
 (median ns per float per sampler; both default to new files of this run
-under `benchmarks/results/`) and, with `--results-md`, one section appended
-(a single write, after re-reading the file) with the date, command,
-machine (nproc, CPU model, load average at start and end) and versions.
+under `benchmarks/results/`); `make results` regenerates
+`benchmarks/RESULTS.md` from the JSON files, and `--results-md` naming another
+page appends one section (a single write, after re-reading the file) with the
+date, command, machine (nproc, CPU model, load average at start and end) and
+versions.
 """
 
 from __future__ import annotations

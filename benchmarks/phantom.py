@@ -37,10 +37,11 @@ RSS passes `--max-gb` + 1.5 GB. Estimates are used only to skip:
                    and temporaries; 3.5 is the largest peak / (B V d) seen in the first run,
                    where 2 let B = 256, V = 24,000 reach the watchdog)
 
-Outputs: a table on stdout, `--json`, a section appended to `--results-md`,
-and a PNG (`--png`) of step time, and of the memory each DP method adds over
-the non-private step, against batch size (`--json` and `--png` default to new
-files of this run under `benchmarks/results/`).
+Outputs: a table on stdout, `--json`, and a PNG (`--png`) of step time, and
+of the memory each DP method adds over the non-private step, against batch
+size (`--json` and `--png` default to new files of this run under
+`benchmarks/results/`); `make results` regenerates `benchmarks/RESULTS.md`
+from the JSON files (`--results-md` naming another page appends the section).
 
 References: DPFormer (Zhao et al.) §3.2, Fig. 3 and App. A.2 (Phantom Clipping;
 "DP at 0.68x non-private throughput"); BENCHMARKS.md (protocol).

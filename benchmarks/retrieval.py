@@ -24,7 +24,9 @@ softmax's per-example cotangents cost O(batch x items x dim) memory
 (`tfdp_embed.keras2.clipping.shared`), which is why it is measured at a small batch.
 
 Writes `--json`, `--png` (both default to new files under
-`benchmarks/results/`) and appends a section to `--results-md`. Run it
+`benchmarks/results/`); `make results` regenerates `benchmarks/RESULTS.md`
+from the JSON files (`--results-md` naming another page appends the
+section). Run it
 with `nice -n 10` on a shared machine. One seed: the spread is not measured.
 
 References: TFRS retrieval tutorial (in-batch baseline); Yi et al., RecSys

@@ -13,12 +13,13 @@ control group of never-inserted sequences. For each run it records rank
 exposure log2(n) - log2(m), extrapolated exposure (skew-normal fit), and
 precision@k / recall@k on the test users, then
 
-* appends a section to `--results-md` (`benchmarks/RESULTS.md`: command,
-  date, machine, versions, settings, tables, EANA's data-dependent bound, and
-  what the numbers can and cannot show);
 * writes `--json`, `--png-exposure` (mean exposure vs insertion count, one
   line per run) and `--png-precision` (precision@k vs k), by default new
-  files of this run under `benchmarks/results/`.
+  files of this run under `benchmarks/results/`; `make results` regenerates
+  `benchmarks/RESULTS.md` from the JSON files;
+* with `--results-md` naming another page, appends its section there
+  (command, date, machine, versions, settings, tables, EANA's data-dependent
+  bound, and what the numbers can and cannot show).
 
 Every setting is trained once (one seed): the run-to-run spread of exposure
 is not measured here, and the tables say so.

@@ -61,8 +61,9 @@ the same run; "not measured" otherwise.
 
 Outputs: a table on stdout, `--json` (results + machine + settings), a
 log-log plot `--png` (both default to new files of this run under
-`benchmarks/results/`, see `benchmarks/outputs.py`), and a Markdown section
-appended to `--results-md` under its "New measurements" heading.
+`benchmarks/results/`, see `benchmarks/outputs.py`); `make results`
+regenerates `benchmarks/RESULTS.md` from the JSON files (`--results-md` naming
+another page appends a Markdown section under its "New measurements" heading).
 """
 
 from __future__ import annotations

@@ -33,8 +33,10 @@ Data: TSV files from the repository's generator
 cached under `--workdir` (default /work/runs/stream_data), never in the
 repository.
 
-Writes a table to stdout, `--json`, `--png` (rows/s and peak RSS vs N) and
-appends a section "streaming" to `--results-md` (`benchmarks/RESULTS.md`).
+Writes a table to stdout, `--json`, `--png` (rows/s and peak RSS vs N; by
+default new files under `benchmarks/results/`); `make results` regenerates `benchmarks/RESULTS.md` from
+the JSON files (`--results-md` naming another page appends the section
+"streaming").
 """
 
 from __future__ import annotations

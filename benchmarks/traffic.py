@@ -28,7 +28,8 @@ Two measurements per (mechanism, vocabulary), both over the measured steps:
     legacy SGD. This is the update payload alone.
 
 Outputs: `--json` and `--png` (default: new files of this run under
-`benchmarks/results/`) and a section appended to `--results-md`.
+`benchmarks/results/`); `make results` regenerates `benchmarks/RESULTS.md`
+from the JSON files (`--results-md` naming another page appends the section).
 
 Run:
     python -m benchmarks.traffic --vocab 10000,100000,1000000 --steps 5
@@ -477,7 +478,7 @@ def main(argv=None) -> int:
 
 
 def report(document: dict, args) -> int:
-    """Draws the plot, prints the RESULTS.md section and appends it (unless --results-md '')."""
+    """Draws the plot, prints the section and passes it to `outputs.append_section` (unless --results-md '')."""
     if document.get("png"):
         plot(document, document["png"])
     section = markdown_section(document)

@@ -56,7 +56,7 @@ def advice(*, learning_rate: float, momentum: float, chosen: tuple = ()) -> str:
     )
     return (
         f"Nothing was exported. Lower --learning-rate (now {learning_rate:.4g}) or --momentum "
-        f"(now {momentum:g}){unset}; see README, Criteo pipeline."
+        f'(now {momentum:g}){unset}; see docs/pipelines.md, "Criteo pipeline: defaults scaled to the data".'
     )
 
 
