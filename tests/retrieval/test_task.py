@@ -154,7 +154,7 @@ def test_tfrs_retrieval_is_refused_naming_this_task():
             return self.task(self.query(features), self.query(features))
 
     with pytest.raises(
-        PrivacyContractError, match=r"tfdp_embed\.retrieval\.Retrieval.*drawn independently of the data"
+        PrivacyContractError, match=r"tfdp_embed\.keras2\.retrieval\.Retrieval.*drawn independently of the data"
     ):
         DPModel(
             InBatch(), mechanism=mechanisms.DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0), expected_batch_size=4
