@@ -76,8 +76,8 @@ def install() -> dict:
     from pipelines.criteo import calibration, evaluation, pipeline
     from pipelines.criteo import data as criteo_data
     from pipelines.criteo import privacy as criteo_privacy
-    from tfdp_embed.accounting import budget
     from tfdp_embed.keras2 import export, training
+    from tfdp_embed.keras2.callbacks import PrivacyBudget
 
     for stage in ("_read", "_plan", "_build", "_train", "_release", "_report"):
         _wrap(pipeline, stage, stage.lstrip("_"))
@@ -87,9 +87,9 @@ def install() -> dict:
     _wrap(training.DPModel, "fit", "train.fit")
     _wrap(training.DPModel, "prepare", "train.fit.prepare")
     _wrap(training.DPModel, "_check_contract", "train.fit.contract_check")
-    _wrap(budget.PrivacyBudget, "on_train_begin", "train.fit.budget_on_train_begin")
-    _wrap(budget.PrivacyBudget, "on_epoch_end", "train.fit.budget_on_epoch_end")
-    _wrap(budget.PrivacyBudget, "on_train_end", "train.fit.budget_on_train_end")
+    _wrap(PrivacyBudget, "on_train_begin", "train.fit.budget_on_train_begin")
+    _wrap(PrivacyBudget, "on_epoch_end", "train.fit.budget_on_epoch_end")
+    _wrap(PrivacyBudget, "on_train_end", "train.fit.budget_on_train_end")
     _wrap(pipeline, "release_ready", "release.flush")
     _wrap(export, "release_ready", "release.export.flush_again")
     _wrap(pipeline, "_calibrate", "release.output_calibration")

@@ -112,3 +112,13 @@ def test_criteo_memory_flags_missing_rows_but_not_the_noise_of_n_tilde():
     assert criteo_memory._rows_read_problem({"rows_read": 2051, **release}, 2048) is None
     assert "expected 2048" in criteo_memory._rows_read_problem({"rows_read": 1024, **release}, 2048)
     assert "expected 2048" in criteo_memory._rows_read_problem({"rows_read": 2047}, 2048)  # no release: exact
+
+
+def test_end_to_end_worker_finds_every_stage_it_times():
+    """The worker's stage wrappers name functions that exist (the full run above is slow, so check them here)."""
+    import subprocess
+    import sys
+
+    code = "from benchmarks import end_to_end_worker; end_to_end_worker.install(); print('installed')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "installed" in done.stdout, done.stderr[-2000:]
