@@ -18,7 +18,10 @@ import numpy as np
 import pytest
 
 from tfdp_embed.data import beam_poisson_batches, fed_batching, fixed_shape_batches
-from tfdp_embed.keras2._keras import tf
+from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.keras2.training import DPModel
+from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed_beam import record_format as fmt
 from tfdp_embed_beam.sampling import check_seed, cut_step, example_steps
 
@@ -83,8 +86,9 @@ def test_record_format_and_bad_seeds():
 # -- the reader, on shards written here --------------------------------------------------------
 
 
-def _write_shards(directory, batches, *, steps_per_shard, files_per_shard=2, cap=None, n=8):
-    """Shards of `batches` (a list of line lists per step), records shuffled over several files; the manifest."""
+def _write_shards(directory, batches, *, steps_per_shard, files_per_shard=2, cap=None, n=8, epochs=1):
+    """Shards of `batches` (a list of line lists per step, `epochs` epochs of them), records shuffled over several
+    files; the manifest."""
     os.makedirs(os.path.join(directory, fmt.SHARD_DIR))
     shards = -(-len(batches) // steps_per_shard)
     counts = [0] * shards
@@ -105,10 +109,10 @@ def _write_shards(directory, batches, *, steps_per_shard, files_per_shard=2, cap
     manifest = {
         "format_version": fmt.FORMAT_VERSION,
         "sampler": fmt.SAMPLER,
-        "sampling_probability": 1 / len(batches),
+        "sampling_probability": epochs / len(batches),
         "num_examples": n,
-        "epochs": 1,
-        "batches_per_epoch": len(batches),
+        "epochs": epochs,
+        "batches_per_epoch": len(batches) // epochs,
         "steps": len(batches),
         "max_batch_size": cap,
         "seeded": True,
@@ -131,7 +135,8 @@ def test_reader_yields_each_step_in_order_and_only_once(tmp_path):
     _write_shards(str(tmp_path), batches, steps_per_shard=3, cap=3)
     lines, info = beam_poisson_batches(str(tmp_path))
     assert [[x.decode() for x in b.numpy()] for b in lines] == batches  # in position order within a step
-    assert info.sampler == "beam_poisson" and info.batches_per_epoch == 7 and info.streaming
+    assert info.sampler == "beam_poisson" and info.batches_per_epoch == 7 and info.steps == 7 and info.streaming
+    assert info.report()["steps"] == 7
     assert info.report()["truncated_batches"] == 1 and info.report()["truncated_examples"] == 2
     assert fed_batching(lines.map(lambda x: x).prefetch(1)).verified_poisson
     with pytest.raises(tf.errors.InvalidArgumentError, match="already read"):
@@ -151,6 +156,55 @@ def test_reader_refuses_missing_or_foreign_records(tmp_path):
         list(beam_poisson_batches(str(tmp_path / "b"))[0])
     with pytest.raises(ValueError, match="no manifest.json"):
         beam_poisson_batches(str(tmp_path))
+
+
+# -- the user's code: shards -> dataset -> DPModel.fit ------------------------------------------------
+
+
+def _user_dataset(directory):
+    """What a user writes: the shards' lines parsed to (ids, labels), padded to the cap, prefetched."""
+    lines, info = beam_poisson_batches(directory)
+
+    def parse(batch):
+        fields = tf.strings.to_number(tf.strings.split(batch, "\t").to_tensor(shape=[None, 2]), tf.int32)
+        return fields[:, :1], tf.cast(fields[:, 1:], tf.float32)
+
+    fixed, info = fixed_shape_batches(lines.map(parse), info)
+    return fixed.prefetch(2), info
+
+
+def _dp_model(info):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((1,), dtype="int32")
+    logits = keras.layers.Dense(1)(DPEmbedding(8, 2, combiner="sum")(inputs))
+    dp = DPModel(
+        keras.Model(inputs, logits),
+        mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=3),
+        expected_batch_size=info.expected_batch_size,
+    )
+    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    return dp
+
+
+@pytest.mark.parametrize("prepare_first", [False, True])
+def test_fit_trains_on_every_step_of_the_shards_once(tmp_path, prepare_first):
+    # 2 epochs of 6 steps; fit's look at the first batches (build, contract check) must not use up the pass.
+    batches = [[f"{(3 * t + j) % 8}\t{j % 2}" for j in range(t % 3 + 1)] for t in range(12)]
+    _write_shards(str(tmp_path), batches, steps_per_shard=5, cap=3, epochs=2)
+    dataset, info = _user_dataset(str(tmp_path))
+    assert (info.steps, info.batches_per_epoch) == (12, 6)
+    dp = _dp_model(info)
+    if prepare_first:
+        dp.prepare(dataset)
+    epochs = info.steps // info.batches_per_epoch
+    history = dp.fit(dataset, epochs=epochs, steps_per_epoch=info.batches_per_epoch, verbose=0)
+    assert int(dp.optimizer.iterations.numpy()) == 12 and len(history.history["loss"]) == 2
+    assert dp.batching.verified_poisson and dp.batching.info.steps == 12
+    # A second pass over the same Poisson draws is still refused: by the same model, and by a new one.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="already read"):
+        dp.fit(dataset, epochs=1, steps_per_epoch=6, verbose=0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="already read"):
+        _dp_model(info).fit(dataset, epochs=1, steps_per_epoch=6, verbose=0)
 
 
 # -- the Beam job (DirectRunner, in the Beam environment) -------------------------------------------

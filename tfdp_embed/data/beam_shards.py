@@ -17,15 +17,20 @@ The shards hold each step's draw once: the dataset can be iterated once
 (one pass over its E T steps; Keras `fit(..., epochs=E,
 steps_per_epoch=T)` keeps one iterator). A second iteration would replay the
 same Poisson draws, which the accounting does not describe, and fails.
+`DPModel`'s look at the first batches (`prepare`, and `fit` before training:
+it builds the model and checks the per-example contract, takes no step and
+releases nothing) reads inside `uncounted_reads`, so it does not use up the
+pass: `fit` then trains on every step from the first.
 
-The truncation counters of the returned `BatchingInfo` hold the whole run's
-totals (the job made the cuts).
+The returned `BatchingInfo` has the number of steps E T (`info.steps`); its
+truncation counters hold the whole run's totals (the job made the cuts).
 
 Example:
     >>> lines, info = beam_poisson_batches("/data/poisson")
     >>> batches = lines.map(parse_tsv_lines)            # (features, labels): still verified Poisson
     >>> fixed, info = fixed_shape_batches(batches, info)
-    >>> model.fit(fixed, epochs=manifest["epochs"], steps_per_epoch=info.batches_per_epoch)
+    >>> epochs = info.steps // info.batches_per_epoch   # the E the job sampled
+    >>> dp_model.fit(fixed.prefetch(2), epochs=epochs, steps_per_epoch=info.batches_per_epoch)
 
 References: Chua et al., "Scalable DP-SGD: Shuffling vs. Poisson
 Subsampling", NeurIPS 2024 §5 (map, group by step, truncate).
@@ -33,8 +38,10 @@ Subsampling", NeurIPS 2024 §5 (map, group by step, truncate).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
+import weakref
 
 import tensorflow as tf
 
@@ -46,6 +53,7 @@ BEAM_POISSON = fmt.SAMPLER
 """`BatchingInfo.sampler` of `beam_poisson_batches`."""
 _TO_END = 2**31 - 1  # substr length: up to the end of the record
 _ALL = 2**62  # "every record of the shard" as a batch size (tf.data reserves memory only for what arrives)
+_STEPS_SERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # returned dataset -> its guard's counter
 
 
 def read_manifest(directory: str) -> dict:
@@ -87,7 +95,7 @@ def beam_poisson_batches(directory: str) -> tuple[tf.data.Dataset, BatchingInfo]
     Returns:
       `(batches, info)`: a `tf.data.Dataset` of E round(1/q) 1-D `tf.string`
       tensors (the lines of one step's examples) that can be iterated once,
-      and its `BatchingInfo` (sampler "beam_poisson").
+      and its `BatchingInfo` (sampler "beam_poisson"; `info.steps` = E round(1/q)).
 
     Raises:
       ValueError: no manifest, shard files that do not match it.
@@ -100,12 +108,54 @@ def beam_poisson_batches(directory: str) -> tuple[tf.data.Dataset, BatchingInfo]
     info = _poisson_info(
         manifest["num_examples"], manifest["sampling_probability"], cap, None, streaming=True, batches_per_pass=None
     )
-    info.sampler, info.seeded = BEAM_POISSON, bool(manifest["seeded"])
+    info.sampler, info.seeded, info.steps = BEAM_POISSON, bool(manifest["seeded"]), int(manifest["steps"])
     if info.truncated_batches is not None and info.truncated_examples is not None:  # a cap was given
         info.truncated_batches.assign(manifest["truncated_batches"])
         info.truncated_examples.assign(manifest["truncated_examples"])
-    batches = _step_batches(files, manifest)
+    served = tf.Variable(0, dtype=tf.int64, trainable=False, name="beam_poisson_steps_served")
+    batches = _step_batches(files, manifest, served)
+    _STEPS_SERVED[batches] = served
     return register(batches, info), info
+
+
+@contextlib.contextmanager
+def uncounted_reads(data):
+    """Reads of `data` inside the block do not count as the one pass over the Beam shards it reads.
+
+    For `DPModel`'s look at a dataset's first batches (it builds the model
+    and checks the per-example contract: no step is taken, nothing is
+    released), so that training then reads every step from the first. The
+    guard still runs inside the block: shards a pass has already read are
+    refused at the first read. Iterators made inside the block must be gone
+    when it ends (one still prefetching would count). A no-op for data that
+    reads no Beam shards.
+    """
+    counters = _steps_served_counters(data)
+    starts = [counter.read_value() for counter in counters]
+    try:
+        yield
+    finally:
+        for counter, start in zip(counters, starts):
+            counter.assign(start)
+
+
+def _steps_served_counters(data) -> list:
+    """The guards' counters of the `beam_poisson_batches` datasets that `data` reads (its inputs, walked back)."""
+    found, pending, seen = [], [data], set()
+    while pending:
+        dataset = pending.pop()
+        if not isinstance(dataset, tf.data.Dataset) or id(dataset) in seen:
+            continue
+        seen.add(id(dataset))
+        counter = _STEPS_SERVED.get(dataset)
+        if counter is not None:
+            found.append(counter)
+            continue
+        try:
+            pending.extend(dataset._inputs())  # noqa: SLF001 - tf.data's only way to walk a pipeline back
+        except (AttributeError, NotImplementedError):
+            continue
+    return found
 
 
 def _shard_files(directory: str, manifest: dict) -> list:
@@ -123,8 +173,8 @@ def _shard_files(directory: str, manifest: dict) -> list:
     return found
 
 
-def _step_batches(files: list, manifest: dict) -> tf.data.Dataset:
-    """Shard by shard: read, sort by (step, position), slice into steps; a guard against replay."""
+def _step_batches(files: list, manifest: dict, served: tf.Variable) -> tf.data.Dataset:
+    """Shard by shard: read, sort by (step, position), slice into steps; a guard against replay (`served`)."""
     per_shard, steps = manifest["steps_per_shard"], manifest["steps"]
     paths = tf.ragged.constant(files, dtype=tf.string, ragged_rank=1)
     expected = tf.constant(manifest["shard_records"], tf.int64)
@@ -157,8 +207,6 @@ def _step_batches(files: list, manifest: dict) -> tf.data.Dataset:
 
         return tf.data.Dataset.range(count).map(step_lines)
 
-    served = tf.Variable(0, dtype=tf.int64, trainable=False, name="beam_poisson_steps_served")
-
     def once(step, lines):
         check = tf.debugging.assert_equal(
             step,
@@ -173,4 +221,4 @@ def _step_batches(files: list, manifest: dict) -> tf.data.Dataset:
     return tf.data.Dataset.range(len(files)).flat_map(shard_batches).map(once)
 
 
-__all__ = ["BEAM_POISSON", "beam_poisson_batches", "read_manifest"]
+__all__ = ["BEAM_POISSON", "beam_poisson_batches", "read_manifest", "uncounted_reads"]

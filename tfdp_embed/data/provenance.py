@@ -94,6 +94,8 @@ class BatchingInfo:
       fixed_shape: True when every batch is padded to `max_batch_size`
         (`fixed_shape_batches`; padding examples carry weight 0).
       spill: the one-pass sampler's `SpillStats` (disk and memory it used), else None.
+      steps: the number of batches the dataset yields in all, where the sampler fixes it (the Beam job's
+        shards: E round(1/q) steps, i.e. `steps // batches_per_epoch` epochs), else None.
     """
 
     batching: str
@@ -110,6 +112,7 @@ class BatchingInfo:
     sampler: str | None = None
     fixed_shape: bool = False
     spill: object = None
+    steps: int | None = None
 
     def report(self) -> dict:
         """Plain-Python fields for `privacy_report(batching=...)`."""
@@ -126,6 +129,8 @@ class BatchingInfo:
             "sampler": self.sampler,
             "fixed_shape": self.fixed_shape,
         }
+        if self.steps is not None:
+            out["steps"] = self.steps
         if self.truncated_batches is not None and self.truncated_examples is not None:  # set together
             out["truncated_batches"] = int(self.truncated_batches.numpy())
             out["truncated_examples"] = int(self.truncated_examples.numpy())

@@ -3,12 +3,16 @@
 The independence check needs >= 2 examples, so a dataset's first few
 batches are searched for one; when none has two (or there is no data to
 read), training goes on with a warning rather than unchecked in silence.
+Looking at them is not the training pass: a dataset of Beam shards, which
+can be read once, still gives `fit` every step from the first
+(`tfdp_embed.data.beam_shards.uncounted_reads`).
 """
 
 from __future__ import annotations
 
 import warnings
 
+from tfdp_embed.data.beam_shards import uncounted_reads
 from tfdp_embed.keras2._keras import tf
 from tfdp_embed.keras2.contract.examples import batch_size_of
 
@@ -18,10 +22,21 @@ PROBE_BATCHES = 4  # batches of a dataset searched for one with >= 2 examples
 def probe_batch(data: tf.data.Dataset, unpack):
     """The first batch of `data` with >= 2 examples among its first few, else its first.
 
-    `unpack` maps a dataset element to `(x, y, sample_weight, ...)`.
+    `unpack` maps a dataset element to `(x, y, sample_weight, ...)`. These
+    reads do not count as the one pass over Beam shards (`uncounted_reads`).
     """
+    with uncounted_reads(data):
+        iterator = iter(data.take(PROBE_BATCHES))
+        try:
+            return _first_with_pair(iterator, unpack)
+        finally:
+            del iterator  # its prefetching stops before the pass is restored
+
+
+def _first_with_pair(elements, unpack):
+    """The first of `elements` with >= 2 examples, else the first; ValueError when there is none."""
     first = None
-    for element in data.take(PROBE_BATCHES):
+    for element in elements:
         if first is None:
             first = element
         size = batch_size_of(unpack(element)[:3])
