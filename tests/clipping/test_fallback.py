@@ -37,6 +37,18 @@ def test_conv1d_warns_once_per_layer():
     assert not _fallback_warnings(caught, dense)
 
 
+def test_plain_keras_embedding_warning_names_dp_embedding_as_the_drop_in():
+    inputs = keras.Input((2,), dtype="int32")
+    table = keras.layers.Embedding(10, 3, dtype=F64)
+    flat = keras.layers.Flatten(dtype=F64)(table(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1, dtype=F64)(flat))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_step(model, tf.constant([[1, 2], [2, 7], [0, 0]]))
+    (warning,) = _fallback_warnings(caught, table)
+    assert "Use tfdp_embed.DPEmbedding instead, the drop-in for keras.layers.Embedding" in str(warning.message)
+
+
 class _ScaledDense(keras.layers.Layer):
     """Owns a `scale` weight and a Dense sub-layer: the fallback must handle only `scale`."""
 

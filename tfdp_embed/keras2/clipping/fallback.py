@@ -187,11 +187,19 @@ def _warn_once(layer: keras.layers.Layer) -> None:
     if layer in _WARNED:
         return
     _WARNED.add(layer)
+    remedy = "Register a rule in the LayerRegistry to make it fast."
+    if isinstance(layer, keras.layers.Embedding):
+        remedy = (
+            "For an embedding table that is [batch, vocabulary, dim], and the sparse mechanisms (LazyDP, "
+            "DP-FEST, DP-AdaFEST) see a dense variable, not a table. Use tfdp_embed.DPEmbedding instead, the "
+            "drop-in for keras.layers.Embedding (`DPEmbedding(input_dim, output_dim)`, the same positional "
+            "arguments; `combiner=` pools several ids per example): its per-example norms come from the rows "
+            "each example looks up."
+        )
     warnings.warn(
         f"No per-example clipping rule for layer {layer.name!r} ({type(layer).__name__}); "
         "computing its per-example gradients with tf.vectorized_map, which is slower and "
-        "holds [batch, *weight.shape] per weight. Register a rule in the LayerRegistry "
-        "to make it fast.",
+        f"holds [batch, *weight.shape] per weight. {remedy}",
         RuntimeWarning,
         stacklevel=3,
     )
