@@ -258,7 +258,9 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
         With a `tf.data.Dataset`, the model is built from its first batch and the
         contract (`tfdp_embed.keras2.contract`) is checked on it (on one of its first
         batches with >= 2 examples); without one, the model must be built and
-        `fit` checks the contract on its own data.
+        `fit` checks the contract on its own data. Reading those batches does
+        not use up a dataset that can be read once (the Beam job's shards):
+        `fit` on the same dataset still trains on every step.
 
         Raises:
           PrivacyContractError: the model breaks the per-example contract.
@@ -270,8 +272,10 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
             batch = probe_batch(data, self._unpack)
             # One eager forward pass builds the model and checks the loss is per example,
             # so a wrong loss fails here with a plain error, not inside the traced step.
+            # In the model's strategy scope, as Keras builds it: variables created here are mirrored.
             x, y, sample_weight, _ = self._unpack(batch)
-            self._per_example_loss(x, y, sample_weight, training=False)
+            with self.distribute_strategy.scope():
+                self._per_example_loss(x, y, sample_weight, training=False)
         elif not self.inner.built or not self.inner.trainable_variables:
             raise ValueError(
                 f"Model {self.inner.name!r} is not built; build it (call it once) or pass a "

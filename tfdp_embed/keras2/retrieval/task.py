@@ -79,7 +79,16 @@ class _TrainingOnly:
     def __init__(self, catalogue: Catalogue, metrics: TopKMetrics):
         self.catalogue = catalogue
         self.top_k = metrics
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="negative_sample_step")
+        # Under MirroredStrategy each replica advances its own copy once per step, with no collective
+        # (replicas stay equal and draw the same sample); read across replicas: the first one's.
+        self.step = tf.Variable(
+            0,
+            dtype=tf.int64,
+            trainable=False,
+            name="negative_sample_step",
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
         self.frozen = 0
 
 
@@ -158,6 +167,8 @@ class Retrieval(keras.layers.Layer, tfrs.tasks.Task):
           sample_weight: optional `[B]` weights (multiply the losses).
           candidate_ids: required, `[B]` the positive's identifier (or row).
           compute_metrics: update the top-k metrics; default: when not training.
+            Under a `tf.distribute` strategy they are updated in replica
+            context only (the steps of `fit` and `evaluate`).
           training: Keras' training flag.
 
         Raises:
@@ -181,7 +192,7 @@ class Retrieval(keras.layers.Layer, tfrs.tasks.Task):
             loss = loss * tf.cast(tf.reshape(sample_weight, [-1]), loss.dtype)
         if compute_metrics is None:
             compute_metrics = not training
-        if compute_metrics:
+        if compute_metrics and self._training_only.top_k.updatable():  # replica context under a strategy
             with tf.control_dependencies([self._update_metrics(queries, positives, sample_weight, training)]):
                 loss = tf.identity(loss)
         return loss

@@ -65,6 +65,19 @@ class TopKMetrics:
     def metrics(self) -> list:
         return [*self.recall, *self.precision]
 
+    def updatable(self) -> bool:
+        """False outside a replica context when the metrics were created under a `tf.distribute` strategy.
+
+        There Keras makes their variables SyncOnRead (summed over the replicas
+        when read), which are only added to per replica: in the steps of `fit`
+        and `evaluate` (`strategy.run`). Eager passes outside them (the build
+        and contract checks of `DPModel.prepare`) leave the metrics alone.
+        """
+        variables = [v for metric in self.metrics for v in metric.variables]
+        if not any(isinstance(v, tf.distribute.DistributedValues) for v in variables):
+            return True
+        return tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+
     def update(self, queries, candidates, positives, sample_weight=None) -> tf.Operation:
         """Ranks each positive among all candidates and updates every metric.
 
