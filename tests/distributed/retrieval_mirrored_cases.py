@@ -13,18 +13,18 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
+
 from tfdp_embed.keras2._keras import keras, tf
 
 _CPU = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-import numpy as np
-
-from tests.retrieval.user_model import MovielensModel, movielens_like
-from tfdp_embed.keras2.models.two_tower import TwoTowerModel, two_tower_registry
-from tfdp_embed.keras2.retrieval import FullSoftmax, SampledSoftmax
-from tfdp_embed.keras2.training import DPModel
-from tfdp_embed.mechanisms import DenseDPSGD
+from tests.retrieval.user_model import MovielensModel, movielens_like  # noqa: E402
+from tfdp_embed.keras2.models.two_tower import TwoTowerModel, two_tower_registry  # noqa: E402
+from tfdp_embed.keras2.retrieval import FullSoftmax, SampledSoftmax  # noqa: E402
+from tfdp_embed.keras2.training import DPModel  # noqa: E402
+from tfdp_embed.mechanisms import DenseDPSGD  # noqa: E402
 
 BATCH = 16
 _STRATEGY = []

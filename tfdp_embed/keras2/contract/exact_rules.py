@@ -75,7 +75,8 @@ def check_rules_cover_gradients(
     ones = tf.ones_like(loss)
     built, round_offs = {}, {}
     for tap, info in infos:
-        round_off = _round_off_rtol(tap, reduced=recorded is not None, rtol=rtol) * float(tf.reduce_sum(tf.sqrt(tf.cast(info.squared_norms, tf.float64))))
+        norm_sum = float(tf.reduce_sum(tf.sqrt(tf.cast(info.squared_norms, tf.float64))))
+        round_off = _round_off_rtol(tap, reduced=recorded is not None, rtol=rtol) * norm_sum
         for variable, grad in zip(info.variables, info.clipped_sum(ones)):
             built[variable.ref()] = grad
             round_offs[variable.ref()] = round_off
