@@ -1,4 +1,5 @@
-"""Empirical privacy audits: the secret sharer test (Carlini et al. 2019) as EANA §4.1 runs it.
+"""Empirical privacy audits: the secret sharer test (Carlini et al. 2019) as EANA §4.1 runs it, and
+the one-run epsilon lower bound (Steinke, Nasr & Jagielski, NeurIPS 2023).
 
 Modules:
   canaries: random (context, label) canaries with insertion counts, their
@@ -7,6 +8,10 @@ Modules:
     (extrapolated) exposure.
   secret_sharer: scores canaries and candidates with any scoring callable and
     summarises exposure per insertion count (JSON-able).
+  one_run: the epsilon lower bound from m canaries each included with
+    probability 1/2 and the auditor's guesses (Steinke et al. 2023, §3 and
+    §5). The canaries of a Keras training run are in
+    `tfdp_embed.keras2.audit_canaries` (`audit_run`).
 
 Numpy and scipy only: the model is a callable returning log-probabilities.
 """
@@ -27,6 +32,15 @@ from tfdp_embed.audit.exposure import (
     fit_score_distribution,
     rank_exposure,
 )
+from tfdp_embed.audit.one_run import (
+    DEFAULT_GUESS_FRACTIONS,
+    OneRunBound,
+    count_correct,
+    default_guess_pairs,
+    epsilon_for_counts,
+    epsilon_lower_bound,
+    one_run_p_value,
+)
 from tfdp_embed.audit.secret_sharer import (
     CHANCE_EXPOSURE_BITS,
     SecretSharerAudit,
@@ -37,17 +51,24 @@ from tfdp_embed.audit.secret_sharer import (
 
 __all__ = [
     "CHANCE_EXPOSURE_BITS",
+    "DEFAULT_GUESS_FRACTIONS",
     "DEFAULT_INSERTION_COUNTS",
     "EANA_CANARIES_PER_COUNT",
     "EANA_NUM_CANDIDATES",
     "CanarySet",
+    "OneRunBound",
     "RandomSequences",
     "ScoreDistribution",
     "SecretSharerAudit",
     "canary_ranks",
+    "count_correct",
+    "default_guess_pairs",
+    "epsilon_for_counts",
+    "epsilon_lower_bound",
     "extrapolated_exposure",
     "fit_score_distribution",
     "generate_canaries",
+    "one_run_p_value",
     "rank_exposure",
     "sample_candidates",
     "score_sequences",

@@ -1,0 +1,220 @@
+"""Tests of the one-run epsilon lower bound (tfdp_embed/audit/one_run.py) and the canary audit run
+(tfdp_embed/keras2/audit_canaries.py).
+
+The bound's values are checked against hand computations (binomial sums written out with
+math.comb); the audit runs train a tiny DPEmbedding + Dense model on CPU: without noise the
+audit must find a clearly positive epsilon (it can detect), with dense DP-SGD and LazyDP at a
+calibrated epsilon the bound must stay at or below it (the guarantee holds).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tfdp_embed.audit import (
+    count_correct,
+    default_guess_pairs,
+    epsilon_for_counts,
+    epsilon_lower_bound,
+    one_run_p_value,
+)
+
+
+def _binom_pmf(k: int, n: int, p: float) -> float:
+    return math.comb(n, k) * p**k * (1 - p) ** (n - k)
+
+
+def _perfect(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """m canaries, the first half included, scores that rank every included canary first."""
+    included = np.arange(m) < m // 2
+    return np.where(included, 1.0, 0.0) + np.linspace(0, 0.1, m), included
+
+
+# -- the bound against hand computations ---------------------------------------------------------
+
+
+def test_p_value_matches_the_written_out_binomial_sums():
+    # m = 10, r = 4, v = 3, eps = 1, delta = 0.01; q = e / (1 + e) = 0.7310586
+    q = math.e / (1 + math.e)
+    tail = 4 * q**3 * (1 - q) + q**4  # P[B >= 3] = 0.6147...
+    pmf = [_binom_pmf(k, 4, q) for k in (2, 1, 0)]  # P[B = 2], P[B = 1], P[B = 0]
+    worst = max(pmf[0], (pmf[0] + pmf[1]) / 2, sum(pmf) / 3)  # max_i P[3 - i <= B < 3] / i
+    expected = tail + 2 * 10 * 0.01 * worst
+    got = one_run_p_value(num_canaries=10, guesses=4, correct=3, epsilon=1.0, delta=0.01)
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert one_run_p_value(num_canaries=10, guesses=4, correct=3, epsilon=1.0, delta=0.0) == pytest.approx(tail)
+
+
+def test_all_guesses_correct_gives_the_closed_form_epsilon():
+    # v = r = k, delta = 0: p(eps) = q^k <= a  <=>  q <= a^(1/k)  =>  eps = logit(a^(1/k)).
+    # k = 100, a = 0.05: q = exp(ln(0.05) / 100) = 0.9704870, eps = ln(q / (1 - q)) = 3.4930
+    eps = epsilon_for_counts(num_canaries=100, guesses=100, correct=100, delta=0.0, significance=0.05)
+    q = 0.05 ** (1 / 100)
+    assert eps == pytest.approx(math.log(q / (1 - q)), abs=1e-6)
+    assert eps == pytest.approx(3.4930, abs=1e-3)
+    assert eps <= math.log(q / (1 - q))  # rounded down: the reported eps is itself rejected
+
+
+def test_half_correct_gives_zero_and_more_correct_gives_more():
+    # r = 100, v = 50: p(0) = P[Binomial(100, 1/2) >= 50] = 0.54 > 0.05, nothing is rejected.
+    assert epsilon_for_counts(num_canaries=100, guesses=100, correct=50, delta=0.0, significance=0.05) == 0.0
+    bounds = [
+        epsilon_for_counts(num_canaries=100, guesses=100, correct=v, delta=0.0, significance=0.05)
+        for v in (60, 70, 80, 90, 100)
+    ]
+    assert bounds[0] > 0 and bounds == sorted(bounds)
+
+
+def test_delta_and_the_union_bound_only_lower_the_bound():
+    scores, included = _perfect(200)
+    pure = epsilon_lower_bound(scores, included, delta=0.0, guesses=[(100, 0)])
+    approx = epsilon_lower_bound(scores, included, delta=1e-3, guesses=[(100, 0)])
+    assert pure.correct == 100 and pure.num_guess_pairs == 1
+    # one pair at significance 0.05: eps = logit(0.05^(1/100)) = 3.4930 (as above)
+    assert pure.epsilon_lb == pytest.approx(3.4930, abs=1e-3)
+    assert 0 < approx.epsilon_lb < pure.epsilon_lb
+    grid = epsilon_lower_bound(scores, included, delta=0.0, guesses=[(100, 0), (50, 50), (20, 0), (10, 10)])
+    # four pairs, each at 0.05 / 4: the same 100-of-100 pair gives logit(0.0125^(1/100)):
+    # q = exp(ln(0.0125) / 100) = 0.957126, eps = ln(0.957126 / 0.042874) = 3.1057
+    assert grid.num_guess_pairs == 4 and (grid.k_plus, grid.k_minus) == (100, 0)
+    assert grid.epsilon_lb == pytest.approx(3.1057, abs=1e-3)
+
+
+def test_guesses_take_the_top_and_bottom_scores_and_break_ties_by_index():
+    scores = np.array([5.0, 1.0, 1.0, 1.0, -2.0, 0.0])
+    included = np.array([True, False, True, True, False, False])
+    # top 2: index 0 (in), then the tie at 1.0 -> index 1 (out): 1 correct;
+    # bottom 2: indices 5 (0.0) and 4 (-2.0), both out: 2 correct.
+    assert count_correct(scores, included, 2, 2) == 3
+    assert count_correct(scores, included, 1, 0) == 1
+    assert count_correct(scores, included, 0, 6) == 3
+
+
+def test_default_grid_is_small_and_within_m():
+    pairs = default_guess_pairs(400)
+    # r = 4, 8, 20, 40, 80, 200, 400 each as (r, 0) and (r/2, r/2): 14 pairs
+    assert len(pairs) == 14 and (400, 0) in pairs and (100, 100) in pairs
+    assert all(1 <= a + b <= 400 for a, b in pairs)
+
+
+def test_random_scores_give_no_bound():
+    rng = np.random.default_rng(0)
+    included = rng.random(1000) < 0.5
+    bound = epsilon_lower_bound(rng.normal(size=1000), included, delta=1e-5)
+    assert bound.epsilon_lb < 0.3 and bound.num_canaries == 1000
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(included=np.ones(9, bool)), "lengths differ"),
+        (dict(confidence=0.0), "confidence"),
+        (dict(confidence=1.0), "confidence"),
+        (dict(delta=-0.1), "delta"),
+        (dict(delta=1.0), "delta"),
+        (dict(guesses=[(8, 3)]), "k_plus"),
+        (dict(guesses=[(0, 0)]), "k_plus"),
+        (dict(scores=np.full(10, np.nan)), "finite"),
+        (dict(included=np.full(10, 2)), "booleans"),
+    ],
+)
+def test_bad_input_is_refused(kwargs, match):
+    args = dict(scores=np.arange(10.0), included=np.arange(10) % 2 == 0, delta=0.0, confidence=0.95)
+    args.update(kwargs)
+    scores, included = args.pop("scores"), args.pop("included")
+    with pytest.raises(ValueError, match=match):
+        epsilon_lower_bound(scores, included, **args)
+
+
+def test_too_few_canaries_are_refused():
+    # 4 canaries: 2^-4 = 0.0625 > 0.05, no outcome can reject even eps = 0
+    with pytest.raises(ValueError, match="too few"):
+        epsilon_lower_bound(np.arange(4.0), np.array([1, 0, 1, 0]), delta=0.0, guesses=[(4, 0)])
+
+
+# -- one audit run each: no noise (power), dense DP-SGD and LazyDP (the guarantee holds) -----------
+
+REAL_IDS, NUM_CANARIES, NUM_REAL = 50, 400, 400  # table rows 0..49 real, 50..449 canaries
+Q, STEPS, DELTA, CLAIMED_EPSILON = 0.1, 50, 1e-5, 4.0
+
+
+def _audit(mechanism: str, *, table_rows=REAL_IDS + NUM_CANARIES, top_id=REAL_IDS, plan=None, **plan_args):
+    from tfdp_embed import DPEmbedding, keras, plan_run
+    from tfdp_embed.keras2.audit_canaries import audit_run
+
+    def build_model():
+        inputs = keras.Input((2,), dtype="int32")
+        x = DPEmbedding(table_rows, 4, combiner="mean", name="items")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(1)(x))
+
+    keras.utils.set_random_seed(0)
+    ids = np.random.default_rng(0).integers(0, top_id, (NUM_REAL, 2)).astype(np.int32)
+    labels = (ids[:, :1] % 2).astype(np.float32)
+    if plan is None:
+        plan = plan_run(mechanism, target_delta=DELTA, sampling_probability=Q, steps=STEPS, seed=1, **plan_args)
+    return audit_run(
+        build_model,
+        (ids, labels),
+        plan=plan,
+        first_canary_id=REAL_IDS,
+        num_canaries=NUM_CANARIES,
+        audit_seed=7,
+        batch_seed=3,
+        optimizer_fn=lambda: keras.optimizers.legacy.SGD(0.5),
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
+
+
+@pytest.mark.parametrize(
+    "setup, match",
+    [
+        (dict(table_rows=REAL_IDS + NUM_CANARIES - 1), "rows"),  # no room for the last canary
+        (dict(top_id=REAL_IDS + 1), "no real example touches"),  # a real id on a canary row
+        (dict(plan="with N"), "not `batching=`"),  # the plan fixes N, the audit run changes it
+    ],
+)
+def test_audit_run_refuses_setups_that_break_the_audit(setup, match):
+    from tfdp_embed import data, plan_run
+
+    if setup.get("plan") == "with N":
+        _, info = data.poisson_batches(np.arange(NUM_REAL), sampling_probability=Q, seed=0)
+        setup["plan"] = plan_run("dense", noise_multiplier=1.0, target_delta=DELTA, batching=info, steps=STEPS)
+    with pytest.raises(ValueError, match=match):
+        _audit("dense", noise_multiplier=1.0, **setup)
+
+
+def test_audit_without_noise_finds_a_clearly_positive_epsilon():
+    """sigma = 0, C = 1e6: an out-canary's row never moves (score exactly 0), an in-canary's does.
+
+    Observed (seeds as below, CPU): 201 of 400 canaries in, 200 of them with a positive score (one
+    was never sampled in the 50 steps: 1 - 0.9^50 = 99.5 %), 399 of 400 guesses correct at
+    (k+, k-) = (200, 200), epsilon_lb = 3.89 (the most 400 of 400 could give with 14 pairs is
+    logit((0.05 / 14)^(1/400)) = 4.26).
+    """
+    audit = _audit("dense", noise_multiplier=0.0, l2_norm_clip=1e6)
+    assert audit.claimed_epsilon is None and 150 < audit.included.sum() < 250
+    assert np.all(audit.scores[~audit.included] == 0.0)
+    assert audit.bound.epsilon_lb > 2.0, audit.as_dict()
+
+
+@pytest.mark.parametrize("mechanism", ["dense", "lazy"])
+def test_audit_of_a_dp_run_stays_below_the_claimed_epsilon(mechanism):
+    """The plan calibrates sigma for epsilon = 4 at delta = 1e-5 (PLD: sigma = 1.145); the bound must not exceed it.
+
+    Observed (seeds as below, CPU): dense epsilon_lb = 0.10 (30 of 40 correct at (20, 20)), LazyDP
+    0.13 (126 of 200 at (100, 100)); the audit sees the canaries but stays far below 4, as a one-run
+    audit of the final model only does. At a claimed epsilon = 16 (sigma = 0.583) the same audit gave
+    0.45 (dense) and 0.52 (LazyDP). With 400 canaries and 14 pairs no outcome can prove more than
+    4.26, so the bound alone catches only gross leaks; a LazyDP that left never-touched rows
+    un-noised would leave the out-canaries' scores at exactly 0, which the last assert catches.
+    """
+    audit = _audit(mechanism, target_epsilon=CLAIMED_EPSILON, l2_norm_clip=1.0)
+    assert audit.claimed_epsilon == CLAIMED_EPSILON and audit.delta == DELTA
+    assert audit.bound.epsilon_lb <= CLAIMED_EPSILON, audit.as_dict()
+    assert np.all(audit.scores[~audit.included] != 0.0)  # noise reached every canary row, taken or not
