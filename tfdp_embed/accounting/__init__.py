@@ -38,6 +38,7 @@ from tfdp_embed.accounting.report import (
     write_privacy_report,
 )
 from tfdp_embed.accounting.report_text import format_report
+from tfdp_embed.accounting.tradeoff import gdp_mu_clt, pld_tpr_bounds
 from tfdp_embed.accounting.truncated import TruncatedSteps, truncate_event, truncated_steps
 
 
@@ -67,9 +68,11 @@ __all__ = [
     "compute_epsilon",
     "dpsgd_event",
     "format_report",
+    "gdp_mu_clt",
     "make_accountant",
     "period_ledger",
     "period_ledgers",
+    "pld_tpr_bounds",
     "privacy_report",
     "read_privacy_report",
     "release_dataset_size",

@@ -31,7 +31,9 @@ and the expected batch come from N~), or an int N, stated exactly and so
 an assumption (N public). A run whose noise, batches or N~ were seeded
 lists them in `seeded` (names only) and its guarantee excludes whoever knows
 the seed. Every report states the privacy unit, the contribution bound and
-the membership-test bound TPR <= min(e^eps FPR + delta, ...) (`attacker_bound`).
+the membership-test bound TPR <= min(e^eps FPR + delta, ...) (`attacker_bound`); for epsilons
+accounted from the run's events it adds the tighter TPR-at-FPR rows of the run's PLD (`pld_bounds`)
+and, for plain DP-SGD steps, the central-limit mu-GDP (`gdp_clt`, an approximation; `tradeoff`).
 
 Example:
     >>> report = privacy_report(mechanism=mechanism, ledger=budget.ledger, delta=1e-5,
@@ -65,6 +67,7 @@ from tfdp_embed.accounting.calibration import (
 from tfdp_embed.accounting.dataset_size import PUBLIC_N_ASSUMPTION, ReleasedDatasetSize
 from tfdp_embed.accounting.ledger import PrivacyLedger, event_to_dict
 from tfdp_embed.accounting.search_runs import check_report as check_search_run
+from tfdp_embed.accounting.tradeoff import tradeoff_fields
 from tfdp_embed.accounting.truncated import check_matches_batching
 from tfdp_embed.data.provenance import DECLARED, FedBatching
 
@@ -184,6 +187,7 @@ def privacy_report(
         _epsilon_fields(mechanism, run, report, caveats, epsilon=epsilon, ledger=ledger, assumptions=assumptions)
     )
     report.update(_run_fields(mechanism, mech, run, report["epsilon"], privacy_unit, contribution_bound, assumptions))
+    _add_tradeoff(report, mechanism, run, ledger, given_epsilon=epsilon)
     _add_caveats(report, caveats, mechanism, run, assumptions)
     _add_records(report, mech, ledger, run.released, extra)
     check_search_run(report, mechanism)  # a run of a private search: the search's epsilon, or refused
@@ -250,6 +254,23 @@ def _run_fields(mechanism, mech: dict, run: _Run, epsilon, privacy_unit, contrib
         attacker_bound=attacker_bound(epsilon, run.delta),
         assumptions=list(assumptions),
     )
+
+
+def _add_tradeoff(report: dict, mechanism, run: _Run, ledger, *, given_epsilon) -> None:
+    """The attacker bound's PLD rows and mu-GDP (`tradeoff`), for epsilons accounted here from known events."""
+    epsilon = report["epsilon"]
+    if not report["is_dp"] or given_epsilon is not None or epsilon is None or not math.isfinite(epsilon):
+        return
+    if ledger is not None:
+        entries = [(entry.event, entry.count) for entry in ledger.entries]
+    else:
+        released = [run.released.event] if run.released is not None else []
+        entries = [(event, 1) for event in _events(mechanism, run.q, run.steps) + released]
+    bound = report["attacker_bound"]
+    bound.update(tradeoff_fields(entries, epsilon=epsilon))
+    for row, line in zip(bound.get("pld_bounds", ()), bound["bounds"]):  # both are bounds: keep the tighter
+        if row["fpr"] == line["fpr"]:
+            row["max_tpr"] = min(row["max_tpr"], line["max_tpr"])
 
 
 def _add_caveats(report: dict, caveats: list, mechanism, run: _Run, assumptions: list) -> None:
