@@ -173,12 +173,15 @@ def _scores(build_model, table, released, initial_rows, row_ids, loss, canaries)
     return _per_example_loss(model, loss, *canaries) - trained
 
 
-def _train(model, plan, examples, optimizer, loss, batch_seed) -> list:
-    """Trains `model` on `examples` with Poisson batches at the plan's q for the plan's T steps; the flushed weights."""
-    num_examples = int(np.asarray(tf.nest.flatten(examples[1])[0]).shape[0])
+def _train(model, plan, examples, optimizer, loss, batch_seed, expected_size: float) -> list:
+    """Trains `model` on `examples` with Poisson batches at the plan's q for the plan's T steps; the flushed weights.
+
+    The noised sum is divided by q * `expected_size`, a constant fixed before the coin flips (the
+    real examples plus m / 2), so the divisor does not depend on which canaries went in.
+    """
     q = plan.sampling_probability
-    batches, _ = data.poisson_batches(examples, sampling_probability=q, seed=batch_seed, num_examples=num_examples)
-    expected = q * num_examples if plan.mechanism.clips_per_example else None
+    batches, _ = data.poisson_batches(examples, sampling_probability=q, seed=batch_seed)
+    expected = q * expected_size if plan.mechanism.clips_per_example else None
     dp = DPModel(model, plan=plan, expected_batch_size=expected)
     dp.compile(optimizer=optimizer, loss=loss)
     dp.fit(batches.repeat().take(plan.steps), epochs=1, verbose=0)
@@ -237,7 +240,8 @@ def audit_run(
     row_ids, canaries, initial_rows = _canaries(model, table, first_canary_id, m, examples, canary_examples)
     chosen = tf.nest.map_structure(lambda c: np.asarray(c)[included], canaries)
     combined = tf.nest.map_structure(lambda r, c: np.concatenate([np.asarray(r), c]), tuple(examples), chosen)
-    released = _train(model, plan, combined, optimizer_fn(), loss, batch_seed)
+    num_real = int(np.shape(tf.nest.flatten(examples[1])[0])[0])
+    released = _train(model, plan, combined, optimizer_fn(), loss, batch_seed, num_real + m / 2)
     scores = _scores(build_model, table, released, initial_rows, row_ids, loss, canaries)
     delta = plan.target_delta if delta is None else delta
     bound = epsilon_lower_bound(scores, included, delta=delta, confidence=confidence)
