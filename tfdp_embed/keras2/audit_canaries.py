@@ -30,7 +30,8 @@ Example:
     >>> audit.bound.epsilon_lb <= audit.claimed_epsilon
 
 References: Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training
-Run", NeurIPS 2023, §3 (Algorithm 1), §6 (white-box gradient canaries).
+Run", NeurIPS 2023, §3 (Algorithm 1) and the white-box experiments with
+gradient (Dirac) canaries.
 """
 
 from __future__ import annotations
