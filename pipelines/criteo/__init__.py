@@ -46,7 +46,9 @@ What happens (`pipeline.run`, one function per stage):
      evaluation file), log loss and the base-rate log loss, mean prediction,
      the chosen settings, privacy, which
      sampler, rows read and skipped, gradient-size reduction, median step
-     time) and print the privacy report (`report.py`).
+     time) and print the privacy report (`report.py`). `OUT` appears whole or not
+     at all: a run that fails, is interrupted or killed leaves it as it was
+     (`pipelines.output_dir`).
 
 The flags are parsed in `cli.py` into a `config.PipelineConfig`.
 

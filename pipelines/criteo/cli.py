@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipelines import cli_types
+from pipelines import cli_types, run_limits
 from pipelines.criteo import beam as criteo_beam
 from pipelines.criteo import data as criteo_data
 from pipelines.criteo import defaults as criteo_defaults
@@ -25,7 +25,6 @@ from pipelines.criteo.config import (
     PipelineConfig,
 )
 from pipelines.criteo.pipeline import run
-from pipelines.output_dir import removed_on_failure
 from pipelines.privacy_flags import add_privacy_flags, check_privacy_flags
 from tfdp_embed import PrivacyContractError
 from tfdp_embed.data.criteo import CriteoFormatError
@@ -301,6 +300,7 @@ def _check_files(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None
 def _check_values(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Ranges argparse's types cannot express, and epsilon's shares leaving some for training."""
     check_privacy_flags(parser, a)
+    run_limits.check_epochs(parser, a.epochs, a.max_steps)
     if not 0 < a.selection_fraction < 1:
         parser.error(f"--selection-fraction must lie in (0, 1); received {a.selection_fraction!r}.")
     a.calibration_auto = a.calibration_fraction is None
@@ -410,8 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 for bad flags, 1 for bad data)."""
     config = parse_args(argv)
     try:
-        with removed_on_failure(config.out):  # a failed run leaves no `--out` behind
-            report = run(config).report
+        report = run(config).report  # a failed run leaves `--out` as it was (`pipelines.output_dir`)
     except (CriteoFormatError, PrivacyContractError, ValueError) as error:
         message = error.message(cli=True) if isinstance(error, CriteoFormatError) else str(error)
         print(f"python -m pipelines.criteo: error: {message}", file=sys.stderr)

@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from pipelines import run_limits
 from pipelines.criteo import beam as criteo_beam
 from pipelines.criteo import calibration as criteo_calibration
 from pipelines.criteo import data as criteo_data
@@ -23,6 +24,7 @@ from pipelines.criteo import privacy as criteo_privacy
 from pipelines.criteo import report as criteo_report
 from pipelines.criteo import training as criteo_training
 from pipelines.criteo.config import PipelineConfig
+from pipelines.output_dir import Staging, staged_release
 from pipelines.step_timer import StepTimer
 from pipelines.stop_after import StopAfter
 from tfdp_embed import DPEmbedding, ReleasedDatasetSize, RunPlan, export_saved_model, keras, release_dataset_size, tf
@@ -33,6 +35,7 @@ from tfdp_embed.data.criteo.text import estimate_rows
 from tfdp_embed.keras2.callbacks import PrivacyBudget
 from tfdp_embed.keras2.export import release_ready
 from tfdp_embed.keras2.models import CTRModelConfig, CTRServingModule, build_ctr_model
+from tfdp_embed.keras2.models.ctr import ctr_embedding_dims
 from tfdp_embed.mechanisms import capabilities_of
 
 
@@ -121,6 +124,8 @@ class _Training:
 
 def _read(config: PipelineConfig) -> _Data:
     """Stage 1: default data if needed, then read (or scan, when streaming) and validate every file."""
+    if config.fixed_vocabulary:  # the flags fix the tables: refused before any file is written or read
+        _check_table_memory(config, _vocabulary(config, None))
     if config.beam_shards:
         return _read_beam(config)
     train_files, eval_files, synthetic = list(config.train), list(config.eval), None
@@ -132,6 +137,8 @@ def _read(config: PipelineConfig) -> _Data:
         train_files, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
     rows_estimate = None if config.fixed_vocabulary else estimate_rows(train_files)
     vocab = _vocabulary(config, rows_estimate)
+    if not config.fixed_vocabulary:  # scaled to the rows: known now
+        _check_table_memory(config, vocab)
     read: dict[str, Any] = dict(
         vocab_sizes=vocab, skip_bad_rows=config.skip_bad_rows, streaming=config.streaming, format=config.format
     )
@@ -160,6 +167,22 @@ def _vocabulary(config: PipelineConfig, rows: int | None) -> dict:
     return resolve_vocab_sizes(None, config.hash_size) if config.fixed_vocabulary else criteo_defaults.vocabulary(rows)
 
 
+def _check_table_memory(config: PipelineConfig, vocab: dict) -> None:
+    """Refuses (ValueError) embedding tables larger than this machine's memory, before the files are read."""
+    sizes = [int(vocab[name]) for name in CAT_FEATURES]
+    dims = [config.embedding_dim] * len(sizes) if config.embedding_dim else ctr_embedding_dims(sizes)
+    source = f"--hash-size {config.hash_size}" if config.hash_size else f"--vocabulary {_vocabulary_flag(config)}"
+    run_limits.check_memory(
+        4 * sum(v * d for v, d in zip(sizes, dims)),
+        what=f"The {len(sizes)} embedding tables ({sum(sizes):,} rows from {source}, float32)",
+        fix="lower --hash-size or --embedding-dim",
+    )
+
+
+def _vocabulary_flag(config: PipelineConfig) -> str:
+    return "table3" if config.table3_vocabulary else "scaled"
+
+
 def _read_beam(config: PipelineConfig) -> _Data:
     """Stage 1 with `--beam-shards`: the manifest is the training period; the evaluation files are read as usual."""
     manifest = criteo_beam.read_manifest(config.beam_shards)
@@ -173,6 +196,8 @@ def _read_beam(config: PipelineConfig) -> _Data:
             os.remove(path)
     rows = int(manifest["num_examples"])
     vocab = _vocabulary(config, rows)
+    if not config.fixed_vocabulary:
+        _check_table_memory(config, vocab)
     period = criteo_beam.training_period(config.beam_shards, manifest, vocab)
     final_eval = criteo_data.open_period(
         eval_files,
@@ -236,6 +261,8 @@ def _periods(config: PipelineConfig, data: _Data) -> list:
         steps = config.epochs * per_epoch
         if config.max_steps is not None:
             steps = min(steps, config.max_steps)
+        what = f"`--epochs` {config.epochs:,} x {per_epoch:,} batches per epoch (N~ / `--batch`) of period {index + 1}"
+        run_limits.check_steps(steps, what=what, fix="lower --epochs, raise --batch or give --max-steps")
         periods.append(AccountingPeriod(data.release.sampling_probability(config.batch, index), steps))
     return periods
 
@@ -638,14 +665,28 @@ def run(config: PipelineConfig) -> PipelineResult:
     Settings left unset (batch, hidden units, learning rate, hash size) are
     chosen from the data size (`defaults.py`) and logged.
 
+    The release appears at `config.out` whole or not at all (`pipelines.output_dir`): the run writes
+    into `OUT.partial-PID`, published once the SavedModel, its privacy report and `report.json` exist.
+
     Raises:
       CriteoFormatError: unreadable input (names file and line).
-      ValueError: settings the data cannot support (e.g. batch larger than the data).
+      ValueError: settings the data cannot support (e.g. batch larger than the data, more steps than
+        `run_limits.MAX_STEPS`, tables larger than the memory); `OutputBusyError` (a ValueError): another
+        run writes `config.out`.
       TrainingDivergedError: training diverged (nothing exported; `divergence.py`).
       PrivacyBudgetExceededError: the budget allows no training step.
     """
+    with staged_release(config.out, required=RELEASE_FILES) as staging:
+        return _run(dataclasses.replace(config, out=staging.path), staging)
+
+
+RELEASE_FILES = ("saved_model/saved_model.pb", "saved_model/privacy_report.json", "report.json")
+"""What `--out` holds once published (`pipelines.output_dir`)."""
+
+
+def _run(config: PipelineConfig, staging: Staging) -> PipelineResult:
+    """The stages, writing into `config.out` (the staging directory); the report names the published paths."""
     started = time.perf_counter()
-    os.makedirs(config.out, exist_ok=True)
     data = _read(config)
     config, data.chosen = _choose(config, data)
     model_config = _model_config(config, data)
@@ -658,6 +699,7 @@ def run(config: PipelineConfig) -> PipelineResult:
     report = _report(
         config, data, model_config, training, trained, released, started=started, train_seconds=train_seconds
     )
+    report = staging.published(report)
     criteo_report.write_report(os.path.join(config.out, "report.json"), report)
     return PipelineResult(report=report, model=training.model, model_config=model_config, serving=released.serving)
 

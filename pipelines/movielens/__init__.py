@@ -27,7 +27,8 @@ What happens:
   5. with an output directory: export `DIR/retrieval_saved_model/` (history of
      ORIGINAL movie ids -> top-k original ids and scores; the id map inside;
      unknown ids dropped, see `two_tower_serving`; privacy report beside it)
-     and write `DIR/report.json`. A run that fails leaves no `DIR` behind.
+     and write `DIR/report.json`. `DIR` appears whole or not at all: a run that fails, is
+     interrupted or killed leaves it as it was (`pipelines.output_dir`).
 
 Modules: `cli.py` (flags), `config.py`, `data.py` (pool and batches),
 `training.py` (stages 1-4), `report.py`, `pipeline.py` (the run and the

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipelines import cli_types
+from pipelines import cli_types, run_limits
 from pipelines.movielens import privacy as movielens_privacy
 from pipelines.movielens import vocabulary as movielens_vocabulary
 from pipelines.movielens.config import (
@@ -125,6 +125,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
     if args.vocabulary_epsilon_share is not None and not 0 < args.vocabulary_epsilon_share < 1:
         parser.error(f"--vocabulary-epsilon-share must lie in (0, 1); received {args.vocabulary_epsilon_share}")
     check_privacy_flags(parser, args)
+    run_limits.check_epochs(parser, args.epochs)
     config = MovieLensConfig(
         data_path=args.data,
         item_catalogue=None if args.item_catalogue == "none" else args.item_catalogue,
@@ -155,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config, out = parse_args(argv)
     try:
         result = train_and_evaluate(config, out_dir=out)
-    except (FileNotFoundError, MovieLensFormatError, ValueError) as error:  # `out` was removed again
+    except (FileNotFoundError, MovieLensFormatError, ValueError) as error:  # `out` left as it was
         print(f"python -m pipelines.movielens: error: {error}", file=sys.stderr)
         return 1
     print(format_report(result.report))

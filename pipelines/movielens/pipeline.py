@@ -21,7 +21,7 @@ from pipelines.movielens.training import (
     plan_training,
     release_and_evaluate,
 )
-from pipelines.output_dir import removed_on_failure
+from pipelines.output_dir import Staging, staged_release
 from tfdp_embed.accounting import write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data.movielens import (
@@ -85,14 +85,25 @@ def train_and_evaluate(
       `MovieLensResult`.
 
     Raises:
-      ValueError: bad settings or extra examples; PrivacyContractError if the model
-        cannot be released (owed noise).
+      ValueError: bad settings or extra examples, more steps than `run_limits.MAX_STEPS`;
+        `output_dir.OutputBusyError` (a ValueError) when another run writes `out_dir`.
+      PrivacyContractError: the model cannot be released (owed noise).
     """
-    with removed_on_failure(out_dir):  # a failed run leaves no `out_dir` behind
-        return _run(config, data, extra_train_examples, out_dir)
+    with staged_release(out_dir, required=RELEASE_FILES) as staging:  # `output_dir`: all or nothing at `out_dir`
+        return _run(config, data, extra_train_examples, staging)
 
 
-def _run(config: MovieLensConfig, data: MovieLensData | None, extra_train_examples, out_dir: str | None):
+RELEASE_FILES = (
+    "retrieval_saved_model/saved_model.pb",
+    "retrieval_saved_model/privacy_report.json",
+    "report.json",
+)
+"""What `out_dir` holds once published (`pipelines.output_dir`)."""
+
+
+def _run(config: MovieLensConfig, data: MovieLensData | None, extra_train_examples, staging: Staging | None):
+    """The run; with `staging`, writes into `staging.path` and reports the published paths."""
+    out_dir = None if staging is None else staging.path
     started = time.perf_counter()
     data = data if data is not None else load_movielens(config)
     movielens_vocabulary.check_data(config, data)  # a DP run ships a catalogue's or a DP-released movie-id map
@@ -109,7 +120,8 @@ def _run(config: MovieLensConfig, data: MovieLensData | None, extra_train_exampl
         ["the precision/recall metrics", "baselines", "eana_bound", "eana_per_instance_bounds", "data"],
         release="retrieval_saved_model/",
     )
-    if out_dir is not None:
+    if staging is not None:
+        report = staging.published(report)
         write_privacy_report(os.path.join(out_dir, "report.json"), report)
     return MovieLensResult(model=trained.model, report=report, data=data)
 

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 
+from pipelines import run_limits
 from pipelines.movielens import privacy as movielens_privacy
 from pipelines.movielens import vocabulary as movielens_vocabulary
 from pipelines.movielens.config import (
@@ -79,7 +80,12 @@ def plan_training(config: MovieLensConfig, data: MovieLensData, extra_train_exam
     if config.batch_size > n:
         raise ValueError(f"`batch_size` {config.batch_size} exceeds the {n} training examples (released with DP).")
     q = released.sampling_probability(config.batch_size)
-    steps = config.epochs * max(1, round(1 / q))
+    per_epoch = max(1, round(1 / q))
+    steps = run_limits.check_steps(
+        config.epochs * per_epoch,
+        what=f"`--epochs` {config.epochs:,} x {per_epoch:,} batches per epoch (N~ / `--batch-size`)",
+        fix="lower --epochs or raise --batch-size",
+    )
     delta = config.delta if config.delta is not None else released.delta()
     plan = movielens_privacy.plan(
         mechanism=config.mechanism,

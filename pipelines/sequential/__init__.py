@@ -37,7 +37,8 @@ What happens:
      (refuses a model that owes noise); `serving_default` maps a history of
      any length `[B, any]` to the top-10 items (padded/trimmed inside, unknown
      ids dropped: `SASRecServing`); `OUT/report.json` holds the metrics, the
-     privacy report and the settings. A run that fails leaves no `OUT` behind.
+     privacy report and the settings. `OUT` appears whole or not at all: a run
+     that fails, is interrupted or killed leaves it as it was (`pipelines.output_dir`).
 
 `--epsilon inf` or `--mechanism none` trains without privacy (the reference).
 

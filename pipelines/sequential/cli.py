@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipelines import cli_types
+from pipelines import cli_types, run_limits
 from pipelines.privacy_flags import add_privacy_flags, check_privacy_flags
 from pipelines.sequential import privacy as sequential_privacy
 from pipelines.sequential import vocabulary as sequential_vocabulary
@@ -169,6 +169,7 @@ def _check_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None
     if not os.path.exists(a.data):
         parser.error(f"file not found: {a.data!r} (given to --data).")
     check_privacy_flags(parser, a)
+    run_limits.check_epochs(parser, a.epochs, a.max_steps)
     if not 0 <= a.dropout < 1:
         parser.error(f"--dropout must lie in [0, 1); received {a.dropout!r}.")
     if not 0 <= a.warmup_fraction < 1:
@@ -198,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     try:
         report = run(config).report
-    except (SequenceFormatError, ValueError) as error:  # `config.out` was removed again
+    except (SequenceFormatError, ValueError) as error:  # `config.out` left as it was
         print(f"python -m pipelines.sequential: error: {error}", file=sys.stderr)
         return 1
     print(format_summary(report))

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import time
 
-from pipelines.output_dir import removed_on_failure
+from pipelines.output_dir import Staging, staged_release
 from pipelines.sequential.config import SequentialConfig
 from pipelines.sequential.report import (
     baselines,
@@ -14,6 +14,7 @@ from pipelines.sequential.report import (
     run_warnings,
 )
 from pipelines.sequential.training import build_model, evaluate_model, fit_model, log, plan_privacy
+from pipelines.sequential.vocabulary import check_item_memory
 from tfdp_embed.accounting import write_privacy_report
 from tfdp_embed.accounting.report import not_released_note
 from tfdp_embed.data.sequences import (
@@ -34,16 +35,23 @@ def run(config: SequentialConfig) -> SequentialResult:
 
     Raises:
       SequenceFormatError: a malformed input line (names file and line).
-      ValueError: settings the data or the accountant cannot support.
+      ValueError: settings the data or the accountant cannot support, more steps than
+        `run_limits.MAX_STEPS`, item logits larger than the memory; `OutputBusyError` (a ValueError):
+        another run writes `config.out`.
     """
-    with removed_on_failure(config.out):  # a failed run leaves no `out` behind
-        return _run(config)
+    with staged_release(config.out, required=RELEASE_FILES) as staging:  # `output_dir`: all or nothing at `out`
+        return _run(dataclasses.replace(config, out=staging.path), staging)
 
 
-def _run(config: SequentialConfig) -> SequentialResult:
+RELEASE_FILES = ("saved_model/saved_model.pb", "saved_model/privacy_report.json", "report.json")
+"""What `out` holds once published (`pipelines.output_dir`)."""
+
+
+def _run(config: SequentialConfig, staging: Staging) -> SequentialResult:
+    """The run, writing into `config.out` (the staging directory); the report names the published paths."""
     started = time.perf_counter()
     data = load_sequences(config.data, max_len=config.max_len, layout=config.layout)
-    os.makedirs(config.out, exist_ok=True)
+    check_item_memory(config, data)
     summary = {k: v for k, v in data.summary().items() if k != "users"}  # N is not released, not even to a log
     log(config, f"read {config.data}: {summary}")
     privacy = plan_privacy(config, data)
@@ -81,5 +89,6 @@ def _run(config: SequentialConfig) -> SequentialResult:
             ),
         }
     )
+    report = staging.published(report)
     write_privacy_report(os.path.join(config.out, "report.json"), report)
     return SequentialResult(report=report, model=model, serving=serving)

@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from pipelines import run_limits
 from pipelines.sequential import vocabulary as sequential_vocabulary
 from pipelines.sequential.vocabulary import ItemVocabulary
 from tfdp_embed import Release, ReleasedDatasetSize, RunPlan, plan_run, release_dataset_size
@@ -205,6 +206,12 @@ def _run_arguments(
     steps = size.steps(epochs, batch)
     if max_steps is not None:
         steps = min(steps, check_int("max_steps", max_steps))
+    per_epoch = size.steps(1, batch)
+    run_limits.check_steps(
+        steps,
+        what=f"`--epochs` {epochs:,} x {per_epoch:,} batches per epoch (N~ / `--batch`)",
+        fix="lower --epochs, raise --batch or give --max-steps",
+    )
     return dict(
         target_delta=size.delta() if delta is None else float(delta),
         accountant=accountant,

@@ -21,14 +21,20 @@ Desfontaines et al., "Differentially private partition selection", PoPETs 2022.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipelines import run_limits
 from tfdp_embed import Release, RunPlan
 from tfdp_embed.data import vocabulary as vocabulary_lib
 from tfdp_embed.data.item_ids import ItemIdMap
+from tfdp_embed.data.sequence_files import MAX_ID
 from tfdp_embed.data.sequences import SequenceData, remap_items, user_item_keys
 from tfdp_embed.data.vocabulary import DPVocabulary, dp_vocabulary, public_vocabulary
+
+if TYPE_CHECKING:  # config.py imports this module
+    from pipelines.sequential.config import SequentialConfig
 
 ITEM_VOCABULARY = "item_vocabulary"
 DEFAULT_EPSILON_SHARE = 0.1
@@ -71,8 +77,11 @@ def read_catalogue(path: str) -> np.ndarray:
             text = line.split("#", 1)[0].strip()
             if not text:
                 continue
-            if not text.isdigit() or int(text) < 1:
-                raise ValueError(f"{path}:{number}: an item catalogue line must be one item id >= 1; read {text!r}.")
+            if not text.isdigit() or not 1 <= int(text) <= MAX_ID:
+                raise ValueError(
+                    f"{path}:{number}: an item catalogue line must be one item id in [1, {MAX_ID}] (int32); "
+                    f"read {text[:40]!r}."
+                )
             ids.append(int(text))
     if not ids:
         raise ValueError(f"{path}: the item catalogue holds no item id.")
@@ -120,6 +129,28 @@ def item_vocabulary(
     return ItemVocabulary(ItemIdMap(vocab.keys.astype(np.int64), source=source), vocab, source)
 
 
+def check_item_memory(config: SequentialConfig, data: SequenceData) -> None:
+    """Refuses (ValueError) item tables whose per-step logits cannot fit in this machine's memory.
+
+    Training scores every position against every item row: `[B, L, rows]` float32 logits a step
+    (rows = V + 1, or K + 2 with `--head-items K`); evaluation `[eval batch, V + 1]`. V is at most the
+    catalogue's ids or the data's distinct items (a DP vocabulary keeps some of them).
+    """
+    if config.item_catalogue is not None:
+        items, source = len(read_catalogue(config.item_catalogue)), "--item-catalogue's ids"
+    else:
+        items, source = int(data.distinct_items or data.num_items), "the data's distinct items"
+    rows = items + 1 if config.head_items is None else min(items + 1, config.head_items + 2)
+    train = 4 * config.batch * config.max_len * rows
+    needed = max(train, 4 * config.eval_batch * (items + 1)) + 4 * config.dim * (items + 1)
+    run_limits.check_memory(
+        needed,
+        what=f"The float32 item logits (--batch {config.batch} x --max-len {config.max_len} x {rows:,} item rows "
+        f"({source}) a training step, --eval-batch {config.eval_batch} x {items + 1:,} in evaluation) and the table",
+        fix="lower --batch, --max-len or --eval-batch, give --head-items, or an --item-catalogue of fewer ids",
+    )
+
+
 def apply(data: SequenceData, vocabulary: ItemVocabulary) -> SequenceData:
     """`data` in the vocabulary's dense ids (unknown items 0)."""
     return remap_items(data, vocabulary.ids)
@@ -138,6 +169,7 @@ __all__ = [
     "ItemVocabulary",
     "add_to_report",
     "apply",
+    "check_item_memory",
     "item_vocabulary",
     "read_catalogue",
     "vocabulary_release",

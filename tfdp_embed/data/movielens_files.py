@@ -38,6 +38,11 @@ CATALOGUES = {"ratings.csv": "movies.csv", "ratings.dat": "movies.dat", "u.data"
 """The catalogue that sits beside each ratings file in a GroupLens release."""
 CSV_HEADER = ("userid", "movieid", "rating", "timestamp")
 _FIELDS = ("user", "item", "rating", "timestamp")
+MAX_ITEM_ID = 2**31 - 1
+"""The largest movie id: contexts and labels are int32."""
+_MAX_INT64 = 2**63 - 1
+_ID_LIMITS = (_MAX_INT64, MAX_ITEM_ID, None, _MAX_INT64)  # users and timestamps are stored as int64
+_LIMIT_TYPES = {MAX_ITEM_ID: "int32", _MAX_INT64: "int64"}
 _NUM_GENRES = 19  # u.genre: unknown, Action, ..., Western
 _SEPARATORS = {"\t": ("tab", "u.data"), "::": ("'::'", "ratings.dat"), ",": ("comma", "ratings.csv")}
 
@@ -184,6 +189,11 @@ def _parse_line(line: str, separator: str, path: str, number: int) -> tuple:
             f"{path}:{number}: user and item ids must be >= 1 (id 0 is reserved for padding); "
             f"found user {values[0]}, item {values[1]}."
         )
+    for name, value, limit in zip(_FIELDS, values, _ID_LIMITS):
+        if limit is not None and abs(value) > limit:
+            raise MovieLensFormatError(
+                f"{path}:{number}: field {name!r} must be at most {limit} ({_LIMIT_TYPES[limit]}); found {str(value)[:40]}."
+            )
     return tuple(values)
 
 
@@ -220,6 +230,10 @@ def read_catalogue(path: str | os.PathLike) -> np.ndarray:
             if not first.isdigit() or int(first) < 1:
                 raise MovieLensFormatError(
                     f"{path}:{number}: field 'movieId' must be an integer >= 1; found {first[:40]!r}."
+                )
+            if int(first) > MAX_ITEM_ID:
+                raise MovieLensFormatError(
+                    f"{path}:{number}: field 'movieId' must be at most {MAX_ITEM_ID} (int32); found {first[:40]!r}."
                 )
             ids.append(int(first))
     if not ids:
@@ -279,6 +293,7 @@ def line_of_item(ratings: Ratings, item: int) -> int:
 
 __all__ = [
     "CATALOGUES",
+    "MAX_ITEM_ID",
     "RATINGS_FILES",
     "MovieLensFormatError",
     "Ratings",

@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 
 LAYOUTS = ("auto", "pairs", "sequences")
+MAX_ID = 2**31 - 1
+"""The largest user or item id: ids are int32 in the padded arrays, the model and the serving signature."""
 _HINT = "; a file with one user per line ('user item item ...', the S3-Rec layout) is read with --layout sequences"
 
 
@@ -92,6 +94,10 @@ def _pair_line(fields: list, line: str, path: str, number: int) -> tuple:
         raise SequenceFormatError(
             f"{path}:{number}: ids must be >= 1 (0 is the padding id); received {line.rstrip()[:80]!r}."
         )
+    if max(user, item) > MAX_ID:
+        raise SequenceFormatError(
+            f"{path}:{number}: ids must be at most {MAX_ID} (int32); received {line.rstrip()[:80]!r}."
+        )
     return user, item
 
 
@@ -113,8 +119,12 @@ def _sequence_line(fields: list, line: str, path: str, number: int) -> tuple:
                 f"{path}:{number}: field {position} ({name}) must be an integer >= 1 (0 is the padding id); "
                 f"found {text[:40]!r}."
             )
+        if value > MAX_ID:
+            raise SequenceFormatError(
+                f"{path}:{number}: field {position} ({name}) must be at most {MAX_ID} (int32); found {text[:40]!r}."
+            )
         ids.append(value)
     return ids[0], ids[1:]
 
 
-__all__ = ["LAYOUTS", "SequenceFormatError", "read_sequence_file"]
+__all__ = ["LAYOUTS", "MAX_ID", "SequenceFormatError", "read_sequence_file"]

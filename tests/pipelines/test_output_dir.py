@@ -1,0 +1,116 @@
+"""`pipelines.output_dir.staged_release`: publish whole or not at all, one writer, leftovers of killed runs removed."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+import pytest
+
+from pipelines.output_dir import OutputBusyError, staged_release
+
+REQUIRED = ("model/weights.bin", "report.json")
+
+
+def _write_release(directory, text):
+    os.makedirs(os.path.join(directory, "model"))
+    with open(os.path.join(directory, "model", "weights.bin"), "w") as f:
+        f.write(text)
+    with open(os.path.join(directory, "report.json"), "w") as f:
+        f.write(f'{{"run": "{text}", "saved_model": "{os.path.join(directory, "model")}"}}')
+
+
+def _read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def test_a_new_out_appears_only_when_the_body_returns(tmp_path):
+    out = tmp_path / "runs" / "a"
+    with staged_release(str(out), required=REQUIRED) as staging:
+        assert staging.path == f"{out}.partial-{os.getpid()}" and staging.out == str(out)
+        _write_release(staging.path, "first")
+        assert not out.exists()  # nothing at `out` while the run writes
+        # paths into the staging directory are reported where they will be
+        assert staging.published({"m": [os.path.join(staging.path, "model")]}) == {"m": [str(out / "model")]}
+    assert _read(out / "model" / "weights.bin") == "first" and (out / "report.json").exists()
+    assert sorted(os.listdir(out.parent)) == ["a", "a.lock"]  # no partial left; the lock file stays, empty
+    assert _read(tmp_path / "runs" / "a.lock") == ""
+
+
+def test_a_failure_or_an_incomplete_release_leaves_out_as_it_was(tmp_path):
+    out = tmp_path / "a"
+    with staged_release(str(out), required=REQUIRED) as staging:
+        _write_release(staging.path, "first")
+    before = _read(out / "report.json")
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C half-way through writing the next release
+        with staged_release(str(out), required=REQUIRED) as staging:
+            os.makedirs(os.path.join(staging.path, "model"))
+            raise KeyboardInterrupt
+    with pytest.raises(RuntimeError, match=r"incomplete \(missing report.json\); not published"):
+        with staged_release(str(out), required=REQUIRED) as staging:
+            os.makedirs(os.path.join(staging.path, "model"))
+            open(os.path.join(staging.path, "model", "weights.bin"), "w").close()
+    assert _read(out / "report.json") == before and _read(out / "model" / "weights.bin") == "first"
+    assert sorted(os.listdir(tmp_path)) == ["a", "a.lock"]
+    with pytest.raises(ValueError, match="never-created"):  # a failure on a new `out` leaves nothing
+        with staged_release(str(tmp_path / "b"), required=REQUIRED):
+            raise ValueError("never-created")
+    assert sorted(os.listdir(tmp_path)) == ["a", "a.lock", "b.lock"]
+
+
+def test_an_existing_directory_keeps_its_other_files_and_gets_the_new_release(tmp_path):
+    out = tmp_path / "a"
+    out.mkdir()
+    (out / "log.txt").write_text("the caller's log")
+    for text in ("first", "second"):
+        with staged_release(str(out), required=REQUIRED) as staging:
+            _write_release(staging.path, text)
+    assert sorted(os.listdir(out)) == ["log.txt", "model", "report.json"]
+    assert _read(out / "model" / "weights.bin") == "second" and '"run": "second"' in _read(out / "report.json")
+    assert sorted(os.listdir(tmp_path)) == ["a", "a.lock"]  # OUT.replaced-PID removed too
+
+
+def test_a_second_writer_is_refused_naming_the_pid_and_the_first_release_is_intact(tmp_path):
+    out = tmp_path / "a"
+    with staged_release(str(out), required=REQUIRED) as first:
+        with pytest.raises(OutputBusyError) as refused:
+            with staged_release(str(out), required=REQUIRED):
+                raise AssertionError("the second writer's body must not run")
+        _write_release(first.path, "first")  # the refusal did not touch the first run's staging directory
+    message = str(refused.value)
+    assert f"(pid {os.getpid()}, lock {out}.lock)" in message and "\n" not in message
+    assert "being written by another run" in message
+    assert _read(out / "model" / "weights.bin") == "first"
+
+
+def test_leftovers_of_killed_runs_are_removed_by_the_next_run(tmp_path):
+    out = tmp_path / "a"
+    for name in ("a.partial-999999", "a.replaced-999998"):  # a SIGKILLed writer's (it held no lock now)
+        os.makedirs(tmp_path / name / "model")
+    (tmp_path / "a.partial-notes").mkdir()  # not one of ours: kept
+    with open(tmp_path / "a.lock", "w") as f:  # a killed writer's lock file: its flock died with it
+        f.write("999999\n")
+    with staged_release(str(out), required=REQUIRED) as staging:
+        assert sorted(os.listdir(tmp_path)) == sorted(["a.lock", "a.partial-notes", os.path.basename(staging.path)])
+        _write_release(staging.path, "fresh")
+    assert sorted(os.listdir(tmp_path)) == ["a", "a.lock", "a.partial-notes"]
+
+
+def test_an_out_that_cannot_be_published_is_refused_in_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for out, expected in ((str(tmp_path / "file"), "exists and is not a directory"), (".", "must name a directory")):
+        with pytest.raises(ValueError, match=expected):
+            with staged_release(out, flag="--out"):
+                raise AssertionError("not reached")
+    with staged_release(None) as staging:  # a run that writes nothing
+        assert staging is None
+
+
+def test_the_lock_is_released_when_the_run_ends(tmp_path):
+    out = tmp_path / "a"
+    with pytest.raises(ValueError):
+        with staged_release(str(out)):
+            raise ValueError("failed run")
+    with open(f"{out}.lock") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
