@@ -1,0 +1,195 @@
+"""One-run privacy audit per mechanism: the empirical epsilon lower bound against the claimed epsilon.
+
+    python -m benchmarks.privacy_audit [--canaries 1000] [--steps 200] [--epsilons 1,4,8]
+        [--mechanisms dense,lazy,fest,adafest,adafest+,eana,none] [--repeats 2]
+
+For each mechanism and claimed epsilon, `tfdp_embed.keras2.audit_canaries.audit_run`
+trains the small CTR-style model of `benchmarks.privacy_audit_setup` once, on
+generated click data plus m rare-id canaries (each on its own `C1` row, each
+put in with probability 1/2), with sigma calibrated by `plan_run` for the
+claimed epsilon at delta = 1e-5 (PLD), and returns the one-run lower bound of
+Steinke, Nasr & Jagielski (95 % confidence over the canaries' coin flips and
+the training randomness). EANA (not DP) runs at the sigma of the largest
+claimed epsilon's DP-SGD run, "none" at sigma = 0. Each setting is repeated
+`--repeats` times with other audit, batch, noise and initialisation seeds.
+
+Every row says the largest bound m canaries could prove at all (every guess
+of the best guess pair correct), and how many canary rows never moved (score
+exactly 0): DP-FEST and DP-AdaFEST+ freeze the rows their DP top-k did not
+select, so those canaries cannot be told apart by the score. A FLAG line is
+printed when a DP mechanism's bound exceeds its claimed epsilon (each bound
+holds with 95 %: with many runs, about one in twenty may exceed by chance;
+a gross excess is a bug). Nothing is asserted here.
+
+Writes `--json` and `--png` (bound vs claimed epsilon, one line per mechanism,
+the y = x line; both default to new files under `benchmarks/results/`);
+`make results` regenerates `benchmarks/RESULTS.md` from the JSON files.
+
+References: Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training
+Run", NeurIPS 2023, §3 (Algorithm 1) and §5 (Corollary 5.4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+import time
+
+from benchmarks import cli_args, outputs
+from benchmarks import privacy_audit_setup as setup_module
+from benchmarks.privacy_audit_report import markdown, max_provable_epsilon, plot, summarize
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.privacy_audit", description=__doc__.splitlines()[0])
+    p.add_argument("--canaries", type=int, default=1000, help="m, canaries per run (each in with probability 1/2)")
+    p.add_argument("--epsilons", type=cli_args.floats, default=(1.0, 4.0, 8.0), help="claimed epsilons")
+    p.add_argument("--mechanisms", default=",".join(setup_module.MECHANISMS), help="comma-separated subset")
+    p.add_argument("--steps", type=int, default=200, help="T, Poisson-sampled steps at q = --sampling-probability")
+    p.add_argument("--repeats", type=int, default=2, help="runs per setting, each with other seeds")
+    p.add_argument("--real-examples", type=int, default=2000, help="generated click examples (besides canaries)")
+    p.add_argument("--sampling-probability", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0, help="first seed; repeat r uses seed + r")
+    p.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    p.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
+    p.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' skips")
+    p.add_argument("--note", action="append", default=[], help="a sentence added under the table")
+    args = p.parse_args(argv)
+    args.mechanisms = tuple(m for m in args.mechanisms.split(",") if m)
+    unknown = sorted(set(args.mechanisms) - set(setup_module.MECHANISMS))
+    if unknown:
+        p.error(f"--mechanisms: unknown {unknown}; allowed: {','.join(setup_module.MECHANISMS)}")
+    if not args.epsilons or min(args.epsilons) <= 0:
+        p.error(f"--epsilons must be positive numbers; received {args.epsilons!r}")
+    tag = f"m{args.canaries}-T{args.steps}-eps{outputs.range_tag(args.epsilons)}"
+    outputs.resolve(p, args, benchmark="privacy_audit", tag=tag, files={"json": ".json", "png": ".png"})
+    return args
+
+
+def _settings(mechanisms, epsilons) -> list:
+    """(mechanism, claimed epsilon or None): DP mechanisms at every epsilon, EANA and none once."""
+    runs = [(m, eps) for m in mechanisms if m in setup_module.DP_MECHANISMS for eps in epsilons]
+    return runs + [(m, None) for m in mechanisms if m in setup_module.NOT_DP]
+
+
+def _audit_once(setup, mechanism: str, epsilon, sigma, seed: int) -> dict:
+    """One audited training run; its row (bound, guesses, sigma, rows that never moved, wall time)."""
+    from tfdp_embed import keras
+    from tfdp_embed.keras2.audit_canaries import audit_run, draw_inclusion
+
+    started = time.perf_counter()
+    keras.utils.set_random_seed(seed)
+    examples = setup_module.real_examples(setup)
+    counts = setup_module.training_counts(setup, examples, draw_inclusion(setup.num_canaries, audit_seed=seed))
+    plan = setup_module.make_plan(
+        setup, mechanism, epsilon=epsilon, noise_multiplier=None if epsilon else sigma, counts=counts, seed=seed
+    )
+    audit = audit_run(
+        lambda: setup_module.build_model(setup),
+        examples,
+        plan=plan,
+        first_canary_id=setup.first_canary_id,
+        num_canaries=setup.num_canaries,
+        audit_seed=seed,
+        batch_seed=seed,
+        optimizer_fn=lambda: keras.optimizers.legacy.SGD(setup.learning_rate),
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+        table="embedding_C1",
+        canary_examples=setup_module.canary_examples,
+    )
+    still = audit.scores == 0.0
+    return {
+        **audit.as_dict(),
+        "claimed_epsilon": epsilon,
+        "noise_multiplier": plan.noise_multiplier,
+        "noise_source": plan.noise_source,
+        "mechanism_arguments": {k: v for k, v in plan.mechanism_arguments.items() if isinstance(v, (int, float))},
+        "seed": seed,
+        "never_moved_in": int(still[audit.included].sum()),
+        "never_moved_out": int(still[~audit.included].sum()),
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def _reference_sigma(setup, epsilons) -> float:
+    """DP-SGD's sigma at the largest claimed epsilon: the sigma EANA runs at."""
+    plan = setup_module.make_plan(setup, "dense", epsilon=max(epsilons), seed=0)
+    return float(plan.noise_multiplier)
+
+
+def _run_all(args, setup) -> tuple[list, float]:
+    settings = _settings(args.mechanisms, args.epsilons)
+    sigma = _reference_sigma(setup, args.epsilons) if "eana" in args.mechanisms else None
+    runs, total = [], len(settings) * args.repeats
+    for index, (mechanism, epsilon) in enumerate(settings):
+        noise = 0.0 if mechanism == "none" else sigma
+        for repeat in range(args.repeats):
+            number = index * args.repeats + repeat + 1
+            label = f"eps={epsilon:g}" if epsilon else ("sigma=0" if noise == 0.0 else f"sigma={noise:.4g}")
+            print(f"[{number}/{total}] {mechanism} {label} repeat {repeat + 1} ...", flush=True)
+            row = _audit_once(setup, mechanism, epsilon, noise, args.seed + repeat)
+            runs.append({**row, "repeat": repeat})
+            print(
+                f"[{number}/{total}] {mechanism} {label}: sigma={row['noise_multiplier']:.4g} "
+                f"eps_lb={row['epsilon_lb']:.3f} ({row['correct']}/{row['guesses']} correct, "
+                f"never moved in/out {row['never_moved_in']}/{row['never_moved_out']}) {row['wall_s']:.1f} s",
+                flush=True,
+            )
+    return runs, sigma
+
+
+def _flags(runs) -> list:
+    """A line per DP run whose bound exceeds its claimed epsilon."""
+    return [
+        f"FLAG: {r['mechanism']} at claimed eps={r['claimed_epsilon']:g} (seed {r['seed']}): lower bound "
+        f"{r['epsilon_lb']:.3f} > claimed epsilon: the run leaked more than its guarantee allows (a bug, or the 5 % "
+        "chance of the 95 % bound)."
+        for r in runs
+        if r["mechanism"] in setup_module.DP_MECHANISMS and r["epsilon_lb"] > r["claimed_epsilon"]
+    ]
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    from benchmarks.machine import machine_info
+
+    info = machine_info(ROOT)
+    command = "python -m benchmarks.privacy_audit " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    setup = setup_module.AuditSetup(
+        num_canaries=args.canaries,
+        steps=args.steps,
+        num_real=args.real_examples,
+        sampling_probability=args.sampling_probability,
+    )
+    print(f"privacy_audit: {command} (load average {info['load_average_at_start']})", flush=True)
+    started = time.perf_counter()
+    runs, sigma = _run_all(args, setup)
+    ceiling = max_provable_epsilon(setup.num_canaries, delta=setup.delta, confidence=0.95)
+    result = {
+        "benchmark": "privacy_audit",
+        "command": command,
+        "machine": info,
+        "config": {**dataclasses.asdict(setup), "epsilons": list(args.epsilons), "repeats": args.repeats},
+        "eana_noise_multiplier": sigma,
+        "max_provable_epsilon": ceiling,
+        "runs": runs,
+        "settings": summarize(runs),
+        "flags": _flags(runs),
+        "notes": list(args.note),
+        "total_wall_s": time.perf_counter() - started,
+    }
+    section = markdown(result)
+    outputs.write_run(args, result, plot=lambda path: plot(result, path), section=lambda **_: section)
+    print(section)
+    for line in result["flags"]:
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

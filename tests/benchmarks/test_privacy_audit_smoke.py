@@ -1,0 +1,49 @@
+"""Smoke test of `python -m benchmarks.privacy_audit` at toy scale (64 canaries, 8 steps, 3 settings).
+
+It runs the script in-process, writing only under tmp_path (never benchmarks/RESULTS.md or
+benchmarks/results/), and checks the JSON fields, the Markdown section and the plot.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import privacy_audit
+from benchmarks.privacy_audit_report import max_provable_epsilon
+
+
+def test_privacy_audit_smoke(tmp_path):
+    out = {name: tmp_path / name for name in ("audit.json", "audit.png", "page.md")}
+    argv = ["--canaries", "64", "--steps", "8", "--real-examples", "100", "--repeats", "1"]
+    argv += ["--epsilons", "8", "--mechanisms", "dense,fest,none"]
+    argv += ["--json", str(out["audit.json"]), "--png", str(out["audit.png"]), "--results-md", str(out["page.md"])]
+    assert privacy_audit.main(argv) == 0
+
+    document = json.loads(out["audit.json"].read_text())
+    assert document["benchmark"] == "privacy_audit"
+    assert document["command"].startswith("python -m benchmarks.privacy_audit --canaries 64")
+    for key in ("nproc", "cpu_model", "date_utc", "git", "load_average_at_start"):
+        assert key in document["machine"], key
+    # 64 canaries, 14 guess pairs: all 64 correct proves at most logit((0.05 / 14) ** (1 / 64)) ~ 2.42
+    ceiling = document["max_provable_epsilon"]
+    assert ceiling == pytest.approx(max_provable_epsilon(64, delta=1e-5, confidence=0.95)) and 2.0 < ceiling < 3.0
+    runs = {r["mechanism"]: r for r in document["runs"]}
+    assert set(runs) == {"dense", "fest", "none"}
+    for run in runs.values():
+        assert run["num_canaries"] == 64 and 0 <= run["correct"] <= run["guesses"] <= 64
+        assert 0.0 <= run["epsilon_lb"] <= ceiling + 1e-9 and run["wall_s"] > 0
+        assert run["never_moved_in"] + run["never_moved_out"] <= 64
+    assert runs["dense"]["claimed_epsilon"] == 8.0 and runs["dense"]["noise_multiplier"] > 0
+    assert runs["fest"]["noise_multiplier"] > runs["dense"]["noise_multiplier"]  # sigma for 8 - eps_1
+    assert runs["none"]["claimed_epsilon"] is None and runs["none"]["noise_multiplier"] == 0.0
+    # no noise: an excluded canary's row never moves
+    assert runs["none"]["never_moved_out"] == 64 - runs["none"]["num_included"]
+    assert [s["mechanism"] for s in document["settings"]] == ["dense", "fest", "none"]
+    assert isinstance(document["flags"], list)
+
+    section = out["page.md"].read_text().split("### privacy_audit — ", 1)[1]
+    assert "| dense | 8 |" in section and "| none | — (non-private) | 0 | 64 |" in section
+    assert "no outcome proves more than" in section
+    assert out["audit.png"].stat().st_size > 5_000
