@@ -44,8 +44,8 @@ def summarize(runs: list) -> list:
                 "epsilon_lb_max": max(bounds),
                 "correct": [r["correct"] for r in rows],
                 "guesses": [r["guesses"] for r in rows],
-                "never_moved_in": [r["never_moved_in"] for r in rows],
-                "never_moved_out": [r["never_moved_out"] for r in rows],
+                "zero_scores_in": [r["zero_scores_in"] for r in rows],
+                "zero_scores_out": [r["zero_scores_out"] for r in rows],
                 "num_included": [r["num_included"] for r in rows],
                 "wall_s": [r["wall_s"] for r in rows],
             }
@@ -62,7 +62,7 @@ def _claimed(s: dict) -> str:
 def _table(settings: list, ceiling: float) -> list:
     lines = [
         "| mechanism | claimed ε | σ | canaries m | ε lower bound (95 %), each run | correct / guesses | "
-        "canary rows never moved (in / out) | most m canaries can prove | wall |",
+        "canary scores exactly 0 (in / out) | most m canaries can prove | wall |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in settings:
@@ -72,7 +72,7 @@ def _table(settings: list, ceiling: float) -> list:
             + " | "
             + ", ".join(f"{c}/{g}" for c, g in zip(s["correct"], s["guesses"]))
             + " | "
-            + ", ".join(f"{a}/{b}" for a, b in zip(s["never_moved_in"], s["never_moved_out"]))
+            + ", ".join(f"{a}/{b}" for a, b in zip(s["zero_scores_in"], s["zero_scores_out"]))
             + f" | {ceiling:.3f} | "
             + ", ".join(f"{w:.0f} s" for w in s["wall_s"])
             + " |"
@@ -106,7 +106,7 @@ def _selection_line(result: dict) -> list:
     m = picked[0]["num_canaries"]
     parts = [
         f"{s['mechanism']} ε = {s['claimed_epsilon']:g}: "
-        + ", ".join(f"{a + b}" for a, b in zip(s["never_moved_in"], s["never_moved_out"]))
+        + ", ".join(f"{a + b}" for a, b in zip(s["zero_scores_in"], s["zero_scores_out"]))
         for s in picked
     ]
     return [
@@ -114,7 +114,7 @@ def _selection_line(result: dict) -> list:
         "DP-FEST and DP-AdaFEST+ select each table's top-k rows (k = the real vocabulary) with DP top-k on the "
         "bucket counts of the data trained on (an included canary's row counts 1, an excluded one 0) and never "
         "update the other rows: an unselected canary's row never moves and its score is exactly 0 whether it was "
-        f"in or out, so only the selected ones carry signal. Canary rows never moved, of {m}: "
+        f"in or out, so only the selected ones carry signal. Canary scores exactly 0, of {m}, each run: "
         + "; ".join(parts)
         + ".",
     ]

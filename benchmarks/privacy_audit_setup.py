@@ -32,14 +32,14 @@ NOT_DP = {"eana": "not DP (sigma of the largest claimed epsilon)", "none": "no n
 class AuditSetup:
     """Static settings of every audited run (one per mechanism and epsilon)."""
 
-    num_canaries: int = 500
-    steps: int = 60
-    num_real: int = 1000
+    num_canaries: int = 5000
+    steps: int = 500
+    num_real: int = 5000
     vocab_sizes: tuple = (200, 50, 20)  # real rows of C1, C2, C3
     dim: int = 4
     hidden: int = 16
     sampling_probability: float = 0.1
-    l2_norm_clip: float = 1.0
+    l2_norm_clip: float = 0.01
     learning_rate: float = 0.5
     delta: float = 1e-5
     accountant: str = "pld"

@@ -34,12 +34,12 @@ def test_privacy_audit_smoke(tmp_path):
     for run in runs.values():
         assert run["num_canaries"] == 64 and 0 <= run["correct"] <= run["guesses"] <= 64
         assert 0.0 <= run["epsilon_lb"] <= ceiling + 1e-9 and run["wall_s"] > 0
-        assert run["never_moved_in"] + run["never_moved_out"] <= 64
+        assert run["zero_scores_in"] + run["zero_scores_out"] <= 64
     assert runs["dense"]["claimed_epsilon"] == 8.0 and runs["dense"]["noise_multiplier"] > 0
     assert runs["fest"]["noise_multiplier"] > runs["dense"]["noise_multiplier"]  # sigma for 8 - eps_1
     assert runs["none"]["claimed_epsilon"] is None and runs["none"]["noise_multiplier"] == 0.0
     # no noise: an excluded canary's row never moves
-    assert runs["none"]["never_moved_out"] == 64 - runs["none"]["num_included"]
+    assert runs["none"]["zero_scores_out"] == 64 - runs["none"]["num_included"]
     assert [s["mechanism"] for s in document["settings"]] == ["dense", "fest", "none"]
     assert isinstance(document["flags"], list)
 
