@@ -14,6 +14,10 @@ block of K time steps of every example. Its squared norm needs no per-example gr
 
 and the bias gradient is sum_t g_t. The clipped sum sum_i c_i X_i^T G_i is
 one matmul of the flattened inputs with the clip-scaled output gradients.
+When a shared call has no activation and its per-example output gradients
+come factored, g_ik = sum_f G_fik u_fi (`shared_factored.FactoredGrads`),
+its K time steps collapse to F: sum_k x_k ⊗ g_ik = sum_f (X^T G_fi) ⊗ u_fi,
+so the step is x = G_f X `[B, F, d]`, g = u_f, with bias (sum_k G_fik) u_fi.
 
 Example:
     >>> registry = LayerRegistry([(keras.layers.Dense, dense_layer_gradients)])
@@ -29,6 +33,7 @@ from collections.abc import Sequence
 
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.clipping.registry import LayerGradients
+from tfdp_embed.keras2.clipping.shared_factored import FactoredGrads, factored_kind
 from tfdp_embed.keras2.clipping.taps import LayerTaps, dense_call_input
 from tfdp_embed.ops import sparse_rows
 
@@ -58,18 +63,21 @@ def dense_layer_gradients(
     kernel = layer.kernel
     dtype = kernel.dtype.base_dtype
     d_in, d_out = kernel.shape
-    xs, gs = _inputs_and_pre_activation_grads(layer, taps, output_grads, dtype)
-    if len(xs) == 1 and xs[0].shape.rank == 2:
+    xs, gs, bias_gs = _inputs_and_pre_activation_grads(layer, taps, output_grads, dtype)
+    if len(xs) == 1 and xs[0].shape.rank == 2 and bias_gs[0] is None:
         x, g = xs[0], gs[0]
         squared = sparse_rows.dense_ghost_norms(x, g, use_bias=layer.use_bias)  # one op
-        x_flat, g_per_example = x, g
+        x_flat, g_per_example, b_per_example = x, g, g
     else:
-        # [B, T, d] and [B, T, p] over the concatenated time steps of all calls.
+        # [B, T, d] and [B, T, p] over the concatenated time steps of all calls (and factored terms).
         x_seq = tf.concat([_as_sequence(x, d_in) for x in xs], axis=1)
         g_seq = tf.concat([_as_sequence(g, d_out) for g in gs], axis=1)
+        b_seq = g_seq
+        if any(b is not None for b in bias_gs):
+            b_seq = tf.concat([_as_sequence(g if b is None else b, d_out) for g, b in zip(gs, bias_gs)], axis=1)
         kernel_sq = _sequence_kernel_sq_norms(x_seq, g_seq)
-        g_sq = tf.reduce_sum(tf.square(tf.reduce_sum(g_seq, axis=1)), axis=1)
-        x_flat, g_per_example = tf.reshape(x_seq, [-1, d_in]), g_seq
+        g_sq = tf.reduce_sum(tf.square(tf.reduce_sum(b_seq, axis=1)), axis=1)
+        x_flat, g_per_example, b_per_example = tf.reshape(x_seq, [-1, d_in]), g_seq, b_seq
         squared = kernel_sq + g_sq if layer.use_bias else kernel_sq
     variables = [kernel, layer.bias] if layer.use_bias else [kernel]
 
@@ -79,7 +87,7 @@ def dense_layer_gradients(
         g_flat = tf.reshape(g_per_example * c, [-1, d_out])
         grads = [tf.matmul(x_flat, g_flat, transpose_a=True)]
         if layer.use_bias:
-            grads.append(tf.reduce_sum(g_flat, axis=0))
+            grads.append(tf.reduce_sum(tf.reshape(b_per_example * c, [-1, d_out]), axis=0))
         return grads
 
     return LayerGradients(
@@ -90,21 +98,49 @@ def dense_layer_gradients(
 
 
 dense_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+# Shared calls without activation pass factored gradients through (`shared_factored`).
+dense_layer_gradients.shared_factored = "dense"  # type: ignore[attr-defined]
 
 
 def _inputs_and_pre_activation_grads(
     layer: keras.layers.Dense, taps: LayerTaps, output_grads: Sequence[tf.Tensor], dtype: tf.DType
-) -> tuple[list, list]:
-    """Per call: the input x and the pre-activation output gradient g, both per example and in `dtype`."""
-    xs, gs = [], []
+) -> tuple[list, list, list]:
+    """Per call: inputs x, pre-activation output gradients g and bias gradients (None: g), per example, in `dtype`.
+
+    A shared call with `FactoredGrads` (no activation) gives F terms per example instead:
+    x = G_f X `[B, F, d]`, g = u_f `[B, F, p]`, whose outer products add up to its kernel
+    gradient, and bias terms (sum_k G_fk) u_f.
+    """
+    xs, gs, bias_gs = [], [], []
     for call, grad in zip(taps.calls, output_grads):
         x, y = dense_call_input(layer, call), call.outputs
+        if isinstance(grad, FactoredGrads):
+            x, g, b = _factored_terms(layer, x, grad, dtype)
+            xs.append(x)
+            gs.append(g)
+            bias_gs.append(b)
+            continue
         if call.shared is not None:  # the same input for every example; per-example grads [B, ...]
             x, y = _broadcast_to_batch(x, grad), _broadcast_to_batch(y, grad)
         g = _pre_activation_grads(layer, x, y, grad)
         xs.append(tf.cast(x, dtype))
         gs.append(tf.cast(g, dtype))
-    return xs, gs
+        bias_gs.append(None)
+    return xs, gs, bias_gs
+
+
+def _factored_terms(layer, x: tf.Tensor, grad: FactoredGrads, dtype: tf.DType) -> tuple:
+    """(G_f X `[B, F, d]`, u_f `[B, F, p]`, (sum_k G_fk) u_f `[B, F, p]`) of a factored shared call."""
+    if factored_kind(layer, dense_layer_gradients) != "dense":
+        raise ValueError(f"Dense layer {layer.name!r} has an activation: its shared calls cannot be factored.")
+    coefficients = tf.cast(grad.coefficients, dtype)  # [F, B, K]
+    factors = coefficients.shape[0]  # static: one per scorer
+    d_in, d_out = layer.kernel.shape
+    vectors = tf.transpose(tf.reshape(tf.cast(grad.vectors, dtype), [factors, -1, d_out]), [1, 0, 2])  # [B, F, p]
+    inputs = tf.matmul(tf.reshape(coefficients, [-1, tf.shape(coefficients)[2]]), tf.cast(x, dtype))  # [F * B, d]
+    inputs = tf.transpose(tf.reshape(inputs, [factors, -1, d_in]), [1, 0, 2])  # [B, F, d]
+    totals = tf.transpose(tf.reduce_sum(coefficients, axis=2))  # [B, F]
+    return inputs, vectors, totals[:, :, None] * vectors
 
 
 def _broadcast_to_batch(t: tf.Tensor, per_example: tf.Tensor) -> tf.Tensor:
@@ -138,7 +174,11 @@ def _pre_activation_grads(layer, x: tf.Tensor, y: tf.Tensor, grad: tf.Tensor) ->
 
 
 def _as_sequence(t: tf.Tensor, width: int) -> tf.Tensor:
-    """[B, d] -> [B, 1, d]; [B, T1, ..., d] -> [B, T1*..., d]."""
+    """[B, d] -> [B, 1, d]; [B, T1, ..., d] -> [B, T1*..., d] (the number of steps static when known)."""
+    if t.shape.rank == 2:
+        return t[:, None, :]
+    if t.shape.rank == 3:
+        return t
     return tf.reshape(t, [tf.shape(t)[0], -1, width])
 
 
@@ -147,8 +187,12 @@ def _sequence_kernel_sq_norms(x: tf.Tensor, g: tf.Tensor) -> tf.Tensor:
     steps, d, p = x.shape[1], x.shape[2], g.shape[2]
 
     def gram():
-        xx = tf.matmul(x, x, transpose_b=True)  # [B, T, T]
-        gg = tf.matmul(g, g, transpose_b=True)
+        if steps is not None and steps <= 4:  # a few steps (a call plus factored terms): elementwise, no batched matmul
+            xx = tf.reduce_sum(x[:, :, None, :] * x[:, None, :, :], axis=3)
+            gg = tf.reduce_sum(g[:, :, None, :] * g[:, None, :, :], axis=3)
+        else:
+            xx = tf.matmul(x, x, transpose_b=True)  # [B, T, T]
+            gg = tf.matmul(g, g, transpose_b=True)
         return tf.reduce_sum(xx * gg, axis=[1, 2])
 
     def direct():

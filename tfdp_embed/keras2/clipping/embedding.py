@@ -19,7 +19,12 @@ A call inside a shared computation (a candidate tower over the catalogue,
 per-example output gradients: each of its occurrences is counted once per
 example (O(batch x occurrences x dim)), and its rows are reported as
 `shared_rows` rather than as the batch's lookups, since which rows it reads
-does not depend on the data.
+does not depend on the data. When the tower above the table is a fixed
+row-wise linear map, the output gradients come factored,
+g_ik = sum_f G_fik u_fi (`shared_factored.FactoredGrads`), and the call's
+part of example i's gradient is sum_f S_fi ⊗ u_fi with S_fi = A G_fi, A
+`[rows, K]` summing each row's occurrences (repeats first): O(batch x
+occurrences) for S, no per-example rows are built.
 
 The rule reads the taps of `DPEmbedding.lookup` (the default registry
 records that method, not `call`): the output gradient it sees then
@@ -44,6 +49,7 @@ from collections.abc import Sequence
 
 from tfdp_embed.keras2._keras import tf
 from tfdp_embed.keras2.clipping.registry import LayerGradients
+from tfdp_embed.keras2.clipping.shared_factored import FactoredGrads
 from tfdp_embed.keras2.clipping.taps import LayerTaps, call_inputs
 from tfdp_embed.keras2.layers.embedding import DPEmbedding
 from tfdp_embed.ops import sparse_rows
@@ -71,6 +77,8 @@ def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads:
     """
     table = layer.embeddings
     flatten = _occurrences_fn(layer, taps)
+    if any(isinstance(grad, FactoredGrads) for grad in output_grads):  # a candidate tower ending linearly
+        return _factored_layer_gradients(layer, taps, output_grads, flatten, table.dtype.base_dtype)
     has_shared = any(call.shared is not None for call in taps.calls)
     if len(taps.calls) == 1 and not has_shared and _is_pooled(layer, taps.calls[0]):
         return _pooled_layer_gradients(layer, taps.calls[0], output_grads[0], flatten)
@@ -106,6 +114,96 @@ def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads:
 
 
 embedding_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+embedding_layer_gradients.shared_factored = "leaf"  # type: ignore[attr-defined]
+
+
+def _factored_layer_gradients(layer, taps: LayerTaps, output_grads: Sequence, flatten, dtype) -> LayerGradients:
+    """Calls with factored shared output gradients (`FactoredGrads`) next to any other calls.
+
+    A factored call's gradient for example i is sum_f S_fi ⊗ u_fi, where
+    S_fi[r] = sum over the call's occurrences o of row r of w_o G_fi[k_o]
+    (repeated negatives add up here, before any square). With P_ri the
+    example's other rows (grouped by (example, row) as in the general path):
+
+        ||grad_i||^2 = sum_{f,h} (S_fi . S_hi)(u_fi . u_hi) + 2 sum_{r,f} S_fi[r] (u_fi . P_ri) + sum_r ||P_ri||^2
+    """
+    table = layer.embeddings
+    dim = table.shape[-1]
+    occurrences, blocks, factored, shared_rows = [], [], [], []
+    for call, grad in zip(taps.calls, output_grads):
+        occ = flatten(call_inputs(layer, call), check_range=False)  # `call` range-checked these ids
+        if isinstance(grad, FactoredGrads):
+            factored.append((occ, grad))
+            shared_rows.append(tf.cast(occ.ids, tf.int64))
+            continue
+        if call.shared is None:
+            occurrences.append(occ)
+        blocks.append((_shared_block if call.shared is not None else _per_example_block)(occ, grad, dtype, dim))
+        if call.shared is not None:
+            shared_rows.append(blocks[-1][0])
+    batch_size = tf.shape(factored[0][1].vectors, out_type=tf.int64)[1]
+    rows, examples, contributions = _concat_blocks(blocks, dtype, dim)
+    factored_ids = [tf.cast(occ.ids, tf.int64) for occ, _ in factored]
+    unique_rows, row_index = sparse_rows.unique(tf.concat([rows] + factored_ids, 0))
+    num_rows, num_other = tf.size(unique_rows), tf.size(rows)
+    group_keys, group_index = sparse_rows.unique(tf.cast(row_index[:num_other], tf.int64) * batch_size + examples)
+    groups = tf.math.unsorted_segment_sum(contributions, group_index, tf.size(group_keys))  # P [g, dim]
+    group_rows, group_examples = group_keys // batch_size, group_keys % batch_size
+    sums, vectors = _factored_row_sums(factored, row_index[num_other:], num_rows, dtype)  # S, u
+    # Elementwise products, not einsums: F is 1 or 2, and the batched matmuls of F x F blocks cost more.
+    row_gram = tf.reduce_sum(sums[:, :, :, None] * sums[:, :, None, :], axis=0)  # (S_fi . S_hi) [B, F, F]
+    vector_gram = tf.reduce_sum(vectors[:, :, None, :] * vectors[:, None, :, :], axis=3)  # (u_fi . u_hi)
+    squared = tf.reduce_sum(row_gram * vector_gram, axis=[1, 2])
+    at_groups = tf.gather_nd(sums, tf.stack([group_rows, group_examples], 1))  # S_fi[r] per group, [g, F]
+    dots = tf.reduce_sum(tf.gather(vectors, group_examples) * groups[:, None, :], axis=2)  # (u_fi . P_ri) [g, F]
+    cross = tf.reduce_sum(at_groups * dots, 1)
+    own = tf.reduce_sum(tf.square(groups), 1)
+    squared += tf.math.unsorted_segment_sum(2.0 * cross + own, group_examples, batch_size)
+
+    def clipped_sum(clip_factors: tf.Tensor) -> list:
+        c = tf.cast(clip_factors, dtype)
+        values = tf.matmul(tf.reshape(sums * c[None, :, None], [num_rows, -1]), tf.reshape(vectors, [-1, dim]))
+        values += tf.math.unsorted_segment_sum(tf.gather(c, group_examples)[:, None] * groups, group_rows, num_rows)
+        return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
+
+    return LayerGradients(
+        variables=[table],
+        squared_norms=tf.cast(squared, tf.float32),
+        clipped_sum=clipped_sum,
+        occurrences=occurrences,
+        shared_rows=sparse_rows.unique(tf.concat(shared_rows, 0))[0],
+        rows_from_lookups=True,
+    )
+
+
+def _concat_blocks(blocks: list, dtype, dim) -> tuple:
+    """(rows, examples, contributions) of all `blocks` (empty ones when there are none)."""
+    if not blocks:
+        return tf.zeros([0], tf.int64), tf.zeros([0], tf.int64), tf.zeros([0, dim], dtype)
+    return tuple(tf.concat([b[i] for b in blocks], 0) for i in range(3))
+
+
+def _factored_row_sums(factored: list, row_index: tf.Tensor, num_rows, dtype) -> tuple:
+    """(S `[rows, B, F]`: each row's sum of w_o G_f[:, k_o] over the calls' occurrences o, u `[B, F, dim]`).
+
+    S_f^T = A G_f^T with A `[rows, K]` sparse (one entry w_o at (row_o, k_o) per
+    occurrence; repeats add up): one sparse-dense product per factor, O(occurrences x B).
+    """
+    sums, vectors, start = [], [], 0
+    for occ, grad in factored:
+        n = tf.size(occ.ids)
+        index = tf.cast(row_index[start : start + n], tf.int64)
+        start += n
+        coefficients = tf.cast(grad.coefficients, dtype)  # [F, B, K]
+        occurrences = tf.SparseTensor(
+            tf.stack([index, tf.cast(occ.segments, tf.int64)], 1),
+            tf.cast(occ.weights, dtype),
+            tf.stack([tf.cast(num_rows, tf.int64), tf.shape(coefficients, out_type=tf.int64)[2]]),
+        )
+        per_factor = [tf.sparse.sparse_dense_matmul(occurrences, g, adjoint_b=True) for g in tf.unstack(coefficients)]
+        sums.append(tf.stack(per_factor, axis=2))  # [rows, B, F]
+        vectors.append(tf.transpose(tf.cast(grad.vectors, dtype), [1, 0, 2]))
+    return tf.concat(sums, 2), tf.concat(vectors, 1)
 
 
 def _all_calls_blocks(layer, taps: LayerTaps, output_grads: Sequence[tf.Tensor], flatten, dtype) -> tuple:

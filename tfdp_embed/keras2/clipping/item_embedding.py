@@ -159,6 +159,7 @@ def _add_lookup_squared_norms(squared, queries, logit_grads, lookup_rows, lookup
 
 # Lookups in a candidate tower; refused with scoring.
 item_embedding_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+item_embedding_gradients.shared_factored = "leaf"  # type: ignore[attr-defined]
 
 
 __all__ = ["item_embedding_gradients"]

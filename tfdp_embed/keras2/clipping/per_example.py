@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras2._keras import tf
 from tfdp_embed.keras2.clipping.registry import LayerGradients, LayerRegistry
+from tfdp_embed.keras2.clipping.shared_factored import TowerLayers, shared_call_grads
 from tfdp_embed.keras2.clipping.taps import LayerTaps, own_trainable_variables
 
 
@@ -68,7 +69,10 @@ def layer_gradients(
 
     Calls inside a shared computation (`tfdp_embed.keras2.clipping.shared`) get
     per-example output gradients `[B, *outputs.shape]` instead of the summed
-    one; only rules marked `supports_shared_calls` may receive them.
+    one; only rules marked `supports_shared_calls` may receive them. When the
+    tower ends in fixed row-wise linear maps they come factored
+    (`tfdp_embed.keras2.clipping.shared_factored.FactoredGrads`), and only to
+    rules marked `shared_factored`.
 
     A tapped layer whose tapped method was not called must not get a gradient
     by another way (a subclass reading its table with `tf.gather` itself, a
@@ -97,7 +101,9 @@ def layer_gradients(
     )
     for tap, variables, var_grads in zip(unused, unused_vars, missed):
         _check_not_reached(tap, variables, var_grads)
-    per_example = _shared_call_grads(shared, scores, score_grads)
+    per_example = shared_call_grads(
+        shared, scores, score_grads, TowerLayers(used, lambda layer: registry.lookup(layer) or fallback)
+    )
     batch_size = per_example_loss.shape[0] if per_example_loss.shape.rank == 1 else None
     for tap in used:
         _check_leading_axis(tap, batch_size)
@@ -137,16 +143,6 @@ def _rule_for(tap: LayerTaps, registry: LayerRegistry, fallback):
     if any(c.shared is not None for c in tap.calls) and not getattr(rule, "supports_shared_calls", False):
         raise PrivacyContractError(_no_shared_rule(tap, rule))
     return rule
-
-
-def _shared_call_grads(shared: list, scores: list, score_grads: list) -> dict:
-    """id(call) -> per-example output gradients `[B, *outputs.shape]` for every shared call."""
-    out = {}
-    for computation, tensors, grads in zip(shared, scores, score_grads):
-        grads = [tf.zeros_like(t) if g is None else g for t, g in zip(tensors, grads)]
-        for call, grad in zip(computation.calls, computation.per_example_output_grads(grads)):
-            out[id(call)] = grad
-    return out
 
 
 def _check_leading_axis(tap: LayerTaps, batch_size) -> None:

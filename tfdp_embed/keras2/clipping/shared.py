@@ -21,7 +21,11 @@ shared call as a per-example call whose input is the same for every
 example, so a layer used both per example (the positive item's
 embedding) and in the shared tower gets one exact norm of the *sum* of
 both uses. The work is O(B K width) per tower layer: a per-example
-`[batch, vocabulary, dim]` gradient is never built.
+`[batch, vocabulary, dim]` gradient is never built. When the tower is a
+fixed linear map of each candidate's rows (tables, concatenation, Dense
+without activation), `tfdp_embed.keras2.clipping.shared_factored` gives
+the same per-example gradients factored, G_ik u_i, and this vectorised
+pass is skipped.
 
 What makes this private: the inputs of a shared computation must not
 depend on the batch (a catalogue, a sample drawn from a fixed proposal).

@@ -23,9 +23,12 @@ example j's item into C, i.e. into everyone's loss.) C is computed once
 per step and every example's gradient flows through it; the candidate
 tower runs in a `tfdp_embed.keras2.clipping.shared_computation`, which gives
 exact per-example norms for every tower parameter (see
-`tfdp_embed.keras2.clipping.shared`). Memory per step: O(B K d) for the
-per-example cotangents of C through each tower layer (K = catalogue size
-for the full softmax): use the sampled softmax for large catalogues.
+`tfdp_embed.keras2.clipping.shared`). A tower that ends in a fixed linear
+map of each candidate (tables, concatenation, Dense without activation)
+gets them in factored form, O(B (K + d)) work per layer
+(`tfdp_embed.keras2.clipping.shared_factored`); any other tower costs
+O(B K d) memory for the per-example cotangents of C through each layer
+(K = catalogue size for the full softmax): use the sampled softmax there.
 
 Differences from `tfrs.tasks.Retrieval`: the task owns the candidate tower
 and the catalogue; `candidate_ids` (the positive's identifier) is
