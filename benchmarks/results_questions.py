@@ -255,6 +255,24 @@ def build_movielens(runs):
     return [run], table(["mechanism", "ε", "σ", "P@10", "R@10", "R@20", "median step"], rows)
 
 
+def _same_model_ratio(row: dict, rows: list) -> str:
+    """A DP run's median step ÷ the non-private run of the same model and negatives ("—" without one)."""
+    control = [r for r in rows if r["mechanism"] == "none" and r["negatives"] == row["negatives"]]
+    if row["mechanism"] == "none" or not control:
+        return "—"
+    return times(row["median_step_ms"] / control[0]["median_step_ms"])
+
+
+def _interleaved_text(side: dict) -> str:
+    return (
+        f"\n\nSide by side in one process ({side['steps']} alternating steps, mean batch {side['mean_batch']:.0f}, "
+        f"{side['negatives']}, 1-min load {side['load_average'][0]:.1f} at start): DP {side['mechanism']} "
+        f"{side['dp']['wall_ms']:.1f} ms wall / {side['dp']['cpu_ms']:.1f} ms CPU per step vs non-private same "
+        f"model {side['none']['wall_ms']:.1f} / {side['none']['cpu_ms']:.1f} ms: **{times(side['wall_ratio'])} wall, "
+        f"{times(side['cpu_ratio'])} CPU**."
+    )
+
+
 def build_retrieval(runs):
     run = latest(runs, "retrieval")
     if run is None:
@@ -266,10 +284,14 @@ def build_retrieval(runs):
             num(r["recall@10"], 4),
             num(r["recall@50"], 4),
             f"{r['median_step_ms']:.1f} ms",
+            _same_model_ratio(r, run.doc["runs"]),
         ]
         for r in run.doc["runs"]
     ]
-    return [run], table(["run", "ε", "recall@10", "recall@50", "median step"], rows)
+    header = ["run", "ε", "recall@10", "recall@50", "median step", "step ÷ same-model non-private"]
+    body = table(header, rows)
+    side = run.doc.get("interleaved")
+    return [run], (body.rstrip("\n") + _interleaved_text(side)) if side else body
 
 
 def build_dpformer(runs):
@@ -611,6 +633,12 @@ def _speed_lines(runs) -> list:
         base = summary["none"]["wall_s"]
         ratios = [f"{_label(m)} {times(summary[m]['wall_s'] / base)}" for m in ordered(summary) if m != "none"]
         lines.append(("Criteo pipeline end to end, DP wall ÷ non-private", "; ".join(ratios), [run]))
+    run = latest(runs, "retrieval", where=lambda doc: bool(doc.get("interleaved")))
+    if run:
+        side = run.doc["interleaved"]
+        label = f"DP retrieval step ÷ same-model non-private step (ml-100k, {side['negatives']}, side by side)"
+        value = f"{side['mechanism']} {times(side['wall_ratio'])} wall, {times(side['cpu_ratio'])} CPU"
+        lines.append((label, value, [run]))
     return lines
 
 

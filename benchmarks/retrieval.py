@@ -1,6 +1,7 @@
 """Two-tower retrieval with item features: recall@10 and step time of the DP Retrieval task vs TFRS in-batch.
 
-    python -m benchmarks.retrieval [--epochs 2] [--batch-size 512] [--dp-runs lazy:full,lazy:sampled,adafest:sampled]
+    python -m benchmarks.retrieval [--epochs 2] [--batch-size 512]
+        [--dp-runs none:full,lazy:full,none:sampled,lazy:sampled,adafest:sampled] [--interleaved-steps 40]
 
 Part 1, ml-100k (one process, one run after another): a TFRS user's two-tower
 (user-id table + Dense; item tower = movie-id `DPEmbedding` subclass +
@@ -11,17 +12,24 @@ multi-valued genre table + Dense over the catalogue) trained
 * with DP (`DPModel`, Poisson batches, legacy SGD, fixed sigma) and
   `tfdp_embed.keras2.retrieval.Retrieval`: full softmax and sampled softmax
   (uniform data-independent negatives, log-Q), under LazyDP or DP-AdaFEST
-  (`--dp-runs`).
+  (`--dp-runs`);
+* the same model, task and SGD through `DPModel` with `NonPrivate`
+  (`none:full`, `none:sampled`): the control each DP step is divided by.
 
 Each run reports recall@10 / recall@50 over all movies on a random 20 % of
 the ratings (the same ranking code for every run), the median step time
-after warm-up, the wall time and epsilon.
+after warm-up, the wall time and epsilon. Then the LazyDP and the
+non-private step of the same sampled-softmax model run alternately for
+`--interleaved-steps` steps (`benchmarks.retrieval_step`): the DP ÷
+non-private ratio with both under the same load.
 
 Part 2, a synthetic catalogue of `--synthetic-items` (10^6) items: median
 LazyDP step time of the sampled softmax and of the full softmax at
-`--synthetic-batch`, the sampled softmax again at `--batch-size`. The full
-softmax's per-example cotangents cost O(batch x items x dim) memory
-(`tfdp_embed.keras2.clipping.shared`), which is why it is measured at a small batch.
+`--synthetic-batch`, the sampled softmax again at `--batch-size`. The item
+tower (table + Dense without activation) gets factored per-example
+gradients (`tfdp_embed.keras2.clipping.shared_factored`), O(batch x items);
+a tower with non-linear layers would pay O(batch x items x dim) memory, which
+is why the full softmax is measured at a small batch.
 
 Writes `--json`, `--png` (both default to new files under
 `benchmarks/results/`); `make results` regenerates `benchmarks/RESULTS.md`
@@ -190,6 +198,8 @@ def recall(user_model, movie_model, catalogue: dict, test: dict) -> dict:
 def mechanism(name: str, sigma: float, seed: int, taus: dict):
     from tfdp_embed import mechanisms
 
+    if name == "none":  # the same model and step without privacy: the control of the DP step
+        return mechanisms.NonPrivate(seed=seed)
     if name == "lazy":
         return mechanisms.LazyDP(l2_norm_clip=1.0, noise_multiplier=sigma, seed=seed)
     if name == "adafest":
@@ -201,7 +211,7 @@ def mechanism(name: str, sigma: float, seed: int, taus: dict):
             threshold=taus,
             seed=seed,
         )
-    raise ValueError(f"--dp-runs: unknown mechanism {name!r}; choose from lazy, adafest.")
+    raise ValueError(f"--dp-runs: unknown mechanism {name!r}; choose from none, lazy, adafest.")
 
 
 def run_dp(data, catalogue, args, *, name: str, negatives) -> dict:
@@ -219,21 +229,27 @@ def run_dp(data, catalogue, args, *, name: str, negatives) -> dict:
     n = len(data["train"]["user_id"])
     q = args.batch_size / n
     batches, _ = poisson_batches(data["train"], sampling_probability=q, seed=args.seed)
-    budget = PrivacyBudget(mech, sampling_probability=q, target_epsilon=1e6, target_delta=1.0 / n, accountant="rdp")
+    private = name != "none"
+    budget = (
+        PrivacyBudget(mech, sampling_probability=q, target_epsilon=1e6, target_delta=1.0 / n, accountant="rdp")
+        if private
+        else None
+    )
     timer = step_timer()
     started = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history = dp.fit(batches, epochs=args.epochs, callbacks=[budget, timer], verbose=0)
+        history = dp.fit(batches, epochs=args.epochs, callbacks=[budget, timer] if private else [timer], verbose=0)
     wall = time.perf_counter() - started
+    softmax = "full softmax" if negatives.full else f"sampled softmax K={negatives.num_negatives}"
     return {
         "warnings": sorted({str(w.message)[:160] for w in caught if "DP-AdaFEST" in str(w.message)}),
-        "run": f"DP {name}, {'full softmax' if negatives.full else f'sampled softmax K={negatives.num_negatives}'}",
+        "run": f"{'DP ' + name if private else 'non-private (same model, SGD)'}, {softmax}",
         "mechanism": name,
         "negatives": "full" if negatives.full else "sampled",
-        "epsilon": float(budget.epsilon),
-        "delta": 1.0 / n,
-        "noise_multiplier": args.noise_multiplier,
+        "epsilon": float(budget.epsilon) if private else None,
+        "delta": 1.0 / n if private else None,
+        "noise_multiplier": args.noise_multiplier if private else None,
         **recall(towers[0], towers[1], catalogue, data["test"]),
         "median_step_ms": median_ms(timer.times),
         "steps": len(timer.times),
@@ -299,7 +315,30 @@ def _fmt(value, spec="{:.4f}") -> str:
     return "—" if value is None else spec.format(value)
 
 
-def markdown(command: str, info: dict, args, rows: list, synthetic: list, data_summary: dict) -> str:
+def same_model_ratio(row: dict, rows: list) -> float | None:
+    """A DP run's median step ÷ that of the non-private run of the same model and negatives (None if absent)."""
+    if row["mechanism"] in ("none", "in-batch") or row["negatives"] == "in-batch":
+        return None
+    control = [r for r in rows if r["mechanism"] == "none" and r["negatives"] == row["negatives"]]
+    if not control or not row["median_step_ms"] or not control[0]["median_step_ms"]:
+        return None
+    return row["median_step_ms"] / control[0]["median_step_ms"]
+
+
+def interleaved_lines(found: dict) -> list:
+    """Markdown lines for `retrieval_step.interleaved`'s result."""
+    dp, none = found["dp"], found["none"]
+    return [
+        "",
+        f"Side by side in one process ({found['steps']} alternating steps, mean batch {found['mean_batch']:.0f}, "
+        f"{found['negatives']}, 1-min load {found['load_average'][0]:.1f} → {found['load_average'][1]:.1f}): "
+        f"DP {found['mechanism']} {dp['wall_ms']:.1f} ms wall / {dp['cpu_ms']:.1f} ms CPU per step, non-private "
+        f"same model {none['wall_ms']:.1f} / {none['cpu_ms']:.1f} ms: DP ÷ non-private {found['wall_ratio']:.2f}× "
+        f"wall, {found['cpu_ratio']:.2f}× CPU.",
+    ]
+
+
+def markdown(command: str, info: dict, args, rows: list, synthetic: list, data_summary: dict, side=None) -> str:
     base = rows[0]
     lines = [
         f"## retrieval — {info['date_utc']} — two-tower with item features on ml-100k: DP Retrieval task "
@@ -322,15 +361,19 @@ def markdown(command: str, info: dict, args, rows: list, synthetic: list, data_s
             f"{10 / data_summary['items']:.4f}."
         ),
         "",
-        "| run | epsilon | recall@10 | recall@50 | median step | step ÷ baseline | steps | wall |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | epsilon | recall@10 | recall@50 | median step | step ÷ TFRS in-batch | step ÷ same-model non-private "
+        "| steps | wall |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = r["median_step_ms"] / base["median_step_ms"] if r["median_step_ms"] and base["median_step_ms"] else None
         lines.append(
             f"| {r['run']} | {_fmt(r['epsilon'], '{:.3g}')} | {r['recall@10']:.4f} | {r['recall@50']:.4f} | "
-            f"{_fmt(r['median_step_ms'], '{:.1f} ms')} | {_fmt(ratio, '{:.2f}×')} | {r['steps']} | {r['wall_s']:.0f} s |"
+            f"{_fmt(r['median_step_ms'], '{:.1f} ms')} | {_fmt(ratio, '{:.2f}×')} | "
+            f"{_fmt(same_model_ratio(r, rows), '{:.2f}×')} | {r['steps']} | {r['wall_s']:.0f} s |"
         )
+    if side:
+        lines += interleaved_lines(side)
     if synthetic:
         lines += [
             "",
@@ -375,6 +418,39 @@ def plot(rows: list, path: str) -> None:
     plt.close(fig)
 
 
+def _ml100k_runs(parser, data, catalogue, args) -> list:
+    """The TFRS in-batch baseline, then each of `--dp-runs` (mechanism:softmax), one after another."""
+    from tfdp_embed.keras2.retrieval import FullSoftmax, SampledSoftmax
+
+    rows = [run_in_batch(data, catalogue, args)]
+    print(rows[-1], flush=True)
+    for run in [r for r in args.dp_runs.split(",") if r]:
+        name, _, softmax = run.partition(":")
+        if softmax not in ("full", "sampled"):
+            parser.error(f"--dp-runs: {run!r} must be mechanism:full or mechanism:sampled.")
+        negatives = FullSoftmax() if softmax == "full" else SampledSoftmax(args.negatives, seed=args.seed)
+        rows.append(run_dp(data, catalogue, args, name=name, negatives=negatives))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _synthetic_runs(args) -> list:
+    from tfdp_embed.keras2.retrieval import FullSoftmax, SampledSoftmax
+
+    synthetic = []
+    settings = [
+        ("full", args.synthetic_batch),
+        (f"sampled K={args.negatives}", args.synthetic_batch),
+        (f"sampled K={args.negatives}", args.batch_size),
+    ]
+    for label, batch in settings if args.synthetic_items else []:
+        negatives = FullSoftmax() if label == "full" else SampledSoftmax(args.negatives, seed=args.seed)
+        ms = synthetic_step_ms(args.synthetic_items, batch, negatives, args)
+        synthetic.append({"items": args.synthetic_items, "negatives": label, "batch": batch, "median_step_ms": ms})
+        print(synthetic[-1], flush=True)
+    return synthetic
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.retrieval", description=__doc__.splitlines()[0])
     p.add_argument("--data", default=DEFAULT_DATA, help="directory with ml-100k's u.data and u.item")
@@ -384,15 +460,17 @@ def main(argv=None) -> int:
     p.add_argument("--negatives", type=int, default=256, help="sampled softmax: shared negatives per step")
     p.add_argument(
         "--dp-runs",
-        default="lazy:full,lazy:sampled,adafest:sampled",
-        help="DP runs as mechanism:softmax (mechanism lazy or adafest, softmax full or sampled), comma-separated",
+        default="none:full,lazy:full,none:sampled,lazy:sampled,adafest:sampled",
+        help="runs as mechanism:softmax (mechanism none (the same model without DP), lazy or adafest; softmax "
+        "full or sampled), comma-separated",
     )
     p.add_argument("--noise-multiplier", type=float, default=1.0)
-    p.add_argument("--dp-learning-rate", type=float, default=2.0)
+    p.add_argument("--dp-learning-rate", type=float, default=2.0, help="SGD learning rate of the DPModel runs")
     p.add_argument("--baseline-learning-rate", type=float, default=0.1)
     p.add_argument("--tau-user", type=float, default=1.0)
     p.add_argument("--tau-movie", type=float, default=2.0)
     p.add_argument("--tau-genres", type=float, default=5.0)
+    p.add_argument("--interleaved-steps", type=int, default=40, help="LazyDP vs non-private side by side; 0 skips")
     p.add_argument("--synthetic-items", type=int, default=1_000_000, help="0 skips part 2")
     p.add_argument("--synthetic-batch", type=int, default=8, help="batch of the full vs sampled comparison")
     p.add_argument("--synthetic-dim", type=int, default=16)
@@ -402,44 +480,26 @@ def main(argv=None) -> int:
     p.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     p.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' skips")
     args = p.parse_args(argv)
-    outputs.resolve(
-        p,
-        args,
-        benchmark="retrieval",
-        tag=f"ml-100k-ep{args.epochs}-b{args.batch_size}",
-        files={"json": ".json", "png": ".png"},
-    )
+    tag = f"ml-100k-ep{args.epochs}-b{args.batch_size}"
+    outputs.resolve(p, args, benchmark="retrieval", tag=tag, files={"json": ".json", "png": ".png"})
     if not os.path.exists(os.path.join(args.data, "u.data")):
         p.error(f"--data: no u.data in {args.data!r} (ml-100k is expected there).")
+    from benchmarks import retrieval_step
     from benchmarks.machine import machine_info
     from tfdp_embed import tf
-    from tfdp_embed.keras2.retrieval import FullSoftmax, SampledSoftmax
 
     info = machine_info(ROOT)
     command = "python -m benchmarks.retrieval " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     data = load_ml100k(args.data, args.seed)
     catalogue = {"movie_id": data["movie_ids"], "genres": tf.ragged.constant(data["genres"], dtype=tf.int64)}
-    rows = [run_in_batch(data, catalogue, args)]
-    print(rows[-1], flush=True)
-    for run in [r for r in args.dp_runs.split(",") if r]:
-        name, _, softmax = run.partition(":")
-        if softmax not in ("full", "sampled"):
-            p.error(f"--dp-runs: {run!r} must be mechanism:full or mechanism:sampled.")
-        negatives = FullSoftmax() if softmax == "full" else SampledSoftmax(args.negatives, seed=args.seed)
-        rows.append(run_dp(data, catalogue, args, name=name, negatives=negatives))
-        print(rows[-1], flush=True)
-    synthetic = []
-    if args.synthetic_items:
-        settings = [
-            ("full", args.synthetic_batch),
-            (f"sampled K={args.negatives}", args.synthetic_batch),
-            (f"sampled K={args.negatives}", args.batch_size),
-        ]
-        for label, batch in settings:
-            negatives = FullSoftmax() if label == "full" else SampledSoftmax(args.negatives, seed=args.seed)
-            ms = synthetic_step_ms(args.synthetic_items, batch, negatives, args)
-            synthetic.append({"items": args.synthetic_items, "negatives": label, "batch": batch, "median_step_ms": ms})
-            print(synthetic[-1], flush=True)
+    rows = _ml100k_runs(p, data, catalogue, args)
+    side = (
+        retrieval_step.interleaved(data, catalogue, args, steps=args.interleaved_steps)
+        if args.interleaved_steps
+        else None
+    )
+    print(side, flush=True)
+    synthetic = _synthetic_runs(args)
     summary = {
         "train": len(data["train"]["user_id"]),
         "test": len(data["test"]["user_id"]),
@@ -451,9 +511,10 @@ def main(argv=None) -> int:
         "args": vars(args),
         "data": summary,
         "runs": rows,
+        "interleaved": side,
         "synthetic": synthetic,
     }
-    section = markdown(command, info, args, rows, synthetic, summary)
+    section = markdown(command, info, args, rows, synthetic, summary, side)
     outputs.write_run(args, result, plot=lambda path: plot(rows, path), section=lambda **_: section)
     print(section)
     return 0
