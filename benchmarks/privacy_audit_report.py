@@ -80,6 +80,31 @@ def _table(settings: list, ceiling: float) -> list:
     return lines
 
 
+def pair_ceiling(row: dict) -> float:
+    """The most a run's best pair could prove: all its k+ + k- guesses correct, at (1 - confidence) / G."""
+    from tfdp_embed.audit.one_run import epsilon_for_counts
+
+    significance = (1.0 - row["confidence"]) / row["num_guess_pairs"]
+    r = row["guesses"]
+    return epsilon_for_counts(
+        num_canaries=row["num_canaries"], guesses=r, correct=r, delta=row["delta"], significance=significance
+    )
+
+
+def _eana_cap(result: dict) -> str:
+    """Why EANA's bound stops where it does (the score's sign, not the leak)."""
+    rows = [r for r in result["runs"] if r["mechanism"] == "eana" and r["correct"] == r["guesses"]]
+    if not rows:
+        return ""
+    row = max(rows, key=lambda r: r["epsilon_lb"])
+    return (
+        f" Its best run guessed {row['correct']}/{row['guesses']} correctly ((k+, k-) = ({row['k_plus']}, "
+        f"{row['k_minus']})), the most that pair can prove ({pair_ceiling(row):.3f}): the leak is larger than the "
+        'bound shows, but an included canary\'s score can be negative (noise), so guessing "out" for the lowest '
+        "scores fails and only one-sided pairs are all correct"
+    )
+
+
 def _eana_line(result: dict) -> list:
     by = {(s["mechanism"], s["claimed_epsilon"]): s for s in result["settings"]}
     eana = by.get(("eana", None))
@@ -96,6 +121,7 @@ def _eana_line(result: dict) -> list:
             "EANA adds no noise to rows no example in the batch touched, so an excluded canary's row never moves "
             "(score exactly 0), which the audit reads directly."
         )
+    text = text.rstrip(".") + "." + _eana_cap(result)
     return ["", text.rstrip(".") + "."]
 
 

@@ -359,6 +359,28 @@ def build_secret_sharer(runs):
     return [run], "Mean rank exposure (bits) of canaries inserted ×k times.\n\n" + table(header, rows)
 
 
+def build_privacy_audit(runs):
+    run = latest(runs, "privacy_audit")
+    if run is None:
+        return None
+    doc = run.doc
+    rows = [
+        [
+            NOT_DP.get(s["mechanism"], s["mechanism"]),
+            "—" if s["claimed_epsilon"] is None else f"{s['claimed_epsilon']:g}",
+            f"{s['noise_multiplier']:.3g}",
+            ", ".join(f"{b:.2f}" for b in s["epsilon_lb"]),
+            ", ".join(f"{c}/{g}" for c, g in zip(s["correct"], s["guesses"])),
+        ]
+        for s in doc["settings"]
+    ]
+    m = doc["config"]["num_canaries"]
+    body = table(["mechanism", "claimed ε", "σ", "ε lower bound (95 %), each run", "correct / guesses"], rows)
+    ceiling = f"\n\nWith m = {m} canaries no outcome proves more than ε = {doc['max_provable_epsilon']:.2f}."
+    flags = "\n\n" + "\n".join(doc["flags"]) if doc["flags"] else "\n\nNo DP mechanism's bound exceeded its claimed ε."
+    return [run], body + ceiling + flags
+
+
 def build_memory(runs):
     run = latest(runs, "criteo_memory")
     if run is None:
@@ -549,6 +571,12 @@ QUESTIONS = (
         "How much does an attacker learn about canaries inserted into MovieLens training data, with and without DP?",
         ("secret_sharer",),
         build_secret_sharer,
+    ),
+    Question(
+        "Privacy audit: one-run ε lower bound",
+        "How much privacy loss can one training run with rare-id canaries prove (Steinke, Nasr & Jagielski 2023), per mechanism, against the ε it claims?",
+        ("privacy_audit",),
+        build_privacy_audit,
     ),
     Question(
         "Memory: Criteo pipeline peak RSS",

@@ -47,3 +47,14 @@ def test_privacy_audit_smoke(tmp_path):
     assert "| dense | 8 |" in section and "| none | — (non-private) | 0 | 64 |" in section
     assert "no outcome proves more than" in section
     assert out["audit.png"].stat().st_size > 5_000
+
+
+def test_flag_lines_name_only_dp_runs_above_their_claim():
+    row = {"claimed_epsilon": 1.0, "seed": 0, "epsilon_lb": 1.2}
+    runs = [
+        {**row, "mechanism": "dense"},  # 1.2 > 1: flagged
+        {**row, "mechanism": "lazy", "epsilon_lb": 0.9},  # below its claim
+        {**row, "mechanism": "eana", "claimed_epsilon": None, "epsilon_lb": 3.9},  # not DP: no claim to exceed
+    ]
+    flags = privacy_audit._flags(runs)
+    assert len(flags) == 1 and flags[0].startswith("FLAG: dense at claimed eps=1 ")
