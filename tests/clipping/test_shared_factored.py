@@ -8,8 +8,9 @@ the `[B, K, d]` per-example cotangents. Those norms and clipped sums must
 equal brute-force per-example gradients (`tape.jacobian`, one row per
 example) on a sample with repeated negatives (K = 20 draws from 12 items),
 with and without the same tables read per example for the positive, in
-float64 and in float32. A tower with a non-linear layer is not factored
-and keeps the vectorised path.
+float64 and in float32, and with two query towers scoring the same shared
+tower (two factored terms per example). A tower with a non-linear layer is
+not factored and keeps the vectorised path.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPEmbedding, keras, tf
-from tfdp_embed.keras2.clipping import clipped_step, default_registry, vectorized_layer_gradients
+from tfdp_embed.keras2.clipping import clipped_step, default_registry, shared_computation, vectorized_layer_gradients
 from tfdp_embed.keras2.clipping.shared import SharedComputation
 from tfdp_embed.keras2.clipping.shared_factored import FactoredGrads
 from tfdp_embed.keras2.clipping.taps import layers_owning_weights, record_taps
@@ -170,3 +171,45 @@ def test_factored_grads_stand_for_the_outer_products():
     # Example 1, candidate 0: 2 * [4, 5, 6, 7] + 8 * [16, 17, 18, 19] = [136, 146, 156, 166]
     np.testing.assert_array_equal(dense[1, 0], [136.0, 146.0, 156.0, 166.0])
     assert dense.shape == (3, 2, 4)
+
+
+class TwoScorers(tfrs.Model):
+    """A user's own loss over a shared tower scored by two query towers (F = 2 factored terms)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = keras.Sequential([DPEmbedding(NUM_USERS, DIM, dtype="float64")])
+        self.second = keras.Sequential(
+            [DPEmbedding(NUM_USERS, DIM, dtype="float64"), keras.layers.Dense(DIM, dtype="float64")]
+        )
+        self.item_model = ItemTower("float64")
+
+    def compute_loss(self, features, training=False):
+        with shared_computation() as shared:
+            candidates = shared.output(self.item_model(_catalogue()))
+        scores = []
+        for tower in (self.first, self.second):
+            q = tower(features["user_id"])
+            scores.append(shared.scored_by(q, tf.matmul(q, candidates, transpose_b=True)))
+        logits = tf.concat([scores[0], 0.5 * scores[1]], axis=1)
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=features["item"], logits=logits)
+
+
+def test_two_scorers_give_two_factored_terms_and_stay_exact(monkeypatch):
+    monkeypatch.setattr(SharedComputation, "per_example_output_grads", _no_vectorised_backprop)
+    keras.utils.set_random_seed(0)
+    model = TwoScorers()
+    model.compute_loss(BATCH)
+    rng = np.random.default_rng(2)
+    for v in model.trainable_variables:
+        v.assign(rng.normal(0.0, 0.7, v.shape))
+    c = tf.constant(np.linspace(0.2, 1.0, 6), tf.float32)
+    norms, sums = _traced_step(model, c)
+    jacobians = _brute_force(model)
+    per_variable = {name: np.sum(np.square(j.reshape(6, -1)), axis=1) for name, j in jacobians.items()}
+    for layer in layers_owning_weights(model):
+        expected = sum(per_variable[v.name] for v in layer.trainable_weights)
+        np.testing.assert_allclose(norms[layer.name].numpy(), expected, rtol=1e-6, err_msg=layer.name)
+    for name, j in jacobians.items():
+        want = np.tensordot(c.numpy().astype(np.float64), j, axes=1)
+        np.testing.assert_allclose(sums[name].numpy(), want, rtol=1e-6, atol=1e-12, err_msg=name)
