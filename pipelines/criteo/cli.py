@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipelines import cli_types, run_limits
+from pipelines import cli_types, quality, run_limits
 from pipelines.criteo import beam as criteo_beam
 from pipelines.criteo import data as criteo_data
 from pipelines.criteo import defaults as criteo_defaults
@@ -416,6 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m pipelines.criteo: error: {message}", file=sys.stderr)
         return 1
     print(criteo_report.format_report(report))
+    quality.print_warnings(report.get("warnings", []), program="python -m pipelines.criteo")
     print(f"report: {os.path.join(config.out, 'report.json')}")
     return 0
 

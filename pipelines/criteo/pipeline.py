@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from pipelines import run_limits
+from pipelines import quality, run_limits
 from pipelines.criteo import beam as criteo_beam
 from pipelines.criteo import calibration as criteo_calibration
 from pipelines.criteo import data as criteo_data
@@ -580,8 +580,13 @@ def _release(
     return _Release(output_calibration, privacy, serving, saved_model, final)
 
 
-def _warnings(final: dict) -> list:
-    return [final["auc_note"] + "."] if final.get("auc_note") else []
+def _quality(data: _Data, final: dict) -> dict:
+    """The report's comparison with the references (`pipelines.quality`), rows skipped per file, and the warnings."""
+    references, warnings = quality.click_references(final)
+    skipped = [quality.skipped_rows(p.stats.as_dict(), p.files) for p in (*data.periods, data.final_eval)]
+    warnings += [w for w in map(quality.skipped_rows_warning, skipped) if w]
+    note = [final["auc_note"] + "."] if final.get("auc_note") else []
+    return {"warnings": note + warnings, "references": references, "rows_skipped_by_file": skipped}
 
 
 def _settings_report(config: PipelineConfig, data: _Data, sampler: dict) -> dict:
@@ -628,7 +633,7 @@ def _report(
     settings = _settings_report(config, data, sampler)
     report, skipped = dict(released.privacy), training.calibration_skipped
     report.update(
-        warnings=_warnings(final),
+        **_quality(data, final),
         auc=final["auc"],
         auc_note=final["auc_note"],
         logloss=final["logloss"],
@@ -652,7 +657,11 @@ def _report(
         saved_model=released.saved_model,
         **criteo_training.gradient_size(training.mechanism, training.tables, touched=trained["touched"]),
         not_released=not_released_note(
-            ["its metrics (auc, logloss, eval_*, periods)", "for eana and lazy, gradient_size_* (rows touched)"],
+            [
+                "its metrics (auc, logloss, eval_*, periods, references)",
+                "rows_skipped_by_file",
+                "for eana and lazy, gradient_size_* (rows touched)",
+            ],
             release="saved_model/",
         ),
     )

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipelines import cli_types, run_limits
+from pipelines import cli_types, quality, run_limits
 from pipelines.movielens import privacy as movielens_privacy
 from pipelines.movielens import vocabulary as movielens_vocabulary
 from pipelines.movielens.config import (
@@ -160,5 +160,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m pipelines.movielens: error: {error}", file=sys.stderr)
         return 1
     print(format_report(result.report))
+    quality.print_warnings(result.report.get("warnings", []), program="python -m pipelines.movielens")
     print(f"report: {os.path.join(out, 'report.json')}")
     return 0

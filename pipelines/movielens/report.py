@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from pipelines import quality
 from pipelines.movielens import privacy as movielens_privacy
 from pipelines.movielens import vocabulary as movielens_vocabulary
 from pipelines.movielens.config import (
@@ -77,6 +78,36 @@ def run_warnings(config: MovieLensConfig, data: MovieLensData, final_loss: float
     return warnings + ([table] if table else [])
 
 
+def quality_checks(data: MovieLensData, metrics: dict, references: dict, final_loss, test_examples: int) -> dict:
+    """The model against chance and popularity (recall@10), a stuck loss, duplicated ratings: `pipelines.quality`.
+
+    Duplicated (user, movie) ratings are KEPT, and counted and warned about: a MovieLens file rates each movie
+    once per user, so a repeat means a file joined twice or a bad export. Which copy is "the" rating (its
+    timestamp places it in the timeline) is the file's to say, and dropping one would silently change the
+    examples and N of a run that the file (and its checksum) still describes. The operator fixes the file.
+    """
+    comparison, warnings = quality.ranking_references(
+        metrics, references, keys=("recall@10",), what=f"{test_examples} test examples"
+    )
+    stuck = quality.stuck_loss_warning(
+        final_loss, quality.uniform_softmax_loss(data.num_items), initial=f"ln({data.num_items} movies)"
+    )
+    duplicates, rows = quality.duplicate_pairs([*data.train_timelines.values(), *data.test_timelines.values()])
+    repeated = quality.duplicates_warning(
+        duplicates,
+        rows,
+        path=data.path,
+        what="(user, movie) pair",
+        kept="kept: each copy is one more position of the user's timeline (a training example or a test query). "
+        "Remove the repeats from the file unless they are intended.",
+    )
+    return {
+        "references": comparison,
+        "data_quality": {"ratings": rows, "duplicate_user_movie_ratings": duplicates, "duplicates": "kept"},
+        "warnings": warnings + [w for w in (stuck, repeated) if w],
+    }
+
+
 def baselines(data: MovieLensData, labels: np.ndarray) -> dict:
     """Chance and popularity precision@k / recall@k on the test `labels` (not released; see `metrics.baselines`)."""
     counts = item_counts(np.concatenate(list(data.train_timelines.values())), data.num_items)
@@ -102,9 +133,11 @@ def build_report(
     """Stage 5: the report, the privacy report plus metrics, counts, timings, settings (and EANA's bounds)."""
     counter, history = trained.counter, trained.history
     final_loss = float(history.history["loss"][-1]) if history.history.get("loss") else None
-    report = dict(privacy)
+    report, references = dict(privacy), baselines(data, data.test_labels[: config.max_test_examples])
+    checks = quality_checks(data, metrics, references, final_loss, test_examples)
     report.update(
-        warnings=run_warnings(config, data, final_loss),
+        warnings=run_warnings(config, data, final_loss) + checks.pop("warnings"),
+        **checks,
         privacy_unit=PRIVACY_UNIT,
         noise_source=movielens_privacy.noise_source(setup.plan),
         target_epsilon=setup.plan.target_epsilon,
@@ -112,7 +145,7 @@ def build_report(
         train_examples=setup.released.value,  # N~ (released with DP), not the exact count
         extra_train_examples=setup.num_extra,
         test_examples=test_examples,
-        baselines=baselines(data, data.test_labels[: config.max_test_examples]),
+        baselines=references,
         planned_steps=setup.steps,
         steps_run=counter.steps,
         final_train_loss=final_loss,

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipelines import cli_types, run_limits
+from pipelines import cli_types, quality, run_limits
 from pipelines.privacy_flags import add_privacy_flags, check_privacy_flags
 from pipelines.sequential import privacy as sequential_privacy
 from pipelines.sequential import vocabulary as sequential_vocabulary
@@ -203,5 +203,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m pipelines.sequential: error: {error}", file=sys.stderr)
         return 1
     print(format_summary(report))
+    quality.print_warnings(report.get("warnings", []), program="python -m pipelines.sequential")
     print(f"report: {os.path.join(config.out, 'report.json')}")
     return 0

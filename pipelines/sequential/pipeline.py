@@ -10,6 +10,7 @@ from pipelines.output_dir import Staging, staged_release
 from pipelines.sequential.config import SequentialConfig
 from pipelines.sequential.report import (
     baselines,
+    quality_checks,
     release,
     run_warnings,
 )
@@ -61,20 +62,23 @@ def _run(config: SequentialConfig, staging: Staging) -> SequentialResult:
     train_seconds = time.perf_counter() - started
     valid, test = evaluate_model(config, data, model)
     report_privacy, serving, saved_model = release(config, data, privacy, model, dp_model, budget, timer)
-    report = dict(report_privacy)
+    report, references = dict(report_privacy), baselines(raw, limit=config.max_eval_users)
+    losses = [float(x) for x in history.history.get("loss", [])]
+    checks = quality_checks(data, test, references, losses)
     report.update(
         {
             "ndcg@10": test["ndcg@10"],
             "hit@10": test["hit@10"],
             "test": test,
             "validation": valid,
-            "baselines": baselines(raw, limit=config.max_eval_users),
-            "warnings": run_warnings(data),
+            "baselines": references,
+            "references": checks["references"],
+            "warnings": run_warnings(data) + checks["warnings"],
             "model": config.model,
             "target_epsilon": privacy.epsilon,
             "noise_multiplier": privacy.run.noise_multiplier,
             "steps": len(timer.durations),
-            "loss_per_epoch": [float(x) for x in history.history.get("loss", [])],
+            "loss_per_epoch": losses,
             "median_step_s": timer.median(),
             "train_seconds": train_seconds,
             "wall_seconds": time.perf_counter() - started,
@@ -84,7 +88,7 @@ def _run(config: SequentialConfig, staging: Staging) -> SequentialResult:
             "metric_protocol": "full ranking over all items (no sampling), history items kept, ties pessimistic",
             "saved_model": saved_model,
             "not_released": not_released_note(
-                ["ndcg@10", "hit@10", "test", "validation", "baselines", "loss_per_epoch", "data"],
+                ["ndcg@10", "hit@10", "test", "validation", "baselines", "references", "loss_per_epoch", "data"],
                 release="saved_model/",
             ),
         }

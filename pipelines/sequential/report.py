@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from pipelines import quality
 from pipelines.sequential import vocabulary as sequential_vocabulary
 from pipelines.sequential.config import SequentialConfig
 from tfdp_embed import accounting, export_saved_model
@@ -24,6 +25,22 @@ def baselines(data, *, limit: int | None = None, k: int = 10) -> dict:
         "popularity": popularity_ranking(counts, data.test_targets[:limit], k=k),
         "popularity_counts": "items of the training sequences (exact counts, not private)",
     }
+
+
+def quality_checks(data, test: dict, references: dict, losses: list) -> dict:
+    """The model against chance and popularity (NDCG@10, HIT@10) and a loss stuck at ln(#items): `pipelines.quality`.
+
+    Repeated items in a user's sequence are not counted as duplicates: consuming an item again is data.
+    """
+    comparison, warnings = quality.ranking_references(
+        test, references, keys=("ndcg@10", "hit@10"), what=f"{test.get('users')} test users"
+    )
+    stuck = quality.stuck_loss_warning(
+        losses[-1] if losses else None,
+        quality.uniform_softmax_loss(data.num_items),
+        initial=f"ln({data.num_items} items)",
+    )
+    return {"references": comparison, "warnings": warnings + ([stuck] if stuck else [])}
 
 
 def run_warnings(data) -> list:

@@ -71,7 +71,8 @@ def test_dataset_directory_is_read_and_items_numbered_densely(run):
     assert report["data"]["path"].endswith("ratings.csv")
     assert report["model"]["num_items"] == data.num_items == 30  # not 163,949 rows
     assert report["data"]["item_ids"]["largest_original_id"] == 163949
-    assert report["warnings"] == []  # the table matches the distinct ids
+    # the table matches the distinct ids: no table warning (2 epochs leave the loss at ln(30): issue 35's warning)
+    assert not [w for w in report["warnings"] if "loss is stuck" not in w and "does not beat" not in w]
     # no catalogue beside the ratings, a non-private run: the shipped id map comes from the ratings, and a caveat
     # says so (a DP run releases the map with DP: tests/privacy/test_vocabulary_exit.py); nothing is assumed
     assert any("movie-id map shipped with the model" in text for text in report["caveats"])

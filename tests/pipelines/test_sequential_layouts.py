@@ -69,7 +69,9 @@ def test_s3rec_file_trains_for_max_steps_with_the_noise_calibrated_for_them(run)
     assert report["data"]["layout"] == "sequences" and report["data"]["users"] == 60
     assert report["steps"] == 2 and report["extra"]["calibrated_steps"] == 2  # not 1 epoch = 60 / 20 = 3
     assert report["settings"]["max_steps"] == 2
-    assert report["is_dp"] and report["epsilon"] == pytest.approx(5.0, rel=1e-3) and report["warnings"] == []
+    assert report["is_dp"] and report["epsilon"] == pytest.approx(5.0, rel=1e-3)
+    # no table warning; 2 DP steps learn nothing, and the comparison with the references says so (issue 35)
+    assert not [w for w in report["warnings"] if "does not beat" not in w and "loss is stuck" not in w]
 
 
 def test_chance_and_popularity_references_are_numbers(run):
