@@ -109,6 +109,11 @@ def layer_gradients(
         _check_leading_axis(tap, batch_size)
     call_grads = _call_output_grads(used, grads, per_example)
     call_grads, call_values = _finite((call_grads, [[_call_values(c) for c in tap.calls] for tap in used]))
+    return _run_rules(used, call_grads, call_values, registry, fallback, scale)
+
+
+def _run_rules(used, call_grads, call_values, registry, fallback, scale: float) -> list:
+    """(tap with its finite recorded values, the rule's unscaled `LayerGradients`) per used tap."""
     result = []
     for tap, output_grads, values in zip(used, call_grads, call_values):
         tap = dataclasses.replace(
