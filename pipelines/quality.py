@@ -106,7 +106,7 @@ def ranking_references(metrics: Mapping, baselines: Mapping, *, keys: Sequence[s
       keys: the metrics compared, e.g. ("ndcg@10", "hit@10").
       what: the evaluation data, in words ("1,234 test examples").
     """
-    references = {
+    references: dict = {
         "evaluated_on": what,
         "model": {key: metrics.get(key) for key in keys},
         "chance": {key: baselines["chance"].get(key) for key in keys},

@@ -130,7 +130,7 @@ def _run(config: MovieLensConfig, data: MovieLensData | None, extra_train_exampl
     )
     if staging is not None:
         report = staging.published(report)
-        write_privacy_report(os.path.join(out_dir, "report.json"), report)
+        write_privacy_report(os.path.join(staging.path, "report.json"), report)
     return MovieLensResult(model=trained.model, report=report, data=data)
 
 

@@ -148,11 +148,12 @@ def _consumers_first(result, calls: dict, layers: TowerLayers) -> tuple | None:
             continue
         if tensor.ref() in edges:
             continue
-        edges[tensor.ref()] = _edges(tensor, calls.get(tensor.ref()), layers)
-        if edges[tensor.ref()] is None:
+        found = _edges(tensor, calls.get(tensor.ref()), layers)
+        if found is None:
             return None
+        edges[tensor.ref()] = found
         stack.append((tensor, True))
-        stack.extend((source, False) for source, _ in edges[tensor.ref()] if source.ref() not in edges)
+        stack.extend((source, False) for source, _ in found if source.ref() not in edges)
     return post_order[::-1], edges
 
 
