@@ -103,14 +103,7 @@ def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads:
         values = tf.math.unsorted_segment_sum(c[:, None] * per_example_rows, group_rows, tf.size(unique_rows))
         return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
 
-    return LayerGradients(
-        variables=[table],
-        squared_norms=tf.cast(squared, tf.float32),
-        clipped_sum=clipped_sum,
-        occurrences=occurrences,
-        shared_rows=sparse_rows.unique(tf.concat(shared_rows, 0))[0] if shared_rows else None,
-        rows_from_lookups=True,
-    )
+    return _table_gradients(table, squared, clipped_sum, occurrences, shared_rows)
 
 
 embedding_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
@@ -166,12 +159,17 @@ def _factored_layer_gradients(layer, taps: LayerTaps, output_grads: Sequence, fl
         values += tf.math.unsorted_segment_sum(tf.gather(c, group_examples)[:, None] * groups, group_rows, num_rows)
         return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
 
+    return _table_gradients(table, squared, clipped_sum, occurrences, shared_rows)
+
+
+def _table_gradients(table, squared, clipped_sum, occurrences: list, shared_rows: list) -> LayerGradients:
+    """The table's `LayerGradients`; `shared_rows`: the rows its shared calls score (each once), if any."""
     return LayerGradients(
         variables=[table],
         squared_norms=tf.cast(squared, tf.float32),
         clipped_sum=clipped_sum,
         occurrences=occurrences,
-        shared_rows=sparse_rows.unique(tf.concat(shared_rows, 0))[0],
+        shared_rows=sparse_rows.unique(tf.concat(shared_rows, 0))[0] if shared_rows else None,
         rows_from_lookups=True,
     )
 
