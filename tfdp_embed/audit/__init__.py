@@ -12,6 +12,9 @@ Modules:
     probability 1/2 and the auditor's guesses (Steinke et al. 2023, §3 and
     §5). The canaries of a Keras training run are in
     `tfdp_embed.keras2.audit_canaries` (`audit_run`).
+  fdp_one_run: the same game analysed under a whole f-DP trade-off curve
+    (Mahloujifar, Melis & Chaudhuri, ICML 2025): mu-GDP and (eps, delta)
+    curves; `audit_lower_bound` reports the tightest method and names it.
 
 Numpy and scipy only: the model is a callable returning log-probabilities.
 """
@@ -32,6 +35,15 @@ from tfdp_embed.audit.exposure import (
     fit_score_distribution,
     rank_exposure,
 )
+from tfdp_embed.audit.fdp_one_run import (
+    METHODS,
+    AuditBound,
+    approx_dp_epsilon_for_counts,
+    audit_lower_bound,
+    fdp_rejects,
+    gdp_epsilon,
+    mu_for_counts,
+)
 from tfdp_embed.audit.one_run import (
     DEFAULT_GUESS_FRACTIONS,
     OneRunBound,
@@ -50,6 +62,13 @@ from tfdp_embed.audit.secret_sharer import (
 )
 
 __all__ = [
+    "METHODS",
+    "AuditBound",
+    "approx_dp_epsilon_for_counts",
+    "audit_lower_bound",
+    "fdp_rejects",
+    "gdp_epsilon",
+    "mu_for_counts",
     "CHANCE_EXPOSURE_BITS",
     "DEFAULT_GUESS_FRACTIONS",
     "DEFAULT_INSERTION_COUNTS",
