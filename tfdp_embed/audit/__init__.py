@@ -15,6 +15,9 @@ Modules:
   fdp_one_run: the same game analysed under a whole f-DP trade-off curve
     (Mahloujifar, Melis & Chaudhuri, ICML 2025): mu-GDP and (eps, delta)
     curves; `audit_lower_bound` reports the tightest method and names it.
+  gradient_canaries: white-box Dirac gradient canaries run through a
+    mechanism's noising (`gradient_canary_audit`); it imports TensorFlow and
+    the mechanisms, so it is not re-exported here: import it from its module.
 
 Numpy and scipy only: the model is a callable returning log-probabilities.
 """
