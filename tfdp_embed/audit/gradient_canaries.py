@@ -122,6 +122,17 @@ def _check_mechanism(mechanism, where: str) -> None:
         )
 
 
+def _check_run(mechanism, where, num_canaries, steps, sampling_probability, num_background, dim) -> tuple:
+    """(m, T, q, dim) after the checks."""
+    _check_mechanism(mechanism, where)
+    m, steps = check_int("num_canaries", num_canaries), check_int("steps", steps)
+    check_int("num_background", num_background, minimum=0)
+    q = float(sampling_probability)
+    if not 0 < q <= 1:
+        raise ValueError(f"`sampling_probability` must be in (0, 1]; received {sampling_probability!r}.")
+    return m, steps, q, check_int("dim", dim)
+
+
 def _claimed_epsilon(mechanism: NoiseMechanism, q: float, steps: int, delta: float) -> float | None:
     """epsilon at delta of T steps (and one-off events) by PLD; None when there is none."""
     from tfdp_embed.accounting.calibration import compute_epsilon
@@ -223,23 +234,10 @@ def gradient_canary_audit(
 
     References: Nasr et al. 2023 (Dirac canaries); Steinke, Nasr & Jagielski 2023, §6.
     """
-    _check_mechanism(mechanism, where)
-    m, steps = check_int("num_canaries", num_canaries), check_int("steps", steps)
-    check_int("num_background", num_background, minimum=0)
-    q = float(sampling_probability)
-    if not 0 < q <= 1:
-        raise ValueError(f"`sampling_probability` must be in (0, 1]; received {sampling_probability!r}.")
+    m, steps, q, dim = _check_run(mechanism, where, num_canaries, steps, sampling_probability, num_background, dim)
     included = _rng(audit_seed, _INCLUSION_TAG).random(m) < 0.5
-    scores = _run(
-        mechanism,
-        included,
-        steps=steps,
-        q=q,
-        where=where,
-        num_background=num_background,
-        dim=check_int("dim", dim),
-        audit_seed=audit_seed,
-    )
+    run = dict(steps=steps, q=q, where=where, num_background=num_background, dim=dim, audit_seed=audit_seed)
+    scores = _run(mechanism, included, **run)
     bound = audit_lower_bound(scores, included, delta=delta, confidence=confidence, methods=methods)
     return GradientCanaryAudit(
         bound,
