@@ -2,6 +2,12 @@
 
     python -m benchmarks.privacy_audit [--canaries 5000] [--steps 500] [--epsilons 1,4,8]
         [--mechanisms dense,lazy,fest,adafest,adafest+,eana,none] [--repeats 3] [--clip 0.01]
+    python -m benchmarks.privacy_audit --canary-kind white-box [--canaries 100000] [--steps 10]
+        [--sampling-probability 1] [--mechanisms dense,eana,none]
+
+`--canary-kind white-box` audits the mechanisms' noising itself with Dirac
+gradient canaries (`benchmarks.privacy_audit_white_box`); the rest of this
+text is the default kind, rare-id canaries in a trained model.
 
 For each mechanism and claimed epsilon, `tfdp_embed.keras2.audit_canaries.audit_run`
 trains the small CTR-style model of `benchmarks.privacy_audit_setup` once, on
@@ -48,20 +54,29 @@ import time
 
 from benchmarks import cli_args, outputs
 from benchmarks import privacy_audit_setup as setup_module
+from benchmarks import privacy_audit_white_box as white_box_module
 from benchmarks.privacy_audit_report import markdown, max_provable_epsilon, plot, summarize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RARE_ID_DEFAULTS = {"steps": 500, "sampling_probability": 0.1, "canaries": 5000}
 
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m benchmarks.privacy_audit", description=__doc__.splitlines()[0])
-    p.add_argument("--canaries", type=int, default=5000, help="m, canaries per run (each in with probability 1/2)")
+    p.add_argument(
+        "--canary-kind",
+        choices=("rare-id", "white-box"),
+        default="rare-id",
+        help="rare-id: canaries in a trained model's rows (black box); white-box: gradient canaries through the "
+        "mechanism's noising",
+    )
+    p.add_argument("--canaries", type=int, default=None, help="m, canaries per run (default 5000; white-box 100000)")
     p.add_argument("--epsilons", type=cli_args.floats, default=(1.0, 4.0, 8.0), help="claimed epsilons")
-    p.add_argument("--mechanisms", default=",".join(setup_module.MECHANISMS), help="comma-separated subset")
-    p.add_argument("--steps", type=int, default=500, help="T, Poisson-sampled steps at q = --sampling-probability")
+    p.add_argument("--mechanisms", default=None, help="comma-separated subset (default: all of the kind)")
+    p.add_argument("--steps", type=int, default=None, help="T, Poisson-sampled steps (default 500; white-box 10)")
     p.add_argument("--repeats", type=int, default=3, help="runs per setting, each with other seeds")
     p.add_argument("--real-examples", type=int, default=5000, help="generated click examples (besides canaries)")
-    p.add_argument("--sampling-probability", type=float, default=0.1)
+    p.add_argument("--sampling-probability", type=float, default=None, help="q (default 0.1; white-box 1)")
     p.add_argument(
         "--clip", type=float, default=0.01, help="per-example l2 clip norm C (small: every gradient clipped)"
     )
@@ -72,13 +87,20 @@ def _parse(argv):
     p.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' skips")
     p.add_argument("--note", action="append", default=[], help="a sentence added under the table")
     args = p.parse_args(argv)
-    args.mechanisms = tuple(m for m in args.mechanisms.split(",") if m)
-    unknown = sorted(set(args.mechanisms) - set(setup_module.MECHANISMS))
+    white_box = args.canary_kind == "white-box"
+    allowed = white_box_module.WHITE_BOX_MECHANISMS if white_box else setup_module.MECHANISMS
+    defaults = white_box_module.DEFAULTS if white_box else RARE_ID_DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.mechanisms = tuple(m for m in (args.mechanisms or ",".join(allowed)).split(",") if m)
+    unknown = sorted(set(args.mechanisms) - set(allowed))
     if unknown:
-        p.error(f"--mechanisms: unknown {unknown}; allowed: {','.join(setup_module.MECHANISMS)}")
+        p.error(f"--mechanisms: {unknown} not for --canary-kind {args.canary_kind}; allowed: {','.join(allowed)}")
     if not args.epsilons or min(args.epsilons) <= 0:
         p.error(f"--epsilons must be positive numbers; received {args.epsilons!r}")
-    tag = f"m{args.canaries}-T{args.steps}-eps{outputs.range_tag(args.epsilons)}"
+    kind = "-white-box" if white_box else ""
+    tag = f"m{args.canaries}-T{args.steps}-eps{outputs.range_tag(args.epsilons)}{kind}"
     outputs.resolve(p, args, benchmark="privacy_audit", tag=tag, files={"json": ".json", "png": ".png"})
     return args
 
@@ -182,13 +204,22 @@ def main(argv=None) -> int:
     )
     print(f"privacy_audit: {command} (load average {info['load_average_at_start']})", flush=True)
     started = time.perf_counter()
-    runs, sigma = _run_all(args, setup)
-    ceiling = max_provable_epsilon(setup.num_canaries, delta=setup.delta, confidence=0.95)
+    white_box = args.canary_kind == "white-box"
+    run = dict(epsilons=list(args.epsilons), repeats=args.repeats, canary_kind=args.canary_kind)
+    if white_box:
+        runs, sigma = white_box_module.run_all(args, setup.delta)
+        ceiling = white_box_module.max_provable(args.canaries, delta=setup.delta)
+        keep = ("num_canaries", "steps", "sampling_probability", "delta", "accountant")
+        config = {**{k: getattr(setup, k) for k in keep}, "l2_norm_clip": 1.0, **run}
+    else:
+        runs, sigma = _run_all(args, setup)
+        ceiling = max_provable_epsilon(setup.num_canaries, delta=setup.delta, confidence=0.95)
+        config = {**dataclasses.asdict(setup), **run}
     result = {
         "benchmark": "privacy_audit",
         "command": command,
         "machine": info,
-        "config": {**dataclasses.asdict(setup), "epsilons": list(args.epsilons), "repeats": args.repeats},
+        "config": config,
         "eana_noise_multiplier": sigma,
         "max_provable_epsilon": ceiling,
         "runs": runs,
@@ -197,7 +228,7 @@ def main(argv=None) -> int:
         "notes": list(args.note),
         "total_wall_s": time.perf_counter() - started,
     }
-    section = markdown(result)
+    section = (white_box_module.markdown if white_box else markdown)(result)
     outputs.write_run(args, result, plot=lambda path: plot(result, path), section=lambda **_: section)
     print(section)
     for line in result["flags"]:
