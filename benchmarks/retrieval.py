@@ -27,7 +27,7 @@ Part 2, a synthetic catalogue of `--synthetic-items` (10^6) items: median
 LazyDP step time of the sampled softmax and of the full softmax at
 `--synthetic-batch`, the sampled softmax again at `--batch-size`. The item
 tower (table + Dense without activation) gets factored per-example
-gradients (`tfdp_embed.keras2.clipping.shared_factored`), O(batch x items);
+gradients (`tfdp_embed.clipping.shared_factored`), O(batch x items);
 a tower with non-linear layers would pay O(batch x items x dim) memory, which
 is why the full softmax is measured at a small batch.
 

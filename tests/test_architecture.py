@@ -1,10 +1,12 @@
-"""The core is Keras-free; the tf-keras front end (`tfdp_embed.keras2`) is reached only through named bridges.
+"""The core is Keras-free; the front ends (`tfdp_embed.keras2`, `tfdp_embed.keras3`) are reached only through bridges.
 
-Core: every module of `tfdp_embed` outside `tfdp_embed/keras2/`. It imports
-no `keras`, `tf_keras`, `tensorflow_recommenders` or `tfdp_embed.keras2`
-(at any depth, function-level imports too) and never touches `tf.keras`.
-The bridges: `tfdp_embed/front_end.py` (importlib by string) and the lazy
-names of `tfdp_embed/__init__.py`. Checked twice: statically (ast), and by
+Core: every module of `tfdp_embed` outside the front-end packages. It imports
+no `keras`, `tf_keras`, `tensorflow_recommenders` or front end (at any depth,
+function-level imports too) and never touches `tf.keras`. The bridges:
+`tfdp_embed/front_end.py` (importlib by string), the lazy names of
+`tfdp_embed/__init__.py`, and `tfdp_embed/clipping/layer_kinds.py`, which
+names the Keras packages only to look them up in `sys.modules` (it never
+imports one: the fresh-process check below refuses any such import). Checked twice: statically (ast), and by
 importing the whole core in a fresh process whose `tf.keras` is Keras 3 with
 an import hook that refuses the front end. Also: every public module says
 what it exports (`__all__`), and the TPU parts load only when asked for.
@@ -26,10 +28,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfdp_embed"
-FRONT_END = PACKAGE / "keras2"
-BRIDGES = {"tfdp_embed/front_end.py", "tfdp_embed/__init__.py"}
-FORBIDDEN = ("keras", "tf_keras", "tensorflow_recommenders", "tfdp_embed.keras2")
-CORE_PACKAGES = ("mechanisms", "accounting", "planning", "data", "ops", "audit", "metrics")
+FRONT_ENDS = (PACKAGE / "keras2", PACKAGE / "keras3")
+BRIDGES = {"tfdp_embed/front_end.py", "tfdp_embed/__init__.py", "tfdp_embed/clipping/layer_kinds.py"}
+FORBIDDEN = ("keras", "tf_keras", "tensorflow_recommenders", "tfdp_embed.keras2", "tfdp_embed.keras3")
+CORE_PACKAGES = ("mechanisms", "accounting", "planning", "data", "ops", "audit", "metrics", "clipping", "layers")
 
 
 def _blocked(module: str, forbidden=FORBIDDEN) -> bool:
@@ -64,7 +66,7 @@ def keras_uses(path: pathlib.Path, front_end_names=()) -> list:
 
 
 def core_files() -> list:
-    files = [p for p in sorted(PACKAGE.rglob("*.py")) if FRONT_END not in p.parents]
+    files = [p for p in sorted(PACKAGE.rglob("*.py")) if not any(f in p.parents for f in FRONT_ENDS)]
     return [p for p in files if str(p.relative_to(ROOT)) not in BRIDGES]
 
 
@@ -116,7 +118,7 @@ CORE_UNDER_KERAS_3 = """
     class RefuseFrontEnd(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if any(name == b or name.startswith(b + ".") for b in ("tf_keras", "tensorflow_recommenders",
-                                                                     "tfdp_embed.keras2")):
+                                                                     "tfdp_embed.keras2", "tfdp_embed.keras3")):
                 raise ImportError(f"the core imported {name}")
             return None
 
@@ -125,7 +127,7 @@ CORE_UNDER_KERAS_3 = """
 
     loaded = ["tfdp_embed"]
     for info in pkgutil.iter_modules(tfdp_embed.__path__, "tfdp_embed."):
-        if info.name == "tfdp_embed.keras2":
+        if info.name in ("tfdp_embed.keras2", "tfdp_embed.keras3"):
             continue
         module = importlib.import_module(info.name)
         loaded.append(info.name)

@@ -3,6 +3,7 @@
 The package has a Keras-free core and a Keras front end beside it:
 
     from tfdp_embed import mechanisms, accounting, planning, data  # core: TensorFlow only, no Keras
+    from tfdp_embed import clipping, layers  # the clipping engine and lookup math both front ends use
     from tfdp_embed import plan_run, Release, RunPlan, select_privately
     from tfdp_embed import DPEmbedding, DPModel, keras, tf     # the tf-keras (Keras 2) front end
     from tfdp_embed.keras2 import clipping, retrieval, export  # the rest of the front end
@@ -22,6 +23,8 @@ from tfdp_embed._version import __version__ as __version__
 # name -> module that defines it; loaded on first access (PEP 562), so the front end loads only when used.
 _CORE = {
     "accounting": "tfdp_embed.accounting",
+    "clipping": "tfdp_embed.clipping",
+    "layers": "tfdp_embed.layers",
     "audit": "tfdp_embed.audit",
     "data": "tfdp_embed.data",
     "mechanisms": "tfdp_embed.mechanisms",
@@ -48,7 +51,6 @@ _FRONT_END = {
     # Kept for code written before the core/front-end split (the modules now live in tfdp_embed.keras2).
     "attention": "tfdp_embed.keras2.attention",
     "checkpointing": "tfdp_embed.keras2.checkpointing",
-    "clipping": "tfdp_embed.keras2.clipping",
     "distribute": "tfdp_embed.keras2.distribute",
     "retrieval": "tfdp_embed.keras2.retrieval",
 }

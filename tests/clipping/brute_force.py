@@ -14,9 +14,9 @@ import dataclasses
 
 import numpy as np
 
+from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.keras2._keras import tf
 from tfdp_embed.keras2.clipping import clipped_step, default_registry, vectorized_layer_gradients
-from tfdp_embed.keras2.clipping.taps import layers_owning_weights, record_taps
 
 RTOL = 1e-5
 

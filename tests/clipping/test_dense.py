@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tfdp_embed.clipping.dense import _pre_activation_grads
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.clipping import dense_layer_gradients, record_taps
-from tfdp_embed.keras2.clipping.dense import _pre_activation_grads
 
 from .brute_force import check_against_brute_force, infos_by_layer
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tfdp_embed.clipping.per_example import _finite
 from tfdp_embed.keras2._keras import tf
-from tfdp_embed.keras2.clipping.per_example import _finite
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tfdp_embed.clipping.registry import LayerRegistry
+from tfdp_embed.clipping.taps import LayerCall, LayerTaps
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.clipping import (
     default_registry,
@@ -12,8 +14,6 @@ from tfdp_embed.keras2.clipping import (
     phantom_layer_gradients,
     record_taps,
 )
-from tfdp_embed.keras2.clipping.registry import LayerRegistry
-from tfdp_embed.keras2.clipping.taps import LayerCall, LayerTaps
 from tfdp_embed.keras2.layers.shared_embedding import SharedEmbedding
 from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import MECHANISMS

@@ -130,8 +130,8 @@ def test_item_tower_norms_and_clipped_sums_match_brute_force(negatives, positive
 
 def test_traced_step_matches_brute_force():
     """Inside `tf.function` (as in `DPModel`) the per-example cotangents come from one vectorised pass."""
+    from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
     from tfdp_embed.keras2.clipping import clipped_step, default_registry, vectorized_layer_gradients
-    from tfdp_embed.keras2.clipping.taps import layers_owning_weights, record_taps
 
     model = _model(SampledSoftmax(5, seed=3), positives_from_user=True)
     registry = default_registry()

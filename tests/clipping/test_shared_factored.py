@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPEmbedding, keras, tf
+from tfdp_embed.clipping.shared import SharedComputation
+from tfdp_embed.clipping.shared_factored import FactoredGrads
+from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.keras2.clipping import clipped_step, default_registry, shared_computation, vectorized_layer_gradients
-from tfdp_embed.keras2.clipping.shared import SharedComputation
-from tfdp_embed.keras2.clipping.shared_factored import FactoredGrads
-from tfdp_embed.keras2.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.keras2.retrieval import FullSoftmax, Retrieval, SampledSoftmax
 
 tfrs = pytest.importorskip("tensorflow_recommenders")

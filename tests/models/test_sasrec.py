@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPModel, keras, tf
+from tfdp_embed.clipping.taps import layers_owning_weights
 from tfdp_embed.keras2.clipping import (
     clipped_step,
     default_registry,
+    record_taps,
     vectorized_layer_gradients,
 )
-from tfdp_embed.keras2.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.keras2.models.sasrec import SASRec, SASRecConfig, SASRecServing
 from tfdp_embed.mechanisms import MECHANISMS
 

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from tfdp_embed import DPModel, keras, mechanisms, tf
+from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras2.clipping import (
     clipped_step,
     default_registry,
     vectorized_layer_gradients,
 )
-from tfdp_embed.keras2.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.keras2.models.two_tower import (
     ItemEmbedding,
     TwoTowerModel,

@@ -15,14 +15,15 @@ import warnings
 import numpy as np
 import pytest
 
+from tfdp_embed.clipping.taps import layers_owning_weights
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.clipping import (
     clipped_step,
     default_registry,
+    record_taps,
     vectorized_layer_gradients,
 )
-from tfdp_embed.keras2.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.keras2.layers.embedding import DPEmbedding
 from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tfdp_embed.clipping.per_example import layer_gradients, start_gradients
+from tfdp_embed.clipping.taps import own_trainable_variables, record_taps
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras2._keras import tf
-from tfdp_embed.keras2.clipping.per_example import layer_gradients, start_gradients
-from tfdp_embed.keras2.clipping.taps import own_trainable_variables, record_taps
 
 RTOL = 1e-4  # of the variable's largest gradient entry: float32 round-off passes, a missed use does not
 ATOL = 1e-6  # of the model's largest gradient entry: for gradients that cancel to ~0 (a key's bias)

@@ -46,8 +46,8 @@ from __future__ import annotations
 from tfdp_embed import nonfinite
 from tfdp_embed._sorted_sets import is_member
 from tfdp_embed.absent_examples import present_examples, without_absent_examples
+from tfdp_embed.clipping.per_example import start_gradients
 from tfdp_embed.keras2._keras import tf
-from tfdp_embed.keras2.clipping.per_example import start_gradients
 from tfdp_embed.keras2.distribute.support import DistributionNotSupportedError
 from tfdp_embed.keras2.distribute.tpu_engine_table import (
     EngineTable,
@@ -279,8 +279,8 @@ class TpuDPStep:
 
     def _clipped_step(self, ids, acts, labels, sample_weight, present) -> tuple:
         """(ghost norms and clip factors of the present examples, per-example losses, finite activation grads)."""
-        from tfdp_embed.keras2.clipping.per_example import clipped_step
-        from tfdp_embed.keras2.clipping.taps import LayerCall, LayerTaps, record_taps
+        from tfdp_embed.clipping.per_example import clipped_step
+        from tfdp_embed.clipping.taps import LayerCall, LayerTaps, record_taps
 
         with record_taps(self._dense_layers, self.registry) as taps, tf.GradientTape(persistent=True) as tape:
             for value in acts.values():
@@ -449,7 +449,7 @@ def _checked_features(features, table_sizes: dict, mechanism: NoiseMechanism) ->
 
 def _tensorcore_layers(model) -> list:
     """The built TensorCore model's layers owning weights; refused if any is a `DPEmbedding` table."""
-    from tfdp_embed.keras2.clipping.taps import layers_owning_weights
+    from tfdp_embed.clipping.taps import layers_owning_weights
 
     if not model.built or not model.trainable_variables:
         raise ValueError(f"The TensorCore model {model.name!r} must be built (call it once on activations).")

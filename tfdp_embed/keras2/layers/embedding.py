@@ -1,27 +1,9 @@
-"""`DPEmbedding`: an embedding table whose gradient stays sparse under DP.
+"""`DPEmbedding` for tf-keras: the lookup of `tfdp_embed.layers.EmbeddingLookup` on a tf-keras layer.
 
 The layer looks rows up with `tf.gather`, so the table's gradient is a
-`tf.IndexedSlices` over the rows a batch touches. It also exposes the
-lookup as data (`occurrences`): which row each id reads, which output
-segment it lands in, with which combiner weight. The per-example clipping
-registry (`tfdp_embed.keras2.clipping`) computes exact per-example gradient norms
-from that and the output gradient, and builds the clipped sum of gradients
-as an `IndexedSlices` over touched rows: a dense `[batch, vocab, dim]`
-tensor is never built.
-
-Noise mechanisms that defer noise (LazyDP) install a *read hook* with
-`set_read_hook`: it runs on the bucket ids right before rows are read, so a
-row is always brought up to date before anybody reads it (a hook with a
-`gather` attribute also reads the rows for the lookup, gradient included).
-The hook is training machinery: a SavedModel trace (`tf.saved_model.save`,
-Keras `save`) never runs it, so no mechanism op or state is exported.
-Reads of the table outside the layer are guarded by the mechanism instead
-(`tfdp_embed.read_guard`).
-
-Subclass it by overriding `call` around `self.lookup(ids)` (e.g.
-`return 10 * self.lookup(ids)`): the clipping taps record `lookup`, so the
-per-example norms include what `call` adds. Read rows only through
-`lookup`; `DPModel` refuses a table read another way.
+`tf.IndexedSlices` over the rows a batch touches, and exposes the lookup as
+data (`occurrences`) for the clipping rules (`tfdp_embed.clipping`). What it
+does and how to subclass it: `tfdp_embed.layers.lookup`.
 
 Example:
     >>> layer = DPEmbedding(vocabulary_size=1000, output_dim=8, combiner="mean")
@@ -30,60 +12,12 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from collections.abc import Callable
-
-from tfdp_embed import read_guard
-from tfdp_embed.keras2._keras import keras, tf
-
-try:  # TensorFlow's flag for "a SavedModel is being traced" (no public accessor)
-    from tensorflow.python.saved_model.save_context import in_save_context as _in_save_context
-except ImportError:  # pragma: no cover
-
-    def _in_save_context() -> bool:
-        return False
-
-
-_COMBINERS = (None, "sum", "mean", "sqrtn")
-
-
-@dataclasses.dataclass(frozen=True)
-class EmbeddingOccurrences:
-    """Every id a batch looks up, as flat tensors.
-
-    Attributes:
-      ids: int32/int64 `[n]` table rows read (after hashing), one per occurrence.
-      segments: int32 `[n]` the output row (segment) each occurrence adds into.
-      weights: float32 `[n]` combiner weight of each occurrence
-        (1 for sum and no combiner, 1/len for mean, 1/sqrt(len) for sqrtn).
-      num_segments: scalar int32, number of output rows (flattened output).
-      segment_examples: int32 `[num_segments]` the example each segment belongs to.
-      batch_size: scalar int32.
-    """
-
-    ids: tf.Tensor
-    segments: tf.Tensor
-    weights: tf.Tensor
-    num_segments: tf.Tensor
-    segment_examples: tf.Tensor
-    batch_size: tf.Tensor
-
-
-def _pooled(ids, segments, weights, batch) -> EmbeddingOccurrences:
-    """Occurrences whose segments are the examples (a combiner pools each example's ids)."""
-    return EmbeddingOccurrences(
-        ids=ids,
-        segments=segments,
-        weights=weights,
-        num_segments=batch,
-        segment_examples=tf.range(batch),
-        batch_size=batch,
-    )
+from tfdp_embed.keras2._keras import keras
+from tfdp_embed.layers.lookup import EmbeddingLookup, EmbeddingOccurrences, read_hooks_removed
 
 
 @keras.saving.register_keras_serializable(package="tfdp_embed")
-class DPEmbedding(keras.layers.Layer):
+class DPEmbedding(EmbeddingLookup, keras.layers.Layer):
     """Embedding table for DP training; subclass it freely.
 
     Accepts, per example, one id (`[batch]`), a fixed number of ids
@@ -119,18 +53,8 @@ class DPEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(vocabulary_size, int) or vocabulary_size <= 0:
-            raise ValueError(f"`vocabulary_size` must be a positive int; received {vocabulary_size!r}.")
-        if not isinstance(output_dim, int) or output_dim <= 0:
-            raise ValueError(f"`output_dim` must be a positive int; received {output_dim!r}.")
-        if combiner not in _COMBINERS:
-            raise ValueError(f"`combiner` must be one of {_COMBINERS}; received {combiner!r}.")
-        self.vocabulary_size = vocabulary_size
-        self.output_dim = output_dim
-        self.combiner = combiner
-        self.hash_ids = bool(hash_ids)
+        self._init_lookup(vocabulary_size, output_dim, combiner=combiner, hash_ids=hash_ids)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
-        self._read_hook: Callable[[tf.Tensor], None] | None = None
 
     def build(self, input_shape=None):
         self.embeddings = self.add_weight(
@@ -144,211 +68,13 @@ class DPEmbedding(keras.layers.Layer):
         )
         super().build(input_shape)
 
-    # -- hooks --------------------------------------------------------------
-    def set_read_hook(self, hook: Callable[[tf.Tensor], None] | None) -> None:
-        """Installs `hook(ids)`, run on the bucket ids before rows are read.
-
-        A hook may carry `hook.gather(ids)`: the lookup then calls it instead,
-        and it returns the rows of `ids` (`[n, dim]`, read after the hook's
-        work, with `tf.gather`'s gradient), or None to fall back to `hook(ids)`
-        and `tf.gather`. LazyDP's catch-up returns the rows it has just
-        brought up to date this way, saving the lookup's own gather.
-        """
-        self._read_hook = hook
-
-    @property
-    def read_hook(self):
-        return self._read_hook
-
-    def _active_read_hook(self):
-        """The read hook, or None while a SavedModel traces the layer (exports carry no mechanism)."""
-        return None if _in_save_context() else self._read_hook
-
-    def _own_read(self):
-        """Context of the layer's table read: with a hook, the rows it reads were just caught up."""
-        return read_guard.unguarded() if self._active_read_hook() is not None else contextlib.nullcontext()
-
-    # -- ids ----------------------------------------------------------------
-    def bucket_ids(self, ids, *, check_range: bool = True):
-        """Maps raw ids to table rows (hashing or range check); keeps structure.
-
-        `check_range=False` skips the range assertion, for ids that already went
-        through `call` (which always checks) in the same step.
-        """
-        if isinstance(ids, tf.RaggedTensor):
-            return ids.with_flat_values(self.bucket_ids(ids.flat_values, check_range=check_range))
-        if isinstance(ids, tf.SparseTensor):
-            return tf.SparseTensor(ids.indices, self.bucket_ids(ids.values, check_range=check_range), ids.dense_shape)
-        ids = tf.convert_to_tensor(ids)
-        if self.hash_ids:
-            if ids.dtype != tf.string:
-                ids = tf.strings.as_string(ids)
-            return tf.strings.to_hash_bucket_fast(ids, self.vocabulary_size)
-        if not ids.dtype.is_integer:
-            raise TypeError(
-                f"DPEmbedding {self.name!r} needs integer ids (or `hash_ids=True` for "
-                f"strings); received dtype {ids.dtype.name}."
-            )
-        if not check_range:
-            return ids
-        # Two reductions, not a mask: the smallest and largest id are the ones that
-        # can be out of range, and they are what the message shows.
-        flat = tf.reshape(ids, [-1])
-        smallest, largest = tf.reduce_min(flat), tf.reduce_max(flat)  # empty: +inf/-inf, passes
-        check = tf.debugging.Assert(
-            tf.logical_and(smallest >= 0, largest < self.vocabulary_size),
-            [
-                f"DPEmbedding {self.name!r}: ids must lie in [0, {self.vocabulary_size}) "
-                "(or construct it with hash_ids=True); smallest and largest id received:",
-                smallest,
-                largest,
-            ],
-        )
-        with tf.control_dependencies([check]):
-            return tf.identity(ids)
-
-    def occurrences(self, ids, *, check_range: bool = True) -> EmbeddingOccurrences:
-        """Flattens a batch of raw ids into `EmbeddingOccurrences`."""
-        ids = self.bucket_ids(ids, check_range=check_range)
-        if isinstance(ids, tf.SparseTensor):
-            ids = tf.RaggedTensor.from_sparse(ids)
-        if isinstance(ids, tf.RaggedTensor):
-            if ids.ragged_rank != 1:
-                raise ValueError(
-                    f"DPEmbedding {self.name!r} takes ragged ids of shape [batch, None]; "
-                    f"received ragged_rank {ids.ragged_rank}."
-                )
-            self._require_combiner("ragged or sparse ids")
-            flat = ids.flat_values
-            batch = tf.cast(ids.nrows(), tf.int32)
-            segments = tf.cast(ids.value_rowids(), tf.int32)
-            lengths = tf.cast(ids.row_lengths(), tf.float32)
-            weights = self._combiner_weights(tf.gather(lengths, segments))
-            return _pooled(flat, segments, weights, batch)
-        rank = ids.shape.rank
-        if rank not in (1, 2):
-            raise ValueError(
-                f"DPEmbedding {self.name!r} takes ids of shape [batch] or [batch, n]; received shape {ids.shape}."
-            )
-        batch = tf.shape(ids)[0]
-        per_example = 1 if rank == 1 else tf.shape(ids)[1]
-        flat = tf.reshape(ids, [-1])
-        n = tf.size(flat)
-        if rank == 1 or self.combiner is None:
-            segments = tf.range(n)
-            weights = tf.ones([n], tf.float32)
-            return EmbeddingOccurrences(
-                ids=flat,
-                segments=segments,
-                weights=weights,
-                num_segments=n,
-                segment_examples=segments // per_example,
-                batch_size=batch,
-            )
-        segments = tf.range(n) // per_example
-        weights = self._combiner_weights(tf.fill([n], tf.cast(per_example, tf.float32)))
-        return _pooled(flat, segments, weights, batch)
-
-    def _require_combiner(self, what: str) -> None:
-        if self.combiner is None:
-            raise ValueError(
-                f"DPEmbedding {self.name!r} received {what}, which need a `combiner` "
-                f"('sum', 'mean' or 'sqrtn'); it was built with combiner=None."
-            )
-
-    def _combiner_weights(self, lengths):
-        if self.combiner == "mean":
-            return 1.0 / tf.maximum(lengths, 1.0)
-        if self.combiner == "sqrtn":
-            return tf.math.rsqrt(tf.maximum(lengths, 1.0))
-        return tf.ones_like(lengths)
-
-    # -- forward ------------------------------------------------------------
-    def call(self, ids):
-        """Looks `ids` up (`lookup`); subclasses override this to transform the rows."""
-        return self.lookup(ids)
-
-    def lookup(self, ids):
-        """The pooled (or per-id) rows of `ids`: the math the clipping rule describes.
-
-        Per-example clipping records this method, not `call`, so a subclass's
-        `call` may do anything with what it returns (scale, normalise, mask)
-        and its norms stay exact. Do not override it: `DPModel` refuses a
-        subclass that does (override `call` instead). Rows are read and
-        pooled in the table's dtype and returned in the compute dtype.
-        """
-        return tf.cast(self._pooled_rows(ids), self.compute_dtype)
-
-    def _pooled_rows(self, ids):
-        ids = self.bucket_ids(ids)
-        if isinstance(ids, tf.SparseTensor):
-            ids = tf.RaggedTensor.from_sparse(ids)
-        read = None  # the rows of `ids`, flat, when the read hook gathered them
-        hook = self._active_read_hook()
-        if hook is not None:
-            flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
-            gather = getattr(hook, "gather", None)
-            read = gather(flat) if gather is not None else None
-            if read is None:
-                hook(flat)
-            else:
-                read = tf.cast(read, self.embeddings.dtype)
-        if isinstance(ids, tf.RaggedTensor):
-            self._require_combiner("ragged or sparse ids")
-            # ragged [batch, None, dim]
-            if read is None:
-                with self._own_read():
-                    rows = tf.gather(self.embeddings, ids)
-            else:
-                rows = ids.with_flat_values(read)
-            if self.combiner == "sum":
-                return tf.reduce_sum(rows, axis=1)
-            if self.combiner == "mean":
-                return tf.reduce_mean(rows, axis=1)
-            lengths = tf.cast(ids.row_lengths(), rows.dtype)[:, None]
-            return tf.reduce_sum(rows, axis=1) * tf.math.rsqrt(tf.maximum(lengths, 1.0))
-        if ids.shape.rank not in (1, 2):
-            raise ValueError(
-                f"DPEmbedding {self.name!r} takes ids of shape [batch] or [batch, n]; received shape {ids.shape}."
-            )
-        if read is None:
-            with self._own_read():
-                rows = tf.gather(self.embeddings, ids)
-        else:
-            rows = tf.reshape(read, tf.concat([tf.shape(ids), [self.output_dim]], 0))
-            rows.set_shape(ids.shape.concatenate([self.output_dim]))
-        if ids.shape.rank == 1 or self.combiner is None:
-            return rows
-        if self.combiner == "sum":
-            return tf.reduce_sum(rows, axis=1)
-        if self.combiner == "mean":
-            return tf.reduce_mean(rows, axis=1)
-        n = tf.cast(tf.shape(ids)[1], rows.dtype)
-        return tf.reduce_sum(rows, axis=1) * tf.math.rsqrt(n)
-
     def get_config(self):
         config = super().get_config()
         config.update(
-            vocabulary_size=self.vocabulary_size,
-            output_dim=self.output_dim,
-            combiner=self.combiner,
-            hash_ids=self.hash_ids,
+            self._lookup_config(),
             embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
         )
         return config
-
-
-@contextlib.contextmanager
-def read_hooks_removed(tables):
-    """No read hook (LazyDP's catch-up) runs inside the block: the code there reads, never updates."""
-    hooks = [table.read_hook for table in tables]
-    try:
-        for table in tables:
-            table.set_read_hook(None)
-        yield
-    finally:
-        for table, hook in zip(tables, hooks):
-            table.set_read_hook(hook)
 
 
 __all__ = ["DPEmbedding", "EmbeddingOccurrences", "read_hooks_removed"]

@@ -19,7 +19,7 @@ Two layers subclass `DPEmbedding`:
   with float queries `[batch, d]` it returns the logits over all items,
   `q V[1:]^T` `[batch, num_items]`. The default `DPEmbedding` rule only
   knows lookups (DPModel refuses scoring under it), so this layer has its
-  own rule, `tfdp_embed.keras2.clipping.item_embedding.item_embedding_gradients`,
+  own rule, `tfdp_embed.clipping.item_embedding.item_embedding_gradients`,
   registered by `two_tower_registry()` on its `call` (pass it to
   `DPModel(registry=...)`); a subclass overriding `call`, `lookup` or
   `candidates` is refused under it.
@@ -56,11 +56,11 @@ from collections.abc import Sequence
 import tensorflow_recommenders as tfrs
 
 from tfdp_embed._checks import check_int
+from tfdp_embed.clipping.item_embedding import item_embedding_gradients
+from tfdp_embed.clipping.registry import LayerRegistry
 from tfdp_embed.data.movielens import PADDING_ID
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.clipping import default_registry
-from tfdp_embed.keras2.clipping.item_embedding import item_embedding_gradients
-from tfdp_embed.keras2.clipping.registry import LayerRegistry
 from tfdp_embed.keras2.layers.embedding import DPEmbedding
 
 

@@ -6,7 +6,7 @@
 or against one shared sample of negatives per step drawn independently of
 the data (`SampledSoftmax`, log-Q corrected), through a candidate tower of
 the user's (a `DPEmbedding` subclass + Dense layers, say) run inside a
-`tfdp_embed.keras2.clipping.shared_computation` for exact per-example norms.
+`tfdp_embed.clipping.shared_computation` for exact per-example norms.
 Its recall@k / precision@k metrics are operator-only (not DP).
 `export_top_k` saves any user's query model and candidates (a `Retrieval`
 task or an embedding matrix) as a top-k SavedModel, after the DP flush.

@@ -21,12 +21,12 @@ Removing example j leaves every other loss unchanged, and clipping g_i
 bounds example i's influence on the update. (In-batch negatives would put
 example j's item into C, i.e. into everyone's loss.) C is computed once
 per step and every example's gradient flows through it; the candidate
-tower runs in a `tfdp_embed.keras2.clipping.shared_computation`, which gives
+tower runs in a `tfdp_embed.clipping.shared_computation`, which gives
 exact per-example norms for every tower parameter (see
-`tfdp_embed.keras2.clipping.shared`). A tower that ends in a fixed linear
+`tfdp_embed.clipping.shared`). A tower that ends in a fixed linear
 map of each candidate (tables, concatenation, Dense without activation)
 gets them in factored form, O(B (K + d)) work per layer
-(`tfdp_embed.keras2.clipping.shared_factored`); any other tower costs
+(`tfdp_embed.clipping.shared_factored`); any other tower costs
 O(B K d) memory for the per-example cotangents of C through each layer
 (K = catalogue size for the full softmax): use the sampled softmax there.
 
@@ -61,9 +61,9 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow_recommenders as tfrs
 
+from tfdp_embed.clipping.shared import shared_computation
+from tfdp_embed.clipping.taps import untapped
 from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.clipping.shared import shared_computation
-from tfdp_embed.keras2.clipping.taps import untapped
 from tfdp_embed.keras2.retrieval.catalogue import Catalogue
 from tfdp_embed.keras2.retrieval.negatives import FullSoftmax, SampledSoftmax
 from tfdp_embed.keras2.retrieval.top_k import TopKMetrics, check_ks

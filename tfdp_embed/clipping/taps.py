@@ -13,10 +13,10 @@ so that what a subclass's `call` does around the lookup (a scale, a
 normalisation) is part of the output gradient the rule sees; `call` for
 every other layer.
 
-Calls made inside `tfdp_embed.keras2.clipping.shared_computation()` (a candidate
+Calls made inside `tfdp_embed.clipping.shared_computation()` (a candidate
 tower run over the catalogue, whose inputs do not depend on the batch) are
 recorded with `LayerCall.shared` set: their outputs have no batch axis, and
-`tfdp_embed.keras2.clipping.shared` turns the summed output gradient into one per
+`tfdp_embed.clipping.shared` turns the summed output gradient into one per
 example before the rules run.
 
 A sigmoid or softmax activation lets a Keras loss with `from_logits=False`
@@ -34,7 +34,9 @@ import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 
-from tfdp_embed.keras2._keras import keras, tf
+import tensorflow as tf
+
+from tfdp_embed.clipping import layer_kinds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +100,7 @@ class LayerTaps:
     fallback, whose layers are always tapped on `call`); `method` is its name.
     """
 
-    layer: keras.layers.Layer
+    layer: layer_kinds.Layer
     call_fn: object
     calls: list = dataclasses.field(default_factory=list)
     method: str = "call"
@@ -131,15 +133,23 @@ def dense_call_input(layer, call: LayerCall) -> tf.Tensor:
 def own_trainable_variables(layer) -> list:
     """Trainable variables of `layer` that none of its sub-layers owns."""
     sub: set = set()
-    for other in getattr(layer, "submodules", ()):
-        if other is not layer and isinstance(other, keras.layers.Layer):
-            sub.update(v.ref() for v in other.trainable_weights)
-    return [v for v in layer.trainable_weights if v.ref() not in sub]
+    for other in _submodules(layer):
+        if other is not layer and layer_kinds.is_layer(other):
+            sub.update(v.ref() for v in layer_kinds.trainable_tf_variables(other))
+    return [v for v in layer_kinds.trainable_tf_variables(layer) if v.ref() not in sub]
+
+
+def _submodules(layer) -> list:
+    """Every layer nested in `layer` (tf-keras: `submodules`; Keras 3 has no such attribute)."""
+    if hasattr(layer, "submodules"):
+        return list(layer.submodules)
+    flatten = getattr(layer, "_flatten_layers", None)
+    return list(flatten(include_self=False, recursive=True)) if flatten is not None else []
 
 
 def layers_owning_weights(model) -> list:
     """Every layer (the model included) that owns at least one trainable variable."""
-    candidates = [model] + [m for m in model.submodules if isinstance(m, keras.layers.Layer)]
+    candidates = [model] + [m for m in _submodules(model) if layer_kinds.is_layer(m)]
     seen, out = set(), []
     for layer in candidates:
         if id(layer) in seen:
@@ -153,8 +163,7 @@ def layers_owning_weights(model) -> list:
 def _returns_logits_shortcut(layer) -> bool:
     """A sigmoid/softmax activation: Keras losses may read its logits instead of its output."""
     activation = getattr(layer, "activation", None)
-    shortcuts = (keras.activations.sigmoid, keras.activations.softmax, tf.nn.sigmoid, tf.math.sigmoid, tf.nn.softmax)
-    return activation is not None and any(activation is a for a in shortcuts)
+    return activation is not None and layer_kinds.activation_name(activation) in ("sigmoid", "softmax")
 
 
 def _in_graph(outputs, graph) -> bool:
@@ -191,23 +200,20 @@ def _recording_call(tap: LayerTaps, recording: Recording, graph):
 
 
 @contextlib.contextmanager
-def record_taps(layers: Sequence[keras.layers.Layer], registry=None) -> Iterator[list]:
+def record_taps(layers: Sequence[layer_kinds.Layer], registry) -> Iterator[list]:
     """Records every call of `layers` inside the block; yields a list of `LayerTaps`.
 
     Args:
       layers: the layers to record.
       registry: the `LayerRegistry` that will turn the taps into norms (it says
-        which method of each layer to record); `clipping.default_registry()`
-        when None. Pass the same registry to `clipped_step`.
+        which method of each layer to record): the front end's
+        `clipping.default_registry()` or a registry of your own. Pass the same
+        registry to `clipped_step`.
 
     Only tensor outputs can be tapped: a layer whose tapped method returns a
     nested structure raises `TypeError` naming the layer. The yielded list is a
     `Recording`: it also collects the shared computations of the block.
     """
-    if registry is None:
-        from tfdp_embed.keras2.clipping import default_registry
-
-        registry = default_registry()
     methods = [registry.tapped_method(layer) for layer in layers]
     taps = Recording(
         LayerTaps(layer=layer, call_fn=getattr(layer, method), method=method) for layer, method in zip(layers, methods)

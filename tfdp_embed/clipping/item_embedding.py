@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import tensorflow as tf
+
+from tfdp_embed.clipping.embedding import embedding_layer_gradients
+from tfdp_embed.clipping.registry import LayerGradients
+from tfdp_embed.clipping.taps import LayerTaps, call_inputs
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import tf
-from tfdp_embed.keras2.clipping.embedding import embedding_layer_gradients
-from tfdp_embed.keras2.clipping.registry import LayerGradients
-from tfdp_embed.keras2.clipping.taps import LayerTaps, call_inputs
-from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.layers.lookup import EmbeddingLookup as DPEmbedding
 
 
 def _is_scoring_call(layer, call) -> bool:

@@ -36,11 +36,12 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+import tensorflow as tf
+
+from tfdp_embed.clipping.registry import LayerGradients, LayerRegistry
+from tfdp_embed.clipping.shared_factored import TowerLayers, shared_call_grads
+from tfdp_embed.clipping.taps import LayerTaps, own_trainable_variables
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import tf
-from tfdp_embed.keras2.clipping.registry import LayerGradients, LayerRegistry
-from tfdp_embed.keras2.clipping.shared_factored import TowerLayers, shared_call_grads
-from tfdp_embed.keras2.clipping.taps import LayerTaps, own_trainable_variables
 
 
 @dataclasses.dataclass
@@ -67,11 +68,11 @@ def layer_gradients(
     norms and clipped sums are unscaled (see the module docstring), and
     every non-finite recorded value is replaced by 0 first.
 
-    Calls inside a shared computation (`tfdp_embed.keras2.clipping.shared`) get
+    Calls inside a shared computation (`tfdp_embed.clipping.shared`) get
     per-example output gradients `[B, *outputs.shape]` instead of the summed
     one; only rules marked `supports_shared_calls` may receive them. When the
     tower ends in fixed row-wise linear maps they come factored
-    (`tfdp_embed.keras2.clipping.shared_factored.FactoredGrads`), and only to
+    (`tfdp_embed.clipping.shared_factored.FactoredGrads`), and only to
     rules marked `shared_factored`.
 
     A tapped layer whose tapped method was not called must not get a gradient
@@ -159,8 +160,8 @@ def _check_leading_axis(tap: LayerTaps, batch_size) -> None:
                 f"Layer {tap.layer.name!r} ({type(tap.layer).__name__}) was called on something other than "
                 f"the batch: its output has leading size {shape[0]}, the batch {batch_size} examples. A "
                 "computation every example's loss depends on (e.g. a candidate tower run over the item "
-                "catalogue) must run inside `with tfdp_embed.keras2.clipping.shared_computation() as shared:` "
-                "(see `tfdp_embed.keras2.clipping.shared`), or use `tfdp_embed.keras2.retrieval.Retrieval`, which does; "
+                "catalogue) must run inside `with tfdp_embed.clipping.shared_computation() as shared:` "
+                "(see `tfdp_embed.clipping.shared`), or use `tfdp_embed.keras2.retrieval.Retrieval`, which does; "
                 "otherwise its rows would be clipped as if they were examples."
             )
 

@@ -23,7 +23,7 @@ embedding) and in the shared tower gets one exact norm of the *sum* of
 both uses. The work is O(B K width) per tower layer: a per-example
 `[batch, vocabulary, dim]` gradient is never built. When the tower is a
 fixed linear map of each candidate's rows (tables, concatenation, Dense
-without activation), `tfdp_embed.keras2.clipping.shared_factored` gives
+without activation), `tfdp_embed.clipping.shared_factored` gives
 the same per-example gradients factored, G_ik u_i, and this vectorised
 pass is skipped.
 
@@ -49,8 +49,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from tfdp_embed.keras2._keras import tf
-from tfdp_embed.keras2.clipping.taps import active_recording
+import tensorflow as tf
+
+from tfdp_embed.clipping.taps import active_recording
 
 
 class SharedComputation:

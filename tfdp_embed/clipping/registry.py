@@ -25,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+import tensorflow as tf
+
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import tf
 
 _IF_OVERRIDDEN = ("fallback", "refuse")
 

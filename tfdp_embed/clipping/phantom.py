@@ -44,11 +44,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tfdp_embed.keras2._keras import tf
-from tfdp_embed.keras2.clipping.embedding import embedding_layer_gradients
-from tfdp_embed.keras2.clipping.registry import LayerGradients
-from tfdp_embed.keras2.clipping.taps import LayerCall, LayerTaps, call_inputs
-from tfdp_embed.keras2.layers.shared_embedding import MODES, SharedEmbedding
+import tensorflow as tf
+
+from tfdp_embed.clipping.embedding import embedding_layer_gradients
+from tfdp_embed.clipping.registry import LayerGradients
+from tfdp_embed.clipping.taps import LayerCall, LayerTaps, call_inputs
+from tfdp_embed.layers.shared_lookup import MODES
+from tfdp_embed.layers.shared_lookup import SharedLookup as SharedEmbedding
 
 
 def phantom_layer_gradients(

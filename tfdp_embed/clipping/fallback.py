@@ -29,16 +29,18 @@ import warnings
 import weakref
 from collections.abc import Sequence
 
+import tensorflow as tf
+
+from tfdp_embed.clipping import layer_kinds
+from tfdp_embed.clipping.registry import LayerGradients
+from tfdp_embed.clipping.taps import LayerTaps, own_trainable_variables
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.clipping.registry import LayerGradients
-from tfdp_embed.keras2.clipping.taps import LayerTaps, own_trainable_variables
 
 _WARNED: weakref.WeakSet = weakref.WeakSet()
 
 
 def vectorized_layer_gradients(
-    layer: keras.layers.Layer, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
+    layer: layer_kinds.Layer, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
 ) -> LayerGradients:
     """Per-example gradients of a layer's own variables by `tf.vectorized_map`.
 
@@ -46,7 +48,7 @@ def vectorized_layer_gradients(
 
     Every tensor argument of rank >= 1 of a recorded call is treated as batched
     (sliced per example); other arguments (Python values, scalars) are passed as
-    they were. A call inside a shared computation (`tfdp_embed.keras2.clipping.shared`)
+    they were. A call inside a shared computation (`tfdp_embed.clipping.shared`)
     is re-run whole for each example, with that example's output gradient.
 
     Args:
@@ -99,7 +101,7 @@ def vectorized_layer_gradients(
 vectorized_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
 
 
-def _slicing_plans(layer: keras.layers.Layer, taps: LayerTaps, output_grads: Sequence[tf.Tensor]) -> tuple:
+def _slicing_plans(layer: layer_kinds.Layer, taps: LayerTaps, output_grads: Sequence[tf.Tensor]) -> tuple:
     """Per call (structure, flat leaves, which leaves are batched, shared?), and the tensors to map over.
 
     The tensors to map over are, call after call, its batched leaves then its output gradient.
@@ -183,12 +185,12 @@ def _writing_ops(graph, ops) -> list:
     return found
 
 
-def _warn_once(layer: keras.layers.Layer) -> None:
+def _warn_once(layer: layer_kinds.Layer) -> None:
     if layer in _WARNED:
         return
     _WARNED.add(layer)
     remedy = "Register a rule in the LayerRegistry to make it fast."
-    if isinstance(layer, keras.layers.Embedding):
+    if layer_kinds.is_instance(layer, "Embedding"):
         remedy = (
             "For an embedding table that is [batch, vocabulary, dim], and the sparse mechanisms (LazyDP, "
             "DP-FEST, DP-AdaFEST) see a dense variable, not a table. Use tfdp_embed.DPEmbedding instead, the "

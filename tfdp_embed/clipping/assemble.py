@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 
+import tensorflow as tf
+
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import tf
 from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
 
 

@@ -15,7 +15,7 @@ the per-example gradients, so the clipped sum sum_i c_i grad_i is one more
 segment sum of them into the unique touched rows: a `tf.IndexedSlices`.
 
 A call inside a shared computation (a candidate tower over the catalogue,
-`tfdp_embed.keras2.clipping.shared`) reads the same ids for every example, with
+`tfdp_embed.clipping.shared`) reads the same ids for every example, with
 per-example output gradients: each of its occurrences is counted once per
 example (O(batch x occurrences x dim)), and its rows are reported as
 `shared_rows` rather than as the batch's lookups, since which rows it reads
@@ -47,15 +47,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from tfdp_embed.keras2._keras import tf
-from tfdp_embed.keras2.clipping.registry import LayerGradients
-from tfdp_embed.keras2.clipping.shared_factored import FactoredGrads
-from tfdp_embed.keras2.clipping.taps import LayerTaps, call_inputs
-from tfdp_embed.keras2.layers.embedding import DPEmbedding
+import tensorflow as tf
+
+from tfdp_embed.clipping.registry import LayerGradients
+from tfdp_embed.clipping.shared_factored import FactoredGrads
+from tfdp_embed.clipping.taps import LayerTaps, call_inputs
+from tfdp_embed.layers.lookup import EmbeddingLookup
 from tfdp_embed.ops import sparse_rows
 
 
-def embedding_layer_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: Sequence[tf.Tensor]) -> LayerGradients:
+def embedding_layer_gradients(
+    layer: EmbeddingLookup, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
+) -> LayerGradients:
     """Exact per-example squared norms and the sparse clipped sum of one table.
 
     ||grad_i||^2 = sum_r ||sum_{k in i, id_k = r} w_k g_{segment_k}||^2, over all calls.
@@ -262,7 +265,7 @@ def _shared_block(occ, grad, dtype, dim) -> tuple:
 def _occurrences_fn(layer, taps: LayerTaps):
     """How the tapped method's ids flatten: `DPEmbedding.occurrences` describes `lookup`."""
     if taps.method == "lookup":
-        return functools.partial(DPEmbedding.occurrences, layer)
+        return functools.partial(EmbeddingLookup.occurrences, layer)
     return layer.occurrences
 
 

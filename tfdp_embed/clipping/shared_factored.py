@@ -1,7 +1,7 @@
 """Per-example output gradients of a shared computation in factored form, when the tower ends linearly.
 
 In a shared computation (a candidate tower over K catalogue items,
-`tfdp_embed.keras2.clipping.shared`), example i's gradient with respect to
+`tfdp_embed.clipping.shared`), example i's gradient with respect to
 the tower's output C `[K, d]` is V_i = sum_s G^s_i (q^s_i)^T, one term per
 scorer s (G^s_i: row i of d loss / d scores; q^s_i: the query). Pulled back
 through maps that apply one fixed linear map to every candidate row (a Dense
@@ -43,8 +43,10 @@ from __future__ import annotations
 import functools
 import typing
 
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.clipping.taps import dense_call_input
+import tensorflow as tf
+
+from tfdp_embed.clipping import layer_kinds
+from tfdp_embed.clipping.taps import dense_call_input
 
 
 class FactoredGrads(typing.NamedTuple):
@@ -68,7 +70,7 @@ def factored_kind(layer, rule) -> str | None:
     """How the walk treats `layer`'s shared calls under `rule`: "dense", "leaf", or None (not factored)."""
     kind = getattr(rule, "shared_factored", None)
     if kind == "dense":
-        linear = isinstance(layer, keras.layers.Dense) and layer.activation in (None, keras.activations.linear)
+        linear = layer_kinds.is_instance(layer, "Dense") and layer_kinds.activation_name(layer.activation) == "linear"
         return "dense" if linear else None
     return kind if kind == "leaf" else None
 

@@ -6,7 +6,7 @@ and G_i `[T, p]` the gradients of its loss with respect to the
 pre-activation outputs, over every time step of every call of the layer
 (calls of one layer add up per example, so the norm of the *sum* is what
 counts). A call inside a shared computation (a candidate tower over the
-catalogue, `tfdp_embed.keras2.clipping.shared`) has the same inputs X `[K, d]` for
+catalogue, `tfdp_embed.clipping.shared`) has the same inputs X `[K, d]` for
 every example and per-example output gradients `[B, K, p]`: it is one more
 block of K time steps of every example. Its squared norm needs no per-example gradient:
 
@@ -31,15 +31,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.clipping.registry import LayerGradients
-from tfdp_embed.keras2.clipping.shared_factored import FactoredGrads, factored_kind
-from tfdp_embed.keras2.clipping.taps import LayerTaps, dense_call_input
+import tensorflow as tf
+
+from tfdp_embed.clipping import layer_kinds
+from tfdp_embed.clipping.registry import LayerGradients
+from tfdp_embed.clipping.shared_factored import FactoredGrads, factored_kind
+from tfdp_embed.clipping.taps import LayerTaps, dense_call_input
 from tfdp_embed.ops import sparse_rows
 
 
 def dense_layer_gradients(
-    layer: keras.layers.Dense, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
+    layer: layer_kinds.Layer, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
 ) -> LayerGradients:
     """Exact per-example squared norms and clipped sums for a Dense layer.
 
@@ -103,7 +105,7 @@ dense_layer_gradients.shared_factored = "dense"  # type: ignore[attr-defined]
 
 
 def _inputs_and_pre_activation_grads(
-    layer: keras.layers.Dense, taps: LayerTaps, output_grads: Sequence[tf.Tensor], dtype: tf.DType
+    layer: layer_kinds.Layer, taps: LayerTaps, output_grads: Sequence[tf.Tensor], dtype: tf.DType
 ) -> tuple[list, list, list]:
     """Per call: inputs x, pre-activation output gradients g and bias gradients (None: g), per example, in `dtype`.
 
@@ -151,15 +153,16 @@ def _broadcast_to_batch(t: tf.Tensor, per_example: tf.Tensor) -> tf.Tensor:
 def _pre_activation_grads(layer, x: tf.Tensor, y: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:
     """d loss / d z from d loss / d y, y = act(z), z = x W + b: exact, no re-run when possible."""
     act = layer.activation
-    if act is None or act is keras.activations.linear:
+    name = layer_kinds.activation_name(act)
+    if name == "linear":
         return grad
     grad = tf.cast(grad, y.dtype)
     # The same formulas as TensorFlow's ReluGrad / SigmoidGrad / TanhGrad, from the output.
-    if act in (keras.activations.relu, tf.nn.relu):
+    if name == "relu":
         return tf.raw_ops.ReluGrad(gradients=grad, features=y)  # grad where y > 0: one op, not three
-    if act in (keras.activations.sigmoid, tf.math.sigmoid, tf.nn.sigmoid):
+    if name == "sigmoid":
         return grad * y * (1 - y)
-    if act in (keras.activations.tanh, tf.math.tanh, tf.nn.tanh):
+    if name == "tanh":
         return grad * (1 - tf.square(y))
     # Any other activation: recompute z and back-propagate through act only.
     x = tf.cast(x, layer.compute_dtype)

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.clipping.registry import LayerGradients
-from tfdp_embed.keras2.clipping.taps import LayerTaps, dense_call_input
+import tensorflow as tf
+
+from tfdp_embed.clipping import layer_kinds
+from tfdp_embed.clipping.registry import LayerGradients
+from tfdp_embed.clipping.taps import LayerTaps, dense_call_input
 
 
 def layer_norm_layer_gradients(
-    layer: keras.layers.LayerNormalization, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
+    layer: layer_kinds.Layer, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
 ) -> LayerGradients:
     """Exact per-example squared norms and clipped sums for LayerNormalization.
 
@@ -70,7 +72,7 @@ layer_norm_layer_gradients.supports_shared_calls = True  # type: ignore[attr-def
 
 
 def _per_example_grads(
-    layer: keras.layers.LayerNormalization,
+    layer: layer_kinds.Layer,
     taps: LayerTaps,
     output_grads: Sequence[tf.Tensor],
     axes: list,
