@@ -21,6 +21,15 @@ A run that fails, is interrupted (Ctrl-C, SIGTERM) or killed (SIGKILL) leaves
 `OUT` as it was: never a half-written model, never a model without its report.
 A SIGKILL leaves `OUT.partial-PID`, removed by the next run on `OUT`.
 
+Before the rename every file of the release and every directory is fsynced
+(and `OUT`'s parent after it): a power cut after the run exits cannot leave
+a release whose `report.json` is empty. An `OUT` that cannot be written (a
+read-only or missing parent, a parent that is a file) is refused before the
+body runs, and a full disk while writing is reported in one line naming
+the path; both raise `OutputDirError` (a ValueError). The spent privacy
+budget of every run on `OUT` is kept in `OUT.budget.jsonl`
+(`Staging.budget`, `pipelines.budget_record`).
+
 Example:
     >>> with staged_release("runs/a", required=("report.json",)) as staging:
     ...     write_everything(staging.path)     # runs/a.partial-1234/...
@@ -39,6 +48,8 @@ import shutil
 import signal
 import threading
 
+from pipelines.budget_record import BudgetRecord
+
 RELEASE_MARKER = "report.json"
 """The file whose presence makes a directory a finished release; published last."""
 PARTIAL = ".partial-"
@@ -49,12 +60,20 @@ class OutputBusyError(ValueError):
     """Another run holds the lock of the same `--out`."""
 
 
+class OutputDirError(ValueError):
+    """`--out` cannot be written: not creatable, not writable, or the disk filled up while writing."""
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
 @dataclasses.dataclass(frozen=True)
 class Staging:
-    """Where a run writes (`path`, `OUT.partial-PID`) and where its release appears (`out`)."""
+    """Where a run writes (`path`, `OUT.partial-PID`), where its release appears (`out`), the budget record."""
 
     path: str
     out: str
+    budget: BudgetRecord
 
     def published(self, value):
         """`value` (a report: dicts, lists, strings) with paths inside `path` rewritten to their place in `out`."""
@@ -80,6 +99,8 @@ def staged_release(out: str | os.PathLike | None, *, required: tuple = (RELEASE_
 
     Raises:
       OutputBusyError: another run holds `OUT.lock` (raised before the body runs).
+      OutputDirError: `OUT.lock` or the staging directory cannot be created (raised before the body
+        runs), or the disk filled up while the body wrote or the release was published.
       ValueError: `out` names no directory one could publish to ('.', '/', an existing file).
       RuntimeError: the body returned without writing every `required` file (nothing is published).
     """
@@ -87,21 +108,85 @@ def staged_release(out: str | os.PathLike | None, *, required: tuple = (RELEASE_
         yield None
         return
     out = _checked_out(os.fspath(out), flag)
-    lock = _lock(out, flag)
+    lock = _writable(lambda: _lock(out, flag), out, flag)
     try:
         _remove_leftovers(out)
-        staging = Staging(f"{out}{PARTIAL}{os.getpid()}", out)
-        os.makedirs(staging.path)
+        budget = BudgetRecord.read(out)  # under the lock: no other run appends now
+        staging = Staging(f"{out}{PARTIAL}{os.getpid()}", out, budget)
+        _writable(lambda: os.makedirs(staging.path), out, flag)
         try:
             with _sigterm_as_exit():
                 yield staging
             _check_complete(staging.path, required)
+            _sync_tree(staging.path)
             _publish(staging.path, out)
-        except BaseException:
+            _sync_directory(os.path.dirname(os.path.abspath(out)))
+        except BaseException as error:
             shutil.rmtree(staging.path, ignore_errors=True)
+            budget.close(finished=False)
+            if _disk_full(error):
+                where = getattr(error, "filename", None) or staging.path
+                raise OutputDirError(
+                    f"`{flag}` {out}: no space left on device while writing {where}; the partial release was "
+                    f"removed and {out} left as it was: free some space or give another {flag}."
+                ) from None
             raise
+        budget.close(finished=True)
     finally:
         _unlock(lock)
+
+
+def _writable(create, out: str, flag: str):
+    """`create()`, an OSError of which (read-only or missing parent, a file in the way, a full disk) becomes one line."""
+    try:
+        return create()
+    except OSError as error:
+        if isinstance(error, BlockingIOError):
+            raise
+        reason = "no space left on device" if error.errno in DISK_FULL else error.strerror or str(error)
+        if isinstance(error, (FileExistsError, NotADirectoryError)):
+            reason = "a file is in the way, not a directory"
+        where = error.filename or out
+        raise OutputDirError(
+            f"`{flag}` {out} cannot be written ({where}: {reason}); nothing was read or trained: "
+            f"give a {flag} in a directory you can write to."
+        ) from None
+
+
+def _disk_full(error: BaseException) -> bool:
+    """An OSError ENOSPC / EDQUOT, or a TensorFlow error that says so (the SavedModel writer's)."""
+    if isinstance(error, OSError) and error.errno in DISK_FULL:
+        return True
+    return isinstance(error, Exception) and "No space left on device" in str(error)
+
+
+def _sync_tree(root: str) -> None:
+    """fsync every file and directory under `root` (the release), deepest first, `root` last."""
+    for directory, _, files in os.walk(root, topdown=False):
+        for name in files:
+            path = os.path.join(directory, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        _sync_directory(directory)
+
+
+def _sync_directory(path: str) -> None:
+    """fsync a directory (its entries: a rename into it is durable); ignored where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.EBADF):  # e.g. a file system without directory fsync
+            raise
+    finally:
+        os.close(fd)
 
 
 def _checked_out(out: str, flag: str) -> str:
@@ -205,8 +290,9 @@ def _publish_into(staging: str, out: str) -> None:
     for name in names:
         if os.path.lexists(os.path.join(staging, name)):
             os.rename(os.path.join(staging, name), os.path.join(out, name))
+    _sync_directory(out)
     shutil.rmtree(replaced, ignore_errors=True)
     os.rmdir(staging)
 
 
-__all__ = ["OutputBusyError", "RELEASE_MARKER", "Staging", "staged_release"]
+__all__ = ["OutputBusyError", "OutputDirError", "RELEASE_MARKER", "Staging", "staged_release"]

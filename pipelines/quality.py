@@ -193,6 +193,32 @@ def print_warnings(warnings: Iterable[str], *, program: str) -> None:
         print(f"{program}: WARNING: {warning}", file=sys.stderr)
 
 
+FAIL_ON_WARNINGS_STATUS = 3
+"""The exit status of a run with `--fail-on-warnings` whose report has warnings (1: error, 2: bad flags)."""
+
+
+def add_fail_on_warnings_flag(parser) -> None:
+    """`--fail-on-warnings`, shared by the pipelines' command lines."""
+    parser.add_argument(
+        "--fail-on-warnings",
+        action="store_true",
+        help=f"exit with status {FAIL_ON_WARNINGS_STATUS} when the report has warnings (the release and "
+        "report.json are written all the same), e.g. to stop a scheduled job from shipping a bad model",
+    )
+
+
+def exit_status(warnings: Sequence[str], *, fail_on_warnings: bool, program: str, report: str) -> int:
+    """0, or `FAIL_ON_WARNINGS_STATUS` (with one line on stderr) when `fail_on_warnings` and there are `warnings`."""
+    if not (fail_on_warnings and warnings):
+        return 0
+    print(
+        f"{program}: error: --fail-on-warnings: the report has {len(warnings)} warning(s) (above; its "
+        f"`warnings` in {report}); the release was written, exit status {FAIL_ON_WARNINGS_STATUS}.",
+        file=sys.stderr,
+    )
+    return FAIL_ON_WARNINGS_STATUS
+
+
 def _finite(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -210,6 +236,9 @@ __all__ = [
     "ranking_references",
     "skipped_rows",
     "skipped_rows_warning",
+    "FAIL_ON_WARNINGS_STATUS",
+    "add_fail_on_warnings_flag",
+    "exit_status",
     "stuck_loss_warning",
     "uniform_softmax_loss",
 ]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 
 import pytest
 
-from pipelines.output_dir import OutputBusyError, staged_release
+from pipelines.output_dir import OutputBusyError, OutputDirError, staged_release
 
 REQUIRED = ("model/weights.bin", "report.json")
 
@@ -114,3 +115,65 @@ def test_the_lock_is_released_when_the_run_ends(tmp_path):
             raise ValueError("failed run")
     with open(f"{out}.lock") as f:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
+
+
+def test_every_file_and_directory_is_fsynced_before_the_rename_and_the_parent_after(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(source, target):
+        events.append(("rename", str(target)))
+        real_rename(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    out = tmp_path / "a"
+    with staged_release(str(out), required=REQUIRED) as staging:
+        _write_release(staging.path, "first")
+    synced = [path for kind, path in events if kind == "fsync"]
+    renamed = events.index(("rename", str(out)))
+    for path in ("report.json", "model/weights.bin", "model", ""):  # files, then directories, the release last
+        assert events.index(("fsync", os.path.join(staging.path, path).rstrip("/"))) < renamed
+    assert events[renamed + 1 :] == [("fsync", str(tmp_path))]  # the rename made durable
+    assert len(synced) == 5
+
+
+def test_a_full_disk_removes_the_staging_directory_and_says_so_in_one_line(tmp_path):
+    out = tmp_path / "a"
+    with pytest.raises(OutputDirError) as full:
+        with staged_release(str(out), required=REQUIRED) as staging:
+            _write_release(staging.path, "first")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(staging.path, "model", "big.bin"))
+    message = str(full.value)
+    assert message == (
+        f"`--out` {out}: no space left on device while writing {staging.path}/model/big.bin; the partial release "
+        f"was removed and {out} left as it was: free some space or give another --out."
+    )
+    assert sorted(os.listdir(tmp_path)) == ["a.lock"]
+    with pytest.raises(OutputDirError, match="no space left on device while writing"):  # TensorFlow's own words
+        with staged_release(str(out), required=REQUIRED):
+            raise RuntimeError("WriteFile failed: No space left on device")
+    assert sorted(os.listdir(tmp_path)) == ["a.lock"]
+
+
+def test_an_out_whose_parent_cannot_be_written_is_refused_before_the_body(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputDirError) as refused:
+        with staged_release(str(tmp_path / "file" / "a")):
+            raise AssertionError("not reached")
+    assert str(refused.value) == (
+        f"`--out` {tmp_path}/file/a cannot be written ({tmp_path}/file: a file is in the way, not a directory); "
+        "nothing was read or trained: give a --out in a directory you can write to."
+    )
+
+    def read_only(path, *args, **kwargs):
+        raise PermissionError(errno.EROFS, os.strerror(errno.EROFS), path)
+
+    monkeypatch.setattr(os, "open", read_only)  # e.g. a read-only file system
+    with pytest.raises(OutputDirError, match=rf"\({tmp_path}/b.lock: Read-only file system\); nothing was read"):
+        with staged_release(str(tmp_path / "b")):
+            raise AssertionError("not reached")
