@@ -35,6 +35,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tfdp_embed.clipping import layer_kinds
+
 DIVERGED_MESSAGE = (
     "Training stopped: the model's weights are NaN or Inf after this step (the model diverged; lower the "
     "learning rate). This check reads the noised weights only: an example with a non-finite loss contributes "
@@ -100,7 +102,7 @@ def check_released_weights(*modules) -> None:
     """
     seen, bad = set(), []
     for module in modules:
-        for variable in module.variables:
+        for variable in map(layer_kinds.tf_variable, module.variables):  # Keras 3: the tf.Variable inside
             if variable.ref() in seen or not variable.dtype.is_floating:
                 continue
             seen.add(variable.ref())

@@ -10,7 +10,7 @@ the released weights, tells the target apart. The fixed test: "stopped
 within 2 epochs" means "the target is in".
 
 Fixed: `DPModel.fit` refuses callbacks that act on training statistics
-(`tfdp_embed.keras2.callbacks_check`); `History` still shows the loss to the
+(`tfdp_embed.fit_callbacks`); `History` still shows the loss to the
 operator (the control below runs the same test on it offline).
 """
 

@@ -62,7 +62,7 @@ def dense_layer_gradients(
 
     References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping.
     """
-    kernel = layer.kernel
+    kernel = layer_kinds.tf_variable(layer.kernel)
     dtype = kernel.dtype.base_dtype
     d_in, d_out = kernel.shape
     xs, gs, bias_gs = _inputs_and_pre_activation_grads(layer, taps, output_grads, dtype)
@@ -81,7 +81,7 @@ def dense_layer_gradients(
         g_sq = tf.reduce_sum(tf.square(tf.reduce_sum(b_seq, axis=1)), axis=1)
         x_flat, g_per_example, b_per_example = tf.reshape(x_seq, [-1, d_in]), g_seq, b_seq
         squared = kernel_sq + g_sq if layer.use_bias else kernel_sq
-    variables = [kernel, layer.bias] if layer.use_bias else [kernel]
+    variables = [kernel, layer_kinds.tf_variable(layer.bias)] if layer.use_bias else [kernel]
 
     def clipped_sum(clip_factors: tf.Tensor) -> list:
         c = tf.cast(clip_factors, dtype)
@@ -137,7 +137,7 @@ def _factored_terms(layer, x: tf.Tensor, grad: FactoredGrads, dtype: tf.DType) -
         raise ValueError(f"Dense layer {layer.name!r} has an activation: its shared calls cannot be factored.")
     coefficients = tf.cast(grad.coefficients, dtype)  # [F, B, K]
     factors = coefficients.shape[0]  # static: one per scorer
-    d_in, d_out = layer.kernel.shape
+    d_in, d_out = layer_kinds.tf_variable(layer.kernel).shape
     vectors = tf.transpose(tf.reshape(tf.cast(grad.vectors, dtype), [factors, -1, d_out]), [1, 0, 2])  # [B, F, p]
     inputs = tf.matmul(tf.reshape(coefficients, [-1, tf.shape(coefficients)[2]]), tf.cast(x, dtype))  # [F * B, d]
     inputs = tf.transpose(tf.reshape(inputs, [factors, -1, d_in]), [1, 0, 2])  # [B, F, d]
@@ -166,10 +166,10 @@ def _pre_activation_grads(layer, x: tf.Tensor, y: tf.Tensor, grad: tf.Tensor) ->
         return grad * (1 - tf.square(y))
     # Any other activation: recompute z and back-propagate through act only.
     x = tf.cast(x, layer.compute_dtype)
-    kernel = tf.cast(layer.kernel, x.dtype)
+    kernel = tf.cast(layer_kinds.tf_variable(layer.kernel), x.dtype)
     z = tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]])
     if layer.use_bias:
-        z = z + tf.cast(layer.bias, x.dtype)
+        z = z + tf.cast(layer_kinds.tf_variable(layer.bias), x.dtype)
     with tf.GradientTape() as tape:
         tape.watch(z)
         out = act(z)

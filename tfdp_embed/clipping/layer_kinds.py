@@ -49,6 +49,14 @@ def is_instance(obj, name: str) -> bool:
     return bool(classes) and isinstance(obj, classes)
 
 
+def is_keras_instance(obj, kind: str, name: str) -> bool:
+    """`obj` is an instance of `keras.<kind>.<name>` (e.g. "callbacks", "EarlyStopping") of an imported Keras."""
+    classes = tuple(
+        getattr(getattr(k, kind), name) for k in _imported_kerases() if hasattr(getattr(k, kind, None), name)
+    )
+    return bool(classes) and isinstance(obj, classes)
+
+
 _TF_ACTIVATIONS = {
     "relu": (tf.nn.relu,),
     "sigmoid": (tf.math.sigmoid, tf.nn.sigmoid),
@@ -91,6 +99,7 @@ __all__ = [
     "Layer",
     "activation_name",
     "is_instance",
+    "is_keras_instance",
     "is_layer",
     "layer_classes",
     "tf_variable",

@@ -50,7 +50,7 @@ def layer_norm_layer_gradients(
             f"Per-example clipping of LayerNormalization {layer.name!r} needs `axis` to "
             f"exclude the batch axis 0; received axis={layer.axis}."
         )
-    params = [v for v in (layer.gamma, layer.beta) if v is not None]
+    params = [v for v in (layer_kinds.tf_variable(layer.gamma), layer_kinds.tf_variable(layer.beta)) if v is not None]
     dtype = params[0].dtype.base_dtype if params else tf.float32
     variables, per_example = _per_example_grads(layer, taps, output_grads, axes, dtype)
     squared = 0.0
@@ -96,10 +96,10 @@ def _per_example_grads(
     variables: list = []
     per_example: list = []
     if layer.scale:
-        variables.append(layer.gamma)
+        variables.append(layer_kinds.tf_variable(layer.gamma))
         per_example.append(gamma_grads)
     if layer.center:
-        variables.append(layer.beta)
+        variables.append(layer_kinds.tf_variable(layer.beta))
         per_example.append(beta_grads)
     return variables, per_example
 

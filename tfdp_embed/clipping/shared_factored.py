@@ -203,7 +203,7 @@ def _dense_edges(layer, call) -> list | None:
         return None
 
     def pull_back(vector):  # [F, B, p] -> [F, B, d], one matmul
-        kernel = tf.cast(layer.kernel, vector.dtype)
+        kernel = tf.cast(layer_kinds.tf_variable(layer.kernel), vector.dtype)
         flat = tf.matmul(tf.reshape(vector, [-1, kernel.shape[1]]), kernel, transpose_b=True)
         return tf.reshape(flat, tf.concat([tf.shape(vector)[:2], [kernel.shape[0]]], 0))
 

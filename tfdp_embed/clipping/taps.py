@@ -133,13 +133,13 @@ def dense_call_input(layer, call: LayerCall) -> tf.Tensor:
 def own_trainable_variables(layer) -> list:
     """Trainable variables of `layer` that none of its sub-layers owns."""
     sub: set = set()
-    for other in _submodules(layer):
+    for other in submodules(layer):
         if other is not layer and layer_kinds.is_layer(other):
             sub.update(v.ref() for v in layer_kinds.trainable_tf_variables(other))
     return [v for v in layer_kinds.trainable_tf_variables(layer) if v.ref() not in sub]
 
 
-def _submodules(layer) -> list:
+def submodules(layer) -> list:
     """Every layer nested in `layer` (tf-keras: `submodules`; Keras 3 has no such attribute)."""
     if hasattr(layer, "submodules"):
         return list(layer.submodules)
@@ -149,7 +149,7 @@ def _submodules(layer) -> list:
 
 def layers_owning_weights(model) -> list:
     """Every layer (the model included) that owns at least one trainable variable."""
-    candidates = [model] + [m for m in _submodules(model) if layer_kinds.is_layer(m)]
+    candidates = [model] + [m for m in submodules(model) if layer_kinds.is_layer(m)]
     seen, out = set(), []
     for layer in candidates:
         if id(layer) in seen:
@@ -248,6 +248,7 @@ __all__ = [
     "dense_call_input",
     "layers_owning_weights",
     "own_trainable_variables",
+    "submodules",
     "record_taps",
     "untapped",
 ]

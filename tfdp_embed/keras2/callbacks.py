@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from tfdp_embed import fit_callbacks
 from tfdp_embed.accounting.budget import BudgetTracker
 from tfdp_embed.accounting.periods import PeriodTracker
 from tfdp_embed.keras2._keras import keras
@@ -53,9 +54,11 @@ def epsilon_first(callbacks: Iterable[keras.callbacks.Callback]) -> list:
     Returns:
       A new list; without a `PrivacyBudget`, the callbacks unchanged.
     """
-    callbacks = list(callbacks)
-    budgets = [c for c in callbacks if isinstance(c, BudgetTracker)]
-    return [*(_EpsilonIntoLogs(b) for b in budgets), *callbacks]
+    return fit_callbacks.epsilon_first(callbacks, _EpsilonIntoLogs)
 
 
-__all__ = ["PeriodBudget", "PrivacyBudget", "epsilon_first"]
+class FirstStepGuard(fit_callbacks.FirstStepGuardLogic, keras.callbacks.Callback):
+    __doc__ = fit_callbacks.FirstStepGuardLogic.__doc__
+
+
+__all__ = ["FirstStepGuard", "PeriodBudget", "PrivacyBudget", "epsilon_first"]

@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import warnings
 
-from tfdp_embed import nonfinite, read_guard, tape_guard
+from tfdp_embed import fit_callbacks, nonfinite, plan_wiring, read_guard, tape_guard
 from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2 import callbacks_check, contract, distribute, mixed_precision, optimizer_check, plan_wiring
+from tfdp_embed.keras2 import callbacks as front_callbacks
+from tfdp_embed.keras2 import contract, distribute, mixed_precision, optimizer_check
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.contract.components import reject_non_per_example
 from tfdp_embed.keras2.contract.preprocessing import check_preprocessing
@@ -226,7 +227,7 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
         statistics (`EarlyStopping`, `ReduceLROnPlateau`,
         `ModelCheckpoint(save_best_only=True)` monitoring a training metric,
         `TerminateOnNaN`) and Keras' `BackupAndRestore` are refused
-        (`tfdp_embed.keras2.callbacks_check`); a `PrivacyBudget`'s epsilon is in the
+        (`tfdp_embed.fit_callbacks`); a `PrivacyBudget`'s epsilon is in the
         epoch logs before any callback reads them.
         """
         self._training_only.fed_batching = fed_batching(x, declared=batching)
@@ -237,12 +238,13 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
             self._check_contract(data)
         self._trace_error = None
         # Callbacks acting on un-noised training statistics are refused; epsilon reaches the logs first.
-        args, kwargs = callbacks_check.with_callbacks(
+        args, kwargs = fit_callbacks.with_callbacks(
             args,
             kwargs,
             private=self.mechanism.clips_per_example,
             logged_names=[m.name for m in self.metrics],
             extra=[_MechanismWarnings(self.mechanism)],
+            front=front_callbacks,
         )
         try:
             return super().fit(x, *args, **kwargs)

@@ -1,4 +1,4 @@
-"""The callbacks `DPModel.fit` accepts under a private mechanism, and the order it runs them in.
+"""The callbacks a `DPModel.fit` accepts under a private mechanism, and the order it runs them in (both front ends).
 
 Refused (`PrivacyContractError`, before anything trains):
 
@@ -17,6 +17,10 @@ Refused (`PrivacyContractError`, before anything trains):
   mechanism, the optimizer or the privacy ledger, so a resumed run
   under-reports epsilon. `tfdp_embed.keras2.checkpointing.DPCheckpoint` resumes
   all of them.
+
+The policy is Keras-free: it recognises each Keras's callbacks by class
+(`tfdp_embed.clipping.layer_kinds`), and takes the front end's callback
+classes (`epsilon_first`, `FirstStepGuard`) as an argument.
 
 Compiled metrics are named only once Keras has built them, in the first
 step of the first `fit`; a monitor naming one is refused by a guard at that
@@ -39,10 +43,11 @@ data, or from statistics released with noise and accounted.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import ModuleType
 
+from tfdp_embed.accounting.budget import BudgetTracker
+from tfdp_embed.clipping import layer_kinds
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import keras
-from tfdp_embed.keras2.callbacks import epsilon_first
 
 _ALTERNATIVE = (
     "Monitor a validation metric on public or held-out data (e.g. `monitor='val_loss'` with "
@@ -52,13 +57,14 @@ _ALTERNATIVE = (
 
 def _monitor(callback) -> str | None:
     """The log key `callback` acts on, or None when it acts on none."""
-    if isinstance(callback, keras.callbacks.ModelCheckpoint) and not callback.save_best_only:
+    if layer_kinds.is_keras_instance(callback, "callbacks", "ModelCheckpoint") and not callback.save_best_only:
         return None  # saves every time: its `monitor` decides nothing
     monitor = getattr(callback, "monitor", None)
     return monitor if isinstance(monitor, str) else None
 
 
-def _refuse_statistic(callback, monitor: str) -> None:
+def refuse_statistic(callback, monitor: str) -> None:
+    """Raises: `callback` acts on the un-noised training statistic `monitor`."""
     raise PrivacyContractError(
         f"`{type(callback).__name__}(monitor={monitor!r})` acts on an un-noised training statistic: when "
         "training stops, the learning rate or the weights kept would depend on single training examples, "
@@ -68,21 +74,24 @@ def _refuse_statistic(callback, monitor: str) -> None:
 
 def _check_kind(callback) -> None:
     """Refuses the callbacks that act on training data whatever their arguments."""
-    if isinstance(callback, keras.callbacks.BackupAndRestore):
+    if layer_kinds.is_keras_instance(callback, "callbacks", "BackupAndRestore"):
         raise PrivacyContractError(
             f"`{type(callback).__name__}` restores the weights but not the noise mechanism, the optimizer or "
             "the privacy ledger: a resumed run would report epsilon for the steps after the restart only. "
             "Use `tfdp_embed.keras2.checkpointing.DPCheckpoint` (it resumes all of them with the ledger)."
         )
-    if isinstance(callback, keras.callbacks.TerminateOnNaN):
+    if layer_kinds.is_keras_instance(callback, "callbacks", "TerminateOnNaN"):
         raise PrivacyContractError(
             "`TerminateOnNaN` stops training on the un-noised training loss: whether the model is released "
             f"would depend on one example's loss. Remove it. {_ALTERNATIVE}"
         )
 
 
-class _FirstStepGuard(keras.callbacks.Callback):
-    """At the first training step's end (listed first): refuses monitors among the keys the step logged."""
+class FirstStepGuardLogic:
+    """At the first training step's end (listed first): refuses monitors among the keys the step logged.
+
+    A front end's `FirstStepGuard` is this on its `keras.callbacks.Callback`.
+    """
 
     def __init__(self, acting: list):
         super().__init__()
@@ -95,10 +104,17 @@ class _FirstStepGuard(keras.callbacks.Callback):
         self._checked = True
         for callback, monitor in self._acting:
             if monitor in (logs or {}):
-                _refuse_statistic(callback, monitor)
+                refuse_statistic(callback, monitor)
 
 
-def arrange(callbacks: Iterable | None, *, private: bool, logged_names: Iterable[str]) -> list:
+def epsilon_first(callbacks: Iterable, into_logs: type) -> list:
+    """`callbacks` with, in front, one `into_logs(budget)` per `PrivacyBudget`, which puts its epsilon into the logs."""
+    callbacks = list(callbacks)
+    budgets = [c for c in callbacks if isinstance(c, BudgetTracker)]
+    return [*(into_logs(b) for b in budgets), *callbacks]
+
+
+def arrange(callbacks: Iterable | None, *, private: bool, logged_names: Iterable[str], front: ModuleType) -> list:
     """The callbacks `DPModel.fit` runs: checked, with epsilon put into the epoch logs first.
 
     Args:
@@ -106,6 +122,7 @@ def arrange(callbacks: Iterable | None, *, private: bool, logged_names: Iterable
       private: the mechanism clips per example (anything but `NonPrivate`).
       logged_names: the training step's log keys known before the first
         step (`DPModel.metrics` names).
+      front: the front end's callbacks module (`epsilon_first`, `FirstStepGuard`).
 
     Returns:
       A new list: a guard and the budgets' epsilon (`accounting.epsilon_logs`)
@@ -114,7 +131,7 @@ def arrange(callbacks: Iterable | None, *, private: bool, logged_names: Iterable
     Raises:
       PrivacyContractError: (private only) a callback listed above.
     """
-    callbacks = epsilon_first(callbacks or [])
+    callbacks = front.epsilon_first(callbacks or [])
     if not private:
         return callbacks
     names = {"loss", *logged_names}
@@ -125,18 +142,18 @@ def arrange(callbacks: Iterable | None, *, private: bool, logged_names: Iterable
         if monitor is None or monitor.startswith("val_"):
             continue
         if monitor in names:
-            _refuse_statistic(callback, monitor)
+            refuse_statistic(callback, monitor)
         acting.append((callback, monitor))
-    return [_FirstStepGuard(acting), *callbacks] if acting else callbacks
+    return [front.FirstStepGuard(acting), *callbacks] if acting else callbacks
 
 
-def with_callbacks(args: tuple, kwargs: dict, *, private: bool, logged_names: Iterable[str], extra: list):
+def with_callbacks(args: tuple, kwargs: dict, *, private: bool, logged_names: Iterable[str], extra: list, front):
     """`fit`'s `(args, kwargs)` with `callbacks` (6th parameter or keyword) arranged, `extra` appended."""
     given = args[4] if len(args) > 4 else kwargs.get("callbacks")
-    callbacks = [*arrange(given, private=private, logged_names=logged_names), *extra]
+    callbacks = [*arrange(given, private=private, logged_names=logged_names, front=front), *extra]
     if len(args) > 4:
         return (*args[:4], callbacks, *args[5:]), kwargs
     return args, {**kwargs, "callbacks": callbacks}
 
 
-__all__ = ["arrange", "with_callbacks"]
+__all__ = ["FirstStepGuardLogic", "arrange", "epsilon_first", "refuse_statistic", "with_callbacks"]

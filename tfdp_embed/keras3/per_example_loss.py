@@ -1,0 +1,60 @@
+"""The per-example loss of a compiled Keras 3 model, and the layers whose training output mixes examples.
+
+DP clips each example's gradient, so the loss must be one value per example:
+a Keras 3 `Loss`'s `call` (or a loss function, or its name) gives one value
+per example before reduction; extra axes (per position, per output unit) are
+averaged, as Keras' reduction does. A dict or list of losses (several
+outputs) is refused with a one-line error, as are layers that mix the
+examples of a batch in training (BatchNormalization, whose batch statistics
+make each example's output depend on the others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tfdp_embed.clipping.taps import submodules
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.keras3._keras import keras, tf
+
+_MIXING = ("BatchNormalization",)
+
+
+def per_example_loss_fn(loss) -> Callable:
+    """`(y_true, y_pred) -> [batch]` for the loss given to `compile`."""
+    if isinstance(loss, (dict, list, tuple)):
+        raise PrivacyContractError(
+            "tfdp_embed.keras3.DPModel takes one loss (one output); received a "
+            f"{type(loss).__name__} of losses. Combine the outputs' losses in one `keras.losses.Loss`."
+        )
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
+    if not callable(fn):
+        raise TypeError(f"`loss` must be a Keras 3 loss, a loss function or its name; received {loss!r}.")
+
+    def per_example(y_true, y_pred):
+        values = tf.convert_to_tensor(fn(y_true, y_pred))
+        if values.shape.rank == 0:
+            raise PrivacyContractError(
+                f"The loss {getattr(loss, 'name', loss)!r} returned one value for the whole batch; DP needs one "
+                "per example. Return the unreduced loss (shape [batch] or [batch, ...])."
+            )
+        if values.shape.rank > 1:
+            values = tf.reduce_mean(tf.reshape(values, [tf.shape(values)[0], -1]), axis=1)
+        return tf.cast(values, tf.float32)
+
+    return per_example
+
+
+def reject_batch_mixing(model) -> None:
+    """Refuses layers whose training output for one example depends on the others."""
+    for layer in [model, *submodules(model)]:
+        if type(layer).__name__ in _MIXING and isinstance(layer, keras.layers.Layer):
+            raise PrivacyContractError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) mixes the examples of a batch in training, so one "
+                "example's loss depends on the others and clipping it bounds nothing. Use LayerNormalization."
+            )
+
+
+__all__ = ["per_example_loss_fn", "reject_batch_mixing"]

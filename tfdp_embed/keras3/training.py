@@ -1,0 +1,265 @@
+"""`DPModel` for Keras 3 (TensorFlow backend): the staged DP train step around any Keras 3 model.
+
+    forward + per-example loss -> per-example norms -> clip ->
+    mechanism.update -> optimizer.apply -> mechanism.after_apply
+
+The same engine as the tf-keras front end: taps and ghost norms
+(`tfdp_embed.clipping`), the clipped sums assembled for the mechanism
+(`assemble`), absent (weight-0) examples dropped, non-finite examples given
+clip factor 0, and every mechanism of `tfdp_embed.mechanisms` unchanged. The
+mechanism and the optimizer see the `tf.Variable`s inside Keras 3's
+`keras.Variable`s; embedding gradients stay `tf.IndexedSlices` to the
+optimizer.
+
+Example:
+    >>> inputs = keras.Input((4,), dtype="int32")
+    >>> x = DPEmbedding(1000, 8, combiner="mean")(inputs)
+    >>> model = keras.Model(inputs, keras.layers.Dense(1)(x))
+    >>> dp = DPModel(model, mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.1), expected_batch_size=256)
+    >>> dp.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    >>> dp.fit(dataset, epochs=1)
+
+Not yet in this front end (tf-keras has them): distribution strategies,
+mixed precision, the first-batch per-example contract probe, lookahead,
+`TrainingCheckpoint`. Each is refused with a one-line error, not ignored.
+"""
+
+from __future__ import annotations
+
+from tfdp_embed import fit_callbacks, nonfinite, plan_wiring, read_guard
+from tfdp_embed.absent_examples import present_examples, without_absent_examples
+from tfdp_embed.clipping import clipped_step, vectorized_layer_gradients
+from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
+from tfdp_embed.clipping.layer_kinds import tf_variable
+from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.data.provenance import fed_batching
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.keras3 import callbacks as front_callbacks
+from tfdp_embed.keras3 import clipping, sgd_adapter  # noqa: F401  (registers Keras 3 SGD for LazyDP)
+from tfdp_embed.keras3._keras import keras, tf
+from tfdp_embed.keras3.per_example_loss import per_example_loss_fn, reject_batch_mixing
+from tfdp_embed.layers.lookup import EmbeddingLookup
+from tfdp_embed.mechanisms.base import NoiseMechanism, check_declared_use
+from tfdp_embed.release import release_ready
+
+
+class _TrainingOnly:
+    """State kept out of Keras/TF tracking: no weights file, `.keras` archive or SavedModel holds it."""
+
+    __slots__ = ("mechanism", "plan", "fed_batching", "loss_fn", "tables", "variables", "keras_variables")
+
+    def __init__(self, mechanism, plan):
+        self.mechanism, self.plan = mechanism, plan
+        self.fed_batching = self.loss_fn = None
+        self.tables: list = []
+        self.variables: list = []  # tf.Variables of the wrapped model's trainable weights
+        self.keras_variables: dict = {}  # tf.Variable ref -> the keras.Variable the optimizer knows
+
+
+def _check_arguments(model, mechanism, expected_batch_size) -> None:
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"tfdp_embed.keras3.DPModel wraps a Keras 3 `keras.Model`; received {type(model).__module__}."
+            f"{type(model).__name__}. For a tf-keras model use tfdp_embed.keras2.DPModel."
+        )
+    if not isinstance(mechanism, NoiseMechanism):
+        raise TypeError(f"`mechanism` must be a tfdp_embed NoiseMechanism; received {type(mechanism).__name__}.")
+    if mechanism.clips_per_example and expected_batch_size is None:
+        raise ValueError("`expected_batch_size` is required for private training: the noised sum is divided by it.")
+    if expected_batch_size is not None and not float(expected_batch_size) > 0:
+        raise ValueError(f"`expected_batch_size` must be > 0; received {expected_batch_size!r}.")
+    check_declared_use(mechanism, lookahead=False)
+
+
+class DPModel(keras.Model):
+    """Trains a Keras 3 `model` with a noise mechanism; `fit`, callbacks and `evaluate` work.
+
+    Args:
+      model: the Keras 3 model to train; its `tfdp_embed.keras3.DPEmbedding` tables are sparse variables.
+      mechanism: a `NoiseMechanism` (keyword-only), or `plan=` a `plan_run` RunPlan.
+      expected_batch_size: divisor of the noised gradient sum (q * N under Poisson sampling).
+      registry: per-example norm rules; `tfdp_embed.keras3.clipping.default_registry()` when None.
+
+    What leaves training is the wrapped model alone, flushed first (LazyDP's owed noise).
+    """
+
+    def __init__(self, model, *, mechanism=None, plan=None, expected_batch_size=None, registry=None, name=None):
+        super().__init__(name=name or f"dp_{model.name}")
+        mechanism, expected_batch_size = plan_wiring.from_plan(plan, mechanism, expected_batch_size)
+        _check_arguments(model, mechanism, expected_batch_size)
+        self.inner = model
+        self.expected_batch_size = None if expected_batch_size is None else float(expected_batch_size)
+        self.registry = registry if registry is not None else clipping.default_registry()
+        self._training_only = _TrainingOnly(mechanism, plan)
+        self._prepared = False
+        self._tapped: list = []
+
+    @property
+    def mechanism(self) -> NoiseMechanism:
+        """The noise mechanism (training-only state: not among the model's weights)."""
+        return self._training_only.mechanism
+
+    @property
+    def batching(self):
+        """The `FedBatching` of the data the last `fit` was fed (None before any `fit`)."""
+        return self._training_only.fed_batching
+
+    def call(self, inputs, training=None):
+        return self.inner(inputs, training=training)
+
+    def compile(self, *args, jit_compile=False, **kwargs):
+        """`keras.Model.compile`; `jit_compile` defaults to False (the sparse DP step is not XLA-compiled)."""
+        if jit_compile not in (False, None):
+            raise ValueError("tfdp_embed.keras3.DPModel trains without XLA (`jit_compile=False`).")
+        super().compile(*args, jit_compile=False, **kwargs)
+
+    def fit(self, x=None, *args, **kwargs):
+        """Like `keras.Model.fit`; refuses callbacks acting on un-noised training statistics (as tf-keras)."""
+        self._training_only.fed_batching = fed_batching(x, declared=None)
+        plan_wiring.check_fed(self._training_only.plan, self._training_only.fed_batching)
+        self.prepare(x if isinstance(x, tf.data.Dataset) else None)
+        args, kwargs = fit_callbacks.with_callbacks(
+            args,
+            kwargs,
+            private=self.mechanism.clips_per_example,
+            logged_names=[m.name for m in self.metrics],
+            extra=[],
+            front=front_callbacks,
+        )
+        return super().fit(x, *args, **kwargs)
+
+    # -- setup ----------------------------------------------------------------
+    def prepare(self, data=None) -> None:
+        """Builds the wrapped model (from `data`'s first batch), checks its layers, inits the mechanism."""
+        if self._prepared:
+            return
+        if self.optimizer is None or getattr(self, "loss", None) is None:
+            raise ValueError("Call `compile(optimizer=..., loss=...)` before `fit`.")
+        self._training_only.loss_fn = per_example_loss_fn(self.loss)
+        if isinstance(data, tf.data.Dataset):
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(next(iter(data.take(1))))
+            self.inner(x, training=False)
+        if not self.inner.built or not self.inner.trainable_weights:
+            raise ValueError(f"Model {self.inner.name!r} is not built; call it once or pass a tf.data.Dataset to fit.")
+        reject_batch_mixing(self.inner)
+        self._tapped = layers_owning_weights(self.inner)
+        for layer in self._tapped:
+            self.registry.lookup(layer)  # refuses subclasses the rules cannot describe
+        state = self._training_only
+        state.tables = [layer for layer in self._tapped if isinstance(layer, EmbeddingLookup)]
+        state.keras_variables = {tf_variable(v).ref(): v for v in self.inner.trainable_weights}
+        state.variables = [tf_variable(v) for v in self.inner.trainable_weights]
+        tables = {t.embeddings.ref() for t in state.tables}
+        dense = [v for v in state.variables if v.ref() not in tables]
+        self.mechanism.init(tables=state.tables, dense_variables=dense, optimizer=self.optimizer)
+        self.optimizer.build(self.inner.trainable_weights)  # before the first trace
+        self._prepared = True
+
+    # -- the step -------------------------------------------------------------
+    def train_step(self, data):
+        with read_guard.unguarded():  # run eagerly, the step reads tables as its traced form does
+            return self._train_step(data)
+
+    def _per_example_loss(self, x, y, sample_weight, training=True):
+        y_pred = self.inner(x, training=training)
+        losses = self._training_only.loss_fn(y, y_pred)
+        if sample_weight is not None:
+            losses = losses * tf.cast(tf.reshape(sample_weight, [-1]), losses.dtype)
+        return losses, y_pred
+
+    def _train_step(self, data):
+        if not self._prepared:
+            raise RuntimeError("Call `DPModel.prepare(dataset)` (fit does it) before stepping.")
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if not self.mechanism.clips_per_example:
+            return self._non_private_step(x, y, sample_weight)
+        with record_taps(self._tapped, self.registry) as taps, tf.GradientTape() as tape:
+            losses, y_pred = self._per_example_loss(x, y, sample_weight)
+        step = clipped_step(
+            taps,
+            losses,
+            tape,
+            registry=self.registry,
+            fallback=vectorized_layer_gradients,
+            l2_norm_clip=self.mechanism.l2_norm_clip,
+        )
+        batch = tf.shape(losses)[0]
+        step = without_absent_examples(step, present_examples(sample_weight, batch))
+        state = self._training_only
+        clipped = assemble(
+            step,
+            taps,
+            batch,
+            tables=state.tables,
+            trainable_variables=state.variables,
+            expected_batch_size=self.expected_batch_size,
+        )
+        with tf.control_dependencies([losses]):
+            self._noise_and_apply(clipped)
+        return self._metrics_result(losses, x, y, y_pred, sample_weight, private=True)
+
+    def _noise_and_apply(self, clipped) -> None:
+        state = self._training_only
+        pairs = self.mechanism.update(clipped)
+        check_every_variable_noised(pairs, state.variables, self.mechanism.name)
+        self.optimizer.apply_gradients([(g, state.keras_variables[v.ref()]) for g, v in pairs])
+        self.mechanism.after_apply(None)
+        nonfinite.check_weights(pairs)
+
+    def _non_private_step(self, x, y, sample_weight):
+        with tf.GradientTape() as tape:
+            losses, y_pred = self._per_example_loss(x, y, sample_weight)
+            loss = tf.reduce_mean(losses)
+        weights = self.inner.trainable_weights
+        grads = tape.gradient(loss, [tf_variable(v) for v in weights])
+        self.optimizer.apply_gradients([(g, v) for g, v in zip(grads, weights) if g is not None])
+        return self._metrics_result(losses, x, y, y_pred, sample_weight)
+
+    def _metrics_result(self, losses, x, y, y_pred, sample_weight, private: bool = False):
+        """Loss and compiled metrics; in a DP step a non-finite example's loss, label and prediction read as 0."""
+        if not private:
+            self._loss_tracker.update_state(tf.reduce_mean(losses))
+            return self.compute_metrics(x, y, y_pred, sample_weight)
+        finite = nonfinite.finite_examples(losses)
+        self._loss_tracker.update_state(*nonfinite.finite_mean(losses, finite))
+        y, y_pred = nonfinite.finite_values((y, y_pred))
+        return self.compute_metrics(x, y, y_pred, sample_weight)
+
+    # -- exits ----------------------------------------------------------------
+    def flush(self) -> None:
+        """Adds all noise the mechanism still owes (LazyDP); a no-op for the others."""
+        if self._prepared:
+            release_ready(self)
+
+    def get_weights(self):
+        """The wrapped model's weights, flushed."""
+        self.flush()
+        return self.inner.get_weights()
+
+    def save_weights(self, filepath, *args, **kwargs):
+        """Saves the wrapped model's weights, flushed (no mechanism or optimizer state)."""
+        self.flush()
+        return self.inner.save_weights(filepath, *args, **kwargs)
+
+    def save(self, filepath, *args, **kwargs):
+        """Saves the wrapped model (`.keras`), flushed: its layers and weights only, no mechanism state."""
+        self.flush()
+        return self.inner.save(filepath, *args, **kwargs)
+
+    def export(self, filepath, *args, **kwargs):
+        """`keras.Model.export` of the wrapped model, flushed and traced without read hooks."""
+        from tfdp_embed.release import _without_read_hooks
+
+        self.flush()
+        nonfinite.check_released_weights(self.inner)
+        with _without_read_hooks(self.inner):
+            return self.inner.export(filepath, *args, **kwargs)
+
+    def get_config(self):
+        raise PrivacyContractError(
+            "A DPModel is not serialized: save or export the wrapped model (`dp.save(...)`, `dp.export(...)` "
+            "or `dp.inner`), which holds no mechanism or optimizer state."
+        )
+
+
+__all__ = ["DPModel"]
