@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipelines import cli_types, quality, run_limits
+from pipelines import audit_canaries, cli_types, quality, run_limits
 from pipelines.movielens import privacy as movielens_privacy
 from pipelines.movielens import vocabulary as movielens_vocabulary
 from pipelines.movielens.config import (
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--k", type=cli_types.positive(int), default=10, help="top-k of the exported signature")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    audit_canaries.add_flag(p)
     return p
 
 
@@ -125,6 +126,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
     if args.vocabulary_epsilon_share is not None and not 0 < args.vocabulary_epsilon_share < 1:
         parser.error(f"--vocabulary-epsilon-share must lie in (0, 1); received {args.vocabulary_epsilon_share}")
     check_privacy_flags(parser, args)
+    audit_canaries.check_flag(parser, args.audit_canaries)
     run_limits.check_epochs(parser, args.epochs)
     config = MovieLensConfig(
         data_path=args.data,
@@ -147,6 +149,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
         vocabulary_noise_multiplier=args.vocabulary_noise_multiplier,
         vocabulary_max_items=args.vocabulary_max_items,
         verbose=0 if args.quiet else 1,
+        audit_canaries=args.audit_canaries,
     )
     return config, args.out
 
@@ -160,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m pipelines.movielens: error: {error}", file=sys.stderr)
         return 1
     print(format_report(result.report))
+    if "audit" in result.report:
+        print(audit_canaries.summary_line(result.report["audit"]))
     quality.print_warnings(result.report.get("warnings", []), program="python -m pipelines.movielens")
     print(f"report: {os.path.join(out, 'report.json')}")
     return 0

@@ -62,6 +62,8 @@ class MovieLensConfig:
       k: top-k of the exported retrieval signature.
       eana_bound_examples: training examples to compute EANA's per-instance bound for.
       verbose: Keras progress bar (1) or silent (0).
+      audit_canaries: M for an audit run (`pipelines.audit_canaries`): trains with M rare-id canaries,
+        reports the empirical epsilon lower bound, exports no model; None: a normal run.
     """
 
     data_path: str = DEFAULT_DATA_PATH
@@ -89,6 +91,7 @@ class MovieLensConfig:
     k: int = 10
     eana_bound_examples: int = 3
     verbose: int = 1
+    audit_canaries: int | None = None
 
     def __post_init__(self):
         if self.mechanism not in movielens_privacy.MECHANISM_NAMES:

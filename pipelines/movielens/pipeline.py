@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from pipelines.movielens import audit as movielens_audit
 from pipelines.movielens import vocabulary as movielens_vocabulary
 from pipelines.movielens.config import (
     MovieLensConfig,
@@ -89,7 +90,8 @@ def train_and_evaluate(
         `output_dir.OutputBusyError` (a ValueError) when another run writes `out_dir`.
       PrivacyContractError: the model cannot be released (owed noise).
     """
-    with staged_release(out_dir, required=RELEASE_FILES) as staging:  # `output_dir`: all or nothing at `out_dir`
+    required = AUDIT_FILES if config.audit_canaries else RELEASE_FILES  # an audit run exports no model
+    with staged_release(out_dir, required=required) as staging:  # `output_dir`: all or nothing at `out_dir`
         return _run(config, data, extra_train_examples, staging)
 
 
@@ -99,6 +101,8 @@ RELEASE_FILES = (
     "report.json",
 )
 """What `out_dir` holds once published (`pipelines.output_dir`)."""
+AUDIT_FILES = ("report.json",)
+"""What an audit run (`--audit-canaries`) publishes: its report, no model."""
 
 
 def _run(config: MovieLensConfig, data: MovieLensData | None, extra_train_examples, staging: Staging | None):
@@ -107,13 +111,19 @@ def _run(config: MovieLensConfig, data: MovieLensData | None, extra_train_exampl
     started = time.perf_counter()
     data = data if data is not None else load_movielens(config)
     movielens_vocabulary.check_data(config, data)  # a DP run ships a catalogue's or a DP-released movie-id map
+    canaries = None
+    if config.audit_canaries:  # canaries of their own item ids join the pool; nothing is exported
+        data, extra_train_examples, canaries = movielens_audit.prepare(config, data, extra_train_examples)
     setup = plan_training(config, data, extra_train_examples)
     trained = fit_model(config, data, setup, build_model(config, data, setup))
     train_seconds = time.perf_counter() - started
     metrics, test_examples = release_and_evaluate(config, data, trained)
     privacy = privacy_report(config, data, setup, trained)
     report = build_report(config, data, setup, trained, privacy, metrics, test_examples, train_seconds=train_seconds)
-    if out_dir is not None:
+    if canaries is not None:
+        report["audit"] = movielens_audit.field(trained.model, canaries, privacy, setup.delta)
+        report["released"] = False
+    elif out_dir is not None:
         report["saved_model"] = _export(config, data, trained, privacy, out_dir)
     report["wall_seconds"] = time.perf_counter() - started
     report["not_released"] = not_released_note(
