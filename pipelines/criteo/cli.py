@@ -2,7 +2,8 @@
 
 Exit status: 0 on success, 2 for bad flags (argparse names the flag), 1 for
 input or settings the run cannot use (bad data, a privacy-contract
-violation, a target the accountant cannot meet).
+violation, a target the accountant cannot meet, an `--out` that cannot be
+written), 3 when `--fail-on-warnings` is given and the report has warnings.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipelines import cli_types, quality, run_limits
+from pipelines import cli_types, input_files, quality, run_limits
 from pipelines.criteo import beam as criteo_beam
 from pipelines.criteo import data as criteo_data
 from pipelines.criteo import defaults as criteo_defaults
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_privacy_flags(p.add_argument_group("privacy"))
     _add_training_flags(p.add_argument_group("training"))
     p.add_argument("--out", required=True, help="output directory (report.json, saved_model/)")
+    quality.add_fail_on_warnings_flag(p)
     return p
 
 
@@ -287,8 +289,7 @@ def _check_files(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None
     if a.eval and not (a.train or a.beam_shards):
         parser.error("--eval needs --train (without --train the synthetic data brings its own evaluation day).")
     for path in (a.train or []) + (a.eval or []):
-        if not os.path.exists(path):
-            parser.error(f"file not found: {path!r} (given to --train/--eval).")
+        input_files.check_path(parser, path, "--train/--eval")
     if a.streaming_periods and a.train and len(a.train) < 2:
         parser.error(
             f"--streaming-periods needs at least 2 --train day files (one per period); received {len(a.train)}."
@@ -403,11 +404,13 @@ def _config(a: argparse.Namespace, manifest: dict | None = None) -> PipelineConf
         privacy=_privacy_settings(a),
         synthetic=synthetic,
         verbose=a.verbose,
+        fail_on_warnings=a.fail_on_warnings,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status (2 for bad flags, 1 for bad data)."""
+    """CLI entry point; returns the exit status (2 for bad flags, 1 for bad data, 3 for a report with warnings
+    under --fail-on-warnings)."""
     config = parse_args(argv)
     try:
         report = run(config).report  # a failed run leaves `--out` as it was (`pipelines.output_dir`)
@@ -416,9 +419,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m pipelines.criteo: error: {message}", file=sys.stderr)
         return 1
     print(criteo_report.format_report(report))
-    quality.print_warnings(report.get("warnings", []), program="python -m pipelines.criteo")
-    print(f"report: {os.path.join(config.out, 'report.json')}")
-    return 0
+    program, path = "python -m pipelines.criteo", os.path.join(config.out, "report.json")
+    quality.print_warnings(report.get("warnings", []), program=program)
+    print(f"report: {path}")
+    return quality.exit_status(
+        report.get("warnings", []), fail_on_warnings=config.fail_on_warnings, program=program, report=path
+    )
 
 
 __all__ = ["build_parser", "main", "parse_args"]

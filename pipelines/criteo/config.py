@@ -51,6 +51,7 @@ class PipelineConfig:
     privacy: criteo_privacy.PrivacySettings | None = None
     synthetic: criteo_data.SyntheticSpec = criteo_data.SyntheticSpec()
     verbose: int = 1
+    fail_on_warnings: bool = False  # the command line exits 3 when the report warns (`quality.exit_status`)
 
     @property
     def lazy_lookahead(self) -> bool:

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from pipelines import quality, run_limits
+from pipelines import input_files, quality, run_limits
 from pipelines.criteo import beam as criteo_beam
 from pipelines.criteo import calibration as criteo_calibration
 from pipelines.criteo import data as criteo_data
@@ -135,6 +135,7 @@ def _read(config: PipelineConfig) -> _Data:
             config, f"no --train: writing synthetic Criteo data to {config.out}/data ({dataclasses.asdict(synthetic)})"
         )
         train_files, eval_files = criteo_data.write_default_data(os.path.join(config.out, "data"), synthetic)
+    _check_text(train_files + eval_files)
     rows_estimate = None if config.fixed_vocabulary else estimate_rows(train_files)
     vocab = _vocabulary(config, rows_estimate)
     if not config.fixed_vocabulary:  # scaled to the rows: known now
@@ -155,6 +156,17 @@ def _read(config: PipelineConfig) -> _Data:
         f"streamed), {data.final_eval.size} for evaluation",
     )
     return data
+
+
+def _check_text(paths: list) -> None:
+    """Binary garbage refused naming its line (`input_files.check_text`); a UTF-8 BOM refused in one line."""
+    for path in paths:
+        if input_files.check_text(path, what="Criteo rows (label, I1..I13, C1..C26), tab- or comma-separated"):
+            raise input_files.InputFileError(
+                f"{path}:1: the file starts with a UTF-8 byte-order mark (BOM), which the Criteo reader does not "
+                f"accept (the first row's label would read as a header); remove it, e.g. "
+                f"sed -i '1s/^\\xEF\\xBB\\xBF//' {path}"
+            )
 
 
 def _release_size(config: PipelineConfig, data: _Data) -> ReleasedDatasetSize:
@@ -354,7 +366,7 @@ def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, tr
       TrainingDivergedError: a non-finite training loss, or (mechanism none only) an exploding one (`divergence.py`).
     """
     trained: dict[str, Any] = {
-        "timer": StepTimer(),
+        "timer": StepTimer(training.plan.steps if config.verbose else None, program=PROGRAM),
         "infos": [],
         "fed": [],
         "periods": [],
@@ -691,6 +703,7 @@ def run(config: PipelineConfig) -> PipelineResult:
 
 RELEASE_FILES = ("saved_model/saved_model.pb", "saved_model/privacy_report.json", "report.json")
 """What `--out` holds once published (`pipelines.output_dir`)."""
+PROGRAM = "python -m pipelines.criteo"
 
 
 def _run(config: PipelineConfig, staging: Staging) -> PipelineResult:
@@ -700,6 +713,7 @@ def _run(config: PipelineConfig, staging: Staging) -> PipelineResult:
     config, data.chosen = _choose(config, data)
     model_config = _model_config(config, data)
     plan, counts, calibration_skipped = _plan(config, data)
+    staging.budget.start(plan, program=PROGRAM)  # OUT.budget.jsonl: this run's epsilon counts from now
     training = _build(config, model_config, plan, counts)
     training.calibration_skipped = calibration_skipped
     trained = _train(config, data, model_config, training)
@@ -708,6 +722,7 @@ def _run(config: PipelineConfig, staging: Staging) -> PipelineResult:
     report = _report(
         config, data, model_config, training, trained, released, started=started, train_seconds=train_seconds
     )
+    report["earlier_runs"] = staging.budget.spent(report)
     report = staging.published(report)
     criteo_report.write_report(os.path.join(config.out, "report.json"), report)
     return PipelineResult(report=report, model=training.model, model_config=model_config, serving=released.serving)

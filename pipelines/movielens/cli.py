@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=cli_types.positive(int), default=10, help="top-k of the exported signature")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     audit_canaries.add_flag(p)
+    quality.add_fail_on_warnings_flag(p)
     return p
 
 
@@ -150,12 +151,14 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
         vocabulary_max_items=args.vocabulary_max_items,
         verbose=0 if args.quiet else 1,
         audit_canaries=args.audit_canaries,
+        fail_on_warnings=args.fail_on_warnings,
     )
     return config, args.out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status (2 for bad flags, 1 for bad data or settings)."""
+    """CLI entry point; returns the exit status (2 for bad flags, 1 for bad data or settings, 3 for a report with
+    warnings under --fail-on-warnings)."""
     config, out = parse_args(argv)
     try:
         result = train_and_evaluate(config, out_dir=out)
@@ -165,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_report(result.report))
     if "audit" in result.report:
         print(audit_canaries.summary_line(result.report["audit"]))
-    quality.print_warnings(result.report.get("warnings", []), program="python -m pipelines.movielens")
-    print(f"report: {os.path.join(out, 'report.json')}")
-    return 0
+    program, path = "python -m pipelines.movielens", os.path.join(out, "report.json")
+    warnings = result.report.get("warnings", [])
+    quality.print_warnings(warnings, program=program)
+    print(f"report: {path}")
+    return quality.exit_status(warnings, fail_on_warnings=config.fail_on_warnings, program=program, report=path)

@@ -64,6 +64,7 @@ class MovieLensConfig:
       verbose: Keras progress bar (1) or silent (0).
       audit_canaries: M for an audit run (`pipelines.audit_canaries`): trains with M rare-id canaries,
         reports the empirical epsilon lower bound, exports no model; None: a normal run.
+      fail_on_warnings: the command line exits with status 3 when the report has warnings.
     """
 
     data_path: str = DEFAULT_DATA_PATH
@@ -92,6 +93,7 @@ class MovieLensConfig:
     eana_bound_examples: int = 3
     verbose: int = 1
     audit_canaries: int | None = None
+    fail_on_warnings: bool = False
 
     def __post_init__(self):
         if self.mechanism not in movielens_privacy.MECHANISM_NAMES:

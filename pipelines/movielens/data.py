@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 
+from pipelines import input_files
 from pipelines.movielens import vocabulary as movielens_vocabulary
 from pipelines.movielens.config import (
     MovieLensConfig,
@@ -18,6 +19,7 @@ from tfdp_embed.data.movielens import (
     load_movielens_data,
     read_ratings,
 )
+from tfdp_embed.data.movielens_files import resolve_ratings_path
 
 
 def load_movielens(config: MovieLensConfig) -> MovieLensData:
@@ -25,7 +27,10 @@ def load_movielens(config: MovieLensConfig) -> MovieLensData:
 
     Raises:
       FileNotFoundError, MovieLensFormatError: unreadable input (file and line named).
+      InputFileError: a ratings file that is not text (binary; file, line and column named).
     """
+    # a UTF-8 BOM is read as such (`read_ratings`); binary garbage is refused here naming the line
+    input_files.check_text(resolve_ratings_path(config.data_path), what="MovieLens ratings lines")
     ids, release = None, None
     if movielens_vocabulary.needs_release(config, read_ratings(config.data_path).path):
         ids, release = movielens_vocabulary.dp_movie_ids(config, config.data_path)  # no catalogue: DP movie ids

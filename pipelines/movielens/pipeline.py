@@ -115,6 +115,8 @@ def _run(config: MovieLensConfig, data: MovieLensData | None, extra_train_exampl
     if config.audit_canaries:  # canaries of their own item ids join the pool; nothing is exported
         data, extra_train_examples, canaries = movielens_audit.prepare(config, data, extra_train_examples)
     setup = plan_training(config, data, extra_train_examples)
+    if staging is not None:  # OUT.budget.jsonl: this run's epsilon counts from now, even if it dies
+        staging.budget.start(setup.plan, program="python -m pipelines.movielens")
     trained = fit_model(config, data, setup, build_model(config, data, setup))
     train_seconds = time.perf_counter() - started
     metrics, test_examples = release_and_evaluate(config, data, trained)
@@ -139,6 +141,7 @@ def _run(config: MovieLensConfig, data: MovieLensData | None, extra_train_exampl
         release="retrieval_saved_model/",
     )
     if staging is not None:
+        report["earlier_runs"] = staging.budget.spent(report)
         report = staging.published(report)
         write_privacy_report(os.path.join(staging.path, "report.json"), report)
     return MovieLensResult(model=trained.model, report=report, data=data)

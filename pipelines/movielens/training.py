@@ -159,7 +159,7 @@ def fit_model(config: MovieLensConfig, data: MovieLensData, setup: Setup, built:
     if lazy:
         probe = with_lookahead(probe, lambda features: {model.history_embedding.name: features})
     dp_model.prepare(probe)
-    timer = StepTimer()
+    timer = StepTimer(setup.steps if config.verbose else None, program="python -m pipelines.movielens")
     callbacks = [timer] + ([budget] if budget is not None else [])
     history = dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
     return Trained(model, dp_model, budget, counter, timer, history)

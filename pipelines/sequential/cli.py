@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipelines import cli_types, quality, run_limits
+from pipelines import cli_types, input_files, quality, run_limits
 from pipelines.privacy_flags import add_privacy_flags, check_privacy_flags
 from pipelines.sequential import privacy as sequential_privacy
 from pipelines.sequential import vocabulary as sequential_vocabulary
@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, help="seed for sampling, init and noise (tests/reproductions only)")
     p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1, help="Keras progress bar (1), per epoch (2)")
+    quality.add_fail_on_warnings_flag(p)
     return p
 
 
@@ -166,8 +167,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SequentialConfig:
 
 def _check_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Exits with status 2 on files that do not exist and values argparse's types cannot check."""
-    if not os.path.exists(a.data):
-        parser.error(f"file not found: {a.data!r} (given to --data).")
+    input_files.check_path(parser, a.data, "--data")
     check_privacy_flags(parser, a)
     run_limits.check_epochs(parser, a.epochs, a.max_steps)
     if not 0 <= a.dropout < 1:
@@ -195,7 +195,8 @@ def _check_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns 0, 2 for bad flags (argparse), 1 for bad data or settings."""
+    """CLI entry point; returns 0, 2 for bad flags (argparse), 1 for bad data or settings, 3 for a report with
+    warnings under --fail-on-warnings."""
     config = parse_args(argv)
     try:
         report = run(config).report
@@ -203,6 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m pipelines.sequential: error: {error}", file=sys.stderr)
         return 1
     print(format_summary(report))
-    quality.print_warnings(report.get("warnings", []), program="python -m pipelines.sequential")
-    print(f"report: {os.path.join(config.out, 'report.json')}")
-    return 0
+    program, path = "python -m pipelines.sequential", os.path.join(config.out, "report.json")
+    quality.print_warnings(report.get("warnings", []), program=program)
+    print(f"report: {path}")
+    return quality.exit_status(
+        report.get("warnings", []), fail_on_warnings=config.fail_on_warnings, program=program, report=path
+    )

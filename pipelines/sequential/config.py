@@ -51,3 +51,4 @@ class SequentialConfig:
     top_k: int = 10
     seed: int | None = None
     verbose: int = 1
+    fail_on_warnings: bool = False  # exit 3 when the report warns (`quality.exit_status`)

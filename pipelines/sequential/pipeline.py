@@ -6,6 +6,7 @@ import dataclasses
 import os
 import time
 
+from pipelines import input_files
 from pipelines.output_dir import Staging, staged_release
 from pipelines.sequential.config import SequentialConfig
 from pipelines.sequential.report import (
@@ -46,16 +47,28 @@ def run(config: SequentialConfig) -> SequentialResult:
 
 RELEASE_FILES = ("saved_model/saved_model.pb", "saved_model/privacy_report.json", "report.json")
 """What `out` holds once published (`pipelines.output_dir`)."""
+PROGRAM = "python -m pipelines.sequential"
+
+
+def _load(config: SequentialConfig) -> tuple:
+    """`(SequenceData, bom)`: the file read, not text refused naming its line, a UTF-8 BOM stripped (`input_files`)."""
+    bom = input_files.check_text(config.data, what="'user item' or 'user item item ...' lines")
+    if not bom:
+        return load_sequences(config.data, max_len=config.max_len, layout=config.layout), False
+    log(config, f"{config.data} starts with a UTF-8 byte-order mark (BOM): read without it")
+    with input_files.without_bom(config.data) as path:
+        return load_sequences(path, max_len=config.max_len, layout=config.layout), True
 
 
 def _run(config: SequentialConfig, staging: Staging) -> SequentialResult:
     """The run, writing into `config.out` (the staging directory); the report names the published paths."""
     started = time.perf_counter()
-    data = load_sequences(config.data, max_len=config.max_len, layout=config.layout)
+    data, bom = _load(config)
     check_item_memory(config, data)
     summary = {k: v for k, v in data.summary().items() if k != "users"}  # N is not released, not even to a log
     log(config, f"read {config.data}: {summary}")
     privacy = plan_privacy(config, data)
+    staging.budget.start(privacy.run, program=PROGRAM)  # OUT.budget.jsonl: spent even if the run dies now
     raw, data = data, privacy.data  # the data in the run's item ids (a DP vocabulary or a public catalogue)
     model, dp_model, budget = build_model(config, data, privacy)
     timer, history = fit_model(config, data, privacy, dp_model, budget)
@@ -82,7 +95,7 @@ def _run(config: SequentialConfig, staging: Staging) -> SequentialResult:
             "median_step_s": timer.median(),
             "train_seconds": train_seconds,
             "wall_seconds": time.perf_counter() - started,
-            "data": {"file": config.data, **data.summary()},
+            "data": {"file": config.data, **data.summary()} | ({"byte_order_mark": "stripped"} if bom else {}),
             "settings": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("data", "out", "seed")}
             | {"seeded": config.seed is not None},  # never the seed itself
             "metric_protocol": "full ranking over all items (no sampling), history items kept, ties pessimistic",
@@ -93,6 +106,7 @@ def _run(config: SequentialConfig, staging: Staging) -> SequentialResult:
             ),
         }
     )
+    report["earlier_runs"] = staging.budget.spent(report)
     report = staging.published(report)
     write_privacy_report(os.path.join(config.out, "report.json"), report)
     return SequentialResult(report=report, model=model, serving=serving)

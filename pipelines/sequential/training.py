@@ -132,7 +132,7 @@ def fit_model(config: SequentialConfig, data, privacy, dp_model: DPModel, budget
     batches, _ = poisson_batches(
         training_dataset(data), sampling_probability=privacy.run.sampling_probability, seed=config.seed
     )
-    timer = StepTimer()
+    timer = StepTimer(privacy.run.steps if config.verbose else None, program="python -m pipelines.sequential")
     callbacks = [timer, StopAfter(privacy.run.steps)] + ([budget] if budget is not None else [])
     history = dp_model.fit(batches, epochs=config.epochs, callbacks=callbacks, verbose=config.verbose)
     return timer, history

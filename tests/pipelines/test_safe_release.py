@@ -91,14 +91,17 @@ def test_sigkill_during_export_leaves_only_a_partial_that_the_next_run_removes(d
     child.kill()  # SIGKILL mid-export: the SavedModel is written, its privacy_report.json and report.json are not
     assert child.wait(timeout=60) == -signal.SIGKILL
     partial = tmp_path / f"run.partial-{child.pid}"
-    assert not out.exists() and _siblings(out) == ["run.lock", partial.name]
+    assert not out.exists() and _siblings(out) == ["run.budget.jsonl", "run.lock", partial.name]
     assert sorted(os.listdir(partial)) == ["saved_model"]  # no report.json: never published
     assert (partial / "saved_model" / "saved_model.pb").exists() and _lock_is_free(out)
     assert not (partial / "saved_model" / "privacy_report.json").exists()
     # the next run on `--out` removes it (here a run refused after reading the data: nothing else is left)
     assert sequential.main(["--data", data_file, "--out", str(out), *TINY, "--batch", "999"]) == 1
     assert "`batch` must lie in [1, " in capsys.readouterr().err
-    assert _siblings(out) == ["run.lock"]
+    assert _siblings(out) == ["run.budget.jsonl", "run.lock"]
+    # the killed run trained: its `started` line stays in the budget record, never followed by `finished`
+    (line,) = (out.parent / "run.budget.jsonl").read_text().splitlines()
+    assert json.loads(line)["event"] == "started" and json.loads(line)["run"].endswith(f"-{child.pid}")
 
 
 def test_a_second_writer_is_refused_and_sigterm_or_ctrl_c_leave_the_first_release(
@@ -113,7 +116,7 @@ def test_a_second_writer_is_refused_and_sigterm_or_ctrl_c_leave_the_first_releas
     assert not out.exists() and (tmp_path / f"run.partial-{first.pid}" / "saved_model").is_dir()
     (tmp_path / "first" / "go").touch()
     assert first.wait(timeout=120) == 0, (tmp_path / "first" / "log.txt").read_text()[-3000:]
-    assert sorted(os.listdir(out)) == RELEASE and _siblings(out) == ["run", "run.lock"]
+    assert sorted(os.listdir(out)) == RELEASE and _siblings(out) == ["run", "run.budget.jsonl", "run.lock"]
     report = (out / "report.json").read_text()
     assert json.loads(report)["saved_model"] == str(out / "saved_model")  # the published path, not the staging one
 
@@ -122,7 +125,7 @@ def test_a_second_writer_is_refused_and_sigterm_or_ctrl_c_leave_the_first_releas
     assert (tmp_path / f"run.partial-{later.pid}").is_dir()
     later.terminate()
     assert later.wait(timeout=60) == 143, (tmp_path / "later" / "log.txt").read_text()[-3000:]
-    assert (out / "report.json").read_text() == report and _siblings(out) == ["run", "run.lock"]
+    assert (out / "report.json").read_text() == report and _siblings(out) == ["run", "run.budget.jsonl", "run.lock"]
 
     # Ctrl-C of a later run in this process: the same
     def interrupted(*args, **kwargs):
@@ -132,7 +135,7 @@ def test_a_second_writer_is_refused_and_sigterm_or_ctrl_c_leave_the_first_releas
     with pytest.raises(KeyboardInterrupt):
         sequential.main(argv)
     assert (out / "report.json").read_text() == report and sorted(os.listdir(out)) == RELEASE
-    assert _siblings(out) == ["run", "run.lock"] and _lock_is_free(out)
+    assert _siblings(out) == ["run", "run.budget.jsonl", "run.lock"] and _lock_is_free(out)
 
 
 def test_absurd_epochs_are_refused_in_one_line_before_any_work(data_file, tmp_path, capsys, monkeypatch):
