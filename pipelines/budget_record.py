@@ -33,6 +33,7 @@ import datetime
 import json
 import math
 import os
+import secrets
 import sys
 
 SUFFIX = ".budget.jsonl"
@@ -49,7 +50,7 @@ class BudgetRecord:
     def __init__(self, out: str, earlier: list):
         self.out, self.path, self.earlier = out, record_path(out), earlier
         now = datetime.datetime.now(datetime.UTC)
-        self.run = f"{now:%Y%m%dT%H%M%S}-{os.getpid()}"
+        self.run = f"{now:%Y%m%dT%H%M%S}-{os.getpid()}-{secrets.token_hex(3)}"  # unique, even in one process
         self.entry: dict | None = None  # this run's fields, once started
 
     @classmethod

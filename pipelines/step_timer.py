@@ -1,9 +1,10 @@
 """Wall time per training step, shared by the pipelines' reports (`median_step_s`) and their run-time estimate.
 
-Given the run's planned steps, `StepTimer` prints one line to stderr once
-`WARMUP_STEPS + ESTIMATE_STEPS` steps have run (the first ones trace the
-train function and are left out): "estimated N min for S steps", from the
-median of the measured steps, so a run that will take hours says so early.
+Given the run's planned steps (more than `WARMUP_STEPS + ESTIMATE_STEPS`),
+`StepTimer` prints one line to stderr once that many steps have run (the
+first ones trace the train function and are left out): "estimated N min for
+S steps", from the median of the measured steps, so a run that will take
+hours says so early.
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ class StepTimer(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.durations.append(time.perf_counter() - self._start)
-        if self.total_steps and self.estimate is None and len(self.durations) == WARMUP_STEPS + ESTIMATE_STEPS:
+        measured = WARMUP_STEPS + ESTIMATE_STEPS
+        if (
+            self.total_steps
+            and self.total_steps > measured
+            and self.estimate is None
+            and len(self.durations) == measured
+        ):
             self.estimate = estimate_line(self.median(), self.total_steps, measured=ESTIMATE_STEPS)
             print(f"{self.program}: {self.estimate}", file=sys.stderr, flush=True)
 

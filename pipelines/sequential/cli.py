@@ -185,13 +185,11 @@ def _check_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None
         )
     except ValueError as error:
         parser.error(str(error))
-    for flag, path in (("--item-catalogue", a.item_catalogue),):
-        if path is not None and not os.path.exists(path):
-            parser.error(f"file not found: {path!r} (given to {flag}).")
+    for flag, path in (("--item-catalogue", a.item_catalogue), ("--frequencies-file", a.frequencies_file)):
+        if path is not None:
+            input_files.check_path(parser, path, flag)
     if a.vocabulary_epsilon_share is not None and not 0 < a.vocabulary_epsilon_share < 1:
         parser.error(f"--vocabulary-epsilon-share must lie in (0, 1); received {a.vocabulary_epsilon_share!r}.")
-    if a.frequencies_file is not None and not os.path.exists(a.frequencies_file):
-        parser.error(f"file not found: {a.frequencies_file!r} (given to --frequencies-file).")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -127,6 +127,9 @@ def test_a_directory_as_the_data_file_is_named(files, tmp_path, capsys):
         assert exit_.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert f"'{tmp_path}' (given to {flag}) is a directory; give the file itself." in err
+    with pytest.raises(SystemExit):  # the sequential pipeline's other input files too
+        sequential.main([*_argv("sequential", files, tmp_path / "o"), "--item-catalogue", str(tmp_path)])
+    assert f"'{tmp_path}' (given to --item-catalogue) is a directory" in capsys.readouterr().err
     # MovieLens takes a dataset directory: one without a ratings file is named in one line
     assert movielens.main(_argv("movielens", files, tmp_path / "o", data=str(tmp_path))) == 1
     assert f"MovieLens dataset directory '{tmp_path}' holds none of" in _one_line(capsys, "movielens")
