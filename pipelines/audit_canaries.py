@@ -57,12 +57,16 @@ def check_flag(parser, value) -> None:
         parser.error(f"--audit-canaries {value}: at least {MIN_CANARIES} canaries (hundreds for a useful bound)")
 
 
+def audit_seed(seed: int | None) -> int:
+    """The auditor's seed: the run's `--seed`, or OS entropy."""
+    return secrets.randbits(31) if seed is None else int(seed)
+
+
 def inclusion(num_canaries: int, seed: int | None) -> np.ndarray:
     """[M] booleans, each True with probability 1/2: which canaries go in (the auditor's generator)."""
     from tfdp_embed.keras2.audit_canaries import draw_inclusion
 
-    audit_seed = secrets.randbits(31) if seed is None else int(seed)
-    return draw_inclusion(num_canaries, audit_seed=audit_seed)
+    return draw_inclusion(num_canaries, audit_seed=audit_seed(seed))
 
 
 def audit_field(scores, included, *, claimed_epsilon, delta: float, confidence: float = 0.95) -> dict:
@@ -108,4 +112,14 @@ def summary_line(audit: dict) -> str:
     )
 
 
-__all__ = ["KIND", "MIN_CANARIES", "NOTE", "add_flag", "audit_field", "check_flag", "inclusion", "summary_line"]
+__all__ = [
+    "KIND",
+    "MIN_CANARIES",
+    "NOTE",
+    "add_flag",
+    "audit_field",
+    "audit_seed",
+    "check_flag",
+    "inclusion",
+    "summary_line",
+]

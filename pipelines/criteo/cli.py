@@ -13,7 +13,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipelines import cli_types, input_files, quality, run_limits
+from pipelines import audit_canaries, cli_types, input_files, quality, run_limits
+from pipelines.criteo import audit as criteo_audit
 from pipelines.criteo import beam as criteo_beam
 from pipelines.criteo import data as criteo_data
 from pipelines.criteo import defaults as criteo_defaults
@@ -270,6 +271,7 @@ def _add_training_flags(train) -> None:
         default=1,
         help="Keras progress bar (1), one line per epoch (2), silent (0)",
     )
+    audit_canaries.add_flag(train)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> PipelineConfig:
@@ -278,6 +280,7 @@ def parse_args(argv: Sequence[str] | None = None) -> PipelineConfig:
     a = parser.parse_args(argv)
     _check_files(parser, a)
     _check_values(parser, a)
+    criteo_audit.check_flags(parser, a)
     manifest = _check_beam(parser, a) if a.beam_shards else None
     return _config(a, manifest)
 
@@ -404,6 +407,7 @@ def _config(a: argparse.Namespace, manifest: dict | None = None) -> PipelineConf
         privacy=_privacy_settings(a),
         synthetic=synthetic,
         verbose=a.verbose,
+        audit_canaries=a.audit_canaries,
         fail_on_warnings=a.fail_on_warnings,
     )
 
@@ -418,7 +422,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = error.message(cli=True) if isinstance(error, CriteoFormatError) else str(error)
         print(f"python -m pipelines.criteo: error: {message}", file=sys.stderr)
         return 1
-    print(criteo_report.format_report(report))
+    if "audit" in report:  # an audit run: no model, no metrics
+        print(audit_canaries.summary_line(report["audit"]))
+    else:
+        print(criteo_report.format_report(report))
     program, path = "python -m pipelines.criteo", os.path.join(config.out, "report.json")
     quality.print_warnings(report.get("warnings", []), program=program)
     print(f"report: {path}")

@@ -51,6 +51,7 @@ class PipelineConfig:
     privacy: criteo_privacy.PrivacySettings | None = None
     synthetic: criteo_data.SyntheticSpec = criteo_data.SyntheticSpec()
     verbose: int = 1
+    audit_canaries: int | None = None  # M: an audit run (`criteo/audit.py`), no export
     fail_on_warnings: bool = False  # the command line exits 3 when the report warns (`quality.exit_status`)
 
     @property

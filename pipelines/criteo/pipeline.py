@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from pipelines import input_files, quality, run_limits
+from pipelines.criteo import audit as criteo_audit
 from pipelines.criteo import beam as criteo_beam
 from pipelines.criteo import calibration as criteo_calibration
 from pipelines.criteo import data as criteo_data
@@ -47,13 +48,14 @@ class PipelineResult:
       report: the dict written to `report.json`.
       model: the trained (flushed) Keras pCTR model.
       model_config: its `CTRModelConfig`.
-      serving: the exported `CTRServingModule` (its `serve` was traced by the export).
+      serving: the exported `CTRServingModule` (its `serve` was traced by the export); None (and no
+        model) for an audit run (`--audit-canaries`), which exports nothing.
     """
 
     report: dict
     model: object
     model_config: CTRModelConfig
-    serving: CTRServingModule
+    serving: CTRServingModule | None
 
 
 def _log(config: PipelineConfig, message: str) -> None:
@@ -697,12 +699,15 @@ def run(config: PipelineConfig) -> PipelineResult:
       TrainingDivergedError: training diverged (nothing exported; `divergence.py`).
       PrivacyBudgetExceededError: the budget allows no training step.
     """
-    with staged_release(config.out, required=RELEASE_FILES) as staging:
+    required = AUDIT_FILES if config.audit_canaries else RELEASE_FILES  # an audit run exports no model
+    with staged_release(config.out, required=required) as staging:
         return _run(dataclasses.replace(config, out=staging.path), staging)
 
 
 RELEASE_FILES = ("saved_model/saved_model.pb", "saved_model/privacy_report.json", "report.json")
 """What `--out` holds once published (`pipelines.output_dir`)."""
+AUDIT_FILES = ("report.json",)
+"""What an audit run (`--audit-canaries`) publishes: its report, no model."""
 PROGRAM = "python -m pipelines.criteo"
 
 
@@ -714,6 +719,8 @@ def _run(config: PipelineConfig, staging: Staging) -> PipelineResult:
     model_config = _model_config(config, data)
     plan, counts, calibration_skipped = _plan(config, data)
     staging.budget.start(plan, program=PROGRAM)  # OUT.budget.jsonl: this run's epsilon counts from now
+    if config.audit_canaries:  # trains with canaries, reports the bound, exports nothing (`criteo/audit.py`)
+        return _audit(config, data, model_config, plan, started)
     training = _build(config, model_config, plan, counts)
     training.calibration_skipped = calibration_skipped
     trained = _train(config, data, model_config, training)
@@ -726,6 +733,21 @@ def _run(config: PipelineConfig, staging: Staging) -> PipelineResult:
     report = staging.published(report)
     criteo_report.write_report(os.path.join(config.out, "report.json"), report)
     return PipelineResult(report=report, model=training.model, model_config=model_config, serving=released.serving)
+
+
+def _audit(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, plan: RunPlan, started) -> PipelineResult:
+    """An audit run's result: the planned guarantee, the `audit` field, `released: false`; no model."""
+    audit = criteo_audit.run(config, data.periods[0], model_config, plan)
+    report = plan.report(dataset_size=data.release, steps=plan.steps, batching="poisson")  # audit_run's batches
+    report.update(
+        audit=audit,
+        released=False,
+        rows_read=data.released_rows,  # N~: the exact count is not released
+        model=model_config.get_config(),
+        total_seconds=time.perf_counter() - started,
+    )
+    criteo_report.write_report(os.path.join(config.out, "report.json"), report)
+    return PipelineResult(report=report, model=None, model_config=model_config, serving=None)
 
 
 __all__ = ["PipelineResult", "run"]
