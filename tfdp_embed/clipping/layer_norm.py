@@ -44,7 +44,13 @@ def layer_norm_layer_gradients(
 
     References: Li et al. 2022 ghost clipping; Bu et al. 2022 book-keeping.
     """
-    axes = sorted(int(a) for a in layer.axis)
+    if getattr(layer, "rms_scaling", False):  # Keras 3's RMS variant: other math, the exact fallback
+        from tfdp_embed.clipping.fallback import vectorized_layer_gradients
+
+        return vectorized_layer_gradients(layer, taps, output_grads)
+    rank = dense_call_input(layer, taps.calls[0]).shape.rank
+    axis = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
+    axes = sorted(int(a) % rank for a in axis)  # Keras 3 keeps negative axes (tf-keras made them positive)
     if 0 in axes:
         raise ValueError(
             f"Per-example clipping of LayerNormalization {layer.name!r} needs `axis` to "

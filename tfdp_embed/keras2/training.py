@@ -74,6 +74,11 @@ class _TrainingOnly:
 
 def _check_arguments(model, mechanism, expected_batch_size, lookahead: bool) -> None:
     """`DPModel`'s argument checks; undeclared capabilities fail here, not in a traced step."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"tfdp_embed.keras2.DPModel wraps a tf-keras `keras.Model`; received {type(model).__module__}."
+            f"{type(model).__name__}. For a Keras 3 model use tfdp_embed.keras3.DPModel."
+        )
     if not isinstance(mechanism, NoiseMechanism):
         raise TypeError(f"`mechanism` must be a tfdp_embed NoiseMechanism; received {type(mechanism).__name__}.")
     if mechanism.clips_per_example:
