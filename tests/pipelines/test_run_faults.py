@@ -4,8 +4,8 @@ An `--out` that cannot be written (a regular file, a read-only parent, a parent 
 refused before any data is read; a directory given as the data file, binary garbage and a UTF-8
 byte-order mark are named by file and line (the BOM is read past where the reader allows, refused
 in one line by Criteo's); a full disk while the release is written removes the partial release and
-says so. The spent budget is recorded across runs of one `--out` (`OUT.budget.jsonl`), and
-`--fail-on-warnings` turns a report's warnings into exit status 3.
+says so. The spent budget is recorded across runs of one `--out` (`OUT.budget.jsonl`),
+`--fail-on-warnings` turns a report's warnings into exit status 3, and a run prints its estimated run time.
 
 Read-only directories are simulated (`os.open` / `os.makedirs` refused with EACCES below them): the
 tests may run as root, whom permissions do not stop.
@@ -194,13 +194,21 @@ def test_the_budget_spent_by_earlier_runs_on_an_out_is_reported(files, tmp_path,
     err = capsys.readouterr().err
     assert first["data"]["byte_order_mark"] == "stripped" and first["earlier_runs"]["count"] == 0
     assert "python -m pipelines.sequential: estimated " in err and f" min for {first['steps']:,} steps (" in err
-    assert sequential.main(dp) == 0
+    # the second run learns nothing (--lr 1e-9): with --fail-on-warnings it exits 3, its release written all the same
+    assert sequential.main([*dp, "--lr", "1e-9", "--fail-on-warnings"]) == quality.FAIL_ON_WARNINGS_STATUS == 3
     second = json.loads((out / "report.json").read_text())
+    assert second["warnings"] and (out / "saved_model" / "saved_model.pb").exists()
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if ": error: " in line] == [
+        f"python -m pipelines.sequential: error: --fail-on-warnings: the report has {len(second['warnings'])} "
+        f"warning(s) (above; its `warnings` in {out / 'report.json'}); the release was written, exit status 3."
+    ]
     earlier = second["earlier_runs"]
     assert (earlier["count"], earlier["finished"], earlier["without_epsilon"]) == (1, 1, 0)
     assert earlier["epsilon"] == pytest.approx(first["epsilon"])
     assert earlier["epsilon_total"] == pytest.approx(first["epsilon"] + second["epsilon"])
-    assert f"1 earlier run(s) into {out} (1 finished) spent epsilon {first['epsilon']:.4g}" in capsys.readouterr().err
+    spent = f"python -m pipelines.sequential: 1 earlier run(s) into {out} (1 finished) spent epsilon "
+    assert any(line.startswith(spent + f"{first['epsilon']:.4g}") for line in err)
     lines = [json.loads(x) for x in (tmp_path / "run.budget.jsonl").read_text().splitlines()]
     assert [x["event"] for x in lines] == ["started", "finished"] * 2
     assert {"date", "mechanism", "epsilon", "delta", "steps", "finished"} <= set(lines[-1])
@@ -222,23 +230,16 @@ def test_a_killed_run_counts_at_its_planned_epsilon_and_a_non_dp_run_unbounds_th
     assert summary["without_epsilon"] == 1 and summary["epsilon_total"] is None
 
 
-def test_fail_on_warnings_exits_3_after_writing_the_release(files, tmp_path, capsys):
-    out = tmp_path / "run"
-    argv = [*_argv("sequential", files, out), "--lr", "1e-9", "--fail-on-warnings"]
-    assert sequential.main(argv) == quality.FAIL_ON_WARNINGS_STATUS == 3
-    report = json.loads((out / "report.json").read_text())
-    assert report["warnings"] and (out / "saved_model" / "saved_model.pb").exists()
-    errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
-    assert errors == [
-        f"python -m pipelines.sequential: error: --fail-on-warnings: the report has {len(report['warnings'])} "
-        f"warning(s) (above; its `warnings` in {out / 'report.json'}); the release was written, exit status 3."
-    ]
-    # the flag reaches each pipeline's settings
-    assert criteo.parse_args(["--out", str(out), "--fail-on-warnings"]).fail_on_warnings
-    assert movielens.parse_args(["--mechanism", "none", "--epochs", "1", "--out", "o", "--fail-on-warnings"])[
-        0
-    ].fail_on_warnings
+def test_fail_on_warnings_reaches_each_pipeline_and_fails_only_a_report_with_warnings(files, capsys):
+    # a run that exits 3: the second run of the budget test above
+    assert criteo.parse_args(["--out", "o", "--fail-on-warnings"]).fail_on_warnings
+    config, _ = movielens.parse_args(["--mechanism", "none", "--epochs", "1", "--out", "o", "--fail-on-warnings"])
+    assert config.fail_on_warnings
     assert not sequential.parse_args(["--data", files["seq"], "--out", "o"]).fail_on_warnings
+    assert quality.exit_status([], fail_on_warnings=True, program="p", report="r") == 0
+    assert quality.exit_status(["bad"], fail_on_warnings=False, program="p", report="r") == 0
+    assert capsys.readouterr().err == ""
+    assert quality.exit_status(["bad"], fail_on_warnings=True, program="p", report="r") == 3
 
 
 def test_the_run_time_estimate_is_printed_once_from_the_steps_after_the_warm_up(capsys, monkeypatch):
