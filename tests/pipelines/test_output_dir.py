@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
+import types
 
 import pytest
 
@@ -177,3 +179,23 @@ def test_an_out_whose_parent_cannot_be_written_is_refused_before_the_body(tmp_pa
     with pytest.raises(OutputDirError, match=rf"\({tmp_path}/b.lock: Read-only file system\); nothing was read"):
         with staged_release(str(tmp_path / "b")):
             raise AssertionError("not reached")
+
+
+def test_a_run_stopped_after_training_started_stays_in_the_budget_record(tmp_path):
+    out = tmp_path / "a"
+    plan = types.SimpleNamespace(mechanism_name="dense", is_dp=True, target_epsilon=1.5, target_delta=1e-5, steps=10)
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C (or SIGTERM's SystemExit) during training
+        with staged_release(str(out), required=REQUIRED) as staging:
+            staging.budget.start(plan)
+            raise KeyboardInterrupt
+    lines = [json.loads(line) for line in (tmp_path / "a.budget.jsonl").read_text().splitlines()]
+    assert [(x["event"], x["finished"], x["epsilon"], x["steps"]) for x in lines] == [
+        ("started", False, 1.5, 10),
+        ("interrupted", False, 1.5, 10),
+    ]
+    assert not out.exists()
+    with staged_release(str(out), required=REQUIRED) as staging:  # the next run sees it
+        summary = staging.budget.summary()
+        _write_release(staging.path, "next")
+    assert (summary["count"], summary["finished"], summary["epsilon"], summary["delta"]) == (1, 0, 1.5, 1e-5)
+    assert summary["epsilon_total"] is None  # this run (never started training here) has no epsilon yet
