@@ -720,7 +720,7 @@ def _run(config: PipelineConfig, staging: Staging) -> PipelineResult:
     plan, counts, calibration_skipped = _plan(config, data)
     staging.budget.start(plan, program=PROGRAM)  # OUT.budget.jsonl: this run's epsilon counts from now
     if config.audit_canaries:  # trains with canaries, reports the bound, exports nothing (`criteo/audit.py`)
-        return _audit(config, data, model_config, plan, started)
+        return _audit(config, data, model_config, plan, staging, started=started)
     training = _build(config, model_config, plan, counts)
     training.calibration_skipped = calibration_skipped
     trained = _train(config, data, model_config, training)
@@ -735,7 +735,9 @@ def _run(config: PipelineConfig, staging: Staging) -> PipelineResult:
     return PipelineResult(report=report, model=training.model, model_config=model_config, serving=released.serving)
 
 
-def _audit(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, plan: RunPlan, started) -> PipelineResult:
+def _audit(
+    config: PipelineConfig, data: _Data, model_config: CTRModelConfig, plan: RunPlan, staging: Staging, *, started
+) -> PipelineResult:
     """An audit run's result: the planned guarantee, the `audit` field, `released: false`; no model."""
     audit = criteo_audit.run(config, data.periods[0], model_config, plan)
     report = plan.report(dataset_size=data.release, steps=plan.steps, batching="poisson")  # audit_run's batches
@@ -746,6 +748,8 @@ def _audit(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, pl
         model=model_config.get_config(),
         total_seconds=time.perf_counter() - started,
     )
+    report["earlier_runs"] = staging.budget.spent(report)
+    report = staging.published(report)
     criteo_report.write_report(os.path.join(config.out, "report.json"), report)
     return PipelineResult(report=report, model=None, model_config=model_config, serving=None)
 

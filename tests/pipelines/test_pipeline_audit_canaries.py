@@ -93,7 +93,7 @@ def test_criteo_audit_runs_report_the_bound_beside_the_claim_and_export_nothing(
         assert report["released"] is False and report["audit"]["kind"] == "rare-id"
         assert os.listdir(tmp_path / out) == ["report.json"]
     assert none["audit"]["claimed_epsilon"] is None and none["audit"]["epsilon_lb"] > 1.0, none["audit"]
-    assert dense["audit"]["claimed_epsilon"] == 4.0
+    assert dense["audit"]["claimed_epsilon"] == 4.0 and "earlier_runs" in dense  # OUT.budget.jsonl counts it
     assert dense["audit"]["epsilon_lb"] <= dense["audit"]["claimed_epsilon"], dense["audit"]
     assert "Audit run: no model exported." in capsys.readouterr().out
 
