@@ -59,6 +59,16 @@ Speed-up vs dense: for every sparse mechanism and vocabulary, the median
 dense DP-SGD) over the mechanism's median, when those rows were measured in
 the same run; "not measured" otherwise.
 
+Front ends: `--front-end keras2` (default) runs everything under tf-keras
+with `keras.optimizers.legacy.SGD`; `keras3` under Keras 3 (`import keras`)
+with `keras.optimizers.SGD` (momentum 0; `tfp_keras_sgd` and
+`lazy_lookahead` are tf-keras only and recorded as not measured); `both`
+runs each mechanism's tf-keras and Keras 3 processes back to back (order
+alternating per repeat) on the same workload and reports, per mechanism,
+Keras 3 ÷ tf-keras of the DP step and of the plain step, each front end's DP
+÷ non-private ratio and peak RSS (`front_end_comparison` in the JSON,
+`benchmarks/step_time_compare.py`). Keras 3 rows are labelled "[Keras 3]".
+
 Outputs: a table on stdout, `--json` (results + machine + settings), a
 log-log plot `--png` (both default to new files of this run under
 `benchmarks/results/`, see `benchmarks/outputs.py`); `make results`
@@ -81,6 +91,7 @@ import time
 
 from benchmarks import cli_args, machine, outputs
 from benchmarks.plot_step_time import plot_step_time
+from benchmarks.step_time_compare import comparison_lines, comparison_table, front_end_comparison
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MECHANISMS = "none,dense,tfp_keras_sgd,eana,lazy,fest,adafest"
@@ -121,6 +132,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-seconds-per-mechanism", type=float, default=120.0)
     parser.add_argument("--isolation", choices=("mechanism", "vocab"), default="mechanism")
     parser.add_argument(
+        "--front-end",
+        choices=("keras2", "keras3", "both"),
+        default="keras2",
+        help="tf-keras (legacy SGD), Keras 3 (keras.optimizers.SGD), or both side by side (Keras 3 ÷ tf-keras)",
+    )
+    parser.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -159,6 +176,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.adafest_noise_rows < 0:
         parser.error("--adafest-noise-rows must be >= 0 (0 turns the adafest@R rows off)")
     ids = f"zipf{args.zipf:g}" if args.zipf else "uniform"
+    ids += "" if args.front_end == "keras2" else f"-{args.front_end}"
     outputs.resolve(
         parser,
         args,
@@ -320,49 +338,75 @@ def _run_group(spec: dict, workdir: str, args: argparse.Namespace, tag: str, pro
     return results
 
 
+def _base_spec(args: argparse.Namespace) -> dict:
+    keys = (
+        "dim",
+        "batch",
+        "zipf",
+        "seed",
+        "num_batches",
+        "warmup",
+        "steps",
+        "max_seconds_per_mechanism",
+        "l2_norm_clip",
+        "noise_multiplier",
+        "fest_top_k",
+        "fest_selection_epsilon",
+        "adafest_ratio",
+        "adafest_contribution_clip",
+        "adafest_threshold",
+    )
+    return {key: getattr(args, key) for key in keys}
+
+
+def front_ends(setting: str) -> list[str]:
+    """`--front-end`: the front ends to run, tf-keras first ("both": keras2 and keras3)."""
+    return ["keras2", "keras3"] if setting == "both" else [setting]
+
+
+def _run_front_end(args, base_spec: dict, vocab: int, group: list, repeat: int, fe: str, workdir, processes) -> list:
+    """One worker: the mechanisms of `group` at `vocab` under front end `fe` (plus adafest@R); its rows."""
+    tag = f"v{vocab}_{'_'.join(group)}".replace("+", "plus")[:80] + (f"_r{repeat}" if repeat else "")
+    tag += "" if args.front_end == "keras2" else f"_{fe}"
+    label = f" (repeat {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
+    label += "" if args.front_end == "keras2" else f" [{fe}]"
+    print(f"[step_time] vocab {vocab:,}: {', '.join(group)}{label} ...", flush=True)
+    base_spec = {**base_spec, "front_end": fe}
+    spec = {**base_spec, "vocab": vocab, "mechanisms": group}
+    spec["tfp_microbatches"] = tfp_microbatches(
+        args.tfp_microbatches, vocab=vocab, dim=args.dim, batch=args.batch, jacobian_gb=args.tfp_jacobian_gb
+    )
+    results = _run_group(spec, workdir, args, tag, processes)
+    for result in results:
+        result.update(vocab=vocab, dim=args.dim, batch=args.batch, zipf=args.zipf, front_end=fe)
+        result["process_ru_maxrss_mb"] = processes[-1]["ru_maxrss_mb"]
+        print("    " + format_line(result), flush=True)
+    if "adafest" in group and args.adafest_noise_rows > 0:
+        results = results + _run_adafest_budget(base_spec, vocab, workdir, args, processes)
+    for result in results:
+        result["front_end"] = fe
+    return results
+
+
 def collect(args: argparse.Namespace, workdir: str) -> tuple[list, list]:
-    """Runs every (vocab, mechanism) and returns (result rows, worker process facts)."""
+    """Runs every (vocab, mechanism, front end) and returns (result rows, worker process facts).
+
+    With `--front-end both`, each mechanism's tf-keras and Keras 3 processes run back to back,
+    tf-keras first in even repeats and Keras 3 first in odd ones.
+    """
     rows, processes = [], []
-    base_spec = {
-        "dim": args.dim,
-        "batch": args.batch,
-        "zipf": args.zipf,
-        "seed": args.seed,
-        "num_batches": args.num_batches,
-        "warmup": args.warmup,
-        "steps": args.steps,
-        "max_seconds_per_mechanism": args.max_seconds_per_mechanism,
-        "l2_norm_clip": args.l2_norm_clip,
-        "noise_multiplier": args.noise_multiplier,
-        "fest_top_k": args.fest_top_k,
-        "fest_selection_epsilon": args.fest_selection_epsilon,
-        "adafest_ratio": args.adafest_ratio,
-        "adafest_contribution_clip": args.adafest_contribution_clip,
-        "adafest_threshold": args.adafest_threshold,
-    }
+    base_spec, names = _base_spec(args), front_ends(args.front_end)
     for vocab in args.vocab:
         groups = [[m] for m in args.mechanisms] if args.isolation == "mechanism" else [list(args.mechanisms)]
-        runs: dict = {}  # mechanism -> its rows, one per repeat (round-robin over the mechanisms)
+        runs: dict = {}  # (front end, mechanism) -> its rows, one per repeat (round-robin over the mechanisms)
         for repeat in range(args.repeats):
             for group in groups:
-                tag = f"v{vocab}_{'_'.join(group)}".replace("+", "plus")[:80] + (f"_r{repeat}" if repeat else "")
-                label = f" (repeat {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
-                print(f"[step_time] vocab {vocab:,}: {', '.join(group)}{label} ...", flush=True)
-                spec = {**base_spec, "vocab": vocab, "mechanisms": group}
-                spec["tfp_microbatches"] = tfp_microbatches(
-                    args.tfp_microbatches, vocab=vocab, dim=args.dim, batch=args.batch, jacobian_gb=args.tfp_jacobian_gb
-                )
-                results = _run_group(spec, workdir, args, tag, processes)
-                for result in results:
-                    result.update(vocab=vocab, dim=args.dim, batch=args.batch, zipf=args.zipf)
-                    result["process_ru_maxrss_mb"] = processes[-1]["ru_maxrss_mb"]
-                    print("    " + format_line(result), flush=True)
-                if "adafest" in group and args.adafest_noise_rows > 0:
-                    results = results + _run_adafest_budget(base_spec, vocab, workdir, args, processes)
-                for result in results:
-                    runs.setdefault(result["mechanism"], []).append(result)
-        vocab_rows = [merge_repeats(rows) for rows in runs.values()]
-        _add_ratios(vocab_rows)
+                for fe in names if repeat % 2 == 0 else names[::-1]:
+                    for result in _run_front_end(args, base_spec, vocab, group, repeat, fe, workdir, processes):
+                        runs.setdefault((fe, result["mechanism"]), []).append(result)
+        vocab_rows = sorted((merge_repeats(rows) for rows in runs.values()), key=lambda r: names.index(r["front_end"]))
+        for fe in names:
+            _add_ratios([r for r in vocab_rows if r["front_end"] == fe])
         for result in vocab_rows:
             for key in RESULT_KEYS:
                 result.setdefault(key, None)
@@ -439,15 +483,17 @@ def speedups_vs_dense(rows: list) -> list:
       tfp_keras_sgd_over_mechanism (None when either median was not measured
       in this run), in the order of `rows`.
     """
-    medians = {(r["vocab"], r["mechanism"]): r.get("median_step_s") for r in rows}
+    medians = {(r.get("front_end"), r["vocab"], r["mechanism"]): r.get("median_step_s") for r in rows}
     out = []
     for r in rows:
         if r["mechanism"] in _NOT_SPARSE:
             continue
         median = r.get("median_step_s")
         entry = {"mechanism": r["mechanism"], "vocab": r["vocab"], "median_step_s": median}
+        if r.get("front_end", "keras2") != "keras2":
+            entry["front_end"] = r["front_end"]
         for peer in ("dense", "tfp_keras_sgd"):
-            base = medians.get((r["vocab"], peer))
+            base = medians.get((r.get("front_end"), r["vocab"], peer))
             entry[f"{peer}_over_mechanism"] = base / median if base and median else None
         out.append(entry)
     return out
@@ -464,9 +510,7 @@ def speedup_table(rows: list) -> str:
             "not measured" if e[f"{peer}_over_mechanism"] is None else fmt_ratio(e[f"{peer}_over_mechanism"])
             for peer in ("dense", "tfp_keras_sgd")
         ]
-        lines.append(
-            f"| {e['mechanism']} | {e['vocab']:,} | {fmt_time(e['median_step_s'])} | {cells[0]} | {cells[1]} |"
-        )
+        lines.append(f"| {row_label(e)} | {e['vocab']:,} | {fmt_time(e['median_step_s'])} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 
@@ -509,6 +553,8 @@ def merge_repeats(runs: list) -> dict:
         "none_in_process_cpu_median_s",
     ):
         row[key] = _median([r.get(key) for r in measured])
+    for key in ("median_step_s", "cpu_median_step_s", "none_in_process_median_s", "none_in_process_cpu_median_s"):
+        row[f"{key}_runs"] = [r.get(key) for r in runs]  # per process, in repeat order (None: not measured)
     row["steps_timed"] = sum(int(r.get("steps_timed") or 0) for r in measured)
     row["peak_rss_mb"] = max((r.get("peak_rss_mb") or 0) for r in measured) or None
     ratios = [_same_process_ratios(r) for r in measured]
@@ -541,6 +587,11 @@ def _add_ratios(rows: list) -> None:
 
 
 # -- reporting ------------------------------------------------------------------
+def row_label(r: dict) -> str:
+    """The mechanism, with "[Keras 3]" for a Keras 3 row (tf-keras rows: the mechanism alone)."""
+    return r["mechanism"] + (" [Keras 3]" if r.get("front_end") == "keras3" else "")
+
+
 def fmt_time(seconds) -> str:
     if seconds is None:
         return "not measured"
@@ -579,7 +630,7 @@ def markdown_table(rows: list) -> str:
         rss = f"{r['peak_rss_mb'] / 1024:.2f} GB" if r.get("peak_rss_mb") else "—"
         notes = (r.get("notes") or "").replace("|", "/")
         lines.append(
-            f"| {r['mechanism']} | {r['vocab']:,} | {fmt_time(r.get('median_step_s'))} | {spread} | "
+            f"| {row_label(r)} | {r['vocab']:,} | {fmt_time(r.get('median_step_s'))} | {spread} | "
             f"{r.get('steps_timed', 0)} | {fmt_ratio(r.get('ratio_to_none'))} | "
             f"{fmt_ratio(r.get('cpu_ratio_to_none'))} | "
             f"{fmt_ratio(r.get('ratio_to_none_row'))} | {rss} | {notes} |"
@@ -645,7 +696,7 @@ def markdown_section(document: dict) -> str:
         "(TF's CPU allocator keeps freed memory resident).",
         "- Hyperparameters: "
         + "; ".join(
-            [f"C = {s['l2_norm_clip']:g}, σ = {s['noise_multiplier']:g}, legacy SGD lr 0.1"]
+            [f"C = {s['l2_norm_clip']:g}, σ = {s['noise_multiplier']:g}, " + _sgd_text(s.get("front_end", "keras2"))]
             + sorted(
                 {
                     f"{r['mechanism']}: {r['hyperparameters']}"
@@ -667,6 +718,7 @@ def markdown_section(document: dict) -> str:
     if document.get("note"):
         lines.append(f"- Note: {document['note']}")
     lines += ["", markdown_table(document["results"]), ""]
+    lines += comparison_lines(document.get("front_end_comparison") or [])
     if speedups_vs_dense(document["results"]):
         lines += [
             (
@@ -682,6 +734,14 @@ def markdown_section(document: dict) -> str:
     if document.get("png"):
         lines += [f"Plot: `{outputs.shown_path(document['png'])}`."]
     return "\n".join(lines + [""])
+
+
+def _sgd_text(front_end: str) -> str:
+    return {
+        "keras2": "legacy SGD lr 0.1",
+        "keras3": "Keras 3 keras.optimizers.SGD lr 0.1 (momentum 0)",
+        "both": "lr 0.1: tf-keras legacy SGD, Keras 3 keras.optimizers.SGD (momentum 0)",
+    }[front_end]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -706,18 +766,22 @@ def main(argv: list[str] | None = None) -> int:
     if devices:
         info["tf_devices"] = devices
     document["speedups_vs_dense"] = speedups_vs_dense(rows)
+    document["front_end_comparison"] = front_end_comparison(rows)
     print()
     print(markdown_table(rows))
     if document["speedups_vs_dense"]:
         print()
         print(speedup_table(rows))
+    if document["front_end_comparison"]:
+        print()
+        print(comparison_table(document["front_end_comparison"]))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=1)
             handle.write("\n")
     if args.png:
-        plot_step_time(rows, args.png, title=_plot_title(document))
+        plot_step_time([{**r, "mechanism": row_label(r)} for r in rows], args.png, title=_plot_title(document))
     if args.results_md:
         outputs.append_section(args.results_md, markdown_section(document), files=(args.json, args.png))
     return 0

@@ -13,6 +13,10 @@ plain non-private step on *the same Keras model* (tape.gradient, the table
 gradient stays `IndexedSlices`, legacy SGD), alternating one mechanism step
 and one plain step, so each ratio compares steps taken in the same process
 under the same load.
+
+The spec's `front_end` ("keras2", the default, or "keras3") picks the Keras
+the model, optimizer and `DPModel` come from (`benchmarks.step_time_front_ends`):
+under keras3 every step above is Keras 3's, with `keras.optimizers.SGD`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import traceback
 import numpy as np
 
 from benchmarks import machine
+from benchmarks.step_time_front_ends import FrontEnd, front_end
 from tfdp_embed.keras2._keras import keras, tf
 
 TABLE_NAME = "table"
@@ -78,8 +83,8 @@ def make_batches(*, vocab: int, batch: int, count: int, zipf: float | None, seed
     return [(ids[i], labels[i]) for i in range(count)]
 
 
-def build_model(*, vocab: int, dim: int, dp_embedding: bool, seed: int) -> keras.Model:
-    """The reference model; `dp_embedding` picks DPEmbedding (ours) or keras Embedding (plain).
+def build_model(*, vocab: int, dim: int, dp_embedding: bool, seed: int, fe: FrontEnd | None = None):
+    """The reference model (under `fe`, tf-keras by default); `dp_embedding`: DPEmbedding (ours) or keras Embedding.
 
     The table holds keras's default "uniform" values (U(-0.05, 0.05)), written
     in chunks of `_INIT_CHUNK_ROWS` rows into a zero-initialised variable: the
@@ -87,12 +92,12 @@ def build_model(*, vocab: int, dim: int, dp_embedding: bool, seed: int) -> keras
     allocator keeps them resident (8.4 GB RSS for a 2.56 GB table at 10^7 x
     64), which would hide every mechanism's own memory behind table creation.
     """
+    fe = fe if fe is not None else front_end("keras2")
+    keras = fe.keras
     keras.utils.set_random_seed(seed)
     ids = keras.Input((IDS_PER_EXAMPLE,), dtype="int64", name="ids")
     if dp_embedding:
-        from tfdp_embed.keras2.layers.embedding import DPEmbedding
-
-        layer = DPEmbedding(vocab, dim, combiner="mean", embeddings_initializer="zeros", name=TABLE_NAME)
+        layer = fe.DPEmbedding(vocab, dim, combiner="mean", embeddings_initializer="zeros", name=TABLE_NAME)
         pooled = layer(ids)
     else:
         layer = keras.layers.Embedding(vocab, dim, embeddings_initializer="zeros", name=TABLE_NAME)
@@ -103,15 +108,16 @@ def build_model(*, vocab: int, dim: int, dp_embedding: bool, seed: int) -> keras
     for start in range(0, vocab, _INIT_CHUNK_ROWS):
         stop = min(vocab, start + _INIT_CHUNK_ROWS)
         values = generator.uniform([stop - start, dim], -0.05, 0.05)  # scatter_update: in place
-        layer.embeddings.scatter_update(tf.IndexedSlices(values, tf.range(start, stop)))
+        fe.table(layer).scatter_update(tf.IndexedSlices(values, tf.range(start, stop)))
     return keras.Model(ids, logits, name="reference")
 
 
 # -- steps --------------------------------------------------------------------
-def plain_step(model: keras.Model):
-    """The fast non-private step: mean logistic loss, IndexedSlices table gradient, legacy SGD."""
-    optimizer = keras.optimizers.legacy.SGD(LEARNING_RATE)
-    loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+def plain_step(model, fe: FrontEnd | None = None):
+    """The fast non-private step: mean logistic loss, IndexedSlices table gradient, SGD (`fe`'s; legacy by default)."""
+    fe = fe if fe is not None else front_end("keras2")
+    optimizer = fe.built_sgd(LEARNING_RATE, model)
+    loss_fn = fe.keras.losses.BinaryCrossentropy(from_logits=True)
 
     @tf.function
     def step(ids, labels):
@@ -126,12 +132,12 @@ def plain_step(model: keras.Model):
     return step
 
 
-def table_gradient_type(model: keras.Model) -> str:
+def table_gradient_type(model) -> str:
     """Type of the table's gradient on the plain path (must be IndexedSlices to be the fast path)."""
     ids = tf.zeros([2, IDS_PER_EXAMPLE], tf.int64)
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(model(ids, training=True))
-    table = model.get_layer(TABLE_NAME).trainable_variables[0]
+    table = FrontEnd.table(model.get_layer(TABLE_NAME))
     return type(tape.gradient(loss, table)).__name__
 
 
@@ -245,35 +251,47 @@ def vocab_sized_ops(concrete, vocab: int) -> dict:
 class Setup:
     """One mechanism wired for timing: `step(i)` runs step i; `baseline(i)` the plain step, same model."""
 
-    def __init__(self, name: str, spec: dict, batches: list):
+    def __init__(self, name: str, spec: dict, batches: list, fe: FrontEnd | None = None):
         self.name = name
+        self.fe = fe if fe is not None else front_end(spec.get("front_end", "keras2"))
         self.notes: list[str] = []
         self.extra: dict = {}
         self._batches = batches
         self.baseline = None
-        vocab, dim = spec["vocab"], spec["dim"]
         if name == PLAIN:
-            model = build_model(vocab=vocab, dim=dim, dp_embedding=False, seed=spec["seed"])
+            model = self._model(spec, dp_embedding=False)
             self.extra["table_gradient"] = table_gradient_type(model)
-            fn = plain_step(model)
-            self.step = lambda i: fn(*self._batch(i))
-            self.concrete = lambda: fn.get_concrete_function(*self._batch(0))
-            return
-        if name == TFP_KERAS_SGD:
-            model = build_model(vocab=vocab, dim=dim, dp_embedding=False, seed=spec["seed"])
-            m = int(spec["tfp_microbatches"])
-            self.extra["num_microbatches"] = m
-            self.notes.append(f"num_microbatches={m}")
-            fn = tfp_step(
-                model, l2_norm_clip=spec["l2_norm_clip"], noise_multiplier=spec["noise_multiplier"], microbatches=m
-            )
-            self.step = lambda i: fn(*self._batch(i))
-            self.concrete = lambda: fn.get_concrete_function(*self._batch(0))
-            self._with_baseline(model)
-            return
-        from tfdp_embed.keras2.training import DPModel
+            self._plain_fn(plain_step(model, self.fe))
+        elif name == TFP_KERAS_SGD:
+            self._tfp(spec)
+        else:
+            self._dp(name, spec, batches)
 
-        model = build_model(vocab=vocab, dim=dim, dp_embedding=True, seed=spec["seed"])
+    def _model(self, spec: dict, *, dp_embedding: bool):
+        return build_model(
+            vocab=spec["vocab"], dim=spec["dim"], dp_embedding=dp_embedding, seed=spec["seed"], fe=self.fe
+        )
+
+    def _plain_fn(self, fn) -> None:
+        """Steps `fn(ids, labels)` on the mechanism's batches."""
+        self.step = lambda i: fn(*self._batch(i))
+        self.concrete = lambda: fn.get_concrete_function(*self._batch(0))
+
+    def _tfp(self, spec: dict) -> None:
+        model = self._model(spec, dp_embedding=False)
+        m = int(spec["tfp_microbatches"])
+        self.extra["num_microbatches"] = m
+        self.notes.append(f"num_microbatches={m}")
+        fn = tfp_step(
+            model, l2_norm_clip=spec["l2_norm_clip"], noise_multiplier=spec["noise_multiplier"], microbatches=m
+        )
+        self._plain_fn(fn)
+        self._with_baseline(model)
+
+    def _dp(self, name: str, spec: dict, batches: list) -> None:
+        """Our `DPModel.train_step` under `tf.function`, with the mechanism `name` (`dpmodel_none`: NonPrivate)."""
+        vocab = spec["vocab"]
+        model = self._model(spec, dp_embedding=True)
         counts = None
         if name == "fest":  # the selection's counts: from the benchmark's own batches
             counts = np.zeros(vocab, np.int64)
@@ -281,10 +299,8 @@ class Setup:
                 counts += np.bincount(np.asarray(ids).ravel(), minlength=vocab)
         mechanism = make_mechanism("none" if name == DPMODEL_NONE else registry_name(name), spec, counts)
         lookahead = name == LAZY_LOOKAHEAD
-        dp = DPModel(model, mechanism=mechanism, expected_batch_size=spec["batch"], lookahead=lookahead)
-        dp.compile(
-            optimizer=keras.optimizers.legacy.SGD(LEARNING_RATE), loss=keras.losses.BinaryCrossentropy(from_logits=True)
-        )
+        dp = self.fe.dp_model(model, mechanism, batch=spec["batch"], lookahead=lookahead)
+        dp.compile(optimizer=self.fe.sgd(LEARNING_RATE), loss=self.fe.keras.losses.BinaryCrossentropy(from_logits=True))
         dp.prepare()
         self.dp, self.mechanism = dp, mechanism
         fn = tf.function(dp.train_step)
@@ -309,9 +325,9 @@ class Setup:
         half = max(1, len(self._batches) // 2)
         return self._batches[half + i % max(1, len(self._batches) - half)]
 
-    def _with_baseline(self, model: keras.Model) -> None:
+    def _with_baseline(self, model) -> None:
         """The plain step on the same model, traced with every read hook removed (LazyDP's)."""
-        fn = plain_step(model)
+        fn = plain_step(model, self.fe)
         layers = [layer for layer in model.layers if hasattr(layer, "set_read_hook")]
         hooks = [layer.read_hook for layer in layers]
         for layer in layers:
@@ -467,6 +483,24 @@ def _unregistered(name: str, registered) -> dict:
     return result
 
 
+def _measure_or_why(name: str, spec: dict, batches: list, fe: FrontEnd, registered) -> dict:
+    """`measure(name)`, or a "not measured" row with the reason (unregistered, unsupported, failed)."""
+    if name not in (PLAIN, DPMODEL_NONE, TFP_KERAS_SGD) and registry_name(name) not in registered:
+        return _unregistered(name, registered)
+    if fe.unsupported(name):
+        result = _not_measured(name, f"{fe.label}: {fe.unsupported(name)}")
+        result["skipped"] = True
+        return result
+    try:
+        return measure(name, spec, batches)
+    except tf.errors.ResourceExhaustedError as error:
+        return _not_measured(name, f"out of memory: {str(error).splitlines()[0][:200]}")
+    except Exception as error:  # noqa: BLE001 - recorded, never estimated
+        traceback.print_exc()
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        return _not_measured(name, f"{type(error).__name__}: {first}")
+
+
 def run(spec: dict, out_path: str) -> None:
     tf.random.set_seed(spec["seed"])
     count = spec["num_batches"] or 2 * (spec["warmup"] + spec["steps"] + 2)  # 0: no batch is ever reused
@@ -475,8 +509,10 @@ def run(spec: dict, out_path: str) -> None:
     from tfdp_embed.mechanisms import MECHANISMS
     from tfdp_embed.ops import fast_normal
 
+    fe = front_end(spec.get("front_end", "keras2"))
     report = {
         "vocab": spec["vocab"],
+        "front_end": fe.name,
         "pid": os.getpid(),
         "fused_ops": "available" if fast_normal.available() else f"unavailable: {fast_normal.unavailable_reason()}",
         "tf_devices": [d.name for d in tf.config.list_physical_devices()],
@@ -488,17 +524,8 @@ def run(spec: dict, out_path: str) -> None:
         rss_before = machine.status_kb("VmRSS") / 1024
         report["running"] = name
         _write(out_path, report)
-        if name not in (PLAIN, DPMODEL_NONE, TFP_KERAS_SGD) and registry_name(name) not in MECHANISMS:
-            result = _unregistered(name, MECHANISMS)
-        else:
-            try:
-                result = measure(name, spec, batches)
-            except tf.errors.ResourceExhaustedError as error:
-                result = _not_measured(name, f"out of memory: {str(error).splitlines()[0][:200]}")
-            except Exception as error:  # noqa: BLE001 - recorded, never estimated
-                traceback.print_exc()
-                first = (str(error).strip().splitlines() or [""])[0][:300]
-                result = _not_measured(name, f"{type(error).__name__}: {first}")
+        result = _measure_or_why(name, spec, batches, fe, MECHANISMS)
+        result["front_end"] = fe.name
         result["peak_rss_mb"] = None if result.get("skipped") else round(_peak_rss_mb(), 1)
         result["rss_before_mb"] = round(rss_before, 1)
         result["peak_rss_scope"] = "mechanism (VmHWM reset)" if per_mechanism_peak else "process"
@@ -506,7 +533,7 @@ def run(spec: dict, out_path: str) -> None:
         report.pop("running", None)
         _write(out_path, report)
         gc.collect()
-        keras.backend.clear_session()
+        fe.keras.backend.clear_session()
         gc.collect()
     report["ru_maxrss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     _write(out_path, report)
