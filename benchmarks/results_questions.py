@@ -66,12 +66,20 @@ def ordered(names) -> list[str]:
 
 
 # -- step time ---------------------------------------------------------------------
+def tf_keras_only(doc) -> bool:
+    """A step_time run of tf-keras alone (`--front-end keras2`, the default; runs before the flag)."""
+    return (doc.get("settings") or {}).get("front_end", "keras2") == "keras2"
+
+
 def step_cells(runs, *, dim: int, min_repeats: int = 1, zipf=None) -> dict:
-    """(mechanism, vocab) -> (result row, run): the latest step_time result at this `dim` and `zipf` (None: uniform)."""
+    """(mechanism, vocab) -> (result row, run): the latest tf-keras step_time result at this `dim` and `zipf`
+    (None: uniform); `--front-end` comparisons have their own question."""
     cells: dict = {}
     for run in runs:
         settings = run.doc.get("settings") or {}
         if run.benchmark != "step_time" or settings.get("dim") != dim or settings.get("zipf") != zipf:
+            continue
+        if not tf_keras_only(run.doc):
             continue
         if (settings.get("repeats") or 1) < min_repeats:
             continue
@@ -129,7 +137,7 @@ def build_scale(runs):
 
 def build_peers(runs):
     def has_dense(doc):
-        return any(s.get("dense_over_mechanism") for s in doc.get("speedups_vs_dense") or [])
+        return tf_keras_only(doc) and any(s.get("dense_over_mechanism") for s in doc.get("speedups_vs_dense") or [])
 
     run = latest(runs, "step_time", where=has_dense)
     if run is None:
@@ -146,6 +154,66 @@ def build_peers(runs):
     ]
     header = ["mechanism", "rows", "median step", "dense ÷ mechanism", "tensorflow-privacy ÷ mechanism"]
     return [run], table(header, rows)
+
+
+def front_end_cells(runs) -> dict:
+    """(mechanism, vocab) -> (comparison entry, run): the latest `--front-end both` entry measured under both."""
+    cells: dict = {}
+    for run in runs:
+        if run.benchmark != "step_time":
+            continue
+        for entry in run.doc.get("front_end_comparison") or []:
+            if entry.get("keras3_over_keras2") is not None:
+                cells[(entry["mechanism"], int(entry["vocab"]))] = (entry, run)
+    return cells
+
+
+def _front_end_row(entry: dict, run) -> list:
+    per_repeat = entry.get("keras3_over_keras2_runs") or []
+    spread = f" ({', '.join(f'{r:.2f}' for r in per_repeat)})" if len(per_repeat) > 1 else ""
+    return [
+        f"`{entry['mechanism']}`" + (" (not DP)" if entry["mechanism"] == "eana" else ""),
+        power(entry["vocab"]),
+        ms(entry["keras2_median_step_s"]),
+        ms(entry["keras3_median_step_s"]),
+        times(entry["keras3_over_keras2"]) + spread,
+        times(entry.get("keras3_over_keras2_cpu")),
+        times(entry.get("plain_keras3_over_keras2")),
+        f"{times(entry.get('keras2_ratio_to_none'))} / {times(entry.get('keras3_ratio_to_none'))}",
+        f"{gib((entry.get('keras2_peak_rss_mb') or 0) * 2**20)} / {gib((entry.get('keras3_peak_rss_mb') or 0) * 2**20)}",
+        run.short_date,
+    ]
+
+
+def build_front_ends(runs):
+    cells = front_end_cells(runs)
+    if not cells:
+        return None
+    vocabs = sorted({vocab for _, vocab in cells})
+    rows, used = [], []
+    for vocab in vocabs:
+        for mechanism in ordered({m for m, v in cells if v == vocab}):
+            entry, run = cells[(mechanism, vocab)]
+            rows.append(_front_end_row(entry, run))
+            used += [run] if run not in used else []
+    header = [
+        "mechanism",
+        "rows",
+        "tf-keras step",
+        "Keras 3 step",
+        "Keras 3 ÷ tf-keras (per repeat)",
+        "same, CPU time",
+        "plain step, Keras 3 ÷ tf-keras",
+        "DP ÷ non-private, tf-keras / Keras 3",
+        "peak RSS, tf-keras / Keras 3",
+        "run",
+    ]
+    intro = (
+        "Medians over repeats; Keras 3 ÷ tf-keras is the median of each repeat's ratio of two back-to-back "
+        "processes. The plain step is the one each process timed on its own model; for `none` it is "
+        "`keras.layers.Embedding`'s step under each Keras.\n\n"
+    )
+    return sorted(used, key=lambda run: run.date), intro + table(header, rows, "lrrrrrrrrl")
 
 
 # -- end to end, input pipeline ----------------------------------------------------------
@@ -574,6 +642,14 @@ QUESTIONS = (
         build_peers,
     ),
     Question(
+        "Keras 3 vs tf-keras: the DP step",
+        "Is the Keras 3 front end's DP step within 1.1× of the tf-keras step on the same model (issue 29)? "
+        "`step_time --front-end both`: each mechanism under tf-keras (legacy SGD) and Keras 3 "
+        "(`keras.optimizers.SGD`, momentum 0), same table, batch and mechanism.",
+        ("step_time",),
+        build_front_ends,
+    ),
+    Question(
         "End to end: Criteo pipeline wall time",
         "How much longer does a DP run of `python -m pipelines.criteo` (200k generated rows, 1 epoch) take than the non-private one, start to finish?",
         ("end_to_end",),
@@ -701,6 +777,12 @@ def _speed_lines(runs) -> list:
     ):
         if cells:
             lines.append(_step_line(cells, label))
+    cells = front_end_cells(runs)
+    if cells:
+        ratios = [entry["keras3_over_keras2"] for (m, _), (entry, _) in cells.items() if m != "none"]
+        rows = ", ".join(power(v) for v in sorted({v for _, v in cells}))
+        used = sorted({run for _, run in cells.values()}, key=lambda run: run.date)
+        lines.append((f"Keras 3 DP step ÷ tf-keras DP step, {rows} rows", _range(ratios), used))
     peers = build_peers(runs)
     if peers:
         (run,) = peers[0]
