@@ -209,8 +209,9 @@ def build_front_ends(runs):
         "run",
     ]
     intro = (
-        "Medians over repeats; Keras 3 ÷ tf-keras is the median of each repeat's ratio of two back-to-back "
-        "processes. The plain step is the one each process timed on its own model; for `none` it is "
+        "Medians over repeats; Keras 3 ÷ tf-keras is the median of each repeat's ratio (the run's `--pairing`: "
+        "both front ends in one process with their steps alternated, or two back-to-back processes). The "
+        "plain step is the one timed beside each DP step on the same model; for `none` it is "
         "`keras.layers.Embedding`'s step under each Keras.\n\n"
     )
     return sorted(used, key=lambda run: run.date), intro + table(header, rows, "lrrrrrrrrl")

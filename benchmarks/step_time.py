@@ -63,11 +63,14 @@ Front ends: `--front-end keras2` (default) runs everything under tf-keras
 with `keras.optimizers.legacy.SGD`; `keras3` under Keras 3 (`import keras`)
 with `keras.optimizers.SGD` (momentum 0; `tfp_keras_sgd` and
 `lazy_lookahead` are tf-keras only and recorded as not measured); `both`
-runs each mechanism's tf-keras and Keras 3 processes back to back (order
-alternating per repeat) on the same workload and reports, per mechanism,
-Keras 3 ÷ tf-keras of the DP step and of the plain step, each front end's DP
-÷ non-private ratio and peak RSS (`front_end_comparison` in the JSON,
-`benchmarks/step_time_compare.py`). Keras 3 rows are labelled "[Keras 3]".
+times each mechanism under both on the same workload, by default in one
+process per mechanism and repeat with the two front ends' steps alternated
+(`--pairing steps`; each front end's peak RSS is VmHWM reset before building
+it), or in two processes back to back (`--pairing processes`), the order
+alternating per repeat, and reports per mechanism Keras 3 ÷ tf-keras of the
+DP step and of the plain step, each front end's DP ÷ non-private ratio and
+peak RSS (`front_end_comparison` in the JSON, `benchmarks/step_time_compare.py`).
+Keras 3 rows are labelled "[Keras 3]".
 
 Outputs: a table on stdout, `--json` (results + machine + settings), a
 log-log plot `--png` (both default to new files of this run under
@@ -136,6 +139,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=("keras2", "keras3", "both"),
         default="keras2",
         help="tf-keras (legacy SGD), Keras 3 (keras.optimizers.SGD), or both side by side (Keras 3 ÷ tf-keras)",
+    )
+    parser.add_argument(
+        "--pairing",
+        choices=("steps", "processes"),
+        default="steps",
+        help="with --front-end both: both front ends in one process per mechanism, steps alternated (steps), "
+        "or one process per front end, back to back (processes)",
     )
     parser.add_argument(
         "--repeats",
@@ -365,34 +375,48 @@ def front_ends(setting: str) -> list[str]:
 
 
 def _run_front_end(args, base_spec: dict, vocab: int, group: list, repeat: int, fe: str, workdir, processes) -> list:
-    """One worker: the mechanisms of `group` at `vocab` under front end `fe` (plus adafest@R); its rows."""
+    """One worker: the mechanisms of `group` at `vocab` under front end `fe` (plus adafest@R); its rows.
+
+    `fe` "both": one worker runs both front ends (`step_time_worker.measure_pair`), tf-keras built first
+    in even repeats; a row lost with the worker is "not measured" under each front end.
+    """
     tag = f"v{vocab}_{'_'.join(group)}".replace("+", "plus")[:80] + (f"_r{repeat}" if repeat else "")
     tag += "" if args.front_end == "keras2" else f"_{fe}"
     label = f" (repeat {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
     label += "" if args.front_end == "keras2" else f" [{fe}]"
     print(f"[step_time] vocab {vocab:,}: {', '.join(group)}{label} ...", flush=True)
     base_spec = {**base_spec, "front_end": fe}
+    if fe == "both":
+        base_spec["pair_order"] = front_ends("both")[:: 1 if repeat % 2 == 0 else -1]
     spec = {**base_spec, "vocab": vocab, "mechanisms": group}
     spec["tfp_microbatches"] = tfp_microbatches(
         args.tfp_microbatches, vocab=vocab, dim=args.dim, batch=args.batch, jacobian_gb=args.tfp_jacobian_gb
     )
     results = _run_group(spec, workdir, args, tag, processes)
-    for result in results:
-        result.update(vocab=vocab, dim=args.dim, batch=args.batch, zipf=args.zipf, front_end=fe)
-        result["process_ru_maxrss_mb"] = processes[-1]["ru_maxrss_mb"]
-        print("    " + format_line(result), flush=True)
     if "adafest" in group and args.adafest_noise_rows > 0:
         results = results + _run_adafest_budget(base_spec, vocab, workdir, args, processes)
+    if fe == "both":
+        results = [r if r.get("front_end") else {**r, "front_end": f} for r in results for f in _lost_as(r)]
     for result in results:
-        result["front_end"] = fe
+        result.update(
+            vocab=vocab, dim=args.dim, batch=args.batch, zipf=args.zipf, front_end=result.get("front_end", fe)
+        )
+        result["process_ru_maxrss_mb"] = processes[-1]["ru_maxrss_mb"]
+        print("    " + format_line(result), flush=True)
     return results
+
+
+def _lost_as(row: dict) -> list:
+    """The front ends a row of a "both" worker stands for: its own, or both for a row the worker lost."""
+    return [row["front_end"]] if row.get("front_end") else front_ends("both")
 
 
 def collect(args: argparse.Namespace, workdir: str) -> tuple[list, list]:
     """Runs every (vocab, mechanism, front end) and returns (result rows, worker process facts).
 
-    With `--front-end both`, each mechanism's tf-keras and Keras 3 processes run back to back,
-    tf-keras first in even repeats and Keras 3 first in odd ones.
+    With `--front-end both`, each mechanism's tf-keras and Keras 3 run in one worker, their steps
+    alternated (`--pairing steps`), or in two processes back to back (`--pairing processes`); tf-keras
+    first in even repeats and Keras 3 first in odd ones.
     """
     rows, processes = [], []
     base_spec, names = _base_spec(args), front_ends(args.front_end)
@@ -401,9 +425,10 @@ def collect(args: argparse.Namespace, workdir: str) -> tuple[list, list]:
         runs: dict = {}  # (front end, mechanism) -> its rows, one per repeat (round-robin over the mechanisms)
         for repeat in range(args.repeats):
             for group in groups:
-                for fe in names if repeat % 2 == 0 else names[::-1]:
+                in_one = args.front_end == "both" and args.pairing == "steps"
+                for fe in ["both"] if in_one else names if repeat % 2 == 0 else names[::-1]:
                     for result in _run_front_end(args, base_spec, vocab, group, repeat, fe, workdir, processes):
-                        runs.setdefault((fe, result["mechanism"]), []).append(result)
+                        runs.setdefault((result["front_end"], result["mechanism"]), []).append(result)
         vocab_rows = sorted((merge_repeats(rows) for rows in runs.values()), key=lambda r: names.index(r["front_end"]))
         for fe in names:
             _add_ratios([r for r in vocab_rows if r["front_end"] == fe])
@@ -718,7 +743,7 @@ def markdown_section(document: dict) -> str:
     if document.get("note"):
         lines.append(f"- Note: {document['note']}")
     lines += ["", markdown_table(document["results"]), ""]
-    lines += comparison_lines(document.get("front_end_comparison") or [])
+    lines += comparison_lines(document.get("front_end_comparison") or [], pairing=s.get("pairing", "processes"))
     if speedups_vs_dense(document["results"]):
         lines += [
             (

@@ -471,6 +471,73 @@ def measure(name: str, spec: dict, batches: list) -> dict:
     return result
 
 
+def _pair_build(name: str, spec: dict, batches: list, fe_name: str) -> tuple:
+    """One front end's setup for `measure_pair`, warmed up; (setup, peak RSS MB, RSS MB before building it)."""
+    machine.reset_peak_rss()
+    before = machine.status_kb("VmRSS") / 1024
+    setup = Setup(name, {**spec, "front_end": fe_name}, batches)
+    for i in range(spec["warmup"]):
+        _finish(setup.step(i))
+        if setup.baseline:
+            _finish(setup.baseline(i))
+    return setup, _peak_rss_mb(), before
+
+
+def measure_pair(name: str, spec: dict, batches: list) -> list:
+    """`name` under both front ends in this process, their steps alternated: Keras 3 ÷ tf-keras, same process.
+
+    Builds and warms up the front ends in `spec["pair_order"]` (VmHWM reset before each: a front end's
+    peak RSS is that of building and stepping it, with the one built before it resident), then times
+    step i of every front end's DP step and its plain step (same model), the order rotating each step.
+    """
+    order = list(spec["pair_order"])
+    built = {fe: _pair_build(name, spec, batches, fe) for fe in order}
+    times = {fe: ([], [], [], []) for fe in order}  # DP wall, plain wall, DP CPU, plain CPU
+    budget, start, i = spec["max_seconds_per_mechanism"], time.perf_counter(), spec["warmup"]
+    while len(times[order[0]][0]) < spec["steps"]:
+        if times[order[0]][0] and time.perf_counter() - start > budget:
+            break
+        for fe in order[i % 2 :] + order[: i % 2]:
+            setup, (wall, base, cpu, base_cpu) = built[fe][0], times[fe]
+            wall.append(_timed(setup.step, i, cpu))
+            if setup.baseline:
+                base.append(_timed(setup.baseline, i, base_cpu))
+        i += 1
+    rows = []
+    for fe in order:
+        setup, peak, before = built[fe]
+        wall, base, cpu, base_cpu = times[fe]
+        row = {"mechanism": name, "front_end": fe, **_stats(wall), "cpu_median_step_s": float(np.median(cpu))}
+        row.update(none_in_process_median_s=_stats(base)["median_step_s"], none_in_process_steps=len(base))
+        row.update(none_in_process_cpu_median_s=float(np.median(base_cpu)) if base_cpu else None)
+        row["peak_rss_mb"] = round(peak, 1)
+        row.update(setup.extra, rss_before_mb=round(before, 1), hyperparameters=hyperparameters(name, spec))
+        row["peak_rss_scope"] = f"front end, built {order.index(fe) + 1} of 2 (VmHWM reset before building it)"
+        row["notes"] = "; ".join([*setup.notes, f"same process as {' and '.join(order)}, steps alternated"])
+        rows.append(row)
+    return rows
+
+
+def _run_pair(name: str, spec: dict, batches: list, registered) -> list:
+    """Both front ends' rows for `name` (`measure_pair`; a front end that cannot run it: measured alone)."""
+    fes = [front_end(fe) for fe in spec["pair_order"]]
+    unregistered = name not in (PLAIN, DPMODEL_NONE, TFP_KERAS_SGD) and registry_name(name) not in registered
+    if unregistered or any(fe.unsupported(name) for fe in fes):
+        rows = []
+        for fe in fes:  # one after the other, as single-front-end processes do
+            machine.reset_peak_rss()
+            row = _measure_or_why(name, {**spec, "front_end": fe.name}, batches, fe, registered)
+            row.update(front_end=fe.name, peak_rss_mb=None if row.get("skipped") else round(_peak_rss_mb(), 1))
+            rows.append(row)
+        return rows
+    try:
+        return measure_pair(name, spec, batches)
+    except Exception as error:  # noqa: BLE001 - recorded, never estimated
+        traceback.print_exc()
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        return [{**_not_measured(name, f"{type(error).__name__}: {first}"), "front_end": fe.name} for fe in fes]
+
+
 def _not_measured(name: str, reason: str) -> dict:
     return {"mechanism": name, **_stats([]), "not_measured": reason, "notes": f"not measured: {reason}"}
 
@@ -509,6 +576,8 @@ def run(spec: dict, out_path: str) -> None:
     from tfdp_embed.mechanisms import MECHANISMS
     from tfdp_embed.ops import fast_normal
 
+    if spec.get("front_end") == "both":
+        return _run_pairs(spec, out_path, batches)
     fe = front_end(spec.get("front_end", "keras2"))
     report = {
         "vocab": spec["vocab"],
@@ -534,6 +603,34 @@ def run(spec: dict, out_path: str) -> None:
         _write(out_path, report)
         gc.collect()
         fe.keras.backend.clear_session()
+        gc.collect()
+    report["ru_maxrss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    _write(out_path, report)
+
+
+def _run_pairs(spec: dict, out_path: str, batches: list) -> None:
+    """`run` with `spec["front_end"] == "both"`: every mechanism's rows from `_run_pair`."""
+    from tfdp_embed.mechanisms import MECHANISMS
+    from tfdp_embed.ops import fast_normal
+
+    report = {
+        "vocab": spec["vocab"],
+        "front_end": "both",
+        "pid": os.getpid(),
+        "fused_ops": "available" if fast_normal.available() else f"unavailable: {fast_normal.unavailable_reason()}",
+        "tf_devices": [d.name for d in tf.config.list_physical_devices()],
+        "registered_mechanisms": sorted(MECHANISMS),
+        "results": [],
+    }
+    for name in spec["mechanisms"]:
+        report["running"] = name
+        _write(out_path, report)
+        report["results"] += _run_pair(name, spec, batches, MECHANISMS)
+        report.pop("running", None)
+        _write(out_path, report)
+        for fe in spec["pair_order"]:
+            gc.collect()
+            front_end(fe).keras.backend.clear_session()
         gc.collect()
     report["ru_maxrss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     _write(out_path, report)

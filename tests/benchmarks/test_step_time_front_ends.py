@@ -1,4 +1,4 @@
-"""`python -m benchmarks.step_time --front-end both`: one tiny run under tf-keras and Keras 3 (two workers, ~30 s).
+"""`python -m benchmarks.step_time --front-end both`: one tiny run under tf-keras and Keras 3 (one worker, ~20 s).
 
 It checks the rows of both front ends, the Keras 3 ÷ tf-keras comparison in
 the JSON and the Markdown section; it never touches benchmarks/RESULTS.md.
@@ -67,13 +67,14 @@ def test_step_time_both_front_ends_smoke(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
     document = json.loads(out_json.read_text())
-    assert document["settings"]["front_end"] == "both"
-    assert [p["tag"].endswith(("_keras2", "_keras3")) for p in document["processes"]] == [True, True]
+    assert document["settings"]["front_end"] == "both" and document["settings"]["pairing"] == "steps"
+    assert [p["tag"] for p in document["processes"]] == ["v1000_lazy_both"]  # both front ends in one process
     rows = {r["front_end"]: r for r in document["results"]}
     assert set(rows) == {"keras2", "keras3"} and {r["mechanism"] for r in rows.values()} == {"lazy"}
     for row in rows.values():
         assert row["median_step_s"] > 0 and row["ratio_to_none"] > 0 and row["peak_rss_mb"] > 0, row["notes"]
         assert "history int32" in row["notes"]  # LazyDP's history under both front ends
+        assert row["none_in_process_steps"] == 2 and "steps alternated" in row["notes"]
 
     (lazy,) = document["front_end_comparison"]
     assert lazy["mechanism"] == "lazy" and lazy["keras3_over_keras2"] > 0 and lazy["plain_keras3_over_keras2"] > 0
