@@ -1,4 +1,7 @@
-"""Skips the tests marked `gpu` where TensorFlow sees no GPU; runs the Beam job for the tests marked `beam`."""
+"""Skips the tests marked `gpu` where TensorFlow sees no GPU; runs the Beam job for the tests marked `beam`.
+
+The `fe` fixture runs a test once per front end (tf-keras, Keras 3): tests/front_ends/ and tests/privacy/ use it.
+"""
 
 from __future__ import annotations
 
@@ -40,3 +43,14 @@ def beam_job():
         return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
     return run
+
+
+@pytest.fixture(params=["keras2", "keras3"])
+def fe(request):
+    """Each test taking `fe` runs once per front end (tf-keras, Keras 3): a `front_ends.front_ends.FrontEnd`.
+
+    Parametrize it indirectly to pick one (`@pytest.mark.parametrize("fe", ["keras3"], indirect=True)`).
+    """
+    from front_ends.front_ends import front_end  # tests/ is on sys.path (this conftest's directory)
+
+    return front_end(request.param)

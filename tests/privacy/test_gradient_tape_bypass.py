@@ -8,16 +8,19 @@ loss) exactly (one example's gradient norm is ~300x the clip norm here).
 Now the gradient through `dp(x)` is refused (`tfdp_embed.tape_guard`); the
 named opt-out, differentiating `dp.inner`, still trains non-privately, by
 choice.
+
+Both front ends (the `fe` fixture of tests/conftest.py): the Keras 3
+`DPModel` of 29202bd let the tape train it too (equal to the non-private
+update to ~1e-7).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.none import NonPrivate
 from tfdp_embed.tape_guard import MESSAGE
@@ -33,21 +36,21 @@ def _data():
     return tf.constant(x), tf.constant(y)
 
 
-def _dp(mechanism=None) -> DPModel:
+def _dp(fe, mechanism=None):
+    keras = fe.keras
     inputs = keras.Input((3,))
     dense = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=1))
     mechanism = mechanism or DenseDPSGD(l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=0)
-    dp = DPModel(keras.Model(inputs, dense(inputs)), mechanism=mechanism, expected_batch_size=BATCH)
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(LR), loss=keras.losses.MeanSquaredError(reduction="none"))
-    return dp
+    model = keras.Model(inputs, dense(inputs))
+    return fe.dp_model(model, mechanism, batch=BATCH, lr=LR, loss=keras.losses.MeanSquaredError(reduction="none"))
 
 
-def _tape_step(model_to_call, variables, x, y):
+def _tape_step(fe, model_to_call, variables, x, y):
     """The textbook custom training step."""
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(tf.square(y - model_to_call(x, training=True)))
     grads = tape.gradient(loss, variables)
-    keras.optimizers.legacy.SGD(LR).apply_gradients(zip(grads, variables))
+    fe.sgd(LR).apply_gradients(zip(grads, variables))
 
 
 def _non_private_update(weights, x, y):
@@ -57,12 +60,12 @@ def _non_private_update(weights, x, y):
     return [kernel + LR * 2.0 / BATCH * x.numpy().T @ residual, bias + LR * 2.0 / BATCH * residual.sum(0)]
 
 
-def test_a_gradient_tape_loop_through_the_dp_model_cannot_train_it():
-    dp = _dp()
+def test_a_gradient_tape_loop_through_the_dp_model_cannot_train_it(fe):
+    dp = _dp(fe)
     x, y = _data()
     before = dp.inner.get_weights()
     try:
-        _tape_step(dp, dp.trainable_variables, x, y)
+        _tape_step(fe, dp, dp.trainable_variables, x, y)
     except PrivacyContractError as error:
         assert str(error) == MESSAGE
         for got, want in zip(dp.inner.get_weights(), before):
@@ -77,8 +80,8 @@ def test_a_gradient_tape_loop_through_the_dp_model_cannot_train_it():
     )
 
 
-def test_inside_a_tf_function_too():
-    dp = _dp()
+def test_inside_a_tf_function_too(fe):
+    dp = _dp(fe)
     x, y = _data()
 
     @tf.function
@@ -93,11 +96,11 @@ def test_inside_a_tf_function_too():
     assert isinstance(raised.value, PrivacyContractError) or "PrivacyContractError" in str(raised.value)
 
 
-def test_an_outer_keras_model_holding_the_dp_model_cannot_fit_it():
-    dp = _dp()
+def test_an_outer_keras_model_holding_the_dp_model_cannot_fit_it(fe):
+    dp = _dp(fe)
     x, y = _data()
-    outer = keras.Sequential([dp])
-    outer.compile(optimizer=keras.optimizers.legacy.SGD(LR), loss="mse")
+    outer = fe.keras.Sequential([dp])
+    outer.compile(optimizer=fe.sgd(LR), loss="mse")
     before = dp.inner.get_weights()
     with pytest.raises(Exception, match="Gradients through a DPModel outside its DP step"):
         outer.fit(x, y, epochs=1, verbose=0)
@@ -105,11 +108,11 @@ def test_an_outer_keras_model_holding_the_dp_model_cannot_fit_it():
         np.testing.assert_array_equal(got, want)
 
 
-def test_the_named_opt_out_and_the_dp_paths_still_work():
-    dp = _dp()
+def test_the_named_opt_out_and_the_dp_paths_still_work(fe):
+    dp = _dp(fe)
     x, y = _data()
     before = dp.inner.get_weights()
-    _tape_step(dp.inner, dp.inner.trainable_variables, x, y)  # explicit: trains the wrapped model non-privately
+    _tape_step(fe, dp.inner, dp.inner.trainable_variables, x, y)  # explicit: trains the wrapped model non-privately
     for got, want in zip(dp.inner.get_weights(), _non_private_update(before, x, y)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     forward = dp(x)  # a forward pass through the wrapper is fine
@@ -121,10 +124,10 @@ def test_the_named_opt_out_and_the_dp_paths_still_work():
     assert dp.predict(dataset, verbose=0).shape == (BATCH, 1)
 
 
-def test_non_private_models_keep_plain_gradients():
-    dp = _dp(NonPrivate())
+def test_non_private_models_keep_plain_gradients(fe):
+    dp = _dp(fe, NonPrivate())
     x, y = _data()
     before = dp.inner.get_weights()
-    _tape_step(dp, dp.trainable_variables, x, y)  # no privacy claimed: nothing to refuse
+    _tape_step(fe, dp, dp.trainable_variables, x, y)  # no privacy claimed: nothing to refuse
     for got, want in zip(dp.inner.get_weights(), _non_private_update(before, x, y)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

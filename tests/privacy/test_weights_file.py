@@ -16,6 +16,10 @@ and check that a file holds the wrapped model's weights and nothing else.
 The attack itself runs too: with the trainer's own generator states (a
 positive control: it recovers S_t to float rounding, so the attack is
 sound) and with whatever state the released files hold (none).
+
+Both front ends (the `fe` fixture of tests/conftest.py); Keras 3's files are
+`.weights.h5` (`save_weights`, `ModelCheckpoint`), the `.keras` archive and
+`tf.train.Checkpoint` / `tf.saved_model.save` of the `DPModel`.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+import tensorflow as tf
 from tiny_model import embedding_dense_model
 
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.training import DPModel
+from tfdp_embed.clipping.layer_kinds import tf_variable
+from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.lazy import LazyDP
@@ -36,8 +41,8 @@ CLIP, SIGMA, LR = 1.0, 1.0, 0.1
 MECHANISMS = {"dense": DenseDPSGD, "lazy": LazyDP}
 
 
-def _model() -> keras.Model:
-    return embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2)
+def _model(fe):
+    return embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2, fe=fe)
 
 
 def _data():
@@ -47,25 +52,24 @@ def _data():
     return x, y
 
 
-class _TrainerView(keras.callbacks.Callback):
-    """The trainer's own record of the generator state after each step (positive control only)."""
+def _trainer_view(fe):
+    """A callback keeping the trainer's own record of the generator state after each step (positive control only)."""
 
-    def __init__(self):
-        super().__init__()
-        self.states = []
+    class TrainerView(fe.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.states = []
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.states.append(self.model.mechanism.generator.state.numpy().copy())
+        def on_train_batch_end(self, batch, logs=None):
+            self.states.append(self.model.mechanism.generator.state.numpy().copy())
+
+    return TrainerView()
 
 
-def _train(name: str, callbacks=()) -> DPModel:
+def _train(fe, name: str, callbacks=()):
     x, y = _data()
     mechanism = MECHANISMS[name](l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=11)
-    dp = DPModel(_model(), mechanism=mechanism, expected_batch_size=BATCH)
-    dp.compile(
-        optimizer=keras.optimizers.legacy.SGD(LR),
-        loss=keras.losses.BinaryCrossentropy(from_logits=True),
-    )
+    dp = fe.dp_model(_model(fe), mechanism, batch=BATCH, lr=LR)
     dp.fit(
         tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH),
         epochs=1,
@@ -89,17 +93,13 @@ def _entries(path: str) -> dict:
     }
 
 
-def _by_suffix(entries: dict, suffix: str) -> np.ndarray:
-    (value,) = [v for n, v in entries.items() if n.endswith(suffix)]
-    return value
-
-
 def _weights_in(entries: dict) -> list:
-    """[table, kernel, bias] of the model in a TF-format file (root `inner/` or the model itself)."""
-    return [
-        _by_suffix(entries, f"layer_with_weights-{i}/{w}/.ATTRIBUTES/VARIABLE_VALUE")
-        for i, w in ((0, "embeddings"), (1, "kernel"), (1, "bias"))
-    ]
+    """[table, kernel, bias] of the model in a weights file, by their (distinct) shapes."""
+    found = []
+    for shape in ((VOCAB, DIM), (DIM, 1), (1,)):
+        (value,) = [v for v in entries.values() if np.shape(v) == shape]
+        found.append(value)
+    return found
 
 
 def _generator_state(entries: dict):
@@ -108,14 +108,14 @@ def _generator_state(entries: dict):
 
 
 # -- the attack ---------------------------------------------------------------------
-def _regenerated_dense_noise(name: str, state: np.ndarray) -> list:
+def _regenerated_dense_noise(fe, name: str, state: np.ndarray) -> list:
     """Z of the step that starts at generator `state`, for [kernel, bias]: a copy of the mechanism replays it."""
-    model = _model()
+    model = _model(fe)
     model(np.zeros((1, 2), np.int32))
     table = model.get_layer("items")
-    dense = [v for v in model.trainable_variables if v is not table.embeddings]
+    dense = [tf_variable(v) for v in model.trainable_variables if tf_variable(v) is not table.embeddings]
     mechanism = MECHANISMS[name](l2_norm_clip=CLIP, noise_multiplier=SIGMA, seed=0)
-    mechanism.init(tables=[table], dense_variables=dense, optimizer=keras.optimizers.legacy.SGD(LR))
+    mechanism.init(tables=[table], dense_variables=dense, optimizer=fe.sgd(LR))
     mechanism.generator.reset(state)
     empty = tf.IndexedSlices(tf.zeros([0, DIM]), tf.zeros([0], tf.int64), tf.constant([VOCAB, DIM], tf.int64))
     zero_sums = ClippedGradients(
@@ -128,11 +128,11 @@ def _regenerated_dense_noise(name: str, state: np.ndarray) -> list:
     return [np.asarray(by_variable[id(v)]) * BATCH for v in dense]  # (0 + Z) / B, times B
 
 
-def _true_clipped_dense_sum(weights: list, step: int) -> list:
+def _true_clipped_dense_sum(fe, weights: list, step: int) -> list:
     """S of step `step` (1-based) for [kernel, bias], by brute force at the weights it started from."""
     x, y = _data()
     x, y = x[(step - 1) * BATCH : step * BATCH], y[(step - 1) * BATCH : step * BATCH]
-    model = _model()
+    model = _model(fe)
     model(np.zeros((1, 2), np.int32))
     model.set_weights(weights)
     sums = [np.zeros_like(w) for w in weights]
@@ -146,20 +146,28 @@ def _true_clipped_dense_sum(weights: list, step: int) -> list:
     return sums[1:]
 
 
-def _recovery_error(name: str, before: list, after: list, state_before_step: np.ndarray, step: int) -> float:
+def _recovery_error(fe, name: str, before: list, after: list, state_before_step: np.ndarray, step: int) -> float:
     """Max |S_recovered - S_true| over the dense variables, for step `step`."""
-    noise = _regenerated_dense_noise(name, state_before_step)
+    noise = _regenerated_dense_noise(fe, name, state_before_step)
     recovered = [-(a - b) * BATCH / LR - z for a, b, z in zip(after[1:], before[1:], noise)]
-    truth = _true_clipped_dense_sum(before, step)
+    truth = _true_clipped_dense_sum(fe, before, step)
     return max(float(np.abs(r - t).max()) for r, t in zip(recovered, truth))
 
 
+def _weights_suffix(fe) -> str:
+    """What a weights file's name ends with: TF format for tf-keras, `.weights.h5` (required) for Keras 3."""
+    return "" if fe.name == "keras2" else ".weights.h5"
+
+
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
-def test_modelcheckpoint_files_do_not_let_an_attacker_regenerate_the_noise(name, tmp_path):
-    trainer = _TrainerView()
-    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "w-{batch:02d}"), save_weights_only=True, save_freq=1)
-    dp = _train(name, callbacks=[checkpoint, trainer])
-    files = [_entries(str(tmp_path / f"w-{t:02d}")) for t in range(1, STEPS + 1)]
+def test_modelcheckpoint_files_do_not_let_an_attacker_regenerate_the_noise(fe, name, tmp_path):
+    trainer = _trainer_view(fe)
+    suffix = _weights_suffix(fe)
+    checkpoint = fe.keras.callbacks.ModelCheckpoint(
+        str(tmp_path / f"w-{{batch:02d}}{suffix}"), save_weights_only=True, save_freq=1
+    )
+    dp = _train(fe, name, callbacks=[checkpoint, trainer])
+    files = [_entries(str(tmp_path / f"w-{t:02d}{suffix}")) for t in range(1, STEPS + 1)]
     before, after = _weights_in(files[-2]), _weights_in(files[-1])
 
     # The generator's counter advances by the same amount every step, whatever the data.
@@ -168,12 +176,12 @@ def test_modelcheckpoint_files_do_not_let_an_attacker_regenerate_the_noise(name,
     # Positive control: with the state the trainer holds after the last step, rewound by one
     # step, the attack recovers the noise-free sum (noise std per coordinate is sigma C = 1;
     # float rounding is ~1e-6).
-    assert _recovery_error(name, before, after, trainer.states[-1] - advance, STEPS) < 1e-4
+    assert _recovery_error(fe, name, before, after, trainer.states[-1] - advance, STEPS) < 1e-4
 
     # The attack on the released files: they must not hold what it needs.
     last = _generator_state(files[-1])
     if last is not None:
-        error = _recovery_error(name, before, after, last - advance, STEPS)
+        error = _recovery_error(fe, name, before, after, last - advance, STEPS)
         pytest.fail(
             f"A ModelCheckpoint weights file holds the noise generator state {last.tolist()}: "
             f"rewinding it regenerated the last step's noise and recovered the noise-free clipped "
@@ -183,46 +191,55 @@ def test_modelcheckpoint_files_do_not_let_an_attacker_regenerate_the_noise(name,
         assert len(entries) == len(dp.inner.weights), sorted(entries)
 
 
-def _write_tf(dp, tmp_path):
+def _write_tf(fe, dp, tmp_path):
     path = str(tmp_path / "weights")
     dp.save_weights(path)
     return path
 
 
-def _write_h5(dp, tmp_path):
-    path = str(tmp_path / "weights.h5")
+def _write_h5(fe, dp, tmp_path):
+    path = str(tmp_path / ("weights.h5" if fe.name == "keras2" else "weights.weights.h5"))
     dp.save_weights(path)
     return path
 
 
-def _write_model_checkpoint(dp, tmp_path):
-    path = str(tmp_path / "callback_weights")
-    callback = keras.callbacks.ModelCheckpoint(path, save_weights_only=True)
+def _write_model_checkpoint(fe, dp, tmp_path):
+    path = str(tmp_path / f"callback_weights{_weights_suffix(fe)}")
+    callback = fe.keras.callbacks.ModelCheckpoint(path, save_weights_only=True)
     callback.set_model(dp)
     callback.on_epoch_end(0, {})
     return path
 
 
-def _write_tf_checkpoint(dp, tmp_path):
+def _write_tf_checkpoint(fe, dp, tmp_path):
     return tf.train.Checkpoint(m=dp).save(str(tmp_path / "ckpt"))
 
 
-@pytest.mark.parametrize("name", sorted(MECHANISMS))
-@pytest.mark.parametrize(
-    "write",
-    [_write_tf, _write_h5, _write_model_checkpoint, _write_tf_checkpoint],
-    ids=[
-        "save_weights_tf",
-        "save_weights_h5",
-        "model_checkpoint",
-        "tf_train_checkpoint_of_dp",
-    ],
+WRITERS = {
+    "save_weights_tf": _write_tf,
+    "save_weights_h5": _write_h5,
+    "model_checkpoint": _write_model_checkpoint,
+    "tf_train_checkpoint_of_dp": _write_tf_checkpoint,
+}
+# Finding (Keras 3): `tf.train.Checkpoint(m=dp)` holds the optimizer (its step count, learning rate, a second
+# copy of the weights and any slots); tf-keras's DPModel checkpoints as its wrapped model alone.
+OPTIMIZER_TRACKED = pytest.mark.xfail(
+    strict=True, reason="Keras 3 DPModel tracks its optimizer: tf.train.Checkpoint(m=dp) writes its state"
 )
-def test_a_weights_file_of_dp_holds_the_flushed_model_weights_and_nothing_else(name, write, tmp_path):
-    dp = _train(name)
-    path = write(dp, tmp_path)
+WRITE_CASES = [pytest.param("keras2", w, id=f"keras2-{w}") for w in WRITERS] + [
+    pytest.param("keras3", w, id=f"keras3-{w}", marks=OPTIMIZER_TRACKED if w == "tf_train_checkpoint_of_dp" else ())
+    for w in WRITERS
+    if w != "save_weights_tf"
+]
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+@pytest.mark.parametrize(("fe", "write"), WRITE_CASES, indirect=["fe"])
+def test_a_weights_file_of_dp_holds_the_flushed_model_weights_and_nothing_else(fe, name, write, tmp_path):
+    dp = _train(fe, name)
+    path = WRITERS[write](fe, dp, tmp_path)
     entries = _entries(path)
-    if write is _write_tf_checkpoint:
+    if write == "tf_train_checkpoint_of_dp":
         entries.pop("save_counter/.ATTRIBUTES/VARIABLE_VALUE")  # the Checkpoint object's own counter
     released = dp.inner.get_weights()  # flushed (LazyDP) by the write, and by this read
     assert not dp.mechanism.owes_noise()
@@ -235,40 +252,43 @@ def test_a_weights_file_of_dp_holds_the_flushed_model_weights_and_nothing_else(n
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
-def test_dp_weights_and_variables_are_the_wrapped_models(name):
-    dp = _train(name)
-    inner = {v.ref() for v in dp.inner.weights}
+def test_dp_weights_and_variables_are_the_wrapped_models(fe, name):
+    dp = _train(fe, name)
+    inner = {tf_variable(v).ref() for v in dp.inner.weights}
     for listing in (
         dp.weights,
         dp.variables,
         dp.non_trainable_weights + dp.trainable_weights,
     ):
-        assert {v.ref() for v in listing} == inner, [v.name for v in listing]
+        assert {tf_variable(v).ref() for v in listing} == inner, [v.name for v in listing]
     assert len(dp.get_weights()) == len(dp.inner.weights)
 
 
-@pytest.mark.parametrize("suffix", ["", ".h5"], ids=["tf", "h5"])
-def test_dp_weights_file_loads_into_the_bare_model_and_back(suffix, tmp_path):
-    dp = _train("lazy")
+SUFFIXES = [("keras2", ""), ("keras2", ".h5"), ("keras3", ".weights.h5")]
+
+
+@pytest.mark.parametrize(("fe", "suffix"), SUFFIXES, ids=["keras2-tf", "keras2-h5", "keras3-h5"], indirect=["fe"])
+def test_dp_weights_file_loads_into_the_bare_model_and_back(fe, suffix, tmp_path):
+    dp = _train(fe, "lazy")
     path = str(tmp_path / f"weights{suffix}")
     dp.save_weights(path)
-    bare = _model()
+    bare = _model(fe)
     bare(np.zeros((1, 2), np.int32))
     bare.load_weights(path)
     for got, want in zip(bare.get_weights(), dp.inner.get_weights()):
         np.testing.assert_array_equal(got, want)
-    other = _train("lazy")
+    other = _train(fe, "lazy")
     other.load_weights(path)
     for got, want in zip(other.inner.get_weights(), dp.inner.get_weights()):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("fe", ["keras2"], indirect=True)
 @pytest.mark.parametrize("filename", ["saved", "model.keras"])
-def test_saving_the_training_wrapper_itself_is_refused_with_the_export_path(filename, tmp_path):
+def test_saving_the_training_wrapper_itself_is_refused_with_the_export_path(fe, filename, tmp_path):
     """tf.saved_model.save(dp) and keras.models.save_model(dp, ...) would write the wrapper's training state."""
-    from tfdp_embed.errors import PrivacyContractError
-
-    dp = _train("dense")
+    keras = fe.keras
+    dp = _train(fe, "dense")
     dp(np.zeros((1, 2), np.int32))  # built, so Keras gets as far as serializing it
     with pytest.raises(PrivacyContractError, match="export_saved_model"):
         tf.saved_model.save(dp, str(tmp_path / filename))
@@ -276,14 +296,42 @@ def test_saving_the_training_wrapper_itself_is_refused_with_the_export_path(file
         keras.models.save_model(dp, str(tmp_path / filename))
 
 
+@pytest.mark.parametrize("fe", ["keras3"], indirect=True)
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
-@pytest.mark.parametrize("filename", ["model.keras", "saved_model"], ids=["keras", "savedmodel"])
-def test_dp_save_writes_the_released_model_only(name, filename, tmp_path):
-    dp = _train(name)
+def test_keras3_saving_the_training_wrapper_writes_no_training_state(fe, name, tmp_path):
+    """Keras 3 keeps the mechanism out of tracking: a SavedModel of `dp` holds the flushed weights, no noise state.
+
+    (And the optimizer's step count and learning rate, public.) The `.keras` archive of `dp` itself is
+    refused (`get_config`), naming the wrapped model.
+    """
+    dp = _train(fe, name)
+    path = str(tmp_path / "saved")
+    tf.saved_model.save(dp, path)
+    assert not dp.mechanism.owes_noise()
+    entries = _entries(f"{path}/variables/variables")
+    leaked = [n for n in entries if any(s in n for s in ("mechanism", "generator", "_state_var", "stream", "histor"))]
+    assert not leaked, f"the SavedModel holds the mechanism's state: {leaked}"
+    public = {"optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE", "optimizer/_learning_rate/.ATTRIBUTES/VARIABLE_VALUE"}
+    assert {n for n, v in entries.items() if np.shape(v) == ()} <= public, sorted(entries)
+    arrays = {(np.shape(v), np.asarray(v).tobytes()) for v in entries.values() if np.shape(v) != ()}
+    assert arrays == {(w.shape, w.tobytes()) for w in dp.inner.get_weights()}, sorted(entries)  # flushed weights
+    with pytest.raises(PrivacyContractError, match="wrapped model"):
+        fe.keras.models.save_model(dp, str(tmp_path / "model.keras"))
+
+
+SAVES = [("keras2", "model.keras"), ("keras2", "saved_model"), ("keras3", "model.keras")]
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+@pytest.mark.parametrize(
+    ("fe", "filename"), SAVES, ids=["keras2-keras", "keras2-savedmodel", "keras3-keras"], indirect=["fe"]
+)
+def test_dp_save_writes_the_released_model_only(fe, name, filename, tmp_path):
+    dp = _train(fe, name)
     path = str(tmp_path / filename)
     dp.save(path)
     assert not dp.mechanism.owes_noise()
-    loaded = keras.models.load_model(path)  # DPEmbedding is registered: no custom_objects
+    loaded = fe.keras.models.load_model(path)  # DPEmbedding is registered: no custom_objects
     assert len(loaded.weights) == len(dp.inner.weights)
     for got, want in zip(loaded.get_weights(), dp.inner.get_weights()):
         np.testing.assert_array_equal(got, want)

@@ -26,7 +26,7 @@ mixed precision, the first-batch per-example contract probe, lookahead,
 
 from __future__ import annotations
 
-from tfdp_embed import fit_callbacks, nonfinite, plan_wiring, read_guard
+from tfdp_embed import fit_callbacks, nonfinite, plan_wiring, read_guard, tape_guard
 from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.clipping import clipped_step, vectorized_layer_gradients
 from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
@@ -105,7 +105,9 @@ class DPModel(keras.Model):
         return self._training_only.fed_batching
 
     def call(self, inputs, training=None):
-        return self.inner(inputs, training=training)
+        """The wrapped model's outputs; a gradient through them (a tape loop outside the DP step) is refused."""
+        outputs = self.inner(inputs, training=training)
+        return tape_guard.refuse_gradients(outputs) if self.mechanism.clips_per_example else outputs
 
     def compile(self, *args, jit_compile=False, **kwargs):
         """`keras.Model.compile`; `jit_compile` defaults to False (the sparse DP step is not XLA-compiled)."""
@@ -142,7 +144,8 @@ class DPModel(keras.Model):
         if not self.inner.built or not self.inner.trainable_weights:
             raise ValueError(f"Model {self.inner.name!r} is not built; call it once or pass a tf.data.Dataset to fit.")
         reject_batch_mixing(self.inner)
-        self._tapped = layers_owning_weights(self.inner)
+        # Untracked: Keras 3 refuses new tracked layers once `dp(x)` has built the wrapper.
+        object.__setattr__(self, "_tapped", layers_owning_weights(self.inner))
         for layer in self._tapped:
             self.registry.lookup(layer)  # refuses subclasses the rules cannot describe
         state = self._training_only
@@ -240,6 +243,11 @@ class DPModel(keras.Model):
         """Saves the wrapped model's weights, flushed (no mechanism or optimizer state)."""
         self.flush()
         return self.inner.save_weights(filepath, *args, **kwargs)
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """Loads a weights file of the wrapped model (as `save_weights` writes); flushes first (LazyDP's history)."""
+        self.flush()
+        return self.inner.load_weights(filepath, *args, **kwargs)
 
     def save(self, filepath, *args, **kwargs):
         """Saves the wrapped model (`.keras`), flushed: its layers and weights only, no mechanism state."""
