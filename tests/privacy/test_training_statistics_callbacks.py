@@ -12,16 +12,19 @@ within 2 epochs" means "the target is in".
 Fixed: `DPModel.fit` refuses callbacks that act on training statistics
 (`tfdp_embed.fit_callbacks`); `History` still shows the loss to the
 operator (the control below runs the same test on it offline).
+
+Both front ends (the `fe` fixture of tests/conftest.py): the policy is the
+core's (`tfdp_embed.fit_callbacks`) and recognises tf-keras's and Keras 3's
+callbacks alike.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.none import NonPrivate
 
@@ -38,13 +41,14 @@ def _dataset(target: bool) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
 
 
-def _dp(mechanism=None, metrics=None) -> DPModel:
+def _dp(fe, mechanism=None, metrics=None):
+    keras = fe.keras
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(1, kernel_initializer="zeros")(inputs))
     mechanism = mechanism or DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)
-    dp = DPModel(model, mechanism=mechanism, expected_batch_size=BATCH)
+    dp = fe.DPModel(model, mechanism=mechanism, expected_batch_size=BATCH)
     dp.compile(
-        optimizer=keras.optimizers.legacy.SGD(0.5),
+        optimizer=fe.sgd(0.5),
         loss=keras.losses.MeanSquaredError(reduction="none"),
         metrics=metrics,
     )
@@ -76,12 +80,12 @@ def _rates(with_target, without) -> tuple[float, float]:
     return float(np.mean([e <= EARLY for e in with_target])), float(np.mean([e <= EARLY for e in without]))
 
 
-def test_early_stopping_on_the_training_loss_cannot_tell_the_target():
-    dp = _dp()
+def test_early_stopping_on_the_training_loss_cannot_tell_the_target(fe):
+    dp = _dp(fe)
     initial = dp.inner.get_weights()
 
     def stop():
-        return [keras.callbacks.EarlyStopping(monitor="loss", patience=0)]
+        return [fe.keras.callbacks.EarlyStopping(monitor="loss", patience=0)]
 
     try:
         with_target = [len(run) for run in _epochs_run(dp, initial, True, stop)]
@@ -96,9 +100,10 @@ def test_early_stopping_on_the_training_loss_cannot_tell_the_target():
     )
 
 
-def test_control_the_training_loss_history_shows_does_tell_the_target():
+@pytest.mark.parametrize("fe", ["keras2"], indirect=True)  # the same un-noised mean loss in Keras 3's History
+def test_control_the_training_loss_history_shows_does_tell_the_target(fe):
     """Passes on both: the statistic carries the signal (why acting on it is refused); History keeps it."""
-    dp = _dp()
+    dp = _dp(fe)
     initial = dp.inner.get_weights()
     with_target = [_first_non_improving(run) for run in _epochs_run(dp, initial, True, list)]
     without = [_first_non_improving(run) for run in _epochs_run(dp, initial, False, list)]
@@ -109,24 +114,25 @@ def test_control_the_training_loss_history_shows_does_tell_the_target():
 @pytest.mark.parametrize(
     "make",
     [
-        lambda path: keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0),
-        lambda path: keras.callbacks.ModelCheckpoint(path, monitor="loss", save_best_only=True),
-        lambda path: keras.callbacks.TerminateOnNaN(),
-        lambda path: keras.callbacks.EarlyStopping(monitor="loss", restore_best_weights=True),
+        lambda keras, path: keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0),
+        lambda keras, path: keras.callbacks.ModelCheckpoint(path, monitor="loss", save_best_only=True),
+        lambda keras, path: keras.callbacks.TerminateOnNaN(),
+        lambda keras, path: keras.callbacks.EarlyStopping(monitor="loss", restore_best_weights=True),
     ],
     ids=["reduce_lr", "best_checkpoint", "terminate_on_nan", "early_stopping"],
 )
-def test_callbacks_acting_on_training_statistics_are_refused_before_training(make, tmp_path):
-    dp = _dp()
+def test_callbacks_acting_on_training_statistics_are_refused_before_training(fe, make, tmp_path):
+    dp = _dp(fe)
+    path = str(tmp_path / ("best.h5" if fe.name == "keras2" else "best.keras"))
     with pytest.raises(PrivacyContractError, match="training"):
-        dp.fit(_dataset(True), epochs=2, callbacks=[make(str(tmp_path / "best.h5"))], verbose=0)
+        dp.fit(_dataset(True), epochs=2, callbacks=[make(fe.keras, path)], verbose=0)
     assert int(dp.mechanism.steps.numpy()) == 0  # refused before the first step
 
 
-def test_a_compiled_metric_is_refused_at_the_first_step_before_any_callback_acts():
+def test_a_compiled_metric_is_refused_at_the_first_step_before_any_callback_acts(fe):
     # Keras names compiled metrics when it builds them, in the first step: the guard listed first catches it there.
-    dp = _dp(metrics=["mae"])
-    stop = keras.callbacks.EarlyStopping(monitor="mae", patience=0)
+    dp = _dp(fe, metrics=["mae"])
+    stop = fe.keras.callbacks.EarlyStopping(monitor="mae", patience=0)
     with pytest.raises(PrivacyContractError, match=r"EarlyStopping\(monitor='mae'\)"):
         dp.fit(_dataset(True), epochs=3, callbacks=[stop], verbose=0)
     assert int(dp.mechanism.steps.numpy()) == 1
@@ -136,15 +142,17 @@ def test_a_compiled_metric_is_refused_at_the_first_step_before_any_callback_acts
     assert int(dp.mechanism.steps.numpy()) == 1
 
 
-def test_validation_monitors_and_non_private_runs_are_accepted(tmp_path):
-    dp = _dp()
+def test_validation_monitors_and_non_private_runs_are_accepted(fe, tmp_path):
+    keras = fe.keras
+    dp = _dp(fe)
     held_out = _dataset(False)  # stands for public / held-out data
+    every = str(tmp_path / ("every.h5" if fe.name == "keras2" else "every.weights.h5"))
     callbacks = [
         keras.callbacks.EarlyStopping(monitor="val_loss", patience=0),
         keras.callbacks.ReduceLROnPlateau(),  # default monitor: val_loss
-        keras.callbacks.ModelCheckpoint(str(tmp_path / "every.h5"), save_weights_only=True),  # keeps every epoch
+        keras.callbacks.ModelCheckpoint(every, save_weights_only=True),  # keeps every epoch
     ]
     history = dp.fit(_dataset(True), validation_data=held_out, epochs=2, callbacks=callbacks, verbose=0)
     assert "loss" in history.history and "val_loss" in history.history  # the operator still sees both
-    plain = _dp(mechanism=NonPrivate())
+    plain = _dp(fe, mechanism=NonPrivate())
     plain.fit(_dataset(True), epochs=2, callbacks=[keras.callbacks.EarlyStopping(monitor="loss")], verbose=0)

@@ -124,11 +124,19 @@ class DPModel(keras.Model):
             args,
             kwargs,
             private=self.mechanism.clips_per_example,
-            logged_names=[m.name for m in self.metrics],
+            logged_names=self._logged_names(),
             extra=[],
             front=front_callbacks,
         )
         return super().fit(x, *args, **kwargs)
+
+    def _logged_names(self) -> list:
+        """What the step logs: the loss and each compiled metric (Keras 3 nests those in `compile_metrics`)."""
+        names = []
+        for metric in self.metrics:
+            nested = getattr(metric, "metrics", None)  # CompileMetrics, once built by the first step
+            names += [m.name for m in nested] if nested else [metric.name]
+        return names
 
     # -- setup ----------------------------------------------------------------
     def prepare(self, data=None) -> None:
