@@ -161,14 +161,9 @@ def _read(config: PipelineConfig) -> _Data:
 
 
 def _check_text(paths: list) -> None:
-    """Binary garbage refused naming its line (`input_files.check_text`); a UTF-8 BOM refused in one line."""
+    """Binary garbage refused naming its line (`input_files.check_text`); a UTF-8 BOM is read past by the reader."""
     for path in paths:
-        if input_files.check_text(path, what="Criteo rows (label, I1..I13, C1..C26), tab- or comma-separated"):
-            raise input_files.InputFileError(
-                f"{path}:1: the file starts with a UTF-8 byte-order mark (BOM), which the Criteo reader does not "
-                f"accept (the first row's label would read as a header); remove it, e.g. "
-                f"sed -i '1s/^\\xEF\\xBB\\xBF//' {path}"
-            )
+        input_files.check_text(path, what="Criteo rows (label, I1..I13, C1..C26), tab- or comma-separated")
 
 
 def _release_size(config: PipelineConfig, data: _Data) -> ReleasedDatasetSize:

@@ -33,6 +33,7 @@ from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.contract.probe import probe_batch, warn_no_data, warn_no_pair
 from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras2 import callbacks as front_callbacks
@@ -40,7 +41,6 @@ from tfdp_embed.keras2 import contract, distribute, mixed_precision, optimizer_c
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.contract.components import reject_non_per_example
 from tfdp_embed.keras2.contract.preprocessing import check_preprocessing
-from tfdp_embed.keras2.contract.probe import probe_batch, warn_no_data, warn_no_pair
 from tfdp_embed.keras2.layers.embedding import DPEmbedding
 from tfdp_embed.keras2.optimizer_weights import create_optimizer_weights
 from tfdp_embed.keras2.training_exits import ReleaseExits

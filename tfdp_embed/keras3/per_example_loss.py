@@ -47,8 +47,19 @@ def per_example_loss_fn(loss) -> Callable:
     return per_example
 
 
-def reject_batch_mixing(model) -> None:
-    """Refuses layers whose training output for one example depends on the others."""
+def reject_unsupported(model) -> None:
+    """Refuses batch-mixing layers, a distribution strategy and reduced precision (not yet in this front end)."""
+    if tf.distribute.has_strategy():
+        raise ValueError(
+            "tfdp_embed.keras3.DPModel trains on one device for now; under a tf.distribute strategy use the "
+            "tf-keras front end (tfdp_embed.keras2), which supports Mirrored, MultiWorker, ParameterServer and TPU."
+        )
+    reduced = sorted({layer.compute_dtype for layer in submodules(model) if layer.compute_dtype != "float32"})
+    if reduced:
+        raise ValueError(
+            f"tfdp_embed.keras3.DPModel computes in float32 for now; layers of this model compute in {reduced}. "
+            "Use keras.config.set_dtype_policy('float32'), or the tf-keras front end for mixed precision."
+        )
     for layer in [model, *submodules(model)]:
         if type(layer).__name__ in _MIXING and isinstance(layer, keras.layers.Layer):
             raise PrivacyContractError(
@@ -57,4 +68,4 @@ def reject_batch_mixing(model) -> None:
             )
 
 
-__all__ = ["per_example_loss_fn", "reject_batch_mixing"]
+__all__ = ["per_example_loss_fn", "reject_unsupported"]

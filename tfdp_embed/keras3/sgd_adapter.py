@@ -4,8 +4,14 @@ Keras 3's SGD applies a `tf.IndexedSlices` gradient as a scatter (sparse,
 measured: 0.5 ms at 10^6 x 16), with a constant or scheduled learning rate;
 LazyDP's closed form holds for it without momentum. With momentum, Keras 3
 updates every row's momentum every step (`m <- beta m - eta g` on the whole
-slot, 29 ms at 10^6 x 16): there is no per-row lazy form of that update, so
-LazyDP refuses it with the reason (DenseDPSGD trains with it, dense).
+slot, 29 ms at 10^6 x 16), which leaves no row idle. LazyDP's closed form
+assumes what tf-keras' legacy SGD does for a sparse gradient: only the rows
+the gradient names move (`m[r] <- beta m[r] - eta g[r]`, then `theta[r] +=
+m[r]`, or `beta m[r] - eta g[r]` with Nesterov), and LazyDP catches idle rows
+up (their momentum drift and owed noise) before anybody reads them. So under
+LazyDP the tables' gradients are applied that way here
+(`Keras3Sgd.apply_sparse`, on Keras 3's own momentum slots), the dense
+variables by Keras 3's SGD; the step counter and the schedule are Keras 3's.
 """
 
 from __future__ import annotations
@@ -38,21 +44,42 @@ class Keras3Sgd:
                 )
         if config.get("use_ema") or (config.get("gradient_accumulation_steps") or 1) > 1:
             raise ValueError("LazyDP cannot use a Keras 3 SGD with `use_ema` or `gradient_accumulation_steps`.")
-        if float(config.get("momentum") or 0.0) != 0.0:
-            raise ValueError(
-                f"LazyDP with Keras 3 needs `keras.optimizers.SGD(momentum=0)`; received momentum="
-                f"{config['momentum']!r}. Keras 3's SGD decays every row's momentum every step (a dense update "
-                "with no per-row lazy form). Use DenseDPSGD for momentum under Keras 3, or the tf-keras front end "
-                "(tfdp_embed.keras2) with keras.optimizers.legacy.SGD(momentum=...) for LazyDP with momentum."
-            )
-        return lazy_sgd.SgdSettings(0.0, False, 0.0)
+        beta = float(config.get("momentum") or 0.0)
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"LazyDP needs optimizer `momentum` in [0, 1); received {beta!r}.")
+        return lazy_sgd.SgdSettings(beta, bool(config.get("nesterov", False)), 0.0)
 
     def learning_rate(self) -> tf.Tensor:
         """eta of the coming apply: Keras 3 evaluates a schedule at `iterations` before it increments it."""
         return tf.cast(self._optimizer.learning_rate, tf.float32)
 
     def momentum_slot(self, variable: tf.Variable, *, create: bool = False) -> tf.Variable:
-        raise ValueError("LazyDP under Keras 3 runs without momentum: there is no momentum slot.")
+        """Keras 3's momentum slot of `variable` (built with the optimizer, before the mechanism's init)."""
+        optimizer = self._optimizer
+        if not optimizer.built or not optimizer.momentums:
+            raise ValueError("Build the Keras 3 SGD (with momentum) on the model's variables before LazyDP.init.")
+        index = optimizer._get_variable_index(variable)  # noqa: SLF001 - Keras 3 has no public slot accessor
+        return tf_variable(optimizer.momentums[index])
+
+    def apply_sparse(self, gradient: tf.IndexedSlices, variable: tf.Variable, learning_rate: tf.Tensor) -> None:
+        """Legacy SGD's sparse momentum step on the rows `gradient` names (unique rows); other rows stay idle."""
+        beta = float(self._optimizer.momentum)
+        slot = self.momentum_slot(variable)
+        rows, values = gradient.indices, tf.cast(gradient.values, variable.dtype)
+        step = tf.cast(learning_rate, variable.dtype) * values
+        momentum = beta * tf.gather(slot, rows) - step
+        slot.scatter_update(tf.IndexedSlices(momentum, rows))
+        delta = beta * momentum - step if self._optimizer.nesterov else momentum
+        variable.scatter_add(tf.IndexedSlices(delta, rows))
+
+
+def lazy_momentum(mechanism, optimizer) -> Keras3Sgd | None:
+    """A `Keras3Sgd` whose `apply_sparse` takes the tables' gradients: LazyDP with a Keras 3 SGD with momentum."""
+    from tfdp_embed.mechanisms import LazyDP
+
+    if isinstance(mechanism, LazyDP) and isinstance(optimizer, keras.optimizers.SGD) and optimizer.momentum:
+        return Keras3Sgd(optimizer)
+    return None
 
 
 def adapt(optimizer) -> Keras3Sgd | None:
@@ -64,4 +91,4 @@ def adapt(optimizer) -> Keras3Sgd | None:
 
 lazy_sgd.register_adapter(adapt)
 
-__all__ = ["Keras3Sgd", "adapt"]
+__all__ = ["Keras3Sgd", "adapt", "lazy_momentum"]

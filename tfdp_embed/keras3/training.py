@@ -19,9 +19,13 @@ Example:
     >>> dp.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     >>> dp.fit(dataset, epochs=1)
 
+On the first batch, `prepare` runs the core's per-example contract checks
+(`tfdp_embed.contract`: no state updates, each loss depends on its example
+alone, the rules cover every use of every weight), as the tf-keras front end does.
+
 Not yet in this front end (tf-keras has them): distribution strategies,
-mixed precision, the first-batch per-example contract probe, lookahead,
-`TrainingCheckpoint`. Each is refused with a one-line error, not ignored.
+mixed precision, lookahead, `TrainingCheckpoint`. The first two are refused
+with a one-line error (`reject_unsupported`), the others are not offered.
 """
 
 from __future__ import annotations
@@ -32,12 +36,14 @@ from tfdp_embed.clipping import clipped_step, vectorized_layer_gradients
 from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
 from tfdp_embed.clipping.layer_kinds import tf_variable
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.contract import check_model
+from tfdp_embed.contract.probe import probe_batch, warn_no_data
 from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras3 import callbacks as front_callbacks
-from tfdp_embed.keras3 import clipping, sgd_adapter  # noqa: F401  (registers Keras 3 SGD for LazyDP)
+from tfdp_embed.keras3 import clipping, sgd_adapter
 from tfdp_embed.keras3._keras import keras, tf
-from tfdp_embed.keras3.per_example_loss import per_example_loss_fn, reject_batch_mixing
+from tfdp_embed.keras3.per_example_loss import per_example_loss_fn, reject_unsupported
 from tfdp_embed.layers.lookup import EmbeddingLookup
 from tfdp_embed.mechanisms.base import NoiseMechanism, check_declared_use
 from tfdp_embed.release import release_ready
@@ -46,7 +52,7 @@ from tfdp_embed.release import release_ready
 class _TrainingOnly:
     """State kept out of Keras/TF tracking: no weights file, `.keras` archive or SavedModel holds it."""
 
-    __slots__ = ("mechanism", "plan", "fed_batching", "loss_fn", "tables", "variables", "keras_variables")
+    __slots__ = ("mechanism", "plan", "fed_batching", "loss_fn", "tables", "variables", "keras_variables", "sparse_sgd")
 
     def __init__(self, mechanism, plan):
         self.mechanism, self.plan = mechanism, plan
@@ -54,6 +60,7 @@ class _TrainingOnly:
         self.tables: list = []
         self.variables: list = []  # tf.Variables of the wrapped model's trainable weights
         self.keras_variables: dict = {}  # tf.Variable ref -> the keras.Variable the optimizer knows
+        self.sparse_sgd = None  # LazyDP with momentum: applies the tables' gradients (sgd_adapter.lazy_momentum)
 
 
 def _check_arguments(model, mechanism, expected_batch_size) -> None:
@@ -146,25 +153,45 @@ class DPModel(keras.Model):
         if self.optimizer is None or getattr(self, "loss", None) is None:
             raise ValueError("Call `compile(optimizer=..., loss=...)` before `fit`.")
         self._training_only.loss_fn = per_example_loss_fn(self.loss)
+        batch = None
         if isinstance(data, tf.data.Dataset):
-            x, _, _ = keras.utils.unpack_x_y_sample_weight(next(iter(data.take(1))))
-            self.inner(x, training=False)
+            batch = keras.utils.unpack_x_y_sample_weight(probe_batch(data, keras.utils.unpack_x_y_sample_weight))
+            self.inner(batch[0], training=False)
         if not self.inner.built or not self.inner.trainable_weights:
             raise ValueError(f"Model {self.inner.name!r} is not built; call it once or pass a tf.data.Dataset to fit.")
-        reject_batch_mixing(self.inner)
+        reject_unsupported(self.inner)
         # Untracked: Keras 3 refuses new tracked layers once `dp(x)` has built the wrapper.
         object.__setattr__(self, "_tapped", layers_owning_weights(self.inner))
         for layer in self._tapped:
             self.registry.lookup(layer)  # refuses subclasses the rules cannot describe
+        if self.mechanism.clips_per_example:
+            self._check_contract(batch)
         state = self._training_only
         state.tables = [layer for layer in self._tapped if isinstance(layer, EmbeddingLookup)]
         state.keras_variables = {tf_variable(v).ref(): v for v in self.inner.trainable_weights}
         state.variables = [tf_variable(v) for v in self.inner.trainable_weights]
         tables = {t.embeddings.ref() for t in state.tables}
         dense = [v for v in state.variables if v.ref() not in tables]
+        self.optimizer.build(self.inner.trainable_weights)  # before the first trace, and LazyDP's momentum slots
         self.mechanism.init(tables=state.tables, dense_variables=dense, optimizer=self.optimizer)
-        self.optimizer.build(self.inner.trainable_weights)  # before the first trace
+        state.sparse_sgd = sgd_adapter.lazy_momentum(self.mechanism, self.optimizer)
         self._prepared = True
+
+    def _check_contract(self, batch) -> None:
+        """The core's behavioural checks on one batch (`tfdp_embed.contract`), before any read hook exists."""
+        if batch is None:
+            warn_no_data(stacklevel=4)
+            return
+        check_model(
+            self.inner,
+            tuple(batch),
+            forward=lambda training, x, y, w: self._per_example_loss(x, y, w, training=training)[0],
+            tapped_layers=self._tapped,
+            registry=self.registry,
+            fallback=vectorized_layer_gradients,
+            loss_name=f"the compiled loss {getattr(self.loss, 'name', self.loss)!r}",
+            check_per_example=True,
+        )
 
     # -- the step -------------------------------------------------------------
     def train_step(self, data):
@@ -213,6 +240,13 @@ class DPModel(keras.Model):
         state = self._training_only
         pairs = self.mechanism.update(clipped)
         check_every_variable_noised(pairs, state.variables, self.mechanism.name)
+        if state.sparse_sgd is not None:  # LazyDP with momentum: tables as legacy SGD moves them (sgd_adapter)
+            tables = {t.embeddings.ref() for t in state.tables}
+            learning_rate = state.sparse_sgd.learning_rate()  # this step's, before Keras counts the step
+            for gradient, variable in pairs:
+                if variable.ref() in tables:
+                    state.sparse_sgd.apply_sparse(gradient, variable, learning_rate)
+            pairs = [(g, v) for g, v in pairs if v.ref() not in tables]
         self.optimizer.apply_gradients([(g, state.keras_variables[v.ref()]) for g, v in pairs])
         self.mechanism.after_apply(None)
         nonfinite.check_weights(pairs)

@@ -14,6 +14,7 @@ References: Criteo Kaggle / 1TB click-log format.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import logging
 import os
@@ -225,6 +226,20 @@ def _corrupt_error(path: str, line: int, exc: Exception) -> CriteoFormatError:
 
 
 def _iter_blocks(path: str, *, block_bytes: int = _READ_BLOCK_BYTES, stop_after: int | None = None) -> Iterator[bytes]:
+    """Yields the (decompressed) bytes of `path` block by block, past a leading UTF-8 byte-order mark.
+
+    A file saved by a Windows editor starts with a BOM (EF BB BF): without
+    this, the first row's label would read as `\ufeff0` and the row be skipped.
+    """
+    blocks = _raw_blocks(path, block_bytes=block_bytes, stop_after=stop_after)
+    first = next(blocks, b"")
+    while len(first) < len(codecs.BOM_UTF8) and (more := next(blocks, b"")):
+        first += more
+    yield first[len(codecs.BOM_UTF8) :] if first.startswith(codecs.BOM_UTF8) else first
+    yield from blocks
+
+
+def _raw_blocks(path: str, *, block_bytes: int, stop_after: int | None) -> Iterator[bytes]:
     """Yields the (decompressed) bytes of `path` block by block.
 
     Handles multi-member gzip. A gzip stream that stops early raises

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import tensorflow as tf
+
+from tfdp_embed.clipping import layer_kinds
 from tfdp_embed.clipping.per_example import layer_gradients, start_gradients
 from tfdp_embed.clipping.taps import own_trainable_variables, record_taps
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import tf
 
 RTOL = 1e-4  # of the variable's largest gradient entry: float32 round-off passes, a missed use does not
 ATOL = 1e-6  # of the model's largest gradient entry: for gradients that cancel to ~0 (a key's bias)
@@ -67,7 +69,7 @@ def check_rules_cover_gradients(
     with tf.GradientTape(persistent=True) as tape, record_taps(layers, registry) as taps:
         loss = forward()
     infos = layer_gradients(taps, loss, tape, registry, fallback, loss_scale=loss_scale)
-    variables = model.trainable_variables
+    variables = [layer_kinds.tf_variable(v) for v in model.trainable_weights]  # Keras 3: the tf.Variables
     start = start_gradients(loss, loss_scale)  # as DPModel's backward pass (0 for a non-finite loss)
     true = [_unscaled(g, loss_scale) for g in tape.gradient(loss, variables, output_gradients=start)]
     recorded = _through_recorded_outputs(tape, loss, start, loss_scale, taps, infos) if rtol > RTOL else None

@@ -8,24 +8,23 @@ arrays given to `fit` into a one-batch dataset the check can read.
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Callable
 
-import numpy as np
+import tensorflow as tf
 
-from tfdp_embed.keras2 import mixed_precision
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.contract import exact_rules, independence
-from tfdp_embed.keras2.contract.exact_rules import check_rules_cover_gradients
-from tfdp_embed.keras2.contract.examples import batch_size_of
-from tfdp_embed.keras2.contract.independence import check_independence
-from tfdp_embed.keras2.contract.layer_calls import deterministic, frozen_randomness
-from tfdp_embed.keras2.contract.state import check_no_state_updates
+from tfdp_embed.clipping import layer_kinds
+from tfdp_embed.clipping.taps import submodules
+from tfdp_embed.contract import exact_rules, independence
+from tfdp_embed.contract.exact_rules import check_rules_cover_gradients
+from tfdp_embed.contract.examples import batch_size_of
+from tfdp_embed.contract.independence import check_independence
+from tfdp_embed.contract.layer_calls import deterministic, frozen_randomness
+from tfdp_embed.contract.state import check_no_state_updates
 
 
 def check_model(
-    model: keras.Model,
+    model,
     batch: tuple,
     *,
     forward: Callable,
@@ -95,10 +94,20 @@ def tolerances(model) -> tuple:
     same math by many of its round-offs; a missed use of a weight still
     shows at float32's tolerance (see `exact_rules`).
     """
-    roundoff = _UNIT_ROUNDOFF.get(mixed_precision.compute_dtype(model))
+    roundoff = _UNIT_ROUNDOFF.get(_compute_dtype(model))
     if roundoff is None:
         return independence.RTOL, exact_rules.RTOL
     return max(independence.RTOL, _ROUNDOFFS * roundoff), max(exact_rules.RTOL, _ROUNDOFFS * roundoff)
+
+
+def _compute_dtype(model) -> tf.DType:
+    """The least precise compute dtype of `model`'s layers (any Keras): float16, bfloat16 or float32."""
+    dtypes = {
+        tf.as_dtype(layer.compute_dtype)
+        for layer in [model, *submodules(model)]
+        if layer_kinds.is_layer(layer) and layer.compute_dtype is not None
+    }
+    return next((d for d in (tf.float16, tf.bfloat16) if d in dtypes), tf.float32)
 
 
 def forward_as_loss(forward: Callable) -> Callable:
@@ -106,24 +115,4 @@ def forward_as_loss(forward: Callable) -> Callable:
     return lambda x, y, sample_weight, training: forward(training, x, y, sample_weight)
 
 
-def one_batch_of_arrays(x, args: tuple, kwargs: dict) -> tf.data.Dataset | None:
-    """`fit`'s arrays (`x`, `y`, `sample_weight`, `batch_size`) as a dataset of their first batch.
-
-    Returns None for anything else (generators, Sequences, DatasetCreators).
-    """
-    try:
-        bound = inspect.signature(keras.Model.fit).bind(None, x, *args, **kwargs).arguments
-    except TypeError:
-        return None
-    y, sample_weight = bound.get("y"), bound.get("sample_weight")
-    leaves = tf.nest.flatten((x, y, sample_weight))
-    if x is None or not all(isinstance(a, (np.ndarray, tf.Tensor)) or a is None for a in leaves):
-        return None
-    data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-    try:
-        return tf.data.Dataset.from_tensor_slices(data).batch(bound.get("batch_size") or 32).take(1)
-    except (TypeError, ValueError):
-        return None
-
-
-__all__ = ["check_model", "forward_as_loss", "one_batch_of_arrays", "tolerances"]
+__all__ = ["check_model", "forward_as_loss", "tolerances"]

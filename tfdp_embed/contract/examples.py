@@ -10,8 +10,7 @@ Python values, tensors of another leading size) are passed as they are.
 from __future__ import annotations
 
 import numpy as np
-
-from tfdp_embed.keras2._keras import tf
+import tensorflow as tf
 
 
 def batch_size_of(structure) -> int | None:

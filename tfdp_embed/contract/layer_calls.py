@@ -9,23 +9,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from tfdp_embed.keras2._keras import keras, tf
+import tensorflow as tf
 
-# Layers whose training-mode output is random and whose inference output is the identity.
-STOCHASTIC_LAYERS = (
-    keras.layers.Dropout,  # SpatialDropout1D/2D/3D subclass it
-    keras.layers.GaussianNoise,
-    keras.layers.GaussianDropout,
-    keras.layers.AlphaDropout,
-)
+from tfdp_embed.clipping import layer_kinds
+from tfdp_embed.clipping.taps import submodules
+
+# Layers whose training-mode output is random and whose inference output is the identity (any Keras).
+STOCHASTIC_LAYERS = ("Dropout", "GaussianNoise", "GaussianDropout", "AlphaDropout")  # SpatialDropout subclasses Dropout
+
+
+def is_stochastic(layer) -> bool:
+    """`layer` is one of `STOCHASTIC_LAYERS` of an imported Keras."""
+    return any(layer_kinds.is_instance(layer, name) for name in STOCHASTIC_LAYERS)
 
 
 @dataclasses.dataclass
 class LayerCall:
     """One finished call: the layer, the layer whose call made it, flat inputs and outputs."""
 
-    layer: keras.layers.Layer
-    parent: keras.layers.Layer | None
+    layer: object
+    parent: object
     inputs: list
     outputs: list
 
@@ -33,8 +36,8 @@ class LayerCall:
 def all_layers(model) -> list:
     """`model` and every layer under it, each once."""
     seen, out = set(), []
-    for layer in [model, *model.submodules]:
-        if isinstance(layer, keras.layers.Layer) and id(layer) not in seen:
+    for layer in [model, *submodules(model)]:
+        if layer_kinds.is_layer(layer) and id(layer) not in seen:
             seen.add(id(layer))
             out.append(layer)
     return out
@@ -65,7 +68,7 @@ def deterministic(model):
     drawing one negative sample per training step) are entered too, so that
     re-running a step draws the same randomness.
     """
-    layers = [layer for layer in all_layers(model) if isinstance(layer, STOCHASTIC_LAYERS)]
+    layers = [layer for layer in all_layers(model) if is_stochastic(layer)]
 
     def identity(layer, original):
         def call(inputs, *args, **kwargs):

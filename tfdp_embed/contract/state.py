@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tfdp_embed.clipping import layer_kinds
+from tfdp_embed.clipping.taps import submodules
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import keras
 
 
-def check_no_state_updates(model: keras.Model, forward: Callable[[], object]) -> None:
+def check_no_state_updates(model, forward: Callable[[], object]) -> None:
     """Runs `forward()` once; refuses the model if it changed a non-trainable variable.
 
     Args:
@@ -28,7 +29,7 @@ def check_no_state_updates(model: keras.Model, forward: Callable[[], object]) ->
       PrivacyContractError: naming each layer whose state changed; every
         variable is restored before it is raised.
     """
-    variables = _unique(model.non_trainable_variables)
+    variables = _unique(layer_kinds.tf_variable(v) for v in model.non_trainable_weights)
     saved = [v.numpy().copy() for v in variables]
     try:
         forward()
@@ -61,10 +62,10 @@ def _unique(variables) -> list:
 
 def _owners(model, variables) -> list:
     """[(deepest layer holding the variables, [their names])] in the model's layer order."""
-    layers = [model] + [m for m in model.submodules if isinstance(m, keras.layers.Layer)]
+    layers = [model] + [m for m in submodules(model) if layer_kinds.is_layer(m)]
     owners: dict = {}
     for v in variables:
-        holding = [layer for layer in layers if v.ref() in {w.ref() for w in layer.weights}]
+        holding = [layer for layer in layers if v.ref() in {layer_kinds.tf_variable(w).ref() for w in layer.weights}]
         owner = min(holding, key=lambda layer: len(layer.weights)) if holding else model
         owners.setdefault(id(owner), (owner, []))[1].append(v.name)
     return list(owners.values())

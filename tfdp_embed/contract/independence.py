@@ -26,18 +26,18 @@ import warnings
 from collections.abc import Callable
 
 import numpy as np
+import tensorflow as tf
 
+from tfdp_embed.contract.examples import batch_size_of, select_examples
+from tfdp_embed.contract.layer_calls import deterministic, recorded_calls
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.contract.examples import batch_size_of, select_examples
-from tfdp_embed.keras2.contract.layer_calls import deterministic, recorded_calls
 
 RTOL = 1e-5  # of the largest magnitude compared: float32 round-off passes, mixing does not
 MAX_EXAMPLES = 32  # the check runs on the first examples of the batch
 
 
 def check_independence(
-    model: keras.Model,
+    model,
     per_example_loss: Callable,
     batch: tuple,
     *,

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import warnings
 
+import tensorflow as tf
+
+from tfdp_embed.contract.examples import batch_size_of
 from tfdp_embed.data.beam_shards import uncounted_reads
-from tfdp_embed.keras2._keras import tf
-from tfdp_embed.keras2.contract.examples import batch_size_of
 
 PROBE_BATCHES = 4  # batches of a dataset searched for one with >= 2 examples
 
