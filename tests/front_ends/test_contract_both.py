@@ -18,7 +18,9 @@ from .front_ends import ctr_batches
 
 
 def _dp(fe, model, loss=None):
-    return fe.dp_model(model, mechanisms.DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0), batch=64, loss=loss)
+    return fe.dp_model(
+        model, mechanisms.DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0), batch=64, loss=loss
+    )
 
 
 def test_a_loss_centred_on_the_batch_is_refused(fe):
