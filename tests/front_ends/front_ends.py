@@ -22,6 +22,7 @@ class FrontEnd:
     DPEmbedding: type
     DPModel: type
     sgd: object  # lr -> the SGD LazyDP takes
+    PrivacyBudget: type  # the front end's budget callback
 
     def ctr_model(self, vocabulary: int = 1000, dim: int = 8, seed: int = 0):
         """ids [B, 4] -> DPEmbedding (mean) -> Dense(8, relu) -> Dense(1): the same weights for both front ends."""
@@ -44,11 +45,12 @@ class FrontEnd:
 def front_end(name: str) -> FrontEnd:
     if name == "keras2":
         from tfdp_embed.keras2 import DPEmbedding, DPModel, keras
+        from tfdp_embed.keras2.callbacks import PrivacyBudget
 
-        return FrontEnd(name, keras, DPEmbedding, DPModel, lambda lr: keras.optimizers.legacy.SGD(lr))
-    from tfdp_embed.keras3 import DPEmbedding, DPModel, keras
+        return FrontEnd(name, keras, DPEmbedding, DPModel, lambda lr: keras.optimizers.legacy.SGD(lr), PrivacyBudget)
+    from tfdp_embed.keras3 import DPEmbedding, DPModel, PrivacyBudget, keras
 
-    return FrontEnd(name, keras, DPEmbedding, DPModel, lambda lr: keras.optimizers.SGD(lr))
+    return FrontEnd(name, keras, DPEmbedding, DPModel, lambda lr: keras.optimizers.SGD(lr), PrivacyBudget)
 
 
 def ctr_batches(n: int = 512, batch: int = 128, vocabulary: int = 1000, seed: int = 0) -> tf.data.Dataset:

@@ -7,6 +7,9 @@ fixed-size batches, yet PrivacyBudget and privacy_report defaulted to
 `tfdp_embed.data` sampler seen through pass-through transformations; the
 budget reads it, refuses a contradicting Poisson claim, and the report
 carries the caveat.
+
+Both front ends (the `fe` fixture of tests/conftest.py), except lookahead
+and `fit(..., batching=...)` (a declared source), which are tf-keras's.
 """
 
 from __future__ import annotations
@@ -15,14 +18,12 @@ import json
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from tfdp_embed.accounting import PrivacyBudget, privacy_report
+from tfdp_embed.accounting import privacy_report
 from tfdp_embed.accounting.report import NOT_POISSON_CAVEAT
 from tfdp_embed.data import fixed_size_batches, poisson_batches, with_lookahead
 from tfdp_embed.errors import PrivacyContractError
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.layers.embedding import DPEmbedding
-from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import DenseDPSGD, LazyDP
 
 N, VOCAB, IDS, BATCH = 2000, 50, 2, 500
@@ -35,18 +36,19 @@ def _data():
     return ids, (ids[:, :1] % 2).astype(np.float32)
 
 
-def _dp(mechanism=None, *, lookahead=False):
+def _dp(fe, mechanism=None, *, lookahead=False):
+    keras = fe.keras
     keras.utils.set_random_seed(0)
     inputs = keras.Input((IDS,), dtype="int32")
-    model = keras.Model(inputs, keras.layers.Dense(1)(DPEmbedding(VOCAB, 3, combiner="mean", name="t")(inputs)))
+    model = keras.Model(inputs, keras.layers.Dense(1)(fe.DPEmbedding(VOCAB, 3, combiner="mean", name="t")(inputs)))
     mechanism = mechanism or DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)
-    dp = DPModel(model, mechanism=mechanism, expected_batch_size=BATCH, lookahead=lookahead)
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    dp = fe.DPModel(model, mechanism=mechanism, expected_batch_size=BATCH, **({"lookahead": True} if lookahead else {}))
+    dp.compile(optimizer=fe.sgd(0.1), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     return dp
 
 
-def _budget(dp, tmp_path, **kwargs):
-    return PrivacyBudget(
+def _budget(fe, dp, tmp_path, **kwargs):
+    return fe.PrivacyBudget(
         dp.mechanism,
         sampling_probability=Q,
         target_epsilon=50.0,
@@ -58,11 +60,11 @@ def _budget(dp, tmp_path, **kwargs):
     )
 
 
-def test_numpy_fit_is_reported_as_fixed_size_batches(tmp_path):
+def test_numpy_fit_is_reported_as_fixed_size_batches(fe, tmp_path):
     x, y = _data()
-    dp = _dp()
+    dp = _dp(fe)
     dp.prepare(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))  # build from other data, as usual
-    budget = _budget(dp, tmp_path)
+    budget = _budget(fe, dp, tmp_path)
     dp.fit(x, y, batch_size=BATCH, epochs=1, callbacks=[budget], verbose=0)
     written = json.loads((tmp_path / "privacy_report.json").read_text())
     # Old code: batching "poisson" and no caveat: a Poisson epsilon for shuffled fixed-size batches.
@@ -81,13 +83,15 @@ def test_numpy_fit_is_reported_as_fixed_size_batches(tmp_path):
     assert direct["batching"] == "fixed_shuffled" and NOT_POISSON_CAVEAT in direct["caveats"]
 
 
-def test_explicit_poisson_claim_for_numpy_data_is_refused(tmp_path):
+def test_explicit_poisson_claim_for_numpy_data_is_refused(fe, tmp_path):
     x, y = _data()
-    dp = _dp()
+    dp = _dp(fe)
     dp.prepare(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
-    budget = _budget(dp, tmp_path, batching="poisson")
+    budget = _budget(fe, dp, tmp_path, batching="poisson")
     with pytest.raises(PrivacyContractError, match="not Poisson-sampled"):
         dp.fit(x, y, batch_size=BATCH, epochs=1, callbacks=[budget], verbose=0)
+    if fe.name == "keras3":
+        return  # Keras 3's fit takes no `batching=` declaration
     with pytest.raises(ValueError, match="batched by Keras"):  # declaring it to fit does not help either
         _, info = poisson_batches((x, y), sampling_probability=Q, seed=0)
         dp.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, batching=info)
@@ -104,7 +108,7 @@ def test_report_needs_batching_and_a_stated_poisson_claim_is_marked_unverified()
 
 
 @pytest.mark.parametrize("wrap", ["none", "prefetch", "map_repeat_take"])
-def test_poisson_sampler_is_verified_through_pass_through_steps(tmp_path, wrap):
+def test_poisson_sampler_is_verified_through_pass_through_steps(fe, tmp_path, wrap):
     x, y = _data()
     batches, _ = poisson_batches((x, y), sampling_probability=Q, seed=1)
     fed = {
@@ -112,8 +116,8 @@ def test_poisson_sampler_is_verified_through_pass_through_steps(tmp_path, wrap):
         "prefetch": batches.prefetch(2),
         "map_repeat_take": batches.map(lambda a, b: (a, b)).repeat(2).take(4),
     }[wrap]
-    dp = _dp()
-    budget = _budget(dp, tmp_path, batching="poisson")  # a true claim: accepted
+    dp = _dp(fe)
+    budget = _budget(fe, dp, tmp_path, batching="poisson")  # a true claim: accepted
     dp.fit(fed, epochs=1, callbacks=[budget], verbose=0)
     assert dp.batching.verified_poisson and budget.fed_batching.verified_poisson
     written = json.loads((tmp_path / "privacy_report.json").read_text())
@@ -121,19 +125,20 @@ def test_poisson_sampler_is_verified_through_pass_through_steps(tmp_path, wrap):
     assert not any("Poisson" in c for c in written["caveats"])
 
 
-def test_lookahead_pipeline_keeps_the_sampler_batching(tmp_path):
+@pytest.mark.parametrize("fe", ["keras2"], indirect=True)  # lookahead: tf-keras only
+def test_lookahead_pipeline_keeps_the_sampler_batching(fe, tmp_path):
     x, y = _data()
     batches, _ = poisson_batches((x, y), sampling_probability=Q, seed=1)
     fed = with_lookahead(batches, lambda features: {"t": features}).prefetch(2)
-    dp = _dp(LazyDP(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0), lookahead=True)
-    budget = _budget(dp, tmp_path)
+    dp = _dp(fe, LazyDP(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0), lookahead=True)
+    budget = _budget(fe, dp, tmp_path)
     dp.fit(fed, epochs=1, callbacks=[budget], verbose=0)
     assert dp.batching.verified_poisson
     assert json.loads((tmp_path / "privacy_report.json").read_text())["batching"] == "poisson"
 
 
 @pytest.mark.parametrize("transform", ["shuffle", "cache", "rebatch", "unbatch_batch", "generator"])
-def test_anything_else_is_not_verified_poisson(tmp_path, transform):
+def test_anything_else_is_not_verified_poisson(fe, tmp_path, transform):
     x, y = _data()
     batches, info = poisson_batches((x, y), sampling_probability=Q, seed=1)
     spec = batches.element_spec
@@ -144,19 +149,19 @@ def test_anything_else_is_not_verified_poisson(tmp_path, transform):
         "unbatch_batch": lambda: batches.unbatch().batch(BATCH),
         "generator": lambda: tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=spec),
     }[transform]()
-    dp = _dp()
+    dp = _dp(fe)
     dp.prepare(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
     with pytest.raises(PrivacyContractError, match="not Poisson-sampled"):
-        dp.fit(fed, epochs=1, callbacks=[_budget(dp, tmp_path, batching=info)], verbose=0)
+        dp.fit(fed, epochs=1, callbacks=[_budget(fe, dp, tmp_path, batching=info)], verbose=0)
     assert dp.batching.batching == "unverified" and not dp.batching.claims_poisson
 
 
-def test_fixed_size_sampler_and_mixed_fits_report_the_least_private(tmp_path):
+def test_fixed_size_sampler_and_mixed_fits_report_the_least_private(fe, tmp_path):
     x, y = _data()
     poisson, _ = poisson_batches((x, y), sampling_probability=Q, seed=1)
     fixed, _ = fixed_size_batches((x, y), batch_size=BATCH, seed=1)
-    dp = _dp()
-    budget = _budget(dp, tmp_path)
+    dp = _dp(fe)
+    budget = _budget(fe, dp, tmp_path)
     dp.fit(poisson, epochs=1, callbacks=[budget], verbose=0)
     assert budget.fed_batching.verified_poisson
     dp.fit(fixed, epochs=1, callbacks=[budget], verbose=0)  # the same run continues on shuffled batches
@@ -165,13 +170,14 @@ def test_fixed_size_sampler_and_mixed_fits_report_the_least_private(tmp_path):
     assert written["batching"] == "fixed_shuffled" and NOT_POISSON_CAVEAT in written["caveats"]
 
 
-def test_uninspectable_source_can_be_declared_and_is_reported_as_declared(tmp_path):
+@pytest.mark.parametrize("fe", ["keras2"], indirect=True)  # `fit(..., batching=...)`: tf-keras only
+def test_uninspectable_source_can_be_declared_and_is_reported_as_declared(fe, tmp_path):
     x, y = _data()
     batches, info = poisson_batches((x, y), sampling_probability=Q, seed=1)
     opaque = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=batches.element_spec)
-    dp = _dp()
+    dp = _dp(fe)
     dp.prepare(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
-    budget = _budget(dp, tmp_path, batching="poisson")
+    budget = _budget(fe, dp, tmp_path, batching="poisson")
     dp.fit(opaque, epochs=1, callbacks=[budget], verbose=0, batching=info)
     assert dp.batching.source == "declared" and dp.batching.claims_poisson and not dp.batching.verified_poisson
     written = json.loads((tmp_path / "privacy_report.json").read_text())

@@ -6,6 +6,10 @@ the table ran under MirroredStrategy: `class MyLazy(LazyDP): name =
 replica's forward pass) on every replica. Now a class declares its
 capabilities (`MechanismCapabilities`, inherited); anything undeclared is
 refused, and a copied name buys nothing.
+
+The undeclared one-off event runs for both front ends (the `fe` fixture of
+tests/conftest.py: each front end's `PrivacyBudget`); strategies, the TPU
+plan and lookahead are tf-keras's.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from tfdp_embed.accounting import PrivacyBudget, privacy_report
+from tfdp_embed.accounting import privacy_report
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras2 import distribute
 from tfdp_embed.keras2._keras import keras, tf
@@ -119,15 +123,15 @@ def test_copied_name_gets_no_tpu_plan():
     assert distribute.unsupported_reason(_Quiet, distribute.PARAMETER_SERVER) is not None
 
 
-def test_undeclared_one_off_event_is_refused_by_budget_and_report():
+def test_undeclared_one_off_event_is_refused_by_budget_and_report(fe):
     mechanism = _SecretSetup(l2_norm_clip=1.0, noise_multiplier=1.0)
     with pytest.raises(PrivacyContractError, match="_SecretSetup .* one-off events"):
         privacy_report(
             mechanism=mechanism, delta=1e-5, sampling_probability=0.1, dataset_size=40, steps=3, batching="poisson"
         )
-    model = keras.Sequential([keras.layers.Dense(1, input_shape=(4,))])
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
-    budget = PrivacyBudget(mechanism, sampling_probability=0.1, target_epsilon=5.0, target_delta=1e-5)
+    model = fe.keras.Sequential([fe.keras.Input((4,)), fe.keras.layers.Dense(1)])
+    model.compile(optimizer=fe.keras.optimizers.SGD(0.01), loss="mse")
+    budget = fe.PrivacyBudget(mechanism, sampling_probability=0.1, target_epsilon=5.0, target_delta=1e-5)
     data = tf.data.Dataset.from_tensor_slices((np.zeros([8, 4], "float32"), np.zeros([8, 1], "float32"))).batch(4)
     with pytest.raises(PrivacyContractError, match="one-off events"):
         model.fit(data, epochs=1, callbacks=[budget], verbose=0)

@@ -30,6 +30,9 @@ not 0) of the padding reach every mechanism. Last, DP-FEST's
 `bucket_counts` over padded batches must not count the padding (old code:
 row 0 counted once per padding example, so adding an example moved a count
 down).
+
+Sections 1 and 3 (the contribution map, every mechanism's padded step) run for both front
+ends (the `fe` fixture of tests/conftest.py); `TpuDPStep` is tf-keras's.
 """
 
 from __future__ import annotations
@@ -46,8 +49,6 @@ import pytest
 from tfdp_embed.data import fixed_shape_batches, poisson_batches
 from tfdp_embed.keras2 import distribute
 from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.layers.embedding import DPEmbedding
-from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import DPFEST, EANA, DenseDPSGD, DPAdaFEST, DPAdaFESTPlus, LazyDP
 from tfdp_embed.mechanisms.adafest import contribution_map
 from tfdp_embed.mechanisms.topk_selection import bucket_counts
@@ -55,7 +56,7 @@ from tfdp_embed.mechanisms.topk_selection import bucket_counts
 VOCAB, DIM, C1 = 16, 2, 1.0
 OTHERS = [[1, 2], [2, 3], [3, 4], [4, 5]]  # the four other examples: rows 1..5
 TARGET = [9, 10]  # rows no other example reads; padding reads row 0
-BCE = keras.losses.BinaryCrossentropy(from_logits=True)
+BCE = keras.losses.BinaryCrossentropy(from_logits=True)  # tf-keras's (TpuDPStep)
 pytestmark = pytest.mark.filterwarnings(
     "ignore:DP-AdaFEST.*lets each untouched row through", "ignore:.*not verified Poisson"
 )
@@ -76,10 +77,11 @@ def _batch(with_target: bool, cap: int | None):
 
 
 # -- the model and one step with the mechanism's input captured -------------------------------
-def _model():
+def _model(fe):
+    keras = fe.keras
     keras.utils.set_random_seed(3)
     ids = keras.Input((2,), dtype="int32")
-    table = DPEmbedding(VOCAB, DIM, combiner="mean", name="items")
+    table = fe.DPEmbedding(VOCAB, DIM, combiner="mean", name="items")
     return keras.Model(ids, keras.layers.Dense(1, name="out")(table(ids)))
 
 
@@ -105,12 +107,13 @@ def _capture(mechanism) -> dict:
     return seen
 
 
-def _dp_step(mechanism, batch) -> tuple[dict, list]:
+def _dp_step(fe, mechanism, batch) -> tuple[dict, list]:
     """One `DPModel` step (eager, SGD lr 1) on `batch`; (what the mechanism saw, weights after, flushed)."""
-    model = _model()
+    model = _model(fe)
     seen = _capture(mechanism)
-    dp = DPModel(model, mechanism=mechanism, expected_batch_size=4.0)
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(1.0), loss=BCE, run_eagerly=True)
+    dp = fe.DPModel(model, mechanism=mechanism, expected_batch_size=4.0)
+    bce = fe.keras.losses.BinaryCrossentropy(from_logits=True)
+    dp.compile(optimizer=fe.sgd(1.0), loss=bce, run_eagerly=True)
     dp.fit(tf.data.Dataset.from_tensors(batch), epochs=1, verbose=0)
     return seen, dp.get_weights()
 
@@ -146,10 +149,10 @@ def _sensitivity(map_a: dict, map_b: dict) -> float:
 
 # -- 1. the contribution map's sensitivity ------------------------------------------------------
 @pytest.mark.parametrize("make", [_adafest, _adafest_plus], ids=["adafest", "adafest+"])
-def test_contribution_map_of_padded_neighbours_moves_by_at_most_c1(make):
+def test_contribution_map_of_padded_neighbours_moves_by_at_most_c1(fe, make):
     cap = 6  # D: 4 examples + 2 padding; D': 5 examples + 1 padding
-    without, _ = _dp_step(make(), _batch(False, cap))
-    with_target, _ = _dp_step(make(), _batch(True, cap))
+    without, _ = _dp_step(fe, make(), _batch(False, cap))
+    with_target, _ = _dp_step(fe, make(), _batch(True, cap))
     measured = _sensitivity(without["map"], with_target["map"])
     # Expected: the target's clipped vector, two rows at 1/sqrt(2) each: exactly C1.
     # (Old code: and row 0 loses one padding example's count 1: sqrt(2) C1 = 1.414.)
@@ -161,18 +164,24 @@ def test_contribution_map_of_padded_neighbours_moves_by_at_most_c1(make):
 
 
 @pytest.mark.parametrize("make", [_adafest, _adafest_plus], ids=["adafest", "adafest+"])
-def test_row_read_only_by_padding_is_treated_alike_with_and_without_the_target(make):
+def test_row_read_only_by_padding_is_treated_alike_with_and_without_the_target(fe, make):
     cap = 5  # D: one padding example; D': none
     # sigma1 tiny: a counted row survives tau = 0.5 with certainty, an uncounted one never.
-    without, _ = _dp_step(make(sigma1=1e-3), _batch(False, cap))
-    with_target, _ = _dp_step(make(sigma1=1e-3), _batch(True, cap))
-    row0 = (0 in without["rows"]["items/embeddings:0"], 0 in with_target["rows"]["items/embeddings:0"])
+    without, _ = _dp_step(fe, make(sigma1=1e-3), _batch(False, cap))
+    with_target, _ = _dp_step(fe, make(sigma1=1e-3), _batch(True, cap))
+    row0 = (0 in _table_rows(without), 0 in _table_rows(with_target))
     assert row0[0] == row0[1], (
         f"row 0, read by no real example, is updated without the target: {row0[0]}, with it: {row0[1]} "
         "(the padding example's lookup passed the threshold)"
     )
     assert row0 == (False, False)
-    assert 9 in with_target["rows"]["items/embeddings:0"]  # the target's rows survive (count 1/sqrt(2) > 0.5)
+    assert 9 in _table_rows(with_target)  # the target's rows survive (count 1/sqrt(2) > 0.5)
+
+
+def _table_rows(seen: dict) -> list:
+    """The rows the mechanism updates in the one table (its only sparse gradient)."""
+    (rows,) = seen["rows"].values()
+    return rows
 
 
 # -- 2. TpuDPStep: the static-shape TPU batch ---------------------------------------------------
@@ -252,9 +261,9 @@ MECHANISMS = {
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
-def test_every_mechanism_steps_on_a_padded_batch_as_on_the_batch_without_padding(name):
-    seen_padded, padded = _dp_step(MECHANISMS[name](), _batch(True, 8))  # 5 examples + 3 padding
-    seen_plain, plain = _dp_step(MECHANISMS[name](), _batch(True, None))
+def test_every_mechanism_steps_on_a_padded_batch_as_on_the_batch_without_padding(fe, name):
+    seen_padded, padded = _dp_step(fe, MECHANISMS[name](), _batch(True, 8))  # 5 examples + 3 padding
+    seen_plain, plain = _dp_step(fe, MECHANISMS[name](), _batch(True, None))
     assert seen_padded["rows"] == seen_plain["rows"], "padding changed the rows the mechanism updates"
     assert seen_padded["map"] == pytest.approx(seen_plain["map"]), "padding entered the lookups"
     np.testing.assert_array_equal(seen_padded["clip_factors"][5:], 0.0)  # padding: no share of any sum
