@@ -16,7 +16,7 @@ Per vocabulary size, in one process, `--repeats` rounds of:
   * plain read: the baseline checkpoint read back;
   * flush: `LazyDP.flush()`, i.e. what "flush before every checkpoint"
     (the design this library did NOT choose, see
-    `tfdp_embed.keras2.checkpointing.training_state`) would add to every save.
+    `tfdp_embed.checkpointing.training_state`) would add to every save.
 Medians and min/max over the rounds; bytes on disk; peak RSS of the process.
 Outputs: `--json`, `--png` (median seconds per operation and vocabulary;
 both default to new files of this run under `benchmarks/results/`);
@@ -58,7 +58,7 @@ def measure(vocab: int, args) -> dict:
     from tfdp_embed import DPEmbedding, DPModel, keras, tf
     from tfdp_embed.keras2.checkpointing import TrainingCheckpoint
     from tfdp_embed.keras2.checkpointing import manifest as manifest_lib
-    from tfdp_embed.keras2.checkpointing.position import DataPosition
+    from tfdp_embed.checkpointing.position import DataPosition
     from tfdp_embed.mechanisms import LazyDP
 
     keras.utils.set_random_seed(args.seed)

@@ -32,7 +32,7 @@ from tfdp_embed.keras2.checkpointing import (
     DPCheckpoint,
     rest_of_epoch,
 )
-from tfdp_embed.keras2.checkpointing.position import normalized_position
+from tfdp_embed.checkpointing.position import normalized_position
 from tfdp_embed.keras2.export import export_saved_model
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_worker.py")

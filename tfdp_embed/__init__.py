@@ -23,6 +23,7 @@ from tfdp_embed._version import __version__ as __version__
 # name -> module that defines it; loaded on first access (PEP 562), so the front end loads only when used.
 _CORE = {
     "accounting": "tfdp_embed.accounting",
+    "checkpointing": "tfdp_embed.checkpointing",
     "clipping": "tfdp_embed.clipping",
     "layers": "tfdp_embed.layers",
     "audit": "tfdp_embed.audit",
@@ -50,7 +51,6 @@ _FRONT_END = {
     "export_saved_model": "tfdp_embed.keras2",
     # Kept for code written before the core/front-end split (the modules now live in tfdp_embed.keras2).
     "attention": "tfdp_embed.keras2.attention",
-    "checkpointing": "tfdp_embed.keras2.checkpointing",
     "distribute": "tfdp_embed.keras2.distribute",
     "retrieval": "tfdp_embed.keras2.retrieval",
 }

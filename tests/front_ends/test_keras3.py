@@ -213,3 +213,38 @@ def test_a_keras_3_process_keeps_keras_3_trains_and_serves():
     assert set(facts["trained"]) == {"NonPrivate", "DenseDPSGD", "LazyDP", "EANA"}
     assert "epsilon" in facts["trained"]["LazyDP"]  # the budget callback put epsilon into the logs
     assert np.isfinite(json.loads(facts["served"])).all() and np.array(json.loads(facts["served"])).shape == (1, 1)
+
+
+PLAN_BUDGET_UNDER_KERAS_3 = """
+    import json, os
+    import keras, tensorflow as tf
+    from tfdp_embed import plan_run
+    from tfdp_embed.keras3 import PrivacyBudget
+
+    plan = plan_run("dense", target_epsilon=3.0, target_delta=1e-5, sampling_probability=0.01, steps=100)
+    budget = plan.budget()
+    print(json.dumps({
+        "keras3_callback": isinstance(budget, keras.callbacks.Callback) and isinstance(budget, PrivacyBudget),
+        "env": os.environ.get("TF_USE_LEGACY_KERAS"),
+        "tf_keras_is_keras_3": tf.keras.layers.Layer is keras.layers.Layer,
+    }))
+"""
+
+
+def test_a_plans_budget_in_a_keras_3_process_is_a_keras_3_callback():
+    """`RunPlan.budget()` used to load the tf-keras callbacks, switching the process's `tf.keras` to tf-keras."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PLAN_BUDGET_UNDER_KERAS_3)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "keras3_callback": True,
+        "env": None,
+        "tf_keras_is_keras_3": True,
+    }

@@ -328,6 +328,10 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
         if not ran and self._prepared:  # fit's data: there is no later chance
             warn_no_pair(stacklevel=3)
 
+    def synchronize_noise(self) -> None:
+        """After a re-key (a restored checkpoint): every worker takes worker 0's noise state."""
+        distribute.synchronize_generator(self.mechanism, self.distribute_strategy)
+
     # -- the step -------------------------------------------------------------
     def train_step(self, data):
         try:

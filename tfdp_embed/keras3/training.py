@@ -193,6 +193,10 @@ class DPModel(keras.Model):
             check_per_example=True,
         )
 
+    def create_optimizer_variables(self) -> None:
+        """The optimizer's slots and step counter, before a checkpoint restore fills them (`prepare` builds them)."""
+        self.optimizer.build(self.inner.trainable_weights)
+
     # -- the step -------------------------------------------------------------
     def train_step(self, data):
         with read_guard.unguarded():  # run eagerly, the step reads tables as its traced form does
@@ -280,6 +284,11 @@ class DPModel(keras.Model):
         """The wrapped model's weights, flushed."""
         self.flush()
         return self.inner.get_weights()
+
+    def set_weights(self, weights):
+        """Sets the wrapped model's weights; flushes first, so no noise owed before lands on what is written."""
+        self.flush()
+        return self.inner.set_weights(weights)
 
     def save_weights(self, filepath, *args, **kwargs):
         """Saves the wrapped model's weights, flushed (no mechanism or optimizer state)."""

@@ -1,36 +1,28 @@
-"""Checkpoint and resume of DP training: model, optimizer, mechanism, ledger, data position.
+"""Checkpoint and resume of a tf-keras `DPModel` (the core's `tfdp_embed.checkpointing` with a tf-keras callback).
 
     from tfdp_embed.keras2.checkpointing import DPCheckpoint, rest_of_epoch
 
-* `DPCheckpoint` (Keras callback) saves every n steps with
-  `tf.train.CheckpointManager` and restores with `restore_or_initialize`.
-* `TrainingCheckpoint` does the work: one `tf.train.Checkpoint` of the
-  wrapped model, the optimizer, the mechanism (RNG, LazyDP histories,
-  DP-FEST selections, counters), the `PrivacyLedger` and the position in the
-  batch stream; a manifest with the training setup and file checksums; an
-  all-or-nothing restore that refuses mismatched or corrupted checkpoints
-  before loading anything (`CheckpointMismatchError`,
-  `CheckpointCorruptedError`).
-* `rest_of_epoch` continues the interrupted epoch's Poisson batch stream.
-
-A checkpoint is training state, never a release: a LazyDP checkpoint keeps
-the un-flushed table with its noise history; export (which flushes) is the
-only way out. See `tfdp_embed.keras2.checkpointing.training_state`.
-
 Under `MirroredStrategy`, build the model, mechanism and optimizer of the
 resumed run inside the same strategy's scope as the run that saved; the
-restore fills every replica's copy (tested on 2 logical CPUs with EANA,
-dense DP-SGD and DP-FEST: tests/distributed/test_checkpoint_distributed.py).
+restore fills every replica's copy (tests/distributed/test_checkpoint_distributed.py).
 """
 
-from tfdp_embed.keras2.checkpointing.callback import DPCheckpoint
-from tfdp_embed.keras2.checkpointing.errors import (
+from tfdp_embed.checkpointing import (
+    CheckpointCallback,
     CheckpointCorruptedError,
     CheckpointError,
     CheckpointMismatchError,
+    DataPosition,
+    ResumeInfo,
+    TrainingCheckpoint,
+    rest_of_epoch,
 )
-from tfdp_embed.keras2.checkpointing.position import DataPosition, rest_of_epoch
-from tfdp_embed.keras2.checkpointing.training_state import ResumeInfo, TrainingCheckpoint
+from tfdp_embed.keras2._keras import keras
+
+
+class DPCheckpoint(CheckpointCallback, keras.callbacks.Callback):
+    __doc__ = CheckpointCallback.__doc__
+
 
 __all__ = [
     "CheckpointCorruptedError",

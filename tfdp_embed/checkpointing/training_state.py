@@ -11,7 +11,7 @@ One checkpoint holds, under the object-graph root `training_state`:
 and under `progress`: the `PrivacyLedger` as JSON (a string variable, so it
 is written atomically with the weights it accounts for) and the position in
 the batch stream (`DataPosition`). Beside it a manifest
-(`tfdp_embed.keras2.checkpointing.manifest`) records what wrote it and the files'
+(`tfdp_embed.checkpointing.manifest`) records what wrote it and the files'
 checksums; only checkpoints with a manifest are complete.
 
 Restoring never replays noise: with `seed=None` the mechanism's generators
@@ -38,7 +38,7 @@ noise depend on when checkpoints are taken, so a resumed run would no
 longer reproduce a run that was never interrupted. Restoring
 re-attaches table and history together (the mechanism's `steps` and
 `flushed_at` are restored too, so `owes_noise()` is true again), and the
-ways out of training (`tfdp_embed.keras2.export.export_saved_model`, `DPModel`'s
+ways out of training (`tfdp_embed.release.export_saved_model`, `DPModel`'s
 `save_weights` / `save` / `get_weights`, and every eager read of the table,
 see `tfdp_embed.read_guard`) flush first; only this checkpoint reads the
 table raw. A plain `model.load_weights(<checkpoint>)`
@@ -62,18 +62,21 @@ import logging
 import os
 import re
 
+import tensorflow as tf
+
 from tfdp_embed import read_guard
 from tfdp_embed._version import __version__
 from tfdp_embed.accounting.ledger import PrivacyLedger
-from tfdp_embed.keras2._keras import tf
-from tfdp_embed.keras2.checkpointing import manifest as manifest_lib
-from tfdp_embed.keras2.checkpointing.errors import (
+from tfdp_embed.checkpointing import manifest as manifest_lib
+from tfdp_embed.checkpointing.errors import (
     CheckpointCorruptedError,
     CheckpointError,
     CheckpointMismatchError,
 )
-from tfdp_embed.keras2.checkpointing.position import DataPosition, normalized_position
-from tfdp_embed.keras2.layers.embedding import DPEmbedding
+from tfdp_embed.checkpointing.position import DataPosition, normalized_position
+from tfdp_embed.clipping.layer_kinds import tf_variable
+from tfdp_embed.clipping.taps import submodules
+from tfdp_embed.layers.lookup import EmbeddingLookup
 
 _LOG = logging.getLogger(__name__)
 CHECKPOINT_NAME = "ckpt"
@@ -249,9 +252,9 @@ class TrainingCheckpoint:
             },
             "release": (
                 "NOT releasable: training state of a lazy mechanism that still owes noise; restore it and "
-                "export with tfdp_embed.keras2.export.export_saved_model (which flushes)."
+                "export with tfdp_embed.release.export_saved_model (which flushes)."
                 if owes
-                else "training state; export with tfdp_embed.keras2.export.export_saved_model"
+                else "training state; export with tfdp_embed.release.export_saved_model"
             ),
             "library_version": __version__,
             "tensorflow_version": manifest_lib.tensorflow_version(),
@@ -411,10 +414,14 @@ def _create_optimizer_variables(dp) -> None:
     zero gradient; whatever it changes (the iteration counter, fresh
     slots; an FTRL optimizer's weights) is overwritten by the restore.
     """
-    tables = {layer.embeddings.ref(): layer for layer in dp.inner.submodules if isinstance(layer, DPEmbedding)}
+    create = getattr(dp, "create_optimizer_variables", None)
+    if create is not None:  # a front end that builds its optimizer's slots itself (Keras 3)
+        create()
+        return
+    tables = {layer.embeddings.ref(): layer for layer in submodules(dp.inner) if isinstance(layer, EmbeddingLookup)}
     pairs = []
     for variable in dp.inner.trainable_variables:
-        layer = tables.get(variable.ref())
+        layer = tables.get(tf_variable(variable).ref())
         if layer is not None:  # an empty sparse gradient: no [vocab, dim] tensor
             grad = tf.IndexedSlices(
                 tf.zeros([0, layer.output_dim], variable.dtype),
@@ -430,9 +437,8 @@ def _create_optimizer_variables(dp) -> None:
 def _check_arguments(dp_model, budget, ledger, max_to_keep, batches_per_epoch, sampler_seed) -> None:
     """Refuses what `TrainingCheckpoint` cannot work with, naming the argument."""
     from tfdp_embed.accounting.budget import BudgetTracker
-    from tfdp_embed.keras2.training import DPModel
 
-    if not isinstance(dp_model, DPModel):
+    if not all(hasattr(dp_model, name) for name in ("inner", "mechanism", "prepare")):
         raise TypeError(f"`dp_model` must be a tfdp_embed DPModel; received {type(dp_model).__name__}.")
     if getattr(dp_model, "optimizer", None) is None:
         raise ValueError("`dp_model` must be compiled (it needs its optimizer) before checkpointing.")
@@ -464,11 +470,11 @@ def _rekey(dp_model) -> None:
     every worker re-keys, then takes worker 0's new state, so the workers
     still draw the same noise.
     """
-    from tfdp_embed.keras2 import distribute
-
     mechanism = dp_model.mechanism
     if mechanism.rekey_from_entropy():
-        distribute.synchronize_generator(mechanism, dp_model.distribute_strategy)
+        synchronize = getattr(dp_model, "synchronize_noise", None)  # tf-keras: workers take worker 0's state
+        if synchronize is not None:
+            synchronize()
         _LOG.info(
             "Restored mechanism %r re-keyed from OS entropy: no noise of the saved run is replayed.", mechanism.name
         )

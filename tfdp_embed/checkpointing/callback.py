@@ -1,4 +1,8 @@
-"""`DPCheckpoint`: a Keras callback that checkpoints DP training every n steps, and resumes it.
+"""`DPCheckpoint`: a Keras callback that checkpoints DP training every n steps, and resumes it (both front ends).
+
+The logic is `CheckpointCallback`; each front end's `DPCheckpoint` is it on that
+Keras's `keras.callbacks.Callback` (`tfdp_embed.keras2.checkpointing`,
+`tfdp_embed.keras3.checkpointing`).
 
     ckpt = DPCheckpoint(directory, dp_model=dp, budget=budget, every_n_steps=100,
                         batches_per_epoch=info.batches_per_epoch, sampler_seed=7)
@@ -28,14 +32,13 @@ from __future__ import annotations
 
 import logging
 
-from tfdp_embed.keras2._keras import keras
-from tfdp_embed.keras2.checkpointing.position import DataPosition, normalized_position
-from tfdp_embed.keras2.checkpointing.training_state import ResumeInfo, TrainingCheckpoint
+from tfdp_embed.checkpointing.position import DataPosition, normalized_position
+from tfdp_embed.checkpointing.training_state import ResumeInfo, TrainingCheckpoint
 
 _LOG = logging.getLogger(__name__)
 
 
-class DPCheckpoint(keras.callbacks.Callback):
+class CheckpointCallback:
     """Checkpoints model, optimizer, mechanism, ledger and data position during `fit`.
 
     Args:
@@ -185,4 +188,4 @@ class DPCheckpoint(keras.callbacks.Callback):
             self.save()
 
 
-__all__ = ["DPCheckpoint"]
+__all__ = ["CheckpointCallback"]

@@ -34,8 +34,9 @@ import os
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
-from tfdp_embed.keras2._keras import tf
+from tfdp_embed.clipping.layer_kinds import tf_variable
 
 FORMAT = "tfdp_embed.Checkpoint"
 VERSION = 1
@@ -122,9 +123,9 @@ def describe_training_state(
     Returns:
       A JSON-able dict with keys model, optimizer, mechanism, accounting, data.
     """
-    model_vars = list(dp_model.inner.weights)
+    model_vars = [tf_variable(v) for v in dp_model.inner.weights]  # Keras 3: the tf.Variables inside
     optimizer = dp_model.optimizer
-    optimizer_vars = optimizer_variables(optimizer)
+    optimizer_vars = [tf_variable(v) for v in optimizer_variables(optimizer)]
     owned = {v.ref() for v in model_vars} | {v.ref() for v in optimizer_vars}
     mechanism = dp_model.mechanism
     mechanism_vars = [v for v in mechanism.variables if v.ref() not in owned]
@@ -289,7 +290,7 @@ def read_manifest(path: str) -> dict[str, Any]:
     Raises:
       CheckpointCorruptedError: unreadable JSON or not a tfdp_embed manifest.
     """
-    from tfdp_embed.keras2.checkpointing.errors import CheckpointCorruptedError
+    from tfdp_embed.checkpointing.errors import CheckpointCorruptedError
 
     try:
         with open(path) as f:

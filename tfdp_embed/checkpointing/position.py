@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import tensorflow as tf
+
 from tfdp_embed.data.provenance import register, registered_info
-from tfdp_embed.keras2._keras import tf
 
 
 @dataclasses.dataclass(frozen=True)
