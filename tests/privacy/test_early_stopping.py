@@ -11,17 +11,18 @@ ledger must agree, and epsilon must be that of all steps run.
 
 Writing weights must also leave LazyDP consistent: values written over a
 table that still owed noise must not receive that noise on top later.
+
+Both front ends (the `fe` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from tiny_model import embedding_dense_model
 
-from tfdp_embed.accounting import PrivacyBudget, privacy_report
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.training import DPModel
+from tfdp_embed.accounting import privacy_report
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 from tfdp_embed.mechanisms.lazy import LazyDP
 
@@ -30,18 +31,11 @@ Q, DELTA = BATCH / N, 1e-5
 MECHANISMS = {"dense": DenseDPSGD, "lazy": LazyDP}
 
 
-def _dp(name: str) -> DPModel:
+def _dp(fe, name: str):
     mechanism = MECHANISMS[name](l2_norm_clip=1.0, noise_multiplier=1.0, seed=3)
-    dp = DPModel(
-        embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2),
-        mechanism=mechanism,
-        expected_batch_size=BATCH,
+    return fe.dp_model(
+        embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2, fe=fe), mechanism, batch=BATCH, lr=0.3
     )
-    dp.compile(
-        optimizer=keras.optimizers.legacy.SGD(0.3),
-        loss=keras.losses.BinaryCrossentropy(from_logits=True),
-    )
-    return dp
 
 
 def _dataset(seed: int = 0) -> tf.data.Dataset:
@@ -51,36 +45,39 @@ def _dataset(seed: int = 0) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
 
 
-class _FirstEpochIsBest(keras.callbacks.Callback):
-    """Scores epoch e as -e (so EarlyStopping restores epoch 1) and keeps epoch 1's weights."""
+def _first_epoch_is_best(fe):
+    """A callback scoring epoch e as -e (so EarlyStopping restores epoch 1) and keeping epoch 1's weights."""
 
-    def __init__(self):
-        super().__init__()
-        self.first_epoch_weights = None
-        self.steps_run = 0
+    class FirstEpochIsBest(fe.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.first_epoch_weights = None
+            self.steps_run = 0
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps_run += 1
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps_run += 1
 
-    def on_epoch_end(self, epoch, logs=None):
-        logs["score"] = -float(epoch)
-        if epoch == 0:
-            self.first_epoch_weights = [w.copy() for w in self.model.inner.get_weights()]
+        def on_epoch_end(self, epoch, logs=None):
+            logs["score"] = -float(epoch)
+            if epoch == 0:
+                self.first_epoch_weights = [w.copy() for w in self.model.inner.get_weights()]
+
+    return FirstEpochIsBest()
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
-def test_restore_best_weights_never_rolls_back_the_spent_budget(name):
-    dp = _dp(name)
+def test_restore_best_weights_never_rolls_back_the_spent_budget(fe, name):
+    dp = _dp(fe, name)
     mechanism = dp.mechanism
-    budget = PrivacyBudget(
+    budget = fe.PrivacyBudget(
         mechanism,
         sampling_probability=Q,
         target_epsilon=30.0,
         target_delta=DELTA,
         accountant="rdp",
     )
-    probe = _FirstEpochIsBest()
-    stop = keras.callbacks.EarlyStopping(monitor="score", mode="max", patience=EPOCHS, restore_best_weights=True)
+    probe = _first_epoch_is_best(fe)
+    stop = fe.keras.callbacks.EarlyStopping(monitor="score", mode="max", patience=EPOCHS, restore_best_weights=True)
     dp.fit(_dataset(), epochs=EPOCHS, verbose=0, callbacks=[budget, probe, stop])
     assert stop.best_epoch == 0 and probe.steps_run == EPOCHS * N // BATCH
 
@@ -116,10 +113,10 @@ def test_restore_best_weights_never_rolls_back_the_spent_budget(name):
         np.testing.assert_array_equal(got, want)
 
 
-def test_load_weights_over_an_unflushed_table_gets_no_stale_noise(tmp_path):
-    dp = _dp("lazy")
+def test_load_weights_over_an_unflushed_table_gets_no_stale_noise(fe, tmp_path):
+    dp = _dp(fe, "lazy")
     dp.fit(_dataset(), epochs=1, verbose=0)
-    path = str(tmp_path / "weights")
+    path = str(tmp_path / ("weights" if fe.name == "keras2" else "weights.weights.h5"))
     dp.save_weights(path)
     saved = dp.inner.get_weights()
     dp.fit(_dataset(seed=1), epochs=1, verbose=0)  # rows left behind again

@@ -13,6 +13,10 @@ holding the largest id was in the data, with certainty. The item ids are
 now a DP vocabulary (Gaussian thresholding, unit = user): the key only
 that user holds is released with probability <= delta_thr, and the shapes
 of neighbouring datasets are the same unless that happens.
+
+The two N7 attacks run for both front ends (the `fe` fixture of
+tests/conftest.py); `declare_public`, the DP preprocessing layers and the
+pipelines (N4) are tf-keras's.
 """
 
 from __future__ import annotations
@@ -26,8 +30,6 @@ import pytest
 
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.layers.embedding import DPEmbedding
-from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms.dense import DenseDPSGD
 
 N, DIM, BATCH = 40, 3, 8
@@ -44,8 +46,9 @@ def _rows(with_target: bool) -> tuple:
     return users, ages.astype(np.float32), labels
 
 
-def _model(lookup: keras.layers.Layer | None, normalization: keras.layers.Layer) -> keras.Model:
-    """ids -> (lookup) -> DPEmbedding, age -> Normalization; concatenated -> Dense(1)."""
+def _model(fe, lookup, normalization):
+    """ids -> (lookup) -> DPEmbedding, age -> Normalization; concatenated -> Dense(1), on front end `fe`."""
+    keras, DPEmbedding = fe.keras, fe.DPEmbedding
     user = keras.Input((1,), dtype=tf.string if lookup is not None else tf.int32, name="user")
     age = keras.Input((1,), dtype=tf.float32, name="age")
     ids = lookup(user) if lookup is not None else user
@@ -56,41 +59,50 @@ def _model(lookup: keras.layers.Layer | None, normalization: keras.layers.Layer)
     return keras.Model({"user": user, "age": age}, out)
 
 
-def _fit(model: keras.Model, users, ages, labels) -> DPModel:
-    dp = DPModel(model, mechanism=DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=3), expected_batch_size=BATCH)
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+def _fit(fe, model, users, ages, labels):
+    dp = fe.dp_model(model, DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=3), batch=BATCH, lr=0.1)
     data = tf.data.Dataset.from_tensor_slices(({"user": users[:, None], "age": ages[:, None]}, labels[:, None]))
     dp.fit(data.batch(BATCH), epochs=1, verbose=0)
     return dp
 
 
-def test_adapted_normalization_is_refused():
+# Finding (Keras 3): the front end has no check of adapted preprocessing layers (tf-keras's
+# `tfdp_embed.keras2.contract.preprocessing`): the Normalization is accepted and the target's age
+# read off its mean to ~1e-4; the StringLookup is refused only as a 'string' compute dtype (ValueError).
+N7_KERAS3 = pytest.mark.xfail(strict=True, reason="Keras 3 front end: no N7 check of adapted preprocessing layers")
+N7_CASES = ["keras2", pytest.param("keras3", marks=N7_KERAS3)]
+
+
+@pytest.mark.parametrize("fe", N7_CASES, indirect=True)
+def test_adapted_normalization_is_refused(fe):
     users, ages, labels = _rows(with_target=True)
-    normalization = keras.layers.Normalization()
+    normalization = fe.keras.layers.Normalization()
     normalization.adapt(ages[:, None])
     row_ids = np.arange(len(users), dtype=np.int32) % (N + 1)
     try:
-        _fit(_model(None, normalization), row_ids, ages, labels)
+        _fit(fe, _model(fe, None, normalization), row_ids, ages, labels)
     except PrivacyContractError as error:
         assert "Normalization" in str(error) and "dp_normalization_statistics" in str(error)
         return
     # Accepted: the attack on what the model holds (the exported SavedModel holds the same mean).
-    recovered = float(normalization.mean.numpy().ravel()[0]) * (N + 1) - ages[:-1].astype(np.float64).sum()
+    recovered = float(np.ravel(normalization.mean)[0]) * (N + 1) - ages[:-1].astype(np.float64).sum()
     pytest.fail(
         f"DPModel trained with a Normalization adapted on the training rows: the target's age recovered from the "
         f"mean: {recovered:.3f} (true {TARGET_AGE}, error {abs(recovered - TARGET_AGE):.2g})"
     )
 
 
-def test_lookup_built_from_the_training_rows_is_refused():
+@pytest.mark.parametrize("fe", N7_CASES, indirect=True)
+def test_lookup_built_from_the_training_rows_is_refused(fe):
     users, ages, labels = _rows(with_target=True)
-    lookup = keras.layers.StringLookup(vocabulary=np.unique(users))  # the TFRS recipe: the ids of the training rows
-    normalization = keras.layers.Normalization(mean=40.0, variance=100.0)
+    layers = fe.keras.layers
+    lookup = layers.StringLookup(vocabulary=np.unique(users))  # the TFRS recipe: the ids of the training rows
+    normalization = layers.Normalization(mean=40.0, variance=100.0)
     declare_public = _new_api("declare_public")
-    if declare_public is not None:
+    if declare_public is not None and fe.name == "keras2":
         declare_public(normalization, source="fixed constants")  # only the lookup is under attack here
     try:
-        _fit(_model(lookup, normalization), users, ages, labels)
+        _fit(fe, _model(fe, lookup, normalization), users, ages, labels)
     except PrivacyContractError as error:
         assert "StringLookup" in str(error) and "dp_vocabulary" in str(error) and "Normalization" not in str(error)
         return
@@ -109,7 +121,8 @@ def _new_api(name: str):
     return getattr(preprocessing, name)
 
 
-def test_dp_built_and_declared_public_layers_are_accepted():
+@pytest.mark.parametrize("fe", ["keras2"], indirect=True)  # declare_public, dp_preprocessing: tf-keras only
+def test_dp_built_and_declared_public_layers_are_accepted(fe):
     from tfdp_embed.data.vocabulary import dp_vocabulary
     from tfdp_embed.keras2.contract.preprocessing import declare_public
     from tfdp_embed.keras2.dp_preprocessing import dp_normalization_statistics, lookup_layer, normalization_layer
@@ -125,8 +138,8 @@ def test_dp_built_and_declared_public_layers_are_accepted():
     assert abs(recovered - TARGET_AGE) > 1.0, recovered  # noise std of the mean x (N + 1): tens of years
     catalogue = declare_public(keras.layers.StringLookup(vocabulary=["user_0", "user_1"]), source="a public list")
     # (DPModel's state check reads every non-trainable variable: the lookups' vocabularies must pass it too)
-    _fit(_model(catalogue, normalization_layer(stats)), users, ages, labels)
-    _fit(_model(lookup_layer(vocab), normalization_layer(stats)), users, ages, labels)
+    _fit(fe, _model(fe, catalogue, normalization_layer(stats)), users, ages, labels)
+    _fit(fe, _model(fe, lookup_layer(vocab), normalization_layer(stats)), users, ages, labels)
 
 
 def test_declaring_needs_a_source():
