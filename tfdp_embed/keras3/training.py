@@ -193,6 +193,10 @@ class DPModel(keras.Model):
             check_per_example=True,
         )
 
+    def create_optimizer_variables(self) -> None:
+        """The optimizer's slots and step counter, before a checkpoint restore fills them (`prepare` builds them)."""
+        self.optimizer.build(self.inner.trainable_weights)
+
     # -- the step -------------------------------------------------------------
     def train_step(self, data):
         with read_guard.unguarded():  # run eagerly, the step reads tables as its traced form does
