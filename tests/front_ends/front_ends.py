@@ -66,6 +66,17 @@ def mechanism(name: str, *, clip: float, sigma: float, seed: int = 1, vocabulary
     if name == "DPFEST":
         counts = {"table": np.ones(vocabulary)}
         return mechanisms.DPFEST(**common, selection_epsilon=1.0, top_k=vocabulary, counts=counts)
+    if name == "DPAdaFESTPlus":  # every row selected (a stand-in selection event), as DP-AdaFEST below
+        import dp_accounting
+
+        return mechanisms.DPAdaFESTPlus(
+            **common,
+            selected_rows={"table": range(vocabulary)},
+            selection_event=dp_accounting.LaplaceDpEvent(100.0),
+            contribution_clip=1.0,
+            contribution_noise_multiplier=1e-3,
+            threshold=0.1,
+        )
     if name == "DPAdaFEST":
         return mechanisms.DPAdaFEST(**common, contribution_clip=1.0, contribution_noise_multiplier=1e-3, threshold=0.1)
     return getattr(mechanisms, name)(**common)

@@ -1,6 +1,6 @@
 """The mechanism tests, once per front end (tf-keras and Keras 3): same engine, same guarantees.
 
-(a) zero noise and a huge clip reduce every mechanism to the non-private
+(a) zero noise and a huge clip reduce every mechanism (six) to the non-private
 step; (b) the noise std on the weights matches eta * sigma * C / B; LazyDP,
 flushed, matches dense DP-SGD in distribution; (c) bad input is refused
 with a one-line error, and a model of the other front end is refused with
@@ -17,7 +17,7 @@ from tfdp_embed import mechanisms
 
 from .front_ends import ctr_batches, front_end, mechanism
 
-MECHANISMS = ["DenseDPSGD", "LazyDP", "EANA", "DPFEST", "DPAdaFEST"]
+MECHANISMS = ["DenseDPSGD", "LazyDP", "EANA", "DPFEST", "DPAdaFEST", "DPAdaFESTPlus"]
 
 
 def _train(fe, mech, *, steps_data, lr=0.5, loss=None, batch=128):
