@@ -14,17 +14,18 @@ difference of two independent noise draws:
 
 An explicit seed keeps the saved stream (tests/test_checkpoint.py: a
 resumed run reproduces the uninterrupted one); the last test checks it.
+
+Both front ends (the `fe` fixture of tests/conftest.py): `TrainingCheckpoint`
+is the core's (`tfdp_embed.checkpointing`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.checkpointing import DataPosition, TrainingCheckpoint
-from tfdp_embed.keras2.layers.embedding import DPEmbedding
-from tfdp_embed.keras2.training import DPModel
+from tfdp_embed.checkpointing import DataPosition, TrainingCheckpoint
 from tfdp_embed.mechanisms import DPFEST, DenseDPSGD, LazyDP
 
 VOCAB, DIM, IDS = 256, 4, 2
@@ -49,14 +50,14 @@ def _fest(seed):
     )
 
 
-def _dp_model(mechanism):
+def _dp_model(fe, mechanism):
+    keras = fe.keras
     keras.utils.set_random_seed(0)
     inputs = keras.Input((IDS,), dtype="int32")
-    table = DPEmbedding(VOCAB, DIM, combiner="sum", name="table")
+    table = fe.DPEmbedding(VOCAB, DIM, combiner="sum", name="table")
     model = keras.Model(inputs, table(inputs))
-    dp = DPModel(model, mechanism=mechanism, expected_batch_size=BATCH)
     # loss_i = sum of example i's output: its gradient is known, whatever the weights.
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(LR), loss=lambda y, p: tf.reduce_sum(p, axis=-1))
+    dp = fe.dp_model(model, mechanism, batch=BATCH, lr=LR, loss=lambda y, p: tf.reduce_sum(p, axis=-1))
     return dp, table
 
 
@@ -65,30 +66,30 @@ def _batches(ids):
     return tf.data.Dataset.from_tensor_slices((ids, np.zeros([len(ids), 1], np.float32))).batch(BATCH)
 
 
-def _table_after_one_step(directory, make_mechanism, batch_ids, *, seed):
+def _table_after_one_step(fe, directory, make_mechanism, batch_ids, *, seed):
     """A fresh model restored from `directory`, trained on one batch (then flushed); its table."""
-    dp, table = _dp_model(make_mechanism(seed))
+    dp, table = _dp_model(fe, make_mechanism(seed))
     TrainingCheckpoint(directory, dp_model=dp).restore()
     dp.fit(_batches(batch_ids), epochs=1, verbose=0)
     dp.flush()  # LazyDP: every owed noise term now (a no-op for the others)
     return table.embeddings.numpy(), dp.mechanism
 
 
-def _checkpoint(directory, make_mechanism, *, seed):
+def _checkpoint(fe, directory, make_mechanism, *, seed):
     rng = np.random.default_rng(0)
-    dp, _ = _dp_model(make_mechanism(seed))
+    dp, _ = _dp_model(fe, make_mechanism(seed))
     dp.fit(_batches(rng.integers(0, TOUCHED, (STEPS_BEFORE * BATCH, IDS))), epochs=1, verbose=0)
     assert int(dp.mechanism.steps.numpy()) == STEPS_BEFORE
     TrainingCheckpoint(directory, dp_model=dp).save(position=DataPosition(STEPS_BEFORE, 1, 0, STEPS_BEFORE))
 
 
-def _two_restores(tmp_path, make_mechanism, *, seed=None):
+def _two_restores(fe, tmp_path, make_mechanism, *, seed=None):
     """Tables of two restores of one checkpoint, each trained on a different batch."""
-    _checkpoint(str(tmp_path), make_mechanism, seed=seed)
+    _checkpoint(fe, str(tmp_path), make_mechanism, seed=seed)
     batch_a = [[0, 1]] * BATCH  # the attacker's two neighbouring batches
     batch_b = [[2, 3]] * BATCH
-    table_a, mechanism = _table_after_one_step(str(tmp_path), make_mechanism, batch_a, seed=seed)
-    table_b, _ = _table_after_one_step(str(tmp_path), make_mechanism, batch_b, seed=seed)
+    table_a, mechanism = _table_after_one_step(fe, str(tmp_path), make_mechanism, batch_a, seed=seed)
+    table_b, _ = _table_after_one_step(fe, str(tmp_path), make_mechanism, batch_b, seed=seed)
     return table_a, table_b, mechanism
 
 
@@ -97,8 +98,8 @@ def _two_restores(tmp_path, make_mechanism, *, seed=None):
     [(_dense, 1), (_lazy, STEPS_BEFORE + 1), (_fest, 1)],
     ids=["dense", "lazy", "fest"],
 )
-def test_two_restores_do_not_share_noise(tmp_path, make_mechanism, owed_steps):
-    table_a, table_b, mechanism = _two_restores(tmp_path, make_mechanism)
+def test_two_restores_do_not_share_noise(fe, tmp_path, make_mechanism, owed_steps):
+    table_a, table_b, mechanism = _two_restores(fe, tmp_path, make_mechanism)
     rows = np.arange(TOUCHED, VOCAB)  # never read by any batch: their change is noise only
     if isinstance(mechanism, DPFEST):
         rows = np.intersect1d(rows, mechanism.selected_rows("table"))  # unselected rows never move
@@ -113,10 +114,10 @@ def test_two_restores_do_not_share_noise(tmp_path, make_mechanism, owed_steps):
     assert abs(difference.mean()) < 5 * expected / np.sqrt(difference.size)
 
 
-def test_explicit_seed_keeps_the_saved_stream(tmp_path):
+def test_explicit_seed_keeps_the_saved_stream(fe, tmp_path):
     # With a seed (tests), a restore continues the saved stream: the same batch gives the same table.
-    _checkpoint(str(tmp_path), _dense, seed=3)
+    _checkpoint(fe, str(tmp_path), _dense, seed=3)
     same = [[0, 1]] * BATCH
-    first, _ = _table_after_one_step(str(tmp_path), _dense, same, seed=3)
-    second, _ = _table_after_one_step(str(tmp_path), _dense, same, seed=3)
+    first, _ = _table_after_one_step(fe, str(tmp_path), _dense, same, seed=3)
+    second, _ = _table_after_one_step(fe, str(tmp_path), _dense, same, seed=3)
     np.testing.assert_array_equal(first, second)

@@ -8,8 +8,8 @@ generator seeded from OS entropy is therefore never written: neither a raw
 (`TrainingCheckpoint`) holds it. With an explicit seed (tests) it is saved,
 so that a resumed run reproduces an uninterrupted one.
 
-The raw-checkpoint attack and its seeded control run for both front ends
-(the `fe` fixture of tests/conftest.py); `TrainingCheckpoint` is tf-keras's.
+Both front ends (the `fe` fixture of tests/conftest.py); `TrainingCheckpoint`
+is the core's (`tfdp_embed.checkpointing`).
 """
 
 from __future__ import annotations
@@ -52,10 +52,9 @@ def test_a_raw_checkpoint_of_an_unseeded_mechanism_holds_no_rng_state(fe, tmp_pa
     assert _rng_variables(prefix) == [], "the file holds the noise generator's state"
 
 
-@pytest.mark.parametrize("fe", ["keras2"], indirect=True)  # TrainingCheckpoint: tf-keras only
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
 def test_the_training_checkpoint_of_an_unseeded_run_holds_no_rng_state(fe, tmp_path, name):
-    from tfdp_embed.keras2.checkpointing import DataPosition, TrainingCheckpoint
+    from tfdp_embed.checkpointing import DataPosition, TrainingCheckpoint
 
     dp = _trained(fe, lambda: MECHANISMS[name](None))
     prefix = TrainingCheckpoint(str(tmp_path / "run"), dp_model=dp).save(position=DataPosition(3, 1, 0, 3))
