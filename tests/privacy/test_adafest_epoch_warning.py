@@ -9,6 +9,8 @@ their data meets tau. On 6fce81d: one run printed 2 warnings ("dropped
 100.0%"), the other none. Now both print the same fixed note, once,
 naming no table and no count, and it points to tuning on public or
 held-out data or with `select_privately`.
+
+Both front ends (the `fe` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -16,15 +18,15 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pytest
+import tensorflow as tf
 from tiny_model import embedding_dense_model
 
 from tfdp_embed import mechanisms
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.training import DPModel
 
 
-def _epoch_messages(threshold: float) -> list:
-    model = embedding_dense_model(16, 3, table_seed=1, dense_seed=2)
+def _epoch_messages(fe, threshold: float) -> list:
+    model = embedding_dense_model(16, 3, table_seed=1, dense_seed=2, fe=fe)
     mechanism = mechanisms.DPAdaFEST(
         l2_norm_clip=1.0,
         noise_multiplier=0.5,
@@ -32,8 +34,8 @@ def _epoch_messages(threshold: float) -> list:
         contribution_noise_multiplier=0.01,
         threshold=threshold,
     )
-    dp = DPModel(model, mechanism=mechanism, expected_batch_size=8)
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=keras.losses.MeanSquaredError(reduction="none"))
+    loss = fe.keras.losses.MeanSquaredError(reduction="none")
+    dp = fe.dp_model(model, mechanism, batch=8, lr=0.1, loss=loss)
     ids = np.random.default_rng(0).integers(0, 16, (32, 2)).astype(np.int32)
     data = tf.data.Dataset.from_tensor_slices((ids, np.ones([32, 1], np.float32))).batch(8)
     with warnings.catch_warnings(record=True) as record:
@@ -42,10 +44,21 @@ def _epoch_messages(threshold: float) -> list:
     return [str(w.message) for w in record if "AdaFEST" in str(w.message)]
 
 
-def test_the_epoch_warning_reads_nothing_from_the_data():
-    drops_everything = _epoch_messages(1e9)  # no noisy count reaches tau: every touched row is dropped
-    keeps_everything = _epoch_messages(0.3)  # every touched row passes
+def test_the_epoch_warning_reads_nothing_from_the_data(fe):
+    drops_everything = _epoch_messages(fe, 1e9)  # no noisy count reaches tau: every touched row is dropped
+    keeps_everything = _epoch_messages(fe, 0.3)  # every touched row passes
     assert drops_everything == keeps_everything, (drops_everything, keeps_everything)
+    assert all("%" not in m and "'items'" not in m for m in drops_everything)
+
+
+# Finding (Keras 3, not a leak): its fit prints no DP-AdaFEST note at all.
+@pytest.mark.parametrize(
+    "fe",
+    ["keras2", pytest.param("keras3", marks=pytest.mark.xfail(strict=True, reason="Keras 3: no DP-AdaFEST note"))],
+    indirect=True,
+)
+def test_the_fixed_note_points_to_tuning_outside_the_run(fe):
+    drops_everything = _epoch_messages(fe, 1e9)
     assert len(drops_everything) == 1  # once, not per epoch
     note = drops_everything[0]
     assert "%" not in note and "'items'" not in note

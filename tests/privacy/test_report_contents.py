@@ -12,6 +12,8 @@ example is absent, its lookups are not touches; issue 33, N1). With the gradient
 is certain) and the same seed, every mechanism releases bit-identical
 tables for D and D' (checked). A report that is a function of the release
 is then identical too; one that counts touched rows is not.
+
+Both front ends (the `fe` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -21,11 +23,9 @@ import json
 import dp_accounting
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tfdp_embed.accounting import privacy_report
-from tfdp_embed.keras2._keras import keras, tf
-from tfdp_embed.keras2.layers.embedding import DPEmbedding
-from tfdp_embed.keras2.training import DPModel
 from tfdp_embed.mechanisms import (
     DPFEST,
     EANA,
@@ -78,17 +78,18 @@ MECHANISMS = {
 }
 
 
-def _train(mechanism, *, neighbour: bool):
+def _train(fe, mechanism, *, neighbour: bool):
     """Two steps on D (or D'); returns (table after training, privacy report)."""
     ids = np.array(IDS + ([EXTRA] if neighbour else []), np.int32)
     weights = np.array([1.0] * len(IDS) + ([1e-30] if neighbour else []), np.float32)
     labels = np.zeros([len(ids), 1], np.float32)
     data = tf.data.Dataset.from_tensors((ids, labels, weights)).repeat(2)
+    keras = fe.keras
     keras.utils.set_random_seed(0)
     inputs = keras.Input((2,), dtype="int32")
-    table = DPEmbedding(VOCAB, DIM, combiner="sum", name="table")
-    dp = DPModel(keras.Model(inputs, table(inputs)), mechanism=mechanism, expected_batch_size=BATCH)
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss=lambda y, p: tf.reduce_sum(p, axis=-1))
+    table = fe.DPEmbedding(VOCAB, DIM, combiner="sum", name="table")
+    model = keras.Model(inputs, table(inputs))
+    dp = fe.dp_model(model, mechanism, batch=BATCH, lr=0.5, loss=lambda y, p: tf.reduce_sum(p, axis=-1))
     dp.fit(data, epochs=1, verbose=0)
     dp.flush()
     report = privacy_report(
@@ -112,9 +113,9 @@ def _keys(value) -> set:
 
 
 @pytest.mark.parametrize("name", list(MECHANISMS))
-def test_report_is_a_function_of_the_release(name):
-    released, report = _train(MECHANISMS[name](), neighbour=False)
-    released_neighbour, report_neighbour = _train(MECHANISMS[name](), neighbour=True)
+def test_report_is_a_function_of_the_release(fe, name):
+    released, report = _train(fe, MECHANISMS[name](), neighbour=False)
+    released_neighbour, report_neighbour = _train(fe, MECHANISMS[name](), neighbour=True)
     # The release is the same for D and D' (the extra example changes nothing the mechanism outputs) ...
     np.testing.assert_array_equal(released, released_neighbour)
     # ... so a report written beside it must be the same too: no field measures the un-noised data.
@@ -122,9 +123,9 @@ def test_report_is_a_function_of_the_release(name):
     assert not _keys(report) & DENYLIST, sorted(_keys(report) & DENYLIST)
 
 
-def test_adafest_statistics_of_unnoised_touches_stay_in_diagnostics():
+def test_adafest_statistics_of_unnoised_touches_stay_in_diagnostics(fe):
     mechanism = MECHANISMS["adafest"]()
-    _train(mechanism, neighbour=True)
+    _train(fe, mechanism, neighbour=True)
     diagnostics = mechanism.diagnostics()
     assert diagnostics["not_differentially_private"] is True
     # Per step: 14 rows touched (4 read twice, 8 + 2 read once), the 10 read once are dropped.
@@ -132,7 +133,7 @@ def test_adafest_statistics_of_unnoised_touches_stay_in_diagnostics():
     assert diagnostics["tables"][0]["dropped_touched_fraction"] == pytest.approx(10 / 14)
 
 
-def test_non_private_report_has_no_data_statistics():
+def test_non_private_report_has_no_data_statistics(fe):
     mechanism = NonPrivate(seed=0)
-    _, report = _train(mechanism, neighbour=False)
+    _, report = _train(fe, mechanism, neighbour=False)
     assert report["is_dp"] is False and not _keys(report) & DENYLIST
