@@ -57,6 +57,16 @@ def is_keras_instance(obj, kind: str, name: str) -> bool:
     return bool(classes) and isinstance(obj, classes)
 
 
+def experimental_preprocessing_base():
+    """tf-keras' `layers.experimental.preprocessing.PreprocessingLayer` when tf-keras is imported; else None."""
+    for k in _imported_kerases():
+        experimental = getattr(k.layers, "experimental", None)
+        base = getattr(getattr(experimental, "preprocessing", None), "PreprocessingLayer", None)
+        if base is not None:
+            return base
+    return None
+
+
 _TF_ACTIVATIONS = {
     "relu": (tf.nn.relu,),
     "sigmoid": (tf.math.sigmoid, tf.nn.sigmoid),
@@ -98,6 +108,7 @@ def trainable_tf_variables(layer) -> list:
 __all__ = [
     "Layer",
     "activation_name",
+    "experimental_preprocessing_base",
     "is_instance",
     "is_keras_instance",
     "is_layer",

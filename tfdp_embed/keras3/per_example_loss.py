@@ -18,6 +18,7 @@ from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras3._keras import keras, tf
 
 _MIXING = ("BatchNormalization",)
+_REDUCED = ("float16", "bfloat16")
 
 
 def per_example_loss_fn(loss) -> Callable:
@@ -54,7 +55,7 @@ def reject_unsupported(model) -> None:
             "tfdp_embed.keras3.DPModel trains on one device for now; under a tf.distribute strategy use the "
             "tf-keras front end (tfdp_embed.keras2), which supports Mirrored, MultiWorker, ParameterServer and TPU."
         )
-    reduced = sorted({layer.compute_dtype for layer in submodules(model) if layer.compute_dtype != "float32"})
+    reduced = sorted({layer.compute_dtype for layer in submodules(model) if layer.compute_dtype in _REDUCED})
     if reduced:
         raise ValueError(
             f"tfdp_embed.keras3.DPModel computes in float32 for now; layers of this model compute in {reduced}. "

@@ -37,6 +37,7 @@ from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
 from tfdp_embed.clipping.layer_kinds import tf_variable
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.contract import check_model
+from tfdp_embed.contract.preprocessing import check_preprocessing
 from tfdp_embed.contract.probe import probe_batch, warn_no_data
 from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
@@ -159,6 +160,7 @@ class DPModel(keras.Model):
             self.inner(batch[0], training=False)
         if not self.inner.built or not self.inner.trainable_weights:
             raise ValueError(f"Model {self.inner.name!r} is not built; call it once or pass a tf.data.Dataset to fit.")
+        check_preprocessing(self.inner)  # vocabularies / means from data: DP-released or declared public (N7)
         reject_unsupported(self.inner)
         # Untracked: Keras 3 refuses new tracked layers once `dp(x)` has built the wrapper.
         object.__setattr__(self, "_tapped", layers_owning_weights(self.inner))
