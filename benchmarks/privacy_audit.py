@@ -4,6 +4,14 @@
         [--mechanisms dense,lazy,fest,adafest,adafest+,eana,none] [--repeats 3] [--clip 0.01]
     python -m benchmarks.privacy_audit --canary-kind white-box [--canaries 100000] [--steps 10]
         [--sampling-probability 1] [--mechanisms dense,eana,none]
+    python -m benchmarks.privacy_audit --model two-tower [--canaries 1000] [--epochs 2]
+        [--mechanisms dense,lazy,eana,none] [--repeats 3] [--data PATH/u.data]
+
+`--model two-tower` audits the MovieLens two-tower of `pipelines.movielens`
+with its own rare-id canaries (a movie id each; `benchmarks.privacy_audit_two_tower`,
+the pipeline's `--audit-canaries` code path) on the pipeline's default data
+(ml-100k); `--steps`, `--sampling-probability` and `--real-examples` are the
+CTR model's, `--epochs` and `--data` the two-tower's.
 
 `--canary-kind white-box` audits the mechanisms' noising itself with Dirac
 gradient canaries (`benchmarks.privacy_audit_white_box`); the rest of this
@@ -54,15 +62,21 @@ import time
 
 from benchmarks import cli_args, outputs
 from benchmarks import privacy_audit_setup as setup_module
+from benchmarks import privacy_audit_two_tower as two_tower_module
 from benchmarks import privacy_audit_white_box as white_box_module
 from benchmarks.privacy_audit_report import markdown, max_provable_epsilon, plot, summarize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RARE_ID_DEFAULTS = {"steps": 500, "sampling_probability": 0.1, "canaries": 5000}
+CTR_DEFAULTS = {"clip": 0.01, "learning_rate": 0.5}  # the two-tower takes the pipeline's clip and rates
 
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m benchmarks.privacy_audit", description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=("ctr", "two-tower"), default="ctr", help="the audited model")
+    p.add_argument("--epochs", type=int, default=None, help="two-tower: passes over ml-100k (default 2)")
+    p.add_argument("--data", default=None, help="two-tower: ratings file (default: the pipeline's, ml-100k)")
+    p.add_argument("--batch-size", type=int, default=256, help="two-tower: expected Poisson batch (pipeline's 256)")
     p.add_argument(
         "--canary-kind",
         choices=("rare-id", "white-box"),
@@ -78,31 +92,49 @@ def _parse(argv):
     p.add_argument("--real-examples", type=int, default=5000, help="generated click examples (besides canaries)")
     p.add_argument("--sampling-probability", type=float, default=None, help="q (default 0.1; white-box 1)")
     p.add_argument(
-        "--clip", type=float, default=0.01, help="per-example l2 clip norm C (small: every gradient clipped)"
+        "--clip",
+        type=float,
+        default=None,
+        help="per-example l2 clip norm C (CTR: 0.01, every gradient clipped; two-tower: the pipeline's 1.0)",
     )
-    p.add_argument("--learning-rate", type=float, default=0.5, help="legacy SGD rate")
+    p.add_argument("--learning-rate", type=float, default=None, help="legacy SGD rate (CTR 0.5; two-tower: pipeline's)")
     p.add_argument("--seed", type=int, default=0, help="first seed; repeat r uses seed + r")
     p.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     p.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     p.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' skips")
     p.add_argument("--note", action="append", default=[], help="a sentence added under the table")
     args = p.parse_args(argv)
-    white_box = args.canary_kind == "white-box"
-    allowed = white_box_module.WHITE_BOX_MECHANISMS if white_box else setup_module.MECHANISMS
-    defaults = white_box_module.DEFAULTS if white_box else RARE_ID_DEFAULTS
+    _complete(p, args)
+    if args.model == "two-tower":
+        tag = f"two-tower-m{args.canaries}-ep{args.epochs}-eps{outputs.range_tag(args.epsilons)}"
+    else:
+        kind = "-white-box" if args.canary_kind == "white-box" else ""
+        tag = f"m{args.canaries}-T{args.steps}-eps{outputs.range_tag(args.epsilons)}{kind}"
+    outputs.resolve(p, args, benchmark="privacy_audit", tag=tag, files={"json": ".json", "png": ".png"})
+    return args
+
+
+def _complete(p, args) -> None:
+    """Fills the defaults of the model and canary kind; refuses mechanisms they cannot audit."""
+    white_box, two_tower = args.canary_kind == "white-box", args.model == "two-tower"
+    if white_box and two_tower:
+        p.error("--model two-tower audits rare-id canaries only (--canary-kind rare-id)")
+    if two_tower:
+        allowed, defaults = two_tower_module.TWO_TOWER_MECHANISMS, two_tower_module.DEFAULTS
+    elif white_box:
+        allowed, defaults = white_box_module.WHITE_BOX_MECHANISMS, {**white_box_module.DEFAULTS, **CTR_DEFAULTS}
+    else:
+        allowed, defaults = setup_module.MECHANISMS, {**RARE_ID_DEFAULTS, **CTR_DEFAULTS}
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.mechanisms = tuple(m for m in (args.mechanisms or ",".join(allowed)).split(",") if m)
     unknown = sorted(set(args.mechanisms) - set(allowed))
     if unknown:
-        p.error(f"--mechanisms: {unknown} not for --canary-kind {args.canary_kind}; allowed: {','.join(allowed)}")
+        what = "--model two-tower" if two_tower else f"--canary-kind {args.canary_kind}"
+        p.error(f"--mechanisms: {unknown} not for {what}; allowed: {','.join(allowed)}")
     if not args.epsilons or min(args.epsilons) <= 0:
         p.error(f"--epsilons must be positive numbers; received {args.epsilons!r}")
-    kind = "-white-box" if white_box else ""
-    tag = f"m{args.canaries}-T{args.steps}-eps{outputs.range_tag(args.epsilons)}{kind}"
-    outputs.resolve(p, args, benchmark="privacy_audit", tag=tag, files={"json": ".json", "png": ".png"})
-    return args
 
 
 def _settings(mechanisms, epsilons) -> list:
@@ -204,17 +236,7 @@ def main(argv=None) -> int:
     )
     print(f"privacy_audit: {command} (load average {info['load_average_at_start']})", flush=True)
     started = time.perf_counter()
-    white_box = args.canary_kind == "white-box"
-    run = dict(epsilons=list(args.epsilons), repeats=args.repeats, canary_kind=args.canary_kind)
-    if white_box:
-        runs, sigma = white_box_module.run_all(args, setup.delta)
-        ceiling = white_box_module.max_provable(args.canaries, delta=setup.delta)
-        keep = ("num_canaries", "steps", "sampling_probability", "delta", "accountant")
-        config = {**{k: getattr(setup, k) for k in keep}, "l2_norm_clip": 1.0, **run}
-    else:
-        runs, sigma = _run_all(args, setup)
-        ceiling = max_provable_epsilon(setup.num_canaries, delta=setup.delta, confidence=0.95)
-        config = {**dataclasses.asdict(setup), **run}
+    runs, sigma, ceiling, config, section_of = _run_kind(args, setup)
     result = {
         "benchmark": "privacy_audit",
         "command": command,
@@ -226,14 +248,35 @@ def main(argv=None) -> int:
         "settings": summarize(runs),
         "flags": _flags(runs),
         "notes": list(args.note),
-        "total_wall_s": time.perf_counter() - started,
     }
-    section = (white_box_module.markdown if white_box else markdown)(result)
+    if args.model == "two-tower":
+        result["gaps"] = two_tower_module.gaps(result["settings"])
+    result["total_wall_s"] = time.perf_counter() - started
+    section = section_of(result)
     outputs.write_run(args, result, plot=lambda path: plot(result, path), section=lambda **_: section)
     print(section)
     for line in result["flags"]:
         print(line, flush=True)
     return 0
+
+
+def _run_kind(args, setup) -> tuple:
+    """(runs, EANA's sigma, the most m canaries can prove, config, the Markdown section's function)."""
+    run = dict(epsilons=list(args.epsilons), repeats=args.repeats, canary_kind=args.canary_kind, model=args.model)
+    if args.model == "two-tower":
+        runs, sigma, extra = two_tower_module.run_all(args)
+        ceiling = white_box_module.max_provable(args.canaries, delta=two_tower_module.DELTA)
+        config = {"num_canaries": args.canaries, "delta": two_tower_module.DELTA, **extra, **run}
+        return runs, sigma, ceiling, config, two_tower_module.markdown
+    if args.canary_kind == "white-box":
+        runs, sigma = white_box_module.run_all(args, setup.delta)
+        ceiling = white_box_module.max_provable(args.canaries, delta=setup.delta)
+        keep = ("num_canaries", "steps", "sampling_probability", "delta", "accountant")
+        config = {**{k: getattr(setup, k) for k in keep}, "l2_norm_clip": 1.0, **run}
+        return runs, sigma, ceiling, config, white_box_module.markdown
+    runs, sigma = _run_all(args, setup)
+    ceiling = max_provable_epsilon(setup.num_canaries, delta=setup.delta, confidence=0.95)
+    return runs, sigma, ceiling, {**dataclasses.asdict(setup), **run}, markdown
 
 
 if __name__ == "__main__":

@@ -201,7 +201,8 @@ def plot(result: dict, path: str) -> None:
         )
     ax.set_xlabel(f"claimed ε (δ = {result['config']['delta']:g})")
     ax.set_ylabel("one-run ε lower bound (95 %)")
-    ax.set_title(f"One-run privacy audit, m = {result['config']['num_canaries']} canaries")
+    model = "MovieLens two-tower" if result["config"].get("model") == "two-tower" else "CTR model"
+    ax.set_title(f"One-run privacy audit, rare-id canaries in the {model}, m = {result['config']['num_canaries']}")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
