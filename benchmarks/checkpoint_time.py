@@ -56,9 +56,9 @@ def measure(vocab: int, args) -> dict:
     import numpy as np
 
     from tfdp_embed import DPEmbedding, DPModel, keras, tf
+    from tfdp_embed.checkpointing.position import DataPosition
     from tfdp_embed.keras2.checkpointing import TrainingCheckpoint
     from tfdp_embed.keras2.checkpointing import manifest as manifest_lib
-    from tfdp_embed.checkpointing.position import DataPosition
     from tfdp_embed.mechanisms import LazyDP
 
     keras.utils.set_random_seed(args.seed)

@@ -25,6 +25,7 @@ import pytest
 
 from tfdp_embed import keras, tf
 from tfdp_embed.accounting import PrivacyLedger
+from tfdp_embed.checkpointing.position import normalized_position
 from tfdp_embed.keras2.checkpointing import (
     CheckpointCorruptedError,
     CheckpointError,
@@ -32,7 +33,6 @@ from tfdp_embed.keras2.checkpointing import (
     DPCheckpoint,
     rest_of_epoch,
 )
-from tfdp_embed.checkpointing.position import normalized_position
 from tfdp_embed.keras2.export import export_saved_model
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_worker.py")

@@ -131,12 +131,12 @@ def arrange(callbacks: Iterable | None, *, private: bool, logged_names: Iterable
     Raises:
       PrivacyContractError: (private only) a callback listed above.
     """
-    callbacks = front.epsilon_first(callbacks or [])
+    arranged: list = front.epsilon_first(callbacks or [])
     if not private:
-        return callbacks
+        return arranged
     names = {"loss", *logged_names}
     acting = []
-    for callback in callbacks:
+    for callback in arranged:
         _check_kind(callback)
         monitor = _monitor(callback)
         if monitor is None or monitor.startswith("val_"):
@@ -144,7 +144,7 @@ def arrange(callbacks: Iterable | None, *, private: bool, logged_names: Iterable
         if monitor in names:
             refuse_statistic(callback, monitor)
         acting.append((callback, monitor))
-    return [front.FirstStepGuard(acting), *callbacks] if acting else callbacks
+    return [front.FirstStepGuard(acting), *arranged] if acting else arranged
 
 
 def with_callbacks(args: tuple, kwargs: dict, *, private: bool, logged_names: Iterable[str], extra: list, front):

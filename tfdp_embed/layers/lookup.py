@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -96,6 +97,11 @@ class EmbeddingLookup:
     `_init_lookup` in `__init__`, and exposes the table as `embeddings`, a
     `tf.Variable` (Keras 3: the `tf.Variable` inside its `keras.Variable`).
     """
+
+    # Provided by the front end's layer (a Keras `Layer` and its weight); declared for type checkers.
+    name: str
+    compute_dtype: Any
+    embeddings: Any
 
     def _init_lookup(self, vocabulary_size, output_dim, *, combiner, hash_ids) -> None:
         """Checks and stores the lookup's arguments (the layer's `__init__` calls it)."""
