@@ -196,19 +196,19 @@ KERAS_3_PROCESS = """
 """
 
 
-def test_a_keras_3_process_keeps_keras_3_trains_and_serves():
+def _in_a_keras_3_process(script: str) -> dict:
+    """Runs `script` in a fresh Python whose `tf.keras` is TensorFlow's default (Keras 3); its last line is JSON."""
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(KERAS_3_PROCESS)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_keras_3_process_keeps_keras_3_trains_and_serves():
+    facts = _in_a_keras_3_process(KERAS_3_PROCESS)
     assert facts["tf_keras_is_keras_3"] is True and facts["env"] is None and facts["tf_keras_loaded"] is False
     assert set(facts["trained"]) == {"NonPrivate", "DenseDPSGD", "LazyDP", "EANA"}
     assert "epsilon" in facts["trained"]["LazyDP"]  # the budget callback put epsilon into the logs
@@ -233,17 +233,7 @@ PLAN_BUDGET_UNDER_KERAS_3 = """
 
 def test_a_plans_budget_in_a_keras_3_process_is_a_keras_3_callback():
     """`RunPlan.budget()` used to load the tf-keras callbacks, switching the process's `tf.keras` to tf-keras."""
-    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(PLAN_BUDGET_UNDER_KERAS_3)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+    assert _in_a_keras_3_process(PLAN_BUDGET_UNDER_KERAS_3) == {
         "keras3_callback": True,
         "env": None,
         "tf_keras_is_keras_3": True,
