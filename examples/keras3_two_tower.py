@@ -9,7 +9,7 @@ front end, `tfdp_embed.keras3`, and keras-rs.
 * Data: ml-100k `u.data` (the privacy unit is one rating: example-level DP, not user-level), a random
   80/20 split of the ratings with a fixed seed. The users (`u.user`) and movies (`u.item`) are the
   dataset's published lists, so the tables' sizes and the catalogue do not depend on who rated what.
-* Model: user tower `DPEmbedding(user) -> Dense`, item tower `DPEmbedding(movie) -> Dense`, the dot
+* Model: user tower `DPEmbedding(user) -> Dense`, item tower `[DPEmbedding(movie), genres] -> Dense`, the dot
   product, and a full softmax over the whole catalogue: the item tower runs over every movie inside
   `tfdp_embed.clipping.shared_computation()` (data-independent inputs), so each example's loss depends
   on that example alone and its gradient norm through the shared candidate matrix is exact. In-batch
@@ -77,6 +77,16 @@ def read_ids(path: str) -> np.ndarray:
     return np.unique(np.asarray(ids, np.int64))
 
 
+def read_genres(path: str) -> np.ndarray:
+    """The genre flags of `u.item` (public catalogue data), `[movies, genres]` float32, in sorted-id order."""
+    with open(path, encoding="latin-1") as handle:
+        rows = sorted(
+            (int(f[0]), [float(x) for x in f[5:]]) for f in (ln.rstrip("\n").split("|") for ln in handle) if f[0]
+        )
+    width = max(len(flags) for _, flags in rows)
+    return np.asarray([flags + [0.0] * (width - len(flags)) for _, flags in rows], np.float32)
+
+
 def load_data(data_dir: str, seed: int, quick: bool) -> dict:
     """Ratings as (user row, movie row) pairs, split 80/20 at random (seeded); the published id lists.
 
@@ -99,14 +109,18 @@ def load_data(data_dir: str, seed: int, quick: bool) -> dict:
     return {
         "user_ids": user_ids,
         "item_ids": item_ids,
+        "item_genres": read_genres(os.path.join(data_dir, "u.item")),
         "train": (users[train], items[train]),
         "test": (users[test], items[test]),
     }
 
 
 # -- model -----------------------------------------------------------------------------------------
-def build_model(num_users: int, num_items: int, dim: int):
-    """The two towers and the full-softmax logits over the catalogue, `[batch, num_items]`."""
+def build_model(num_users: int, num_items: int, dim: int, genres: np.ndarray):
+    """The two towers and the full-softmax logits over the catalogue, `[batch, num_items]`.
+
+    The item tower reads each movie's id and its genres (an item feature from the public catalogue).
+    """
     from tfdp_embed.clipping import shared_computation
     from tfdp_embed.keras3 import DPEmbedding, keras, tf
 
@@ -123,8 +137,9 @@ def build_model(num_users: int, num_items: int, dim: int):
             return self.user_dense(self.user_embedding(user_rows))
 
         def candidates(self):
-            """Every movie's vector, `[num_items, dim]`: the item tower over the whole catalogue."""
-            return self.item_dense(self.item_embedding(tf.range(self.num_items)))
+            """Every movie's vector, `[num_items, dim]`: the item tower over the whole catalogue (id and genres)."""
+            ids = self.item_embedding(tf.range(self.num_items))
+            return self.item_dense(keras.ops.concatenate([ids, tf.constant(genres)], axis=-1))
 
         def call(self, user_rows):
             queries = self.query(user_rows)
@@ -158,28 +173,13 @@ def plan_runs(num_examples: int, args) -> dict:
     return {"released": released, "q": q, "steps": steps, "delta": delta, "dp": dp, "none": plan_run("none", **common)}
 
 
-def privacy_budget(plan):
-    """`plan.budget()` as a Keras 3 callback (`RunPlan.budget()` builds the tf-keras one)."""
-    from tfdp_embed.keras3 import PrivacyBudget
-
-    return PrivacyBudget(
-        plan.step_source,
-        sampling_probability=plan.sampling_probability,
-        target_epsilon=plan.target_epsilon,
-        target_delta=plan.target_delta,
-        accountant=plan.accountant,
-        ledger=plan.ledger(),
-        planned_steps=plan.steps,
-    )
-
-
 def train(name: str, plan, planned: dict, data: dict, args) -> dict:
     """Trains the two-tower under `plan` on Poisson batches; returns the model, its DPModel, budget and time."""
     from tfdp_embed.data import poisson_batches
     from tfdp_embed.keras3 import DPModel, keras
 
     keras.utils.set_random_seed(args.seed)  # both runs start from the same weights and see the same batches
-    model = build_model(len(data["user_ids"]), len(data["item_ids"]), args.dim)
+    model = build_model(len(data["user_ids"]), len(data["item_ids"]), args.dim, data["item_genres"])
     batches, _ = poisson_batches(data["train"], sampling_probability=planned["q"], seed=args.seed)
     expected = planned["q"] * planned["released"].value if plan.is_dp else None  # q N~: a scale
     dp = DPModel(model, plan=plan, expected_batch_size=expected)
@@ -187,7 +187,7 @@ def train(name: str, plan, planned: dict, data: dict, args) -> dict:
         optimizer=keras.optimizers.SGD(args.learning_rate, momentum=0.9),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),  # `call`: one loss per example
     )
-    budget = privacy_budget(plan) if plan.is_dp else None
+    budget = plan.budget() if plan.is_dp else None  # a Keras 3 callback: this process loaded tfdp_embed.keras3
     start = time.perf_counter()
     history = dp.fit(batches, epochs=args.epochs, callbacks=[budget] if budget else [], verbose=0, shuffle=False)
     wall = time.perf_counter() - start
