@@ -238,8 +238,8 @@ def _add_training_flags(train) -> None:
     train.add_argument(
         "--learning-rate",
         type=cli_types.positive(float),
-        help="SGD learning rate (default: B x 0.3/512, at most 1.0, for DP mechanisms (linear scaling rule); "
-        "0.3 for none). Small files: e.g. --hash-size 1000 --hidden-units 64,32 --learning-rate 0.3",
+        help="SGD learning rate (default: min(1.0, B x 0.3/512) / C, the linear scaling rule; none uses C = "
+        f"{criteo_defaults.DEFAULT_CLIP:g}, so its steps are the default DP steps without noise)",
     )
     train.add_argument(
         "--momentum", type=float, default=PipelineConfig.momentum, help="SGD momentum in [0, 1) (default %(default)s)"

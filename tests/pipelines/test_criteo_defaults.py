@@ -78,7 +78,7 @@ def test_rules_scale_with_the_training_rows():
     assert criteo_defaults.learning_rate("dense", 512, 1.0) == pytest.approx(0.3)
     assert criteo_defaults.learning_rate("adafest", 64, 10.0) == pytest.approx(0.00375)
     assert criteo_defaults.learning_rate("dense", 4096, 1.0) == 1.0
-    assert criteo_defaults.learning_rate("none", 64, 10.0) == 0.3
+    assert criteo_defaults.learning_rate("none", 64, 10.0) == pytest.approx(0.00375)  # the DP step without noise
     chosen = criteo_defaults.resolve(
         mechanism="dense",
         clip=10.0,
