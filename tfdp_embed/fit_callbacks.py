@@ -42,6 +42,7 @@ data, or from statistics released with noise and accounted.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from types import ModuleType
 
@@ -105,6 +106,21 @@ class FirstStepGuardLogic:
         for callback, monitor in self._acting:
             if monitor in (logs or {}):
                 refuse_statistic(callback, monitor)
+
+
+class MechanismWarningsLogic:
+    """At each epoch's end, warns the mechanism's `epoch_warnings` (operator-only notes that read no data).
+
+    A front end's `MechanismWarnings` is this on its `keras.callbacks.Callback`.
+    """
+
+    def __init__(self, mechanism):
+        super().__init__()
+        self._mechanism = mechanism
+
+    def on_epoch_end(self, epoch, logs=None):
+        for message in self._mechanism.epoch_warnings():
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
 def epsilon_first(callbacks: Iterable, into_logs: type) -> list:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import pytest
 import tensorflow as tf
 from tiny_model import embedding_dense_model
 
@@ -51,12 +50,6 @@ def test_the_epoch_warning_reads_nothing_from_the_data(fe):
     assert all("%" not in m and "'items'" not in m for m in drops_everything)
 
 
-# Finding (Keras 3, not a leak): its fit prints no DP-AdaFEST note at all.
-@pytest.mark.parametrize(
-    "fe",
-    ["keras2", pytest.param("keras3", marks=pytest.mark.xfail(strict=True, reason="Keras 3: no DP-AdaFEST note"))],
-    indirect=True,
-)
 def test_the_fixed_note_points_to_tuning_outside_the_run(fe):
     drops_everything = _epoch_messages(fe, 1e9)
     assert len(drops_everything) == 1  # once, not per epoch

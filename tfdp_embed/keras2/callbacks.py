@@ -61,4 +61,8 @@ class FirstStepGuard(fit_callbacks.FirstStepGuardLogic, keras.callbacks.Callback
     __doc__ = fit_callbacks.FirstStepGuardLogic.__doc__
 
 
-__all__ = ["FirstStepGuard", "PeriodBudget", "PrivacyBudget", "epsilon_first"]
+class MechanismWarnings(fit_callbacks.MechanismWarningsLogic, keras.callbacks.Callback):
+    __doc__ = fit_callbacks.MechanismWarningsLogic.__doc__
+
+
+__all__ = ["FirstStepGuard", "MechanismWarnings", "PeriodBudget", "PrivacyBudget", "epsilon_first"]

@@ -26,8 +26,6 @@ References: Abadi et al. 2016 (DP-SGD); Li et al. 2022 and Bu et al. 2022
 
 from __future__ import annotations
 
-import warnings
-
 from tfdp_embed import fit_callbacks, nonfinite, plan_wiring, read_guard, tape_guard
 from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
@@ -46,18 +44,6 @@ from tfdp_embed.keras2.optimizer_weights import create_optimizer_weights
 from tfdp_embed.keras2.training_exits import ReleaseExits
 from tfdp_embed.keras2.training_losses import LossesAndMetrics, loss_name
 from tfdp_embed.mechanisms.base import NoiseMechanism, check_declared_use
-
-
-class _MechanismWarnings(keras.callbacks.Callback):
-    """Emits the mechanism's `epoch_warnings` at each epoch end (operator-only diagnostics)."""
-
-    def __init__(self, mechanism):
-        super().__init__()
-        self._mechanism = mechanism
-
-    def on_epoch_end(self, epoch, logs=None):
-        for message in self._mechanism.epoch_warnings():
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
 class _TrainingOnly:
@@ -248,7 +234,7 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
             kwargs,
             private=self.mechanism.clips_per_example,
             logged_names=[m.name for m in self.metrics],
-            extra=[_MechanismWarnings(self.mechanism)],
+            extra=[front_callbacks.MechanismWarnings(self.mechanism)],
             front=front_callbacks,
         )
         try:

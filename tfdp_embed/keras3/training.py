@@ -133,7 +133,7 @@ class DPModel(keras.Model):
             kwargs,
             private=self.mechanism.clips_per_example,
             logged_names=self._logged_names(),
-            extra=[],
+            extra=[front_callbacks.MechanismWarnings(self.mechanism)],
             front=front_callbacks,
         )
         return super().fit(x, *args, **kwargs)
@@ -315,6 +315,20 @@ class DPModel(keras.Model):
         nonfinite.check_released_weights(self.inner)
         with _without_read_hooks(self.inner):
             return self.inner.export(filepath, *args, **kwargs)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        """TF's object graph of a `DPModel` is its wrapped model alone (no optimizer, mechanism or metrics).
+
+        `tf.train.Checkpoint(m=dp)` then writes the released weights only;
+        training state is checkpointed by `DPCheckpoint`, which names it.
+        """
+        if save_type == "savedmodel":
+            raise PrivacyContractError(
+                "tf.saved_model.save of a DPModel would export the training wrapper (its optimizer and traced "
+                "training step). Export the released model with dp.export(path) or "
+                "tfdp_embed.release.export_saved_model(dp, path) (flushes and writes the privacy report)."
+            )
+        return {"inner": self.inner}
 
     def get_config(self):
         raise PrivacyContractError(
