@@ -213,7 +213,9 @@ def build_front_ends(runs):
         "Medians over repeats; Keras 3 ÷ tf-keras is the median of each repeat's ratio (the run's `--pairing`, "
         "after its date: `steps`, both front ends in one process with their steps alternated; `processes`, two "
         "back-to-back processes). The plain step is the one timed beside each DP step on the same model; for "
-        "`none` it is `keras.layers.Embedding`'s step under each Keras. Peak RSS is the maximum over processes "
+        "`none` it is `keras.layers.Embedding`'s step under each Keras (Keras 3's reads the whole table through "
+        "`ops.take`, so the in-place update copies the table each step; `dpmodel_none`, DPEmbedding without noise, "
+        "is the fast non-private step under both). Peak RSS is the maximum over processes "
         "(with `steps`: VmHWM reset before building each front end, the other one's model resident when it was "
         "built second).\n\n"
     )
