@@ -389,6 +389,12 @@ def main(argv=None) -> int:
         f"recall@{K}: dp {runs['dp']['recall']:.4f}, non-private {runs['non-private']['recall']:.4f}, "
         f"most-popular {popularity:.4f}"
     )
+    if runs["dp"]["recall"] <= popularity:
+        print(
+            f"WARNING: the DP model does not beat the most-popular list ({runs['dp']['recall']:.4f} <= "
+            f"{popularity:.4f}): at this epsilon ml-100k's 80k ratings leave the noise larger than what the "
+            "model learns; serve popularity, or train on more data or at a larger epsilon."
+        )
     out = args.out or tempfile.mkdtemp(prefix="keras3_two_tower-")
     users = [int(u) for u in data["user_ids"][:3]] + [10**9]  # the last one is unknown
     serving = export_and_serve(runs["dp"], data, out, users)
