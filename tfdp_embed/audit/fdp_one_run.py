@@ -54,6 +54,7 @@ import dp_accounting
 from scipy import special
 
 from tfdp_embed.audit.one_run import (
+    GuessTotals,
     _check_inputs,
     _check_pairs,
     count_correct,
@@ -169,7 +170,7 @@ def approx_dp_epsilon_for_counts(
 
 
 @dataclasses.dataclass(frozen=True)
-class AuditBound:
+class AuditBound(GuessTotals):
     """The tightest one-run bound over the methods, and where it came from.
 
     Attributes:
@@ -193,13 +194,6 @@ class AuditBound:
     delta: float
     num_canaries: int
     num_tests: int
-
-    @property
-    def guesses(self) -> int:
-        return self.k_plus + self.k_minus
-
-    def as_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "guesses": self.guesses}
 
 
 def _method_epsilon(method: str, m: int, r: int, v: int, delta: float, significance: float) -> tuple:

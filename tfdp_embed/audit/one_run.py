@@ -47,8 +47,20 @@ _BISECTION_STEPS = 60
 _EPSILON_TOLERANCE = 1e-7
 
 
+class GuessTotals:
+    """`guesses` (r = k+ + k-) and `as_dict` for a bound dataclass with `k_plus` and `k_minus`."""
+
+    @property
+    def guesses(self) -> int:
+        """r = k+ + k-."""
+        return self.k_plus + self.k_minus
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "guesses": self.guesses}
+
+
 @dataclasses.dataclass(frozen=True)
-class OneRunBound:
+class OneRunBound(GuessTotals):
     """The one-run audit's epsilon lower bound and the guesses it came from.
 
     Attributes:
@@ -71,14 +83,6 @@ class OneRunBound:
     delta: float
     num_canaries: int
     num_guess_pairs: int
-
-    @property
-    def guesses(self) -> int:
-        """r = k+ + k-."""
-        return self.k_plus + self.k_minus
-
-    def as_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "guesses": self.guesses}
 
 
 def one_run_p_value(*, num_canaries: int, guesses: int, correct: int, epsilon: float, delta: float) -> float:
