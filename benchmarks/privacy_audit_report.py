@@ -202,7 +202,10 @@ def plot(result: dict, path: str) -> None:
     ax.set_xlabel(f"claimed ε (δ = {result['config']['delta']:g})")
     ax.set_ylabel("one-run ε lower bound (95 %)")
     model = "MovieLens two-tower" if result["config"].get("model") == "two-tower" else "CTR model"
-    ax.set_title(f"One-run privacy audit, rare-id canaries in the {model}, m = {result['config']['num_canaries']}")
+    canaries = f"rare-id canaries in the {model}"
+    if result["config"].get("canary_kind") == "white-box":
+        canaries = "white-box gradient canaries"
+    ax.set_title(f"One-run privacy audit, {canaries}, m = {result['config']['num_canaries']}")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

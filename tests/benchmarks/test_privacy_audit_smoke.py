@@ -61,7 +61,11 @@ def test_flag_lines_name_only_dp_runs_above_their_claim():
 
 
 def test_privacy_audit_white_box_smoke(tmp_path):
-    """--canary-kind white-box: 500 gradient canaries, T = 4 at q = 1, dense at eps 8, EANA and none."""
+    """--canary-kind white-box: 500 gradient canaries, T = 4 at q = 1, every mechanism (the DP ones at eps 8).
+
+    Dense, EANA and none observed step by step; LazyDP, DP-FEST, DP-AdaFEST and DP-AdaFEST+ through the
+    released table.
+    """
     out = {name: tmp_path / name for name in ("audit.json", "audit.png", "page.md")}
     argv = ["--canary-kind", "white-box", "--canaries", "500", "--steps", "4", "--repeats", "1", "--epsilons", "8"]
     argv += ["--json", str(out["audit.json"]), "--png", str(out["audit.png"]), "--results-md", str(out["page.md"])]
@@ -70,19 +74,24 @@ def test_privacy_audit_white_box_smoke(tmp_path):
     document = json.loads(out["audit.json"].read_text())
     assert document["config"]["canary_kind"] == "white-box" and document["config"]["sampling_probability"] == 1.0
     runs = {r["mechanism"]: r for r in document["runs"]}
-    assert set(runs) == {"dense", "eana", "none"}
+    assert set(runs) == {"dense", "lazy", "fest", "adafest", "adafest+", "eana", "none"}
+    for name in ("lazy", "fest", "adafest", "adafest+"):
+        assert runs[name]["observe"] == "released" and runs[name]["where"] == "table"
+        assert 0.0 <= runs[name]["epsilon_lb"] <= runs[name]["accountant_epsilon"] <= 8.01
+    assert runs["dense"]["observe"] == "update" and not document["flags"]
     assert runs["dense"]["accountant_epsilon"] == pytest.approx(8.0, abs=0.01)
     assert 0.0 < runs["dense"]["epsilon_lb"] <= 8.0 and runs["dense"]["method"] in runs["dense"]["by_method"]
     # without noise every canary is told apart; EANA leaves the rows of canaries left out unnoised
     assert runs["none"]["epsilon_lb"] > runs["dense"]["epsilon_lb"]
     assert runs["eana"]["zero_scores_out"] == 500 - runs["eana"]["num_included"]
     section = out["page.md"].read_text()
-    assert "gradient canaries vs claimed ε" in section and "| dense | 8 |" in section
+    assert "gradient canaries vs claimed ε" in section and "| dense | update | 8 |" in section
+    assert "| lazy | released table | 8 |" in section
 
 
 def test_white_box_refuses_mechanisms_it_cannot_audit(capsys):
     with pytest.raises(SystemExit):
-        privacy_audit.main(["--canary-kind", "white-box", "--mechanisms", "lazy", "--json", "", "--png", ""])
+        privacy_audit.main(["--canary-kind", "white-box", "--mechanisms", "lazy,sparse", "--json", "", "--png", ""])
     assert "not for --canary-kind white-box" in capsys.readouterr().err
 
 

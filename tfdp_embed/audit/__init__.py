@@ -16,7 +16,8 @@ Modules:
     (Mahloujifar, Melis & Chaudhuri, ICML 2025): mu-GDP and (eps, delta)
     curves; `audit_lower_bound` reports the tightest method and names it.
   gradient_canaries: white-box Dirac gradient canaries run through a
-    mechanism's noising (`gradient_canary_audit`); it imports TensorFlow and
+    mechanism's noising (`gradient_canary_audit`), observed step by step or
+    through the released table (every mechanism); it imports TensorFlow and
     the mechanisms, so it is not re-exported here: import it from its module.
 
 Numpy and scipy only: the model is a callable returning log-probabilities.
