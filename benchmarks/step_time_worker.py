@@ -574,20 +574,11 @@ def run(spec: dict, out_path: str) -> None:
     batches = make_batches(vocab=spec["vocab"], batch=spec["batch"], count=count, zipf=spec["zipf"], seed=spec["seed"])
     batches = [(tf.constant(ids), tf.constant(labels)) for ids, labels in batches]
     from tfdp_embed.mechanisms import MECHANISMS
-    from tfdp_embed.ops import fast_normal
 
     if spec.get("front_end") == "both":
         return _run_pairs(spec, out_path, batches)
     fe = front_end(spec.get("front_end", "keras2"))
-    report = {
-        "vocab": spec["vocab"],
-        "front_end": fe.name,
-        "pid": os.getpid(),
-        "fused_ops": "available" if fast_normal.available() else f"unavailable: {fast_normal.unavailable_reason()}",
-        "tf_devices": [d.name for d in tf.config.list_physical_devices()],
-        "registered_mechanisms": sorted(MECHANISMS),
-        "results": [],
-    }
+    report = _report_header(spec, fe.name)
     for name in spec["mechanisms"]:
         per_mechanism_peak = machine.reset_peak_rss()
         rss_before = machine.status_kb("VmRSS") / 1024
@@ -608,20 +599,27 @@ def run(spec: dict, out_path: str) -> None:
     _write(out_path, report)
 
 
-def _run_pairs(spec: dict, out_path: str, batches: list) -> None:
-    """`run` with `spec["front_end"] == "both"`: every mechanism's rows from `_run_pair`."""
+def _report_header(spec: dict, front_end_name: str) -> dict:
+    """The worker's report before any result: table size, front end, process, fused ops, devices."""
     from tfdp_embed.mechanisms import MECHANISMS
     from tfdp_embed.ops import fast_normal
 
-    report = {
+    return {
         "vocab": spec["vocab"],
-        "front_end": "both",
+        "front_end": front_end_name,
         "pid": os.getpid(),
         "fused_ops": "available" if fast_normal.available() else f"unavailable: {fast_normal.unavailable_reason()}",
         "tf_devices": [d.name for d in tf.config.list_physical_devices()],
         "registered_mechanisms": sorted(MECHANISMS),
         "results": [],
     }
+
+
+def _run_pairs(spec: dict, out_path: str, batches: list) -> None:
+    """`run` with `spec["front_end"] == "both"`: every mechanism's rows from `_run_pair`."""
+    from tfdp_embed.mechanisms import MECHANISMS
+
+    report = _report_header(spec, "both")
     for name in spec["mechanisms"]:
         report["running"] = name
         _write(out_path, report)
