@@ -159,6 +159,7 @@ def test_einsum_dense_gets_the_dense_rule(k3):
 
 KERAS_3_PROCESS = """
     import json, os, subprocess, sys, tempfile
+    import dp_accounting
     import numpy as np
     import keras, tensorflow as tf
     import tfdp_embed
@@ -171,9 +172,19 @@ KERAS_3_PROCESS = """
     for name, mech in [("NonPrivate", mechanisms.NonPrivate(seed=0)),
                        ("DenseDPSGD", mechanisms.DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)),
                        ("LazyDP", mechanisms.LazyDP(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)),
-                       ("EANA", mechanisms.EANA(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0))]:
+                       ("EANA", mechanisms.EANA(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)),
+                       ("DPFEST", mechanisms.DPFEST(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0,
+                                                    selection_epsilon=1.0, top_k=100,
+                                                    counts={"table": np.ones(500)})),
+                       ("DPAdaFEST", mechanisms.DPAdaFEST(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0,
+                                                          contribution_clip=1.0, contribution_noise_multiplier=1.0,
+                                                          threshold=0.5)),
+                       ("DPAdaFESTPlus", mechanisms.DPAdaFESTPlus(
+                           l2_norm_clip=1.0, noise_multiplier=1.0, seed=0, selected_rows={"table": range(100)},
+                           selection_event=dp_accounting.LaplaceDpEvent(1.0), contribution_clip=1.0,
+                           contribution_noise_multiplier=1.0, threshold=0.5))]:
         inputs = keras.Input((4,), dtype="int32")
-        x = keras.layers.LayerNormalization()(DPEmbedding(500, 8, combiner="mean")(inputs))
+        x = keras.layers.LayerNormalization()(DPEmbedding(500, 8, combiner="mean", name="table")(inputs))
         model = keras.Model(inputs, keras.layers.Dense(1)(x))
         dp = DPModel(model, mechanism=mech, expected_batch_size=128)
         dp.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.BinaryCrossentropy(from_logits=True))
@@ -210,7 +221,9 @@ def _in_a_keras_3_process(script: str) -> dict:
 def test_a_keras_3_process_keeps_keras_3_trains_and_serves():
     facts = _in_a_keras_3_process(KERAS_3_PROCESS)
     assert facts["tf_keras_is_keras_3"] is True and facts["env"] is None and facts["tf_keras_loaded"] is False
-    assert set(facts["trained"]) == {"NonPrivate", "DenseDPSGD", "LazyDP", "EANA"}
+    every = {"NonPrivate", "DenseDPSGD", "LazyDP", "EANA", "DPFEST", "DPAdaFEST", "DPAdaFESTPlus"}
+    assert set(facts["trained"]) == every  # every mechanism trains in a Keras 3 process
+    assert all(np.isfinite(v) for logs in facts["trained"].values() for v in logs.values())
     assert "epsilon" in facts["trained"]["LazyDP"]  # the budget callback put epsilon into the logs
     assert np.isfinite(json.loads(facts["served"])).all() and np.array(json.loads(facts["served"])).shape == (1, 1)
 
