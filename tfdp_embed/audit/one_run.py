@@ -50,13 +50,16 @@ _EPSILON_TOLERANCE = 1e-7
 class GuessTotals:
     """`guesses` (r = k+ + k-) and `as_dict` for a bound dataclass with `k_plus` and `k_minus`."""
 
+    k_plus: int
+    k_minus: int
+
     @property
     def guesses(self) -> int:
         """r = k+ + k-."""
         return self.k_plus + self.k_minus
 
     def as_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "guesses": self.guesses}
+        return {**dataclasses.asdict(self), "guesses": self.guesses}  # type: ignore[call-overload]
 
 
 @dataclasses.dataclass(frozen=True)
