@@ -93,6 +93,12 @@ def _parse(argv):
     p.add_argument("--steps", type=int, default=None, help="T, Poisson-sampled steps (default 500; white-box 10)")
     p.add_argument("--repeats", type=int, default=3, help="runs per setting, each with other seeds")
     p.add_argument("--real-examples", type=int, default=5000, help="generated click examples (besides canaries)")
+    p.add_argument(
+        "--tables",
+        choices=tuple(setup_module.TABLE_SIZES),
+        default="small",
+        help="CTR: the real rows of C1, C2, C3: small (200, 50, 20) or table3 (Criteo's, DP-FEST Table 3)",
+    )
     p.add_argument("--sampling-probability", type=float, default=None, help="q (default 0.1; white-box 1)")
     p.add_argument(
         "--clip",
@@ -112,7 +118,8 @@ def _parse(argv):
         tag = f"two-tower-m{args.canaries}-ep{args.epochs}-eps{outputs.range_tag(args.epsilons)}"
     else:
         kind = "-white-box" if args.canary_kind == "white-box" else ""
-        tag = f"m{args.canaries}-T{args.steps}-eps{outputs.range_tag(args.epsilons)}{kind}"
+        tables = "" if args.tables == "small" else f"-{args.tables}"
+        tag = f"m{args.canaries}-T{args.steps}-eps{outputs.range_tag(args.epsilons)}{kind}{tables}"
     outputs.resolve(p, args, benchmark="privacy_audit", tag=tag, files={"json": ".json", "png": ".png"})
     return args
 
@@ -233,6 +240,7 @@ def main(argv=None) -> int:
         num_canaries=args.canaries,
         steps=args.steps,
         num_real=args.real_examples,
+        vocab_sizes=setup_module.TABLE_SIZES[args.tables],
         sampling_probability=args.sampling_probability,
         l2_norm_clip=args.clip,
         learning_rate=args.learning_rate,

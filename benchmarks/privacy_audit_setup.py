@@ -23,6 +23,8 @@ import dataclasses
 
 import numpy as np
 
+from tfdp_embed.data.criteo.schema import CRITEO_VOCAB_SIZES
+
 DP_MECHANISMS = ("dense", "lazy", "fest", "adafest", "adafest+")
 MECHANISMS = (*DP_MECHANISMS, "eana", "none")
 NOT_DP = {"eana": "not DP (sigma of the largest claimed epsilon)", "none": "no noise (sigma = 0)"}
@@ -59,6 +61,8 @@ class AuditSetup:
 
 
 FEATURES = ("C1", "C2", "C3")
+TABLE_SIZES = {"small": (200, 50, 20), "table3": tuple(CRITEO_VOCAB_SIZES[name] for name in FEATURES)}
+"""`--tables`: the real rows of each table; table3 is Criteo's (DP-FEST Table 3), most rows never looked up."""
 
 
 def build_model(setup: AuditSetup):

@@ -466,28 +466,51 @@ def _audited_model(doc) -> str:
     return doc["config"].get("model", "ctr")
 
 
+def _ctr_tables(doc) -> tuple:
+    """The real rows of the audited CTR model's tables (runs before `--tables` used the small ones)."""
+    return tuple(doc["config"].get("vocab_sizes", (200, 50, 20)))
+
+
+def _rare_id_ctr(doc) -> bool:
+    return _canary_kind(doc) == "rare-id" and _audited_model(doc) == "ctr"
+
+
 def build_privacy_audit(runs):
-    run = latest(
-        runs, "privacy_audit", where=lambda doc: _canary_kind(doc) == "rare-id" and _audited_model(doc) == "ctr"
-    )
-    if run is None:
+    """The latest rare-id CTR run of each table size, one row per mechanism and ε."""
+    sizes = sorted({_ctr_tables(r.doc) for r in runs if r.benchmark == "privacy_audit" and _rare_id_ctr(r.doc)})
+    used = [latest(runs, "privacy_audit", where=lambda d, v=v: _rare_id_ctr(d) and _ctr_tables(d) == v) for v in sizes]
+    if not used:
         return None
-    doc = run.doc
-    rows = [
-        [
-            NOT_DP.get(s["mechanism"], s["mechanism"]),
-            "—" if s["claimed_epsilon"] is None else f"{s['claimed_epsilon']:g}",
-            f"{s['noise_multiplier']:.3g}",
-            ", ".join(f"{b:.2f}" for b in s["epsilon_lb"]),
-            ", ".join(f"{c}/{g}" for c, g in zip(s["correct"], s["guesses"])),
+    rows, notes = [], []
+    for run in used:
+        doc, tables = run.doc, " / ".join(f"{v:,}" for v in _ctr_tables(run.doc))
+        rows += [
+            [
+                tables,
+                NOT_DP.get(s["mechanism"], s["mechanism"]),
+                "—" if s["claimed_epsilon"] is None else f"{s['claimed_epsilon']:g}",
+                f"{s['noise_multiplier']:.3g}",
+                ", ".join(f"{b:.2f}" for b in s["epsilon_lb"]),
+                ", ".join(f"{c}/{g}" for c, g in zip(s["correct"], s["guesses"])),
+            ]
+            for s in doc["settings"]
         ]
-        for s in doc["settings"]
+        m = doc["config"]["num_canaries"]
+        notes.append(
+            f"Tables {tables}: with m = {m} canaries no outcome proves more than ε = {doc['max_provable_epsilon']:.2f}."
+        )
+        notes += doc["flags"]
+    header = [
+        "real rows of C1 / C2 / C3",
+        "mechanism",
+        "claimed ε",
+        "σ",
+        "ε lower bound (95 %), each run",
+        "correct / guesses",
     ]
-    m = doc["config"]["num_canaries"]
-    body = table(["mechanism", "claimed ε", "σ", "ε lower bound (95 %), each run", "correct / guesses"], rows)
-    ceiling = f"\n\nWith m = {m} canaries no outcome proves more than ε = {doc['max_provable_epsilon']:.2f}."
-    flags = "\n\n" + "\n".join(doc["flags"]) if doc["flags"] else "\n\nNo DP mechanism's bound exceeded its claimed ε."
-    return [run], body + ceiling + flags
+    flagged = any(run.doc["flags"] for run in used)
+    closing = "" if flagged else "\n\nNo DP mechanism's bound exceeded its claimed ε."
+    return used, table(header, rows, "llrrrr") + "\n\n" + "\n".join(notes) + closing
 
 
 def build_privacy_audit_white_box(runs):
