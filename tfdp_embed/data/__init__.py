@@ -54,6 +54,9 @@ from tfdp_embed.data.provenance import FedBatching, fed_batching
 # SASRec-format "user item" sequences, leave-one-out split (user-level examples).
 from tfdp_embed.data.sequences import SequenceData, SequenceFormatError, load_sequences
 
+# Poisson batches over users (user-level DP): each sampled user's <= k rows packed [users, k, ...].
+from tfdp_embed.data.user_batches import poisson_user_batches
+
 __all__ = [
     "CRITEO_VOCAB_SIZES",
     "BatchingInfo",
@@ -77,6 +80,7 @@ __all__ = [
     "one_pass_poisson_batches",
     "parse_raw_fields",
     "poisson_batches",
+    "poisson_user_batches",
     "read_item_genres",
     "read_manifest",
     "read_ratings",

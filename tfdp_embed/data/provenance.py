@@ -2,7 +2,7 @@
 
 The Poisson accounting (`PoissonSampled(q, ...)` per step) describes a run
 only if its batches were Poisson-sampled. The samplers of `tfdp_embed.data`
-(`poisson_batches`, `streaming_poisson_batches`, `one_pass_poisson_batches`,
+(`poisson_batches`, `poisson_user_batches`, `streaming_poisson_batches`, `one_pass_poisson_batches`,
 `beam_poisson_batches`, `fixed_shape_batches`, `fixed_size_batches`, `with_lookahead`, and
 `tfdp_embed.keras2.checkpointing.rest_of_epoch`) register
 the dataset they return, with its `BatchingInfo`, in a weak registry.
@@ -96,6 +96,10 @@ class BatchingInfo:
       spill: the one-pass sampler's `SpillStats` (disk and memory it used), else None.
       steps: the number of batches the dataset yields in all, where the sampler fixes it (the Beam job's
         shards: E round(1/q) steps, i.e. `steps // batches_per_epoch` epochs), else None.
+      privacy_unit: what one sampled unit is: "example" (every sampler but one), or "user"
+        (`poisson_user_batches`: then `num_examples` counts users, q and the expected batch are in users).
+      max_examples_per_unit: k, the most rows one user contributes to a step (user level), else None.
+      num_rows: the examples (rows) behind the units at user level, else None.
     """
 
     batching: str
@@ -113,6 +117,9 @@ class BatchingInfo:
     fixed_shape: bool = False
     spill: object = None
     steps: int | None = None
+    privacy_unit: str = "example"
+    max_examples_per_unit: int | None = None
+    num_rows: int | None = None
 
     def report(self) -> dict:
         """Plain-Python fields for `privacy_report(batching=...)`."""
@@ -131,6 +138,12 @@ class BatchingInfo:
         }
         if self.steps is not None:
             out["steps"] = self.steps
+        if self.privacy_unit != "example":  # user level: N and q count users, each bounded to k rows
+            out.update(
+                privacy_unit=self.privacy_unit,
+                max_examples_per_unit=self.max_examples_per_unit,
+                num_rows=self.num_rows,
+            )
         if self.truncated_batches is not None and self.truncated_examples is not None:  # set together
             out["truncated_batches"] = int(self.truncated_batches.numpy())
             out["truncated_examples"] = int(self.truncated_examples.numpy())
