@@ -100,6 +100,8 @@ def dense_layer_gradients(
 
 
 dense_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+# Exact over a unit axis [users, k, ...] (user-level batches), as over a sequence axis: tests/user_level.
+dense_layer_gradients.handles_unit_axis = True  # type: ignore[attr-defined]
 # Shared calls without activation pass factored gradients through (`shared_factored`).
 dense_layer_gradients.shared_factored = "dense"  # type: ignore[attr-defined]
 

@@ -110,6 +110,8 @@ def embedding_layer_gradients(
 
 
 embedding_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+# Exact over a unit axis [users, k, ...] (user-level batches), as over a sequence axis: tests/user_level.
+embedding_layer_gradients.handles_unit_axis = True  # type: ignore[attr-defined]
 embedding_layer_gradients.shared_factored = "leaf"  # type: ignore[attr-defined]
 
 
@@ -270,8 +272,10 @@ def _occurrences_fn(layer, taps: LayerTaps):
 
 
 def _is_pooled(layer, call) -> bool:
-    """One output row per example: a combiner, or a single id per example."""
+    """One output row per example: a combiner (over ids `[batch, n]` or ragged), or a single id per example."""
     ids = call_inputs(layer, call)
+    if isinstance(ids, tf.Tensor) and ids.shape.rank == 3:  # user units [batch, k, n]: one row per (unit, row)
+        return False
     return layer.combiner is not None or (isinstance(ids, tf.Tensor) and ids.shape.rank == 1)
 
 

@@ -75,6 +75,8 @@ def layer_norm_layer_gradients(
 
 
 layer_norm_layer_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
+# Exact over a unit axis [users, k, ...] (user-level batches), as over a sequence axis: tests/user_level.
+layer_norm_layer_gradients.handles_unit_axis = True  # type: ignore[attr-defined]
 
 
 def _per_example_grads(

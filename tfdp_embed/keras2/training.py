@@ -32,6 +32,7 @@ from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.contract.probe import probe_batch, warn_no_data, warn_no_pair
+from tfdp_embed.contract.unit_axis import check_unit_batches
 from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras2 import callbacks as front_callbacks
@@ -275,6 +276,12 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
                 "tf.data.Dataset to `fit` so it can be built from the first batch."
             )
         self._tapped_layers = _check_built(self.inner, self.mechanism, self.registry)
+        check_unit_batches(  # user-level batches: exact per-user rules and mechanisms only
+            self._training_only.fed_batching,
+            mechanism=self.mechanism,
+            tapped_layers=self._tapped_layers,
+            registry=self.registry,
+        )
         self._loss_scale = mixed_precision.loss_scale(self.inner, self.optimizer)
         self._tables = [layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)]
         if batch is not None:

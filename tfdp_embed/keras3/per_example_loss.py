@@ -34,18 +34,34 @@ def per_example_loss_fn(loss) -> Callable:
     if not callable(fn):
         raise TypeError(f"`loss` must be a Keras 3 loss, a loss function or its name; received {loss!r}.")
 
-    def per_example(y_true, y_pred):
+    def per_example(y_true, y_pred, sample_weight=None):
         values = tf.convert_to_tensor(fn(y_true, y_pred))
         if values.shape.rank == 0:
             raise PrivacyContractError(
                 f"The loss {getattr(loss, 'name', loss)!r} returned one value for the whole batch; DP needs one "
                 "per example. Return the unreduced loss (shape [batch] or [batch, ...])."
             )
+        if sample_weight is not None:
+            values = values * _weights_like(sample_weight, values)
         if values.shape.rank > 1:
             values = tf.reduce_mean(tf.reshape(values, [tf.shape(values)[0], -1]), axis=1)
         return tf.cast(values, tf.float32)
 
     return per_example
+
+
+def _weights_like(sample_weight, values):
+    """Sample weights broadcast against the unreduced loss: one per example (`[B]`, `[B, 1]`) or per position.
+
+    Per-position weights (`[B, k]`, e.g. the mask of user-level batches) weight each position before
+    the mean over the non-batch axes; one weight per example scales the example's loss.
+    """
+    weights = tf.cast(sample_weight, values.dtype)
+    if weights.shape.rank is not None and weights.shape.rank >= 2 and weights.shape[-1] != 1:
+        while weights.shape.rank < values.shape.rank:
+            weights = tf.expand_dims(weights, -1)
+        return weights
+    return tf.reshape(weights, tf.concat([[-1], tf.ones([values.shape.rank - 1], tf.int32)], 0))
 
 
 def reject_unsupported(model) -> None:

@@ -39,6 +39,7 @@ from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.contract import check_model
 from tfdp_embed.contract.preprocessing import check_preprocessing
 from tfdp_embed.contract.probe import probe_batch, warn_no_data
+from tfdp_embed.contract.unit_axis import check_unit_batches
 from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras3 import callbacks as front_callbacks
@@ -166,6 +167,12 @@ class DPModel(keras.Model):
         object.__setattr__(self, "_tapped", layers_owning_weights(self.inner))
         for layer in self._tapped:
             self.registry.lookup(layer)  # refuses subclasses the rules cannot describe
+        check_unit_batches(  # user-level batches: exact per-user rules and mechanisms only
+            self._training_only.fed_batching,
+            mechanism=self.mechanism,
+            tapped_layers=self._tapped,
+            registry=self.registry,
+        )
         if self.mechanism.clips_per_example:
             self._check_contract(batch)
         state = self._training_only
@@ -206,10 +213,7 @@ class DPModel(keras.Model):
 
     def _per_example_loss(self, x, y, sample_weight, training=True):
         y_pred = self.inner(x, training=training)
-        losses = self._training_only.loss_fn(y, y_pred)
-        if sample_weight is not None:
-            losses = losses * tf.cast(tf.reshape(sample_weight, [-1]), losses.dtype)
-        return losses, y_pred
+        return self._training_only.loss_fn(y, y_pred, sample_weight), y_pred
 
     def _train_step(self, data):
         if not self._prepared:

@@ -208,10 +208,13 @@ class EmbeddingLookup:
             weights = self._combiner_weights(tf.gather(lengths, segments))
             return _pooled(flat, segments, weights, batch)
         rank = ids.shape.rank
-        if rank not in (1, 2):
+        if rank not in (1, 2, 3):
             raise ValueError(
-                f"DPEmbedding {self.name!r} takes ids of shape [batch] or [batch, n]; received shape {ids.shape}."
+                f"DPEmbedding {self.name!r} takes ids of shape [batch], [batch, n] or (user units, "
+                f"`tfdp_embed.data.poisson_user_batches`) [batch, k, n]; received shape {ids.shape}."
             )
+        if rank == 3:
+            return self._unit_occurrences(ids)
         batch = tf.shape(ids)[0]
         per_example = 1 if rank == 1 else tf.shape(ids)[1]
         flat = tf.reshape(ids, [-1])
@@ -230,6 +233,31 @@ class EmbeddingLookup:
         segments = tf.range(n) // per_example
         weights = self._combiner_weights(tf.fill([n], tf.cast(per_example, tf.float32)))
         return _pooled(flat, segments, weights, batch)
+
+    def _unit_occurrences(self, ids) -> EmbeddingOccurrences:
+        """Ids `[batch, k, n]` (k rows of one unit): one output row per (unit, row), pooled over n by the combiner.
+
+        Without a combiner every id is its own output row; either way every
+        segment belongs to unit segment // (its segments per unit).
+        """
+        shape = tf.shape(ids)
+        batch, per_unit = shape[0], shape[1] * shape[2]
+        flat = tf.reshape(ids, [-1])
+        n = tf.size(flat)
+        if self.combiner is None:
+            segments, weights, num_segments, per_segment_unit = tf.range(n), tf.ones([n], tf.float32), n, per_unit
+        else:
+            segments = tf.range(n) // shape[2]
+            weights = self._combiner_weights(tf.fill([n], tf.cast(shape[2], tf.float32)))
+            num_segments, per_segment_unit = batch * shape[1], shape[1]
+        return EmbeddingOccurrences(
+            ids=flat,
+            segments=segments,
+            weights=weights,
+            num_segments=num_segments,
+            segment_examples=tf.range(num_segments) // per_segment_unit,
+            batch_size=batch,
+        )
 
     def _require_combiner(self, what: str) -> None:
         if self.combiner is None:
@@ -289,9 +317,10 @@ class EmbeddingLookup:
                 return tf.reduce_mean(rows, axis=1)
             lengths = tf.cast(ids.row_lengths(), rows.dtype)[:, None]
             return tf.reduce_sum(rows, axis=1) * tf.math.rsqrt(tf.maximum(lengths, 1.0))
-        if ids.shape.rank not in (1, 2):
+        if ids.shape.rank not in (1, 2, 3):
             raise ValueError(
-                f"DPEmbedding {self.name!r} takes ids of shape [batch] or [batch, n]; received shape {ids.shape}."
+                f"DPEmbedding {self.name!r} takes ids of shape [batch], [batch, n] or [batch, k, n]; received "
+                f"shape {ids.shape}."
             )
         if read is None:
             with self._own_read():
@@ -301,12 +330,13 @@ class EmbeddingLookup:
             rows.set_shape(ids.shape.concatenate([self.output_dim]))
         if ids.shape.rank == 1 or self.combiner is None:
             return rows
+        axis = ids.shape.rank - 1  # the ids of one output row: [batch, n] or, per unit row, [batch, k, n]
         if self.combiner == "sum":
-            return tf.reduce_sum(rows, axis=1)
+            return tf.reduce_sum(rows, axis=axis)
         if self.combiner == "mean":
-            return tf.reduce_mean(rows, axis=1)
-        n = tf.cast(tf.shape(ids)[1], rows.dtype)
-        return tf.reduce_sum(rows, axis=1) * tf.math.rsqrt(n)
+            return tf.reduce_mean(rows, axis=axis)
+        n = tf.cast(tf.shape(ids)[axis], rows.dtype)
+        return tf.reduce_sum(rows, axis=axis) * tf.math.rsqrt(n)
 
 
 @contextlib.contextmanager

@@ -487,7 +487,7 @@ class DPAdaFEST(NoiseMechanism):
     # How the planner splits a calibrated sigma into (sigma1, sigma2): through the class (`planning.plan_run`).
     split_noise_multiplier = staticmethod(split_noise_multiplier)
     capabilities = MechanismCapabilities(
-        strategies=ALL_STRATEGIES, tpu=True, mixed_precision=True, noised_rows="thresholded"
+        strategies=ALL_STRATEGIES, tpu=True, mixed_precision=True, noised_rows="thresholded", user_level=True
     )
 
     def __init__(

@@ -89,6 +89,9 @@ class MechanismCapabilities:
       read_hooks: installs hooks on its tables' reads (LazyDP's catch-up);
         after the release flush, `detach()` removes them so evaluation and
         export read plain tables.
+      user_level: trains on user-level batches (`tfdp_embed.data.poisson_user_batches`,
+        one user = one example of the batch): everything it derives from the
+        batch is per example, hence per user (`tfdp_embed.contract.unit_axis`).
       why_not: `(strategy kind, reason)` pairs explaining refusals in errors.
 
     Raises:
@@ -106,6 +109,7 @@ class MechanismCapabilities:
     noised_rows: str | None = None
     reselects: bool = False
     read_hooks: bool = False
+    user_level: bool = False
     why_not: tuple = ()
 
     def __post_init__(self):

@@ -35,7 +35,11 @@ class DenseDPSGD(NoiseMechanism):
 
     name = "dense"
     capabilities = MechanismCapabilities(
-        strategies=ALL_STRATEGIES, needs_lookups=False, mixed_precision=True, noised_rows="all"
+        strategies=ALL_STRATEGIES,
+        needs_lookups=False,
+        mixed_precision=True,
+        noised_rows="all",
+        user_level=True,
     )
 
     def __init__(

@@ -66,7 +66,12 @@ class EANA(NoiseMechanism):
     name = "eana"
     is_dp = False
     capabilities = MechanismCapabilities(
-        strategies=ALL_STRATEGIES, tpu=True, needs_lookups=False, mixed_precision=True, noised_rows="touched"
+        strategies=ALL_STRATEGIES,
+        tpu=True,
+        needs_lookups=False,
+        mixed_precision=True,
+        noised_rows="touched",
+        user_level=True,
     )
 
     def update(self, clipped: ClippedGradients) -> list:

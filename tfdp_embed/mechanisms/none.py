@@ -19,7 +19,9 @@ class NonPrivate(NoiseMechanism):
     name = "none"
     is_dp = False
     clips_per_example = False
-    capabilities = MechanismCapabilities(strategies=ALL_STRATEGIES, tpu=True, needs_lookups=False, mixed_precision=True)
+    capabilities = MechanismCapabilities(
+        strategies=ALL_STRATEGIES, tpu=True, needs_lookups=False, mixed_precision=True, user_level=True
+    )
 
     def __init__(self, *, seed: int | None = None):
         super().__init__(l2_norm_clip=1.0, noise_multiplier=0.0, seed=seed)

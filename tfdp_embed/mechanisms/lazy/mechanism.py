@@ -136,6 +136,7 @@ class LazyDP(NoiseMechanism):
         mixed_precision=True,
         noised_rows="touched",
         read_hooks=True,
+        user_level=True,
         why_not=((MIRRORED, _LAZY_SYNC_REASON), (MULTI_WORKER_MIRRORED, _LAZY_SYNC_REASON)),
     )
 
