@@ -378,6 +378,13 @@ def gradient_canary_audit(
     run = dict(steps=steps, q=q, where=where, observe=observe, num_background=num_background, dim=dim)
     scores = _run(mechanism, included, learning_rate=rate, audit_seed=audit_seed, **run)
     bound = audit_lower_bound(scores, included, delta=delta, confidence=confidence, methods=methods)
+    return _result(
+        mechanism, bound, scores, included, q=q, steps=steps, where=where, observe=observe, rate=rate, delta=delta
+    )
+
+
+def _result(mechanism, bound, scores, included, *, q, steps, where, observe, rate, delta) -> GradientCanaryAudit:
+    """The `GradientCanaryAudit` of one run: the bound beside what the mechanism claims for it."""
     return GradientCanaryAudit(
         bound=bound,
         claimed_epsilon=_claimed_epsilon(mechanism, q, steps, delta),
