@@ -97,6 +97,7 @@ NOT_DP_GUARANTEE = (
     "differential-privacy guarantee and no epsilon is reported."
 )
 ADJACENCY = "add-or-remove-one-example"
+USER_ADJACENCY = "add-or-remove-one-user"
 NOT_RELEASED = "not released"
 DEFAULT_PRIVACY_UNIT = "one example"
 SEEDED_CAVEAT = (
@@ -145,7 +146,7 @@ def privacy_report(
     steps: int | None = None,
     assumptions: Sequence[str] = (),
     extra: Mapping | None = None,
-    privacy_unit: str = DEFAULT_PRIVACY_UNIT,
+    privacy_unit: str | None = None,
     contribution_bound: str | None = None,
 ) -> dict:
     """The privacy report of a training run as a JSON-able dict.
@@ -167,7 +168,8 @@ def privacy_report(
         computed from the mechanism's setup event plus `steps` step events.
       assumptions: conditions beyond the ledger, in plain words; the guarantee holds only under them.
       extra: more JSON-able fields, stored under "extra".
-      privacy_unit: what one neighbouring dataset adds or removes (default one example).
+      privacy_unit: what one neighbouring dataset adds or removes (default one example; "user" for batches
+        of `poisson_user_batches`, whose k and number of users the report states: another unit is refused).
       contribution_bound: how much one unit can contribute (default: its clipped gradient in each step).
 
     Returns:
@@ -177,16 +179,18 @@ def privacy_report(
 
     Raises:
       ValueError: bad or contradictory arguments (both `ledger` and `epsilon`, `steps` disagreeing with
-        the ledger, unknown batching).
+        the ledger, unknown batching, an example-level `privacy_unit` for user-level batches).
     """
     run = _checked_run(delta, sampling_probability, accountant, dataset_size, ledger, epsilon, steps, batching)
     mech, report, caveats = _mechanism_fields(mechanism)
+    clip = mech.get("l2_norm_clip", getattr(mechanism, "l2_norm_clip", None))
+    unit = unit_fields(run.batching.details, privacy_unit, contribution_bound, clip=clip, num_units=run.dataset_size)
     public_n = [PUBLIC_N_ASSUMPTION] if run.released is None and report["is_dp"] else []
     assumptions = _check_assumptions(assumptions) + public_n
     report.update(
         _epsilon_fields(mechanism, run, report, caveats, epsilon=epsilon, ledger=ledger, assumptions=assumptions)
     )
-    report.update(_run_fields(mechanism, mech, run, report["epsilon"], privacy_unit, contribution_bound, assumptions))
+    report.update(_run_fields(mechanism, mech, run, report["epsilon"], unit, assumptions))
     _add_tradeoff(report, mechanism, run, ledger, given_epsilon=epsilon)
     _add_caveats(report, caveats, mechanism, run, assumptions)
     _add_records(report, mech, ledger, run.released, extra)
@@ -229,10 +233,18 @@ def _epsilon_fields(mechanism, run: _Run, report: dict, caveats: list, *, epsilo
         else:
             events = _events(mechanism, run.q, run.steps) + ([run.released.event] if run.released is not None else [])
             epsilon = compute_epsilon(events, target_delta=run.delta, accountant=run.accountant)
-    return _guarantee(epsilon, delta=run.delta, steps=run.steps, accountant=run.accountant, assumptions=assumptions)
+    adjacency = _adjacency(run.batching.details)
+    return _guarantee(
+        epsilon,
+        delta=run.delta,
+        steps=run.steps,
+        accountant=run.accountant,
+        assumptions=assumptions,
+        adjacency=adjacency,
+    )
 
 
-def _run_fields(mechanism, mech: dict, run: _Run, epsilon, privacy_unit, contribution_bound, assumptions) -> dict:
+def _run_fields(mechanism, mech: dict, run: _Run, epsilon, unit: dict, assumptions) -> dict:
     """The run's noise, clip, sampling, steps, size, batching, privacy unit and attacker bound (in report order)."""
     clip = mech.pop("l2_norm_clip", getattr(mechanism, "l2_norm_clip", None))
     return dict(
@@ -248,9 +260,7 @@ def _run_fields(mechanism, mech: dict, run: _Run, epsilon, privacy_unit, contrib
         dataset_size=run.dataset_size,
         batching=run.batching.name,
         batching_source=run.batching.source,
-        adjacency=ADJACENCY,
-        privacy_unit=str(privacy_unit),
-        contribution_bound=contribution_bound or _default_bound(clip),
+        **unit,
         attacker_bound=attacker_bound(epsilon, run.delta),
         assumptions=list(assumptions),
     )
@@ -329,6 +339,47 @@ def attacker_bound(epsilon: float | None, delta: float) -> dict:
         "at each false-positive rate, that the guarantee allows",
         "bounds": rows,
     }
+
+
+def unit_fields(details: Mapping | None, privacy_unit, contribution_bound, *, clip, num_units: int) -> dict:
+    """adjacency, privacy_unit, contribution_bound, num_units (and k, for user-level batches) of the report.
+
+    The unit comes from the batches when their sampler states it (`poisson_user_batches`: "user", with k);
+    a caller's example-level unit for them is refused: the report would understate what is protected.
+    """
+    if _adjacency(details) != USER_ADJACENCY:
+        bound = contribution_bound or _default_bound(clip)
+        return dict(
+            adjacency=ADJACENCY,
+            privacy_unit=str(privacy_unit or DEFAULT_PRIVACY_UNIT),
+            contribution_bound=bound,
+            num_units=num_units,
+        )
+    assert details is not None  # a user adjacency is read from them
+    if privacy_unit is not None and not str(privacy_unit).lower().startswith("user"):
+        raise ValueError(
+            f"`privacy_unit`={privacy_unit!r} but the batches were sampled per user (poisson_user_batches): "
+            "the report states privacy_unit 'user'; drop the argument."
+        )
+    k = details.get("max_examples_per_unit")
+    return dict(
+        adjacency=USER_ADJACENCY,
+        privacy_unit="user",
+        contribution_bound=contribution_bound or _user_bound(clip, k),
+        max_examples_per_unit=k,
+        num_units=num_units,
+    )
+
+
+def _adjacency(details: Mapping | None) -> str:
+    return USER_ADJACENCY if (details or {}).get("privacy_unit") == "user" else ADJACENCY
+
+
+def _user_bound(clip, k) -> str:
+    rows = f"at most {k} of the user's examples (drawn uniformly) in every step the user is sampled in"
+    if clip is None:
+        return f"{rows}; no clipping: a user's contribution is unbounded"
+    return f"one gradient per user, of the summed loss over {rows}, clipped to L2 norm {clip:g}"
 
 
 def _default_bound(clip) -> str:
@@ -420,12 +471,14 @@ def _mechanism_fields(mechanism) -> tuple[dict, dict, list]:
     return mech, report, caveats
 
 
-def _guarantee(epsilon: float, *, delta: float, steps: int, accountant: str, assumptions: list) -> dict:
+def _guarantee(
+    epsilon: float, *, delta: float, steps: int, accountant: str, assumptions: list, adjacency: str = ADJACENCY
+) -> dict:
     """epsilon and the guarantee line of a DP run (conditional on `assumptions`, if any)."""
     return {
         "epsilon": float(epsilon),
         "guarantee": (
-            f"({float(epsilon):.6g}, {delta:g})-differential privacy, {ADJACENCY} adjacency, "
+            f"({float(epsilon):.6g}, {delta:g})-differential privacy, {adjacency} adjacency, "
             f"for every model checkpoint released during the {steps} steps ({accountant.upper()} accountant)"
             + (f", CONDITIONAL on: {'; '.join(assumptions)}." if assumptions else ".")
         ),
@@ -638,6 +691,7 @@ __all__ = [
     "SEEDED_CAVEAT",
     "STATED_CAVEAT",
     "UNVERIFIED_CAVEAT",
+    "USER_ADJACENCY",
     "add_seed_caveat",
     "attacker_bound",
     "check_batching_matches",
@@ -646,5 +700,6 @@ __all__ = [
     "read_privacy_report",
     "seeded_parts",
     "truncation_delta",
+    "unit_fields",
     "write_privacy_report",
 ]

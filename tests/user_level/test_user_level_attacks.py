@@ -1,0 +1,225 @@
+"""Attacks on user-level DP: what one user's whole history can move, and what the run claims about it.
+
+(a) Neighbouring datasets D' = D + one user (40 rows, k = 4): with zero noise the step's
+    clipped sum moves by at most C, for every mechanism that trains at user level; a
+    broken variant that clips each of the user's rows on its own (the user's rows as
+    separate units) moves it by more, so the test can fail. DP-AdaFEST's contribution
+    map moves by at most C1, the user's rows counted once however many examples read them.
+(b) Zero noise, a huge clip and k >= every user's count: the user-level step is the
+    gradient of the summed loss over the same rows, trained without privacy.
+(c) The noise of a user-level step has std sigma C per coordinate (before the 1 / (q U) scale).
+(d) The accounting of a user-level run is that of an example-level run on U examples.
+(e) Mechanisms and clipping rules not exact per user are refused in one line (bad
+    sampler input: test_user_batches.py).
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from front_ends.front_ends import mechanism
+
+from tfdp_embed import mechanisms
+from tfdp_embed.accounting.report import privacy_report
+from tfdp_embed.data import poisson_batches, poisson_user_batches
+from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.mechanisms.adafest import contribution_map
+
+from .units import (
+    VOCAB,
+    K,
+    bce,
+    dp_step_sum,
+    first_batch,
+    global_norm,
+    row_logits,
+    skewed_rows,
+    unit_model,
+    variables,
+)
+
+USER_LEVEL = ["DenseDPSGD", "LazyDP", "EANA", "DPAdaFEST"]
+CLIP = 0.05  # binding: every user's and every row's gradient is larger
+
+
+def _without_last_user(batch):
+    return tuple(t[:-1] for t in batch)
+
+
+def _rows_as_units(batch, slot: int):
+    """The broken variant: user `slot`'s rows each become a unit of their own (per-example clipping)."""
+    ids, labels, weight = batch
+    real = np.flatnonzero(weight[slot] > 0)
+    units = [tuple(np.zeros_like(t[slot]) for t in batch) for _ in real]
+    for unit, row in zip(units, real):
+        for part, source in zip(unit, batch):
+            part[0] = source[slot, row]
+    stacked = [np.stack([u[i] for u in units]) for i in range(3)]
+    return tuple(np.concatenate([t[:slot], s, t[slot + 1 :]]) for t, s in zip(batch, stacked))
+
+
+def _moved(fe, name, with_user, without_user) -> float:
+    sums = [
+        dp_step_sum(fe, unit_model(fe), batch, mechanism(name, clip=CLIP, sigma=0.0, vocabulary=VOCAB))
+        for batch in (with_user, without_user)
+    ]
+    return global_norm([a - b for a, b in zip(*sums)])
+
+
+@pytest.mark.parametrize("name", USER_LEVEL)
+def test_a_one_users_history_moves_the_clipped_sum_by_at_most_c(fe, name):
+    examples, users = skewed_rows()  # the last user has 40 rows, k = 4
+    with_user = first_batch(examples, users)
+    assert (with_user[2][-1] > 0).sum() == K
+    moved = _moved(fe, name, with_user, _without_last_user(with_user))
+    assert 0.5 * CLIP < moved <= CLIP * (1 + 1e-4), moved
+    # The broken variant (the user's k rows clipped one by one) moves it by more than C.
+    broken = _moved(fe, name, _rows_as_units(with_user, slot=4), _without_last_user(with_user))
+    assert broken > 1.5 * CLIP, broken
+
+
+def _map(fe, batch, clip):
+    layer = unit_model(fe).get_layer("items")
+    table = types.SimpleNamespace(layer=layer, occurrences=[layer.occurrences(batch[0])])
+    ((rows, counts),) = contribution_map([table], batch[0].shape[0], clip)
+    dense = np.zeros(VOCAB)
+    dense[rows.numpy()] = counts.numpy()
+    return dense
+
+
+def test_a_adafest_contribution_map_counts_a_user_once_per_row(fe):
+    # The heavy user's 4 rows read some ids several times; each distinct row counts once, the vector clipped to C1.
+    examples, users = skewed_rows()
+    with_user = first_batch(examples, users)
+    moved = _map(fe, with_user, 1.0) - _map(fe, _without_last_user(with_user), 1.0)
+    distinct = len(np.unique(with_user[0][-1]))  # ids of its 4 real rows (no padding: 4 = k rows)
+    assert distinct < 12  # repeated ids: some row is read through several examples
+    np.testing.assert_allclose(moved[moved > 0], 1.0 / np.sqrt(distinct), rtol=1e-6)
+    assert np.linalg.norm(moved) <= 1.0 + 1e-6
+    broken = _map(fe, _rows_as_units(with_user, slot=4), 1.0) - _map(fe, _without_last_user(with_user), 1.0)
+    assert np.linalg.norm(broken) > 1.5, np.linalg.norm(broken)
+
+
+@pytest.mark.parametrize("name", USER_LEVEL)
+def test_b_zero_noise_huge_clip_is_non_private_training_on_the_same_rows(fe, name):
+    examples, users = skewed_rows()
+    batch = first_batch(examples, users, k=40)  # k >= every user's count: every row is used
+    model = unit_model(fe, k=40)
+    with tf.GradientTape() as tape:  # the summed loss over the 51 rows, no unit axis, no clipping
+        loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(examples[1], row_logits(model, examples[0])))
+    expected = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, variables(model))]
+    got = dp_step_sum(fe, model, batch, mechanism(name, clip=1e9, sigma=0.0, vocabulary=VOCAB))
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-6)
+
+
+def test_c_noise_std_is_sigma_c_per_coordinate(fe):
+    examples, users = skewed_rows()
+    batch = first_batch(examples, users)
+    sigma, clip, b = 2.0, 0.5, 2.5  # b: q U expected users, the divisor of the noised sum
+    noised = dp_step_sum(
+        fe,
+        unit_model(fe, vocabulary=2000, dim=16),
+        batch,
+        mechanism("DenseDPSGD", clip=clip, sigma=sigma, seed=7),
+        expected_batch_size=b,
+    )
+    clean = dp_step_sum(
+        fe,
+        unit_model(fe, vocabulary=2000, dim=16),
+        batch,
+        mechanism("DenseDPSGD", clip=clip, sigma=0.0),
+        expected_batch_size=b,
+    )
+    noise = np.concatenate([(n - c).ravel() for n, c in zip(noised, clean)])
+    # 32,145 coordinates: the sample std's relative sd is 1/sqrt(2 n) ~ 0.4%; 3% is ~7 sd.
+    assert noise.size > 30_000
+    assert np.std(noise) == pytest.approx(sigma * clip, rel=0.03)
+    assert abs(np.mean(noise)) < 0.03 * sigma * clip
+
+
+def _fit_user_level(fe, name="DenseDPSGD"):
+    examples, users = skewed_rows()
+    batches, info = poisson_user_batches(
+        examples, user_ids=users, max_examples_per_user=K, sampling_probability=0.4, seed=2
+    )
+    dp = fe.dp_model(
+        unit_model(fe),
+        mechanism(name, clip=1.0, sigma=1.1, vocabulary=VOCAB),
+        batch=info.expected_batch_size,
+        loss=bce(fe),
+    )
+    dp.fit(batches, epochs=2, verbose=0)
+    return dp, info
+
+
+def test_d_user_level_accounting_is_example_level_accounting_over_units(fe):
+    dp, info = _fit_user_level(fe)
+    steps = 2 * info.batches_per_epoch
+    user = privacy_report(
+        mechanism=dp.mechanism, delta=1e-5, sampling_probability=0.4, dataset_size=5, batching=dp.batching, steps=steps
+    )
+    _, example_info = poisson_batches((np.zeros((5, 1)),), sampling_probability=0.4)
+    example = privacy_report(
+        mechanism=dp.mechanism, delta=1e-5, sampling_probability=0.4, dataset_size=5, batching=example_info, steps=steps
+    )
+    assert user["epsilon"] == pytest.approx(example["epsilon"], rel=1e-12)
+    assert (user["privacy_unit"], user["max_examples_per_unit"], user["num_units"]) == ("user", K, 5)
+    assert user["adjacency"] == "add-or-remove-one-user" and "add-or-remove-one-user adjacency" in user["guarantee"]
+    assert (
+        f"at most {K} of the user's examples" in user["contribution_bound"]
+        and "L2 norm 1" in user["contribution_bound"]
+    )
+    assert user["batching_source"] == "verified" and user["batching_details"]["num_rows"] == 51
+    assert (example["privacy_unit"], example["num_units"], example["adjacency"]) == (
+        "one example",
+        5,
+        "add-or-remove-one-example",
+    )
+    assert "max_examples_per_unit" not in example
+    with pytest.raises(ValueError, match="sampled per user") as error:
+        privacy_report(
+            mechanism=dp.mechanism,
+            delta=1e-5,
+            sampling_probability=0.4,
+            dataset_size=5,
+            batching=dp.batching,
+            steps=steps,
+            privacy_unit="one example",
+        )
+    assert "\n" not in str(error.value)
+
+
+def test_e_a_mechanism_not_exact_per_user_is_refused_in_one_line(fe):
+    with pytest.raises(PrivacyContractError) as error:
+        _fit_user_level(fe, "DPFEST")
+    assert "does not support privacy_unit='user'" in str(error.value) and "\n" not in str(error.value)
+    assert not mechanisms.DPFEST.capabilities.user_level
+
+
+def test_e_a_rule_not_marked_for_the_unit_axis_is_refused_in_one_line(fe):
+    clipping = __import__(f"tfdp_embed.{fe.name}.clipping", fromlist=["default_registry"])
+    registry = clipping.default_registry()
+    unmarked = clipping.LayerRegistry(
+        [
+            (fe.keras.layers.Dense, lambda layer, taps, grads: clipping.dense_layer_gradients(layer, taps, grads)),
+            *registry,
+        ]
+    )
+    examples, users = skewed_rows()
+    batches, info = poisson_user_batches(
+        examples, user_ids=users, max_examples_per_user=K, sampling_probability=1.0, seed=2
+    )
+    dp = fe.DPModel(
+        unit_model(fe),
+        mechanism=mechanism("DenseDPSGD", clip=1.0, sigma=1.0),
+        expected_batch_size=5.0,
+        registry=unmarked,
+    )
+    dp.compile(optimizer=fe.sgd(0.1), loss=bce(fe))
+    with pytest.raises(PrivacyContractError) as error:
+        dp.fit(batches, epochs=1, verbose=0)
+    assert "not verified exact over the unit axis" in str(error.value) and "\n" not in str(error.value)
