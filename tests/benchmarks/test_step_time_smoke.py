@@ -30,6 +30,7 @@ RESULT_KEYS = {
 }
 
 
+@pytest.mark.slow  # the worker also runs in test_step_time_front_ends.py's smoke test (default run)
 def test_step_time_smoke(tmp_path):
     out_json, results_md, png = tmp_path / "step_time.json", tmp_path / "RESULTS.md", tmp_path / "step_time.png"
     command = [

@@ -107,7 +107,14 @@ def _run(mechanism, days, tmp_path_factory):
 
 
 # -- end to end, every mechanism -------------------------------------------------------
-@pytest.mark.parametrize("mechanism", list(EXTRA))
+# dense (fixed-size batches) and eana (DCN) are `slow` (`make test-slow`): their mechanisms and options are
+# covered by the mechanism, data and DCN tests; the default run keeps the five others end to end.
+SLOW_END_TO_END = ("dense", "eana")
+
+
+@pytest.mark.parametrize(
+    "mechanism", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW_END_TO_END else m for m in EXTRA]
+)
 def test_end_to_end_report_and_saved_model(mechanism, days, tmp_path_factory, capsys):
     if mechanism == "none":  # through the CLI entry point: exit status and printed report
         out = tmp_path_factory.mktemp("run_none_cli")
@@ -439,6 +446,7 @@ def test_output_calibration_moves_the_mean_prediction_to_the_click_rate(days):
     assert after["auc"] == pytest.approx(before["auc"], abs=1e-12) and after["logloss"] < before["logloss"]
 
 
+@pytest.mark.slow  # lookahead's step is tested in tests/mechanisms/test_lazy.py
 def test_lazy_lookahead_is_an_option(days, tmp_path, tmp_path_factory):
     # LazyDP trains without the one-batch lookahead unless `--lookahead` is given; with it, the run completes.
     # The run without it is the end-to-end `lazy` run above (shared, not run twice).
