@@ -27,6 +27,7 @@ from tfdp_embed.accounting.report import privacy_report
 from tfdp_embed.data import poisson_batches, poisson_user_batches
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.mechanisms.adafest import contribution_map
+from tfdp_embed.mechanisms.topk_selection import bucket_counts
 
 from .units import (
     VOCAB,
@@ -41,8 +42,17 @@ from .units import (
     variables,
 )
 
-USER_LEVEL = ["DenseDPSGD", "LazyDP", "EANA", "DPAdaFEST"]
+USER_LEVEL = ["DenseDPSGD", "LazyDP", "EANA", "DPAdaFEST", "DPFEST"]
 CLIP = 0.05  # binding: every user's and every row's gradient is larger
+
+
+def _mechanism(name: str, *, clip: float, sigma: float, seed: int = 1):
+    """The front ends' test mechanisms; DP-FEST with its (all-rows) selection counted per user."""
+    if name == "DPFEST":
+        counts = {"items": np.ones(VOCAB)}
+        common = dict(l2_norm_clip=clip, noise_multiplier=sigma, seed=seed, selection_epsilon=1.0, top_k=VOCAB)
+        return mechanisms.DPFEST(**common, counts=counts, counts_unit="user")
+    return mechanism(name, clip=clip, sigma=sigma, seed=seed, vocabulary=VOCAB)
 
 
 def _without_last_user(batch):
@@ -63,7 +73,7 @@ def _rows_as_units(batch, slot: int):
 
 def _moved(fe, name, with_user, without_user) -> float:
     sums = [
-        dp_step_sum(fe, unit_model(fe), batch, mechanism(name, clip=CLIP, sigma=0.0, vocabulary=VOCAB))
+        dp_step_sum(fe, unit_model(fe), batch, _mechanism(name, clip=CLIP, sigma=0.0))
         for batch in (with_user, without_user)
     ]
     return global_norm([a - b for a, b in zip(*sums)])
@@ -111,7 +121,7 @@ def test_b_zero_noise_huge_clip_is_non_private_training_on_the_same_rows(fe, nam
     with tf.GradientTape() as tape:  # the summed loss over the 51 rows, no unit axis, no clipping
         loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(examples[1], row_logits(model, examples[0])))
     expected = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, variables(model))]
-    got = dp_step_sum(fe, model, batch, mechanism(name, clip=1e9, sigma=0.0, vocabulary=VOCAB))
+    got = dp_step_sum(fe, model, batch, _mechanism(name, clip=1e9, sigma=0.0))
     for e, g in zip(expected, got):
         np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-6)
 
@@ -141,17 +151,14 @@ def test_c_noise_std_is_sigma_c_per_coordinate(fe):
     assert abs(np.mean(noise)) < 0.03 * sigma * clip
 
 
-def _fit_user_level(fe, name="DenseDPSGD"):
+def _fit_user_level(fe, chosen=None):
+    """Two epochs of q = 0.4 user-level batches (registered: `fit` sees privacy_unit "user")."""
     examples, users = skewed_rows()
+    chosen = chosen or _mechanism("DenseDPSGD", clip=1.0, sigma=1.1)
     batches, info = poisson_user_batches(
         examples, user_ids=users, max_examples_per_user=K, sampling_probability=0.4, seed=2
     )
-    dp = fe.dp_model(
-        unit_model(fe),
-        mechanism(name, clip=1.0, sigma=1.1, vocabulary=VOCAB),
-        batch=info.expected_batch_size,
-        loss=bce(fe),
-    )
+    dp = fe.dp_model(unit_model(fe), chosen, batch=info.expected_batch_size, loss=bce(fe))
     dp.fit(batches, epochs=2, verbose=0)
     return dp, info
 
@@ -195,9 +202,38 @@ def test_d_user_level_accounting_is_example_level_accounting_over_units(fe):
 
 def test_e_a_mechanism_not_exact_per_user_is_refused_in_one_line(fe):
     with pytest.raises(PrivacyContractError) as error:
-        _fit_user_level(fe, "DPFEST")
+        _fit_user_level(fe, mechanism("DPAdaFESTPlus", clip=1.0, sigma=1.1))  # its rows: counts per example
     assert "does not support privacy_unit='user'" in str(error.value) and "\n" not in str(error.value)
-    assert not mechanisms.DPFEST.capabilities.user_level
+
+
+def test_e_a_selection_counted_per_example_is_refused_in_one_line(fe):
+    with pytest.raises(PrivacyContractError) as error:
+        common = dict(l2_norm_clip=1.0, noise_multiplier=1.1, seed=1, selection_epsilon=1.0, top_k=VOCAB)
+        _fit_user_level(fe, mechanisms.DPFEST(**common, counts={"items": np.ones(VOCAB)}))  # counts per example
+    assert "counts per example" in str(error.value) and "counts_unit='user'" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_fest_counts_a_user_once_per_row():
+    # bucket_counts over user-level batches (q = 1, k >= every count): a user's distinct ids count once,
+    # padding rows (weight 0, id 0) not at all; adding the 40-row user moves every count by 0 or 1.
+    examples, users = skewed_rows()
+
+    def counts(rows, ids_of):
+        batches, _ = poisson_user_batches(rows, user_ids=ids_of, max_examples_per_user=40, sampling_probability=1.0)
+        return bucket_counts(batches, vocabulary_sizes={"items": VOCAB}, ids_fn=lambda e: {"items": e[0]})["items"]
+
+    heavy = users == users.max()
+    rest = tuple(t[~heavy] for t in examples)
+    moved = counts(examples, users) - counts(rest, users[~heavy])
+    assert set(np.unique(moved)) == {0, 1} and moved.sum() == len(np.unique(examples[0][heavy]))
+    assert counts(examples, users)[0] == 0  # ids are 1..19: padding rows read 0 and are not counted
+    # The broken variant, counting rows (examples) instead of users, moves a row by more than 1.
+    rows = tf.data.Dataset.from_tensor_slices(examples[0]).batch(64)
+    per_row = bucket_counts(rows, vocabulary_sizes={"items": VOCAB}, ids_fn=lambda ids: {"items": ids})["items"]
+    rest_rows = tf.data.Dataset.from_tensor_slices(rest[0]).batch(64)
+    per_row_rest = bucket_counts(rest_rows, vocabulary_sizes={"items": VOCAB}, ids_fn=lambda ids: {"items": ids})
+    assert (per_row - per_row_rest["items"]).max() > 1
 
 
 def test_e_a_rule_not_marked_for_the_unit_axis_is_refused_in_one_line(fe):

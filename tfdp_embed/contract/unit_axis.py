@@ -13,7 +13,8 @@ quantity is computed over everything after the batch axis:
 * a mechanism must compute its per-example quantities (clip factors,
   DP-AdaFEST's distinct (example, row) contributions, the rows LazyDP and
   EANA see) from the batch's examples, which are users: it declares
-  `capabilities.user_level`.
+  `capabilities.user_level`; a DP selection (DP-FEST) must come from counts
+  per user (`selection_unit`).
 
 Anything else is refused before the first step, in one line.
 
@@ -49,6 +50,12 @@ def check_unit_batches(fed, *, mechanism, tapped_layers, registry) -> None:
         raise PrivacyContractError(
             f"Mechanism {mechanism.name!r} does not support privacy_unit={unit!r} batches (its per-example "
             "quantities are not per user; `capabilities.user_level` is False): train it at example level."
+        )
+    if mechanism.selection_unit not in (None, unit):
+        raise PrivacyContractError(
+            f"Mechanism {mechanism.name!r} selected rows from counts per {mechanism.selection_unit}, but the batches' "
+            f"privacy unit is {unit!r}: count each {unit}'s distinct ids once (bucket_counts over user-level "
+            f"batches) and pass counts_unit={unit!r}."
         )
     for layer in tapped_layers:
         rule = registry.lookup(layer)

@@ -208,6 +208,14 @@ class NoiseMechanism(tf.Module, abc.ABC):
         """
         return None
 
+    @property
+    def selection_unit(self) -> str | None:
+        """The privacy unit the counts behind a DP selection count in ("example", "user"); None: no selection.
+
+        User-level batches (`tfdp_embed.contract.unit_axis`) need a selection counted per user.
+        """
+        return None
+
     def one_off_events(self) -> list:
         """Every one-off accounting event so far (`tfdp_embed.accounting.EventSource`); see `one_off_events()`."""
         return one_off_events(self)

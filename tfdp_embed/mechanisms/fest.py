@@ -54,6 +54,8 @@ from tfdp_embed.mechanisms.tables import EmbeddingTable
 from tfdp_embed.mechanisms.topk_selection import TopKSelection, select_top_k
 from tfdp_embed.ops import sparse_rows
 
+COUNTS_UNITS = ("example", "user")
+
 
 def refuse_scored_tables(mechanism, tables: Sequence) -> None:
     """Raises ValueError for a table that a data-independent computation scores every step.
@@ -133,6 +135,9 @@ class DPFEST(NoiseMechanism):
         table's vocabulary (k = max(1, floor(fraction x vocabulary))).
       counts: optional {table name: count vector} (`bucket_counts`); when
         given, `init` runs the selection. Otherwise call `select` after `init`.
+      counts_unit: what one count counts: "example" (each example's distinct ids once), or "user" (each
+        user's distinct ids once: `bucket_counts` over user-level batches); only "user" counts train on
+        user-level batches (`poisson_user_batches`).
       seed: int for reproducible noise and selection (tests), None for OS entropy.
 
     Raises:
@@ -151,6 +156,7 @@ class DPFEST(NoiseMechanism):
         mixed_precision=True,
         noised_rows="selected",
         reselects=True,
+        user_level=True,
     )
 
     def __init__(
@@ -162,10 +168,14 @@ class DPFEST(NoiseMechanism):
         top_k: int | Mapping[str, int] | None = None,
         top_fraction: float | Mapping[str, float] | None = None,
         counts: Mapping[str, np.ndarray] | None = None,
+        counts_unit: str = "example",
         seed: int | None = None,
     ):
         super().__init__(l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, seed=seed)
         self.selection_epsilon = check_positive("selection_epsilon", selection_epsilon)
+        if counts_unit not in COUNTS_UNITS:
+            raise ValueError(f"`counts_unit` must be one of {COUNTS_UNITS}; received {counts_unit!r}.")
+        self.counts_unit = counts_unit
         if (top_k is None) == (top_fraction is None):
             raise ValueError(
                 "Pass exactly one of `top_k` (rows per table) and `top_fraction` (fraction of "
@@ -327,6 +337,11 @@ class DPFEST(NoiseMechanism):
         """The first selection's event (None before it); re-selections are in `selection_events[1:]`."""
         return self._config.selections[0].event if self._config.selections else None
 
+    @property
+    def selection_unit(self) -> str:
+        """The unit of the selection's counts (`counts_unit`)."""
+        return self.counts_unit
+
     def report(self) -> dict:
         report = super().report()
         selections = self._config.selections
@@ -351,8 +366,8 @@ class DPFEST(NoiseMechanism):
                 "(post-processing). Total guarantee (App. C.3): (selection eps + DP-SGD eps at "
                 "delta, delta); the ledger's composition of the selection event (a Gaussian "
                 "dominating every eps-DP mechanism) with the steps is another valid bound.",
-                "Selection counts each example's distinct ids once per table (add/remove-one "
-                "neighbours, one example = one privacy unit). The Gumbel scale is k_f / eps_f, "
+                f"Selection counts each {self.counts_unit}'s distinct ids once per table (add/remove-one "
+                f"neighbours, one {self.counts_unit} = one privacy unit). The Gumbel scale is k_f / eps_f, "
                 "not the paper's 1 / eps_f: one-shot top-k with Gumbel(1/eps) is k*eps-DP "
                 "(Durfee & Rogers 2021).",
             ],

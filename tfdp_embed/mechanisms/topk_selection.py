@@ -327,6 +327,16 @@ def _present(sample_weight):
     return present_examples(weights, tf.shape(tf.reshape(weights, [-1]))[0])
 
 
+def _real_unit_rows(ids, weights):
+    """User-level ids `[users, k, n]`: the ids of each user's rows of non-zero weight `[users, k]`, ragged `[users, None]`."""
+    if not isinstance(ids, tf.Tensor) or ids.shape.rank != 3:
+        return ids
+    if weights is None:
+        return tf.reshape(ids, [tf.shape(ids)[0], -1])
+    real = tf.not_equal(tf.convert_to_tensor(weights), 0)
+    return tf.ragged.boolean_mask(ids, real).merge_dims(1, 2)
+
+
 def _distinct_counts(ids, vocabulary_size: int, present=None):
     """Each example's distinct ids, counted once: (rows, counts) of this batch (`present` examples only)."""
     examples, flat = _example_rows_and_ids(ids)
@@ -378,7 +388,10 @@ def bucket_counts(
       ids_fn: optional `element -> {table name: bucket ids}`; ids are
         `[batch]`, `[batch, n]`, ragged `[batch, None]` or sparse, already
         in `[0, vocabulary_size)` (apply `DPEmbedding.bucket_ids` here for
-        hashed features). Must be traceable (it runs in `dataset.map`).
+        hashed features), or user-level `[users, k, n]` (`poisson_user_batches`
+        with k >= every user's count and q = 1: each user's distinct ids count
+        once, the padding rows of weight 0 not at all; then `DPFEST(counts_unit="user")`).
+        Must be traceable (it runs in `dataset.map`).
 
     Returns:
       table name -> int64 numpy count vector of length vocabulary_size.
@@ -396,8 +409,12 @@ def bucket_counts(
     def per_batch(*element):
         ids = fn(element[0] if len(element) == 1 else element)
         # (features, labels, sample_weight): weight-0 examples (fixed-shape padding) are absent, not counted.
-        present = _present(element[2]) if len(element) == 3 else None
-        return {name: _distinct_counts(ids[name], int(size), present) for name, size in vocabulary_sizes.items()}
+        weights = element[2] if len(element) == 3 else None
+        present = _present(weights) if weights is not None else None
+        return {
+            name: _distinct_counts(_real_unit_rows(ids[name], weights), int(size), present)
+            for name, size in vocabulary_sizes.items()
+        }
 
     totals = {name: np.zeros(int(size), np.int64) for name, size in vocabulary_sizes.items()}
     for batch in dataset.map(per_batch).as_numpy_iterator():
