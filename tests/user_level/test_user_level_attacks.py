@@ -24,7 +24,8 @@ from front_ends.front_ends import mechanism
 
 from tfdp_embed import mechanisms
 from tfdp_embed.accounting.report import privacy_report
-from tfdp_embed.data import poisson_batches, poisson_user_batches
+from tfdp_embed.accounting.report_text import format_report
+from tfdp_embed.data import poisson_batches, poisson_user_batches, with_lookahead
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.mechanisms.adafest import contribution_map
 from tfdp_embed.mechanisms.topk_selection import bucket_counts
@@ -187,6 +188,8 @@ def test_d_user_level_accounting_is_example_level_accounting_over_units(fe):
         "add-or-remove-one-example",
     )
     assert "max_examples_per_unit" not in example
+    assert f"privacy unit       user: 5 users, at most {K} examples per user per step" in format_report(user)
+    assert "privacy unit" not in format_report(example)
     with pytest.raises(ValueError, match="sampled per user") as error:
         privacy_report(
             mechanism=dp.mechanism,
@@ -259,3 +262,22 @@ def test_e_a_rule_not_marked_for_the_unit_axis_is_refused_in_one_line(fe):
     with pytest.raises(PrivacyContractError) as error:
         dp.fit(batches, epochs=1, verbose=0)
     assert "not verified exact over the unit axis" in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("fe", ["keras2"], indirect=True)  # lookahead: tf-keras' DPModel only
+def test_b_lazy_dp_with_lookahead_on_user_batches_is_non_private_training(fe):
+    examples, users = skewed_rows()
+    batches, info = poisson_user_batches(examples, user_ids=users, max_examples_per_user=40, sampling_probability=1.0)
+    model = unit_model(fe, k=40)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(examples[1], row_logits(model, examples[0])))
+    expected = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, variables(model))]
+    before = [v.numpy().copy() for v in variables(model)]
+    lazy = _mechanism("LazyDP", clip=1e9, sigma=0.0)
+    dp = fe.DPModel(model, mechanism=lazy, expected_batch_size=info.expected_batch_size, lookahead=True)
+    dp.compile(optimizer=fe.sgd(1.0), loss=bce(fe))
+    dp.fit(with_lookahead(batches, lambda ids: {"items": ids}), epochs=1, verbose=0)
+    assert dp.batching.info.privacy_unit == "user"
+    lazy.flush()
+    for e, b, v in zip(expected, before, variables(model)):
+        np.testing.assert_allclose((b - v.numpy()) * info.expected_batch_size, e, rtol=2e-4, atol=2e-6)

@@ -10,6 +10,10 @@
     noise multiplier   0.6286; clip norm 1
     sampling           poisson (verified), q = 0.0128, expected batch 256 of N = 20000
     steps              78 (0.998 epochs)
+
+A user-level run (`poisson_user_batches`) adds, after sampling:
+
+    privacy unit       user: 943 users, at most 32 examples per user per step
     caveats:
       - ...
 
@@ -62,6 +66,7 @@ def _privacy_lines(report: Mapping) -> list:
         ("accountant", str(report.get("accountant", "n/a")).upper()),
         ("noise multiplier", _noise(report)),
         ("sampling", _sampling(report)),
+        ("privacy unit", _user_unit(report)),
         ("steps", _steps(report)),
         ("composition", report.get("composition")),
         ("assumptions", "; ".join(assumptions) if assumptions else None),
@@ -110,6 +115,16 @@ def _sampling(report: Mapping) -> str:
         n = f"N~ = {report['dataset_size']} (N released with DP)" if released else f"N = {report['dataset_size']}"
         text += f", expected batch {_number(report['expected_batch_size'])} of {n}"
     return text
+
+
+def _user_unit(report: Mapping) -> str | None:
+    """The unit line of a user-level report (N, q and the batch are then in users); None otherwise."""
+    if report.get("max_examples_per_unit") is None:
+        return None
+    return (
+        f"{report.get('privacy_unit')}: {report.get('num_units')} users, at most "
+        f"{report['max_examples_per_unit']} examples per user per step"
+    )
 
 
 def _steps(report: Mapping) -> str:
