@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import types
 
+import dp_accounting
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -28,6 +29,7 @@ from tfdp_embed.accounting.report_text import format_report
 from tfdp_embed.data import poisson_batches, poisson_user_batches, with_lookahead
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.mechanisms.adafest import contribution_map
+from tfdp_embed.mechanisms.capabilities import MechanismCapabilities
 from tfdp_embed.mechanisms.topk_selection import bucket_counts
 
 from .units import (
@@ -43,7 +45,7 @@ from .units import (
     variables,
 )
 
-USER_LEVEL = ["DenseDPSGD", "LazyDP", "EANA", "DPAdaFEST", "DPFEST"]
+USER_LEVEL = ["DenseDPSGD", "LazyDP", "EANA", "DPAdaFEST", "DPFEST", "DPAdaFESTPlus"]
 CLIP = 0.05  # binding: every user's and every row's gradient is larger
 
 
@@ -53,6 +55,18 @@ def _mechanism(name: str, *, clip: float, sigma: float, seed: int = 1):
         counts = {"items": np.ones(VOCAB)}
         common = dict(l2_norm_clip=clip, noise_multiplier=sigma, seed=seed, selection_epsilon=1.0, top_k=VOCAB)
         return mechanisms.DPFEST(**common, counts=counts, counts_unit="user")
+    if name == "DPAdaFESTPlus":  # every row selected; a stand-in selection event, counted per user
+        return mechanisms.DPAdaFESTPlus(
+            l2_norm_clip=clip,
+            noise_multiplier=sigma,
+            seed=seed,
+            selected_rows={"items": range(VOCAB)},
+            selection_event=dp_accounting.LaplaceDpEvent(100.0),
+            contribution_clip=1.0,
+            contribution_noise_multiplier=1e-3,
+            threshold=0.1,
+            counts_unit="user",
+        )
     return mechanism(name, clip=clip, sigma=sigma, seed=seed, vocabulary=VOCAB)
 
 
@@ -203,16 +217,24 @@ def test_d_user_level_accounting_is_example_level_accounting_over_units(fe):
     assert "\n" not in str(error.value)
 
 
-def test_e_a_mechanism_not_exact_per_user_is_refused_in_one_line(fe):
+class _Undeclared(mechanisms.DenseDPSGD):
+    """A sixth mechanism that does not declare `user_level` (capabilities are never inherited by name)."""
+
+    capabilities = MechanismCapabilities()
+
+
+def test_e_a_mechanism_not_declaring_user_level_is_refused_in_one_line(fe):
     with pytest.raises(PrivacyContractError) as error:
-        _fit_user_level(fe, mechanism("DPAdaFESTPlus", clip=1.0, sigma=1.1))  # its rows: counts per example
+        _fit_user_level(fe, _Undeclared(l2_norm_clip=1.0, noise_multiplier=1.1, seed=1))
     assert "does not support privacy_unit='user'" in str(error.value) and "\n" not in str(error.value)
 
 
-def test_e_a_selection_counted_per_example_is_refused_in_one_line(fe):
+@pytest.mark.parametrize("name", ["DPFEST", "DPAdaFESTPlus"])
+def test_e_a_selection_counted_per_example_is_refused_in_one_line(fe, name):
+    per_example = _mechanism(name, clip=1.0, sigma=1.1)
+    per_example.counts_unit = "example"  # as built without counts_unit
     with pytest.raises(PrivacyContractError) as error:
-        common = dict(l2_norm_clip=1.0, noise_multiplier=1.1, seed=1, selection_epsilon=1.0, top_k=VOCAB)
-        _fit_user_level(fe, mechanisms.DPFEST(**common, counts={"items": np.ones(VOCAB)}))  # counts per example
+        _fit_user_level(fe, per_example)
     assert "counts per example" in str(error.value) and "counts_unit='user'" in str(error.value)
     assert "\n" not in str(error.value)
 

@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from tfdp_embed.mechanisms.adafest import DPAdaFEST
 from tfdp_embed.mechanisms.capabilities import ALL_STRATEGIES, MechanismCapabilities
-from tfdp_embed.mechanisms.fest import refuse_scored_tables
+from tfdp_embed.mechanisms.fest import COUNTS_UNITS, refuse_scored_tables
 
 
 def _as_rows(name: str, rows) -> np.ndarray:
@@ -68,6 +68,9 @@ class DPAdaFESTPlus(DPAdaFEST):
       l2_norm_clip, noise_multiplier, contribution_clip,
       contribution_noise_multiplier, threshold, seed: as `DPAdaFEST` (`threshold`
         may map each table name to its own tau).
+      counts_unit: what the selection's counts counted, as `DPFEST`'s: "example" or "user" (each user's
+        distinct ids once); only a selection counted per user (or from public data) trains on
+        user-level batches.
 
     Tables read by a data-independent scoring computation (a candidate tower
     over the catalogue, a full softmax) are refused at the first step: the
@@ -84,7 +87,12 @@ class DPAdaFESTPlus(DPAdaFEST):
 
     name = "adafest+"
     capabilities = MechanismCapabilities(
-        strategies=ALL_STRATEGIES, tpu=True, one_off_events=True, mixed_precision=True, noised_rows="thresholded"
+        strategies=ALL_STRATEGIES,
+        tpu=True,
+        one_off_events=True,
+        mixed_precision=True,
+        noised_rows="thresholded",
+        user_level=True,
     )
 
     def __init__(
@@ -98,6 +106,7 @@ class DPAdaFESTPlus(DPAdaFEST):
         contribution_noise_multiplier: float,
         threshold: float | Mapping[str, float],
         seed: int | None = None,
+        counts_unit: str = "example",
     ):
         super().__init__(
             l2_norm_clip=l2_norm_clip,
@@ -117,6 +126,9 @@ class DPAdaFESTPlus(DPAdaFEST):
                 "(dp_accounting.NoOpDpEvent() only for a selection made from public data); "
                 f"received {selection_event!r}."
             )
+        if counts_unit not in COUNTS_UNITS:
+            raise ValueError(f"`counts_unit` must be one of {COUNTS_UNITS}; received {counts_unit!r}.")
+        self.counts_unit = counts_unit
         self.selection_event = selection_event
         self.selection_epsilon: float | None = None  # pure-DP eps1, when known
         self._selected_rows = {str(k): _as_rows(str(k), v) for k, v in selected_rows.items()}
@@ -220,6 +232,11 @@ class DPAdaFESTPlus(DPAdaFEST):
         return self._selected[index]
 
     # -- accounting and reporting ------------------------------------------
+    @property
+    def selection_unit(self) -> str | None:
+        """The unit of the selection's counts (`counts_unit`); None for a selection from public data."""
+        return None if isinstance(self.selection_event, dp_accounting.NoOpDpEvent) else self.counts_unit
+
     def setup_event(self) -> dp_accounting.DpEvent:
         """The DP-FEST selection's cost, spent once before training."""
         return self.selection_event
