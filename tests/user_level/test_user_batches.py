@@ -85,6 +85,15 @@ def test_the_batches_carry_their_user_level_batching():
     assert details["num_examples"] == 5 and details["num_rows"] == 51 and details["sampler"] == "in_memory_users"
 
 
+def test_users_per_batch_cap_is_counted():
+    examples, users = skewed_rows(counts=(2,) * 30)
+    batches, info = poisson_user_batches(
+        examples, user_ids=users, max_examples_per_user=2, sampling_probability=0.5, max_batch_size=10, seed=4
+    )
+    sizes = [int(weight.shape[0]) for _, _, weight in batches.repeat(20)]
+    assert max(sizes) == 10 and info.report()["truncated_batches"] > 0  # Binomial(30, 0.5) > 10 almost always
+
+
 def _one_line(error) -> str:
     text = str(error.value)
     assert "\n" not in text, text

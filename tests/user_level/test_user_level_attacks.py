@@ -31,6 +31,7 @@ from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.mechanisms.adafest import contribution_map
 from tfdp_embed.mechanisms.capabilities import MechanismCapabilities
 from tfdp_embed.mechanisms.topk_selection import bucket_counts
+from tfdp_embed.planning.plan import plan_run
 
 from .units import (
     VOCAB,
@@ -303,3 +304,18 @@ def test_b_lazy_dp_with_lookahead_on_user_batches_is_non_private_training(fe):
     lazy.flush()
     for e, b, v in zip(expected, before, variables(model)):
         np.testing.assert_allclose((b - v.numpy()) * info.expected_batch_size, e, rtol=2e-4, atol=2e-6)
+
+
+def test_d_a_plan_over_users_trains_and_reports_in_users(fe):
+    # plan_run reads q and N (users) from the sampler's info; the budget's ledger gives the report's epsilon.
+    examples, users = skewed_rows()
+    batches, info = poisson_user_batches(examples, user_ids=users, max_examples_per_user=K, sampling_probability=0.4)
+    plan = plan_run("dense", target_epsilon=8.0, target_delta=1e-5, batching=info, epochs=2, accountant="rdp")
+    dp = fe.DPModel(unit_model(fe), plan=plan)
+    assert dp.expected_batch_size == pytest.approx(0.4 * 5)  # q U users
+    dp.compile(optimizer=fe.sgd(0.1), loss=bce(fe))
+    budget = plan.budget()
+    dp.fit(batches, epochs=2, verbose=0, callbacks=[budget])
+    report = plan.report(dp_model=dp, ledger=budget.ledger)
+    assert (report["privacy_unit"], report["num_units"], report["max_examples_per_unit"]) == ("user", 5, K)
+    assert report["epsilon"] <= 8.0 and report["adjacency"] == "add-or-remove-one-user"
