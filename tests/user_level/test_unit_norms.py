@@ -72,3 +72,17 @@ def test_dp_step_clips_each_users_summed_gradient(fe, clip):
     got = dp_step_sum(fe, model, batch, mechanism("DenseDPSGD", clip=clip, sigma=0.0))
     for e, g in zip(expected, got):
         np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-6)
+
+
+def test_keras3_weights_each_row_of_a_unit_before_the_mean():
+    # Keras 3's per-example loss: weights [users, k] weight each row, then the mean over k (x k = the sum).
+    from tfdp_embed.keras3.per_example_loss import per_example_loss_fn
+
+    loss = per_example_loss_fn(lambda y, p: tf.square(y - p)[..., 0])  # [users, k]
+    y, p = tf.zeros([2, 3, 1]), tf.constant([[[1.0], [2.0], [3.0]], [[1.0], [1.0], [1.0]]])
+    weight = tf.constant([[3.0, 3.0, 0.0], [3.0, 0.0, 0.0]])
+    np.testing.assert_allclose(loss(y, p, weight).numpy(), [1.0 + 4.0, 1.0])  # padding (weight 0) adds nothing
+    np.testing.assert_allclose(loss(y, p, tf.constant([1.0, 2.0])).numpy(), [14.0 / 3, 2.0])  # one per example
+    reduced = per_example_loss_fn(lambda y, p: tf.reduce_sum(tf.square(y - p), [1, 2]))  # [users]: no rows left
+    with pytest.raises(ValueError, match="need a loss with a value per position"):
+        reduced(y, p, weight)

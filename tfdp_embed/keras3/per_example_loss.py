@@ -58,6 +58,11 @@ def _weights_like(sample_weight, values):
     """
     weights = tf.cast(sample_weight, values.dtype)
     if weights.shape.rank is not None and weights.shape.rank >= 2 and weights.shape[-1] != 1:
+        if weights.shape.rank > values.shape.rank:
+            raise ValueError(
+                f"Sample weights of shape {weights.shape} (one per position) need a loss with a value per position; "
+                f"the loss returned shape {values.shape}."
+            )
         while weights.shape.rank < values.shape.rank:
             weights = tf.expand_dims(weights, -1)
         return weights
