@@ -276,6 +276,8 @@ def _is_pooled(layer, call) -> bool:
     ids = call_inputs(layer, call)
     if isinstance(ids, tf.Tensor) and ids.shape.rank == 3:  # user units [batch, k, n]: one row per (unit, row)
         return False
+    if isinstance(ids, tf.RaggedTensor) and ids.ragged_rank == 2:  # user units [batch, k, None]: the same
+        return False
     return layer.combiner is not None or (isinstance(ids, tf.Tensor) and ids.shape.rank == 1)
 
 

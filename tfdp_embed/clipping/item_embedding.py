@@ -67,8 +67,10 @@ def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: 
     table = layer.embeddings
     dtype = table.dtype.base_dtype
     dim, rows = layer.output_dim, layer.vocabulary_size
-    queries = tf.stack([tf.cast(call_inputs(layer, c), dtype) for c, _ in scoring], 1)
-    logit_grads = tf.stack([tf.cast(g, dtype) for _, g in scoring], 1)  # [B, A, n]
+    # A call's queries [B, d] are one scoring row per example; user units [B, k, d] are k rows of the unit:
+    # the Gram form below sums over all of them, so a user's norm is that of its summed gradient.
+    queries = tf.concat([_rows_of(tf.cast(call_inputs(layer, c), dtype)) for c, _ in scoring], 1)  # [B, A, d]
+    logit_grads = tf.concat([_rows_of(tf.cast(g, dtype)) for _, g in scoring], 1)  # [B, A, n]
     squared = _scoring_squared_norms(queries, logit_grads)
     batch_size = tf.shape(queries, out_type=tf.int64)[0]
     occurrences, lookup_rows, lookup_examples, lookup_vectors = _lookup_block(layer, lookups, dtype)
@@ -99,6 +101,11 @@ def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: 
         shared_rows=tf.range(1, rows, dtype=tf.int64),
         rows_from_lookups=True,  # rows 1..n are shared; row 0 only if a lookup read it
     )
+
+
+def _rows_of(values: tf.Tensor) -> tf.Tensor:
+    """`[B, d]` -> `[B, 1, d]`; user units `[B, k, d]` as they are."""
+    return values[:, None, :] if values.shape.rank == 2 else values
 
 
 def _refuse_shared_calls(layer: DPEmbedding, taps: LayerTaps) -> None:
@@ -161,6 +168,8 @@ def _add_lookup_squared_norms(squared, queries, logit_grads, lookup_rows, lookup
 # Lookups in a candidate tower; refused with scoring.
 item_embedding_gradients.supports_shared_calls = True  # type: ignore[attr-defined]
 item_embedding_gradients.shared_factored = "leaf"  # type: ignore[attr-defined]
+# Exact over a unit axis (queries [users, k, d] are k scoring rows of one user): tests/user_level/test_two_tower_units.py.
+item_embedding_gradients.handles_unit_axis = True  # type: ignore[attr-defined]
 
 
 __all__ = ["item_embedding_gradients"]

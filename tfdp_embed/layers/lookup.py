@@ -195,10 +195,12 @@ class EmbeddingLookup:
         if isinstance(ids, tf.SparseTensor):
             ids = tf.RaggedTensor.from_sparse(ids)
         if isinstance(ids, tf.RaggedTensor):
+            if _is_ragged_units(ids):
+                return self._ragged_unit_occurrences(ids)
             if ids.ragged_rank != 1:
                 raise ValueError(
-                    f"DPEmbedding {self.name!r} takes ragged ids of shape [batch, None]; "
-                    f"received ragged_rank {ids.ragged_rank}."
+                    f"DPEmbedding {self.name!r} takes ragged ids of shape [batch, None] (or, for user units, "
+                    f"[batch, k, None] with a uniform k); received ragged_rank {ids.ragged_rank}."
                 )
             self._require_combiner("ragged or sparse ids")
             flat = ids.flat_values
@@ -259,6 +261,25 @@ class EmbeddingLookup:
             batch_size=batch,
         )
 
+    def _ragged_unit_occurrences(self, ids: tf.RaggedTensor) -> EmbeddingOccurrences:
+        """Ragged ids `[batch, k, None]` (k uniform): one pooled output row per (unit, row), owned by its unit.
+
+        A row with no ids (a padding row of a user with fewer than k rows) has no occurrence.
+        """
+        self._require_combiner("ragged ids")
+        rows = ids.values  # [batch * k, None]
+        flat = rows.flat_values
+        segments = tf.cast(rows.value_rowids(), tf.int32)
+        weights = self._combiner_weights(tf.gather(tf.cast(rows.row_lengths(), tf.float32), segments))
+        return EmbeddingOccurrences(
+            ids=flat,
+            segments=segments,
+            weights=weights,
+            num_segments=tf.cast(rows.nrows(), tf.int32),
+            segment_examples=tf.cast(ids.value_rowids(), tf.int32),
+            batch_size=tf.cast(ids.nrows(), tf.int32),
+        )
+
     def _require_combiner(self, what: str) -> None:
         if self.combiner is None:
             raise ValueError(
@@ -303,6 +324,8 @@ class EmbeddingLookup:
                 hook(flat)
             else:
                 read = tf.cast(read, self.embeddings.dtype)
+        if isinstance(ids, tf.RaggedTensor) and _is_ragged_units(ids):
+            return self._pool_ragged_units(ids, read)
         if isinstance(ids, tf.RaggedTensor):
             self._require_combiner("ragged or sparse ids")
             # ragged [batch, None, dim]
@@ -337,6 +360,34 @@ class EmbeddingLookup:
             return tf.reduce_mean(rows, axis=axis)
         n = tf.cast(tf.shape(ids)[axis], rows.dtype)
         return tf.reduce_sum(rows, axis=axis) * tf.math.rsqrt(n)
+
+    def _pool_ragged_units(self, ids: tf.RaggedTensor, read):
+        """`[batch, k, dim]` pooled rows of ragged ids `[batch, k, None]`; a row with no ids pools to zeros."""
+        self._require_combiner("ragged ids")
+        rows = ids.values  # [batch * k, None]
+        if read is None:
+            with self._own_read():
+                vectors = tf.gather(self.embeddings, rows.flat_values)
+        else:
+            vectors = read
+        segments = rows.value_rowids()
+        lengths = tf.cast(rows.row_lengths(), vectors.dtype)
+        weights = tf.gather(self._combiner_weights(lengths), segments)  # mean: 1 / max(length, 1)
+        pooled = tf.math.unsorted_segment_sum(vectors * weights[:, None], segments, rows.nrows())
+        k = tf.cast(ids.uniform_row_length, tf.int32)
+        pooled = tf.reshape(pooled, tf.stack([-1, k, self.output_dim]))
+        pooled.set_shape([None, tf.get_static_value(ids.uniform_row_length), self.output_dim])
+        return pooled
+
+
+def _is_ragged_units(ids) -> bool:
+    """Ragged ids `[batch, k, None]` with a uniform k: the rows of user units (`poisson_user_batches`)."""
+    return (
+        isinstance(ids, tf.RaggedTensor)
+        and ids.ragged_rank == 2
+        and ids.uniform_row_length is not None
+        and isinstance(ids.values, tf.RaggedTensor)
+    )
 
 
 @contextlib.contextmanager

@@ -94,10 +94,15 @@ class HistoryEmbedding(DPEmbedding):
 
     def _drop_padding(self, ids):
         ids = tf.convert_to_tensor(ids)
+        if ids.shape.rank == 3:  # user units [users, k, L]: ragged [users, k, None]; a padding row has no ids
+            k = ids.shape[1] if ids.shape[1] is not None else tf.shape(ids, out_type=tf.int64)[1]
+            flat = tf.reshape(ids, [-1, tf.shape(ids)[2]])
+            rows = tf.ragged.boolean_mask(flat, tf.not_equal(flat, tf.cast(self.padding_id, ids.dtype)))
+            return tf.RaggedTensor.from_uniform_row_length(rows, k)
         if ids.shape.rank != 2:
             raise ValueError(
-                f"HistoryEmbedding {self.name!r} takes padded histories of shape [batch, length]; "
-                f"received shape {ids.shape}."
+                f"HistoryEmbedding {self.name!r} takes padded histories of shape [batch, length] (or, for user "
+                f"units, [users, k, length]); received shape {ids.shape}."
             )
         real = tf.not_equal(ids, tf.cast(self.padding_id, ids.dtype))
         check = tf.debugging.Assert(
@@ -161,14 +166,14 @@ class ItemEmbedding(DPEmbedding):
         return super().call(inputs)
 
     def _all_item_logits(self, queries):
-        if queries.shape.rank != 2 or (queries.shape[-1] is not None and queries.shape[-1] != self.output_dim):
+        if queries.shape.rank not in (2, 3) or (queries.shape[-1] is not None and queries.shape[-1] != self.output_dim):
             raise ValueError(
-                f"ItemEmbedding {self.name!r} scores float queries of shape [batch, {self.output_dim}]; "
-                f"received shape {queries.shape}."
+                f"ItemEmbedding {self.name!r} scores float queries of shape [batch, {self.output_dim}] (or, for "
+                f"user units, [users, k, {self.output_dim}]); received shape {queries.shape}."
             )
         if self.read_hook is not None:  # every item row is read
             self.read_hook(tf.range(1, self.vocabulary_size, dtype=tf.int64))
-        return tf.matmul(queries, tf.cast(self.candidates(), queries.dtype), transpose_b=True)
+        return tf.einsum("...d,nd->...n", queries, tf.cast(self.candidates(), queries.dtype))
 
     def occurrences(self, ids, *, check_range: bool = True):
         ids_tensor = ids if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else tf.convert_to_tensor(ids)
@@ -289,11 +294,27 @@ class TwoTowerModel(tfrs.Model):
         return tf.gather(log_p, labels - 1, batch_dims=1)
 
     def compute_loss(self, inputs, training: bool = False) -> tf.Tensor:
-        """Per-example softmax cross-entropy over all items, `[batch]` (one loss per example)."""
+        """Per-example softmax cross-entropy over all items, `[batch]` (one loss per example).
+
+        User units (`poisson_user_batches`, contexts `[users, k, L]`, labels `[users, k]`, label 0 on
+        padding rows): one loss per user, the sum of its real rows' losses (padding rows add 0).
+        """
         contexts, labels = inputs
+        if tf.convert_to_tensor(contexts).shape.rank == 3:
+            return self._unit_loss(contexts, labels, training)
         labels = self._checked_labels(labels)
         logits = self(contexts, training=training)
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels - 1, logits=logits)
+
+    def _unit_loss(self, contexts, labels, training) -> tf.Tensor:
+        """sum_{r < k} [label_ur != 0] CE(logits_ur, label_ur), `[users]`."""
+        labels = tf.cast(labels, tf.int64)
+        real = tf.not_equal(labels, PADDING_ID)
+        checked = self._checked_labels(tf.boolean_mask(labels, real))  # the real rows' labels in range
+        with tf.control_dependencies([checked]):
+            logits = self(contexts, training=training)  # [users, k, num_items]
+        per_row = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.maximum(labels, 1) - 1, logits=logits)
+        return tf.reduce_sum(tf.where(real, per_row, tf.zeros_like(per_row)), axis=1)
 
 
 __all__ = [
