@@ -319,3 +319,18 @@ def test_d_a_plan_over_users_trains_and_reports_in_users(fe):
     report = plan.report(dp_model=dp, ledger=budget.ledger)
     assert (report["privacy_unit"], report["num_units"], report["max_examples_per_unit"]) == ("user", 5, K)
     assert report["epsilon"] <= 8.0 and report["adjacency"] == "add-or-remove-one-user"
+
+
+@pytest.mark.parametrize("fe", ["keras2"], indirect=True)
+def test_e_user_level_batches_under_a_mirrored_strategy_are_refused_in_one_line(fe):
+    """Per-user clipping across replicas is untested: refused, not run (Keras 3 refuses every strategy)."""
+    examples, users = skewed_rows()
+    batches, info = poisson_user_batches(
+        examples, user_ids=users, max_examples_per_user=K, sampling_probability=0.4, seed=2
+    )
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        dp = fe.dp_model(unit_model(fe), _mechanism("DenseDPSGD", clip=1.0, sigma=1.1), batch=2, loss=bce(fe))
+    with pytest.raises(PrivacyContractError) as error:
+        dp.fit(batches, epochs=1, verbose=0)
+    assert "tf.distribute strategy" in str(error.value) and "\n" not in str(error.value)

@@ -36,16 +36,21 @@ def unit_of(fed) -> str:
     return getattr(info, "privacy_unit", "example") if info is not None else "example"
 
 
-def check_unit_batches(fed, *, mechanism, tapped_layers, registry) -> None:
+def check_unit_batches(fed, *, mechanism, tapped_layers, registry, distributed: bool = False) -> None:
     """Refuses user-level batches for a mechanism or a layer rule not exact per user; nothing for example batches.
 
     Raises:
-      PrivacyContractError: the mechanism does not declare `user_level`, or a
+      PrivacyContractError: `distributed` (a strategy with replicas or workers), the mechanism does not declare `user_level`, or a
         layer's clipping rule is not marked `handles_unit_axis`.
     """
     unit = unit_of(fed)
     if unit == "example":
         return
+    if distributed:  # the front end's answer: a strategy other than the default or one device
+        raise PrivacyContractError(
+            f"privacy_unit={unit!r} batches under a tf.distribute strategy are not supported yet (per-user "
+            "clipping across replicas is untested): train user-level runs on one device."
+        )
     if not capabilities_of(mechanism).user_level:
         raise PrivacyContractError(
             f"Mechanism {mechanism.name!r} does not support privacy_unit={unit!r} batches (its per-example "

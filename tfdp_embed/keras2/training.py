@@ -281,6 +281,7 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
             mechanism=self.mechanism,
             tapped_layers=self._tapped_layers,
             registry=self.registry,
+            distributed=distribute.strategy_kind(self.distribute_strategy) != distribute.DEFAULT,
         )
         self._loss_scale = mixed_precision.loss_scale(self.inner, self.optimizer)
         self._tables = [layer for layer in self._tapped_layers if isinstance(layer, DPEmbedding)]
