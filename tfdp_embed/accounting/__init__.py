@@ -18,6 +18,7 @@ from tfdp_embed.accounting.calibration import (
 )
 from tfdp_embed.accounting.dataset_size import ReleasedDatasetSize, release_dataset_size
 from tfdp_embed.accounting.events import EventSource, accountable_event
+from tfdp_embed.accounting.group_privacy import group_epsilon
 from tfdp_embed.accounting.ledger import PrivacyLedger
 from tfdp_embed.accounting.one_off_releases import (
     calibrate_noise_multiplier_with_releases,
@@ -52,6 +53,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "group_epsilon",
     "AccountingPeriod",
     "BudgetTracker",
     "EventSource",
