@@ -1,27 +1,35 @@
-"""Two-tower retrieval with item features: recall@10 and step time of the DP Retrieval task vs TFRS in-batch.
+"""Two-tower retrieval with item features: recall@10 and step time of the DP Retrieval task vs TFRS and popularity.
 
-    python -m benchmarks.retrieval [--epochs 2] [--batch-size 512]
-        [--dp-runs none:full,lazy:full,none:sampled,lazy:sampled,adafest:sampled] [--interleaved-steps 40]
+    python -m benchmarks.retrieval [--epsilon 3] [--epochs 12] [--batch-size 512]
+        [--dp-runs none:full,lazy:full,none:sampled,lazy:sampled,adafest:sampled]
+        [--tune-learning-rates 0.02,0.05,0.1,0.2] [--tune-max-epochs 8] [--interleaved-steps 40]
 
 Part 1, ml-100k (one process, one run after another): a TFRS user's two-tower
 (user-id table + Dense; item tower = movie-id `DPEmbedding` subclass +
-multi-valued genre table + Dense over the catalogue) trained
+multi-valued genre table + Dense over the catalogue), and
 
-* without privacy with `tfrs.tasks.Retrieval` (in-batch negatives, Adagrad,
-  as in the TFRS tutorial): the baseline;
-* with DP (`DPModel`, Poisson batches, legacy SGD, fixed sigma) and
-  `tfdp_embed.keras2.retrieval.Retrieval`: full softmax and sampled softmax
-  (uniform data-independent negatives, log-Q), under LazyDP or DP-AdaFEST
-  (`--dp-runs`);
-* the same model, task and SGD through `DPModel` with `NonPrivate`
-  (`none:full`, `none:sampled`): the control each DP step is divided by.
+* the most popular movies of the training split (`retrieval_baselines.popularity_row`);
+* the two-tower without privacy with `tfrs.tasks.Retrieval` (in-batch
+  negatives, Adagrad), tuned on a validation split carved from the training
+  ratings (`retrieval_baselines.tune_tfrs`: each `--tune-learning-rates`,
+  with and without TFRS' log-Q correction, epochs 1..`--tune-max-epochs`;
+  `--tune-learning-rates ''` runs the tutorial's setting instead);
+* with DP (`DPModel`, Poisson batches, sigma calibrated per mechanism for
+  `--epsilon`, RDP, delta 1/N) and `tfdp_embed.keras2.retrieval.Retrieval`:
+  full softmax and sampled softmax (uniform data-independent negatives,
+  log-Q), under LazyDP or DP-AdaFEST (`--dp-runs`), trained with the
+  library's `RetrievalRecipe` (SGD, cosine decay, epochs, batch);
+* the same model, task and recipe through `DPModel` with `NonPrivate`
+  (`none:full`, `none:sampled`): the control each DP run's recall@10 (the
+  DP gap, the cost of the noise) and step time are compared with.
 
-Each run reports recall@10 / recall@50 over all movies on a random 20 % of
-the ratings (the same ranking code for every run), the median step time
-after warm-up, the wall time and epsilon. Then the LazyDP and the
-non-private step of the same sampled-softmax model run alternately for
-`--interleaved-steps` steps (`benchmarks.retrieval_step`): the DP ÷
-non-private ratio with both under the same load.
+Each run reports recall@10 / recall@50 on a random 20 % of the ratings
+(the same ranking code for every run, `retrieval_baselines.ranked_recall`),
+over all movies and over the movies the user did not rate in training,
+the median step time after warm-up, the wall time and epsilon. Then the
+LazyDP and the non-private step of the same sampled-softmax model run
+alternately for `--interleaved-steps` steps (`benchmarks.retrieval_step`):
+the DP ÷ non-private ratio with both under the same load.
 
 Part 2, a synthetic catalogue of `--synthetic-items` (10^6) items: median
 LazyDP step time of the sampled softmax and of the full softmax at
@@ -53,10 +61,10 @@ import warnings
 import numpy as np
 
 from benchmarks import outputs
+from benchmarks import retrieval_baselines as baselines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA = os.path.join(ROOT, "..", "shared", "data", "movielens", "ml-100k")
-KS = (10, 50)
 WARMUP_STEPS = 5
 
 
@@ -131,29 +139,6 @@ def dp_model(towers, catalogue: dict, negatives):
     return Model()
 
 
-def in_batch_model(towers, catalogue: dict):
-    """The non-private TFRS baseline: `tfrs.tasks.Retrieval` (in-batch negatives)."""
-    import tensorflow_recommenders as tfrs
-
-    from tfdp_embed import tf
-
-    user_model, movie_model = towers
-    rows = {key: value for key, value in catalogue.items()}
-    index = {int(m): i for i, m in enumerate(catalogue["movie_id"])}
-
-    class Model(tfrs.Model):
-        def __init__(self):
-            super().__init__()
-            self.user_model, self.movie_model = user_model, movie_model
-            self.task = tfrs.tasks.Retrieval()
-
-        def compute_loss(self, features, training=False):
-            positives = tf.nest.map_structure(lambda t: tf.gather(t, features["row"]), rows)
-            return self.task(self.user_model(features["user_id"]), self.movie_model(positives))
-
-    return Model(), index
-
-
 # -- measuring -------------------------------------------------------------------
 def step_timer():
     from tfdp_embed import keras
@@ -177,23 +162,6 @@ def median_ms(times) -> float | None:
     return 1e3 * float(np.median(kept)) if kept else None
 
 
-def recall(user_model, movie_model, catalogue: dict, test: dict) -> dict:
-    """recall@k over every movie, ties counted against the positive (as `tfdp_embed.keras2.retrieval.top_k`)."""
-    from tfdp_embed import tf
-
-    candidates = tf.convert_to_tensor(movie_model(catalogue)).numpy()
-    queries = tf.convert_to_tensor(user_model(test["user_id"])).numpy()
-    rows = test["movie_id"] - 1
-    hits = {k: 0 for k in KS}
-    for start in range(0, len(rows), 4096):
-        scores = queries[start : start + 4096] @ candidates.T
-        positive = scores[np.arange(scores.shape[0]), rows[start : start + 4096]][:, None]
-        ranks = np.sum(scores > positive, axis=1) + np.sum(scores == positive, axis=1) - 1
-        for k in KS:
-            hits[k] += int(np.sum(ranks < k))
-    return {f"recall@{k}": hits[k] / len(rows) for k in KS}
-
-
 # -- ml-100k runs ----------------------------------------------------------------
 def mechanism(name: str, sigma: float, seed: int, taus: dict):
     from tfdp_embed import mechanisms
@@ -214,21 +182,46 @@ def mechanism(name: str, sigma: float, seed: int, taus: dict):
     raise ValueError(f"--dp-runs: unknown mechanism {name!r}; choose from none, lazy, adafest.")
 
 
-def run_dp(data, catalogue, args, *, name: str, negatives) -> dict:
-    from tfdp_embed import DPModel, keras
+def planned_mechanism(name: str, args, q: float, steps: int):
+    """The mechanism at sigma calibrated for `--epsilon` (RDP, delta 1/N) over `steps` steps, or at `--noise-multiplier`."""
+    from tfdp_embed import plan_run
+
+    taus = {"user_id": args.tau_user, "movie_id": args.tau_movie, "genres": args.tau_genres}
+    if name == "none" or not args.epsilon:
+        return mechanism(name, args.noise_multiplier, args.seed, taus)
+    options = {"contribution_clip": 1.0, "threshold": taus} if name == "adafest" else {}
+    run = {"sampling_probability": q, "steps": steps, "target_delta": q / args.batch_size, "accountant": "rdp"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DP-AdaFEST's density warning is recorded by the run itself
+        return plan_run(name, target_epsilon=args.epsilon, seed=args.seed, **run, **options).mechanism
+
+
+def recipe(args):
+    """The library's `RetrievalRecipe` at this run's flags (its defaults unless a flag says otherwise)."""
+    from tfdp_embed.keras2.retrieval.recipe import RetrievalRecipe
+
+    return RetrievalRecipe(
+        num_negatives=args.negatives,
+        learning_rate=args.dp_learning_rate,
+        cosine_decay=args.cosine_decay,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+    )
+
+
+def run_dp(data, catalogue, args, seen, *, name: str, negatives) -> dict:
+    from tfdp_embed import DPModel
     from tfdp_embed.data import poisson_batches
     from tfdp_embed.keras2.callbacks import PrivacyBudget
 
-    keras.utils.set_random_seed(args.seed)
-    towers = build_towers(data["num_users"], len(data["movie_ids"]), 19, args.dim)
+    towers = baselines.fresh_towers(data, args)
     model = dp_model(towers, catalogue, negatives)
-    taus = {"user_id": args.tau_user, "movie_id": args.tau_movie, "genres": args.tau_genres}
-    mech = mechanism(name, args.noise_multiplier, args.seed, taus)
-    dp = DPModel(model, mechanism=mech, expected_batch_size=args.batch_size)
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(args.dp_learning_rate))
     n = len(data["train"]["user_id"])
     q = args.batch_size / n
     batches, _ = poisson_batches(data["train"], sampling_probability=q, seed=args.seed)
+    mech = planned_mechanism(name, args, q, args.epochs * round(1 / q))
+    dp = DPModel(model, mechanism=mech, expected_batch_size=args.batch_size)
+    dp.compile(optimizer=recipe(args).optimizer(steps=args.epochs * round(1 / q)))
     private = name != "none"
     budget = (
         PrivacyBudget(mech, sampling_probability=q, target_epsilon=1e6, target_delta=1.0 / n, accountant="rdp")
@@ -249,8 +242,8 @@ def run_dp(data, catalogue, args, *, name: str, negatives) -> dict:
         "negatives": "full" if negatives.full else "sampled",
         "epsilon": float(budget.epsilon) if private else None,
         "delta": 1.0 / n if private else None,
-        "noise_multiplier": args.noise_multiplier if private else None,
-        **recall(towers[0], towers[1], catalogue, data["test"]),
+        "noise_multiplier": float(mech.noise_multiplier) if private else None,
+        **baselines.model_recall(towers[0], towers[1], catalogue, data["test"], seen),
         "median_step_ms": median_ms(timer.times),
         "steps": len(timer.times),
         "wall_s": wall,
@@ -258,32 +251,27 @@ def run_dp(data, catalogue, args, *, name: str, negatives) -> dict:
     }
 
 
-def run_in_batch(data, catalogue, args) -> dict:
-    from tfdp_embed import keras, tf
-
-    keras.utils.set_random_seed(args.seed)
-    towers = build_towers(data["num_users"], len(data["movie_ids"]), 19, args.dim)
-    model, index = in_batch_model(towers, catalogue)
-    model.compile(optimizer=keras.optimizers.Adagrad(args.baseline_learning_rate))
-    train = dict(data["train"])
-    train["row"] = np.array([index[int(m)] for m in train["movie_id"]], np.int32)
-    dataset = tf.data.Dataset.from_tensor_slices(train).shuffle(len(train["row"]), seed=args.seed)
+def run_in_batch(data, catalogue, args, seen, setting: dict) -> dict:
+    """The TFRS two-tower at `setting` (learning_rate, epochs, corrected) on the whole training split."""
+    towers = baselines.fresh_towers(data, args)
     timer = step_timer()
     started = time.perf_counter()
-    history = model.fit(dataset.batch(args.batch_size), epochs=args.epochs, callbacks=[timer], verbose=0)
+    history = baselines.train_tfrs(data, catalogue, args, towers, **setting, callbacks=[timer])
     wall = time.perf_counter() - started
+    correction = ", log-Q + accidental hits" if setting["corrected"] else ""
     return {
-        "run": "non-private TFRS in-batch (tfrs.tasks.Retrieval, Adagrad)",
+        "run": f"non-private TFRS in-batch (tfrs.tasks.Retrieval, Adagrad {setting['learning_rate']:g}{correction})",
         "mechanism": "none",
         "negatives": "in-batch",
         "epsilon": None,
         "delta": None,
         "noise_multiplier": None,
-        **recall(towers[0], towers[1], catalogue, data["test"]),
+        **baselines.model_recall(towers[0], towers[1], catalogue, data["test"], seen),
         "median_step_ms": median_ms(timer.times),
         "steps": len(timer.times),
         "wall_s": wall,
         "final_train_loss": float(history.history["loss"][-1]),
+        "setting": setting,
     }
 
 
@@ -338,65 +326,108 @@ def interleaved_lines(found: dict) -> list:
     ]
 
 
-def markdown(command: str, info: dict, args, rows: list, synthetic: list, data_summary: dict, side=None) -> str:
-    base = rows[0]
+def dp_gaps(rows: list) -> list:
+    """Each DP run's recall@10 against the non-private run of the same model and negatives (the noise's cost)."""
+    gaps = []
+    for row in rows:
+        control = [r for r in rows if r["mechanism"] == "none" and r["negatives"] == row["negatives"]]
+        if row["epsilon"] is None or not control:
+            continue
+        base = control[0]["recall@10"]
+        gaps.append(
+            {
+                "run": row["run"],
+                "epsilon": row["epsilon"],
+                "recall@10": row["recall@10"],
+                "control_recall@10": base,
+                "gap": base - row["recall@10"],
+                "relative_gap": (base - row["recall@10"]) / base if base else None,
+            }
+        )
+    return gaps
+
+
+def notes(rows: list, tuning: dict | None) -> list:
+    """Sentences for RESULTS: the DP gap against the non-private control, and how the TFRS baseline was picked."""
+    found = []
+    for gap in dp_gaps(rows):
+        found.append(
+            f"{gap['run']} at ε {gap['epsilon']:.2f}: recall@10 {gap['recall@10']:.4f} vs {gap['control_recall@10']:.4f} "
+            f"for the same model without DP, a gap of {gap['gap']:+.4f} ({100 * gap['relative_gap']:+.0f} %)."
+        )
+    if tuning:
+        best, tried = tuning["best"], tuning["tried"]
+        rates = sorted({t["learning_rate"] for t in tried})
+        found.append(
+            f"TFRS baseline tuned on a validation split ({int(100 * baselines.VALIDATION_FRACTION)} % of the training "
+            f"ratings, never the test split): Adagrad rates {', '.join(f'{r:g}' for r in rates)}, with and without "
+            f"TFRS' log-Q correction + accidental-hit removal, 1-{max(t['epochs'] for t in tried)} epochs "
+            f"({len(tried)} settings); best: rate {best['learning_rate']:g}, "
+            f"{'corrected' if best['corrected'] else 'uncorrected'}, epochs {best['epochs']} (validation recall@10 "
+            f"{best['validation_recall@10']:.4f})."
+        )
+    return found
+
+
+def markdown(command: str, info: dict, args, rows: list, extra: dict) -> str:
+    data_summary, side, synthetic = extra["data"], extra["interleaved"], extra["synthetic"]
     lines = [
         f"## retrieval — {info['date_utc']} — two-tower with item features on ml-100k: DP Retrieval task "
-        "(full / sampled softmax) vs TFRS in-batch",
+        "(full / sampled softmax) vs TFRS in-batch and popularity",
         "",
         f"Command: `{command}`",
         "",
-        f"Commit: {info['git'].get('commit', '?')}. Machine: 2-core shared CPU, under load from other jobs "
-        f"({info['nproc']} cores, {info['cpu_model']}; load average at start {info['load_average_at_start']}).",
+        f"Commit: {info['git'].get('commit', '?')}. Machine: {info['nproc']} cores, {info['cpu_model']}; load "
+        f"average at start {info['load_average_at_start']}.",
         "",
         (
             f"Data: ml-100k, {data_summary['train']} training / {data_summary['test']} test ratings (random 80/20, "
-            f"seed {args.seed}), {data_summary['items']} movies with their genres. Model: user-id table + Dense; item "
-            f"tower = movie-id table + genre table (mean) + Dense, dim {args.dim}. DP runs: Poisson batches "
-            f"(expected {args.batch_size}), legacy SGD lr {args.dp_learning_rate}, clip 1, sigma "
-            f"{args.noise_multiplier}, {args.epochs} epochs, delta = 1/N (RDP); DP-AdaFEST C1 = 1, sigma1 = 1, "
-            f"tau user/movie/genres = {args.tau_user}/{args.tau_movie}/{args.tau_genres}. Baseline: "
-            f"`tfrs.tasks.Retrieval`, Adagrad lr {args.baseline_learning_rate}, batch {args.batch_size}, "
-            f"{args.epochs} epochs. recall@k ranks every movie (ties against the positive); chance recall@10 = "
-            f"{10 / data_summary['items']:.4f}."
+            f"seed {args.seed}), {data_summary['items']} movies with their genres. DP runs and their non-private "
+            f"controls: `RetrievalRecipe` {recipe(args).get_config()}, clip 1, ε {args.epsilon or '—'} "
+            f"(sigma calibrated, RDP, delta 1/N). recall@k ranks every movie (ties against the positive); "
+            f"'unrated' ranks the movies the user did not rate in training."
         ),
         "",
-        "| run | epsilon | recall@10 | recall@50 | median step | step ÷ TFRS in-batch | step ÷ same-model non-private "
+        "| run | epsilon | recall@10 | recall@50 | recall@10 unrated | median step | step ÷ same-model non-private "
         "| steps | wall |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        ratio = r["median_step_ms"] / base["median_step_ms"] if r["median_step_ms"] and base["median_step_ms"] else None
-        lines.append(
-            f"| {r['run']} | {_fmt(r['epsilon'], '{:.3g}')} | {r['recall@10']:.4f} | {r['recall@50']:.4f} | "
-            f"{_fmt(r['median_step_ms'], '{:.1f} ms')} | {_fmt(ratio, '{:.2f}×')} | "
-            f"{_fmt(same_model_ratio(r, rows), '{:.2f}×')} | {r['steps']} | {r['wall_s']:.0f} s |"
-        )
+    lines += [
+        f"| {r['run']} | {_fmt(r['epsilon'], '{:.3g}')} | {r['recall@10']:.4f} | {r['recall@50']:.4f} | "
+        f"{r['recall@10 unrated']:.4f} | {_fmt(r['median_step_ms'], '{:.1f} ms')} | "
+        f"{_fmt(same_model_ratio(r, rows), '{:.2f}×')} | {r['steps']} | {r['wall_s']:.0f} s |"
+        for r in rows
+    ]
+    lines += ["", *[f"- {n}" for n in extra["notes"]]]
     if side:
         lines += interleaved_lines(side)
-    if synthetic:
-        lines += [
-            "",
-            f"Synthetic catalogue, LazyDP, item tower = id table + Dense (dim {args.synthetic_dim}), median step "
-            f"after {WARMUP_STEPS} warm-up steps of {args.synthetic_steps}:",
-            "",
-            "| items | negatives | batch | median step |",
-            "|---|---|---|---|",
-        ]
-        lines += [
-            f"| {s['items']:,} | {s['negatives']} | {s['batch']} | {_fmt(s['median_step_ms'], '{:.1f} ms')} |"
-            for s in synthetic
-        ]
-    notes = [f"{r['run']}: {w}" for r in rows for w in r.get("warnings", [])]
-    if notes:
-        lines += ["", "Warnings during the DP runs (first 160 characters):", ""] + [f"- {n}" for n in notes]
+    lines += _synthetic_lines(synthetic, args)
+    warned = [f"{r['run']}: {w}" for r in rows for w in r.get("warnings", [])]
+    if warned:
+        lines += ["", "Warnings during the DP runs (first 160 characters):", ""] + [f"- {n}" for n in warned]
     lines += [
         "",
-        "recall@k is operator-only (raw test ratings, no noise). One seed per run: the spread is not measured. "
-        "The step-time ratios come from runs one after another in one process on a shared machine.",
+        "recall@k is operator-only (raw test ratings, no noise). One seed per run: the spread is not measured.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _synthetic_lines(synthetic: list, args) -> list:
+    if not synthetic:
+        return []
+    return [
+        "",
+        f"Synthetic catalogue, LazyDP, item tower = id table + Dense (dim {args.synthetic_dim}), median step "
+        f"after {WARMUP_STEPS} warm-up steps of {args.synthetic_steps}:",
+        "",
+        "| items | negatives | batch | median step |",
+        "|---|---|---|---|",
+        *[
+            f"| {s['items']:,} | {s['negatives']} | {s['batch']} | {_fmt(s['median_step_ms'], '{:.1f} ms')} |"
+            for s in synthetic
+        ],
+    ]
 
 
 def plot(rows: list, path: str) -> None:
@@ -418,20 +449,27 @@ def plot(rows: list, path: str) -> None:
     plt.close(fig)
 
 
-def _ml100k_runs(parser, data, catalogue, args) -> list:
-    """The TFRS in-batch baseline, then each of `--dp-runs` (mechanism:softmax), one after another."""
+def _ml100k_runs(parser, data, catalogue, args) -> tuple[list, dict | None]:
+    """Popularity, the TFRS baseline (tuned on a validation split unless `--tune-learning-rates ''`), then each of
+    `--dp-runs` (mechanism:softmax), one after another; and the tuning record."""
     from tfdp_embed.keras2.retrieval import FullSoftmax, SampledSoftmax
 
-    rows = [run_in_batch(data, catalogue, args)]
-    print(rows[-1], flush=True)
+    seen = baselines.seen_matrix(data)
+    tuning = None
+    setting = {"learning_rate": args.baseline_learning_rate, "epochs": args.epochs, "corrected": False}
+    if args.tune_learning_rates:
+        best, tried = baselines.tune_tfrs(data, catalogue, args)
+        tuning = {"best": best, "tried": tried}
+        setting = {key: best[key] for key in setting}
+    rows = [baselines.popularity_row(data, seen), run_in_batch(data, catalogue, args, seen, setting)]
     for run in [r for r in args.dp_runs.split(",") if r]:
         name, _, softmax = run.partition(":")
         if softmax not in ("full", "sampled"):
             parser.error(f"--dp-runs: {run!r} must be mechanism:full or mechanism:sampled.")
         negatives = FullSoftmax() if softmax == "full" else SampledSoftmax(args.negatives, seed=args.seed)
-        rows.append(run_dp(data, catalogue, args, name=name, negatives=negatives))
+        rows.append(run_dp(data, catalogue, args, seen, name=name, negatives=negatives))
         print(rows[-1], flush=True)
-    return rows
+    return rows, tuning
 
 
 def _synthetic_runs(args) -> list:
@@ -451,22 +489,37 @@ def _synthetic_runs(args) -> list:
     return synthetic
 
 
-def main(argv=None) -> int:
+def _recipe_defaults():
+    from tfdp_embed.keras2.retrieval.recipe import RetrievalRecipe
+
+    return RetrievalRecipe()
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.retrieval", description=__doc__.splitlines()[0])
     p.add_argument("--data", default=DEFAULT_DATA, help="directory with ml-100k's u.data and u.item")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=512)
+    recipe_defaults = _recipe_defaults()
+    p.add_argument("--epochs", type=int, default=recipe_defaults.epochs, help="RetrievalRecipe's by default")
+    p.add_argument("--batch-size", type=int, default=recipe_defaults.batch_size)
     p.add_argument("--dim", type=int, default=32)
-    p.add_argument("--negatives", type=int, default=256, help="sampled softmax: shared negatives per step")
+    p.add_argument("--negatives", type=int, default=recipe_defaults.num_negatives, help="sampled softmax: K")
     p.add_argument(
         "--dp-runs",
         default="none:full,lazy:full,none:sampled,lazy:sampled,adafest:sampled",
         help="runs as mechanism:softmax (mechanism none (the same model without DP), lazy or adafest; softmax "
         "full or sampled), comma-separated",
     )
-    p.add_argument("--noise-multiplier", type=float, default=1.0)
-    p.add_argument("--dp-learning-rate", type=float, default=2.0, help="SGD learning rate of the DPModel runs")
-    p.add_argument("--baseline-learning-rate", type=float, default=0.1)
+    p.add_argument("--epsilon", type=float, default=3.0, help="sigma calibrated per mechanism; 0: --noise-multiplier")
+    p.add_argument("--noise-multiplier", type=float, default=1.0, help="with --epsilon 0")
+    p.add_argument("--dp-learning-rate", type=float, default=recipe_defaults.learning_rate, help="SGD, DPModel runs")
+    p.add_argument("--cosine-decay", action=argparse.BooleanOptionalAction, default=recipe_defaults.cosine_decay)
+    p.add_argument("--baseline-learning-rate", type=float, default=0.1, help="TFRS Adagrad, when not tuned")
+    p.add_argument(
+        "--tune-learning-rates",
+        default="0.02,0.05,0.1,0.2",
+        help="TFRS Adagrad rates tried on a validation split (with and without log-Q); '' skips tuning",
+    )
+    p.add_argument("--tune-max-epochs", type=int, default=8, help="TFRS tuning: epochs 1..this are scored")
     p.add_argument("--tau-user", type=float, default=1.0)
     p.add_argument("--tau-movie", type=float, default=2.0)
     p.add_argument("--tau-genres", type=float, default=5.0)
@@ -479,8 +532,13 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     p.add_argument("--png", default=outputs.AUTO, help="'auto': a new file under benchmarks/results/; '' skips")
     p.add_argument("--results-md", default=outputs.RESULTS_MD, help="'' skips")
+    return p
+
+
+def main(argv=None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
-    tag = f"ml-100k-ep{args.epochs}-b{args.batch_size}"
+    tag = f"ml-100k-ep{args.epochs}-b{args.batch_size}" + (f"-eps{args.epsilon:g}" if args.epsilon else "")
     outputs.resolve(p, args, benchmark="retrieval", tag=tag, files={"json": ".json", "png": ".png"})
     if not os.path.exists(os.path.join(args.data, "u.data")):
         p.error(f"--data: no u.data in {args.data!r} (ml-100k is expected there).")
@@ -492,7 +550,7 @@ def main(argv=None) -> int:
     command = "python -m benchmarks.retrieval " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     data = load_ml100k(args.data, args.seed)
     catalogue = {"movie_id": data["movie_ids"], "genres": tf.ragged.constant(data["genres"], dtype=tf.int64)}
-    rows = _ml100k_runs(p, data, catalogue, args)
+    rows, tuning = _ml100k_runs(p, data, catalogue, args)
     side = (
         retrieval_step.interleaved(data, catalogue, args, steps=args.interleaved_steps)
         if args.interleaved_steps
@@ -509,12 +567,16 @@ def main(argv=None) -> int:
         "command": command,
         "machine": info,
         "args": vars(args),
+        "recipe": recipe(args).get_config(),
         "data": summary,
         "runs": rows,
+        "tuning": tuning,
+        "dp_gap": dp_gaps(rows),
+        "notes": notes(rows, tuning),
         "interleaved": side,
         "synthetic": synthetic,
     }
-    section = markdown(command, info, args, rows, synthetic, summary, side)
+    section = markdown(command, info, args, rows, result)
     outputs.write_run(args, result, plot=lambda path: plot(rows, path), section=lambda **_: section)
     print(section)
     return 0
