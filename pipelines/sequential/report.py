@@ -50,22 +50,18 @@ def run_warnings(data) -> list:
     return [table] if table else []
 
 
-PRIVACY_UNIT = "user (one training sequence per user: user-level DP)"
-
-
 def release(config: SequentialConfig, data, privacy, model, dp_model, budget, timer) -> tuple:
     """Stage 6: the privacy report and the export of `OUT/saved_model`. Returns `(privacy report, serving, path)`."""
     run = privacy.run
     report_privacy = run.report(
         dataset_size=privacy.size,  # N~: the exact number of users is not released
-        privacy_unit=PRIVACY_UNIT,
+        privacy_unit="user",  # declared: one training sequence per user (the library states k = 1 and the users)
         contribution_bound=f"one training sequence of at most {data.max_len} items per user"
         + (f", its gradient clipped to L2 norm {run.l2_norm_clip:g} in each step" if run.l2_norm_clip else ""),
         dp_model=dp_model,  # what fit was fed (verified from the data)
         ledger=budget.ledger if budget is not None else None,
         steps=None if budget is not None else len(timer.durations),
         extra={
-            "privacy_unit": PRIVACY_UNIT,
             "item_frequencies": privacy.frequency_report(),
             "calibrated_steps": run.steps,
         },

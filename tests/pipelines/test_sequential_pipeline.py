@@ -85,7 +85,10 @@ def test_dpformer_run_report_and_reloaded_saved_model(data_file, tmp_path):
     assert report["ledger"]["entries"][0]["kind"] == "setup" and all(
         "item catalogue" in a for a in report["assumptions"]
     )
-    assert report["extra"]["privacy_unit"].startswith("user")
+    # user level, declared through the library's unit fields: one sequence per user, N~ users
+    assert report["privacy_unit"] == "user" and report["max_examples_per_unit"] == 1
+    assert report["adjacency"] == "add-or-remove-one-user" and report["num_units"] == report["dataset_size"]
+    assert "add-or-remove-one-user" in report["guarantee"]
     # the exported model, reloaded in a fresh process, recommends what the trained model does
     history = [[0, 0, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")

@@ -100,6 +100,8 @@ ADJACENCY = "add-or-remove-one-example"
 USER_ADJACENCY = "add-or-remove-one-user"
 NOT_RELEASED = "not released"
 DEFAULT_PRIVACY_UNIT = "one example"
+USER_UNIT = "user"
+"""`privacy_unit="user"` with example-level batches: the caller declares one example per user (e.g. one sequence)."""
 SEEDED_CAVEAT = (
     "This run was seeded ({parts}): whoever knows the seed regenerates that randomness exactly, subtracts the "
     "noise and recomputes the batches, so the guarantee does not hold against them. The seed is written nowhere "
@@ -155,31 +157,28 @@ def privacy_report(
 
     Args:
       mechanism: the `NoiseMechanism` used (its `report()` fields are included).
-      delta: delta in (0, 1).
-      sampling_probability: q in (0, 1].
+      delta: delta in (0, 1). sampling_probability: q in (0, 1].
       dataset_size: N~, the `ReleasedDatasetSize` of `release_dataset_size` (its event in the ledger),
         stated alone; or an int N, stated exactly (the guarantee then assumes N public).
       batching: required: `dp_model.batching` (what `DPModel.fit` recorded from the data), or the caller's
         "poisson", "fixed_shuffled", "unverified" or `BatchingInfo` (a stated Poisson is not verified).
-      ledger: the run's `PrivacyLedger`; epsilon is computed from it.
-      epsilon: an epsilon computed elsewhere (instead of `ledger`).
+      ledger: the run's `PrivacyLedger`; epsilon is computed from it. epsilon: one computed elsewhere (instead).
       accountant: "pld" or "rdp" (how epsilon was / is computed).
       steps: training steps (default `ledger.steps`). With neither `ledger` nor `epsilon`, epsilon is
         computed from the mechanism's setup event plus `steps` step events.
-      assumptions: conditions beyond the ledger, in plain words; the guarantee holds only under them.
-      extra: more JSON-able fields, stored under "extra".
-      privacy_unit: what one neighbouring dataset adds or removes (default one example; "user" for batches
-        of `poisson_user_batches`, whose k and number of users the report states: another unit is refused).
+      assumptions: conditions beyond the ledger, in plain words (the guarantee holds only under them); extra:
+        more JSON-able fields, stored under "extra".
+      privacy_unit: what one neighbouring dataset adds or removes (default one example; "user": batches of
+        `poisson_user_batches` (k and users stated; another unit refused), or one example per user, k = 1).
       contribution_bound: how much one unit can contribute (default: its clipped gradient in each step).
 
     Returns:
-      dict with epsilon, delta, accountant, mechanism, is_dp, guarantee, noise_multiplier(s), l2_norm_clip,
-      q, expected_batch_size, steps, epochs, dataset_size, batching(_source), adjacency, assumptions,
-      caveats, mechanism_report (and ledger, batching_details, delta_with_truncation, extra).
+      dict: epsilon, delta, accountant, mechanism, is_dp, guarantee, noise, clip, q, batch, steps, epochs, dataset_size,
+      batching, the unit (adjacency, privacy_unit, num_units), assumptions, caveats, mechanism_report (ledger, extra).
 
     Raises:
-      ValueError: bad or contradictory arguments (both `ledger` and `epsilon`, `steps` disagreeing with
-        the ledger, unknown batching, an example-level `privacy_unit` for user-level batches).
+      ValueError: bad or contradictory arguments (both `ledger` and `epsilon`, `steps` disagreeing with the
+        ledger, unknown batching, an example-level `privacy_unit` for user-level batches).
     """
     run = _checked_run(delta, sampling_probability, accountant, dataset_size, ledger, epsilon, steps, batching)
     mech, report, caveats = _mechanism_fields(mechanism)
@@ -188,7 +187,7 @@ def privacy_report(
     public_n = [PUBLIC_N_ASSUMPTION] if run.released is None and report["is_dp"] else []
     assumptions = _check_assumptions(assumptions) + public_n
     report.update(
-        _epsilon_fields(mechanism, run, report, caveats, epsilon=epsilon, ledger=ledger, assumptions=assumptions)
+        _epsilon_fields(mechanism, run, report, caveats, unit, epsilon=epsilon, ledger=ledger, assumptions=assumptions)
     )
     report.update(_run_fields(mechanism, mech, run, report["epsilon"], unit, assumptions))
     _add_tradeoff(report, mechanism, run, ledger, given_epsilon=epsilon)
@@ -223,7 +222,9 @@ def _checked_run(delta, sampling_probability, accountant, dataset_size, ledger, 
     return _Run(delta, q, accountant, released, steps, stated, n)
 
 
-def _epsilon_fields(mechanism, run: _Run, report: dict, caveats: list, *, epsilon, ledger, assumptions) -> dict:
+def _epsilon_fields(
+    mechanism, run: _Run, report: dict, caveats: list, unit: Mapping, *, epsilon, ledger, assumptions
+) -> dict:
     """epsilon and the guarantee line: from `epsilon`, the ledger or the mechanism's events; NONE for non-DP."""
     if not report["is_dp"]:
         return _not_dp_fields(report["mechanism"], epsilon, caveats)
@@ -233,7 +234,7 @@ def _epsilon_fields(mechanism, run: _Run, report: dict, caveats: list, *, epsilo
         else:
             events = _events(mechanism, run.q, run.steps) + ([run.released.event] if run.released is not None else [])
             epsilon = compute_epsilon(events, target_delta=run.delta, accountant=run.accountant)
-    adjacency = _adjacency(run.batching.details)
+    adjacency = unit["adjacency"]  # the batches' unit, or the caller's declared one
     return _guarantee(
         epsilon,
         delta=run.delta,
@@ -347,6 +348,8 @@ def unit_fields(details: Mapping | None, privacy_unit, contribution_bound, *, cl
     The unit comes from the batches when their sampler states it (`poisson_user_batches`: "user", with k);
     a caller's example-level unit for them is refused: the report would understate what is protected.
     """
+    if _adjacency(details) != USER_ADJACENCY and privacy_unit == USER_UNIT:
+        return _one_example_per_user(contribution_bound, clip, num_units)
     if _adjacency(details) != USER_ADJACENCY:
         bound = contribution_bound or _default_bound(clip)
         return dict(
@@ -368,6 +371,20 @@ def unit_fields(details: Mapping | None, privacy_unit, contribution_bound, *, cl
         contribution_bound=contribution_bound or _user_bound(clip, k),
         max_examples_per_unit=k,
         num_units=num_units,
+    )
+
+
+def _one_example_per_user(contribution_bound, clip, num_units: int) -> dict:
+    """Example-level batches whose every example is one user's whole data (the caller's `privacy_unit="user"`)."""
+    return dict(
+        adjacency=USER_ADJACENCY,
+        privacy_unit=USER_UNIT,
+        contribution_bound=contribution_bound
+        or "one example per user (all of the user's data): " + _default_bound(clip),
+        max_examples_per_unit=1,
+        num_units=num_units,
+        unit_declared_by_caller="every example holds one user's whole data (one row per user); the batches are "
+        "sampled per example, which is then sampling per user",
     )
 
 

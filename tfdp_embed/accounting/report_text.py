@@ -121,6 +121,8 @@ def _user_unit(report: Mapping) -> str | None:
     """The unit line of a user-level report (N, q and the batch are then in users); None otherwise."""
     if report.get("max_examples_per_unit") is None:
         return None
+    if report.get("unit_declared_by_caller"):
+        return f"{report.get('privacy_unit')}: {report.get('num_units')} users, one example each (all of a user's data)"
     return (
         f"{report.get('privacy_unit')}: {report.get('num_units')} users, at most "
         f"{report['max_examples_per_unit']} examples per user per step"
