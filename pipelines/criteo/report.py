@@ -40,6 +40,14 @@ REQUIRED_KEYS = (
 """Keys every `report.json` has (values may be null where they do not apply)."""
 
 
+NO_USER_ID_CAVEAT = (
+    "Example-level DP: the Criteo files carry no user id, so the unit is one impression and user-level DP "
+    "cannot be run. A person with many impressions is protected only by group privacy: for n impressions the "
+    "guarantee weakens to about (n eps, n e^((n-1) eps) delta) (Dwork & Roth 2014, Thm 2.2), which is "
+    "vacuous for heavy users."
+)
+
+
 def run_privacy_report(
     plan: RunPlan,
     *,
@@ -69,8 +77,9 @@ def run_privacy_report(
         steps=None if ledger is not None else steps,
         steps_by_period=steps_by_period if plan.parallel else None,
         extra={"streaming_periods": len(plan.periods)},
-        privacy_unit="one training row (one impression)",
+        privacy_unit="example: one training row (one impression)",
     )
+    report["caveats"].append(NO_USER_ID_CAVEAT)
     if seeded_sampler and "the batch sampler" not in report["seeded"]:
         if report["seeded"]:
             report["seeded"].append("the batch sampler")
