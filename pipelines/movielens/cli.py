@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from pipelines import audit_canaries, cli_types, quality, run_limits
 from pipelines.movielens import privacy as movielens_privacy
+from pipelines.movielens import units as movielens_units
 from pipelines.movielens import vocabulary as movielens_vocabulary
 from pipelines.movielens.config import (
     DEFAULT_DATA_PATH,
@@ -47,11 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="ratings: ml-100k u.data, ml-latest/ML-20M ratings.csv, ML-1M ratings.dat, or a dataset directory",
     )
     _add_vocabulary_flags(p)
+    _add_unit_flags(p)
     p.add_argument(
         "--batch-size",
         type=cli_types.positive(int),
-        default=256,
-        help="expected Poisson batch size",
+        help=f"expected Poisson batch size: examples (default 256) at example level, users (default "
+        f"{movielens_units.DEFAULT_USERS_PER_BATCH}) at user level",
     )
     p.add_argument(
         "--learning-rate",
@@ -72,6 +74,24 @@ def build_parser() -> argparse.ArgumentParser:
     audit_canaries.add_flag(p)
     quality.add_fail_on_warnings_flag(p)
     return p
+
+
+def _add_unit_flags(p: argparse.ArgumentParser) -> None:
+    """What one neighbouring dataset adds or removes: a user's whole timeline (default) or one example."""
+    p.add_argument(
+        "--privacy-unit",
+        choices=movielens_units.PRIVACY_UNITS,
+        help="user (default): Poisson over users, each bringing at most K of their examples per step "
+        "(user-level DP); example: one (context, label) example (the report adds the group-privacy epsilon of a "
+        "user; the default with --audit-canaries, whose canaries are examples of no user)",
+    )
+    p.add_argument(
+        "--max-examples-per-user",
+        type=cli_types.positive(int),
+        metavar="K",
+        help="user level: the most examples a sampled user brings to a step (default: the median of the training "
+        "users' example counts, a data-dependent choice recorded in report.json and not accounted)",
+    )
 
 
 def _add_vocabulary_flags(p: argparse.ArgumentParser) -> None:
@@ -126,6 +146,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
         parser.error("--mechanism none takes neither --noise-multiplier nor --epsilon")
     if args.vocabulary_epsilon_share is not None and not 0 < args.vocabulary_epsilon_share < 1:
         parser.error(f"--vocabulary-epsilon-share must lie in (0, 1); received {args.vocabulary_epsilon_share}")
+    if args.privacy_unit is None:
+        args.privacy_unit = movielens_units.EXAMPLE if args.audit_canaries else movielens_units.USER
+    if args.audit_canaries and args.privacy_unit == movielens_units.USER:
+        parser.error("--audit-canaries inserts canary examples of no user: it runs with --privacy-unit example")
+    if args.max_examples_per_user is not None and args.privacy_unit != movielens_units.USER:
+        parser.error("--max-examples-per-user bounds a user's examples: it needs --privacy-unit user")
     check_privacy_flags(parser, args)
     audit_canaries.check_flag(parser, args.audit_canaries)
     run_limits.check_epochs(parser, args.epochs)
@@ -138,7 +164,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
         delta=args.delta,
         l2_norm_clip=args.l2_norm_clip,
         epochs=args.epochs,
-        batch_size=args.batch_size,
+        privacy_unit=args.privacy_unit,
+        max_examples_per_user=args.max_examples_per_user,
+        batch_size=args.batch_size or _default_batch_size(args.privacy_unit),
         learning_rate=args.learning_rate,
         momentum=args.momentum,
         embedding_dim=args.embedding_dim,
@@ -154,6 +182,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
         fail_on_warnings=args.fail_on_warnings,
     )
     return config, args.out
+
+
+def _default_batch_size(unit: str) -> int:
+    return movielens_units.DEFAULT_USERS_PER_BATCH if unit == movielens_units.USER else 256
 
 
 def main(argv: Sequence[str] | None = None) -> int:

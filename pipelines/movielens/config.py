@@ -7,6 +7,7 @@ import math
 import os
 
 from pipelines.movielens import privacy as movielens_privacy
+from pipelines.movielens import units as movielens_units
 from pipelines.movielens import vocabulary as movielens_vocabulary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,13 +41,18 @@ class MovieLensConfig:
       vocabulary_epsilon_share, vocabulary_noise_multiplier, vocabulary_max_items: the DP release of the
         movie ids without a catalogue (`pipelines.movielens.vocabulary`): its share of `epsilon` (or its z
         with sigma given) and D0.
+      privacy_unit: "example" (one (context, label) example; this config's default, kept for the
+        programmatic callers such as the secret-sharer audit) or "user" (a training user's whole timeline;
+        the command line's default): see `pipelines.movielens.units`.
+      max_examples_per_user: k at user level (None: the median of the users' example counts, a
+        data-dependent choice the report records as such).
       mechanism: "none", "dense" (DP-SGD), "eana" (not DP) or "lazy" (LazyDP).
       noise_multiplier: sigma; or None with `epsilon` set (calibrated).
       epsilon: target epsilon for dense/lazy (sigma calibrated; a nominal sigma for eana).
-      delta: delta; None = 1 / N (N training examples including extra ones).
+      delta: delta; None = 1 / N (N training examples including extra ones; at user level N training users).
       l2_norm_clip: per-example clip norm C.
       epochs: passes (each round(1/q) Poisson batches).
-      batch_size: expected Poisson batch size q N.
+      batch_size: expected Poisson batch size q N (at user level: expected users per batch).
       learning_rate: SGD rate; None = `LARGE_NOISE_LEARNING_RATE` for noised runs with
         `epsilon` set or sigma >= `SMALL_SIGMA_FOR_PLD`, else `DEFAULT_LEARNING_RATES[mechanism]`.
       momentum: SGD momentum (legacy SGD; LazyDP defers it exactly).
@@ -72,6 +78,8 @@ class MovieLensConfig:
     vocabulary_epsilon_share: float | None = None
     vocabulary_noise_multiplier: float | None = None
     vocabulary_max_items: int = movielens_vocabulary.DEFAULT_MAX_ITEMS_PER_USER
+    privacy_unit: str = movielens_units.EXAMPLE
+    max_examples_per_user: int | None = None
     mechanism: str = "eana"
     noise_multiplier: float | None = None
     epsilon: float | None = None
@@ -100,6 +108,15 @@ class MovieLensConfig:
             raise ValueError(
                 f"`mechanism` must be one of {movielens_privacy.MECHANISM_NAMES}; received {self.mechanism!r}."
             )
+        if self.privacy_unit not in movielens_units.PRIVACY_UNITS:
+            raise ValueError(
+                f"`privacy_unit` must be one of {movielens_units.PRIVACY_UNITS}; received {self.privacy_unit!r}."
+            )
+        k = self.max_examples_per_user
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"`max_examples_per_user` must be an int >= 1 or None; received {k!r}.")
+        if k is not None and self.privacy_unit != movielens_units.USER:
+            raise ValueError("`max_examples_per_user` bounds a user's examples: it needs privacy_unit 'user'.")
         for name in ("epochs", "batch_size", "embedding_dim", "context_length", "k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

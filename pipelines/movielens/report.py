@@ -8,6 +8,7 @@ import numpy as np
 
 from pipelines import quality
 from pipelines.movielens import privacy as movielens_privacy
+from pipelines.movielens import units as movielens_units
 from pipelines.movielens import vocabulary as movielens_vocabulary
 from pipelines.movielens.config import (
     PRIVACY_UNIT,
@@ -35,10 +36,13 @@ def privacy_report(config: MovieLensConfig, data: MovieLensData, setup: Setup, t
     # RDP is cheap there, and over-states epsilon slightly (never under-states it).
     accountant = config.accountant if sigma >= SMALL_SIGMA_FOR_PLD else "rdp"
     vocabulary, caveats = movielens_vocabulary.report_terms(data, data.item_release, config.mechanism)
+    user_level = setup.user_level  # the unit, k and the bound then come from the user-level batches
     report = plan.report(
-        dataset_size=setup.released,  # N~, never the exact number of examples
-        privacy_unit=PRIVACY_UNIT,
-        contribution_bound=f"one example's gradient clipped to L2 norm {config.l2_norm_clip:g} in each step it is "
+        dataset_size=setup.released,  # N~, never the exact number of examples (or users)
+        privacy_unit=None if user_level else PRIVACY_UNIT,
+        contribution_bound=None
+        if user_level
+        else f"one example's gradient clipped to L2 norm {config.l2_norm_clip:g} in each step it is "
         "sampled in; a user's examples are not bounded together (group privacy over their ratings)",
         dp_model=trained.dp_model,  # what fit was fed (verified from the data)
         ledger=budget.ledger if budget is not None else None,
@@ -57,6 +61,8 @@ def privacy_report(config: MovieLensConfig, data: MovieLensData, setup: Setup, t
         ),
         extra={"item_ids": data.item_ids.summary() if data.item_ids is not None else None, **vocabulary},
     )
+    if user_level and config.max_examples_per_user is None:
+        caveats.append(f"k = {setup.max_examples_per_user}: {setup.k_source}.")
     report["caveats"] = [*report.get("caveats", []), *caveats]
     return movielens_vocabulary.add_threshold_delta(report, data.item_release)
 
@@ -134,11 +140,14 @@ def build_report(
     counter, history = trained.counter, trained.history
     final_loss = float(history.history["loss"][-1]) if history.history.get("loss") else None
     report, references = dict(privacy), baselines(data, data.test_labels[: config.max_test_examples])
-    checks = quality_checks(data, metrics, references, final_loss, test_examples)
+    row_loss = final_loss  # per example; at user level the loss is a user's sum over <= k rows
+    if setup.user_level and final_loss is not None:
+        row_loss = final_loss / movielens_units.mean_rows_per_user(setup)
+    checks = quality_checks(data, metrics, references, row_loss, test_examples)
     report.update(
         warnings=run_warnings(config, data, final_loss) + checks.pop("warnings"),
         **checks,
-        privacy_unit=PRIVACY_UNIT,
+        privacy_unit=privacy["privacy_unit"],
         noise_source=movielens_privacy.noise_source(setup.plan),
         target_epsilon=setup.plan.target_epsilon,
         **metrics,
@@ -168,8 +177,12 @@ def build_report(
             "seeded": config.seed is not None,
         },
     )
-    if config.mechanism == "eana" and setup.plan.noise_multiplier > 0 and counter.steps > 0:
-        report.update(_eana_bounds(config, data, setup, trained))
+    if setup.user_level:
+        report.update(movielens_units.user_level_fields(setup))
+    else:
+        report["group_privacy"] = movielens_units.group_privacy_fields(setup, trained, privacy.get("epsilon"))
+    if config.mechanism == "eana" and setup.plan.noise_multiplier > 0 and counter.steps > 0 and not setup.user_level:
+        report.update(_eana_bounds(config, data, setup, trained))  # bounds per example (not for user units)
     return report
 
 
@@ -210,8 +223,27 @@ def format_report(report: dict) -> str:
         "EANA bound": None
         if bound is None
         else (f"data-dependent eps {bound['data_dependent_epsilon']:.4g} (NOT DP: {bound['label']})"),
+        "per user (group privacy)": _group_line(report.get("group_privacy")),
+        "k per user": _k_line(report),
     }
     return accounting.format_report(report, title="movielens two-tower report", details=details)
+
+
+def _group_line(group: dict | None) -> str | None:
+    """Example level: what the guarantee says about a user with the median and with the most examples."""
+    if not group:
+        return None
+    parts = [
+        f"{name.replace('_', ' ')} ({group[name]['examples']} examples) eps {group[name]['epsilon']:.4g}"
+        for name in ("median_user", "largest_user")
+    ]
+    return ", ".join(parts) + f" at delta {group['median_user']['delta']:.3g} (example-level DP: not user-level)"
+
+
+def _k_line(report: dict) -> str | None:
+    if report.get("max_examples_per_user") is None:
+        return None
+    return f"{report['max_examples_per_user']} ({report['max_examples_per_user_choice']})"
 
 
 def _baseline_lines(baselines: dict | None) -> dict:

@@ -8,6 +8,7 @@ import numpy as np
 
 from pipelines import run_limits
 from pipelines.movielens import privacy as movielens_privacy
+from pipelines.movielens import units as movielens_units
 from pipelines.movielens import vocabulary as movielens_vocabulary
 from pipelines.movielens.config import (
     MovieLensConfig,
@@ -44,7 +45,11 @@ def evaluate(model: TwoTowerModel, contexts, labels, *, ks=DEFAULT_KS, batch_siz
 
 @dataclasses.dataclass
 class Setup:
-    """Stage 1's output: the training pool (the privacy units) and the plan for it."""
+    """Stage 1's output: the training pool, the privacy units (examples, or users) and the plan for them.
+
+    `released` is N~ in units (examples, or users); `user_ids` the training user of each example (None
+    with extra examples, which have no user); `max_examples_per_user` k and how it was chosen (user level).
+    """
 
     contexts: np.ndarray
     labels: np.ndarray
@@ -54,10 +59,17 @@ class Setup:
     delta: float
     plan: RunPlan
     released: ReleasedDatasetSize
+    user_ids: np.ndarray | None = None
+    max_examples_per_user: int | None = None
+    k_source: str | None = None
 
     @property
     def size(self) -> int:
         return len(self.labels)
+
+    @property
+    def user_level(self) -> bool:
+        return self.max_examples_per_user is not None
 
 
 @dataclasses.dataclass
@@ -75,10 +87,12 @@ class Trained:
 def plan_training(config: MovieLensConfig, data: MovieLensData, extra_train_examples) -> Setup:
     """Stage 1: the training pool (plus any extra examples), q = B / N, T steps, and the privacy plan."""
     contexts, labels, num_extra = training_pool(data, extra_train_examples)
-    released = release_dataset_size(len(labels), seed=config.seed)  # N~: q, delta, T and the report use it, never N
-    n = released.value
+    user_ids, k, k_source = _units(config, data, num_extra)
+    units = len(labels) if k is None else int(np.unique(user_ids).size)  # examples, or users
+    released = release_dataset_size(units, seed=config.seed)  # N~: q, delta, T and the report use it, never N
+    n, what = released.value, ("training examples" if k is None else "training users")
     if config.batch_size > n:
-        raise ValueError(f"`batch_size` {config.batch_size} exceeds the {n} training examples (released with DP).")
+        raise ValueError(f"`batch_size` {config.batch_size} exceeds the {n} {what} (released with DP).")
     q = released.sampling_probability(config.batch_size)
     per_epoch = max(1, round(1 / q))
     steps = run_limits.check_steps(
@@ -102,12 +116,29 @@ def plan_training(config: MovieLensConfig, data: MovieLensData, extra_train_exam
         else [Release.dataset_size(released), *movielens_vocabulary.releases(data.item_release)],
     )
     if config.verbose:
+        unit = f"{what}, at most {k} examples per user per step" if k is not None else what
         print(
             f"movielens: {config.mechanism}, sigma {plan.noise_multiplier:.4g} ({movielens_privacy.noise_source(plan)}), "
-            f"N~ {n} (released with DP), q {q:.4g}, {steps} steps, delta {delta:.3g}",
+            f"N~ {n} {unit} (released with DP), q {q:.4g}, {steps} steps, delta {delta:.3g}",
             flush=True,
         )
-    return Setup(contexts, labels, num_extra, q, steps, delta, plan, released)
+    return Setup(contexts, labels, num_extra, q, steps, delta, plan, released, user_ids, k, k_source)
+
+
+def _units(config: MovieLensConfig, data: MovieLensData, num_extra: int) -> tuple:
+    """`(user of each example or None, k or None, how k was chosen)`: user level, or example level."""
+    if num_extra:  # extra fixed examples (canaries) belong to no user
+        if config.privacy_unit == movielens_units.USER:
+            raise ValueError(
+                "`extra_train_examples` (canaries) have no user: run them with privacy_unit 'example' (a canary "
+                "user of its own is not supported yet)."
+            )
+        return None, None, None
+    user_ids = movielens_units.example_users(data.train_timelines)
+    if config.privacy_unit != movielens_units.USER:
+        return user_ids, None, None  # example level: the users are kept for the group-privacy epsilon
+    k, source = movielens_units.choose_k(user_ids, config.max_examples_per_user)
+    return user_ids, k, source
 
 
 def build_model(config: MovieLensConfig, data: MovieLensData, setup: Setup) -> tuple:
@@ -143,19 +174,23 @@ def fit_model(config: MovieLensConfig, data: MovieLensData, setup: Setup, built:
     model, dp_model, budget = built
     lazy = capabilities_of(dp_model.mechanism).lookahead
     counter = movielens_privacy.TouchCounter(data.num_items + 1)
-    batches, _ = counted_batches(
-        setup.contexts,
-        setup.labels,
+    sampler = dict(
         q=setup.sampling_probability,
         seed=config.seed,
         lookahead=lazy,
         counter=counter,
         table_name=model.history_embedding.name,
     )
+    if setup.user_level:
+        k = setup.max_examples_per_user
+        batches, _ = movielens_units.user_batches(setup.contexts, setup.labels, setup.user_ids, k=k, **sampler)
+        probe = movielens_units.probe_batch(setup.contexts, setup.labels, setup.user_ids, k=k)
+    else:
+        batches, _ = counted_batches(setup.contexts, setup.labels, **sampler)
+        probe = tf.data.Dataset.from_tensors((setup.contexts[:8], setup.labels[:8]))
     # Build the model, check the per-example contract and init the mechanism from a separate
-    # probe batch (>= 2 examples: the independence check needs them), so that `fit` does not
+    # probe batch (>= 2 examples or users: the independence check needs them), so that `fit` does not
     # draw (and count) a Poisson batch the model never trains on.
-    probe = tf.data.Dataset.from_tensors((setup.contexts[:8], setup.labels[:8]))
     if lazy:
         probe = with_lookahead(probe, lambda features: {model.history_embedding.name: features})
     dp_model.prepare(probe)

@@ -17,6 +17,8 @@ MOVIES = np.array([450, 2711, 5508, 6719, 12338, 28740, 44238, 45483, 50477, 646
                    99478, 103684, 104444, 106492, 110019, 119627, 119663, 125441, 133360, 133793, 139477, 140611,
                    149675, 153342, 163949])  # fmt: skip
 FLAGS = [
+    "--privacy-unit",  # the CLI's default unit is the user (issue 30); these runs check the file layouts
+    "example",
     "--mechanism",
     "none",
     "--epochs",

@@ -70,6 +70,8 @@ def runs(ratings, data, tmp_path_factory):
     cli_dir = str(tmp_path_factory.mktemp("none"))
     code = movielens.main(
         [
+            "--privacy-unit",  # the CLI's default unit is the user (issue 30); these runs are example level
+            "example",
             "--mechanism",
             "none",
             "--epochs",

@@ -61,6 +61,7 @@ def _write_ratings(directory, *, walked: int = NUM_ITEMS, repeats: int = 0) -> s
 def _movielens(tmp_path, data: str, *extra) -> tuple[int, dict, dict]:
     out = tmp_path / "out"
     flags = ["--mechanism", "none", "--batch-size", "32", "--embedding-dim", "8", "--context-length", "3"]
+    flags += ["--privacy-unit", "example"]  # the CLI's default unit is the user (issue 30)
     code = movielens.main(["--data", data, "--out", str(out), *flags, "--seed", "1", "--quiet", *extra])
     return (code, *_released_and_operator(out, "retrieval_saved_model"))
 
