@@ -64,11 +64,9 @@ def item_embedding_gradients(layer: DPEmbedding, taps: LayerTaps, output_grads: 
         return embedding_layer_gradients(layer, taps, output_grads)
     _refuse_shared_calls(layer, taps)
     lookups = [(c, g) for c, g in zip(taps.calls, output_grads) if not _is_scoring_call(layer, c)]
-    table = layer.embeddings
+    table, dim, rows = layer.embeddings, layer.output_dim, layer.vocabulary_size
     dtype = table.dtype.base_dtype
-    dim, rows = layer.output_dim, layer.vocabulary_size
-    # A call's queries [B, d] are one scoring row per example; user units [B, k, d] are k rows of the unit:
-    # the Gram form below sums over all of them, so a user's norm is that of its summed gradient.
+    # Queries [B, d]: one scoring row per example; user units [B, k, d]: k rows, summed in the Gram form.
     queries = tf.concat([_rows_of(tf.cast(call_inputs(layer, c), dtype)) for c, _ in scoring], 1)  # [B, A, d]
     logit_grads = tf.concat([_rows_of(tf.cast(g, dtype)) for _, g in scoring], 1)  # [B, A, n]
     squared = _scoring_squared_norms(queries, logit_grads)
