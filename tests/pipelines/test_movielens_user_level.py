@@ -144,3 +144,19 @@ def test_user_level_refuses_canaries_in_one_line(tmp_path):
     extra = (np.array([[1, 2, 3]], np.int32), np.array([4], np.int32))
     with pytest.raises(ValueError, match="canaries.*privacy_unit 'example'"):
         movielens.train_and_evaluate(config, extra_train_examples=extra)
+
+
+@pytest.mark.parametrize("mechanism, sigma", [("none", None), ("eana", 0.01), ("lazy", 1.0)])
+def test_every_mechanism_trains_at_user_level(tmp_path, mechanism, sigma):
+    # LazyDP's lookahead reads the next batch's [users, k, L] ids; EANA's bounds are per example: not computed.
+    config = tiny_config(
+        write_ratings(tmp_path / "u.data"), privacy_unit="user", mechanism=mechanism, noise_multiplier=sigma,
+        batch_size=8, max_examples_per_user=4,
+    )  # fmt: skip
+    report = movielens.train_and_evaluate(config).report
+    assert report["steps_run"] == report["planned_steps"] > 0 and np.isfinite(report["final_train_loss"])
+    assert report["max_examples_per_unit"] == 4 and "eana_bound" not in report
+    if mechanism == "none":
+        assert report["epsilon"] is None
+    elif mechanism == "lazy":
+        assert report["privacy_unit"] == "user" and report["epsilon"] > 0
