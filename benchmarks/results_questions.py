@@ -326,7 +326,11 @@ def build_movielens(runs):
         ]
         for r in run.doc["runs"]
     ]
-    return [run], table(["mechanism", "ε", "σ", "P@10", "R@10", "R@20", "median step"], rows)
+    body = table(["mechanism", "ε", "σ", "P@10", "R@10", "R@20", "median step"], rows)
+    user_level = latest(runs, "movielens_user_level")  # issue 30: the same model, the user as the privacy unit
+    if user_level is None:
+        return [run], body
+    return [run, user_level], body + "\n\n**User level.** " + user_level_text(user_level.doc)
 
 
 def user_level_text(doc: dict) -> str:
@@ -335,22 +339,21 @@ def user_level_text(doc: dict) -> str:
     none = next(r for r in runs if r["run"] == "none")
     ks = [int(k) for k in str(config["ks"]).split(",")]
     rows, costs, best_ks = [], [], []
+    batches = sorted({r["batch_size"] for r in runs if r["privacy_unit"] == "user"})
     for eps in sorted({float(e) for e in str(config["epsilons"]).split(",")}):
         near = [r for r in runs if r["epsilon"] is not None and abs(r["epsilon"] - eps) < 0.01 * eps]
         example = next((r for r in near if r["run"] == "example"), None)
-        users = [r for r in near if r["privacy_unit"] == "user"]
+        users = {(r["k"], r["batch_size"]): r for r in near if r["privacy_unit"] == "user"}
         if example is None or not users:
             continue
-        best = max(users, key=lambda r: r["recall@10"])
+        best = max(users.values(), key=lambda r: r["recall@10"])
         best_ks.append((best["k"], best["batch_size"]))
         costs.append((eps, example["recall@10"], best["recall@10"]))
         group = f"{example['group_epsilon_median_user']:.3g} / {example['group_epsilon_largest_user']:.3g}"
-        for batch in sorted({r["batch_size"] for r in users}):
-            cells = {r["k"]: r for r in users if r["batch_size"] == batch}
-            recalls = [num(cells[k]["recall@10"], 4) if k in cells else "not measured" for k in ks]
-            rows.append([f"{eps:g}", num(example["recall@10"], 4), group, str(batch), *recalls])
-    header = ["ε", "example level R@10", "its ε for a median / largest user", "users per batch"]
-    header += [f"user level k={k} R@10" for k in ks]
+        cells = [" / ".join(num(users[k, b]["recall@10"], 4) if (k, b) in users else "—" for b in batches) for k in ks]
+        rows.append([f"{eps:g}", num(example["recall@10"], 4), group, *cells])
+    header = ["ε", "example level R@10", "its ε for a median / largest user"]
+    header += [f"user level k={k} R@10 ({' / '.join(map(str, batches))} users per batch)" for k in ks]
     return _user_level_intro(doc, none) + table(header, rows) + _user_level_findings(costs, best_ks, none)
 
 
@@ -391,13 +394,6 @@ def _user_level_findings(costs: list, best_ks: list, none: dict) -> str:
         f"{len(best_ks)} ε; choosing k or the batch by test recall is not private and not accounted (it is "
         "optimistic): a release picks them from public knowledge or pays for a private selection."
     )
-
-
-def build_movielens_user_level(runs):
-    run = latest(runs, "movielens_user_level")
-    if run is None:
-        return None
-    return [run], user_level_text(run.doc)
 
 
 def _same_model_ratio(row: dict, rows: list) -> str:
@@ -946,16 +942,11 @@ QUESTIONS = (
     ),
     Question(
         "Utility: MovieLens two-tower retrieval",
-        "Precision and recall@k of a two-tower model on ml-100k, DP vs non-private.",
-        ("movielens_utility",),
+        "Precision and recall@k of a two-tower model on ml-100k, DP vs non-private; and, with the user as the "
+        "privacy unit (all their ratings, at most k per step), what user-level DP costs against example level at "
+        "the same ε, and which k is best.",
+        ("movielens_utility", "movielens_user_level"),
         build_movielens,
-    ),
-    Question(
-        "Utility: MovieLens user-level vs example-level DP",
-        "What does protecting a whole user (all their ratings, at most k per step) cost in recall@10 against "
-        "protecting one example, at the same ε, and which k is best?",
-        ("movielens_user_level",),
-        build_movielens_user_level,
     ),
     Question(
         "Utility: DP retrieval task vs TFRS in-batch",

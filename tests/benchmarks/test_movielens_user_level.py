@@ -42,8 +42,9 @@ def _doc():
 
 def test_the_section_names_the_cost_and_the_best_k_and_says_choosing_k_by_test_is_not_private():
     text = user_level_text(_doc())
-    assert "| 1 | 0.0600 | 300 / 4e+03 | 64 | 0.0300 | 0.0200 | 0.0100 |" in text
-    assert "| 3 | 0.0800 | 300 / 4e+03 | 64 | 0.0200 | 0.0400 | 0.0300 |" in text
+    assert "| 1 | 0.0600 | 300 / 4e+03 | 0.0300 | 0.0200 | 0.0100 |" in text  # one batch size: one value a cell
+    assert "| 3 | 0.0800 | 300 / 4e+03 | 0.0200 | 0.0400 | 0.0300 |" in text
+    assert "user level k=128 R@10 (64 users per batch)" in text
     # 0.03 / 0.06 = 50 % and 0.04 / 0.08 = 50 % of example level; popularity 0.05 is beaten at neither epsilon
     assert "reaches 0.0300 against example level's 0.0600 (50% of it)" in text
     assert "beats the popularity ranking at 0 of 2" in text
