@@ -162,6 +162,9 @@ def test_end_to_end_report_and_saved_model(mechanism, days, tmp_path_factory, ca
         assert report["is_dp"] is False and report["noise_multiplier"] == 0.0
         assert report["gradient_size_reduction"] is None
 
+    # example level, said so (issue 30): no user id in the files, so a person is protected by group privacy only
+    assert report["privacy_unit"].startswith("example") and report["adjacency"] == "add-or-remove-one-example"
+    assert any("carry no user id" in c and "group privacy" in c for c in report["caveats"])
     if mechanism == "dense":
         assert report["batching"] == "fixed_shuffled" and report["gradient_size_reduction"] == 1.0
         assert any("Poisson" in c for c in report["caveats"])
