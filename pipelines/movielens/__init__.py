@@ -2,6 +2,14 @@
 
     python -m pipelines.movielens --mechanism eana --noise-multiplier 0.01 --epochs 5 --out runs/eana
     python -m pipelines.movielens --mechanism dense --epsilon 3 --epochs 5 --out runs/dense
+    python -m pipelines.movielens --privacy-unit example --mechanism dense --epsilon 3 --epochs 5 --out runs/ex
+
+The privacy unit (`units.py`): by default a training user's whole timeline
+(`--privacy-unit user`: Poisson over users, at most `--max-examples-per-user`
+K examples of a sampled user per step, packed `[users, K, L]`, one clipped
+gradient per user; q, N~ and delta in users); `--privacy-unit example` is the
+run over (context, label) examples, whose report adds the group-privacy
+epsilon of a user with the median and with the most examples.
 
 What happens:
   1. read the ratings (`--data`: ml-100k `u.data`, ml-latest / ML-20M
@@ -30,7 +38,7 @@ What happens:
      and write `DIR/report.json`. `DIR` appears whole or not at all: a run that fails, is
      interrupted or killed leaves it as it was (`pipelines.output_dir`).
 
-Modules: `cli.py` (flags), `config.py`, `data.py` (pool and batches),
+Modules: `cli.py` (flags), `config.py`, `data.py` (pool and batches), `units.py` (user or example level),
 `training.py` (stages 1-4), `report.py`, `pipeline.py` (the run and the
 export), `privacy.py` (EANA's bounds, nominal epsilon), `vocabulary.py`
 (the DP movie-id release). Public API (used by the secret-sharer audit): `MovieLensConfig`,
