@@ -372,8 +372,7 @@ def _user_level_intro(doc: dict, none: dict) -> str:
         f"seed. Non-private recall@10 {none['recall@10']:.4f}; popularity (training counts, not private) "
         f"{none['popularity_recall@10']:.4f}. The example-level ε is per (context, label) example; the column beside "
         f"it gives the group-privacy ε (`tfdp_embed.accounting.group_epsilon`, a loose upper bound) for a user with "
-        f"{example['median_user_examples']} (median) and {example['largest_user_examples']} (most) examples. The "
-        f"pipeline's default k (median examples per training user) is {c.get('default_k')}.\n\n"
+        f"{example['median_user_examples']} (median) and {example['largest_user_examples']} (most) examples.\n\n"
     )
 
 

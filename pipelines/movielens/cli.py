@@ -89,8 +89,8 @@ def _add_unit_flags(p: argparse.ArgumentParser) -> None:
         "--max-examples-per-user",
         type=cli_types.positive(int),
         metavar="K",
-        help="user level: the most examples a sampled user brings to a step (default: the median of the training "
-        "users' example counts, a data-dependent choice recorded in report.json and not accounted)",
+        help="user level: the most examples a sampled user brings to a step (default "
+        f"{movielens_units.DEFAULT_MAX_EXAMPLES_PER_USER}, a public constant; read from no data of the run)",
     )
 
 

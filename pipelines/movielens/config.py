@@ -44,8 +44,8 @@ class MovieLensConfig:
       privacy_unit: "example" (one (context, label) example; this config's default, kept for the
         programmatic callers such as the secret-sharer audit) or "user" (a training user's whole timeline;
         the command line's default): see `pipelines.movielens.units`.
-      max_examples_per_user: k at user level (None: the median of the users' example counts, a
-        data-dependent choice the report records as such).
+      max_examples_per_user: k at user level (None: the public default
+        `pipelines.movielens.units.DEFAULT_MAX_EXAMPLES_PER_USER`).
       mechanism: "none", "dense" (DP-SGD), "eana" (not DP) or "lazy" (LazyDP).
       noise_multiplier: sigma; or None with `epsilon` set (calibrated).
       epsilon: target epsilon for dense/lazy (sigma calibrated; a nominal sigma for eana).

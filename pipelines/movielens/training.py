@@ -137,7 +137,7 @@ def _units(config: MovieLensConfig, data: MovieLensData, num_extra: int) -> tupl
     user_ids = movielens_units.example_users(data.train_timelines)
     if config.privacy_unit != movielens_units.USER:
         return user_ids, None, None  # example level: the users are kept for the group-privacy epsilon
-    k, source = movielens_units.choose_k(user_ids, config.max_examples_per_user)
+    k, source = movielens_units.choose_k(config.max_examples_per_user)
     return user_ids, k, source
 
 

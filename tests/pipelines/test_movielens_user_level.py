@@ -66,9 +66,9 @@ def test_user_level_on_the_bundled_ml_100k_reports_the_unit_k_and_users(tmp_path
         assert 700 <= r["num_units"] == r["dataset_size"] <= 800  # ml-100k: 943 users, 80% train (754), N~
     k = report["max_examples_per_unit"]
     assert k == report["max_examples_per_user"] == shipped["max_examples_per_unit"]
-    # the default k: the median of the 754 training users' example counts (data-dependent, said so)
-    assert 30 <= k <= 80 and "median" in report["max_examples_per_user_choice"]
-    assert any("NOT accounted" in c for c in shipped["caveats"])
+    # the default k: a public constant, read from no data of the run (the exact median would be a release)
+    assert k == 128 and "public constant" in report["max_examples_per_user_choice"]
+    assert any("public constant" in c for c in shipped["caveats"])
     assert report["sampling_probability"] == pytest.approx(64 / report["num_units"])
     assert report["steps_run"] == round(report["num_units"] / 64)  # one epoch over users
     print(movielens.format_report(result.report))
