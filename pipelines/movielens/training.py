@@ -182,7 +182,7 @@ def fit_model(config: MovieLensConfig, data: MovieLensData, setup: Setup, built:
         table_name=model.history_embedding.name,
     )
     if setup.user_level:
-        k = setup.max_examples_per_user
+        k = int(setup.max_examples_per_user or 0)  # set at user level (`Setup.user_level`)
         batches, _ = movielens_units.user_batches(setup.contexts, setup.labels, setup.user_ids, k=k, **sampler)
         probe = movielens_units.probe_batch(setup.contexts, setup.labels, setup.user_ids, k=k)
     else:

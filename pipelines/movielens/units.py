@@ -134,7 +134,7 @@ def group_privacy_fields(setup, trained, epsilon) -> dict | None:
         return None
     events = trained.budget.ledger if trained.budget is not None else _step_events(setup, trained)
     counts = examples_per_user(setup.user_ids)
-    out = {
+    out: dict = {
         "note": "example-level DP says this about a whole user's history (group privacy over their examples); "
         "the counts are exact and not released",
     }
