@@ -91,12 +91,18 @@ def counted_batches(contexts, labels, *, q, seed, lookahead: bool, counter, tabl
     pool = tf.data.Dataset.from_tensor_slices((contexts.astype(np.int32), labels.astype(np.int32)))
     batches, info = poisson_batches(pool, sampling_probability=q, seed=seed, num_examples=len(labels))
     counter.batches_per_epoch = info.batches_per_epoch
+    return counted_dataset(batches, counter, lookahead=lookahead, table_name=table_name), info
+
+
+def counted_dataset(batches, counter, *, lookahead: bool, table_name: str):
+    """`(contexts, labels)` of each batch, its contexts recorded in `counter`; any further element (a user-level
+    batch's sample weight) is dropped; LazyDP's lookahead on `table_name` when asked."""
 
     def record(batch_contexts):
         counter.record(batch_contexts)
         return np.int64(0)
 
-    def counted(batch_contexts, batch_labels):
+    def counted(batch_contexts, batch_labels, *_rest):
         done = tf.numpy_function(record, [batch_contexts], tf.int64, stateful=True)
         with tf.control_dependencies([done]):
             return tf.identity(batch_contexts), tf.identity(batch_labels)
@@ -104,4 +110,4 @@ def counted_batches(contexts, labels, *, q, seed, lookahead: bool, counter, tabl
     dataset = batches.map(counted)
     if lookahead:
         dataset = with_lookahead(dataset, lambda features: {table_name: features})
-    return dataset, info
+    return dataset

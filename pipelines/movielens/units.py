@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfdp_embed import tf
 from tfdp_embed.accounting import dpsgd_event, group_epsilon
-from tfdp_embed.data import poisson_user_batches, with_lookahead
+from tfdp_embed.data import poisson_user_batches
 
 USER, EXAMPLE = "user", "example"
 PRIVACY_UNITS = (USER, EXAMPLE)
@@ -78,20 +77,9 @@ def user_batches(contexts, labels, user_ids, *, k: int, q: float, seed, lookahea
         seed=seed,
     )
     counter.batches_per_epoch = info.batches_per_epoch
+    from pipelines.movielens.data import counted_dataset  # data imports config, which imports this module
 
-    def record(batch_contexts):
-        counter.record(batch_contexts)
-        return np.int64(0)
-
-    def counted(batch_contexts, batch_labels, _weight):
-        done = tf.numpy_function(record, [batch_contexts], tf.int64, stateful=True)
-        with tf.control_dependencies([done]):
-            return tf.identity(batch_contexts), tf.identity(batch_labels)
-
-    dataset = batches.map(counted)
-    if lookahead:
-        dataset = with_lookahead(dataset, lambda features: {table_name: features})
-    return dataset, info
+    return counted_dataset(batches, counter, lookahead=lookahead, table_name=table_name), info
 
 
 def probe_batch(contexts, labels, user_ids, *, k: int):
