@@ -48,8 +48,10 @@ run: $(STAMP)
 
 test: test-main test-peers test-beam
 
+# --dist loadscope: a module's tests share one worker, so a module-scoped fixture (a pipeline run) is built
+# once, not once per worker (1896 tests: 862 s against 890 s with the default distribution, 2 cores).
 test-main: $(STAMP)
-	$(PY) -m pytest -q -n 2 --durations=15 tests
+	$(PY) -m pytest -q -n 2 --dist loadscope --durations=15 tests
 
 # Cross-checks against tensorflow-privacy (ε, σ = 0 weights, the peer step-time benchmark).
 test-peers: $(PEERS_STAMP)
