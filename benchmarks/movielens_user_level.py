@@ -38,6 +38,7 @@ import sys
 import time
 
 from benchmarks import outputs
+from pipelines.movielens import units as movielens_units
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -175,7 +176,7 @@ def main(argv=None) -> int:
         "epochs": args.epochs, "epsilons": args.epsilons, "ks": args.ks, "delta": args.delta,
         "batch_size": args.batch_size, "users_per_batch": args.users_per_batch, "seed": args.seed,
         "embedding_dim": base.embedding_dim, "l2_norm_clip": base.l2_norm_clip, "momentum": base.momentum,
-        "default_k": _default_k(data),
+        "default_k": movielens_units.DEFAULT_MAX_EXAMPLES_PER_USER,
     }  # fmt: skip
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = {"command": command, "machine": info, "config": config, "data": data.summary(), "runs": rows}
@@ -188,14 +189,6 @@ def main(argv=None) -> int:
 
 def _numbers(text: str, kind) -> list:
     return [kind(value) for value in str(text).split(",") if value]
-
-
-def _default_k(data) -> int:
-    """The pipeline's default k (a public constant; `data` is not read)."""
-    from pipelines.movielens import units
-
-    del data
-    return units.choose_k(None)[0]
 
 
 if __name__ == "__main__":
