@@ -2,7 +2,8 @@
 
 Canary i is a click (label 1) whose C1 id is V1 + 1 + i, a row of its own
 beyond the V1 + 1 rows the reader hashes real ids into (the audit model's C1
-table has M more rows, same width), every other feature 0. The run is
+table has M more rows, same width; with stacked tables, C1's part of its
+stack), every other feature 0. The run is
 `tfdp_embed.keras2.audit_canaries.audit_run` on the period's rows in memory:
 the plan's noise multiplier, q and T, each canary in with probability 1/2,
 Poisson batches; each canary is scored from the released (flushed) weights
@@ -28,7 +29,7 @@ from pipelines import audit_canaries
 
 #: Mechanisms an audit run of the pipeline supports (the others: `benchmarks.privacy_audit`).
 AUDITABLE = ("none", "dense", "lazy", "eana")
-TABLE = "embedding_C1"
+CANARY_FEATURE = "C1"
 
 
 def check_flags(parser, a) -> None:
@@ -48,13 +49,15 @@ def check_flags(parser, a) -> None:
         )
 
 
-def _canary_examples(features: dict, labels: np.ndarray):
+def _canary_examples(features: dict, labels: np.ndarray, offset: int):
+    """Canary examples for table rows `row_ids`: C1 ids `row_ids - offset` (C1's rows start at `offset`)."""
+
     def make(row_ids):
         m = len(row_ids)
         made = {
             name: np.zeros((m, *np.shape(values)[1:]), np.asarray(values).dtype) for name, values in features.items()
         }
-        made["C1"] = np.asarray(row_ids).astype(made["C1"].dtype)
+        made[CANARY_FEATURE] = (np.asarray(row_ids) - offset).astype(made[CANARY_FEATURE].dtype)
         return made, np.ones((m, *np.shape(labels)[1:]), np.float32)
 
     return make
@@ -90,7 +93,7 @@ def run(config, period, model_config, plan) -> dict:
     from tfdp_embed import keras
     from tfdp_embed.keras2.audit_canaries import audit_run
     from tfdp_embed.keras2.models import build_ctr_model
-    from tfdp_embed.keras2.models.ctr import ctr_embedding_dims
+    from tfdp_embed.keras2.models.ctr import ctr_embedding_dims, feature_table
 
     if period.streaming:
         raise ValueError("--audit-canaries trains on rows held in memory; these were streamed: add --streaming off.")
@@ -98,17 +101,18 @@ def run(config, period, model_config, plan) -> dict:
     dims = model_config.embedding_dims or ctr_embedding_dims(vocab)
     audit_config = dataclasses.replace(model_config, vocab_sizes=(vocab[0] + m, *vocab[1:]), embedding_dims=dims)
     labels = np.asarray(period.labels, np.float32)
+    table, offset = feature_table(audit_config, CANARY_FEATURE)  # C1's rows in its table (or stack)
     audit = audit_run(
         lambda: build_ctr_model(audit_config),
         (period.features, labels),
         plan=_audit_plan(config, plan),
-        first_canary_id=vocab[0] + 1,  # the reader's ids of C1 are 0 .. V1
+        first_canary_id=offset + vocab[0] + 1,  # the reader's ids of C1 are 0 .. V1
         num_canaries=m,
         audit_seed=audit_canaries.audit_seed(config.seed),
         optimizer_fn=lambda: keras.optimizers.legacy.SGD(config.learning_rate, momentum=config.momentum),
         loss=keras.losses.BinaryCrossentropy(from_logits=True),
-        table=TABLE,
-        canary_examples=_canary_examples(period.features, labels),
+        table=table,
+        canary_examples=_canary_examples(period.features, labels, offset),
         batch_seed=config.seed,
     )
     claimed = plan.target_epsilon if config.mechanism not in ("none", "eana") else None

@@ -140,8 +140,11 @@ def accounting_period(manifest: dict, *, max_steps: int | None, accountant: str)
     return AccountingPeriod(manifest["sampling_probability"], steps, int(manifest["num_examples"]), int(cap))
 
 
-def train_batches(directory: str, vocab_sizes: dict, *, lookahead: bool):
-    """`(batches, info)`: the shards' steps parsed to `(features, labels [n, 1])`, in step order, once."""
+def train_batches(directory: str, vocab_sizes: dict, *, lookahead: bool, table_ids=None):
+    """`(batches, info)`: the shards' steps parsed to `(features, labels [n, 1])`, in step order, once.
+
+    `table_ids`: features -> `{layer name: ids}` for the lookahead (default: one table per feature).
+    """
     lines, info = beam_poisson_batches(directory)
     source = f"Beam shards {directory}"
 
@@ -151,7 +154,7 @@ def train_batches(directory: str, vocab_sizes: dict, *, lookahead: bool):
 
     batches = lines.map(parse)
     if lookahead:
-        batches = with_lookahead(batches, criteo_data.table_ids)
+        batches = with_lookahead(batches, table_ids or criteo_data.table_ids)
     return batches.prefetch(2), info
 
 

@@ -218,6 +218,32 @@ def _add_privacy_flags(priv) -> None:
     )
 
 
+def _add_model_flags(train) -> None:
+    """The pCTR model's shape: architecture, tower, table widths and their stacking."""
+    train.add_argument(
+        "--model",
+        choices=ARCHITECTURES,
+        default="mlp",
+        help="mlp: DP-FEST App. D.1; dcn: DCN-v2 cross layers + the same tower",
+    )
+    train.add_argument(
+        "--hidden-units",
+        type=_units,
+        help="ReLU tower widths (default by training rows N: 64,32 below 1e5; 256,128 below 1e6; 512,256,128 "
+        "below 1e7; 598,598,598,598 (DP-FEST) above)",
+    )
+    train.add_argument(
+        "--embedding-dim", type=cli_types.positive(int), help="one width for every table instead of int(2 V^0.25)"
+    )
+    train.add_argument(
+        "--no-stack-tables",
+        dest="stack_tables",
+        action="store_false",
+        help="one table variable per feature (default: the tables of one width share one variable, so a step does "
+        "one lookup, noise and update per width group; DP-FEST then selects top-k over each group's buckets)",
+    )
+
+
 def _add_training_flags(train) -> None:
     """Steps, batches, optimizer, model shape, seed and verbosity."""
     train.add_argument(
@@ -244,21 +270,7 @@ def _add_training_flags(train) -> None:
     train.add_argument(
         "--momentum", type=float, default=PipelineConfig.momentum, help="SGD momentum in [0, 1) (default %(default)s)"
     )
-    train.add_argument(
-        "--model",
-        choices=ARCHITECTURES,
-        default="mlp",
-        help="mlp: DP-FEST App. D.1; dcn: DCN-v2 cross layers + the same tower",
-    )
-    train.add_argument(
-        "--hidden-units",
-        type=_units,
-        help="ReLU tower widths (default by training rows N: 64,32 below 1e5; 256,128 below 1e6; 512,256,128 "
-        "below 1e7; 598,598,598,598 (DP-FEST) above)",
-    )
-    train.add_argument(
-        "--embedding-dim", type=cli_types.positive(int), help="one width for every table instead of int(2 V^0.25)"
-    )
+    _add_model_flags(train)
     train.add_argument(
         "--seed",
         type=int,
@@ -402,6 +414,7 @@ def _config(a: argparse.Namespace, manifest: dict | None = None) -> PipelineConf
         table3_vocabulary=a.vocabulary == "table3",
         hidden_units=a.hidden_units,
         embedding_dim=a.embedding_dim,
+        stack_tables=a.stack_tables,
         learning_rate=a.learning_rate,
         momentum=a.momentum,
         privacy=_privacy_settings(a),

@@ -46,6 +46,7 @@ class PipelineConfig:
     table3_vocabulary: bool = False  # Table 3's sizes uncapped (no data-scaled cap); exclusive with hash_size
     hidden_units: tuple | None = None
     embedding_dim: int | None = None
+    stack_tables: bool = True  # one table variable per width group (`--no-stack-tables`: one per feature)
     learning_rate: float | None = None
     momentum: float = 0.9
     privacy: criteo_privacy.PrivacySettings | None = None

@@ -323,7 +323,10 @@ def examples(period: Period) -> tuple:
 
 
 def table_ids(features) -> dict:
-    """`{DPEmbedding layer name: bucket ids}` of a batch (what LazyDP's lookahead needs)."""
+    """`{DPEmbedding layer name: bucket ids}` of a batch for unstacked tables (what LazyDP's lookahead needs).
+
+    A model with stacked tables takes `tfdp_embed.keras2.models.ctr.table_ids_fn(model_config)` instead.
+    """
     return {f"embedding_{name}": features[name] for name in CAT_FEATURES}
 
 
@@ -339,6 +342,7 @@ def train_batches(
     poisson: bool,
     lookahead: bool,
     seed: int | None,
+    table_ids=table_ids,
     stream_buffer_rows: int = DEFAULT_STREAM_BUFFER_ROWS,
     sampler: str = "one_pass",
     spill_dir: str | None = None,
@@ -359,6 +363,8 @@ def train_batches(
       poisson: Poisson sampling; False for fixed-size shuffled batches.
       lookahead: append `{layer name: next batch's distinct rows}` (LazyDP).
       seed: sampling seed (None: OS entropy).
+      table_ids: features -> `{layer name: ids}` for the lookahead: the model's
+        (`ctr.table_ids_fn(model_config)` for stacked tables); default one table per feature.
       stream_buffer_rows: streaming only: rows of batches held at once.
       sampler: streaming Poisson only: "one_pass" (default) or "multi_pass".
       spill_dir: one-pass only: directory for the spill (None: the system temp directory).

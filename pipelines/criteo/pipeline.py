@@ -8,6 +8,7 @@ Each stage is one function below; `run` calls them in order and writes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -36,7 +37,7 @@ from tfdp_embed.data.criteo.text import estimate_rows
 from tfdp_embed.keras2.callbacks import PrivacyBudget
 from tfdp_embed.keras2.export import release_ready
 from tfdp_embed.keras2.models import CTRModelConfig, CTRServingModule, build_ctr_model
-from tfdp_embed.keras2.models.ctr import ctr_embedding_dims
+from tfdp_embed.keras2.models.ctr import ctr_embedding_dims, table_counts, table_ids_fn
 from tfdp_embed.mechanisms import capabilities_of
 
 
@@ -71,8 +72,9 @@ def _skipped(*periods) -> dict:
     return total
 
 
-def _layer_counts(counts: dict) -> dict:
-    return {f"embedding_{name}": counts[name] for name in CAT_FEATURES}
+def _layer_counts(model_config: CTRModelConfig, counts: dict) -> dict:
+    """`{table layer name: bucket counts}`: a stack's are its features' counts end to end (top-k over all)."""
+    return table_counts(model_config, counts)
 
 
 @dataclasses.dataclass
@@ -118,6 +120,7 @@ class _Training:
     budget: PrivacyBudget | None  # one period: the sequential budget; several: None (`plan.budget(period=i)` each)
     counts: dict | None
     calibration_skipped: dict | None = None  # why the output calibration did not run, when it was asked for
+    table_ids: Any = None  # features -> {table layer name: ids}: LazyDP's lookahead (`ctr.table_ids_fn`)
 
     @property
     def mechanism(self):
@@ -311,7 +314,9 @@ def _calibration_decision(config: PipelineConfig, data: _Data, settings) -> tupl
     return dataclasses.replace(settings, calibration_fraction=0.0), skipped
 
 
-def _plan(config: PipelineConfig, data: _Data) -> tuple[RunPlan, dict | None, dict | None]:
+def _plan(
+    config: PipelineConfig, data: _Data, model_config: CTRModelConfig
+) -> tuple[RunPlan, dict | None, dict | None]:
     """Stage 2: bucket counts for a DP selection, then the privacy plan (`criteo_privacy.plan`).
 
     One period: sequential accounting of its T steps. Several: parallel
@@ -325,7 +330,7 @@ def _plan(config: PipelineConfig, data: _Data) -> tuple[RunPlan, dict | None, di
     plan = criteo_privacy.plan(
         settings,
         periods=_periods(config, data),
-        counts=None if counts is None else _layer_counts(counts),
+        counts=None if counts is None else _layer_counts(model_config, counts),
         released=data.released,
     )
     composition = "parallel over periods, " if plan.parallel else ""
@@ -353,7 +358,7 @@ def _build(config: PipelineConfig, model_config: CTRModelConfig, plan: RunPlan, 
         lookahead=config.lazy_lookahead,
     )
     budget = plan.budget() if plan.mechanism_name != "none" and not plan.parallel else None
-    return _Training(model, tables, plan, dp_model, budget, counts)
+    return _Training(model, tables, plan, dp_model, budget, counts, table_ids=table_ids_fn(model_config))
 
 
 def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, training: _Training) -> dict:
@@ -374,7 +379,7 @@ def _train(config: PipelineConfig, data: _Data, model_config: CTRModelConfig, tr
     for index, period in enumerate(data.periods):
         if index > 0 and capabilities_of(training.mechanism).reselects:
             counts = criteo_data.bucket_counts(period, counts=counts)
-            training.mechanism.reselect(_layer_counts(counts))
+            training.mechanism.reselect(_layer_counts(model_config, counts))
         _fit_period(config, data, training, index, touched, trained)
         if len(data.periods) > 1:
             trained["periods"].append(_evaluate_period(config, data, training, index, trained["timer"]))
@@ -427,13 +432,17 @@ def _batches(config: PipelineConfig, data: _Data, training: _Training, index: in
     """
     if data.beam_manifest is not None:
         lookahead = config.lazy_lookahead
-        training.dp_model.prepare(criteo_beam.train_batches(config.beam_shards, data.vocab, lookahead=lookahead)[0])
-        return criteo_beam.train_batches(config.beam_shards, data.vocab, lookahead=lookahead)
+        shards = functools.partial(
+            criteo_beam.train_batches, config.beam_shards, data.vocab, lookahead=lookahead, table_ids=training.table_ids
+        )
+        training.dp_model.prepare(shards()[0])
+        return shards()
     return criteo_data.train_batches(
         data.periods[index],
         batch_size=config.batch,
         poisson=not config.fixed_size_batches,
         lookahead=config.lazy_lookahead,
+        table_ids=training.table_ids,
         seed=None if config.seed is None else config.seed * 1009 + index,
         stream_buffer_rows=config.stream_buffer_rows,
         spill_dir=config.spill_dir,
@@ -528,6 +537,7 @@ def _model_config(config: PipelineConfig, data: _Data) -> CTRModelConfig:
         hidden_units=config.hidden_units,
         architecture=config.model,
         embedding_dims=None if config.embedding_dim is None else (config.embedding_dim,) * len(CAT_FEATURES),
+        stack_tables=config.stack_tables,
     )
 
 
@@ -712,7 +722,7 @@ def _run(config: PipelineConfig, staging: Staging) -> PipelineResult:
     data = _read(config)
     config, data.chosen = _choose(config, data)
     model_config = _model_config(config, data)
-    plan, counts, calibration_skipped = _plan(config, data)
+    plan, counts, calibration_skipped = _plan(config, data, model_config)
     staging.budget.start(plan, program=PROGRAM)  # OUT.budget.jsonl: this run's epsilon counts from now
     if config.audit_canaries:  # trains with canaries, reports the bound, exports nothing (`criteo/audit.py`)
         return _audit(config, data, model_config, plan, staging, started=started)

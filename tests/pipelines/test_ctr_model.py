@@ -23,7 +23,7 @@ def _dense_units(model):
 
 
 def test_paper_model_embedding_widths_and_tower():
-    config = CTRModelConfig.from_vocab_sizes()  # DP-FEST Table 3
+    config = CTRModelConfig.from_vocab_sizes(stack_tables=False)  # DP-FEST Table 3, one table per feature
     model = build_ctr_model(config)
     tables = {layer.name: layer for layer in model.layers if layer.name.startswith("embedding_")}
     assert sorted(tables) == sorted(table_names())
@@ -34,6 +34,12 @@ def test_paper_model_embedding_widths_and_tower():
     assert _dense_units(model) == [598, 598, 598, 598, 1]
     first = model.get_layer("hidden_0")
     assert first.kernel.shape[0] == sum(config.dims) + 13 + 13  # embeddings, log integers, missing flags
+    # Stacked (the default): one table per width, 20 widths among Table 3's 26 tables; C3 is alone at width 33.
+    stacked = build_ctr_model(CTRModelConfig.from_vocab_sizes())
+    stacks = {layer.name: layer for layer in stacked.layers if layer.name.startswith("embedding_")}
+    assert len(stacks) == 20 and stacks["embedding_stack_33"].features == ("C3",)
+    assert sum(layer.vocabulary_size for layer in stacks.values()) == sum(v + 1 for v in config.vocab_sizes)
+    assert stacked.get_layer("hidden_0").kernel.shape == first.kernel.shape
 
 
 def test_dcn_option_puts_cross_layers_before_the_tower():

@@ -7,12 +7,15 @@
 
 from tfdp_embed.layers.lookup import EmbeddingLookup, EmbeddingOccurrences, read_hooks_removed
 from tfdp_embed.layers.shared_lookup import MODES, SharedLookup, check_shared_arguments
+from tfdp_embed.layers.stacked_lookup import StackedLookup, width_groups
 
 __all__ = [
     "MODES",
     "EmbeddingLookup",
     "EmbeddingOccurrences",
     "SharedLookup",
+    "StackedLookup",
     "check_shared_arguments",
     "read_hooks_removed",
+    "width_groups",
 ]

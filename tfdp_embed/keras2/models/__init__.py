@@ -8,7 +8,17 @@ exports its query tower with a top-k retrieval signature. `sasrec` is the
 next-item Transformer (vanilla or DPFormer) with a shared input/output table.
 """
 
-from tfdp_embed.keras2.models.ctr import ARCHITECTURES, CTRModelConfig, build_ctr_model, ctr_embedding_dims, table_names
+from tfdp_embed.keras2.models.ctr import (
+    ARCHITECTURES,
+    CTRModelConfig,
+    build_ctr_model,
+    ctr_embedding_dims,
+    feature_table,
+    table_counts,
+    table_ids_fn,
+    table_layout,
+    table_names,
+)
 from tfdp_embed.keras2.models.ctr_serving import (
     RAW_FIELDS,
     CTRServingModule,
@@ -35,7 +45,11 @@ __all__ = [
     "check_history",
     "check_request",
     "ctr_embedding_dims",
+    "feature_table",
     "serving_input_signature",
+    "table_counts",
+    "table_ids_fn",
+    "table_layout",
     "table_names",
     "two_tower_registry",
 ]

@@ -34,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from tfdp_embed.data.criteo import (
     CAT_FEATURES,
     INT_FEATURES,
@@ -42,6 +44,7 @@ from tfdp_embed.data.criteo import (
     resolve_vocab_sizes,
 )
 from tfdp_embed.keras2 import DPEmbedding, keras, tf
+from tfdp_embed.keras2.layers.stacked_embedding import StackedEmbedding, stacked_tables
 
 ARCHITECTURES = ("mlp", "dcn")
 PAPER_HIDDEN_UNITS = (598, 598, 598, 598)
@@ -85,6 +88,10 @@ class CTRModelConfig:
       embedding_dims: per-feature widths overriding `int(2 * V ** 0.25)`
         (tests use tiny ones); None for the paper's rule.
       use_missing_indicators: also feed the 13 integer missing flags.
+      stack_tables: keep the tables of one width in one `StackedEmbedding`
+        per width group (`embedding_stack_{width}`), so each step does one
+        lookup, catch-up, noise and scatter per group; False: one
+        `DPEmbedding` per feature (`embedding_C1` .. `embedding_C26`).
     """
 
     vocab_sizes: tuple
@@ -94,6 +101,7 @@ class CTRModelConfig:
     cross_projection_dim: int | None = None
     embedding_dims: tuple | None = None
     use_missing_indicators: bool = True
+    stack_tables: bool = True
 
     def __post_init__(self):
         object.__setattr__(
@@ -119,6 +127,8 @@ class CTRModelConfig:
                 "embedding_dims",
                 _positive_ints("embedding_dims", self.embedding_dims, length=len(CAT_FEATURES)),
             )
+        if not isinstance(self.stack_tables, bool):
+            raise ValueError(f"`stack_tables` must be a bool; received {self.stack_tables!r}.")
         if not self.hidden_units and self.architecture == "mlp":
             raise ValueError("`hidden_units` must not be empty for architecture 'mlp'.")
 
@@ -154,7 +164,9 @@ class CTRModelConfig:
 
     @classmethod
     def from_config(cls, config: Mapping) -> CTRModelConfig:
-        return cls(**dict(config))
+        """Inverts `get_config`; a config saved before `stack_tables` existed describes unstacked tables."""
+        fields: dict = {"stack_tables": False} | dict(config)
+        return cls(**fields)
 
 
 def _feature_inputs() -> dict:
@@ -172,8 +184,11 @@ def build_ctr_model(config: CTRModelConfig, *, name: str = "pctr") -> keras.Mode
       name: Keras model name.
 
     Returns:
-      A built `keras.Model`; its embedding layers are named `embedding_C1` ..
-      `embedding_C26` (DP-FEST selections and LazyDP lookaheads key on them).
+      A built `keras.Model`. With `config.stack_tables` its tables are one
+      `StackedEmbedding` per width group (`table_names(config)`); without,
+      one `DPEmbedding` per feature, `embedding_C1` .. `embedding_C26`.
+      DP-FEST selections and LazyDP lookaheads key on these layer names
+      (`table_counts`, `table_ids_fn` map per-feature data onto them).
 
     Raises:
       TypeError: `config` is not a `CTRModelConfig`.
@@ -184,10 +199,13 @@ def build_ctr_model(config: CTRModelConfig, *, name: str = "pctr") -> keras.Mode
     if not isinstance(config, CTRModelConfig):
         raise TypeError(f"`config` must be a CTRModelConfig; received {type(config).__name__}.")
     inputs = _feature_inputs()
-    parts = []
-    for feature, vocab, dim in zip(CAT_FEATURES, config.vocab_sizes, config.dims):
-        table = DPEmbedding(vocab + 1, dim, name=f"embedding_{feature}")
-        parts.append(table(inputs[feature]))
+    looked_up = {}
+    for layer, features in _tables(config):
+        if isinstance(layer, StackedEmbedding):
+            looked_up.update(layer({f: inputs[f] for f in features}))
+        else:
+            looked_up[features[0]] = layer(inputs[features[0]])
+    parts = [looked_up[feature] for feature in CAT_FEATURES]  # C1..C26 order in either layout
     ints = keras.layers.Lambda(lambda xs: tf.stack(xs, axis=-1), name="log_integers")(
         [inputs[name] for name in INT_FEATURES]
     )
@@ -207,9 +225,68 @@ def build_ctr_model(config: CTRModelConfig, *, name: str = "pctr") -> keras.Mode
     return keras.Model(inputs, logit, name=name)
 
 
-def table_names() -> list[str]:
-    """The `DPEmbedding` layer names `build_ctr_model` uses, in `C1..C26` order."""
-    return [f"embedding_{feature}" for feature in CAT_FEATURES]
+def _tables(config: CTRModelConfig) -> list[tuple]:
+    """`[(table layer, its features)]`: one `StackedEmbedding` per width group, or one `DPEmbedding` per feature."""
+    if config.stack_tables:
+        tables = {f: (v + 1, d) for f, v, d in zip(CAT_FEATURES, config.vocab_sizes, config.dims)}
+        return [(layer, layer.features) for layer in stacked_tables(tables)]
+    return [
+        (DPEmbedding(vocab + 1, dim, name=f"embedding_{feature}"), (feature,))
+        for feature, vocab, dim in zip(CAT_FEATURES, config.vocab_sizes, config.dims)
+    ]
+
+
+def table_layout(config: CTRModelConfig | None = None) -> dict[str, tuple]:
+    """`{table layer name: its features, in row order}` of `build_ctr_model(config)`.
+
+    None: the unstacked layout, `{"embedding_C1": ("C1",), ...}`.
+    """
+    if config is None or not config.stack_tables:
+        return {f"embedding_{feature}": (feature,) for feature in CAT_FEATURES}
+    return {layer.name: features for layer, features in _tables(config)}
+
+
+def table_names(config: CTRModelConfig | None = None) -> list[str]:
+    """The table layer names `build_ctr_model(config)` uses (None: the per-feature names, C1..C26 order)."""
+    return list(table_layout(config))
+
+
+def feature_table(config: CTRModelConfig, feature: str) -> tuple[str, int]:
+    """`(table layer name, row offset)`: feature row r lives in that layer's row offset + r."""
+    if feature not in CAT_FEATURES:
+        raise ValueError(f"`feature` must be one of C1..C26; received {feature!r}.")
+    sizes = dict(zip(CAT_FEATURES, config.vocab_sizes))
+    for name, features in table_layout(config).items():
+        if feature in features:
+            return name, int(sum(sizes[f] + 1 for f in features[: features.index(feature)]))
+    raise AssertionError("unreachable: every feature has a table")
+
+
+def table_counts(config: CTRModelConfig, counts: Mapping[str, np.ndarray]) -> dict:
+    """`{table layer name: bucket counts}` from `{feature: counts [V_f + 1]}` (a stack's are concatenated)."""
+    return {
+        name: np.concatenate([np.asarray(counts[f]) for f in features])
+        for name, features in table_layout(config).items()
+    }
+
+
+def table_ids_fn(config: CTRModelConfig):
+    """`features -> {table layer name: bucket ids}`, what LazyDP's lookahead (`with_lookahead`) takes.
+
+    A stack's ids are its features' ids plus their row offsets, `[batch, F]`.
+    """
+    layout = table_layout(config)
+    if not config.stack_tables:
+        return lambda features: {name: features[group[0]] for name, group in layout.items()}
+    offsets = {f: feature_table(config, f)[1] for f in CAT_FEATURES}
+
+    def stacked_ids(features) -> dict:
+        return {
+            name: tf.stack([tf.cast(features[f], tf.int64) + offsets[f] for f in group], axis=1)
+            for name, group in layout.items()
+        }
+
+    return stacked_ids
 
 
 __all__ = [
@@ -218,5 +295,9 @@ __all__ = [
     "CTRModelConfig",
     "build_ctr_model",
     "ctr_embedding_dims",
+    "feature_table",
+    "table_counts",
+    "table_ids_fn",
+    "table_layout",
     "table_names",
 ]
