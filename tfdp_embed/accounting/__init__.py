@@ -16,6 +16,7 @@ from tfdp_embed.accounting.calibration import (
     dpsgd_event,
     make_accountant,
 )
+from tfdp_embed.accounting.contribution_bound import ReleasedContributionBound, release_contribution_bound
 from tfdp_embed.accounting.dataset_size import ReleasedDatasetSize, release_dataset_size
 from tfdp_embed.accounting.events import EventSource, accountable_event
 from tfdp_embed.accounting.group_privacy import group_epsilon
@@ -61,6 +62,7 @@ __all__ = [
     "PeriodTracker",
     "PrivacyBudget",
     "PrivacyLedger",
+    "ReleasedContributionBound",
     "ReleasedDatasetSize",
     "accountable_event",
     "calibrate",
@@ -77,6 +79,7 @@ __all__ = [
     "pld_tpr_bounds",
     "privacy_report",
     "read_privacy_report",
+    "release_contribution_bound",
     "release_dataset_size",
     "release_epsilon",
     "release_noise_multiplier",

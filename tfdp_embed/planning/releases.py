@@ -15,6 +15,7 @@ from typing import cast
 
 import dp_accounting
 
+from tfdp_embed.accounting.contribution_bound import CONTRIBUTION_BOUND, ReleasedContributionBound
 from tfdp_embed.accounting.dataset_size import DATASET_SIZE, ReleasedDatasetSize
 from tfdp_embed.accounting.one_off_releases import RELEASE_MECHANISMS, release_epsilon, release_noise_multiplier
 
@@ -75,6 +76,15 @@ class Release:
         if not isinstance(size, ReleasedDatasetSize):
             raise TypeError(f"`size` must be a `ReleasedDatasetSize` (release_dataset_size); received {size!r}.")
         return cls(DATASET_SIZE, event=size.event)
+
+    @classmethod
+    def contribution_bound(cls, bound: ReleasedContributionBound) -> Release:
+        """The DP release of k (`tfdp_embed.release_contribution_bound`): its Gaussian event, composed with the steps."""
+        if not isinstance(bound, ReleasedContributionBound):
+            raise TypeError(
+                f"`bound` must be a `ReleasedContributionBound` (release_contribution_bound); received {bound!r}."
+            )
+        return cls(CONTRIBUTION_BOUND, event=bound.event)
 
     @property
     def pure(self) -> bool:
