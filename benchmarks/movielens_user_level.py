@@ -176,15 +176,22 @@ def main(argv=None) -> int:
         "epochs": args.epochs, "epsilons": args.epsilons, "ks": args.ks, "delta": args.delta,
         "batch_size": args.batch_size, "users_per_batch": args.users_per_batch, "seed": args.seed,
         "embedding_dim": base.embedding_dim, "l2_norm_clip": base.l2_norm_clip, "momentum": base.momentum,
-        "default_k": movielens_units.DEFAULT_MAX_EXAMPLES_PER_USER,
+        **_default_k(data, args.seed),
     }  # fmt: skip
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result = {"command": command, "machine": info, "config": config, "data": data.summary(), "runs": rows}
+    result: dict = {"command": command, "machine": info, "config": config, "data": data.summary(), "runs": rows}
     result["peak_rss_mb"] = peak_mb
     section = _markdown(command, info, config, rows, data.summary())
     outputs.write_run(args, result, plot=lambda path: _plot(rows, path), section=lambda **_: section)
     print(section)
     return 0
+
+
+def _default_k(data, seed) -> dict:
+    """The k a run without `--max-examples-per-user` releases with DP on this data (at this seed), and how."""
+    user_ids = movielens_units.example_users(data.train_timelines)
+    k, how, _ = movielens_units.choose_k(None, user_ids, seed=seed)
+    return {"default_k": k, "default_k_choice": how}
 
 
 def _numbers(text: str, kind) -> list:

@@ -89,8 +89,9 @@ def _add_unit_flags(p: argparse.ArgumentParser) -> None:
         "--max-examples-per-user",
         type=cli_types.positive(int),
         metavar="K",
-        help="user level: the most examples a sampled user brings to a step (default "
-        f"{movielens_units.DEFAULT_MAX_EXAMPLES_PER_USER}, a public constant; read from no data of the run)",
+        help="user level: the most examples a sampled user brings to a step (a public choice; default: "
+        f"released with DP, the power-of-two bucket edge of the {movielens_units.K_QUANTILE:g} quantile of "
+        f"examples per user, noise z {movielens_units.K_NOISE_MULTIPLIER:g}, charged to the run's epsilon)",
     )
 
 

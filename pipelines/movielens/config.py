@@ -44,8 +44,8 @@ class MovieLensConfig:
       privacy_unit: "example" (one (context, label) example; this config's default, kept for the
         programmatic callers such as the secret-sharer audit) or "user" (a training user's whole timeline;
         the command line's default): see `pipelines.movielens.units`.
-      max_examples_per_user: k at user level (None: the public default
-        `pipelines.movielens.units.DEFAULT_MAX_EXAMPLES_PER_USER`).
+      max_examples_per_user: k at user level, a public choice (None: k released with DP and charged to
+        the run's budget, `pipelines.movielens.units.choose_k`).
       mechanism: "none", "dense" (DP-SGD), "eana" (not DP) or "lazy" (LazyDP).
       noise_multiplier: sigma; or None with `epsilon` set (calibrated).
       epsilon: target epsilon for dense/lazy (sigma calibrated; a nominal sigma for eana).

@@ -37,6 +37,8 @@ def privacy_report(config: MovieLensConfig, data: MovieLensData, setup: Setup, t
     accountant = config.accountant if sigma >= SMALL_SIGMA_FOR_PLD else "rdp"
     vocabulary, caveats = movielens_vocabulary.report_terms(data, data.item_release, config.mechanism)
     user_level = setup.user_level  # the unit, k and the bound then come from the user-level batches
+    # sigma given: no budget, but the plan's releases (N~, k, the movie ids) are still spent with the steps
+    ledger = budget.ledger if budget is not None else movielens_units.run_ledger(setup, trained) if plan.is_dp else None
     report = plan.report(
         dataset_size=setup.released,  # N~, never the exact number of examples (or users)
         privacy_unit=None if user_level else PRIVACY_UNIT,
@@ -45,8 +47,8 @@ def privacy_report(config: MovieLensConfig, data: MovieLensData, setup: Setup, t
         else f"one example's gradient clipped to L2 norm {config.l2_norm_clip:g} in each step it is "
         "sampled in; a user's examples are not bounded together (group privacy over their ratings)",
         dp_model=trained.dp_model,  # what fit was fed (verified from the data)
-        ledger=budget.ledger if budget is not None else None,
-        steps=None if budget is not None else steps_run,
+        ledger=ledger,
+        steps=None if ledger is not None else steps_run,
         accountant=accountant,
         epsilon=(
             movielens_privacy.nominal_epsilon(
@@ -59,7 +61,11 @@ def privacy_report(config: MovieLensConfig, data: MovieLensData, setup: Setup, t
             if config.mechanism == "eana"
             else None
         ),
-        extra={"item_ids": data.item_ids.summary() if data.item_ids is not None else None, **vocabulary},
+        extra={
+            "item_ids": data.item_ids.summary() if data.item_ids is not None else None,
+            **vocabulary,
+            **({"max_examples_per_user_release": setup.k_release.report()} if setup.k_release is not None else {}),
+        },
     )
     if user_level and config.max_examples_per_user is None:
         caveats.append(f"k = {setup.max_examples_per_user}: {setup.k_source}.")

@@ -16,6 +16,7 @@ from pipelines.movielens.config import (
 from pipelines.movielens.data import counted_batches, training_pool
 from pipelines.step_timer import StepTimer
 from tfdp_embed import DPModel, Release, ReleasedDatasetSize, RunPlan, keras, release_dataset_size, tf
+from tfdp_embed.accounting.contribution_bound import ReleasedContributionBound
 from tfdp_embed.data import with_lookahead
 from tfdp_embed.data.movielens import (
     MovieLensData,
@@ -48,7 +49,8 @@ class Setup:
     """Stage 1's output: the training pool, the privacy units (examples, or users) and the plan for them.
 
     `released` is N~ in units (examples, or users); `user_ids` the training user of each example (None
-    with extra examples, which have no user); `max_examples_per_user` k and how it was chosen (user level).
+    with extra examples, which have no user); `max_examples_per_user` k, how it was chosen and its DP
+    release (user level without a given k).
     """
 
     contexts: np.ndarray
@@ -62,6 +64,7 @@ class Setup:
     user_ids: np.ndarray | None = None
     max_examples_per_user: int | None = None
     k_source: str | None = None
+    k_release: ReleasedContributionBound | None = None
 
     @property
     def size(self) -> int:
@@ -87,7 +90,7 @@ class Trained:
 def plan_training(config: MovieLensConfig, data: MovieLensData, extra_train_examples) -> Setup:
     """Stage 1: the training pool (plus any extra examples), q = B / N, T steps, and the privacy plan."""
     contexts, labels, num_extra = training_pool(data, extra_train_examples)
-    user_ids, k, k_source = _units(config, data, num_extra)
+    user_ids, k, k_source, k_release = _units(config, data, num_extra)
     units = len(labels) if k is None else int(np.unique(user_ids).size)  # examples, or users
     released = release_dataset_size(units, seed=config.seed)  # N~: q, delta, T and the report use it, never N
     n, what = released.value, ("training examples" if k is None else "training users")
@@ -113,32 +116,37 @@ def plan_training(config: MovieLensConfig, data: MovieLensData, extra_train_exam
         seed=config.seed,
         releases=[]
         if config.mechanism == "none"
-        else [Release.dataset_size(released), *movielens_vocabulary.releases(data.item_release)],
+        else [
+            Release.dataset_size(released),
+            *([Release.contribution_bound(k_release)] if k_release is not None else []),
+            *movielens_vocabulary.releases(data.item_release),
+        ],
     )
     if config.verbose:
-        unit = f"{what}, at most {k} examples per user per step" if k is not None else what
+        released_k = " (k released with DP)" if k_release is not None else ""
+        unit = f"{what}, at most {k} examples per user per step{released_k}" if k is not None else what
         print(
             f"movielens: {config.mechanism}, sigma {plan.noise_multiplier:.4g} ({movielens_privacy.noise_source(plan)}), "
             f"N~ {n} {unit} (released with DP), q {q:.4g}, {steps} steps, delta {delta:.3g}",
             flush=True,
         )
-    return Setup(contexts, labels, num_extra, q, steps, delta, plan, released, user_ids, k, k_source)
+    return Setup(contexts, labels, num_extra, q, steps, delta, plan, released, user_ids, k, k_source, k_release)
 
 
 def _units(config: MovieLensConfig, data: MovieLensData, num_extra: int) -> tuple:
-    """`(user of each example or None, k or None, how k was chosen)`: user level, or example level."""
+    """`(user of each example or None, k or None, how k was chosen, k's DP release or None)`."""
     if num_extra:  # extra fixed examples (canaries) belong to no user
         if config.privacy_unit == movielens_units.USER:
             raise ValueError(
                 "`extra_train_examples` (canaries) have no user: run them with privacy_unit 'example' (a canary "
                 "user of its own is not supported yet)."
             )
-        return None, None, None
+        return None, None, None, None
     user_ids = movielens_units.example_users(data.train_timelines)
     if config.privacy_unit != movielens_units.USER:
-        return user_ids, None, None  # example level: the users are kept for the group-privacy epsilon
-    k, source = movielens_units.choose_k(config.max_examples_per_user)
-    return user_ids, k, source
+        return user_ids, None, None, None  # example level: the users are kept for the group-privacy epsilon
+    k, source, release = movielens_units.choose_k(config.max_examples_per_user, user_ids, seed=config.seed)
+    return user_ids, k, source, release
 
 
 def build_model(config: MovieLensConfig, data: MovieLensData, setup: Setup) -> tuple:

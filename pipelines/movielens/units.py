@@ -8,9 +8,11 @@ two-tower model takes that unit axis and a user's loss is the sum over their
 rows, so one clipped gradient per user. q, N (= U, released with DP) and delta
 (= 1 / U by default) are counted in users.
 
-k (`--max-examples-per-user`) defaults to `DEFAULT_MAX_EXAMPLES_PER_USER`, a
-public constant: a default computed from the users' exact example counts (their
-median) would be a release of the data outside epsilon.
+k (`--max-examples-per-user`) is a public choice when given; without it k is
+released with DP from the users' example counts
+(`tfdp_embed.release_contribution_bound`: quantile 0.75 over power-of-two
+buckets, noise z = `K_NOISE_MULTIPLIER`), its Gaussian event charged to the
+run's budget beside N~'s (`Release.contribution_bound`); see docs/user_level.md.
 
 Example level (`--privacy-unit example`): today's run over (context, label)
 examples; the report then adds the group-privacy epsilon of a user with the
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfdp_embed.accounting import dpsgd_event, group_epsilon
+from tfdp_embed.accounting import dpsgd_event, group_epsilon, release_contribution_bound
 from tfdp_embed.data import poisson_user_batches
 
 USER, EXAMPLE = "user", "example"
@@ -35,14 +37,21 @@ PRIVACY_UNITS = (USER, EXAMPLE)
 # Measured on the test split: a default, not a private choice.
 DEFAULT_USERS_PER_BATCH = 128
 """Expected users per batch at user level when `--batch-size` is not given (about 6 steps per epoch on ml-100k)."""
-# ml-100k (benchmarks.movielens_user_level, 128 users per batch, 5 epochs): k = 8 / 32 / 128 gave recall@10
-# 0.0077 / 0.0116 / 0.0154 at epsilon 1, 0.0360 / 0.0411 / 0.0465 at 3, 0.0341 / 0.0463 / 0.0399 at 8.
-# Measured on the test split: a default, not a private choice; it reads nothing from the data of a run.
-DEFAULT_MAX_EXAMPLES_PER_USER = 128
-DEFAULT_K_SOURCE = (
-    f"default {DEFAULT_MAX_EXAMPLES_PER_USER}: a public constant (the best of 8/32/128 on ml-100k at epsilon 1 and 3, "
-    "measured on its test split), read from no data of this run; pass --max-examples-per-user to choose another"
-)
+# ml-100k's 754 training users (80% of 943) have 19-736 examples; the buckets [64, 128) and [128, 256) end at
+# cumulative shares 0.696 and 0.901, so the 0.75 quantile's edge is k = 128. Released over 1,000 seeds:
+#   z = 10: k = 128 in 998, 64 in 2 (the first 50 seeds: 128 in 50); z = 8: 128 in 999; z = 16: 128 in 976;
+#   z = 20: 128 in 946 (64 in 54).
+# .venv/bin/python -c "from collections import Counter; from pipelines import movielens; from pipelines.movielens
+#   import units; from tfdp_embed import release_contribution_bound as r; d = movielens.load_movielens(
+#   movielens.MovieLensConfig(verbose=0)); c = units.examples_per_user(units.example_users(d.train_timelines));
+#   print(Counter(r(c, noise_multiplier=10, seed=s).value for s in range(1000)))"
+# Its cost, composed with the steps (PLD, 128 users per batch, 5 epochs, delta 1/N~): the calibrated sigma
+# grows by 2.8% at epsilon 1, 0.3% at 3, 0.1% at 8 (z = 8: 4.5% / 0.5% / 0.1%).
+K_NOISE_MULTIPLIER = 10.0
+"""z of the DP release of k (noise std of each bucket's count of users)."""
+K_QUANTILE = 0.75
+"""The quantile of the examples per user whose power-of-two bucket edge is k."""
+K_GIVEN = "given (--max-examples-per-user): a public choice, no release"
 
 
 def example_users(timelines: dict) -> np.ndarray:
@@ -56,11 +65,18 @@ def examples_per_user(user_ids: np.ndarray) -> np.ndarray:
     return np.unique(user_ids, return_counts=True)[1]
 
 
-def choose_k(given: int | None) -> tuple:
-    """`(k, how it was chosen)`: the given k, or the public `DEFAULT_MAX_EXAMPLES_PER_USER` (no data read)."""
+def choose_k(given: int | None, user_ids: np.ndarray, *, seed: int | None) -> tuple:
+    """`(k, how it was chosen, its release or None)`: the given k (public), or k released with DP.
+
+    The release (`tfdp_embed.release_contribution_bound` over each user's number of examples) must be
+    charged to the run's plan: `Release.contribution_bound(release)`.
+    """
     if given is not None:
-        return int(given), "given (--max-examples-per-user): a public choice"
-    return DEFAULT_MAX_EXAMPLES_PER_USER, DEFAULT_K_SOURCE
+        return int(given), K_GIVEN, None
+    bound = release_contribution_bound(
+        examples_per_user(user_ids), quantile=K_QUANTILE, noise_multiplier=K_NOISE_MULTIPLIER, seed=seed
+    )
+    return bound.value, bound.describe(), bound
 
 
 def user_batches(contexts, labels, user_ids, *, k: int, q: float, seed, lookahead: bool, counter, table_name: str):
@@ -120,7 +136,7 @@ def group_privacy_fields(setup, trained, epsilon) -> dict | None:
     """
     if epsilon is None or setup.user_ids is None:
         return None
-    events = trained.budget.ledger if trained.budget is not None else _step_events(setup, trained)
+    events = trained.budget.ledger if trained.budget is not None else run_ledger(setup, trained)
     counts = examples_per_user(setup.user_ids)
     out: dict = {
         "note": "example-level DP says this about a whole user's history (group privacy over their examples); "
@@ -133,8 +149,8 @@ def group_privacy_fields(setup, trained, epsilon) -> dict | None:
     return out
 
 
-def _step_events(setup, trained):
-    """The plan's one-off releases plus the steps run (a run with sigma given has no budget ledger)."""
+def run_ledger(setup, trained):
+    """The plan's one-off releases (N~, k, the movie ids) plus the steps run: a run with sigma given has no budget."""
     ledger = setup.plan.ledger()
     step = dpsgd_event(
         sampling_probability=setup.sampling_probability, noise_multiplier=setup.plan.noise_multiplier, steps=1
@@ -145,12 +161,15 @@ def _step_events(setup, trained):
 
 __all__ = [
     "DEFAULT_USERS_PER_BATCH",
+    "K_NOISE_MULTIPLIER",
+    "K_QUANTILE",
     "PRIVACY_UNITS",
     "choose_k",
     "example_users",
     "group_privacy_fields",
     "mean_rows_per_user",
     "probe_batch",
+    "run_ledger",
     "user_batches",
     "user_level_fields",
 ]

@@ -1,7 +1,8 @@
 """MovieLens at user level (the default unit) and example level with the group-privacy epsilon (issue 30).
 
 Runs: the bundled ml-100k at user level (tiny settings), an ml-latest-style ratings.csv whose movie ids
-reach 163,000, a tiny u.data at example level; bad input refused in one line naming the flag or file:line.
+reach 163,000, an ML-1M-style ratings.dat with k released with DP, a tiny u.data at example level; bad input
+refused in one line naming the flag or file:line.
 """
 
 from __future__ import annotations
@@ -45,6 +46,28 @@ def _write_latest(directory, *, users=30, length=12, bad_line: str | None = None
     return os.path.join(directory, "ratings.csv")
 
 
+def _write_ml_1m(directory, *, users=60) -> str:
+    """ML-1M layout: ratings.dat (`UserID::MovieID::Rating::Timestamp`, no header) and movies.dat beside it."""
+    rng = np.random.default_rng(2)
+    lines = []
+    for user in range(1, users + 1):
+        start = int(rng.integers(0, 30))
+        lines += [
+            f"{user}::{(start + t) % 30 + 1}::{rng.integers(1, 6)}::{978_300_000 + 60 * t}"
+            for t in range(10 + user % 7)
+        ]
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "ratings.dat"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(directory, "movies.dat"), "w") as f:
+        f.write("".join(f"{i}::Movie {i} (2000)::Drama\n" for i in range(1, 31)))
+    return os.path.join(directory, "ratings.dat")
+
+
+def _release_names(report) -> list:
+    return [r["name"] for r in report["extra"]["plan"]["releases"]]
+
+
 def _reports(out) -> tuple:
     report = json.loads((out / "report.json").read_text())
     shipped = json.loads((out / "retrieval_saved_model" / "privacy_report.json").read_text())
@@ -66,9 +89,11 @@ def test_user_level_on_the_bundled_ml_100k_reports_the_unit_k_and_users(tmp_path
         assert 700 <= r["num_units"] == r["dataset_size"] <= 800  # ml-100k: 943 users, 80% train (754), N~
     k = report["max_examples_per_unit"]
     assert k == report["max_examples_per_user"] == shipped["max_examples_per_unit"]
-    # the default k: a public constant, read from no data of the run (the exact median would be a release)
-    assert k == 128 and "public constant" in report["max_examples_per_user_choice"]
-    assert any("public constant" in c for c in shipped["caveats"])
+    # no --max-examples-per-user: k released with DP (z 10) and charged; 128 in 998 of 1,000 draws on ml-100k
+    assert k == 128 and report["max_examples_per_user_choice"].startswith("released with DP: quantile 0.75")
+    assert any(c.startswith(f"k = {k}: released with DP") for c in shipped["caveats"])
+    assert shipped["extra"]["max_examples_per_user_release"]["value"] == k
+    assert _release_names(report) == _release_names(shipped) == ["dataset_size", "contribution_bound"]
     assert report["sampling_probability"] == pytest.approx(64 / report["num_units"])
     assert report["steps_run"] == round(report["num_units"] / 64)  # one epoch over users
     print(movielens.format_report(result.report))
@@ -83,11 +108,32 @@ def test_user_level_on_ml_latest_ratings_csv_with_ids_up_to_163k(tmp_path, capsy
     report, shipped = _reports(out)
     assert report["privacy_unit"] == shipped["privacy_unit"] == "user"
     assert report["max_examples_per_unit"] == 4 and report["max_examples_per_user_choice"].startswith("given")
+    assert "max_examples_per_user_release" not in shipped["extra"] and _release_names(shipped) == ["dataset_size"]
     assert LATEST_IDS.max() == 163_000 and report["model"]["num_items"] == len(LATEST_IDS) == 31  # mapped to 1..31
     assert report["data"]["train_users"] == 24 and 20 <= report["num_units"] <= 30  # N~ of 24 users
     assert report["users_with_more_examples_than_k"] == 24  # every user has 11-15 examples > k = 4
     printed = capsys.readouterr().out
     assert "privacy unit" in printed and "at most 4 examples per user per step" in printed
+
+
+def test_user_level_on_ml_1m_ratings_dat_releases_k_with_dp_within_the_target_epsilon(tmp_path, capsys):
+    path = _write_ml_1m(tmp_path / "ml-1m")  # 60 users with 10-16 ratings: 9-15 examples each
+    out = tmp_path / "run"
+    flags = ["--data", path, "--mechanism", "dense", "--epsilon", "3", "--epochs", "1", "--embedding-dim", "8"]
+    flags += ["--context-length", "3", "--seed", "0", "--quiet", "--accountant", "rdp", "--batch-size", "8"]
+    assert movielens.main([*flags, "--out", str(out)]) == 0
+    report, shipped = _reports(out)
+    assert report["privacy_unit"] == shipped["privacy_unit"] == "user" and report["data"]["train_users"] == 48
+    k = report["max_examples_per_unit"]
+    release = shipped["extra"]["max_examples_per_user_release"]
+    assert release["value"] == k and k in release["bucket_edges"] and release["noise_multiplier"] == 10.0
+    assert report["max_examples_per_user_choice"].startswith("released with DP: quantile 0.75 of examples per user")
+    # the release is one of the plan's, composed with the steps: the whole run stays within the target
+    planned = {r["name"]: r for r in shipped["extra"]["plan"]["releases"]}
+    assert list(planned) == ["dataset_size", "contribution_bound"]
+    assert planned["contribution_bound"]["noise_multiplier"] == 10.0 and planned["contribution_bound"]["epsilon"] > 0
+    assert planned["contribution_bound"]["epsilon"] < shipped["epsilon"] <= 3.0 + 1e-9
+    assert f"at most {k} examples per user per step" in capsys.readouterr().out
 
 
 def test_example_level_reports_the_group_privacy_epsilon_of_a_median_and_the_largest_user(tmp_path, capsys):
