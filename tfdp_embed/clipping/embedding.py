@@ -13,6 +13,10 @@ summed per example. The work is O(occurrences x dim); a `[batch, vocab,
 dim]` tensor is never built. The groups are exactly the non-zero rows of
 the per-example gradients, so the clipped sum sum_i c_i grad_i is one more
 segment sum of them into the unique touched rows: a `tf.IndexedSlices`.
+When the layer vouches that no example reads a row twice (a
+`StackedEmbedding`: one id per feature, the features' rows disjoint; it
+asserts this on the recorded ids), the groups are the occurrences
+themselves and the grouping is skipped.
 
 A call inside a shared computation (a candidate tower over the catalogue,
 `tfdp_embed.clipping.shared`) reads the same ids for every example, with
@@ -56,6 +60,7 @@ from tfdp_embed.layers.lookup import EmbeddingLookup
 from tfdp_embed.ops import sparse_rows
 
 
+@tf.autograph.experimental.do_not_convert
 def embedding_layer_gradients(
     layer: EmbeddingLookup, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
 ) -> LayerGradients:
@@ -85,6 +90,8 @@ def embedding_layer_gradients(
     has_shared = any(call.shared is not None for call in taps.calls)
     if len(taps.calls) == 1 and not has_shared and _is_pooled(layer, taps.calls[0]):
         return _pooled_layer_gradients(layer, taps.calls[0], output_grads[0], flatten)
+    if len(taps.calls) == 1 and not has_shared and _has_distinct_rows(layer, taps):
+        return _distinct_rows_layer_gradients(layer, taps.calls[0], output_grads[0], flatten)
     dtype = table.dtype.base_dtype
     occurrences, (rows, examples, contributions), shared_rows, batch_size = _all_calls_blocks(
         layer, taps, output_grads, flatten, dtype
@@ -101,6 +108,7 @@ def embedding_layer_gradients(
         tf.reduce_sum(tf.square(per_example_rows), axis=1), group_examples, batch_size
     )
 
+    @tf.autograph.experimental.do_not_convert
     def clipped_sum(clip_factors: tf.Tensor) -> list:
         c = tf.gather(tf.cast(clip_factors, dtype), group_examples)
         values = tf.math.unsorted_segment_sum(c[:, None] * per_example_rows, group_rows, tf.size(unique_rows))
@@ -158,6 +166,7 @@ def _factored_layer_gradients(layer, taps: LayerTaps, output_grads: Sequence, fl
     own = tf.reduce_sum(tf.square(groups), 1)
     squared += tf.math.unsorted_segment_sum(2.0 * cross + own, group_examples, batch_size)
 
+    @tf.autograph.experimental.do_not_convert
     def clipped_sum(clip_factors: tf.Tensor) -> list:
         c = tf.cast(clip_factors, dtype)
         values = tf.matmul(tf.reshape(sums * c[None, :, None], [num_rows, -1]), tf.reshape(vectors, [-1, dim]))
@@ -281,6 +290,51 @@ def _is_pooled(layer, call) -> bool:
     return layer.combiner is not None or (isinstance(ids, tf.Tensor) and ids.shape.rank == 1)
 
 
+def _has_distinct_rows(layer, taps: LayerTaps) -> bool:
+    """A layer that vouches (and checks, `checked_distinct_rows`) that no example reads a row twice."""
+    return taps.method == "lookup" and layer.combiner is None and hasattr(layer, "checked_distinct_rows")
+
+
+def _distinct_rows_layer_gradients(layer, call, grad, flatten) -> LayerGradients:
+    """One call in which each example reads each row at most once (`StackedEmbedding`: disjoint rows per feature).
+
+    Example i's gradient rows are then its occurrences' own output gradients, no grouping by
+    (example, row): ||grad_i||^2 = sum_{k in i} ||g_k||^2, and the clipped sum is one fused
+    scaled segment sum into the unique rows. The layer's `checked_distinct_rows(ids)` asserts
+    the premise on the recorded ids (each column in its feature's rows), so ids that break it fail.
+    """
+    table = layer.embeddings
+    dtype = table.dtype.base_dtype
+    occ = flatten(layer.checked_distinct_rows(call_inputs(layer, call)), check_range=False)
+    grad = tf.reshape(tf.cast(grad, dtype), [-1, table.shape[-1]])  # [occurrences, dim]: no combiner
+    segments = tf.cast(occ.segments, tf.int32)
+    examples = tf.gather(tf.cast(occ.segment_examples, tf.int32), segments)
+    squared = tf.math.unsorted_segment_sum(tf.reduce_sum(tf.square(grad), axis=1), examples, occ.batch_size)
+    unique_rows, row_index = sparse_rows.unique(tf.cast(occ.ids, tf.int64))
+
+    def clipped_sum(clip_factors: tf.Tensor) -> list:
+        args = (
+            grad,
+            segments,
+            row_index,
+            tf.cast(occ.weights, dtype),
+            tf.gather(tf.cast(clip_factors, dtype), examples),
+        )
+        if dtype == tf.float32:
+            values = sparse_rows.scaled_segment_sum(*args, tf.size(unique_rows))
+        else:
+            values = sparse_rows.scaled_segment_sum_reference(*args, tf.size(unique_rows))
+        return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
+
+    return LayerGradients(
+        variables=[table],
+        squared_norms=tf.cast(squared, tf.float32),
+        clipped_sum=clipped_sum,
+        occurrences=[occ],
+        rows_from_lookups=True,
+    )
+
+
 def _pooled_layer_gradients(layer, call, grad, flatten) -> LayerGradients:
     """The one-call pooled case: every occurrence of example i shares g_i.
 
@@ -302,6 +356,7 @@ def _pooled_layer_gradients(layer, call, grad, flatten) -> LayerGradients:
         weight_sq = sparse_rows.pooled_weight_squares_reference(row_index, examples, weights, occ.batch_size)
     squared = weight_sq * tf.reduce_sum(tf.square(grad), axis=1)
 
+    @tf.autograph.experimental.do_not_convert
     def clipped_sum(clip_factors: tf.Tensor) -> list:
         args = (grad, examples, row_index, weights, tf.cast(clip_factors, dtype), tf.size(unique_rows))
         if dtype == tf.float32:

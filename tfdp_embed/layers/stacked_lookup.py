@@ -175,6 +175,26 @@ class StackedLookup:
         with tf.control_dependencies([check]):
             return ids + tf.constant([self.offsets[f] for f in self.features], tf.int64)
 
+    def checked_distinct_rows(self, ids) -> tf.Tensor:
+        """`ids` `[batch, F]`, asserted to hold feature f's rows in column f: no example reads a row twice.
+
+        The clipping rule's premise for skipping the (example, row) grouping
+        (`tfdp_embed.clipping.embedding`); ids from `stack_ids` always pass.
+        """
+        ids = tf.convert_to_tensor(ids)
+        low = tf.constant([self.offsets[f] for f in self.features], ids.dtype)
+        high = low + tf.constant([self.vocabulary_sizes[f] for f in self.features], ids.dtype)
+        inside = tf.logical_and(ids >= low, ids < high) if ids.shape.rank == 2 else tf.constant(False)
+        check = tf.debugging.Assert(
+            tf.reduce_all(inside),
+            [
+                f"StackedEmbedding {self.name!r}: `lookup` needs ids [batch, {len(self.features)}] with column f in "
+                "feature f's rows (`stack_ids`); call the layer on the dict of features instead."
+            ],
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(ids)
+
     def stack_counts(self, counts: Mapping) -> np.ndarray:
         """One count vector of the stack's `sum_f V_f` rows from `{feature: counts [V_f]}` (DP-FEST's selection)."""
         vectors = []
