@@ -42,6 +42,7 @@ import tensorflow as tf
 from tfdp_embed._sorted_sets import is_member
 
 
+@tf.autograph.experimental.do_not_convert
 def present_examples(sample_weight, batch_size) -> tf.Tensor | None:
     """bool `[batch]`: the examples with a non-zero sample weight; None when every example is present.
 
@@ -72,6 +73,7 @@ def present_examples(sample_weight, batch_size) -> tf.Tensor | None:
     return present
 
 
+@tf.autograph.experimental.do_not_convert
 def without_absent_examples(step, present):
     """`step` (a `ClippedStep`) with the examples not in `present` made absent; `step` itself if None.
 

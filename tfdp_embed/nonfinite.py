@@ -44,11 +44,13 @@ DIVERGED_MESSAGE = (
 )
 
 
+@tf.autograph.experimental.do_not_convert
 def finite_examples(per_example_loss: tf.Tensor) -> tf.Tensor:
     """bool `[B]`: which examples have a finite loss (the others get clip factor 0)."""
     return tf.math.is_finite(per_example_loss)
 
 
+@tf.autograph.experimental.do_not_convert
 def finite_mean(values: tf.Tensor, finite: tf.Tensor) -> tuple:
     """(mean of `values` over the `finite` examples, 1.0 if there is one else 0.0), both finite.
 
@@ -61,6 +63,7 @@ def finite_mean(values: tf.Tensor, finite: tf.Tensor) -> tuple:
     return tf.math.divide_no_nan(total, count), tf.cast(count > 0, tf.float32)
 
 
+@tf.autograph.experimental.do_not_convert
 def finite_values(structure):
     """`structure` with every non-finite entry of its float tensors replaced by 0 (for training metrics)."""
 
@@ -72,6 +75,7 @@ def finite_values(structure):
     return tf.nest.map_structure(clean, structure)
 
 
+@tf.autograph.experimental.do_not_convert
 def check_weights(pairs) -> tf.Operation:
     """Asserts that what the step wrote is finite: the rows of sparse updates, dense variables whole.
 

@@ -28,7 +28,15 @@ def assemble(step, taps, batch_size, *, tables, trainable_variables, expected_ba
       trainable_variables: every trainable variable of the model.
       expected_batch_size: the divisor of the noised sum (set whenever examples are clipped).
     """
-    grads, averaged, occurrences, shared_rows = _clipped_sums(step, tables, expected_batch_size)
+    # The rules' clipped sums run here (autograph converts a user rule's, as before); the rest is plain Python.
+    sums = _clipped_sums(step, tables, expected_batch_size)
+    return _assembled(sums, step.clip_factors, batch_size, tables, trainable_variables, expected_batch_size)
+
+
+@tf.autograph.experimental.do_not_convert
+def _assembled(sums, clip_factors, batch_size, tables, trainable_variables, expected_batch_size) -> ClippedGradients:
+    """`assemble`'s result from `_clipped_sums`' dicts: a `TableGradient` per table (zeros where not called)."""
+    grads, averaged, occurrences, shared_rows = sums
     table_gradients = []
     for layer in tables:
         var = layer.embeddings
@@ -45,7 +53,7 @@ def assemble(step, taps, batch_size, *, tables, trainable_variables, expected_ba
                 variable=var,
                 gradient=grad,
                 occurrences=occurrences.get(id(layer), []),
-                clip_factors=step.clip_factors,
+                clip_factors=clip_factors,
                 averaged=averaged.get(var.ref()),
                 shared_rows=shared_rows.get(id(layer)),
             )
@@ -88,6 +96,7 @@ def _averaged_sum(clipped_sum, clip_factors, expected_batch_size: float, index: 
     return clipped_sum(clip_factors / expected_batch_size)[index]
 
 
+@tf.autograph.experimental.do_not_convert
 def check_every_variable_noised(pairs, trainable_variables, mechanism_name: str) -> None:
     """Trace-time check: the mechanism returned a noised gradient for every variable.
 

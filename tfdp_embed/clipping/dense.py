@@ -40,6 +40,7 @@ from tfdp_embed.clipping.taps import LayerTaps, dense_call_input
 from tfdp_embed.ops import sparse_rows
 
 
+@tf.autograph.experimental.do_not_convert
 def dense_layer_gradients(
     layer: layer_kinds.Layer, taps: LayerTaps, output_grads: Sequence[tf.Tensor]
 ) -> LayerGradients:
@@ -83,6 +84,7 @@ def dense_layer_gradients(
         squared = kernel_sq + g_sq if layer.use_bias else kernel_sq
     variables = [kernel, layer_kinds.tf_variable(layer.bias)] if layer.use_bias else [kernel]
 
+    @tf.autograph.experimental.do_not_convert
     def clipped_sum(clip_factors: tf.Tensor) -> list:
         c = tf.cast(clip_factors, dtype)
         c = tf.reshape(c, [-1] + [1] * (g_per_example.shape.rank - 1))

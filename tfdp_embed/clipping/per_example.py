@@ -117,14 +117,20 @@ def _run_rules(used, call_grads, call_values, registry, fallback, scale: float) 
     """(tap with its finite recorded values, the rule's unscaled `LayerGradients`) per used tap."""
     result = []
     for tap, output_grads, values in zip(used, call_grads, call_values):
-        tap = dataclasses.replace(
-            tap, calls=[dataclasses.replace(c, args=a, kwargs=k, outputs=o) for c, (a, k, o) in zip(tap.calls, values)]
-        )
+        tap = _with_values(tap, values)
         info = _rule_for(tap, registry, fallback)(tap.layer, tap, output_grads)
         result.append((tap, info if scale == 1.0 else _unscaled(info, scale)))
     return result
 
 
+@tf.autograph.experimental.do_not_convert
+def _with_values(tap: LayerTaps, values: list) -> LayerTaps:
+    """`tap` with each call's (args, kwargs, outputs) replaced by `values` (the finite ones)."""
+    calls = [dataclasses.replace(c, args=a, kwargs=k, outputs=o) for c, (a, k, o) in zip(tap.calls, values)]
+    return dataclasses.replace(tap, calls=calls)
+
+
+@tf.autograph.experimental.do_not_convert
 def _call_output_grads(used: list, grads: list, per_example: dict) -> list:
     """Per tap, per call: the output gradients (per example for shared calls, zeros where none)."""
     return [
@@ -136,6 +142,7 @@ def _call_output_grads(used: list, grads: list, per_example: dict) -> list:
     ]
 
 
+@tf.autograph.experimental.do_not_convert
 def _rule_for(tap: LayerTaps, registry: LayerRegistry, fallback):
     """The registry's rule for `tap.layer` (or `fallback`), refused if it cannot read these taps."""
     fn = registry.lookup(tap.layer)
@@ -151,6 +158,7 @@ def _rule_for(tap: LayerTaps, registry: LayerRegistry, fallback):
     return rule
 
 
+@tf.autograph.experimental.do_not_convert
 def _check_leading_axis(tap: LayerTaps, batch_size) -> None:
     """A per-example call's output starts with the batch axis; anything else is a shared computation."""
     for call in tap.calls:
@@ -178,6 +186,7 @@ def _no_shared_rule(tap: LayerTaps, rule) -> str:
     )
 
 
+@tf.autograph.experimental.do_not_convert
 def start_gradients(per_example_loss: tf.Tensor, scale: float) -> tf.Tensor:
     """S for each example with a finite loss, 0 for the others: nothing of theirs is backpropagated.
 
@@ -205,6 +214,7 @@ def _call_values(call) -> tuple:
     return tuple(call.args), call.kwargs, call.outputs
 
 
+@tf.autograph.experimental.do_not_convert
 def _finite(structure):
     """`structure` with every non-finite entry of its float tensors replaced by 0 (other leaves as they are).
 
@@ -242,6 +252,7 @@ def _unscaled(info: LayerGradients, scale: float) -> LayerGradients:
     )
 
 
+@tf.autograph.experimental.do_not_convert
 def _check_not_reached(tap: LayerTaps, variables: list, grads: list) -> None:
     reached = [v.name for v, g in zip(variables, grads) if g is not None]
     if reached:
@@ -256,6 +267,7 @@ def _check_not_reached(tap: LayerTaps, variables: list, grads: list) -> None:
         )
 
 
+@tf.autograph.experimental.do_not_convert
 def clip_factors(squared_norms: tf.Tensor, l2_norm_clip: float) -> tuple:
     """Returns (norms, c) with c_i = C / max(norm_i, C), and c_i = 0 where norm_i is not finite."""
     norms = tf.sqrt(tf.maximum(squared_norms, 0.0))

@@ -135,6 +135,7 @@ class LayerRegistry:
             raise ValueError(f"`if_overridden` must be one of {_IF_OVERRIDDEN}; received {if_overridden!r}.")
         self._entries.append(RegistryEntry(layer_class, fn, tapped_method, tuple(described), if_overridden))
 
+    @tf.autograph.experimental.do_not_convert
     def entry(self, layer) -> RegistryEntry | None:
         """The first entry whose class `layer` is an instance of (overridden or not)."""
         for entry in self._entries:
@@ -142,6 +143,7 @@ class LayerRegistry:
                 return entry
         return None
 
+    @tf.autograph.experimental.do_not_convert
     def lookup(self, layer) -> RegistryFunction | None:
         """The function for `layer`; None when the exact fallback must handle it.
 
@@ -159,6 +161,7 @@ class LayerRegistry:
             return None
         raise PrivacyContractError(_refusal(layer, entry, overridden))
 
+    @tf.autograph.experimental.do_not_convert
     def tapped_method(self, layer) -> str:
         """The method `record_taps` records for `layer`: its rule's, or `call` for the fallback."""
         entry = self.entry(layer)

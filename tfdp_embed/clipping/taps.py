@@ -160,12 +160,14 @@ def layers_owning_weights(model) -> list:
     return out
 
 
+@tf.autograph.experimental.do_not_convert
 def _returns_logits_shortcut(layer) -> bool:
     """A sigmoid/softmax activation: Keras losses may read its logits instead of its output."""
     activation = getattr(layer, "activation", None)
     return activation is not None and layer_kinds.activation_name(activation) in ("sigmoid", "softmax")
 
 
+@tf.autograph.experimental.do_not_convert
 def _in_graph(outputs, graph) -> bool:
     """`outputs` were made in `graph` (eagerly when `graph` is None), not in a scratch graph."""
     if graph is None:

@@ -59,6 +59,7 @@ FLOAT16_LOSS_SCALE = (
 _REDUCED = (tf.float16, tf.bfloat16)
 
 
+@tf.autograph.experimental.do_not_convert
 def inner_optimizer(optimizer):
     """The optimizer that applies updates: a `LossScaleOptimizer`'s inner one, else `optimizer`."""
     if isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):

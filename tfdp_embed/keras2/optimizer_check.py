@@ -19,6 +19,7 @@ from tfdp_embed.keras2._keras import keras, tf
 _warned: weakref.WeakSet = weakref.WeakSet()
 
 
+@tf.autograph.experimental.do_not_convert
 def warn_dense_table_rewrite(optimizer, pairs) -> None:
     """Warns (once per optimizer) when a non-legacy optimizer gets `tf.IndexedSlices` gradients.
 

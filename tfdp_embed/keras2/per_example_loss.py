@@ -80,6 +80,7 @@ class PerExampleLoss:
             return ", ".join(f"{k}: {_name_of(v)}" for k, v in sorted(self._user_loss.items()))
         return ", ".join(_name_of(v) for v in tf.nest.flatten(self._user_loss))
 
+    @tf.autograph.experimental.do_not_convert
     def build(self, y_pred) -> None:
         """Matches the losses and weights to the structure of `y_pred` (once)."""
         names = self._output_names or _pseudo_names(y_pred)
@@ -132,6 +133,7 @@ class PerExampleLoss:
         return total, per_output
 
 
+@tf.autograph.experimental.do_not_convert
 def align(struct, outputs, names, *, argument: str) -> list:
     """`struct` as a flat list with one entry per `tf.nest.flatten(outputs)` leaf (Keras' mapping).
 
@@ -269,6 +271,7 @@ def _squeeze_trailing(y_true, y_pred):
     return y_true, y_pred
 
 
+@tf.autograph.experimental.do_not_convert
 def _pseudo_names(outputs) -> list:
     """Keras' names for the outputs of a subclassed model: output_1, output_2, ..."""
     if isinstance(outputs, dict):
@@ -276,6 +279,7 @@ def _pseudo_names(outputs) -> list:
     return [f"output_{i + 1}" for i in range(len(tf.nest.flatten(outputs)))]
 
 
+@tf.autograph.experimental.do_not_convert
 def _flat_names(outputs, names) -> list:
     """A name per flattened output: `names` for one tensor or a flat list, else the key paths."""
     if not isinstance(outputs, dict) and len(names) == len(tf.nest.flatten(outputs)):

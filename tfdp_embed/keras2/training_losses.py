@@ -24,6 +24,7 @@ class Losses(NamedTuple):
     per_output: list
 
 
+@tf.autograph.experimental.do_not_convert
 def unpack(data, *, lookahead: bool):
     """`(x, y, sample_weight, lookahead)` of a dataset element (`lookahead` None unless enabled)."""
     ids = None
@@ -154,6 +155,7 @@ class LossesAndMetrics:
             self.compiled_metrics.update_state(y_true, y_pred, sample_weight)
         return {m.name: m.result() for m in self.metrics}
 
+    @tf.autograph.experimental.do_not_convert
     def _output_losses(self, losses: Losses) -> list:
         """(metric, `[B]` loss) of each output of the compiled loss; none for `compute_loss` models."""
         return [] if self._loss_fn is None else list(zip(self._loss_fn.output_metrics, losses.per_output))

@@ -535,6 +535,7 @@ class DPAdaFEST(NoiseMechanism):
         self._stats_ready = True
 
     # -- the step -----------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
     def update(self, clipped: ClippedGradients) -> list:
         if not self._stats_ready:
             raise RuntimeError(

@@ -137,6 +137,7 @@ class NoiseMechanism(tf.Module, abc.ABC):
     def update(self, clipped: ClippedGradients) -> list:
         """Returns `(gradient, variable)` pairs to apply: noised, divided by the expected batch size."""
 
+    @tf.autograph.experimental.do_not_convert
     def after_apply(self, lookahead: dict | None) -> None:
         """Runs after the optimizer step; `lookahead` maps table name -> next batch's unique ids."""
         return None
@@ -255,22 +256,26 @@ class NoiseMechanism(tf.Module, abc.ABC):
         return []
 
     # -- helpers for subclasses ---------------------------------------------
+    @tf.autograph.experimental.do_not_convert
     def _noise_like(self, shape, stddev) -> tf.Tensor:
         """float32 N(0, stddev^2) of `shape` from `self.generator` (fast op; falls back to generator.normal)."""
         return fast_normal.normal(self.generator, shape, stddev)
 
+    @tf.autograph.experimental.do_not_convert
     def _dense_noised(self, clipped: ClippedGradients, noise_multiplier: float) -> list:
         """Dense DP-SGD on the non-table variables: (sum + N(0, (sigma C)^2)) / B."""
         std = noise_multiplier * self.l2_norm_clip
         grads = self._noised_sums([grad for _, grad in clipped.dense], std, clipped.expected_batch_size)
         return [(grad, variable) for grad, (variable, _) in zip(grads, clipped.dense)]
 
+    @tf.autograph.experimental.do_not_convert
     def _noised_sums(self, values_list, stddev: float, divisor: float) -> list:
         """`_noised_sum` of several tensors from one generator draw (independent streams)."""
         if stddev > 0:
             return sparse_rows.noised_values_many(self.generator, values_list, stddev=stddev, divisor=divisor)
         return [values / divisor for values in values_list]
 
+    @tf.autograph.experimental.do_not_convert
     def _noised_sum(self, values, stddev: float, divisor: float) -> tf.Tensor:
         """(values + N(0, stddev^2)) / divisor; one fused pass (same bits as the two-op form)."""
         if stddev > 0:

@@ -53,6 +53,7 @@ class DenseDPSGD(NoiseMechanism):
         super().__init__(l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, seed=seed)
         self.row_noise = check_row_noise(row_noise, self.seed)
 
+    @tf.autograph.experimental.do_not_convert
     def update(self, clipped: ClippedGradients) -> list:
         std = self.noise_multiplier * self.l2_norm_clip
         out = self._dense_noised(clipped, self.noise_multiplier)

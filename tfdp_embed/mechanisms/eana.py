@@ -74,6 +74,7 @@ class EANA(NoiseMechanism):
         user_level=True,
     )
 
+    @tf.autograph.experimental.do_not_convert
     def update(self, clipped: ClippedGradients) -> list:
         """Noises the touched rows (IndexedSlices) and the dense variables; divides by B."""
         std = self.noise_multiplier * self.l2_norm_clip

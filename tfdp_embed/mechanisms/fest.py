@@ -288,6 +288,7 @@ class DPFEST(NoiseMechanism):
         return self._rows[table_name].numpy()
 
     # -- the step -------------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
     def update(self, clipped: ClippedGradients) -> list:
         """Selected rows: clipped sum + N(0, sigma^2 C^2) on all k rows; unselected: dropped."""
         refuse_scored_tables(self, clipped.tables)

@@ -321,6 +321,7 @@ def _shape_tensor(shape) -> tf.Tensor:
     return shape
 
 
+@tf.autograph.experimental.do_not_convert
 def fast_normal(shape, key, stddev=1.0, *, isa: str = "auto") -> tf.Tensor:
     """The raw op: N(0, stddev^2) float32 of `shape`, a pure function of (key, shape).
 
@@ -347,6 +348,7 @@ def fast_normal(shape, key, stddev=1.0, *, isa: str = "auto") -> tf.Tensor:
     )
 
 
+@tf.autograph.experimental.do_not_convert
 def normal(generator: tf.random.Generator, shape, stddev=1.0, dtype=tf.float32) -> tf.Tensor:
     """`generator.normal(shape, stddev=stddev, dtype=dtype)`, fast.
 

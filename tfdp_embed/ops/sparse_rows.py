@@ -59,6 +59,7 @@ def available() -> bool:
 
 
 # -- grouping --------------------------------------------------------------------
+@tf.autograph.experimental.do_not_convert
 def unique(x) -> tuple:
     """`tf.unique(x, out_idx=tf.int32)` as `(y, idx)`, bit for bit, faster on CPU.
 
@@ -84,12 +85,14 @@ def unique(x) -> tuple:
 
 
 # -- clipping: pooled tables ---------------------------------------------------
+@tf.autograph.experimental.do_not_convert
 def scaled_segment_sum_reference(grad, examples, row_index, weights, clip_factors, num_rows) -> tf.Tensor:
     """unsorted_segment_sum((c[ex] * w)[:, None] * grad[ex], row_index, num_rows)."""
     scale = tf.gather(clip_factors, examples) * weights
     return tf.math.unsorted_segment_sum(scale[:, None] * tf.gather(grad, examples), row_index, num_rows)
 
 
+@tf.autograph.experimental.do_not_convert
 def scaled_segment_sum(grad, examples, row_index, weights, clip_factors, num_rows) -> tf.Tensor:
     """Clipped sum of a pooled table: out[row_index[k]] += c[examples[k]] w[k] grad[examples[k]].
 
@@ -121,6 +124,7 @@ def scaled_segment_sum(grad, examples, row_index, weights, clip_factors, num_row
     return op.tfdp_embed_scaled_segment_sum(*args)
 
 
+@tf.autograph.experimental.do_not_convert
 def pooled_weight_squares_reference(row_index, examples, weights, batch_size) -> tf.Tensor:
     """sum_r (sum_{k in i, row_k = r} w_k)^2 per example, by unique + segment sums."""
     batch64 = tf.cast(batch_size, tf.int64)
@@ -130,6 +134,7 @@ def pooled_weight_squares_reference(row_index, examples, weights, batch_size) ->
     return tf.math.unsorted_segment_sum(tf.square(group_weights), group_keys % batch64, batch64)
 
 
+@tf.autograph.experimental.do_not_convert
 def pooled_weight_squares(row_index, examples, weights, batch_size) -> tf.Tensor:
     """Per-example sum over distinct rows of the squared summed combiner weight.
 
@@ -157,6 +162,7 @@ def pooled_weight_squares(row_index, examples, weights, batch_size) -> tf.Tensor
 
 
 # -- clipping: dense layers -----------------------------------------------------
+@tf.autograph.experimental.do_not_convert
 def dense_ghost_norms_reference(x, g, *, use_bias: bool) -> tf.Tensor:
     """(||x_i||^2 + use_bias) * ||g_i||^2 per row, with reduce_sum (float32 sums)."""
     g_sq = tf.reduce_sum(tf.square(g), axis=1)
@@ -164,6 +170,7 @@ def dense_ghost_norms_reference(x, g, *, use_bias: bool) -> tf.Tensor:
     return kernel_sq + g_sq if use_bias else kernel_sq
 
 
+@tf.autograph.experimental.do_not_convert
 def dense_ghost_norms(x, g, *, use_bias: bool) -> tf.Tensor:
     """Per-example squared gradient norm of a Dense layer called once on `[batch, d]` inputs.
 
@@ -190,6 +197,7 @@ def dense_ghost_norms(x, g, *, use_bias: bool) -> tf.Tensor:
 
 
 # -- mechanisms -----------------------------------------------------------------
+@tf.autograph.experimental.do_not_convert
 def noised_values_many(generator: tf.random.Generator, values_list, *, stddev, divisor, key=None) -> list:
     """`noised_values` of several tensors from ONE key draw (stream i for tensor i).
 
@@ -219,6 +227,7 @@ def noised_values_many(generator: tf.random.Generator, values_list, *, stddev, d
     return [op.tfdp_embed_noised_values(v, key, stddev, divisor, stream=i) for i, v in enumerate(values_list)]
 
 
+@tf.autograph.experimental.do_not_convert
 def noised_values_reference(values, key, stddev, divisor, stream: int = 0) -> tf.Tensor:
     """(values + fast_normal(shape(values), key + [0, stream], stddev)) / divisor."""
     key = tf.convert_to_tensor(key, tf.int64) + tf.constant([0, stream], tf.int64)
@@ -226,6 +235,7 @@ def noised_values_reference(values, key, stddev, divisor, stream: int = 0) -> tf
     return (values + noise) / divisor
 
 
+@tf.autograph.experimental.do_not_convert
 def noised_values(generator: tf.random.Generator, values, *, stddev, divisor) -> tf.Tensor:
     """(values + N(0, stddev^2)) / divisor for float32 `values`, one fused pass.
 
@@ -276,6 +286,7 @@ def _flat_rows(rows) -> tf.Tensor:
     return rows if rows.shape.rank == 1 else tf.reshape(rows, [-1])
 
 
+@tf.autograph.experimental.do_not_convert
 def lazy_catch_up_reference(table, history, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
     """The TensorFlow ops `lazy_catch_up` replaces (same results, bit for bit, with the op's normals).
 
@@ -328,6 +339,7 @@ def lazy_catch_up_reference(table, history, rows, p_hi, p_lo, steps, stream) -> 
         return tf.identity(count)
 
 
+@tf.autograph.experimental.do_not_convert
 def lazy_catch_up(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, steps, stream):
     """LazyDP's plain-SGD aggregated catch-up of `rows`, in place, in one op.
 
@@ -362,6 +374,7 @@ def _lazy_catch_up_op(op, table, history, rows, p_hi, p_lo, steps, stream) -> tf
     )
 
 
+@tf.autograph.experimental.do_not_convert
 def lazy_catch_up_gather(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
     """`lazy_catch_up`, then the caught-up rows: `tf.gather(table, flat rows)` in the same op.
 
@@ -377,6 +390,7 @@ def lazy_catch_up_gather(table: tf.Variable, history: tf.Variable, rows, p_hi, p
     return ops.catch_up_gather(table, history, rows, p_hi, p_lo, steps, stream)
 
 
+@tf.autograph.experimental.do_not_convert
 def lazy_catch_up_gather_reference(table, history, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
     """`lazy_catch_up_reference`, then `tf.gather(table, flat rows)`."""
     flat = _flat_rows(rows)
@@ -403,6 +417,7 @@ def _lazy_catch_up_gather_grad(op, _, grad):
     return [tf.IndexedSlices(grad, rows, shape)] + [None] * 6
 
 
+@tf.autograph.experimental.do_not_convert
 def lazy_catch_up_split(table: tf.Variable, history: tf.Variable, rows, p_hi, p_lo, steps, stream) -> tf.Tensor:
     """`lazy_catch_up` as two ops, the first of which does not touch the table.
 
@@ -431,6 +446,7 @@ def _lazy_catch_up_split_op(op, table, history, rows, p_hi, p_lo, steps, stream)
     return tf.size(stale, out_type=tf.int64)
 
 
+@tf.autograph.experimental.do_not_convert
 def lazy_record_step_reference(p_hi, p_lo, steps, stream, learning_rate, noise_scale, key, *, first_stream: int = 0):
     """The TensorFlow ops `lazy_record_step` replaces (bit-identical)."""
     now = steps.read_value()
@@ -463,6 +479,7 @@ def lazy_record_step_reference(p_hi, p_lo, steps, stream, learning_rate, noise_s
         return steps.assign(step)
 
 
+@tf.autograph.experimental.do_not_convert
 def lazy_record_step(p_hi, p_lo, steps, stream, learning_rate, noise_scale, key, *, first_stream: int = 0):
     """Ends LazyDP's plain-SGD step t in one op: step sums, catch-up key, step counter.
 
@@ -548,6 +565,7 @@ def lazy_ops(*variables) -> LazyOps:
     )
 
 
+@tf.autograph.experimental.do_not_convert
 def prefetch_rows(table, rows) -> None:
     """Brings `table[rows]` into cache ahead of a scatter into rows no lookup read this step.
 

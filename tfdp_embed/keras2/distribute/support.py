@@ -56,6 +56,7 @@ class DistributionNotSupportedError(ValueError):
 
 
 # -- which strategy ---------------------------------------------------------------
+@tf.autograph.experimental.do_not_convert
 def strategy_kind(strategy: tf.distribute.Strategy | None = None) -> str:
     """Names the kind of `strategy` (default: the active one).
 
