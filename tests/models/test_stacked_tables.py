@@ -28,12 +28,13 @@ import pytest
 from tfdp_embed import DPModel, export_saved_model, keras, tf
 from tfdp_embed.accounting import PrivacyBudget
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.data import with_lookahead
 from tfdp_embed.data.criteo import CAT_FEATURES, INT_FEATURES, INT_MISSING
 from tfdp_embed.keras2.checkpointing import DPCheckpoint
 from tfdp_embed.keras2.clipping import clipped_step, default_registry, vectorized_layer_gradients
 from tfdp_embed.keras2.layers.stacked_embedding import StackedEmbedding, stacked_tables
 from tfdp_embed.keras2.models import RAW_FIELDS, CTRModelConfig, CTRServingModule, build_ctr_model
-from tfdp_embed.keras2.models.ctr import feature_table, table_counts, table_names
+from tfdp_embed.keras2.models.ctr import feature_table, table_counts, table_ids_fn, table_names
 from tfdp_embed.mechanisms import create
 
 VOCAB = tuple(range(5, 31))  # V_k; the tables have V_k + 1 rows (row 0: missing)
@@ -119,6 +120,21 @@ def test_zero_noise_and_a_huge_clip_give_the_unstacked_weights(name):
         if layer.weights and not layer.name.startswith("embedding_"):
             for a, b in zip(layer.get_weights(), stacked.get_layer(layer.name).get_weights()):
                 np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7, err_msg=layer.name)
+
+
+def test_lazy_lookahead_takes_the_stacks_offset_ids():
+    """`table_ids_fn` gives each stack its features' ids plus offsets: LazyDP's lookahead catches those rows up."""
+    plain, stacked = _pair()
+    for model, stack in ((plain, False), (stacked, True)):
+        dp = DPModel(model, mechanism=_mechanism("lazy", _config(stack)), expected_batch_size=BATCH, lookahead=True)
+        dp.compile(optimizer=keras.optimizers.legacy.SGD(0.3), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+        dp.fit(with_lookahead(_batches(), table_ids_fn(_config(stack))), epochs=1, verbose=0)
+        dp.get_weights()
+    ids = table_ids_fn(_config(True))({f: tf.constant([0, 1]) for f in CAT_FEATURES})
+    offsets = [feature_table(_config(True), f)[1] for f in CAT_FEATURES[0::2]]  # the width-3 features: C1, C3, ...
+    np.testing.assert_array_equal(ids["embedding_stack_3"].numpy(), np.array([offsets, [o + 1 for o in offsets]]))
+    for feature, rows in _per_feature(plain).items():
+        np.testing.assert_allclose(_per_feature(stacked)[feature], rows, rtol=1e-6, atol=1e-7, err_msg=feature)
 
 
 def _norms(model, features):
