@@ -5,9 +5,12 @@
     dcn: x_{l+1} = x_0 * (W_l x_l + b_l) + x_l  (L cross layers, DCN-v2),
          then the same ReLU tower and W_out
 
-One `DPEmbedding` per categorical feature `Ck`, with `V_k + 1` rows (row 0 =
+One table per categorical feature `Ck`, with `V_k + 1` rows (row 0 =
 missing, as `tfdp_embed.data.criteo` hashes) and `int(2 * V_k ** 0.25)`
-columns. The inputs are the features `tfdp_embed.data.criteo.parse_raw_fields`
+columns; by default the tables of one width share one variable, a
+`StackedEmbedding` per width group (`stack_tables`; `table_layout` lists
+them, `feature_table` gives a feature's layer and row offset), otherwise
+one `DPEmbedding` per feature. The inputs are the features `tfdp_embed.data.criteo.parse_raw_fields`
 produces: `I1..I13` float32 `[batch]` (sign(x) log(1 + |x|)), `int_missing`
 float32 `[batch, 13]`, `C1..C26` int64 `[batch]` bucket ids. The model
 returns one click *logit* per example, `[batch, 1]`: train it with
@@ -17,7 +20,7 @@ returns one click *logit* per example, `[batch, 1]`: train it with
 Every layer with weights is a `DPEmbedding` or a `keras.layers.Dense` (the
 DCN-v2 `tfrs.layers.dcn.Cross` layers hold Dense sub-layers), so the default
 clipping registry computes exact per-example norms without per-example
-gradients, and every mechanism sees the 26 tables as sparse variables.
+gradients, and every mechanism sees the tables (or stacks) as sparse variables.
 
 Example:
     >>> config = CTRModelConfig.from_vocab_sizes(hash_size=1000, hidden_units=(64, 64))
@@ -255,11 +258,18 @@ def feature_table(config: CTRModelConfig, feature: str) -> tuple[str, int]:
     """`(table layer name, row offset)`: feature row r lives in that layer's row offset + r."""
     if feature not in CAT_FEATURES:
         raise ValueError(f"`feature` must be one of C1..C26; received {feature!r}.")
-    sizes = dict(zip(CAT_FEATURES, config.vocab_sizes))
+    return _feature_tables(config)[feature]
+
+
+def _feature_tables(config: CTRModelConfig) -> dict[str, tuple[str, int]]:
+    """`{feature: (table layer name, row offset)}` for every feature."""
+    sizes, out = dict(zip(CAT_FEATURES, config.vocab_sizes)), {}
     for name, features in table_layout(config).items():
-        if feature in features:
-            return name, int(sum(sizes[f] + 1 for f in features[: features.index(feature)]))
-    raise AssertionError("unreachable: every feature has a table")
+        offset = 0
+        for feature in features:
+            out[feature] = (name, offset)
+            offset += sizes[feature] + 1
+    return out
 
 
 def table_counts(config: CTRModelConfig, counts: Mapping[str, np.ndarray]) -> dict:
@@ -278,7 +288,7 @@ def table_ids_fn(config: CTRModelConfig):
     layout = table_layout(config)
     if not config.stack_tables:
         return lambda features: {name: features[group[0]] for name, group in layout.items()}
-    offsets = {f: feature_table(config, f)[1] for f in CAT_FEATURES}
+    offsets = {f: offset for f, (_, offset) in _feature_tables(config).items()}
 
     def stacked_ids(features) -> dict:
         return {
