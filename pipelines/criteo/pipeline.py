@@ -37,7 +37,7 @@ from tfdp_embed.data.criteo.text import estimate_rows
 from tfdp_embed.keras2.callbacks import PrivacyBudget
 from tfdp_embed.keras2.export import release_ready
 from tfdp_embed.keras2.models import CTRModelConfig, CTRServingModule, build_ctr_model
-from tfdp_embed.keras2.models.ctr import ctr_embedding_dims, table_counts, table_ids_fn
+from tfdp_embed.keras2.models.ctr import ctr_embedding_dims, table_counts, table_ids_fn, table_layout
 from tfdp_embed.mechanisms import capabilities_of
 
 
@@ -332,6 +332,10 @@ def _plan(
         periods=_periods(config, data),
         counts=None if counts is None else _layer_counts(model_config, counts),
         released=data.released,
+        table_parts={
+            name: [model_config.vocab_by_feature[f] + 1 for f in group]
+            for name, group in table_layout(model_config).items()
+        },
     )
     composition = "parallel over periods, " if plan.parallel else ""
     _log(

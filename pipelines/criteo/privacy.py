@@ -84,6 +84,7 @@ def plan(
     periods: Sequence[AccountingPeriod],
     counts: Mapping[str, np.ndarray] | None = None,
     released: ReleasedDatasetSize | None = None,
+    table_parts: Mapping[str, Sequence[int]] | None = None,
 ) -> RunPlan:
     """The run's `RunPlan`: the mechanism for `settings`, calibrated over `periods`.
 
@@ -93,6 +94,7 @@ def plan(
       counts: {table layer name: bucket counts} for mechanisms that select
         rows (`selects_rows`): the non-private frequencies the DP selection is made from.
       released: N~ of the periods (`release_dataset_size`), charged to the budget (not for "none").
+      table_parts: {table layer name: its features' vocabularies} for stacked tables (`top_rows`).
 
     Raises:
       ValueError: a selecting mechanism without `counts`, or a target the accountant cannot meet.
@@ -116,32 +118,36 @@ def plan(
         l2_norm_clip=settings.l2_norm_clip,
         releases=releases,
         seed=settings.seed,
-        **_mechanism_options(settings, counts),
+        **_mechanism_options(settings, counts, table_parts),
     )
 
 
-def _mechanism_options(settings: PrivacySettings, counts) -> dict:
+def _mechanism_options(settings: PrivacySettings, counts, table_parts=None) -> dict:
     """The CLI's mechanism flags, for the mechanisms that take them."""
     accepted = mechanisms.options(settings.mechanism, counts=counts is not None)
     flags = dict(counts=counts, contribution_clip=settings.contribution_clip, threshold=settings.adafest_threshold)
-    flags.update(top_rows(settings, counts))
+    flags.update(top_rows(settings, counts, table_parts))
     options = {k: v for k, v in flags.items() if k in accepted}
     if "contribution_noise_multiplier" in accepted:
         options.update(ratio=settings.adafest_ratio, threshold_sigmas=settings.threshold_sigmas)
     return options
 
 
-def top_rows(settings: PrivacySettings, counts) -> dict:
+def top_rows(settings: PrivacySettings, counts, table_parts: Mapping[str, Sequence[int]] | None = None) -> dict:
     """`{"top_fraction": f}`, or with `top_min_rows` > 1 `{"top_k": {table: k}}`, k = max(floor(f V), min(V, m)).
 
-    V = len(counts[table]) is the table's vocabulary (public), so k is too.
+    V = len(counts[table]) is the table's vocabulary (public), so k is too. A stack of
+    tables (`table_parts[table]`: its features' vocabularies) keeps the sum of its
+    features' k: as many rows as unstacked, chosen by one top-k over all its buckets.
     """
     if settings.top_min_rows <= 1 or counts is None:
         return {"top_fraction": settings.top_fraction}
     ks = {}
     for name, vector in counts.items():
-        size = len(vector)
-        ks[name] = max(1, math.floor(settings.top_fraction * size), min(size, settings.top_min_rows))
+        sizes = (table_parts or {}).get(name, [len(vector)])
+        ks[name] = sum(
+            max(1, math.floor(settings.top_fraction * size), min(size, settings.top_min_rows)) for size in sizes
+        )
     return {"top_k": ks}
 
 

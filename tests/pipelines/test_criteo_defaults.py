@@ -269,4 +269,7 @@ def test_top_min_rows_keeps_small_tables_whole_and_a_dp_run_does_not_stop_on_the
     assert criteo.main([*argv, *flags]) == 0
     assert seen == []  # DP-FEST: no training-loss monitor
     report, _ = _report(out)
-    assert set(report["mechanism_report"]["selections"][0]["top_k"].values()) == {12}  # not floor(0.1 x 41) = 4
+    # The 26 tables of 41 rows are one stack (one width): it keeps 26 x 12 rows, not 26 x floor(0.1 x 41) = 104,
+    # chosen by one top-k over all its buckets; --no-stack-tables keeps 12 per table.
+    assert list(report["mechanism_report"]["selections"][0]["top_k"].values()) == [26 * 12]
+    assert criteo_privacy.top_rows(wide, counts, {"c": [4000, 1000]}) == {"top_k": {"a": 4, "b": 10, "c": 500}}
