@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp_embed.clipping import layer_kinds
+from tfdp_embed.ops import sparse_rows
 
 DIVERGED_MESSAGE = (
     "Training stopped: the model's weights are NaN or Inf after this step (the model diverged; lower the "
@@ -97,8 +98,7 @@ def check_weights(pairs) -> tf.Operation:
       tf.errors.InvalidArgumentError: (when run) a written weight is NaN or Inf; says the model diverged.
     """
     written = [
-        tf.gather(variable, grad.indices) if isinstance(grad, tf.IndexedSlices) else variable
-        for grad, variable in pairs
+        _written_rows(grad, variable) if isinstance(grad, tf.IndexedSlices) else variable for grad, variable in pairs
     ]
     if not written:
         return tf.no_op()
@@ -111,6 +111,17 @@ def check_weights(pairs) -> tf.Operation:
 
     finite = tf.cond(tf.math.is_finite(total), lambda: tf.constant(True), elementwise)
     return tf.debugging.Assert(finite, [DIVERGED_MESSAGE])
+
+
+def _written_rows(grad: tf.IndexedSlices, variable) -> tf.Tensor:
+    """`variable`'s rows at `grad.indices`, prefetched first: in a large table each row is a TLB miss.
+
+    The prefetch (`sparse_rows.prefetch_rows`, a hint that changes no value) overlaps
+    the rows' cache and TLB misses instead of taking them one after the other in the
+    gather (10^8 x 16: ~0.3 of a one-table step went to this gather).
+    """
+    sparse_rows.prefetch_rows(variable, grad.indices)
+    return tf.gather(variable, grad.indices)
 
 
 def check_released_weights(*modules) -> None:
