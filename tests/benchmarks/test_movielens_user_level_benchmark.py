@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from benchmarks import movielens_user_level
 from benchmarks.results_questions import user_level_text
@@ -52,6 +53,7 @@ def test_the_section_names_the_cost_and_the_best_k_and_says_choosing_k_by_test_i
     assert "not private and not accounted" in text
 
 
+@pytest.mark.slow  # ~16 s: `make test-slow`
 def test_a_tiny_run_writes_json_and_png(tmp_path):
     data = _write_ratings(tmp_path)
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"

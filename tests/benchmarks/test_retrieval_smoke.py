@@ -10,6 +10,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from benchmarks import retrieval, retrieval_baselines
 
@@ -29,6 +30,7 @@ def _generated(folder) -> str:
     return str(folder)
 
 
+@pytest.mark.slow  # ~16 s: `make test-slow`
 def test_retrieval_benchmark_tunes_tfrs_on_validation_and_reports_popularity_and_the_dp_gap(tmp_path):
     out = tmp_path / "r.json"
     argv = ["--data", _generated(tmp_path / "ml"), "--epochs", "1", "--batch-size", "64", "--dim", "8"]

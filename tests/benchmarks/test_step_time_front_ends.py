@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks import step_time
 from benchmarks.step_time_compare import front_end_comparison
 from benchmarks.step_time_front_ends import FrontEnd
@@ -57,6 +59,7 @@ def test_comparison_pairs_the_processes_of_each_repeat():
     assert entry["plain_keras3_over_keras2"] == 1.5
 
 
+@pytest.mark.slow  # ~15 s: `make test-slow`
 def test_step_time_both_front_ends_smoke(tmp_path):
     out_json, results_md = tmp_path / "step_time.json", tmp_path / "RESULTS.md"
     command = [sys.executable, "-m", "benchmarks.step_time", "--front-end", "both"]

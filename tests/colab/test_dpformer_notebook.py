@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from notebook_runner import run_notebook
 
 
+@pytest.mark.slow  # ~15 s; the sequential pipeline's DPFormer tests run by default
 def test_dpformer_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     tiny = {
         "DPF_NB_DATA": str(tmp_path / "absent.txt"),  # -> synthetic data

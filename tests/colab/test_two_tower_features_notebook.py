@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
 from notebook_runner import run_notebook
 
 TINY = {
@@ -24,6 +25,7 @@ TINY = {
 }
 
 
+@pytest.mark.slow  # ~14 s; the feature two-tower's tests (tests/retrieval, tests/models) run by default
 def test_two_tower_features_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     out = tmp_path / "out"
     settings = {**TINY, "TT_NB_OUT": str(out), "TT_NB_DATA": str(tmp_path / "absent")}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from notebook_runner import run_notebook
 
 TINY = {
@@ -19,6 +20,7 @@ TINY = {
 }
 
 
+@pytest.mark.slow  # ~11 s; the MovieLens pipeline and its canary audit run by default
 def test_two_tower_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     out = tmp_path / "out"
     # A path that does not exist: the notebook generates its own tiny u.data under OUT.

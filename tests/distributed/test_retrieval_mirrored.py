@@ -8,6 +8,10 @@ Each scenario runs in a subprocess (tests/distributed/retrieval_mirrored_cases.p
 
 import pytest
 
+pytestmark = (
+    pytest.mark.slow
+)  # 2 replicas in a subprocess, ~25 s: `make test-slow` (MirroredStrategy's default cases: test_mirrored.py)
+
 CASES = ["retrieval_full", "retrieval_sampled", "two_tower"]
 
 
