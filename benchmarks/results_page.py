@@ -178,7 +178,7 @@ def sources(runs: list[Run], page_dir: str) -> str:
         )
         files = link(run, page_dir, "JSON") + (f", {plots}" if plots else ", no plot")
         lines.append(
-            f"- {run.date} ({files}); commit {run.commit}.\n  Machine: {run.machine}.\n  Command: `{run.command}`"
+            f"- {run.date} ({files}); commit {run.commit}. Machine: {run.machine}.\n  Command: `{run.command}`"
         )
     return "\n".join(lines)
 

@@ -1076,6 +1076,7 @@ def _speed_lines(runs) -> list:
         value = f"{_range(dense)} over ours" + (f", {_range(tfp)} over tensorflow-privacy" if tfp else "")
         rows = ", ".join(sorted({power(s["vocab"]) for s in speedups}))
         lines.append((f"Sparse mechanisms' speed-up over dense DP-SGD at {rows} rows", value, [run]))
+    lines += _opacus_shape_memory(runs)
     run = latest(runs, "end_to_end", where=lambda doc: len(doc.get("summary") or {}) >= 4)
     if run:
         summary = run.doc["summary"]
@@ -1089,6 +1090,21 @@ def _speed_lines(runs) -> list:
         value = f"{side['mechanism']} {times(side['wall_ratio'])} wall, {times(side['cpu_ratio'])} CPU"
         lines.append((label, value, [run]))
     return lines
+
+
+def _opacus_shape_memory(runs) -> list:
+    """Peak RSS per mechanism at Opacus's ghost-clipping example shape (10⁶ × 5 table, batch 16,384)."""
+
+    def at_shape(doc) -> bool:
+        settings = doc.get("settings") or {}
+        return settings.get("dim") == 5 and settings.get("batch") == 16384 and tf_keras_only(doc)
+
+    run = latest(runs, "step_time", where=at_shape)
+    if run is None:
+        return []
+    rows = [r for r in run.doc.get("results", []) if r.get("peak_rss_mb")]
+    value = "; ".join(f"{_label(r['mechanism'])} {r['peak_rss_mb'] / 1024:.2f} GB" for r in rows)
+    return [("Peak RSS (whole process), 10⁶ × 5 table, batch 16,384 (Opacus's ghost-clipping shape)", value, [run])]
 
 
 def _utility_lines(runs) -> list:
