@@ -71,16 +71,7 @@ def test_user_layers_losses_and_rules_needing_autograph_still_train():
         EANA(l2_norm_clip=1.0, noise_multiplier=0.5, seed=0),
         LazyDP(l2_norm_clip=1.0, noise_multiplier=0.5, seed=0),
     ):
-        registry = LayerRegistry()
-        registry.register(Scaled, scaled_rule)
-        for entry in default_registry()._entries:
-            registry.register(
-                entry.layer_class,
-                entry.fn,
-                tapped_method=entry.tapped_method,
-                described=entry.described,
-                if_overridden=entry.if_overridden,
-            )
+        registry = LayerRegistry([(Scaled, scaled_rule), *default_registry()._entries])
         dp = DPModel(_model(), mechanism=mechanism, expected_batch_size=BATCH, registry=registry)
         dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=user_loss)
         dp.prepare(_data())

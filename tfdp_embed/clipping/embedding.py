@@ -312,27 +312,12 @@ def _distinct_rows_layer_gradients(layer, call, grad, flatten) -> LayerGradients
     squared = tf.math.unsorted_segment_sum(tf.reduce_sum(tf.square(grad), axis=1), examples, occ.batch_size)
     unique_rows, row_index = sparse_rows.unique(tf.cast(occ.ids, tf.int64))
 
+    @tf.autograph.experimental.do_not_convert
     def clipped_sum(clip_factors: tf.Tensor) -> list:
-        args = (
-            grad,
-            segments,
-            row_index,
-            tf.cast(occ.weights, dtype),
-            tf.gather(tf.cast(clip_factors, dtype), examples),
-        )
-        if dtype == tf.float32:
-            values = sparse_rows.scaled_segment_sum(*args, tf.size(unique_rows))
-        else:
-            values = sparse_rows.scaled_segment_sum_reference(*args, tf.size(unique_rows))
-        return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
+        scales = tf.gather(tf.cast(clip_factors, dtype), examples)
+        return _summed_rows(table, unique_rows, grad, segments, row_index, tf.cast(occ.weights, dtype), scales)
 
-    return LayerGradients(
-        variables=[table],
-        squared_norms=tf.cast(squared, tf.float32),
-        clipped_sum=clipped_sum,
-        occurrences=[occ],
-        rows_from_lookups=True,
-    )
+    return _lookup_gradients(table, squared, clipped_sum, occ)
 
 
 def _pooled_layer_gradients(layer, call, grad, flatten) -> LayerGradients:
@@ -358,13 +343,23 @@ def _pooled_layer_gradients(layer, call, grad, flatten) -> LayerGradients:
 
     @tf.autograph.experimental.do_not_convert
     def clipped_sum(clip_factors: tf.Tensor) -> list:
-        args = (grad, examples, row_index, weights, tf.cast(clip_factors, dtype), tf.size(unique_rows))
-        if dtype == tf.float32:
-            values = sparse_rows.scaled_segment_sum(*args)
-        else:
-            values = sparse_rows.scaled_segment_sum_reference(*args)
-        return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
+        return _summed_rows(table, unique_rows, grad, examples, row_index, weights, tf.cast(clip_factors, dtype))
 
+    return _lookup_gradients(table, squared, clipped_sum, occ)
+
+
+@tf.autograph.experimental.do_not_convert
+def _summed_rows(table, unique_rows, *args) -> list:
+    """The clipped sum into `unique_rows` by the fused op (float32) or its bit-identical TensorFlow reference."""
+    if table.dtype.base_dtype == tf.float32:
+        values = sparse_rows.scaled_segment_sum(*args, tf.size(unique_rows))
+    else:
+        values = sparse_rows.scaled_segment_sum_reference(*args, tf.size(unique_rows))
+    return [tf.IndexedSlices(values, unique_rows, dense_shape=tf.shape(table))]
+
+
+def _lookup_gradients(table, squared, clipped_sum, occ) -> LayerGradients:
+    """One table's `LayerGradients` from its lookups: float32 squared norms, rows from the recorded ids."""
     return LayerGradients(
         variables=[table],
         squared_norms=tf.cast(squared, tf.float32),
