@@ -105,23 +105,10 @@ def _noise_and_apply(mechanism, optimizer, clipped, trainable_variables, lookahe
     # Unscaled and finite: a LossScaleOptimizer's inner optimizer applies them.
     optimizer = mixed_precision.inner_optimizer(optimizer)
     optimizer_check.warn_dense_table_rewrite(optimizer, pairs)
-    _prefetch_written_rows(pairs)
+    sparse_rows.prefetch_written_rows(pairs)
     distribute.apply_gradients(optimizer, pairs)
     mechanism.after_apply(lookahead)
     nonfinite.check_weights(pairs)  # a diverged model stops here; one example cannot stop it
-
-
-@tf.autograph.experimental.do_not_convert
-def _prefetch_written_rows(pairs) -> None:
-    """Prefetches the table rows the optimizer is about to write (a hint: no value changes).
-
-    In a large table every row is a cache and TLB miss by the time the optimizer's
-    scatter reaches it, however recently the lookup read it; prefetched together,
-    the misses overlap (`sparse_rows.prefetch_rows`).
-    """
-    for grad, variable in pairs:
-        if isinstance(grad, tf.IndexedSlices):
-            sparse_rows.prefetch_rows(variable, grad.indices)
 
 
 def _init_mechanism(mechanism, model, tables, optimizer, strategy) -> None:

@@ -48,6 +48,7 @@ from tfdp_embed.keras3._keras import keras, tf
 from tfdp_embed.keras3.per_example_loss import per_example_loss_fn, reject_unsupported
 from tfdp_embed.layers.lookup import EmbeddingLookup
 from tfdp_embed.mechanisms.base import NoiseMechanism, check_declared_use
+from tfdp_embed.ops import sparse_rows
 from tfdp_embed.release import release_ready
 
 
@@ -250,6 +251,7 @@ class DPModel(keras.Model):
         state = self._training_only
         pairs = self.mechanism.update(clipped)
         check_every_variable_noised(pairs, state.variables, self.mechanism.name)
+        sparse_rows.prefetch_written_rows(pairs)
         if state.sparse_sgd is not None:  # LazyDP with momentum: tables as legacy SGD moves them (sgd_adapter)
             tables = {t.embeddings.ref() for t in state.tables}
             learning_rate = state.sparse_sgd.learning_rate()  # this step's, before Keras counts the step

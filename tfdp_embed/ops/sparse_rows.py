@@ -23,6 +23,7 @@ reference runs instead: slower, identical results.
     lazy_ops                the four LazyDP ops above, custom or reference, chosen once
     prefetch_rows           a hint: brings rows of a table into cache (no reference:
                             it computes nothing)
+    prefetch_written_rows   the same for every sparse (gradient, variable) pair a step applies
 
 Example:
     >>> values = noised_values(generator, grad.values, stddev=1.0, divisor=1024.0)
@@ -586,6 +587,19 @@ def prefetch_rows(table, rows) -> None:
         op.tfdp_embed_prefetch_rows(table.handle, tf.cast(_flat_rows(rows), tf.int64))
 
 
+@tf.autograph.experimental.do_not_convert
+def prefetch_written_rows(pairs) -> None:
+    """`prefetch_rows` of the rows each sparse `(gradient, variable)` pair is about to write.
+
+    Both front ends' DP steps call it before the optimizer: in a large table every
+    row is a cache and TLB miss by the time the scatter reaches it, however
+    recently the lookup read it; prefetched together, the misses overlap.
+    """
+    for grad, variable in pairs:
+        if isinstance(grad, tf.IndexedSlices):
+            prefetch_rows(variable, grad.indices)
+
+
 def takes_table(table) -> bool:
     """True for a table the in-place ops can read and write: a float32 variable with one resource handle.
 
@@ -619,6 +633,7 @@ __all__ = [
     "pooled_weight_squares",
     "pooled_weight_squares_reference",
     "prefetch_rows",
+    "prefetch_written_rows",
     "scaled_segment_sum",
     "scaled_segment_sum_reference",
     "takes_table",
