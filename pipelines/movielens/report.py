@@ -37,8 +37,7 @@ def privacy_report(config: MovieLensConfig, data: MovieLensData, setup: Setup, t
     accountant = config.accountant if sigma >= SMALL_SIGMA_FOR_PLD else "rdp"
     vocabulary, caveats = movielens_vocabulary.report_terms(data, data.item_release, config.mechanism)
     user_level = setup.user_level  # the unit, k and the bound then come from the user-level batches
-    # sigma given: no budget, but the plan's releases (N~, k, the movie ids) are still spent with the steps
-    ledger = budget.ledger if budget is not None else movielens_units.run_ledger(setup, trained) if plan.is_dp else None
+    ledger = budget.ledger if budget is not None else None  # sigma given: `plan.report` counts its releases
     report = plan.report(
         dataset_size=setup.released,  # N~, never the exact number of examples (or users)
         privacy_unit=None if user_level else PRIVACY_UNIT,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfdp_embed.accounting import dpsgd_event, group_epsilon, release_contribution_bound
+from tfdp_embed.accounting import group_epsilon, release_contribution_bound
 from tfdp_embed.data import poisson_user_batches
 
 USER, EXAMPLE = "user", "example"
@@ -136,7 +136,8 @@ def group_privacy_fields(setup, trained, epsilon) -> dict | None:
     """
     if epsilon is None or setup.user_ids is None:
         return None
-    events = trained.budget.ledger if trained.budget is not None else run_ledger(setup, trained)
+    budget = trained.budget
+    events = budget.ledger if budget is not None else setup.plan.steps_ledger(max(1, trained.counter.steps))
     counts = examples_per_user(setup.user_ids)
     out: dict = {
         "note": "example-level DP says this about a whole user's history (group privacy over their examples); "
@@ -149,16 +150,6 @@ def group_privacy_fields(setup, trained, epsilon) -> dict | None:
     return out
 
 
-def run_ledger(setup, trained):
-    """The plan's one-off releases (N~, k, the movie ids) plus the steps run: a run with sigma given has no budget."""
-    ledger = setup.plan.ledger()
-    step = dpsgd_event(
-        sampling_probability=setup.sampling_probability, noise_multiplier=setup.plan.noise_multiplier, steps=1
-    )
-    ledger.record_steps(step, max(1, trained.counter.steps))
-    return ledger
-
-
 __all__ = [
     "DEFAULT_USERS_PER_BATCH",
     "K_NOISE_MULTIPLIER",
@@ -169,7 +160,6 @@ __all__ = [
     "group_privacy_fields",
     "mean_rows_per_user",
     "probe_batch",
-    "run_ledger",
     "user_batches",
     "user_level_fields",
 ]

@@ -8,6 +8,7 @@ from typing import Any
 
 from tfdp_embed import front_end
 from tfdp_embed.accounting import PrivacyLedger, privacy_report
+from tfdp_embed.accounting.budget_history import record_setup_events
 from tfdp_embed.accounting.dataset_size import DATASET_SIZE, ReleasedDatasetSize
 from tfdp_embed.accounting.periods import add_period_accounting, parallel_epsilon, period_ledgers
 from tfdp_embed.accounting.truncated import truncated_steps
@@ -95,6 +96,17 @@ class RunPlan:
             ledger.record_setup(event)
         return ledger
 
+    def steps_ledger(self, steps: int) -> PrivacyLedger:
+        """What a budget would hold after `steps` steps: the plan's one-off events, the mechanism's own, the steps.
+
+        For a run without a budget (sigma given): its report and any epsilon
+        derived from it still count every release the plan made.
+        """
+        ledger = self.ledger()
+        record_setup_events(ledger, self.step_source)
+        ledger.record_steps(self.step_source.step_event(self.sampling_probability), steps)
+        return ledger
+
     def budget(self, *, period: int | None = None, **kwargs):
         """The callback that enforces the plan: a `PrivacyBudget`, or period `period`'s `PeriodBudget`.
 
@@ -172,6 +184,8 @@ class RunPlan:
         if ledger is not None and not self.is_dp:
             steps, ledger = ledger.steps if steps is None else steps, None
         self._check_size_charged(dataset_size)
+        if ledger is None and epsilon is None and steps is not None and self._releases_beyond_size():
+            ledger, steps = self.steps_ledger(steps), None  # sigma given: the plan's other releases still count
         common = dict(
             mechanism=self.step_source,
             delta=self.target_delta,
@@ -212,6 +226,12 @@ class RunPlan:
         if self.parallel:
             out["periods"] = [dataclasses.asdict(p) for p in self.periods]
         return out
+
+    def _releases_beyond_size(self) -> bool:
+        """A one-DP-plan, one-period plan with accounted releases other than N~ (which the report adds itself)."""
+        if not self.is_dp or self.parallel:
+            return False
+        return any(release.events for release in self.releases if release.name != DATASET_SIZE)
 
     def _report_dataset_size(self, dataset_size):
         """The report's N: the one given, else the plan's (ValueError when neither is known)."""
