@@ -101,6 +101,11 @@ def width_groups(tables: Mapping[str, tuple]) -> list[tuple[Any, list[str]]]:
     return list(groups.items())
 
 
+def stack_name(width: int, dtype: str = "float32") -> str:
+    """The default layer name of a width group's stack: `embedding_stack_{width}` (dtype appended unless float32)."""
+    return f"embedding_stack_{width}" + ("" if dtype == "float32" else f"_{dtype}")
+
+
 class StackedLookup:
     """The Keras-free part of `StackedEmbedding`: per-feature ids in, offset ids through `lookup`, per-feature rows out.
 
@@ -195,20 +200,6 @@ class StackedLookup:
         with tf.control_dependencies([check]):
             return tf.identity(ids)
 
-    def stack_counts(self, counts: Mapping) -> np.ndarray:
-        """One count vector of the stack's `sum_f V_f` rows from `{feature: counts [V_f]}` (DP-FEST's selection)."""
-        vectors = []
-        for feature in self.features:
-            if feature not in counts:
-                raise ValueError(f"`counts` has no vector for feature {feature!r} of stack {self.name!r}.")
-            vector = np.asarray(counts[feature])
-            if vector.shape != (self.vocabulary_sizes[feature],):
-                raise ValueError(
-                    f"`counts[{feature!r}]` must have shape ({self.vocabulary_sizes[feature]},); received {vector.shape}."
-                )
-            vectors.append(vector)
-        return np.concatenate(vectors)
-
     def call(self, features):
         """`{feature: rows [batch, dim]}`: one lookup of the offset ids `[batch, F]`, split per feature."""
         rows = self.lookup(self.stack_ids(features))  # [batch, F, dim]
@@ -219,4 +210,4 @@ class StackedLookup:
         return {"vocabulary_sizes": dict(self.vocabulary_sizes), "output_dim": self.output_dim}
 
 
-__all__ = ["StackedLookup", "check_one_width", "check_vocabulary_sizes", "width_groups"]
+__all__ = ["StackedLookup", "check_one_width", "check_vocabulary_sizes", "stack_name", "width_groups"]

@@ -18,7 +18,13 @@ from collections.abc import Mapping
 
 from tfdp_embed.keras2._keras import keras
 from tfdp_embed.keras2.layers.embedding import DPEmbedding
-from tfdp_embed.layers.stacked_lookup import StackedLookup, check_one_width, check_vocabulary_sizes, width_groups
+from tfdp_embed.layers.stacked_lookup import (
+    StackedLookup,
+    check_one_width,
+    check_vocabulary_sizes,
+    stack_name,
+    width_groups,
+)
 
 
 @keras.saving.register_keras_serializable(package="tfdp_embed")
@@ -85,8 +91,7 @@ def stacked_tables(tables: Mapping[str, tuple], *, name_fn=None, **kwargs) -> li
     """
     layers = []
     for (width, dtype), features in width_groups(tables):
-        default = f"embedding_stack_{width}" + ("" if dtype == "float32" else f"_{dtype}")
-        name = name_fn(width, features) if name_fn is not None else default
+        name = name_fn(width, features) if name_fn is not None else stack_name(width, dtype)
         sizes = {f: int(tables[f][0]) for f in features}
         layers.append(StackedEmbedding(sizes, width, name=name, dtype=dtype, **kwargs))
     return layers

@@ -48,6 +48,7 @@ from tfdp_embed.data.criteo import (
 )
 from tfdp_embed.keras2 import DPEmbedding, keras, tf
 from tfdp_embed.keras2.layers.stacked_embedding import StackedEmbedding, stacked_tables
+from tfdp_embed.layers.stacked_lookup import stack_name, width_groups
 
 ARCHITECTURES = ("mlp", "dcn")
 PAPER_HIDDEN_UNITS = (598, 598, 598, 598)
@@ -246,7 +247,8 @@ def table_layout(config: CTRModelConfig | None = None) -> dict[str, tuple]:
     """
     if config is None or not config.stack_tables:
         return {f"embedding_{feature}": (feature,) for feature in CAT_FEATURES}
-    return {layer.name: features for layer, features in _tables(config)}
+    groups = width_groups({f: (v + 1, d) for f, v, d in zip(CAT_FEATURES, config.vocab_sizes, config.dims)})
+    return {stack_name(width, dtype): tuple(features) for (width, dtype), features in groups}  # no layer built
 
 
 def table_names(config: CTRModelConfig | None = None) -> list[str]:
