@@ -127,6 +127,17 @@ def test_sized_release_is_composed_by_the_accountant():
     assert plan.training_epsilon == 4.0  # nothing deducted: the accountant composes it
 
 
+def test_a_given_noise_report_counts_the_plans_releases():
+    """Sigma given (no budget, no ledger): the report's epsilon still composes the plan's accounted releases."""
+    release = Release("item_counts", event=dp_accounting.GaussianDpEvent(2.0))
+    plain = plan_run("dense", noise_multiplier=1.3, **RUN).report(dataset_size=1000, batching="poisson", steps=200)
+    with_release = plan_run("dense", noise_multiplier=1.3, releases=[release], **RUN)
+    report = with_release.report(dataset_size=1000, batching="poisson", steps=200)
+    expected = rdp_epsilon([release.event, steps_event(1.3)])  # the release and the 200 steps
+    assert report["epsilon"] == pytest.approx(expected, rel=1e-6) and report["epsilon"] > plain["epsilon"]
+    assert with_release.steps_ledger(200).steps == 200
+
+
 def test_given_noise_plans_nothing_and_enforces_nothing():
     plan = plan_run("dense", noise_multiplier=1.3, **RUN)
     assert plan.noise_source == "given" and plan.target_epsilon is None and plan.mechanism.noise_multiplier == 1.3
