@@ -18,7 +18,9 @@ what the attack measured (the sensitivity, or how wrong the gradients are).
 Both front ends (the `fe` fixture of tests/conftest.py): the zoo's layers and
 subclasses are built on each front end's Keras (`_zoo`). The two-tower
 models (`compute_loss`, TFRS, `ItemEmbedding`) and SyncBatchNormalization
-are tf-keras's.
+are tf-keras's; a tied `SharedEmbedding` and the full softmax over an item
+tower run on the whole catalogue in `shared_computation` (the model of
+examples/keras3_two_tower.py) are checked on both.
 """
 
 from __future__ import annotations
@@ -350,6 +352,58 @@ def _sigmoid_head(fe):
     x = keras.layers.Dense(6, activation="tanh", kernel_initializer="normal")(x)
     head = keras.layers.Dense(1, activation="sigmoid", kernel_initializer=keras.initializers.Constant(3.0))
     return keras.Model(inputs, head(x))
+
+
+def _tied(fe):
+    """ids -> SharedEmbedding -> Dense -> LayerNorm -> last position -> the same table as output projection."""
+    import importlib
+
+    keras = fe.keras
+    keras.utils.set_random_seed(3)
+    table = importlib.import_module(f"tfdp_embed.{fe.name}").SharedEmbedding(
+        VOCAB, DIM, embeddings_initializer="normal", name="tied"
+    )
+    inputs = keras.Input((IDS,), dtype="int32")
+    hidden = keras.layers.Dense(DIM, activation="tanh", kernel_initializer="normal")(table(inputs))
+    hidden = keras.layers.LayerNormalization()(hidden)[:, -1]
+    return keras.Model(inputs, table(hidden, mode="logits"))
+
+
+def test_tied_input_and_output_embedding_is_bounded_and_exact(fe):
+    loss = fe.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    _assert_exact_and_bounded(fe, lambda: _tied(fe), loss=loss, batch=_pairs())
+
+
+def _catalogue_softmax(fe):
+    """As examples/keras3_two_tower.py: each query scored against the item tower run over the whole catalogue."""
+    from tfdp_embed.clipping import shared_computation
+
+    keras = fe.keras
+
+    class CatalogueSoftmax(keras.Model):
+        def __init__(self):
+            super().__init__()
+            keras.utils.set_random_seed(3)
+            unit = keras.initializers.RandomNormal(stddev=1.0)  # gradients large enough that every example is clipped
+            self.history = fe.DPEmbedding(VOCAB, DIM, combiner="mean", embeddings_initializer=unit)
+            self.query = keras.layers.Dense(DIM, kernel_initializer=unit)
+            self.items = fe.DPEmbedding(VOCAB, DIM, embeddings_initializer=unit)
+            self.item_dense = keras.layers.Dense(DIM, kernel_initializer=unit)
+
+        def call(self, ids):
+            queries = self.query(self.history(ids))
+            with shared_computation() as shared:
+                candidates = shared.output(self.item_dense(self.items(tf.range(VOCAB))))
+            return shared.scored_by(queries, tf.matmul(queries, candidates, transpose_b=True))
+
+    model = CatalogueSoftmax()
+    model(tf.constant(_pairs()[0][:2]))  # builds every layer
+    return model
+
+
+def test_full_softmax_over_a_shared_catalogue_tower_is_bounded_and_exact(fe):
+    loss = fe.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    _assert_exact_and_bounded(fe, lambda: _catalogue_softmax(fe), loss=loss, batch=_pairs())
 
 
 KERAS2 = pytest.mark.parametrize("fe", ["keras2"], indirect=True)  # two-tower models, TFRS, SyncBatchNormalization
