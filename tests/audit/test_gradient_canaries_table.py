@@ -166,3 +166,18 @@ class _NoFlushLazy(LazyDP):
 def test_bad_input_is_refused(mechanism, kwargs, error, match):
     with pytest.raises(error, match=match):
         _audit(mechanism, 100, **kwargs)
+
+
+def test_a_lazy_dp_that_releases_without_its_owed_noise_is_caught_above_its_claim():
+    """The guarantee side can fail: a LazyDP whose flush adds nothing (and says it owes nothing) is caught.
+
+    Calibrated for epsilon = 2 (m = 2000, q = 1, T = 10) as in the test above, where the sound LazyDP gave 0.83.
+    The out-canaries' rows then never move (score exactly 0) and the bound lands far above the claim
+    (observed 7.96 against 2.00).
+    """
+    mechanism = _planned("lazy", 2.0, 2000, audit_seed=0)
+    mechanism.flush = lambda: None
+    mechanism.owes_noise = lambda: False
+    audit = _audit(mechanism, 2000)
+    assert np.all(audit.scores[~audit.included] == 0.0)
+    assert audit.bound.epsilon_lb > 2 * audit.claimed_epsilon, audit.as_dict()
