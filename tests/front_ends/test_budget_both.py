@@ -42,3 +42,13 @@ def test_the_budget_stops_at_the_last_allowed_step_and_logs_the_pinned_epsilon(f
     assert int(mech.steps.numpy()) == budget.ledger.steps == k_max  # the 7th step never ran
     assert history.history["epsilon"] == pytest.approx([_eps(BATCHES), _eps(k_max)], rel=1e-9)
     assert budget.epsilon == pytest.approx(_eps(k_max), rel=1e-9)
+
+
+def test_eana_logs_its_nominal_epsilon_as_not_dp(fe):
+    """EANA is not DP: its epsilon is reported under `epsilon_not_dp`, never as `epsilon`, on both front ends."""
+    mech = mechanisms.EANA(l2_norm_clip=1.0, noise_multiplier=SIGMA, seed=0)
+    budget = fe.PrivacyBudget(mech, sampling_probability=Q, target_epsilon=100.0, target_delta=DELTA, accountant="rdp")
+    dp = fe.dp_model(fe.ctr_model(), mech, batch=BATCH)
+    history = dp.fit(ctr_batches(n=BATCH * BATCHES, batch=BATCH), epochs=1, callbacks=[budget], verbose=0)
+    assert "epsilon" not in history.history
+    assert history.history["epsilon_not_dp"] == pytest.approx([_eps(BATCHES)], rel=1e-9)

@@ -82,3 +82,17 @@ def test_a_model_of_the_other_front_end_is_refused_with_the_one_to_use(fe):
             mechanism=mechanisms.DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0),
             expected_batch_size=8,
         )
+
+
+@pytest.mark.parametrize("name", ["DenseDPSGD", "LazyDP"])
+def test_noise_std_under_a_learning_rate_schedule_matches_the_formula(fe, name):
+    """LazyDP's catch-up replays the schedule's rates: the table's noise std is sqrt(sum eta_t^2) * sigma * C / B."""
+    lr, decay, clip, sigma, batch, steps = 0.5, 0.7, 2.0, 1.5, 128, 4
+    schedule = fe.keras.optimizers.schedules.ExponentialDecay(lr, decay_steps=1, decay_rate=decay)
+    dp = fe.DPModel(fe.ctr_model(), mechanism=mechanism(name, clip=clip, sigma=sigma), expected_batch_size=batch)
+    dp.compile(optimizer=fe.sgd(schedule), loss=_zero_loss)
+    dp.fit(ctr_batches(n=batch * steps, batch=batch), epochs=1, verbose=0)
+    delta = (dp.get_weights()[0] - fe.ctr_model().get_weights()[0]).ravel()  # flushed
+    rates = lr * decay ** np.arange(steps)
+    want = np.sqrt(np.sum(rates**2)) * sigma * clip / batch
+    assert delta.std() == pytest.approx(want, rel=0.05)
