@@ -104,7 +104,9 @@ def plan(
         raise ValueError(f"Mechanism {name!r} selects rows from bucket counts; `counts` is required.")
     releases = [Release.dataset_size(released)] if released is not None and name != "none" else []
     if name != "none" and settings.calibration_fraction > 0:
-        releases.append(Release(OUTPUT_CALIBRATION, epsilon_share=settings.calibration_fraction))
+        releases.append(
+            Release(OUTPUT_CALIBRATION, epsilon_share=settings.calibration_fraction, seeded=settings.seed is not None)
+        )
     if selects_rows(name):
         reselects = mechanisms.capabilities_of(mechanisms.mechanism_class(name)).reselects
         count = len(periods) if reselects else 1  # fest re-selects each period; adafest+ selects once

@@ -119,7 +119,7 @@ def plan_training(config: MovieLensConfig, data: MovieLensData, extra_train_exam
         else [
             Release.dataset_size(released),
             *([Release.contribution_bound(k_release)] if k_release is not None else []),
-            *movielens_vocabulary.releases(data.item_release),
+            *movielens_vocabulary.releases(data.item_release, seeded=config.seed is not None),
         ],
     )
     if config.verbose:

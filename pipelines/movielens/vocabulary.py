@@ -103,9 +103,9 @@ def check_data(config, data: MovieLensData) -> None:
         )
 
 
-def releases(vocabulary: DPVocabulary | None) -> list:
-    """The plan's release for a DP movie-id map (none otherwise)."""
-    return [] if vocabulary is None else [Release(MOVIE_VOCABULARY, event=vocabulary.event)]
+def releases(vocabulary: DPVocabulary | None, *, seeded: bool = False) -> list:
+    """The plan's release for a DP movie-id map (none otherwise); `seeded`: drawn from `--seed`."""
+    return [] if vocabulary is None else [Release(MOVIE_VOCABULARY, event=vocabulary.event, seeded=seeded)]
 
 
 def report_terms(data: MovieLensData, vocabulary: DPVocabulary | None, mechanism: str) -> tuple[dict, list]:

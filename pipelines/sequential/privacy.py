@@ -164,14 +164,16 @@ def plan(
     common = _run_arguments(size, batch, epochs, max_steps, delta=delta, accountant=accountant, seed=seed)
     private = mechanism != "none" and math.isfinite(epsilon)
     vocabulary = dict(catalogue=item_catalogue, max_items_per_user=vocabulary_max_items, seed=seed)
-    releases, assumptions = _vocabulary_terms(item_catalogue, vocabulary_epsilon_share)
+    releases, assumptions = _vocabulary_terms(item_catalogue, vocabulary_epsilon_share, seeded=seed is not None)
     dp = dict(target_epsilon=float(epsilon), l2_norm_clip=l2_norm_clip, assumptions=assumptions, **common)
     terms = _RunTerms(data, float(epsilon), size, private, common, dp, releases, vocabulary)
     if frequencies == "public":
         return _public_plan(terms, cast(str, frequencies_file))  # given with "public" (check_frequency_options)
     if not private:
         return _exact_plan(terms)
-    release = _frequency_release(frequency_epsilon_share, frequency_noise_multiplier, frequency_mechanism)
+    release = _frequency_release(
+        frequency_epsilon_share, frequency_noise_multiplier, frequency_mechanism, seeded=seed is not None
+    )
     return _private_plan(terms, release, frequency_mechanism, seed)
 
 
@@ -251,10 +253,10 @@ def _private_plan(
     return SequentialPrivacy(run, terms.epsilon, freq, terms.size, items, data)
 
 
-def _vocabulary_terms(item_catalogue: str | None, epsilon_share: float | None) -> tuple[list, tuple]:
+def _vocabulary_terms(item_catalogue: str | None, epsilon_share: float | None, *, seeded: bool) -> tuple[list, tuple]:
     """(releases, assumptions) of the item ids: the DP vocabulary's release, or the catalogue's assumption."""
     if item_catalogue is None:
-        return [sequential_vocabulary.vocabulary_release(epsilon_share)], ()
+        return [sequential_vocabulary.vocabulary_release(epsilon_share, seeded=seeded)], ()
     return [], (
         f"the item catalogue {item_catalogue!r} (the item ids the model knows) is independent of the training "
         "data (public)",
@@ -288,12 +290,13 @@ def _public_plan(terms: _RunTerms, frequencies_file: str) -> SequentialPrivacy:
     return SequentialPrivacy(run, terms.epsilon, freq, terms.size, items, dense)
 
 
-def _frequency_release(share: float | None, noise_multiplier: float | None, mechanism: str) -> Release:
+def _frequency_release(share: float | None, noise_multiplier: float | None, mechanism: str, *, seeded: bool) -> Release:
     """The count release: sized for its share of epsilon, or with the given noise multiplier z."""
     if noise_multiplier is not None:
-        return Release(ITEM_FREQUENCIES, event=RELEASE_MECHANISMS[mechanism](float(noise_multiplier)))
+        event = RELEASE_MECHANISMS[mechanism](float(noise_multiplier))
+        return Release(ITEM_FREQUENCIES, event=event, seeded=seeded)
     share = DEFAULT_FREQUENCY_EPSILON_SHARE if share is None else float(share)
-    return Release(ITEM_FREQUENCIES, epsilon_share=share, noise=mechanism)
+    return Release(ITEM_FREQUENCIES, epsilon_share=share, noise=mechanism, seeded=seeded)
 
 
 __all__ = [

@@ -59,10 +59,10 @@ class ItemVocabulary:
         return out
 
 
-def vocabulary_release(epsilon_share: float | None) -> Release:
-    """The planned release of the item set: Gaussian, sized for its share of epsilon."""
+def vocabulary_release(epsilon_share: float | None, *, seeded: bool = False) -> Release:
+    """The planned release of the item set: Gaussian, sized for its share of epsilon (`seeded`: from `--seed`)."""
     share = DEFAULT_EPSILON_SHARE if epsilon_share is None else float(epsilon_share)
-    return Release(ITEM_VOCABULARY, epsilon_share=share, noise="gaussian")
+    return Release(ITEM_VOCABULARY, epsilon_share=share, noise="gaussian", seeded=seeded)
 
 
 def read_catalogue(path: str) -> np.ndarray:

@@ -21,11 +21,12 @@ from __future__ import annotations
 import json
 import os
 
+import dp_accounting
 import numpy as np
 from tiny_model import embedding_dense_model
 
 from pipelines.criteo import beam as criteo_beam
-from tfdp_embed import export_saved_model
+from tfdp_embed import Release, export_saved_model, plan_run, release_contribution_bound, release_dataset_size
 from tfdp_embed.accounting import PrivacyLedger, privacy_report
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.training import DPModel
@@ -99,3 +100,31 @@ def test_a_seeded_beam_manifest_reaches_the_report_as_seeded_only():
     # Old code: entry["seed"] == SEED, copied into report.json and printed at the end of the run.
     assert str(SEED) not in json.dumps(entry), entry
     assert entry["seeded"] is True
+
+
+def test_a_seeded_plan_names_its_seeded_releases_in_the_guarantee():
+    """k, the vocabulary and the other one-off releases of a seeded run are named beside the training noise.
+
+    Old code (b4896ce): `seeded` listed the training noise, the sampler and N~ only; the k release and a
+    DP vocabulary drawn from the same seed were missing from whom the guarantee excludes.
+    """
+    counts = np.random.default_rng(0).integers(1, 300, 500)
+    size = release_dataset_size(500, seed=3)
+    releases = [
+        Release.dataset_size(size),
+        Release.contribution_bound(release_contribution_bound(counts, noise_multiplier=10.0, seed=3)),
+        Release("movie_vocabulary", event=dp_accounting.GaussianDpEvent(5.0), seeded=True),
+        Release("output_calibration", event=dp_accounting.GaussianDpEvent(5.0)),  # drawn from OS entropy
+    ]
+    plan = plan_run(
+        "dense", noise_multiplier=1.3, seed=3, releases=releases, target_delta=1e-5, sampling_probability=0.01, steps=50
+    )
+    report = plan.report(dataset_size=size, batching="poisson", steps=50)
+    assert report["seeded"] == [
+        "the training noise",
+        "the dataset-size release",
+        "the contribution bound release",
+        "the movie vocabulary release",
+    ]
+    assert "contribution bound release, the movie vocabulary release." in report["guarantee"], report["guarantee"]
+    assert str(3) not in json.dumps(report["seeded"])

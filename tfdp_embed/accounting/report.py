@@ -150,10 +150,9 @@ def privacy_report(
     extra: Mapping | None = None,
     privacy_unit: str | None = None,
     contribution_bound: str | None = None,
+    seeded_releases: Sequence[str] = (),
 ) -> dict:
-    """The privacy report of a training run as a JSON-able dict.
-
-    epsilon = eps(ledger, delta) for DP mechanisms; null for non-DP ones.
+    """The privacy report of a training run as a JSON-able dict: epsilon = eps(ledger, delta), null if not DP.
 
     Args:
       mechanism: the `NoiseMechanism` used (its `report()` fields are included).
@@ -171,10 +170,10 @@ def privacy_report(
       privacy_unit: what one neighbouring dataset adds or removes (default one example; "user": batches of
         `poisson_user_batches` (k and users stated; another unit refused), or one example per user, k = 1).
       contribution_bound: how much one unit can contribute (default: its clipped gradient in each step).
+      seeded_releases: names of one-off releases other than N~ drawn from an explicit seed (`Release.seeded`).
 
     Returns:
-      dict: epsilon, delta, accountant, mechanism, is_dp, guarantee, noise, clip, q, batch, steps, epochs, dataset_size,
-      batching, the unit (adjacency, privacy_unit, num_units), assumptions, caveats, mechanism_report (ledger, extra).
+      dict: epsilon, delta, ..., guarantee, noise, clip, q, batch, steps, unit, assumptions, caveats, mechanism_report.
 
     Raises:
       ValueError: bad or contradictory arguments (both `ledger` and `epsilon`, `steps` disagreeing with the
@@ -191,7 +190,7 @@ def privacy_report(
     )
     report.update(_run_fields(mechanism, mech, run, report["epsilon"], unit, assumptions))
     _add_tradeoff(report, mechanism, run, ledger, given_epsilon=epsilon)
-    _add_caveats(report, caveats, mechanism, run, assumptions)
+    _add_caveats(report, caveats, mechanism, run, assumptions, seeded_releases)
     _add_records(report, mech, ledger, run.released, extra)
     check_search_run(report, mechanism)  # a run of a private search: the search's epsilon, or refused
     return report
@@ -284,14 +283,17 @@ def _add_tradeoff(report: dict, mechanism, run: _Run, ledger, *, given_epsilon) 
             row["max_tpr"] = min(row["max_tpr"], line["max_tpr"])
 
 
-def _add_caveats(report: dict, caveats: list, mechanism, run: _Run, assumptions: list) -> None:
+def _add_caveats(
+    report: dict, caveats: list, mechanism, run: _Run, assumptions: list, seeded_releases: Sequence[str] = ()
+) -> None:
     """The assumptions', batching's, dataset size's and seed's caveats and sections, then `caveats` itself."""
     caveats.extend(f"The guarantee holds only if {text}" for text in assumptions)
     exact_n = run.released.exact_total() if run.released is not None else run.dataset_size  # for the truncation delta
     exact = check_matches_batching(mechanism, run.batching.details)
     _add_batching_section(report, caveats, run.batching, exact_truncation=exact, n=exact_n)
     _add_dataset_size(report, caveats, run.released)
-    add_seed_caveat(report, caveats, seeded_parts(mechanism, run.batching.details, run.released))
+    parts = seeded_parts(mechanism, run.batching.details, run.released, releases=seeded_releases)
+    add_seed_caveat(report, caveats, parts)
     report["caveats"] = caveats
 
 
@@ -456,8 +458,13 @@ def _add_dataset_size(report: dict, caveats: list, released: ReleasedDatasetSize
         )
 
 
-def seeded_parts(mechanism, details: Mapping | None, released: ReleasedDatasetSize | None = None) -> list:
-    """What in the run drew its randomness from an explicit seed (names only, never the seed)."""
+def seeded_parts(
+    mechanism, details: Mapping | None, released: ReleasedDatasetSize | None = None, *, releases: Sequence[str] = ()
+) -> list:
+    """What in the run drew its randomness from an explicit seed (names only, never the seed).
+
+    `releases`: the names of seeded one-off releases other than N~ (the k and vocabulary releases, ...).
+    """
     parts = []
     if getattr(mechanism, "seed", None) is not None:
         parts.append("the training noise")
@@ -465,6 +472,7 @@ def seeded_parts(mechanism, details: Mapping | None, released: ReleasedDatasetSi
         parts.append("the batch sampler")
     if released is not None and released.seeded:
         parts.append("the dataset-size release")
+    parts.extend(f"the {name.replace('_', ' ')} release" for name in releases)
     return parts
 
 

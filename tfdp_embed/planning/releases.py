@@ -36,6 +36,8 @@ class Release:
       event: an explicit `dp_accounting` event instead of a share.
       count: times a pure-DP release is made (s x eps / count each), e.g.
         one selection per streaming period.
+      seeded: its noise is (or will be) drawn from an explicit seed (tests):
+        the report then names it among what whoever knows the seed can undo.
     """
 
     name: str
@@ -43,6 +45,7 @@ class Release:
     noise: str | None = None
     event: dp_accounting.DpEvent | None = None
     count: int = 1
+    seeded: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -75,7 +78,7 @@ class Release:
         """The DP release of N (`tfdp_embed.release_dataset_size`): its Gaussian event, composed with the steps."""
         if not isinstance(size, ReleasedDatasetSize):
             raise TypeError(f"`size` must be a `ReleasedDatasetSize` (release_dataset_size); received {size!r}.")
-        return cls(DATASET_SIZE, event=size.event)
+        return cls(DATASET_SIZE, event=size.event, seeded=size.seeded)
 
     @classmethod
     def contribution_bound(cls, bound: ReleasedContributionBound) -> Release:
@@ -84,7 +87,7 @@ class Release:
             raise TypeError(
                 f"`bound` must be a `ReleasedContributionBound` (release_contribution_bound); received {bound!r}."
             )
-        return cls(CONTRIBUTION_BOUND, event=bound.event)
+        return cls(CONTRIBUTION_BOUND, event=bound.event, seeded=bound.seeded)
 
     @property
     def pure(self) -> bool:
@@ -106,6 +109,7 @@ class PlannedRelease:
       noise_multiplier: the noise multiplier of its Gaussian/Laplace event, if it has one.
       events: what the plan's ledger pre-charges for it (none for a
         selection: the mechanism records its own events).
+      seeded: the release's `seeded`.
     """
 
     name: str
@@ -115,6 +119,7 @@ class PlannedRelease:
     count: int = 1
     noise_multiplier: float | None = None
     events: tuple = ()
+    seeded: bool = False
 
     @property
     def epsilon_each(self) -> float:
@@ -141,7 +146,7 @@ def plan_releases(releases: tuple, *, target: float, delta: float, accountant: s
             each = dp_accounting.LaplaceDpEvent(release.count / epsilon)  # exactly (epsilon / count)-DP
             events = () if release.name == SELECTION else (each,) * release.count
             share, count = release.epsilon_share, release.count
-            planned.append(PlannedRelease(release.name, BASIC, epsilon, share, count, None, events))
+            planned.append(PlannedRelease(release.name, BASIC, epsilon, share, count, None, events, release.seeded))
         else:
             planned.append(plan_composed(release, target, delta, accountant))
     if training <= 0:
@@ -182,7 +187,7 @@ def plan_composed(release: Release, target: float | None, delta: float, accounta
     spent = release_epsilon([event], delta=delta, accountant=accountant)
     share = release.epsilon_share if release.epsilon_share is not None else None if target is None else spent / target
     noise_multiplier = getattr(event, "noise_multiplier", None)
-    return PlannedRelease(release.name, ACCOUNTANT, spent, share, 1, noise_multiplier, (event,))
+    return PlannedRelease(release.name, ACCOUNTANT, spent, share, 1, noise_multiplier, (event,), release.seeded)
 
 
 __all__ = ["ACCOUNTANT", "BASIC", "SELECTION", "PlannedRelease", "Release", "plan_event_releases", "plan_releases"]

@@ -194,6 +194,7 @@ class RunPlan:
             accountant=accountant or self.accountant,
             assumptions=[*self.assumptions, *assumptions],
             extra={"plan": self.summary(), **(extra or {})},
+            seeded_releases=[r.name for r in self.releases if r.seeded and r.name != DATASET_SIZE],
             **unit,
         )
         if self.parallel and self.mechanism_name != "none":
