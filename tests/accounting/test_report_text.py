@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from tfdp_embed import Release, plan_run, release_dataset_size
 from tfdp_embed.accounting import (
     PrivacyLedger,
@@ -59,10 +61,25 @@ def test_a_dp_run_reads_as_its_guarantee_and_settings(tmp_path):
     )
     assert lines[7] == "steps              500 (5 epochs)"
     assert lines[8] == "assumptions        the vocabulary is public"
-    assert lines[9] == "caveats:"
-    caveats = lines[10:]
+    # What an attacker learns (the hypothesis-testing view), from the report's own fields.
+    tpr = report["attacker_bound"]["pld_bounds"]
+    assert lines[9] == "attacker TPR       " + ", ".join(f"<= {r['max_tpr']:.3g} at FPR {r['fpr']:g}" for r in tpr) + (
+        " (a bound)"
+    )
+    assert [r["fpr"] for r in tpr] == [0.001, 0.01, 0.1] and all(0 < r["max_tpr"] < 1 for r in tpr)
+    assert "gdp_clt" not in report["attacker_bound"]  # two noise multipliers: no single mu
+    assert lines[10] == "caveats:"
+    caveats = lines[11:]
     assert len(caveats) == len(report["caveats"]) and all(c.startswith("  - ") for c in caveats)
     assert any("fixed-size shuffled batches" in c for c in caveats)
+
+
+def test_a_dp_sgd_run_prints_its_mu_gdp_beside_the_tpr_bounds():
+    plan = plan_run("dense", target_epsilon=4.0, target_delta=DELTA, sampling_probability=Q, steps=STEPS)
+    text = format_report(plan.report(dataset_size=N, batching="poisson", steps=STEPS))
+    mu = Q * math.sqrt(STEPS * (math.exp(plan.noise_multiplier**-2) - 1))  # the CLT's mu
+    assert f"mu-GDP             mu ~ {mu:.3g} (central-limit approximation, not a bound)" in text
+    assert "attacker TPR       <= " in text and text.index("attacker TPR") < text.index("mu-GDP")
 
 
 def test_a_pipelines_details_not_released_note_and_warnings_follow(tmp_path):
@@ -94,6 +111,7 @@ def test_a_non_dp_run_says_so_and_claims_no_epsilon():
     assert "mechanism          eana (NOT differentially private)" in text
     assert "epsilon / delta    n/a (no DP guarantee; nominal 2.5, NOT a guarantee) / 1e-05" in text
     assert f"guarantee          {report['guarantee']}" in text and report["guarantee"].startswith("NONE")
+    assert "attacker TPR" not in text and "mu-GDP" not in text  # no guarantee, no attacker bound
 
 
 def test_an_empty_ledger_report_still_formats():

@@ -70,7 +70,25 @@ def _privacy_lines(report: Mapping) -> list:
         ("steps", _steps(report)),
         ("composition", report.get("composition")),
         ("assumptions", "; ".join(assumptions) if assumptions else None),
+        ("attacker TPR", _attacker(report)),
+        ("mu-GDP", _gdp(report)),
     ]
+
+
+def _attacker(report: Mapping) -> str | None:
+    """The guarantee as a membership test's best TPR at each FPR (the tighter PLD rows where there are some)."""
+    bound = report.get("attacker_bound") or {}
+    rows = bound.get("pld_bounds") or bound.get("bounds")
+    if not report.get("is_dp") or not rows:
+        return None
+    return ", ".join(f"<= {row['max_tpr']:.3g} at FPR {row['fpr']:g}" for row in rows) + " (a bound)"
+
+
+def _gdp(report: Mapping) -> str | None:
+    gdp = (report.get("attacker_bound") or {}).get("gdp_clt")
+    if not report.get("is_dp") or not gdp:
+        return None
+    return f"mu ~ {gdp['mu']:.3g} (central-limit approximation, not a bound)"
 
 
 def _epsilon(report: Mapping) -> str:
