@@ -37,3 +37,10 @@ def test_docs_audit_example_runs_and_stays_below_its_claim(capsys):
     assert not any(hasattr(audit, name) for name in ("model", "weights"))  # the bound, never the model
     printed = capsys.readouterr().out.strip().splitlines()[-1]
     assert printed.endswith("<= 4.0"), printed
+
+
+def test_the_readme_shows_the_same_audit_example():
+    """The README's audit block is this tested example, word for word (so the front page's code runs)."""
+    readme = (DOC.parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert _audit_example() in blocks
