@@ -52,3 +52,18 @@ def test_eana_logs_its_nominal_epsilon_as_not_dp(fe):
     history = dp.fit(ctr_batches(n=BATCH * BATCHES, batch=BATCH), epochs=1, callbacks=[budget], verbose=0)
     assert "epsilon" not in history.history
     assert history.history["epsilon_not_dp"] == pytest.approx([_eps(BATCHES)], rel=1e-9)
+
+
+def test_a_period_budget_stops_training_when_its_period_ends(fe):
+    import importlib
+
+    from tfdp_embed.accounting.periods import AccountingPeriod
+
+    period_budget = importlib.import_module(f"tfdp_embed.{fe.name}.callbacks").PeriodBudget
+    mech = mechanisms.LazyDP(l2_norm_clip=1.0, noise_multiplier=SIGMA, seed=0)
+    budget = period_budget(
+        mech, period=AccountingPeriod(Q, 6), target_epsilon=50.0, target_delta=DELTA, accountant="rdp"
+    )
+    dp = fe.dp_model(fe.ctr_model(), mech, batch=BATCH)
+    dp.fit(ctr_batches(n=BATCH * BATCHES, batch=BATCH), epochs=5, callbacks=[budget], verbose=0)
+    assert int(mech.steps.numpy()) == budget.ledger.steps == 6
