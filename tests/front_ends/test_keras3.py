@@ -71,6 +71,18 @@ def test_the_keras_archive_holds_the_model_alone(k3, tmp_path):
         dp.get_config()
 
 
+def test_a_diverged_model_is_not_exported(k3, tmp_path):
+    """As tests/privacy/test_diverged_model.py on tf-keras: `dp.export` refuses a NaN weight and writes nothing."""
+    model = k3.ctr_model()
+    dp = k3.dp_model(model, _lazy(), batch=64)
+    dp.fit(ctr_batches(n=64, batch=64), epochs=1, verbose=0)
+    kernel = model.get_layer("hidden").kernel
+    kernel.assign(tf.fill(kernel.shape, float("nan")))
+    with pytest.raises(ValueError, match="diverged"):
+        dp.export(str(tmp_path / "served"))
+    assert not (tmp_path / "served").exists()
+
+
 def test_keras3_sgd_gets_the_table_gradient_sparse_under_lazydp(k3):
     dp = k3.dp_model(k3.ctr_model(), _lazy(), batch=64)
     seen = []
