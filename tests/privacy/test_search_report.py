@@ -12,6 +12,8 @@ checks whether it understates the search's epsilon.
 New code: that report is refused (`PrivacyContractError`), the export too;
 `search_report(result, ...)` states the search's epsilon and the selected
 run's steps; and `plan_search` spends a target epsilon on the whole search.
+The search runs once per front end (tf-keras, Keras 3); the planned search
+trains on tf-keras.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 from tiny_model import embedding_dense_model
 
 from tfdp_embed import PrivacyContractError, select_privately
-from tfdp_embed.accounting import PrivacyBudget, compute_epsilon, dpsgd_event, privacy_report
+from tfdp_embed.accounting import compute_epsilon, dpsgd_event, privacy_report
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.export import export_saved_model
 from tfdp_embed.keras2.training import DPModel
@@ -41,26 +43,29 @@ def _dataset() -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
 
 
-def _train(candidate):
-    """One DP run of a learning rate: its own mechanism and budget ledger; the score is -(final loss)."""
+def _train(fe, candidate):
+    """One DP run of a learning rate on front end `fe`: its own mechanism and budget ledger; score -(final loss)."""
     mechanism = DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=SIGMA, seed=None)
-    dp = DPModel(
-        embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2), mechanism=mechanism, expected_batch_size=BATCH
+    model = embedding_dense_model(VOCAB, DIM, table_seed=1, dense_seed=2, fe=fe)
+    dp = fe.DPModel(model, mechanism=mechanism, expected_batch_size=BATCH)
+    dp.compile(optimizer=fe.sgd(candidate), loss=fe.keras.losses.BinaryCrossentropy(from_logits=True))
+    budget = fe.PrivacyBudget(
+        mechanism, sampling_probability=Q, target_epsilon=50.0, target_delta=DELTA, accountant="rdp"
     )
-    dp.compile(optimizer=keras.optimizers.legacy.SGD(candidate), loss=keras.losses.BinaryCrossentropy(from_logits=True))
-    budget = PrivacyBudget(mechanism, sampling_probability=Q, target_epsilon=50.0, target_delta=DELTA, accountant="rdp")
     history = dp.fit(_dataset(), epochs=1, verbose=0, callbacks=[budget])
     dp.run_ledger = budget.ledger  # the model's own ledger, as a user keeps it next to the model
     return dp, -float(history.history["loss"][-1])
 
 
-@pytest.fixture(scope="module")
-def search():
-    """(result, every run's model): one private search over two learning rates."""
-    models = []
+@pytest.fixture(scope="module", params=["keras2", "keras3"])
+def search(request):
+    """(result, every run's model): one private search over two learning rates, once per front end."""
+    from front_ends.front_ends import front_end
+
+    fe, models = front_end(request.param), []
 
     def train(candidate):
-        model, score = _train(candidate)
+        model, score = _train(fe, candidate)
         models.append(model)
         return model, score
 
