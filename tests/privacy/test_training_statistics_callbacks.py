@@ -100,7 +100,6 @@ def test_early_stopping_on_the_training_loss_cannot_tell_the_target(fe):
     )
 
 
-@pytest.mark.parametrize("fe", ["keras2"], indirect=True)  # the same un-noised mean loss in Keras 3's History
 def test_control_the_training_loss_history_shows_does_tell_the_target(fe):
     """Passes on both: the statistic carries the signal (why acting on it is refused); History keeps it."""
     dp = _dp(fe)
