@@ -43,6 +43,7 @@ def check_independence(
     *,
     loss_name: str,
     rtol: float = RTOL,
+    layers: list | None = None,
 ) -> str:
     """Refuses a model whose per-example losses depend on other examples.
 
@@ -53,6 +54,7 @@ def check_independence(
       loss_name: how to name the loss in the error (e.g. "`Model.compute_loss`").
       rtol: the largest difference taken for round-off, relative to the
         largest magnitude compared (larger for float16/bfloat16 compute).
+      layers: `layer_calls.all_layers(model)`, when the caller has it.
 
     Returns:
       "training" or "inference": the mode checked; "unchecked" if the losses
@@ -67,13 +69,12 @@ def check_independence(
         raise ValueError(f"The independence check needs a batch of >= 2 examples; received {n}.")
     m = min(n, MAX_EXAMPLES)
     probe = select_examples(batch, range(m), n)
-    with deterministic(model):
+    with deterministic(model, layers):
         try:
-            mode = _reproducible_mode(lambda training: per_example_loss(*probe, training), m, rtol)
+            mode, full = _reproducible_mode(lambda training: per_example_loss(*probe, training), m, rtol)
             if mode == "unchecked":
                 return mode
             training = mode == "training"
-            full = np.asarray(per_example_loss(*probe, training))
             for keep in _subsets(m):
                 part = select_examples(probe, keep, m)
                 if not _close(full[keep], np.asarray(per_example_loss(*part, training)), rtol):
@@ -95,12 +96,18 @@ def _subsets(m: int) -> list:
     return subsets
 
 
-def _reproducible_mode(losses: Callable, m: int, rtol: float) -> str:
+def _reproducible_mode(losses: Callable, m: int, rtol: float) -> tuple:
+    """(the first mode whose losses two runs reproduce, or "unchecked"; those losses, the later run's).
+
+    The later run's losses are the full probe's that the subsets are
+    compared with: a third run would compute them again.
+    """
     for training in (True, False):
         first = np.asarray(losses(training))
         if first.shape != (m,):
             raise ValueError(f"the losses of {m} examples have shape {first.shape}")
-        if _close(first, np.asarray(losses(training)), rtol):
+        again = np.asarray(losses(training))
+        if _close(first, again, rtol):
             if not training:
                 warnings.warn(
                     "DPModel could not check in training mode that each example's loss depends "
@@ -110,9 +117,9 @@ def _reproducible_mode(losses: Callable, m: int, rtol: float) -> str:
                     RuntimeWarning,
                     stacklevel=5,
                 )
-            return "training" if training else "inference"
+            return ("training" if training else "inference"), again
     _warn_unchecked("the loss is random in training and in inference mode")
-    return "unchecked"
+    return "unchecked", None
 
 
 def _warn_unchecked(why: str) -> None:

@@ -61,14 +61,16 @@ def replaced_calls(layers, make_call):
 
 
 @contextlib.contextmanager
-def deterministic(model):
+def deterministic(model, layers: list | None = None):
     """Inside the block, the known stochastic layers of `model` return their input (as in inference).
 
     Layers with a `frozen_randomness()` context manager (e.g. a retrieval task
     drawing one negative sample per training step) are entered too, so that
-    re-running a step draws the same randomness.
+    re-running a step draws the same randomness. `layers`: `all_layers(model)`
+    when the caller has it (walking a large model's layers takes a while).
     """
-    layers = [layer for layer in all_layers(model) if is_stochastic(layer)]
+    layers = all_layers(model) if layers is None else layers
+    stochastic = [layer for layer in layers if is_stochastic(layer)]
 
     def identity(layer, original):
         def call(inputs, *args, **kwargs):
@@ -76,20 +78,20 @@ def deterministic(model):
 
         return call
 
-    with frozen_randomness(model), replaced_calls(layers, identity):
+    with frozen_randomness(model, layers), replaced_calls(stochastic, identity):
         yield
 
 
 @contextlib.contextmanager
-def frozen_randomness(model):
+def frozen_randomness(model, layers: list | None = None):
     """Inside the block, layers with a `frozen_randomness()` context manager keep their per-step randomness.
 
     A retrieval task draws one negative sample per training step from a step
     counter: a check's forward pass must not advance it, or the first
-    training step would not use step 0's sample.
+    training step would not use step 0's sample. `layers`: as `deterministic`.
     """
     with contextlib.ExitStack() as stack:
-        for layer in all_layers(model):
+        for layer in all_layers(model) if layers is None else layers:
             freeze = getattr(layer, "frozen_randomness", None)
             if callable(freeze):
                 stack.enter_context(freeze())

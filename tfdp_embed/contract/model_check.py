@@ -13,13 +13,11 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from tfdp_embed.clipping import layer_kinds
-from tfdp_embed.clipping.taps import submodules
 from tfdp_embed.contract import exact_rules, independence
 from tfdp_embed.contract.exact_rules import check_rules_cover_gradients
 from tfdp_embed.contract.examples import batch_size_of
 from tfdp_embed.contract.independence import check_independence
-from tfdp_embed.contract.layer_calls import deterministic, frozen_randomness
+from tfdp_embed.contract.layer_calls import all_layers, deterministic, frozen_randomness
 from tfdp_embed.contract.state import check_no_state_updates
 
 
@@ -64,10 +62,13 @@ def check_model(
     size = batch_size_of(batch)
     ran = size is not None and size >= 2
     mode = "training"
-    independence_rtol, rules_rtol = tolerances(model)
+    layers = all_layers(model)  # once for the checks below (walking a large model's layers takes a while)
+    independence_rtol, rules_rtol = tolerances(model, layers)
     if ran:
-        mode = check_independence(model, forward_as_loss(forward), batch, loss_name=loss_name, rtol=independence_rtol)
-    with deterministic(model):
+        mode = check_independence(
+            model, forward_as_loss(forward), batch, loss_name=loss_name, rtol=independence_rtol, layers=layers
+        )
+    with deterministic(model, layers):
         check_rules_cover_gradients(
             model,
             tapped_layers,
@@ -85,28 +86,24 @@ _UNIT_ROUNDOFF = {tf.float16: 2.0**-11, tf.bfloat16: 2.0**-8}
 _ROUNDOFFS = 64
 
 
-def tolerances(model) -> tuple:
+def tolerances(model, layers: list | None = None) -> tuple:
     """(independence rtol, rules rtol): float32's, or 64 unit round-offs of a float16/bfloat16 compute dtype.
 
     A float32 model keeps the float32 tolerances. Under reduced precision
     the losses and the true gradient are rounded to the compute dtype (and
     summed in it), so they can differ from a float32 computation of the
     same math by many of its round-offs; a missed use of a weight still
-    shows at float32's tolerance (see `exact_rules`).
+    shows at float32's tolerance (see `exact_rules`). `layers`: `all_layers(model)`, when the caller has it.
     """
-    roundoff = _UNIT_ROUNDOFF.get(_compute_dtype(model))
+    roundoff = _UNIT_ROUNDOFF.get(_compute_dtype(all_layers(model) if layers is None else layers))
     if roundoff is None:
         return independence.RTOL, exact_rules.RTOL
     return max(independence.RTOL, _ROUNDOFFS * roundoff), max(exact_rules.RTOL, _ROUNDOFFS * roundoff)
 
 
-def _compute_dtype(model) -> tf.DType:
-    """The least precise compute dtype of `model`'s layers (any Keras): float16, bfloat16 or float32."""
-    dtypes = {
-        tf.as_dtype(layer.compute_dtype)
-        for layer in [model, *submodules(model)]
-        if layer_kinds.is_layer(layer) and layer.compute_dtype is not None
-    }
+def _compute_dtype(layers: list) -> tf.DType:
+    """The least precise compute dtype of a model's `layers` (any Keras): float16, bfloat16 or float32."""
+    dtypes = {tf.as_dtype(layer.compute_dtype) for layer in layers if layer.compute_dtype is not None}
     return next((d for d in (tf.float16, tf.bfloat16) if d in dtypes), tf.float32)
 
 
