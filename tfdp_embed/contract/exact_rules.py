@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import tensorflow as tf
 
 from tfdp_embed.clipping import layer_kinds
@@ -152,13 +153,25 @@ def _largest_row_sum(indices, values) -> float:
 
 def _difference(got, expected) -> tuple:
     """(max |got - expected|, max |expected| or |got|) over the variable's entries; None is zero."""
-    parts = [(_rows(g), sign) for g, sign in ((got, 1.0), (expected, -1.0)) if g is not None]
-    if not parts:
+    present = [g for g in (got, expected) if g is not None]
+    if not present:
         return 0.0, 0.0
+    if not any(isinstance(g, tf.IndexedSlices) for g in present):
+        return _dense_difference(got, expected)
+    parts = [(_rows(g), sign) for g, sign in ((got, 1.0), (expected, -1.0)) if g is not None]
     scale = max(_largest_row_sum(*rows) for rows, _ in parts)
     indices = tf.concat([rows[0] for rows, _ in parts], 0)
     values = tf.concat([sign * rows[1] for rows, sign in parts], 0)
     return _largest_row_sum(indices, values), scale
+
+
+def _dense_difference(got, expected) -> tuple:
+    """`_difference` of dense gradients, in NumPy (the same float64 values: each row is summed once, or twice)."""
+    got64, expected64 = (None if g is None else np.asarray(g, np.float64) for g in (got, expected))
+    scale = max((float(np.abs(g).max(initial=0.0)) for g in (got64, expected64) if g is not None), default=0.0)
+    if got64 is None or expected64 is None:
+        return (scale, scale)
+    return float(np.abs(got64 - expected64).max(initial=0.0)), scale
 
 
 def _message(layer, variable, difference: float, scale: float) -> str:
