@@ -8,6 +8,8 @@ written (the pipeline's last `write_privacy_report`, just before the publishing 
 SIGTERM leave an empty `--out` in 3 of 4 cases. After SIGTERM (exit 143) only the lock and the budget
 record may remain; after SIGKILL also `OUT.partial-PID`, which the next run removes before it publishes
 its own release. A run stopped once training may have started stays in the budget record.
+The read, save and export stages are marked slow (`make test-slow`); test_safe_release.py stops a run
+at the first and second by default.
 """
 
 from __future__ import annotations
@@ -90,7 +92,12 @@ def _lock_is_free(out):
         return True
 
 
-@pytest.mark.parametrize("stage", ["read", "train", "save", "export", "report"])
+SLOW = pytest.mark.slow  # one child process each (~20 s): the default run keeps training and the last write
+STAGES = [pytest.param("read", marks=SLOW), "train", pytest.param("save", marks=SLOW)]
+STAGES += [pytest.param("export", marks=SLOW), "report"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 def test_a_first_run_stopped_after_a_stage_leaves_no_release(stage, how, data_file, tmp_path):
     out = tmp_path / "run"
