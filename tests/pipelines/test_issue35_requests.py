@@ -1,9 +1,11 @@
 """Issue 35's remaining user requests, as a user types them: `--epochs 100000` and a stray item id of 2,000,000.
 
 * `--epochs 100000` on MovieLens (the audit: noise calibrated for 31.8M steps) and on Criteo with
-  `--mechanism none` (the audit: "keeps going") is refused in one line from the steps the data implies,
-  before the noise is calibrated and before anything is trained or written to `--out`
-  (test_safe_release.py covers the sequential pipeline and `--epochs` above the limit at parse time).
+  `--mechanism none` (the audit: "keeps going"), where the steps the data implies exceed the 10 million
+  step limit (here: small batches), is refused in one line before the noise is calibrated and before
+  anything is trained or written to `--out` (test_safe_release.py covers the sequential pipeline and
+  `--epochs` above the limit at parse time). Only the step count is limited: a request under 10 million
+  steps is not refused however long it would run.
 * One sequence with an item id of 2,000,000 (the audit: ~99 GB, out of memory) is mapped densely: the run
   fits a machine of 0.1 GB (the memory check counts 2,000,000 rows if the ids are not remapped) and the
   model knows the 30 items plus the stray one.
