@@ -13,8 +13,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+
+import pytest
 
 from pipelines import criteo, movielens, run_limits, sequential
 from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
@@ -23,6 +26,12 @@ from tfdp_embed.data.sequences import write_synthetic_sequences
 SEQ = ["--batch", "40", "--max-len", "6", "--dim", "8", "--blocks", "1", "--accountant", "rdp", "--verbose", "0"]
 SEQ += ["--seed", "3", "--epochs", "1", "--epsilon", "inf"]
 REFUSED = "training steps; at most 10,000,000 are allowed:"
+MAIN = {"sequential": sequential.main, "movielens": movielens.main, "criteo": criteo.main}
+READ = {  # what each pipeline calls first to read its data (as in test_run_faults.py)
+    "sequential": "pipelines.sequential.pipeline.load_sequences",
+    "movielens": "pipelines.movielens.pipeline.load_movielens",
+    "criteo": "pipelines.criteo.pipeline._read",
+}
 
 
 def _one_line(capsys, program: str) -> str:
@@ -84,3 +93,27 @@ def test_a_stray_sequence_item_id_of_two_million_is_mapped_densely(tmp_path, cap
     assert sequential.main(["--data", data, "--out", str(out), *SEQ]) == 0, capsys.readouterr().err[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert report["extra"]["item_vocabulary"]["items"] == 31  # 30 items and the stray id, numbered densely
+
+
+@pytest.mark.parametrize("pipeline", ["sequential", "movielens", "criteo"])
+def test_every_pipeline_refuses_a_second_writer_before_reading(pipeline, tmp_path, capsys, monkeypatch):
+    # test_safe_release.py runs two sequential CLIs; here each pipeline meets a lock another run holds
+    def never(*args, **kwargs):
+        raise AssertionError("the data was read")
+
+    monkeypatch.setattr(READ[pipeline], never)
+    out = tmp_path / "run"
+    (tmp_path / "run.lock").write_text("4242\n")
+    with open(tmp_path / "run.lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file description: as another process
+        argv = {
+            "sequential": ["--data", str(tmp_path / "s.txt"), "--out", str(out), *SEQ],
+            "movielens": ["--mechanism", "none", "--epochs", "1", "--data", str(tmp_path), "--out", str(out)],
+            "criteo": ["--out", str(out), "--mechanism", "none", "--epochs", "1", "--verbose", "0"],
+        }[pipeline]
+        if pipeline == "sequential":
+            (tmp_path / "s.txt").write_text("1 2\n1 3\n")
+        assert MAIN[pipeline](argv) == 1
+    line = _one_line(capsys, pipeline)
+    assert f"{out} is being written by another run (pid 4242, lock {out}.lock)" in line
+    assert _left(out) == ["run.lock"] and (tmp_path / "run.lock").read_text() == "4242\n"
