@@ -26,7 +26,7 @@ References: Abadi et al. 2016 (DP-SGD); Li et al. 2022 and Bu et al. 2022
 
 from __future__ import annotations
 
-from tfdp_embed import fit_callbacks, nonfinite, plan_wiring, read_guard, tape_guard
+from tfdp_embed import fit_callbacks, front_end, nonfinite, plan_wiring, read_guard, tape_guard
 from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
 from tfdp_embed.clipping.per_example import clipped_step
@@ -67,6 +67,7 @@ def _check_arguments(model, mechanism, expected_batch_size, lookahead: bool) -> 
             f"tfdp_embed.keras2.DPModel wraps a tf-keras `keras.Model`; received {type(model).__module__}."
             f"{type(model).__name__}. For a Keras 3 model use tfdp_embed.keras3.DPModel."
         )
+    front_end.refuse_mixed_model(model, "keras2")  # a Keras 3 layer inside: one line, the front end to use
     if not isinstance(mechanism, NoiseMechanism):
         raise TypeError(f"`mechanism` must be a tfdp_embed NoiseMechanism; received {type(mechanism).__name__}.")
     if mechanism.clips_per_example:

@@ -30,7 +30,7 @@ with a one-line error (`reject_unsupported`), the others are not offered.
 
 from __future__ import annotations
 
-from tfdp_embed import fit_callbacks, nonfinite, plan_wiring, read_guard, tape_guard
+from tfdp_embed import fit_callbacks, front_end, nonfinite, plan_wiring, read_guard, tape_guard
 from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.clipping import clipped_step, vectorized_layer_gradients
 from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
@@ -72,6 +72,7 @@ def _check_arguments(model, mechanism, expected_batch_size) -> None:
             f"tfdp_embed.keras3.DPModel wraps a Keras 3 `keras.Model`; received {type(model).__module__}."
             f"{type(model).__name__}. For a tf-keras model use tfdp_embed.keras2.DPModel."
         )
+    front_end.refuse_mixed_model(model, "keras3")  # a tf-keras layer inside: one line, the front end to use
     if not isinstance(mechanism, NoiseMechanism):
         raise TypeError(f"`mechanism` must be a tfdp_embed NoiseMechanism; received {type(mechanism).__name__}.")
     if mechanism.clips_per_example and expected_batch_size is None:

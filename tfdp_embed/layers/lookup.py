@@ -43,7 +43,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdp_embed import read_guard
+from tfdp_embed import front_end, read_guard
 
 try:  # TensorFlow's flag for "a SavedModel is being traced" (no public accessor)
     from tensorflow.python.saved_model.save_context import in_save_context as _in_save_context
@@ -295,6 +295,11 @@ class EmbeddingLookup:
         return tf.ones_like(lengths)
 
     # -- forward ------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        """The Keras layer's `__call__`, refusing the other Keras's symbolic input in one line (`front_end`)."""
+        front_end.refuse_foreign_input(self, args, kwargs)
+        return super().__call__(*args, **kwargs)
+
     def call(self, ids):
         """Looks `ids` up (`lookup`); subclasses override this to transform the rows."""
         return self.lookup(ids)
