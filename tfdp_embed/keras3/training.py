@@ -37,8 +37,9 @@ from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
 from tfdp_embed.clipping.layer_kinds import tf_variable
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
 from tfdp_embed.contract import check_model
+from tfdp_embed.contract.arrays import one_batch_of_arrays
 from tfdp_embed.contract.preprocessing import check_preprocessing
-from tfdp_embed.contract.probe import probe_batch, warn_no_data
+from tfdp_embed.contract.probe import probe_batch, warn_no_data, warn_no_pair
 from tfdp_embed.contract.unit_axis import check_unit_batches
 from tfdp_embed.data.provenance import fed_batching
 from tfdp_embed.errors import PrivacyContractError
@@ -130,7 +131,7 @@ class DPModel(keras.Model):
         """Like `keras.Model.fit`; refuses callbacks acting on un-noised training statistics (as tf-keras)."""
         self._training_only.fed_batching = fed_batching(x, declared=None)
         plan_wiring.check_fed(self._training_only.plan, self._training_only.fed_batching)
-        self.prepare(x if isinstance(x, tf.data.Dataset) else None)
+        self.prepare(x if isinstance(x, tf.data.Dataset) else one_batch_of_arrays(keras.Model.fit, x, args, kwargs))
         args, kwargs = fit_callbacks.with_callbacks(
             args,
             kwargs,
@@ -193,7 +194,7 @@ class DPModel(keras.Model):
         if batch is None:
             warn_no_data(stacklevel=4)
             return
-        check_model(
+        ran = check_model(
             self.inner,
             tuple(batch),
             forward=lambda training, x, y, w: self._per_example_loss(x, y, w, training=training)[0],
@@ -203,6 +204,8 @@ class DPModel(keras.Model):
             loss_name=f"the compiled loss {getattr(self.loss, 'name', self.loss)!r}",
             check_per_example=True,
         )
+        if not ran:  # none of the probed batches has two examples
+            warn_no_pair(stacklevel=4)
 
     def create_optimizer_variables(self) -> None:
         """The optimizer's slots and step counter, before a checkpoint restore fills them (`prepare` builds them)."""

@@ -1,11 +1,8 @@
-"""`fit`'s arrays as a one-batch dataset, for the contract check of a tf-keras `DPModel`."""
+"""`fit`'s arrays as a one-batch dataset, for the contract check of a tf-keras `DPModel` (`tfdp_embed.contract.arrays`)."""
 
 from __future__ import annotations
 
-import inspect
-
-import numpy as np
-
+from tfdp_embed.contract import arrays
 from tfdp_embed.keras2._keras import keras, tf
 
 
@@ -14,19 +11,7 @@ def one_batch_of_arrays(x, args: tuple, kwargs: dict) -> tf.data.Dataset | None:
 
     Returns None for anything else (generators, Sequences, DatasetCreators).
     """
-    try:
-        bound = inspect.signature(keras.Model.fit).bind(None, x, *args, **kwargs).arguments
-    except TypeError:
-        return None
-    y, sample_weight = bound.get("y"), bound.get("sample_weight")
-    leaves = tf.nest.flatten((x, y, sample_weight))
-    if x is None or not all(isinstance(a, (np.ndarray, tf.Tensor)) or a is None for a in leaves):
-        return None
-    data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-    try:
-        return tf.data.Dataset.from_tensor_slices(data).batch(bound.get("batch_size") or 32).take(1)
-    except (TypeError, ValueError):
-        return None
+    return arrays.one_batch_of_arrays(keras.Model.fit, x, args, kwargs)
 
 
 __all__ = ["one_batch_of_arrays"]
