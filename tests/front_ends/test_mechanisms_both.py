@@ -9,6 +9,8 @@ the name of the one to use.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -82,6 +84,22 @@ def test_a_model_of_the_other_front_end_is_refused_with_the_one_to_use(fe):
             mechanism=mechanisms.DenseDPSGD(l2_norm_clip=1.0, noise_multiplier=1.0),
             expected_batch_size=8,
         )
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "Adagrad"])
+def test_lazy_dp_refuses_another_optimizer_naming_the_front_ends_sgd(fe, optimizer):
+    # Keras 3 used to be told to use tf-keras' `keras.optimizers.legacy.SGD` (issue 29).
+    sgd = {"keras2": "keras.optimizers.legacy.SGD", "keras3": "keras.optimizers.SGD"}[fe.name]
+    optimizers = fe.keras.optimizers.legacy if fe.name == "keras2" else fe.keras.optimizers
+    lazy = mechanisms.LazyDP(l2_norm_clip=1.0, noise_multiplier=1.0, seed=0)
+    dp = fe.DPModel(fe.ctr_model(), mechanism=lazy, expected_batch_size=128)
+    dp.compile(
+        optimizer=getattr(optimizers, optimizer)(0.01), loss=fe.keras.losses.BinaryCrossentropy(from_logits=True)
+    )
+    with pytest.raises(
+        ValueError, match=rf"^LazyDP supports only SGD \({re.escape(sgd)}, .* received optimizer {optimizer}\."
+    ):
+        dp.fit(ctr_batches(n=128), epochs=1, verbose=0)
 
 
 @pytest.mark.parametrize("name", ["DenseDPSGD", "LazyDP"])

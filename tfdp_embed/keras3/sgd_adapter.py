@@ -83,9 +83,11 @@ def lazy_momentum(mechanism, optimizer) -> Keras3Sgd | None:
 
 
 def adapt(optimizer) -> Keras3Sgd | None:
-    """A `Keras3Sgd` for a Keras 3 SGD; None for anything else (LazyDP then refuses it with the reason)."""
+    """A `Keras3Sgd` for a Keras 3 SGD; refuses another Keras 3 optimizer naming Keras 3's SGD; else None."""
     if isinstance(optimizer, keras.optimizers.SGD):
         return Keras3Sgd(optimizer)
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        raise lazy_sgd.unsupported(optimizer, sgd="keras.optimizers.SGD")
     return None
 
 

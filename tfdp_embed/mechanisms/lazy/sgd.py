@@ -67,7 +67,8 @@ def adapt(optimizer) -> SgdOptimizer:
     """`optimizer` as an `SgdOptimizer`; refuses what no registered adapter accepts."""
     if optimizer is None:
         raise ValueError(
-            "LazyDP.init needs the `optimizer` (an SGD, e.g. keras.optimizers.legacy.SGD): the deferred "
+            "LazyDP.init needs the `optimizer` (an SGD: tf-keras' keras.optimizers.legacy.SGD, Keras 3's "
+            "keras.optimizers.SGD): the deferred "
             "noise and momentum drift depend on its learning rate and momentum."
         )
     if isinstance(optimizer, SgdOptimizer):
@@ -76,9 +77,14 @@ def adapt(optimizer) -> SgdOptimizer:
         adapted = adapter(optimizer)
         if adapted is not None:
             return adapted
+    raise unsupported(optimizer)
+
+
+def unsupported(optimizer, sgd: str = "keras.optimizers.legacy.SGD") -> ValueError:
+    """The error refusing `optimizer`, naming `sgd`: the front end's SGD (tf-keras' by default)."""
     kind = type(optimizer).__name__
-    raise ValueError(
-        f"LazyDP supports only SGD (keras.optimizers.legacy.SGD, with or without momentum and "
+    return ValueError(
+        f"LazyDP supports only SGD ({sgd}, with or without momentum and "
         f"a learning-rate schedule); received optimizer {kind}. An idle row's state under "
         f"{kind} after k noisy steps is not a Gaussian with a closed form (its statistics "
         "depend non-linearly on the noisy gradients), so its noise cannot be deferred "
@@ -87,4 +93,4 @@ def adapt(optimizer) -> SgdOptimizer:
     )
 
 
-__all__ = ["SgdOptimizer", "SgdSettings", "adapt", "register_adapter"]
+__all__ = ["SgdOptimizer", "SgdSettings", "adapt", "register_adapter", "unsupported"]
