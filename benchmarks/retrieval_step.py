@@ -1,7 +1,7 @@
 """DP vs non-private train step of the SAME retrieval model, timed side by side in one process.
 
     python -m benchmarks.retrieval_step [--negatives 256] [--batch-size 512] [--steps 40] [--mechanism lazy]
-                                        [--softmax sampled] [--profile]
+                                        [--reference lazy] [--softmax sampled] [--profile] [--json PATH]
 
 Two copies of `benchmarks.retrieval`'s ml-100k two-tower (user-id table +
 Dense; item tower = movie-id table + genre table + Dense) with the DP
@@ -15,8 +15,14 @@ wall and process CPU time per step and their ratios are reported. With
 `--profile`, the TensorFlow op profiler's per-op-type times of both steps
 are printed too (`benchmarks.step_time_profile.profile`).
 
+`--reference` adds further mechanisms to the same rotation (each on its own
+copy of the model), e.g. `--mechanism adafest --reference lazy`: both DP
+steps and the non-private one under the same load.
+
 `benchmarks.retrieval` calls `interleaved` and records its result with the
-recall runs. Nothing is written by this module's own CLI.
+recall runs. This module's own CLI writes nothing unless `--json` names a
+file (keep it outside `benchmarks/results/`: RESULTS.md is generated from
+the files there).
 """
 
 from __future__ import annotations
@@ -54,12 +60,33 @@ def _finish(result) -> None:
         np.asarray(value)
 
 
-def interleaved(data, catalogue, args, *, steps: int, softmax: str = "sampled", mechanism_name: str = "lazy") -> dict:
+def _timed_steps(functions: dict, batches: list) -> tuple:
+    """Per-step wall and process CPU seconds of each function, the order rotated (and reversed) every step."""
+    names = list(functions)
+    wall = {name: [] for name in names}
+    cpu = {name: [] for name in names}
+    for i, batch in enumerate(batches):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for name in order if (i // len(names)) % 2 == 0 else order[::-1]:
+            start, cpu_start = time.perf_counter(), time.process_time()
+            _finish(functions[name](batch))
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - cpu_start)
+    return wall, cpu
+
+
+def interleaved(
+    data, catalogue, args, *, steps: int, softmax: str = "sampled", mechanism_name: str = "lazy", references=()
+) -> dict:
     """Median wall / CPU ms per step of the DP and the non-private step of one model, alternating.
+
+    `references` names more DP mechanisms stepped in the same rotation (e.g.
+    LazyDP beside DP-AdaFEST), each on its own copy of the model.
 
     Returns:
       {"dp": {"wall_ms", "cpu_ms"}, "none": {...}, "wall_ratio", "cpu_ratio", "steps",
-       "mechanism", "negatives", "mean_batch", "load_average"}.
+       "mechanism", "negatives", "mean_batch", "load_average"}, plus
+      "references": {name: {"wall_ms", "cpu_ms", "wall_ratio", "cpu_ratio"}} when `references` is given.
     """
     from tfdp_embed.data import poisson_batches
     from tfdp_embed.keras2.retrieval import FullSoftmax, SampledSoftmax
@@ -71,37 +98,42 @@ def interleaved(data, catalogue, args, *, steps: int, softmax: str = "sampled", 
     dataset, _ = poisson_batches(data["train"], sampling_probability=args.batch_size / n, seed=args.seed)
     batches = list(dataset.repeat().take(WARMUP + steps))
     functions = {}
-    for name in ("none", mechanism_name):
+    for name in ("none", mechanism_name, *[r for r in references if r not in ("none", mechanism_name)]):
         dp, fn = _step_function(data, catalogue, args, name, negatives())
         dp.prepare(dataset)
         functions[name] = fn
     for batch in batches[:WARMUP]:  # traces (batch sizes vary: the step is retraced once, then relaxed)
         for fn in functions.values():
             _finish(fn(batch))
-    wall = {name: [] for name in functions}
-    cpu = {name: [] for name in functions}
     load = os.getloadavg()[0]
-    for i, batch in enumerate(batches[WARMUP:]):
-        for name in list(functions)[:: 1 if i % 2 == 0 else -1]:
-            start, cpu_start = time.perf_counter(), time.process_time()
-            _finish(functions[name](batch))
-            wall[name].append(time.perf_counter() - start)
-            cpu[name].append(time.process_time() - cpu_start)
+    wall, cpu = _timed_steps(functions, batches[WARMUP:])
     medians = {
         name: {"wall_ms": 1e3 * float(np.median(wall[name])), "cpu_ms": 1e3 * float(np.median(cpu[name]))}
         for name in functions
     }
-    return {
+    none = medians["none"]
+    result = {
         "dp": medians[mechanism_name],
-        "none": medians["none"],
-        "wall_ratio": medians[mechanism_name]["wall_ms"] / medians["none"]["wall_ms"],
-        "cpu_ratio": medians[mechanism_name]["cpu_ms"] / medians["none"]["cpu_ms"],
+        "none": none,
+        "wall_ratio": medians[mechanism_name]["wall_ms"] / none["wall_ms"],
+        "cpu_ratio": medians[mechanism_name]["cpu_ms"] / none["cpu_ms"],
         "steps": steps,
         "mechanism": mechanism_name,
         "negatives": "full" if softmax == "full" else f"sampled K={args.negatives}",
         "mean_batch": float(np.mean([int(b["user_id"].shape[0]) for b in batches[WARMUP:]])),
         "load_average": [load, os.getloadavg()[0]],
     }
+    others = [name for name in functions if name not in ("none", mechanism_name)]
+    if others:
+        result["references"] = {
+            name: {
+                **medians[name],
+                "wall_ratio": medians[name]["wall_ms"] / none["wall_ms"],
+                "cpu_ratio": medians[name]["cpu_ms"] / none["cpu_ms"],
+            }
+            for name in others
+        }
+    return result
 
 
 def _profile(data, catalogue, args) -> None:
@@ -138,6 +170,12 @@ def main(argv=None) -> int:
     p.add_argument("--negatives", type=int, default=256)
     p.add_argument("--softmax", choices=("sampled", "full"), default="sampled")
     p.add_argument("--mechanism", default="lazy", help="lazy or adafest")
+    p.add_argument(
+        "--reference",
+        default="",
+        help="comma-separated further mechanisms stepped in the same rotation (e.g. lazy beside --mechanism adafest)",
+    )
+    p.add_argument("--json", default="", help="also write the result, with the machine and command, to this file")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--profile", action="store_true", help="print per-op-type times instead of the interleaved medians")
     p.add_argument("--top", type=int, default=25)
@@ -155,8 +193,39 @@ def main(argv=None) -> int:
     if args.profile:
         _profile(data, catalogue, args)
         return 0
-    print(interleaved(data, catalogue, args, steps=args.steps, softmax=args.softmax, mechanism_name=args.mechanism))
+    references = tuple(name for name in args.reference.split(",") if name)
+    found = interleaved(
+        data,
+        catalogue,
+        args,
+        steps=args.steps,
+        softmax=args.softmax,
+        mechanism_name=args.mechanism,
+        references=references,
+    )
+    print(found)
+    if args.json:
+        _write_json(args.json, found, argv)
     return 0
+
+
+def _write_json(path: str, found: dict, argv) -> None:
+    """The result with the command, the machine (load, commit) and the time, as one JSON document."""
+    import json
+    import sys
+
+    from benchmarks.machine import machine_info
+    from benchmarks.outputs import REPO
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    document = {
+        "benchmark": "retrieval_step",
+        "command": " ".join(["python -m benchmarks.retrieval_step", *argv]),
+        "machine": machine_info(REPO),
+        "result": found,
+    }
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=1)
 
 
 if __name__ == "__main__":
