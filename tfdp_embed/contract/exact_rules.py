@@ -20,6 +20,7 @@ errors of the compute dtype (`rtol`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -41,15 +42,32 @@ FLOAT32_EPS = 2.0**-23
 REDUCED_NORM_SUM_SHARE = 8  # rtol (64 round-offs) / 8: 8 round-offs of sum_i ||g_i|| under reduced precision
 
 
+@dataclasses.dataclass(frozen=True)
+class RecordedForward:
+    """One forward pass recorded for the coverage check: its per-example losses, the tape and the taps."""
+
+    loss: tf.Tensor
+    tape: tf.GradientTape
+    taps: list
+
+
+def record_forward(layers: list, registry, forward: Callable[[], tf.Tensor]) -> RecordedForward:
+    """Runs `forward()` under a persistent tape with `layers` tapped (as `check_rules_cover_gradients` does)."""
+    with tf.GradientTape(persistent=True) as tape, record_taps(layers, registry) as taps:
+        loss = forward()
+    return RecordedForward(loss, tape, taps)
+
+
 def check_rules_cover_gradients(
     model,
     layers: list,
     *,
     registry,
     fallback,
-    forward: Callable[[], tf.Tensor],
+    forward: Callable[[], tf.Tensor] | None = None,
     rtol: float = RTOL,
     loss_scale: float = 1.0,
+    recorded_pass: RecordedForward | None = None,
 ) -> None:
     """Refuses the model if some variable's rule-built gradient sum differs from its true gradient.
 
@@ -59,6 +77,7 @@ def check_rules_cover_gradients(
       registry: the `LayerRegistry` DPModel uses.
       fallback: the per-example fallback DPModel uses.
       forward: runs one forward pass and returns the per-example losses `[n]`.
+      recorded_pass: instead, that forward pass already recorded (`record_forward`).
       rtol: the largest difference taken for round-off, relative to the
         variable's largest gradient entry (larger for float16/bfloat16 compute).
       loss_scale: the fixed loss scale of DPModel's backward pass (float16),
@@ -67,8 +86,10 @@ def check_rules_cover_gradients(
     Raises:
       PrivacyContractError: naming the layer whose weights the rules miss.
     """
-    with tf.GradientTape(persistent=True) as tape, record_taps(layers, registry) as taps:
-        loss = forward()
+    if recorded_pass is None:
+        assert forward is not None, "check_rules_cover_gradients needs `forward` or `recorded_pass`"
+        recorded_pass = record_forward(layers, registry, forward)
+    loss, tape, taps = recorded_pass.loss, recorded_pass.tape, recorded_pass.taps
     infos = layer_gradients(taps, loss, tape, registry, fallback, loss_scale=loss_scale)
     variables = [layer_kinds.tf_variable(v) for v in model.trainable_weights]  # Keras 3: the tf.Variables
     start = start_gradients(loss, loss_scale)  # as DPModel's backward pass (0 for a non-finite loss)
@@ -188,4 +209,12 @@ def _message(layer, variable, difference: float, scale: float) -> str:
     )
 
 
-__all__ = ["ATOL", "FLOAT32_EPS", "NORM_SUM_RTOL", "RTOL", "check_rules_cover_gradients"]
+__all__ = [
+    "ATOL",
+    "FLOAT32_EPS",
+    "NORM_SUM_RTOL",
+    "RTOL",
+    "RecordedForward",
+    "check_rules_cover_gradients",
+    "record_forward",
+]

@@ -14,10 +14,10 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from tfdp_embed.contract import exact_rules, independence
-from tfdp_embed.contract.exact_rules import check_rules_cover_gradients
+from tfdp_embed.contract.exact_rules import check_rules_cover_gradients, record_forward
 from tfdp_embed.contract.examples import batch_size_of
 from tfdp_embed.contract.independence import check_independence
-from tfdp_embed.contract.layer_calls import all_layers, deterministic, frozen_randomness
+from tfdp_embed.contract.layer_calls import all_layers, deterministic, frozen_randomness, is_stochastic
 from tfdp_embed.contract.state import check_no_state_updates
 
 
@@ -48,8 +48,19 @@ def check_model(
     Raises:
       PrivacyContractError: the model breaks the per-example contract.
     """
-    with frozen_randomness(model):  # the check's pass is not a training step
-        check_no_state_updates(model, lambda: forward(True, *batch))
+    layers = all_layers(model)  # once for every check (walking a large model's layers takes a while)
+    # Without stochastic layers the coverage check's training-mode pass is this one: recorded here, not run again.
+    share = check_per_example and not any(is_stochastic(layer) for layer in layers)
+    recorded = []
+
+    def training_forward():
+        if not share:
+            return forward(True, *batch)
+        recorded.append(record_forward(tapped_layers, registry, lambda: forward(True, *batch)))
+        return recorded[0].loss
+
+    with frozen_randomness(model, layers):  # the check's pass is not a training step
+        check_no_state_updates(model, training_forward)
     if not check_per_example:
         warnings.warn(
             "DPModel(check_per_example=False): nothing checks that each example's loss depends "
@@ -62,7 +73,6 @@ def check_model(
     size = batch_size_of(batch)
     ran = size is not None and size >= 2
     mode = "training"
-    layers = all_layers(model)  # once for the checks below (walking a large model's layers takes a while)
     independence_rtol, rules_rtol = tolerances(model, layers)
     if ran:
         mode = check_independence(
@@ -77,6 +87,7 @@ def check_model(
             forward=lambda: forward(mode == "training", *batch),
             rtol=rules_rtol,
             loss_scale=loss_scale,
+            recorded_pass=recorded[0] if recorded and mode == "training" else None,
         )
     return ran
 
