@@ -49,18 +49,7 @@ def check_model(
       PrivacyContractError: the model breaks the per-example contract.
     """
     layers = all_layers(model)  # once for every check (walking a large model's layers takes a while)
-    # Without stochastic layers the coverage check's training-mode pass is this one: recorded here, not run again.
-    share = check_per_example and not any(is_stochastic(layer) for layer in layers)
-    recorded = []
-
-    def training_forward():
-        if not share:
-            return forward(True, *batch)
-        recorded.append(record_forward(tapped_layers, registry, lambda: forward(True, *batch)))
-        return recorded[0].loss
-
-    with frozen_randomness(model, layers):  # the check's pass is not a training step
-        check_no_state_updates(model, training_forward)
+    recorded = _state_check(model, layers, lambda: forward(True, *batch), tapped_layers, registry, check_per_example)
     if not check_per_example:
         warnings.warn(
             "DPModel(check_per_example=False): nothing checks that each example's loss depends "
@@ -87,9 +76,29 @@ def check_model(
             forward=lambda: forward(mode == "training", *batch),
             rtol=rules_rtol,
             loss_scale=loss_scale,
-            recorded_pass=recorded[0] if recorded and mode == "training" else None,
+            recorded_pass=recorded if mode == "training" else None,
         )
     return ran
+
+
+def _state_check(model, layers: list, training_forward: Callable, tapped_layers: list, registry, record: bool):
+    """The state check's training-mode pass; returns it recorded for the coverage check, or None.
+
+    Without stochastic layers (and when the coverage check runs: `record`)
+    the coverage check's training-mode pass is this one, so it is recorded
+    (`exact_rules.record_forward`) instead of run again.
+    """
+    recorded = []
+
+    def forward():
+        if not record or any(is_stochastic(layer) for layer in layers):
+            return training_forward()
+        recorded.append(record_forward(tapped_layers, registry, training_forward))
+        return recorded[0].loss
+
+    with frozen_randomness(model, layers):  # the check's pass is not a training step
+        check_no_state_updates(model, forward)
+    return recorded[0] if recorded else None
 
 
 # Unit round-off of the reduced compute dtypes, and how many of them the checks allow.
