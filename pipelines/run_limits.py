@@ -1,6 +1,6 @@
 """Requests no machine can serve, refused in one line before any calibration or training.
 
-Two limits, shared by the three pipelines:
+Three limits, shared by the three pipelines:
 
 * steps: at most `MAX_STEPS` (10 million) training steps per run (per period for
   Criteo's streaming periods). `check_epochs` refuses an `--epochs` alone above
@@ -10,6 +10,13 @@ Two limits, shared by the three pipelines:
 * memory: `check_memory` refuses what would not fit in this machine's
   physical memory (the estimate is a lower bound: the tables, or Sequential's
   per-step full-softmax logits), instead of failing at the first step.
+* time: `check_time` refuses a run whose estimated training time exceeds
+  `--max-hours` (default `DEFAULT_MAX_HOURS`; 0 disables it). The estimate is
+  measured before the noise is calibrated: a throwaway copy of the model takes
+  non-private forward and backward passes (eager, no optimizer update) on one
+  batch of the real shape, and the step time times the planned steps (times
+  `DP_STEP_FACTOR`) is the run's time; calibration is not counted. It reads no
+  training batch, draws no training randomness and releases nothing.
 
 Example:
     >>> check_steps(4 * 1000, what="`--epochs` 4 x 1,000 batches per epoch", fix="lower --epochs")
@@ -19,7 +26,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
+import time
+from collections.abc import Callable
 
 MAX_STEPS = 10_000_000
 """At 1 ms a step (a small model on an accelerator) this is ~3 hours; above it a request is a typo."""
@@ -49,6 +60,96 @@ def check_steps(steps: int, *, what: str, fix: str) -> int:
     return steps
 
 
+DEFAULT_MAX_HOURS = 24.0
+"""`--max-hours`' default: a run estimated to train longer is refused (0 disables the check)."""
+DP_STEP_FACTOR = 1.0
+"""DP step / non-private step used by the estimate. benchmarks/RESULTS.md measures 0.81-1.60x for the sparse
+mechanisms (eana, lazy, fest, adafest) step by step, 1.14-1.24x for the Criteo pipeline end to end (every
+mechanism, dense included), 1.52x for MovieLens retrieval (lazy); only dense DP-SGD on a large table is far
+above (6.9-331x at 10^5-10^7 rows). 1.0, the low end: a refused run would overrun the limit even without DP."""
+PROBE_UNITS = 8
+"""Units (examples, users, rows) of the first, cheap pass: scaled to the batch it bounds the step from above."""
+TIMED_STEPS = 2
+"""Full-batch passes timed after the warm-up (the first, probe pass); their median is the step time."""
+
+
+def add_max_hours_flag(parser: argparse.ArgumentParser) -> None:
+    """`--max-hours H` (default `DEFAULT_MAX_HOURS`; 0 disables the check)."""
+    parser.add_argument(
+        "--max-hours",
+        type=float,
+        default=DEFAULT_MAX_HOURS,
+        metavar="H",
+        help="refuse, before the noise is calibrated, a run whose training is estimated (from a few timed "
+        "non-private steps of the model on one batch of the data's shape) to take more than H hours; 0: no check",
+    )
+
+
+def check_max_hours(parser: argparse.ArgumentParser, max_hours: float) -> float | None:
+    """`max_hours`, None for 0 (no check); exits (status 2, argparse) for a negative or non-finite value."""
+    if not (math.isfinite(max_hours) and max_hours >= 0):
+        parser.error(f"--max-hours must be a finite number >= 0 (0: no check); received {max_hours!r}.")
+    return max_hours or None
+
+
+def check_time(
+    step: Callable[[int], object], *, batch: int, steps: int, max_hours: float | None, what: str, fix: str
+) -> float | None:
+    """The estimated training seconds (None: not checked); ValueError when above `max_hours`.
+
+    A first pass on `PROBE_UNITS` units (building the weights included) scaled to the batch bounds the step
+    from above; when that bound already fits, nothing more runs. Otherwise (that first pass was the warm-up: an
+    eager pass traces nothing per shape) `TIMED_STEPS` full-batch passes are timed and their median, times
+    `steps` and `DP_STEP_FACTOR`, is the estimate.
+
+    Args:
+      step: runs one non-private forward and backward pass on the first `n` units of a batch of the real shape.
+      batch: the units of one batch (the expected Poisson batch); steps: the run's planned steps.
+      max_hours: the limit; None or 0: no check. what, fix: as in `check_steps`.
+    """
+    if not max_hours or steps < 1:
+        return None
+    limit, probe = max_hours * 3600, max(1, min(batch, PROBE_UNITS))
+    bound = _timed(step, probe) * batch / probe * steps * DP_STEP_FACTOR
+    if bound <= limit:
+        return bound
+    seconds = statistics.median(_timed(step, batch) for _ in range(TIMED_STEPS))
+    estimate = seconds * steps * DP_STEP_FACTOR
+    if estimate > limit:
+        raise ValueError(
+            f"{what} = {steps:,} training steps, estimated {_hours(estimate)} h at {seconds * 1e3:,.3g} ms a step "
+            f"(a non-private forward and backward pass of the model on one batch of {batch:,}, median of "
+            f"{TIMED_STEPS} after a warm-up, x {DP_STEP_FACTOR:g} for DP; calibration not counted), above "
+            f"--max-hours {max_hours:g}: {fix}, or raise --max-hours (0: no check)."
+        )
+    return estimate
+
+
+def forward_backward(variables: Callable[[], list], loss: Callable[[], object]) -> None:
+    """One non-private forward and backward pass: the gradient of `sum(loss())` for `variables()`, computed.
+
+    `variables` is called after the forward pass (a Keras model creates its weights on its first call).
+    """
+    from tfdp_embed import tf  # TensorFlow only where a pass runs: the flag checks import this module
+
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(loss())
+    grads = tape.gradient(total, variables())
+    values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
+    float(tf.add_n([tf.reduce_sum(v) for v in values]) if values else total)  # waits for the result
+
+
+def _timed(step: Callable[[int], object], units: int) -> float:
+    started = time.perf_counter()
+    step(units)
+    return time.perf_counter() - started
+
+
+def _hours(seconds: float) -> str:
+    hours = seconds / 3600
+    return f"{hours:,.1f}" if hours < 1000 else f"{hours:,.0f}"
+
+
 def machine_memory() -> int:
     """This machine's physical memory in bytes."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -67,4 +168,16 @@ def _gb(size: int) -> str:
     return f"{size / 1e9:,.3g}"
 
 
-__all__ = ["MAX_STEPS", "check_epochs", "check_memory", "check_steps", "machine_memory"]
+__all__ = [
+    "DEFAULT_MAX_HOURS",
+    "DP_STEP_FACTOR",
+    "MAX_STEPS",
+    "add_max_hours_flag",
+    "check_epochs",
+    "check_max_hours",
+    "check_memory",
+    "check_steps",
+    "check_time",
+    "forward_backward",
+    "machine_memory",
+]
