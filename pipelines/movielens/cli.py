@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--k", type=cli_types.positive(int), default=10, help="top-k of the exported signature")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    run_limits.add_max_hours_flag(p)
     audit_canaries.add_flag(p)
     quality.add_fail_on_warnings_flag(p)
     return p
@@ -181,6 +182,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
         verbose=0 if args.quiet else 1,
         audit_canaries=args.audit_canaries,
         fail_on_warnings=args.fail_on_warnings,
+        max_hours=run_limits.check_max_hours(parser, args.max_hours),
     )
     return config, args.out
 

@@ -71,6 +71,8 @@ class MovieLensConfig:
       audit_canaries: M for an audit run (`pipelines.audit_canaries`): trains with M rare-id canaries,
         reports the empirical epsilon lower bound, exports no model; None: a normal run.
       fail_on_warnings: the command line exits with status 3 when the report has warnings.
+      max_hours: refuse (ValueError, before the noise is calibrated) a run whose training is estimated to take
+        longer (`pipelines.run_limits.check_time`); None: no check (the command line's default is 24).
     """
 
     data_path: str = DEFAULT_DATA_PATH
@@ -102,6 +104,7 @@ class MovieLensConfig:
     verbose: int = 1
     audit_canaries: int | None = None
     fail_on_warnings: bool = False
+    max_hours: float | None = None
 
     def __post_init__(self):
         if self.mechanism not in movielens_privacy.MECHANISM_NAMES:

@@ -103,6 +103,14 @@ def plan_training(config: MovieLensConfig, data: MovieLensData, extra_train_exam
         what=f"`--epochs` {config.epochs:,} x {per_epoch:,} batches per epoch (N~ / `--batch-size`)",
         fix="lower --epochs or raise --batch-size",
     )
+    run_limits.check_time(
+        _forward_backward(config, data, contexts, labels, user_ids if k is not None else None, k),
+        batch=config.batch_size,
+        steps=steps,
+        max_hours=config.max_hours,
+        what=f"`--epochs` {config.epochs:,} x {per_epoch:,} batches per epoch (N~ / `--batch-size`)",
+        fix="lower --epochs or raise --batch-size",
+    )
     delta = config.delta if config.delta is not None else released.delta()
     plan = movielens_privacy.plan(
         mechanism=config.mechanism,
@@ -131,6 +139,33 @@ def plan_training(config: MovieLensConfig, data: MovieLensData, extra_train_exam
             flush=True,
         )
     return Setup(contexts, labels, num_extra, q, steps, delta, plan, released, user_ids, k, k_source, k_release)
+
+
+def _forward_backward(config: MovieLensConfig, data: MovieLensData, contexts, labels, user_ids, k):
+    """`run_limits.check_time`'s pass: a throwaway two-tower model on the first `n` examples (or users, each
+    bringing at most k examples, padded to k as in a training batch); no sampler, no training randomness."""
+    model = TwoTowerModel(
+        num_items=data.num_items, embedding_dim=config.embedding_dim, hidden_units=tuple(config.hidden_units)
+    )
+
+    def step(n: int) -> None:
+        if user_ids is None:
+            batch = (contexts[:n].astype(np.int32), labels[:n].astype(np.int32))
+        else:
+            batch = _first_users(contexts, labels, user_ids, n, k)
+        run_limits.forward_backward(lambda: model.trainable_variables, lambda: model.compute_loss(batch, True))
+
+    return step
+
+
+def _first_users(contexts, labels, user_ids, n: int, k: int) -> tuple:
+    """Users 0 .. n-1's first k examples, `(contexts [n, k, L], labels [n, k])`, 0-padded (label 0: padding)."""
+    batch_contexts = np.zeros((n, k, contexts.shape[1]), np.int32)
+    batch_labels = np.zeros((n, k), np.int32)
+    for user in range(n):
+        rows = np.flatnonzero(user_ids == user)[:k]
+        batch_contexts[user, : rows.size], batch_labels[user, : rows.size] = contexts[rows], labels[rows]
+    return batch_contexts, batch_labels
 
 
 def _units(config: MovieLensConfig, data: MovieLensData, num_extra: int) -> tuple:
