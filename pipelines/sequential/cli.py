@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed for sampling, init and noise (tests/reproductions only)")
     p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1, help="Keras progress bar (1), per epoch (2)")
     quality.add_fail_on_warnings_flag(p)
+    run_limits.add_max_hours_flag(p)
     return p
 
 
@@ -170,6 +171,7 @@ def _check_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None
     input_files.check_path(parser, a.data, "--data")
     check_privacy_flags(parser, a)
     run_limits.check_epochs(parser, a.epochs, a.max_steps)
+    a.max_hours = run_limits.check_max_hours(parser, a.max_hours)
     if not 0 <= a.dropout < 1:
         parser.error(f"--dropout must lie in [0, 1); received {a.dropout!r}.")
     if not 0 <= a.warmup_fraction < 1:

@@ -52,3 +52,4 @@ class SequentialConfig:
     seed: int | None = None
     verbose: int = 1
     fail_on_warnings: bool = False  # exit 3 when the report warns (`quality.exit_status`)
+    max_hours: float | None = None  # refuse a longer estimated training (`run_limits.check_time`); None: no check

@@ -135,24 +135,23 @@ def plan(
     item_catalogue: str | None = None,
     vocabulary_epsilon_share: float | None = None,
     vocabulary_max_items: int = sequential_vocabulary.DEFAULT_MAX_ITEMS_PER_USER,
+    time_limit: tuple | None = None,
 ) -> SequentialPrivacy:
     """q, T, the plan (sigma, the mechanism), the item ids and the item frequencies of a run.
 
     Args:
-      frequencies: "private" (release the training data's counts with DP) or
-        "public" (read `frequencies_file`).
-      frequency_epsilon_share: share of `epsilon` the release is sized for
-        (default `DEFAULT_FREQUENCY_EPSILON_SHARE`); or give
-        `frequency_noise_multiplier` (z) instead.
+      frequencies: "private" (release the training data's counts with DP) or "public" (read `frequencies_file`).
+      frequency_epsilon_share: share of `epsilon` the release is sized for (default
+        `DEFAULT_FREQUENCY_EPSILON_SHARE`); or give `frequency_noise_multiplier` (z) instead.
       max_steps: at most this many steps (None: epochs x round(N / B)); sigma is calibrated for them.
       item_catalogue: a public list of item ids (nothing spent); None: a private run releases the data's
         item set with `dp_vocabulary` (`vocabulary_epsilon_share` of epsilon, D0 = `vocabulary_max_items`).
+      time_limit: `(forward_backward, max_hours)`: `run_limits.check_time` once T is known, before calibration.
       (the rest: the run's settings.)
 
     Raises:
-      ValueError: a batch larger than the number of users, bad frequency
-        options (public without a file, both share and z, ...), a malformed
-        frequencies file, or a target the accountant cannot meet.
+      ValueError: a batch larger than the number of users, bad frequency options (public without a file, both
+        share and z, ...), a malformed frequencies file, a target the accountant cannot meet, a run too long.
     """
     check_frequency_options(
         frequencies=frequencies,
@@ -161,7 +160,7 @@ def plan(
         noise_multiplier=frequency_noise_multiplier,
     )
     size = release_dataset_size(data.num_users, seed=seed)  # N~: q, delta and T come from it, never from N
-    common = _run_arguments(size, batch, epochs, max_steps, delta=delta, accountant=accountant, seed=seed)
+    common = _run_arguments(size, batch, epochs, max_steps, time_limit, delta=delta, accountant=accountant, seed=seed)
     private = mechanism != "none" and math.isfinite(epsilon)
     vocabulary = dict(catalogue=item_catalogue, max_items_per_user=vocabulary_max_items, seed=seed)
     releases, assumptions = _vocabulary_terms(item_catalogue, vocabulary_epsilon_share, seeded=seed is not None)
@@ -199,9 +198,18 @@ class _RunTerms:
 
 
 def _run_arguments(
-    size: ReleasedDatasetSize, batch: int, epochs: int, max_steps: int | None, *, delta, accountant, seed
+    size: ReleasedDatasetSize,
+    batch: int,
+    epochs: int,
+    max_steps: int | None,
+    time_limit: tuple | None,
+    *,
+    delta,
+    accountant,
+    seed,
 ) -> dict[str, Any]:
-    """`plan_run`'s arguments of any run: delta, accountant, q = B / N~ and T (checks B against N~)."""
+    """`plan_run`'s arguments of any run: delta, accountant, q = B / N~ and T (checks B against N~; T against
+    `run_limits.MAX_STEPS` and, with `time_limit`, its estimated time)."""
     n = size.value
     if not 1 <= batch <= n:
         raise ValueError(f"`batch` must lie in [1, {n}] (the number of users, released with DP); received {batch}.")
@@ -209,11 +217,12 @@ def _run_arguments(
     if max_steps is not None:
         steps = min(steps, check_int("max_steps", max_steps))
     per_epoch = size.steps(1, batch)
-    run_limits.check_steps(
-        steps,
-        what=f"`--epochs` {epochs:,} x {per_epoch:,} batches per epoch (N~ / `--batch`)",
-        fix="lower --epochs, raise --batch or give --max-steps",
-    )
+    what = f"`--epochs` {epochs:,} x {per_epoch:,} batches per epoch (N~ / `--batch`)"
+    fix = "lower --epochs, raise --batch or give --max-steps"
+    run_limits.check_steps(steps, what=what, fix=fix)
+    if time_limit is not None:
+        step, max_hours = time_limit
+        run_limits.check_time(step, batch=batch, steps=steps, max_hours=max_hours, what=what, fix=fix)
     return dict(
         target_delta=size.delta() if delta is None else float(delta),
         accountant=accountant,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipelines import run_limits
 from pipelines.sequential import evaluation as sequential_eval
 from pipelines.sequential import privacy as sequential_privacy
 from pipelines.sequential.config import SequentialConfig
@@ -63,6 +64,7 @@ def plan_privacy(config: SequentialConfig, data) -> sequential_privacy.Sequentia
         item_catalogue=config.item_catalogue,
         vocabulary_epsilon_share=config.vocabulary_epsilon_share,
         vocabulary_max_items=config.vocabulary_max_items,
+        time_limit=(_forward_backward(config, data), config.max_hours) if config.max_hours else None,
     )
     run = privacy.run  # the library's plan: the calibrated mechanism, its budget and report
     log(
@@ -75,20 +77,34 @@ def plan_privacy(config: SequentialConfig, data) -> sequential_privacy.Sequentia
     return privacy
 
 
+def _forward_backward(config: SequentialConfig, data):
+    """`run_limits.check_time`'s pass: a throwaway model (the data's item ids: a DP vocabulary keeps at most
+    them) on the first `n` users' training sequences; no sampler, no training randomness."""
+    model = SASRec(_model_config(config, data.num_items))
+
+    def step(n: int) -> None:
+        batch = (data.train_inputs[:n], data.train_targets[:n])
+        run_limits.forward_backward(lambda: model.trainable_variables, lambda: model.compute_loss(batch, True))
+
+    return step
+
+
+def _model_config(config: SequentialConfig, num_items: int) -> SASRecConfig:
+    return SASRecConfig(
+        num_items=num_items,
+        max_len=config.max_len,
+        dim=config.dim,
+        blocks=config.blocks,
+        dropout=config.dropout,
+        re_attention=config.model == "dpformer",
+        popularity_prior=config.popularity_prior,
+        head_items=config.head_items,
+    )
+
+
 def _model(config: SequentialConfig, data, privacy: sequential_privacy.SequentialPrivacy) -> SASRec:
     """The SASRec / DPFormer model, its head rows, prior and effective errors set from the frequencies."""
-    model = SASRec(
-        SASRecConfig(
-            num_items=data.num_items,
-            max_len=config.max_len,
-            dim=config.dim,
-            blocks=config.blocks,
-            dropout=config.dropout,
-            re_attention=config.model == "dpformer",
-            popularity_prior=config.popularity_prior,
-            head_items=config.head_items,
-        )
-    )
+    model = SASRec(_model_config(config, data.num_items))
     item_frequencies = privacy.frequencies.frequencies
     # Everything below reads only the released (or supplied public) frequencies: post-processing.
     if config.head_items is not None:
