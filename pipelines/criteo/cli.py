@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_flags(p.add_argument_group("training"))
     p.add_argument("--out", required=True, help="output directory (report.json, saved_model/)")
     quality.add_fail_on_warnings_flag(p)
+    run_limits.add_max_hours_flag(p)
     return p
 
 
@@ -317,6 +318,7 @@ def _check_values(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Non
     """Ranges argparse's types cannot express, and epsilon's shares leaving some for training."""
     check_privacy_flags(parser, a)
     run_limits.check_epochs(parser, a.epochs, a.max_steps)
+    a.max_hours = run_limits.check_max_hours(parser, a.max_hours)
     if not 0 < a.selection_fraction < 1:
         parser.error(f"--selection-fraction must lie in (0, 1); received {a.selection_fraction!r}.")
     a.calibration_auto = a.calibration_fraction is None
@@ -422,6 +424,7 @@ def _config(a: argparse.Namespace, manifest: dict | None = None) -> PipelineConf
         verbose=a.verbose,
         audit_canaries=a.audit_canaries,
         fail_on_warnings=a.fail_on_warnings,
+        max_hours=a.max_hours,
     )
 
 

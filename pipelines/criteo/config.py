@@ -54,6 +54,7 @@ class PipelineConfig:
     verbose: int = 1
     audit_canaries: int | None = None  # M: an audit run (`criteo/audit.py`), no export
     fail_on_warnings: bool = False  # the command line exits 3 when the report warns (`quality.exit_status`)
+    max_hours: float | None = None  # refuse a longer estimated training (`run_limits.check_time`); None: no check
 
     @property
     def lazy_lookahead(self) -> bool:

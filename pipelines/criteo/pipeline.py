@@ -279,6 +279,22 @@ def _periods(config: PipelineConfig, data: _Data) -> list:
     return periods
 
 
+def _check_time(config: PipelineConfig, data: _Data, model_config: CTRModelConfig) -> None:
+    """Refuses (ValueError), before any calibration or selection, a run estimated above `--max-hours`."""
+    if not config.max_hours:
+        return
+    steps = sum(period.steps for period in _periods(config, data))
+    capped = "" if config.max_steps is None else f", at most --max-steps {config.max_steps:,} per period"
+    run_limits.check_time(
+        criteo_training.forward_backward(model_config),
+        batch=int(config.batch or 1),
+        steps=steps,
+        max_hours=config.max_hours,
+        what=f"`--epochs` {config.epochs:,} x N~ / `--batch` {config.batch:,} over {len(data.periods)} period(s){capped}",
+        fix="lower --epochs or --max-steps, or raise --batch",
+    )
+
+
 def _settings(config: PipelineConfig, data: _Data) -> criteo_privacy.PrivacySettings:
     """The privacy settings with delta resolved (1/N by default)."""
     settings = config.privacy or criteo_privacy.PrivacySettings(
@@ -726,6 +742,7 @@ def _run(config: PipelineConfig, staging: Staging) -> PipelineResult:
     data = _read(config)
     config, data.chosen = _choose(config, data)
     model_config = _model_config(config, data)
+    _check_time(config, data, model_config)
     plan, counts, calibration_skipped = _plan(config, data, model_config)
     staging.budget.start(plan, program=PROGRAM)  # OUT.budget.jsonl: this run's epsilon counts from now
     if config.audit_canaries:  # trains with canaries, reports the bound, exports nothing (`criteo/audit.py`)

@@ -10,8 +10,20 @@ itself is `tfdp_embed.accounting.PrivacyBudget`; the step timer is
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
+from pipelines import run_limits
 from tfdp_embed import DPModel, keras
+from tfdp_embed.data.criteo import CAT_FEATURES, INT_FEATURES, INT_MISSING
+from tfdp_embed.keras2.models import CTRModelConfig, build_ctr_model
 from tfdp_embed.mechanisms import capabilities_of
+
+TIMING_TABLE_ROWS = 100_000
+"""The throwaway model's tables are capped at this many rows (widths kept): a step reads and updates only the
+rows a batch touches, and a copy of 10^8-row tables would double the run's memory. benchmarks/RESULTS.md's
+non-private step is 1.5-6.2 ms at 10^5-10^7 rows: the estimate may be low, never high, for larger tables."""
 
 
 def make_dp_model(
@@ -40,6 +52,30 @@ def make_dp_model(
         for variable in model.trainable_variables:
             optimizer.add_slot(variable, "momentum")
     return dp_model
+
+
+def forward_backward(model_config: CTRModelConfig):
+    """`run_limits.check_time`'s pass: a throwaway pCTR model (tables capped at `TIMING_TABLE_ROWS` rows) on
+    `n` rows of the training batches' shape; it reads no file (streamed periods and Beam shards are read once)
+    and draws no training randomness (the features are fixed: ids `i * (f + 1) mod rows`)."""
+    capped = dataclasses.replace(
+        model_config,
+        vocab_sizes=tuple(min(int(v), TIMING_TABLE_ROWS) for v in model_config.vocab_sizes),
+        embedding_dims=tuple(model_config.dims),
+    )
+    model = build_ctr_model(capped, name="pctr_timing")
+    loss = keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
+
+    def step(n: int) -> None:
+        rows = np.arange(n, dtype=np.int64)
+        features: dict = {name: np.ones(n, np.float32) for name in INT_FEATURES}
+        features[INT_MISSING] = np.zeros((n, len(INT_FEATURES)), np.float32)
+        for f, (name, size) in enumerate(zip(CAT_FEATURES, capped.vocab_sizes)):
+            features[name] = rows * (f + 1) % (size + 1)
+        labels = (rows % 2).astype(np.float32)[:, None]
+        run_limits.forward_backward(lambda: model.trainable_variables, lambda: loss(labels, model(features, True)))
+
+    return step
 
 
 def gradient_size(mechanism, tables, *, touched: float) -> dict:
@@ -86,4 +122,4 @@ def gradient_size(mechanism, tables, *, touched: float) -> dict:
     return {"gradient_size_fraction": fraction, "gradient_size_reduction": reduction, "gradient_size_basis": basis}
 
 
-__all__ = ["gradient_size", "make_dp_model"]
+__all__ = ["TIMING_TABLE_ROWS", "forward_backward", "gradient_size", "make_dp_model"]
