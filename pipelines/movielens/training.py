@@ -98,19 +98,14 @@ def plan_training(config: MovieLensConfig, data: MovieLensData, extra_train_exam
         raise ValueError(f"`batch_size` {config.batch_size} exceeds the {n} {what} (released with DP).")
     q = released.sampling_probability(config.batch_size)
     per_epoch = max(1, round(1 / q))
-    steps = run_limits.check_steps(
-        config.epochs * per_epoch,
-        what=f"`--epochs` {config.epochs:,} x {per_epoch:,} batches per epoch (N~ / `--batch-size`)",
-        fix="lower --epochs or raise --batch-size",
-    )
-    run_limits.check_time(
-        _forward_backward(config, data, contexts, labels, user_ids if k is not None else None, k),
-        batch=config.batch_size,
-        steps=steps,
-        max_hours=config.max_hours,
-        what=f"`--epochs` {config.epochs:,} x {per_epoch:,} batches per epoch (N~ / `--batch-size`)",
-        fix="lower --epochs or raise --batch-size",
-    )
+    asked = f"`--epochs` {config.epochs:,} x {per_epoch:,} batches per epoch (N~ / `--batch-size`)"
+    fix = "lower --epochs or raise --batch-size"
+    steps = run_limits.check_steps(config.epochs * per_epoch, what=asked, fix=fix)
+    if config.max_hours:  # the estimated training time, before the noise is calibrated
+        step = _forward_backward(config, data, contexts, labels, user_ids if k is not None else None, k)
+        run_limits.check_time(
+            step, batch=config.batch_size, steps=steps, max_hours=config.max_hours, what=asked, fix=fix
+        )
     delta = config.delta if config.delta is not None else released.delta()
     plan = movielens_privacy.plan(
         mechanism=config.mechanism,
