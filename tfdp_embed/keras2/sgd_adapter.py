@@ -69,7 +69,7 @@ class LegacySgd:
 
 
 def adapt(optimizer) -> LegacySgd | None:
-    """A `LegacySgd` for a tf-keras legacy SGD; refuses the new-style SGD; None for anything else."""
+    """A `LegacySgd` for a tf-keras legacy SGD; refuses tf-keras' other optimizers naming it; None for the rest."""
     if isinstance(optimizer, keras.optimizers.legacy.SGD):
         return LegacySgd(optimizer)
     if isinstance(optimizer, keras.optimizers.SGD):
@@ -78,6 +78,8 @@ def adapt(optimizer) -> LegacySgd | None:
             f"keras.optimizers.{type(optimizer).__name__}, whose sparse momentum update decays the momentum of "
             "every row every step (a dense update) and has no per-row lazy counterpart here."
         )
+    if isinstance(optimizer, (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer)):
+        raise lazy_sgd.unsupported(optimizer, sgd="keras.optimizers.legacy.SGD")
     return None
 
 

@@ -77,11 +77,15 @@ def adapt(optimizer) -> SgdOptimizer:
         adapted = adapter(optimizer)
         if adapted is not None:
             return adapted
-    raise unsupported(optimizer)
+    raise unsupported(optimizer, sgd=_EITHER_SGD)
 
 
-def unsupported(optimizer, sgd: str = "keras.optimizers.legacy.SGD") -> ValueError:
-    """The error refusing `optimizer`, naming `sgd`: the front end's SGD (tf-keras' by default)."""
+# An optimizer no front end's adapter knows: both SGDs (a front end names its own, `unsupported`).
+_EITHER_SGD = "tf-keras' keras.optimizers.legacy.SGD or Keras 3's keras.optimizers.SGD"
+
+
+def unsupported(optimizer, *, sgd: str) -> ValueError:
+    """The error refusing `optimizer`, naming `sgd`: the SGD of the optimizer's front end."""
     kind = type(optimizer).__name__
     return ValueError(
         f"LazyDP supports only SGD ({sgd}, with or without momentum and "
