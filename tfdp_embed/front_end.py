@@ -63,12 +63,13 @@ def refuse_foreign_input(layer, args: tuple, kwargs: dict) -> None:
 
 def refuse_mixed_model(model, front: str) -> None:
     """Raises TypeError when a layer of `model` (a `front` model) holds a layer of the other Keras."""
-    from tfdp_embed.clipping.layer_kinds import is_layer
+    from tfdp_embed.clipping.layer_kinds import layer_classes
 
+    layers = layer_classes("Layer")  # every imported Keras's
     stack, seen = [model], {id(model)}
     while stack:
         for value in _attribute_values(stack.pop()):
-            if id(value) in seen or not is_layer(value):
+            if not isinstance(value, layers) or id(value) in seen:
                 continue
             seen.add(id(value))
             if keras_of(value) != front:
