@@ -90,6 +90,20 @@ def test_only_one_example_batches_warn_that_independence_was_not_checked(fe):
         _dp(fe, _model(fe)).fit(ds, epochs=1, verbose=0)
 
 
+@pytest.mark.parametrize("feed", ["dataset", "arrays"])
+def test_mixing_layer_after_prepare_without_data_is_refused_at_fit(fe, feed):
+    # `prepare()` on a built model has no batch to check: fit's data must still be checked (Keras 3 used to
+    # mark the model ready and train the mixing model with only a "no data" warning).
+    ids, labels = _data()
+    dp = _dp(fe, _model(fe, _centre(fe)))
+    dp.prepare()
+    with pytest.raises(PrivacyContractError, match="'centre'"):
+        if feed == "dataset":
+            dp.fit(tf.data.Dataset.from_tensor_slices((ids, labels)).batch(N), epochs=1, verbose=0)
+        else:
+            dp.fit(ids, labels, batch_size=N, epochs=1, verbose=0)
+
+
 def test_mixing_layer_fed_numpy_arrays_is_refused(fe):
     ids, labels = _data()
     with pytest.raises(PrivacyContractError, match="'centre'"):

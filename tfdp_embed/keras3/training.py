@@ -47,7 +47,7 @@ from tfdp_embed.keras3 import callbacks as front_callbacks
 from tfdp_embed.keras3 import clipping, sgd_adapter
 from tfdp_embed.keras3._keras import keras, tf
 from tfdp_embed.keras3.per_example_loss import per_example_loss_fn, reject_unsupported
-from tfdp_embed.layers.lookup import EmbeddingLookup
+from tfdp_embed.layers.lookup import EmbeddingLookup, read_hooks_removed
 from tfdp_embed.mechanisms.base import NoiseMechanism, check_declared_use
 from tfdp_embed.ops import sparse_rows
 from tfdp_embed.release import release_ready
@@ -65,6 +65,13 @@ class _TrainingOnly:
         self.variables: list = []  # tf.Variables of the wrapped model's trainable weights
         self.keras_variables: dict = {}  # tf.Variable ref -> the keras.Variable the optimizer knows
         self.sparse_sgd = None  # LazyDP with momentum: applies the tables' gradients (sgd_adapter.lazy_momentum)
+
+
+def _probe(data):
+    """(x, y, sample_weight) of one of `data`'s first batches (`probe_batch`), or None without a dataset."""
+    if not isinstance(data, tf.data.Dataset):
+        return None
+    return keras.utils.unpack_x_y_sample_weight(probe_batch(data, keras.utils.unpack_x_y_sample_weight))
 
 
 def _check_arguments(model, mechanism, expected_batch_size) -> None:
@@ -104,6 +111,7 @@ class DPModel(keras.Model):
         self.registry = registry if registry is not None else clipping.default_registry()
         self._training_only = _TrainingOnly(mechanism, plan)
         self._prepared = False
+        self._contract_pending = True  # until a batch of >= 2 examples is checked (prepare's data or fit's)
         self._tapped: list = []
 
     @property
@@ -131,7 +139,11 @@ class DPModel(keras.Model):
         """Like `keras.Model.fit`; refuses callbacks acting on un-noised training statistics (as tf-keras)."""
         self._training_only.fed_batching = fed_batching(x, declared=None)
         plan_wiring.check_fed(self._training_only.plan, self._training_only.fed_batching)
-        self.prepare(x if isinstance(x, tf.data.Dataset) else one_batch_of_arrays(keras.Model.fit, x, args, kwargs))
+        data = x if isinstance(x, tf.data.Dataset) else one_batch_of_arrays(keras.Model.fit, x, args, kwargs)
+        self.prepare(data)
+        if self._contract_pending and self.mechanism.clips_per_example:  # `prepare()` had no data: fit's is the last
+            with read_hooks_removed(self._training_only.tables):
+                self._check_contract(_probe(data), last_chance=True)
         args, kwargs = fit_callbacks.with_callbacks(
             args,
             kwargs,
@@ -158,9 +170,8 @@ class DPModel(keras.Model):
         if self.optimizer is None or getattr(self, "loss", None) is None:
             raise ValueError("Call `compile(optimizer=..., loss=...)` before `fit`.")
         self._training_only.loss_fn = per_example_loss_fn(self.loss)
-        batch = None
-        if isinstance(data, tf.data.Dataset):
-            batch = keras.utils.unpack_x_y_sample_weight(probe_batch(data, keras.utils.unpack_x_y_sample_weight))
+        batch = _probe(data)
+        if batch is not None:
             self.inner(batch[0], training=False)
         if not self.inner.built or not self.inner.trainable_weights:
             raise ValueError(f"Model {self.inner.name!r} is not built; call it once or pass a tf.data.Dataset to fit.")
@@ -189,10 +200,16 @@ class DPModel(keras.Model):
         state.sparse_sgd = sgd_adapter.lazy_momentum(self.mechanism, self.optimizer)
         self._prepared = True
 
-    def _check_contract(self, batch) -> None:
-        """The core's behavioural checks on one batch (`tfdp_embed.contract`), before any read hook exists."""
+    def _check_contract(self, batch, *, last_chance: bool = False) -> None:
+        """The core's behavioural checks on one batch (`tfdp_embed.contract`), with no read hook active.
+
+        Without a batch of >= 2 examples the check stays pending for `fit`'s data (as on tf-keras); on
+        `fit`'s data (`last_chance`) it warns instead.
+        """
         if batch is None:
-            warn_no_data(stacklevel=4)
+            if last_chance:
+                self._contract_pending = False
+                warn_no_data(stacklevel=4)
             return
         ran = check_model(
             self.inner,
@@ -204,7 +221,8 @@ class DPModel(keras.Model):
             loss_name=f"the compiled loss {getattr(self.loss, 'name', self.loss)!r}",
             check_per_example=True,
         )
-        if not ran:  # none of the probed batches has two examples
+        self._contract_pending = not ran and not last_chance
+        if not ran and last_chance:  # none of the probed batches has two examples
             warn_no_pair(stacklevel=4)
 
     def create_optimizer_variables(self) -> None:
