@@ -4,8 +4,8 @@
   `--mechanism none` (the audit: "keeps going"), where the steps the data implies exceed the 10 million
   step limit (here: small batches), is refused in one line before the noise is calibrated and before
   anything is trained or written to `--out` (test_safe_release.py covers the sequential pipeline and
-  `--epochs` above the limit at parse time). Only the step count is limited: a request under 10 million
-  steps is not refused however long it would run.
+  `--epochs` above the limit at parse time). These tiny models' steps are fast: the refusal is the step
+  limit's (test_run_time_limit.py covers a run under 10 million steps refused for its estimated time).
 * One sequence with an item id of 2,000,000 (the audit: ~99 GB, out of memory) is mapped densely: the run
   fits a machine of 0.1 GB (the memory check counts 2,000,000 rows if the ids are not remapped) and the
   model knows the 30 items plus the stray one.
