@@ -13,7 +13,7 @@ Three limits, shared by the three pipelines:
 * time: `check_time` refuses a run whose estimated training time exceeds
   `--max-hours` (default `DEFAULT_MAX_HOURS`; 0 disables it). The estimate is
   measured before the noise is calibrated: a throwaway copy of the model takes
-  non-private forward and backward passes (eager, no optimizer update) on one
+  non-private forward and backward passes (compiled, no optimizer update) on one
   batch of the real shape, and the step time times the planned steps (times
   `DP_STEP_FACTOR`) is the run's time; calibration is not counted. It reads no
   training batch, draws no training randomness and releases nothing.
@@ -31,6 +31,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 MAX_STEPS = 10_000_000
 """At 1 ms a step (a small model on an accelerator) this is ~3 hours; above it a request is a typo."""
@@ -70,7 +71,7 @@ above (6.9-331x at 10^5-10^7 rows). 1.0, the low end: a refused run would overru
 PROBE_UNITS = 8
 """Units (examples, users, rows) of the first, cheap pass: scaled to the batch it bounds the step from above."""
 TIMED_STEPS = 2
-"""Full-batch passes timed after the warm-up (the first, probe pass); their median is the step time."""
+"""Full-batch passes timed after one full-batch warm-up; their median is the step time."""
 
 
 def add_max_hours_flag(parser: argparse.ArgumentParser) -> None:
@@ -98,9 +99,8 @@ def check_time(
     """The estimated training seconds (None: not checked); ValueError when above `max_hours`.
 
     A first pass on `PROBE_UNITS` units (building the weights included) scaled to the batch bounds the step
-    from above; when that bound already fits, nothing more runs. Otherwise (that first pass was the warm-up: an
-    eager pass traces nothing per shape) `TIMED_STEPS` full-batch passes are timed and their median, times
-    `steps` and `DP_STEP_FACTOR`, is the estimate.
+    from above; when that bound already fits, nothing more runs. Otherwise one full-batch warm-up pass and
+    `TIMED_STEPS` timed ones follow; their median, times `steps` and `DP_STEP_FACTOR`, is the estimate.
 
     Args:
       step: runs one non-private forward and backward pass on the first `n` units of a batch of the real shape.
@@ -113,30 +113,44 @@ def check_time(
     bound = _timed(step, probe) * batch / probe * steps * DP_STEP_FACTOR
     if bound <= limit:
         return bound
+    step(batch)  # warm-up: the compiled pass traced at the batch's shape
     seconds = statistics.median(_timed(step, batch) for _ in range(TIMED_STEPS))
     estimate = seconds * steps * DP_STEP_FACTOR
     if estimate > limit:
         raise ValueError(
             f"{what} = {steps:,} training steps, estimated {_hours(estimate)} h at {seconds * 1e3:,.3g} ms a step "
             f"(a non-private forward and backward pass of the model on one batch of {batch:,}, median of "
-            f"{TIMED_STEPS} after a warm-up, x {DP_STEP_FACTOR:g} for DP; calibration not counted), above "
+            f"{TIMED_STEPS} after 1 warm-up, x {DP_STEP_FACTOR:g} for DP; calibration not counted), above "
             f"--max-hours {max_hours:g}: {fix}, or raise --max-hours (0: no check)."
         )
     return estimate
 
 
-def forward_backward(variables: Callable[[], list], loss: Callable[[], object]) -> None:
-    """One non-private forward and backward pass: the gradient of `sum(loss())` for `variables()`, computed.
+def gradient_pass(model, loss: Callable[[Any], object]) -> Callable[[Any], None]:
+    """A non-private forward and backward pass compiled like a training step (`tf.function`, no update).
 
-    `variables` is called after the forward pass (a Keras model creates its weights on its first call).
+    `run(batch)` computes the gradient of `sum(loss(batch))` for `model`'s trainable variables and waits
+    for it; its first call runs `loss` once eagerly (a Keras model creates its weights on its first call).
     """
     from tfdp_embed import tf  # TensorFlow only where a pass runs: the flag checks import this module
 
-    with tf.GradientTape() as tape:
-        total = tf.reduce_sum(loss())
-    grads = tape.gradient(total, variables())
-    values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
-    float(tf.add_n([tf.reduce_sum(v) for v in values]) if values else total)  # waits for the result
+    @tf.function(reduce_retracing=True)
+    def compiled(batch):
+        with tf.GradientTape() as tape:
+            total = tf.reduce_sum(loss(batch))
+        grads = tape.gradient(total, model.trainable_variables)
+        values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
+        return tf.add_n([tf.reduce_sum(v) for v in values]) if values else total
+
+    built: list[bool] = []
+
+    def run(batch) -> None:
+        if not built:
+            loss(batch)
+            built.append(True)
+        float(compiled(batch))
+
+    return run
 
 
 def _timed(step: Callable[[int], object], units: int) -> float:
@@ -178,6 +192,6 @@ __all__ = [
     "check_memory",
     "check_steps",
     "check_time",
-    "forward_backward",
+    "gradient_pass",
     "machine_memory",
 ]

@@ -143,12 +143,13 @@ def _forward_backward(config: MovieLensConfig, data: MovieLensData, contexts, la
         num_items=data.num_items, embedding_dim=config.embedding_dim, hidden_units=tuple(config.hidden_units)
     )
 
+    run = run_limits.gradient_pass(model, lambda batch: model.compute_loss(batch, True))
+
     def step(n: int) -> None:
         if user_ids is None:
-            batch = (contexts[:n].astype(np.int32), labels[:n].astype(np.int32))
+            run((contexts[:n].astype(np.int32), labels[:n].astype(np.int32)))
         else:
-            batch = _first_users(contexts, labels, user_ids, n, k)
-        run_limits.forward_backward(lambda: model.trainable_variables, lambda: model.compute_loss(batch, True))
+            run(_first_users(contexts, labels, user_ids, n, k))
 
     return step
 

@@ -82,9 +82,10 @@ def _forward_backward(config: SequentialConfig, data):
     them) on the first `n` users' training sequences; no sampler, no training randomness."""
     model = SASRec(_model_config(config, data.num_items))
 
+    run = run_limits.gradient_pass(model, lambda batch: model.compute_loss(batch, True))
+
     def step(n: int) -> None:
-        batch = (data.train_inputs[:n], data.train_targets[:n])
-        run_limits.forward_backward(lambda: model.trainable_variables, lambda: model.compute_loss(batch, True))
+        run((data.train_inputs[:n], data.train_targets[:n]))
 
     return step
 
