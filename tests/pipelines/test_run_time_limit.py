@@ -140,6 +140,7 @@ SEEDED = {  # what a seeded run draws: N~, sigma, the batches and the init (the 
 }
 
 
+@pytest.mark.slow  # two whole seeded runs per pipeline
 @pytest.mark.parametrize("pipeline", sorted(SEEDED))
 def test_the_check_leaves_a_seeded_run_unchanged(pipeline, tmp_path, capsys):
     # (Criteo's tiny seeded runs differ between processes with or without the check: not compared here.)
@@ -153,6 +154,7 @@ def test_the_check_leaves_a_seeded_run_unchanged(pipeline, tmp_path, capsys):
         assert key in reports[0] and reports[0][key] == reports[1][key], key
 
 
+@pytest.mark.slow  # times two real full-batch steps (12 s each on 2 busy cores); the tiny-data refusals stay default
 @pytest.mark.skipif(not os.path.exists(DEFAULT_DATA_PATH), reason="the bundled ml-100k is not present")
 def test_the_issue_s_100000_epoch_movielens_request_is_refused_for_its_time(tmp_path, capsys, monkeypatch):
     # The issue: σ 134 calibrated for 600,000 steps, a ~115 h run. 600,000 steps are under the step limit.
