@@ -18,6 +18,7 @@ import json
 import os
 
 import pytest
+from test_run_faults import READ, _one_line
 
 from pipelines import criteo, movielens, run_limits, sequential
 from tfdp_embed.data.criteo.synthetic import write_synthetic_criteo
@@ -27,17 +28,6 @@ SEQ = ["--batch", "40", "--max-len", "6", "--dim", "8", "--blocks", "1", "--acco
 SEQ += ["--seed", "3", "--epochs", "1", "--epsilon", "inf"]
 REFUSED = "training steps; at most 10,000,000 are allowed:"
 MAIN = {"sequential": sequential.main, "movielens": movielens.main, "criteo": criteo.main}
-READ = {  # what each pipeline calls first to read its data (as in test_run_faults.py)
-    "sequential": "pipelines.sequential.pipeline.load_sequences",
-    "movielens": "pipelines.movielens.pipeline.load_movielens",
-    "criteo": "pipelines.criteo.pipeline._read",
-}
-
-
-def _one_line(capsys, program: str) -> str:
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and err[0].startswith(f"python -m pipelines.{program}: error: "), err
-    return err[0]
 
 
 def _left(out) -> list:

@@ -8,13 +8,12 @@ written (the pipeline's last `write_privacy_report`, just before the publishing 
 SIGTERM leave an empty `--out` in 3 of 4 cases. After SIGTERM (exit 143) only the lock and the budget
 record may remain; after SIGKILL also `OUT.partial-PID`, which the next run removes before it publishes
 its own release. A run stopped once training may have started stays in the budget record.
-The read, save and export stages are marked slow (`make test-slow`); test_safe_release.py stops a run
-at the first and second by default.
+The default run keeps SIGTERM after training and SIGKILL after the last write; the other eight cases run
+with `make test-slow` (test_safe_release.py stops a run after reading and during export by default).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -23,14 +22,10 @@ import sys
 import time
 
 import pytest
+from test_safe_release import ROOT, TINY, _lock_is_free, _siblings
 
 from pipelines import sequential
 from tfdp_embed.data.sequences import write_synthetic_sequences
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CATALOGUE = os.path.join(ROOT, "tests", "pipelines", "items_1_to_30.txt")
-TINY = ["--epochs", "1", "--batch", "40", "--max-len", "6", "--dim", "8", "--blocks", "1", "--epsilon", "inf"]
-TINY += ["--accountant", "rdp", "--verbose", "0", "--seed", "3", "--item-catalogue", CATALOGUE]
 
 PAUSED_RUN = """
 import os, sys, time
@@ -82,23 +77,16 @@ def _start_paused(stage, control, argv):
     return child
 
 
-def _siblings(out):
-    return sorted(name for name in os.listdir(out.parent) if name.startswith(out.name))
+SLOW = pytest.mark.slow  # one child process each (~20 s): the default run keeps SIGTERM after training, SIGKILL
+DEFAULT = {("train", "SIGTERM"), ("report", "SIGKILL")}  # after the last write; the rest run with make test-slow
+CASES = [
+    pytest.param(stage, how, marks=() if (stage, how) in DEFAULT else SLOW)
+    for stage in ("read", "train", "save", "export", "report")
+    for how in ("SIGTERM", "SIGKILL")
+]
 
 
-def _lock_is_free(out):
-    with open(f"{out}.lock") as f:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if a run still held it
-        return True
-
-
-SLOW = pytest.mark.slow  # one child process each (~20 s): the default run keeps training and the last write
-STAGES = [pytest.param("read", marks=SLOW), "train", pytest.param("save", marks=SLOW)]
-STAGES += [pytest.param("export", marks=SLOW), "report"]
-
-
-@pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("stage, how", CASES)
 def test_a_first_run_stopped_after_a_stage_leaves_no_release(stage, how, data_file, tmp_path):
     out = tmp_path / "run"
     argv = ["--data", data_file, "--out", str(out), *TINY]
