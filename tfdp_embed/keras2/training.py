@@ -31,6 +31,7 @@ from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
 from tfdp_embed.clipping.per_example import clipped_step
 from tfdp_embed.clipping.taps import layers_owning_weights, record_taps
+from tfdp_embed.contract.arrays import one_batch_of_arrays
 from tfdp_embed.contract.probe import probe_batch, warn_no_data, warn_no_pair
 from tfdp_embed.contract.unit_axis import check_unit_batches
 from tfdp_embed.data.provenance import fed_batching
@@ -227,7 +228,7 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
         """
         self._training_only.fed_batching = fed_batching(x, declared=batching)
         plan_wiring.check_fed(self._training_only.plan, self._training_only.fed_batching)  # before any step
-        data = x if isinstance(x, tf.data.Dataset) else contract.one_batch_of_arrays(x, args, kwargs)
+        data = x if isinstance(x, tf.data.Dataset) else one_batch_of_arrays(keras.Model.fit, x, args, kwargs)
         self.prepare(data)
         if self._contract_pending:
             self._check_contract(data)

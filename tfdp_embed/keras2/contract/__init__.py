@@ -3,8 +3,8 @@
 The behavioural checks (`tfdp_embed.contract`: no state updates, independence,
 rules covering the gradient) serve both front ends; here are what only the
 tf-keras front end needs: the components refused by class (`components`),
-the DP preprocessing sources (`preprocessing`), and `fit`'s arrays as a
-batch (`arrays`).
+and the DP preprocessing sources (`preprocessing`). `fit`'s arrays become a
+batch in the core (`tfdp_embed.contract.arrays`).
 """
 
 from tfdp_embed.contract import (
@@ -16,7 +16,6 @@ from tfdp_embed.contract import (
     deterministic,
     select_examples,
 )
-from tfdp_embed.keras2.contract.arrays import one_batch_of_arrays
 from tfdp_embed.layers.lookup import read_hooks_removed
 
 __all__ = [
@@ -26,7 +25,6 @@ __all__ = [
     "check_no_state_updates",
     "check_rules_cover_gradients",
     "deterministic",
-    "one_batch_of_arrays",
     "read_hooks_removed",
     "select_examples",
 ]
