@@ -13,7 +13,7 @@ it is the core's (`tfdp_embed.clipping`, `tfdp_embed.mechanisms`,
 from tfdp_embed.keras3._keras import keras, tf  # noqa: I001  (first: checks Keras 3 on TensorFlow)
 from tfdp_embed.keras3 import sgd_adapter as sgd_adapter  # registers Keras 3 SGD for LazyDP
 from tfdp_embed.keras3.callbacks import PeriodBudget, PrivacyBudget
-from tfdp_embed.keras3.layers import DPEmbedding, SharedEmbedding
+from tfdp_embed.keras3.layers import DPEmbedding, SharedEmbedding, StackedEmbedding, stacked_tables
 from tfdp_embed.keras3.training import DPModel
 from tfdp_embed.release import export_saved_model
 
@@ -23,7 +23,9 @@ __all__ = [
     "PeriodBudget",
     "PrivacyBudget",
     "SharedEmbedding",
+    "StackedEmbedding",
     "export_saved_model",
     "keras",
+    "stacked_tables",
     "tf",
 ]

@@ -21,8 +21,9 @@ scatter per stack per step instead of one per feature. DP-FEST selects its
 top-k over all the stack's buckets at once (DP-FEST App. B.1).
 
 A front end's layer mixes `StackedLookup` in before its `DPEmbedding`
-(`tfdp_embed.keras2.layers.stacked_embedding`; the Keras 3 front end has
-no stacked layer yet).
+(`tfdp_embed.keras2.layers.stacked_embedding`, `tfdp_embed.keras3.layers`);
+`stacked_arguments` checks its arguments and `stacked_layers` builds one
+layer per width group, for either front end.
 
 Example:
     >>> layer = StackedEmbedding({"C1": 10, "C2": 4}, output_dim=8)
@@ -104,6 +105,43 @@ def width_groups(tables: Mapping[str, tuple]) -> list[tuple[Any, list[str]]]:
 def stack_name(width: int, dtype: str = "float32") -> str:
     """The default layer name of a width group's stack: `embedding_stack_{width}` (dtype appended unless float32)."""
     return f"embedding_stack_{width}" + ("" if dtype == "float32" else f"_{dtype}")
+
+
+_NOT_TAKEN = ("combiner", "hash_ids", "vocabulary_size")
+
+
+def stacked_arguments(vocabulary_sizes, output_dim, kwargs: dict) -> tuple[dict, int]:
+    """`(sizes, width)` of a `StackedEmbedding`, checked; removes the arguments it does not take from `kwargs`.
+
+    Raises:
+      ValueError: bad sizes, several widths, or a `combiner`/`hash_ids`/`vocabulary_size` argument.
+    """
+    for key in _NOT_TAKEN:
+        if kwargs.pop(key, None) not in (None, False):
+            raise ValueError(
+                f"StackedEmbedding takes no `{key}`: each feature gives one int id per example, already "
+                "bucketed (use one DPEmbedding per feature for pooled or hashed ids)."
+            )
+    sizes = check_vocabulary_sizes(vocabulary_sizes)
+    return sizes, check_one_width(output_dim, list(sizes))
+
+
+def stacked_layers(layer_class, tables: Mapping[str, tuple], *, name_fn=None, **kwargs) -> list:
+    """One `layer_class` (a front end's `StackedEmbedding`) per width group of `tables` (`width_groups`).
+
+    Args:
+      layer_class: the front end's `StackedEmbedding`.
+      tables: `{feature: (vocabulary_size, width)}` (or with a dtype third).
+      name_fn: `name_fn(width, features)` -> layer name; default `embedding_stack_{width}`
+        (with the dtype appended for a group that is not float32).
+      **kwargs: passed to every layer.
+    """
+    layers = []
+    for (width, dtype), features in width_groups(tables):
+        name = name_fn(width, features) if name_fn is not None else stack_name(width, dtype)
+        sizes = {f: int(tables[f][0]) for f in features}
+        layers.append(layer_class(sizes, width, name=name, dtype=dtype, **kwargs))
+    return layers
 
 
 class StackedLookup:
@@ -205,9 +243,19 @@ class StackedLookup:
         rows = self.lookup(self.stack_ids(features))  # [batch, F, dim]
         return dict(zip(self.features, tf.unstack(rows, num=len(self.features), axis=1)))
 
-    def _stack_config(self) -> dict:
-        """The stack's part of the layer's `get_config` (the total `vocabulary_size` is derived)."""
-        return {"vocabulary_sizes": dict(self.vocabulary_sizes), "output_dim": self.output_dim}
+    def _stack_config(self, config: dict) -> dict:
+        """The layer's `get_config` for a stack: the features' sizes, not the derived total or lookup options."""
+        for key in _NOT_TAKEN:
+            config.pop(key, None)
+        return {**config, "vocabulary_sizes": dict(self.vocabulary_sizes), "output_dim": self.output_dim}
 
 
-__all__ = ["StackedLookup", "check_one_width", "check_vocabulary_sizes", "stack_name", "width_groups"]
+__all__ = [
+    "StackedLookup",
+    "check_one_width",
+    "check_vocabulary_sizes",
+    "stack_name",
+    "stacked_arguments",
+    "stacked_layers",
+    "width_groups",
+]

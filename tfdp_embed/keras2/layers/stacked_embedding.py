@@ -18,13 +18,7 @@ from collections.abc import Mapping
 
 from tfdp_embed.keras2._keras import keras
 from tfdp_embed.keras2.layers.embedding import DPEmbedding
-from tfdp_embed.layers.stacked_lookup import (
-    StackedLookup,
-    check_one_width,
-    check_vocabulary_sizes,
-    stack_name,
-    width_groups,
-)
+from tfdp_embed.layers.stacked_lookup import StackedLookup, stacked_arguments, stacked_layers
 
 
 @keras.saving.register_keras_serializable(package="tfdp_embed")
@@ -52,16 +46,10 @@ class StackedEmbedding(StackedLookup, DPEmbedding):
     """
 
     def __init__(self, vocabulary_sizes: Mapping[str, int], output_dim, *, embeddings_initializer="uniform", **kwargs):
-        for key in ("combiner", "hash_ids", "vocabulary_size"):
-            if kwargs.pop(key, None) not in (None, False):
-                raise ValueError(
-                    f"StackedEmbedding takes no `{key}`: each feature gives one int id per example, already "
-                    "bucketed (use one DPEmbedding per feature for pooled or hashed ids)."
-                )
-        sizes = check_vocabulary_sizes(vocabulary_sizes)
+        sizes, width = stacked_arguments(vocabulary_sizes, output_dim, kwargs)
         super().__init__(
             sum(sizes.values()),
-            check_one_width(output_dim, list(sizes)),
+            width,
             combiner=None,
             hash_ids=False,
             embeddings_initializer=embeddings_initializer,
@@ -73,28 +61,12 @@ class StackedEmbedding(StackedLookup, DPEmbedding):
         super().build(None)  # the input is a dict of features; the table's shape does not depend on it
 
     def get_config(self):
-        config = super().get_config()
-        for key in ("combiner", "hash_ids", "vocabulary_size"):
-            config.pop(key, None)
-        config.update(self._stack_config())
-        return config
+        return self._stack_config(super().get_config())
 
 
 def stacked_tables(tables: Mapping[str, tuple], *, name_fn=None, **kwargs) -> list[StackedEmbedding]:
-    """One `StackedEmbedding` per width group of `tables` (`width_groups`).
-
-    Args:
-      tables: `{feature: (vocabulary_size, width)}` (or with a dtype third).
-      name_fn: `name_fn(width, features)` -> layer name; default `embedding_stack_{width}`
-        (with the dtype appended for a group that is not float32).
-      **kwargs: passed to every `StackedEmbedding`.
-    """
-    layers = []
-    for (width, dtype), features in width_groups(tables):
-        name = name_fn(width, features) if name_fn is not None else stack_name(width, dtype)
-        sizes = {f: int(tables[f][0]) for f in features}
-        layers.append(StackedEmbedding(sizes, width, name=name, dtype=dtype, **kwargs))
-    return layers
+    """One `StackedEmbedding` per width group of `tables` (`tfdp_embed.layers.stacked_lookup.stacked_layers`)."""
+    return stacked_layers(StackedEmbedding, tables, name_fn=name_fn, **kwargs)
 
 
 __all__ = ["StackedEmbedding", "stacked_tables"]
