@@ -7,22 +7,31 @@ import statistics
 from benchmarks.privacy_audit_setup import DP_MECHANISMS, NOT_DP
 
 
+def _all_correct_epsilon(num_canaries: int, guesses: int, *, delta: float, significance: float) -> float:
+    """The bound of `guesses` guesses all correct, the best of `audit_lower_bound`'s methods at `significance`."""
+    from tfdp_embed.audit.fdp_one_run import approx_dp_epsilon_for_counts, gdp_epsilon, mu_for_counts
+    from tfdp_embed.audit.one_run import epsilon_for_counts
+
+    counts = dict(num_canaries=num_canaries, guesses=guesses, correct=guesses, significance=significance)
+    return max(
+        epsilon_for_counts(delta=delta, **counts),
+        approx_dp_epsilon_for_counts(delta=delta, **counts),
+        gdp_epsilon(mu_for_counts(**counts), delta),
+    )
+
+
 def max_provable_epsilon(num_canaries: int, *, delta: float, confidence: float) -> float:
     """The largest bound m canaries can give at all: every guess of the best default pair correct.
 
-    Each pair (k+, k-) of `default_guess_pairs(m)` is tested at (1 - confidence) / G, as
-    `epsilon_lower_bound` does; all r = k+ + k- guesses correct is the best outcome of a pair.
+    Each (pair, method) of `default_guess_pairs(m)` x `METHODS` is tested at (1 - confidence) / (pairs x
+    methods), as `audit_lower_bound` does; all r = k+ + k- guesses correct is the best outcome of a pair.
     """
-    from tfdp_embed.audit.one_run import default_guess_pairs, epsilon_for_counts
+    from tfdp_embed.audit.fdp_one_run import METHODS
+    from tfdp_embed.audit.one_run import default_guess_pairs
 
     pairs = default_guess_pairs(num_canaries)
-    significance = (1.0 - confidence) / len(pairs)
-    return max(
-        epsilon_for_counts(
-            num_canaries=num_canaries, guesses=a + b, correct=a + b, delta=delta, significance=significance
-        )
-        for a, b in pairs
-    )
+    significance = (1.0 - confidence) / (len(pairs) * len(METHODS))
+    return max(_all_correct_epsilon(num_canaries, a + b, delta=delta, significance=significance) for a, b in pairs)
 
 
 def summarize(runs: list) -> list:
@@ -42,6 +51,7 @@ def summarize(runs: list) -> list:
                 "epsilon_lb": bounds,
                 "epsilon_lb_median": statistics.median(bounds),
                 "epsilon_lb_max": max(bounds),
+                "method": [r["method"] for r in rows],
                 "correct": [r["correct"] for r in rows],
                 "guesses": [r["guesses"] for r in rows],
                 "zero_scores_in": [r["zero_scores_in"] for r in rows],
@@ -61,15 +71,15 @@ def _claimed(s: dict) -> str:
 
 def _table(settings: list, ceiling: float) -> list:
     lines = [
-        "| mechanism | claimed ε | σ | canaries m | ε lower bound (95 %), each run | correct / guesses | "
+        "| mechanism | claimed ε | σ | canaries m | ε lower bound (95 %), each run | method | correct / guesses | "
         "canary scores exactly 0 (in / out) | most m canaries can prove | wall |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in settings:
         lines.append(
             f"| {s['mechanism']} | {_claimed(s)} | {s['noise_multiplier']:.4g} | {s['num_canaries']} | "
             + ", ".join(f"{b:.3f}" for b in s["epsilon_lb"])
-            + " | "
+            + f" | {', '.join(sorted(set(s['method'])))} | "
             + ", ".join(f"{c}/{g}" for c, g in zip(s["correct"], s["guesses"]))
             + " | "
             + ", ".join(f"{a}/{b}" for a, b in zip(s["zero_scores_in"], s["zero_scores_out"]))
@@ -81,14 +91,9 @@ def _table(settings: list, ceiling: float) -> list:
 
 
 def pair_ceiling(row: dict) -> float:
-    """The most a run's best pair could prove: all its k+ + k- guesses correct, at (1 - confidence) / G."""
-    from tfdp_embed.audit.one_run import epsilon_for_counts
-
-    significance = (1.0 - row["confidence"]) / row["num_guess_pairs"]
-    r = row["guesses"]
-    return epsilon_for_counts(
-        num_canaries=row["num_canaries"], guesses=r, correct=r, delta=row["delta"], significance=significance
-    )
+    """The most a run's best pair could prove: all its k+ + k- guesses correct, at (1 - confidence) / tests."""
+    significance = (1.0 - row["confidence"]) / row["num_tests"]
+    return _all_correct_epsilon(row["num_canaries"], row["guesses"], delta=row["delta"], significance=significance)
 
 
 def _eana_cap(result: dict) -> str:

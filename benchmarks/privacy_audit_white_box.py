@@ -36,21 +36,9 @@ DEFAULTS = {"steps": 10, "sampling_probability": 1.0, "canaries": 100_000}
 
 def max_provable(num_canaries: int, *, delta: float, confidence: float = 0.95) -> float:
     """The most any outcome proves: every guess of the best default pair right, the best method, 3 x G tests."""
-    from tfdp_embed.audit.fdp_one_run import METHODS, approx_dp_epsilon_for_counts, gdp_epsilon, mu_for_counts
-    from tfdp_embed.audit.one_run import default_guess_pairs, epsilon_for_counts
+    from benchmarks.privacy_audit_report import max_provable_epsilon
 
-    pairs = default_guess_pairs(num_canaries)
-    significance = (1.0 - confidence) / (len(pairs) * len(METHODS))
-    best = 0.0
-    for a, b in pairs:
-        counts = dict(num_canaries=num_canaries, guesses=a + b, correct=a + b, significance=significance)
-        best = max(
-            best,
-            epsilon_for_counts(delta=delta, **counts),
-            approx_dp_epsilon_for_counts(delta=delta, **counts),
-            gdp_epsilon(mu_for_counts(**counts), delta),
-        )
-    return best
+    return max_provable_epsilon(num_canaries, delta=delta, confidence=confidence)
 
 
 def _sigma(epsilon: float, args, delta: float) -> float:

@@ -69,7 +69,7 @@ def inclusion(num_canaries: int, seed: int | None) -> np.ndarray:
     return draw_inclusion(num_canaries, audit_seed=audit_seed(seed))
 
 
-def audit_field(scores, included, *, claimed_epsilon, delta: float, confidence: float = 0.95) -> dict:
+def audit_field(scores, included, *, claimed_epsilon, delta: float, confidence: float = 0.95, bound=None) -> dict:
     """report.json's `audit`: the bound, its method, the guesses and the claim it is set against.
 
     Args:
@@ -78,10 +78,12 @@ def audit_field(scores, included, *, claimed_epsilon, delta: float, confidence: 
       claimed_epsilon: the run's epsilon (None when it has none: not DP).
       delta: delta of the claim and of the bound.
       confidence: the bound holds with this probability.
+      bound: the `audit_lower_bound` of these scores when already computed (`audit_run`'s); None: computed here.
     """
     from tfdp_embed.audit.fdp_one_run import audit_lower_bound
 
-    bound = audit_lower_bound(scores, included, delta=delta, confidence=confidence)
+    if bound is None:
+        bound = audit_lower_bound(scores, included, delta=delta, confidence=confidence)
     m = int(np.size(included))
     return {
         "kind": KIND,

@@ -116,7 +116,9 @@ def run(config, period, model_config, plan) -> dict:
         batch_seed=config.seed,
     )
     claimed = plan.target_epsilon if config.mechanism not in ("none", "eana") else None
-    return audit_canaries.audit_field(audit.scores, audit.included, claimed_epsilon=claimed, delta=plan.target_delta)
+    return audit_canaries.audit_field(
+        audit.scores, audit.included, claimed_epsilon=claimed, delta=plan.target_delta, bound=audit.bound
+    )
 
 
 __all__ = ["AUDITABLE", "check_flags", "run"]

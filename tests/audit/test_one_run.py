@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tfdp_embed.audit import (
+    METHODS,
     count_correct,
     default_guess_pairs,
     epsilon_for_counts,
@@ -213,24 +214,26 @@ def test_audit_without_noise_finds_a_clearly_positive_epsilon():
 
     Observed (seeds as below, CPU): 201 of 400 canaries in, 200 of them with a positive score (one
     was never sampled in the 50 steps: 1 - 0.9^50 = 99.5 %), 399 of 400 guesses correct at
-    (k+, k-) = (200, 200), epsilon_lb = 3.89 (the most 400 of 400 could give with 14 pairs is
-    logit((0.05 / 14)^(1/400)) = 4.26).
+    (k+, k-) = (200, 200), epsilon_lb = 5.86 by the mu-GDP curve (mu_lb = 1.28; Steinke et al.'s
+    bound alone 3.69, the (eps, delta) curve 3.77, each at 0.05 / 42 tests).
     """
     audit = _audit("dense", noise_multiplier=0.0, l2_norm_clip=1e6)
     assert audit.claimed_epsilon is None and 150 < audit.included.sum() < 250
     assert np.all(audit.scores[~audit.included] == 0.0)
     assert audit.bound.epsilon_lb > 2.0, audit.as_dict()
+    # the tightest of Steinke et al.'s and the f-DP analyses (audit_lower_bound), its method named
+    assert audit.bound.method in METHODS and audit.as_dict()["method"] == audit.bound.method
+    assert audit.bound.epsilon_lb == max(audit.bound.by_method.values()) >= audit.bound.by_method["steinke"]
 
 
 @pytest.mark.parametrize("mechanism", ["dense", "lazy"])
 def test_audit_of_a_dp_run_stays_below_the_claimed_epsilon(mechanism):
     """The plan calibrates sigma for epsilon = 4 at delta = 1e-5 (PLD: sigma = 1.145); the bound must not exceed it.
 
-    Observed (seeds as below, CPU): dense epsilon_lb = 0.10 (30 of 40 correct at (20, 20)), LazyDP
-    0.13 (126 of 200 at (100, 100)); the audit sees the canaries but stays far below 4, as a one-run
-    audit of the final model only does. At a claimed epsilon = 16 (sigma = 0.583) the same audit gave
-    0.45 (dense) and 0.52 (LazyDP). With 400 canaries and 14 pairs no outcome can prove more than
-    4.26, so the bound alone catches only gross leaks; a LazyDP that left never-touched rows
+    Observed (seeds as below, CPU; tightest method, 42 tests): dense epsilon_lb = 0.002 (30 of 40
+    correct at (20, 20), mu-GDP), LazyDP 0.11 (126 of 200 at (100, 100), mu-GDP; Steinke et al.'s
+    alone 0.07); the audit sees the canaries but stays far below 4, as a one-run audit of the final
+    model only does. The bound alone catches only gross leaks; a LazyDP that left never-touched rows
     un-noised would leave the out-canaries' scores at exactly 0, which the last assert catches.
     """
     audit = _audit(mechanism, target_epsilon=CLAIMED_EPSILON, l2_norm_clip=1.0)

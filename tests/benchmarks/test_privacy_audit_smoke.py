@@ -12,6 +12,8 @@ import pytest
 
 from benchmarks import privacy_audit
 from benchmarks.privacy_audit_report import max_provable_epsilon
+from tfdp_embed.audit.fdp_one_run import METHODS
+from tfdp_embed.audit.one_run import default_guess_pairs
 
 
 def test_privacy_audit_smoke(tmp_path):
@@ -26,13 +28,15 @@ def test_privacy_audit_smoke(tmp_path):
     assert document["command"].startswith("python -m benchmarks.privacy_audit --canaries 64")
     for key in ("nproc", "cpu_model", "date_utc", "git", "load_average_at_start"):
         assert key in document["machine"], key
-    # 64 canaries, 14 guess pairs: all 64 correct proves at most logit((0.05 / 14) ** (1 / 64)) ~ 2.42
+    # 64 canaries, 11 guess pairs x 3 methods (audit_run's audit_lower_bound): all 64 correct proves at most 3.97
+    # (the mu-GDP curve; Steinke et al.'s alone, at 0.05 / 11, logit((0.05 / 11) ** (1 / 64)) ~ 2.43)
     ceiling = document["max_provable_epsilon"]
-    assert ceiling == pytest.approx(max_provable_epsilon(64, delta=1e-5, confidence=0.95)) and 2.0 < ceiling < 3.0
+    assert ceiling == pytest.approx(max_provable_epsilon(64, delta=1e-5, confidence=0.95)) and 3.5 < ceiling < 4.5
     runs = {r["mechanism"]: r for r in document["runs"]}
     assert set(runs) == {"dense", "fest", "none"}
     for run in runs.values():
         assert run["num_canaries"] == 64 and 0 <= run["correct"] <= run["guesses"] <= 64
+        assert run["method"] in METHODS and run["num_tests"] == len(default_guess_pairs(64)) * len(METHODS)
         assert 0.0 <= run["epsilon_lb"] <= ceiling + 1e-9 and run["wall_s"] > 0
         assert run["zero_scores_in"] + run["zero_scores_out"] <= 64
     assert runs["dense"]["claimed_epsilon"] == 8.0 and runs["dense"]["noise_multiplier"] > 0

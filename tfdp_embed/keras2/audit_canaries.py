@@ -2,8 +2,9 @@
 
 `audit_run` trains a model of the caller's architecture once, on the real
 examples plus m canary examples each put in independently with probability
-1/2, and returns the epsilon lower bound of Steinke, Nasr & Jagielski
-(`tfdp_embed.audit.one_run`). It never returns the trained model: canaries
+1/2, and returns the tightest one-run epsilon lower bound of Steinke, Nasr &
+Jagielski's and the f-DP analyses (`tfdp_embed.audit.fdp_one_run.audit_lower_bound`,
+the method named in `bound.method`), as the pipelines and the white-box audit report it. It never returns the trained model: canaries
 reach no released model; train the model you release in a separate run.
 
 Canary i is an example whose ids all point at row `first_canary_id + i` of
@@ -31,7 +32,8 @@ Example:
 
 References: Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training
 Run", NeurIPS 2023, §3 (Algorithm 1) and the white-box experiments with
-gradient (Dirac) canaries.
+gradient (Dirac) canaries; Mahloujifar, Melis & Chaudhuri, "Auditing f-Differential
+Privacy in One Run", ICML 2025, §4.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import numpy as np
 
 from tfdp_embed import data
 from tfdp_embed._checks import check_int
-from tfdp_embed.audit.one_run import OneRunBound, epsilon_lower_bound
+from tfdp_embed.audit.fdp_one_run import AuditBound, audit_lower_bound
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.layers.embedding import DPEmbedding
 from tfdp_embed.keras2.per_example_loss import PerExampleLoss
@@ -57,7 +59,7 @@ class CanaryAudit:
     """What `audit_run` measured.
 
     Attributes:
-      bound: the one-run epsilon lower bound and the guesses behind it.
+      bound: the tightest one-run epsilon lower bound, its method and the guesses behind it.
       claimed_epsilon: the plan's target epsilon (None when its noise was given, not calibrated).
       delta: the delta of the bound (the plan's target delta unless given).
       mechanism_name: the plan's mechanism.
@@ -65,7 +67,7 @@ class CanaryAudit:
       included: [m] which canaries were trained on.
     """
 
-    bound: OneRunBound
+    bound: AuditBound
     claimed_epsilon: float | None
     delta: float
     mechanism_name: str
@@ -228,7 +230,7 @@ def audit_run(
 
     Raises:
       ValueError: a plan that fixes N (`batching=`), a table too small or hashing ids, real ids reaching the
-        canary rows, or what `epsilon_lower_bound` refuses.
+        canary rows, or what `audit_lower_bound` refuses.
     """
     if plan.dataset_size is not None:
         raise ValueError(
@@ -245,7 +247,7 @@ def audit_run(
     released = _train(model, plan, combined, optimizer_fn(), loss, batch_seed, num_real + m / 2)
     scores = _scores(build_model, table, released, initial_rows, row_ids, loss, canaries)
     delta = plan.target_delta if delta is None else delta
-    bound = epsilon_lower_bound(scores, included, delta=delta, confidence=confidence)
+    bound = audit_lower_bound(scores, included, delta=delta, confidence=confidence)
     return CanaryAudit(bound, plan.target_epsilon, float(delta), plan.mechanism_name, scores, included)
 
 
