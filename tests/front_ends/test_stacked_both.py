@@ -14,16 +14,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.front_ends.front_ends import front_end
 from tfdp_embed import mechanisms
 
 SIZES = {"a": 10, "b": 7}
 DIM, BATCH = 4, 8
-
-
-@pytest.fixture(params=["keras2", "keras3"])
-def fe(request):
-    return front_end(request.param)
 
 
 def _stacked_class(fe):
