@@ -46,7 +46,14 @@ install: $(STAMP)
 run: $(STAMP)
 	$(PY) -m pipelines.criteo --out saved_models/criteo
 
-test: test-main test-peers test-beam
+# The side environments (.venv-peers, .venv-beam) install while the main suite runs: on CI's 2 cores their
+# pip installs overlap the tests instead of following them. Their log is printed if they fail.
+test: $(STAMP)
+	@$(MAKE) --no-print-directory $(PEERS_STAMP) $(BEAM_STAMP) > .venv-side.log 2>&1 & side=$$!; \
+	status=0; $(MAKE) --no-print-directory test-main || status=1; \
+	if ! wait $$side; then cat .venv-side.log; echo "creating .venv-peers or .venv-beam failed (log above)"; exit 1; fi; \
+	$(MAKE) --no-print-directory test-peers test-beam || status=1; \
+	exit $$status
 
 # --dist loadscope: a module's tests share one worker, so a module-scoped fixture (a pipeline run) is built
 # once, not once per worker (1896 tests: 862 s against 890 s with the default distribution, 2 cores).
@@ -92,4 +99,4 @@ results: $(STAMP)
 	$(PY) -m benchmarks.results_page
 
 clean:
-	rm -rf $(VENV) $(PEERS) $(BEAM) build site *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(PEERS) $(BEAM) build site *.egg-info .pytest_cache .ruff_cache .mypy_cache .venv-side.log
