@@ -2,7 +2,7 @@
 
 Each of M canary examples gets an id of its own (a row of one embedding
 table no real example touches) and is put into the training data with
-probability 1/2 (`tfdp_embed.keras2.audit_canaries.draw_inclusion`, the
+probability 1/2 (`tfdp_embed.audit.rare_id.draw_inclusion`, the
 auditor's generator, seeded by `--seed` or by OS entropy). The pipeline then
 trains as usual on the real examples plus the canaries that went in, scores
 every canary from the released (flushed) model alone, and reports the one-run
@@ -64,7 +64,7 @@ def audit_seed(seed: int | None) -> int:
 
 def inclusion(num_canaries: int, seed: int | None) -> np.ndarray:
     """[M] booleans, each True with probability 1/2: which canaries go in (the auditor's generator)."""
-    from tfdp_embed.keras2.audit_canaries import draw_inclusion
+    from tfdp_embed.audit.rare_id import draw_inclusion
 
     return draw_inclusion(num_canaries, audit_seed=audit_seed(seed))
 

@@ -1,10 +1,7 @@
-"""Tests of the one-run epsilon lower bound (tfdp_embed/audit/one_run.py) and the canary audit run
-(tfdp_embed/keras2/audit_canaries.py).
+"""Tests of the one-run epsilon lower bound (tfdp_embed/audit/one_run.py).
 
 The bound's values are checked against hand computations (binomial sums written out with
-math.comb); the audit runs train a tiny DPEmbedding + Dense model on CPU: without noise the
-audit must find a clearly positive epsilon (it can detect), with dense DP-SGD and LazyDP at a
-calibrated epsilon the bound must stay at or below it (the guarantee holds).
+math.comb). The audit runs of a model (rare-id canaries, both front ends) are in test_rare_id.py.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ import numpy as np
 import pytest
 
 from tfdp_embed.audit import (
-    METHODS,
     count_correct,
     default_guess_pairs,
     epsilon_for_counts,
@@ -156,87 +152,3 @@ def test_too_few_canaries_are_refused():
     # 4 canaries: 2^-4 = 0.0625 > 0.05, no outcome can reject even eps = 0
     with pytest.raises(ValueError, match="too few"):
         epsilon_lower_bound(np.arange(4.0), np.array([1, 0, 1, 0]), delta=0.0, guesses=[(4, 0)])
-
-
-# -- one audit run each: no noise (power), dense DP-SGD and LazyDP (the guarantee holds) -----------
-
-REAL_IDS, NUM_CANARIES, NUM_REAL = 50, 400, 400  # table rows 0..49 real, 50..449 canaries
-Q, STEPS, DELTA, CLAIMED_EPSILON = 0.1, 50, 1e-5, 4.0
-
-
-def _audit(mechanism: str, *, table_rows=REAL_IDS + NUM_CANARIES, top_id=REAL_IDS, plan=None, **plan_args):
-    from tfdp_embed import DPEmbedding, keras, plan_run
-    from tfdp_embed.keras2.audit_canaries import audit_run
-
-    def build_model():
-        inputs = keras.Input((2,), dtype="int32")
-        x = DPEmbedding(table_rows, 4, combiner="mean", name="items")(inputs)
-        return keras.Model(inputs, keras.layers.Dense(1)(x))
-
-    keras.utils.set_random_seed(0)
-    ids = np.random.default_rng(0).integers(0, top_id, (NUM_REAL, 2)).astype(np.int32)
-    labels = (ids[:, :1] % 2).astype(np.float32)
-    if plan is None:
-        plan = plan_run(mechanism, target_delta=DELTA, sampling_probability=Q, steps=STEPS, seed=1, **plan_args)
-    return audit_run(
-        build_model,
-        (ids, labels),
-        plan=plan,
-        first_canary_id=REAL_IDS,
-        num_canaries=NUM_CANARIES,
-        audit_seed=7,
-        batch_seed=3,
-        optimizer_fn=lambda: keras.optimizers.legacy.SGD(0.5),
-        loss=keras.losses.BinaryCrossentropy(from_logits=True),
-    )
-
-
-@pytest.mark.parametrize(
-    "setup, match",
-    [
-        (dict(table_rows=REAL_IDS + NUM_CANARIES - 1), "rows"),  # no room for the last canary
-        (dict(top_id=REAL_IDS + 1), "no real example touches"),  # a real id on a canary row
-        (dict(plan="with N"), "not `batching=`"),  # the plan fixes N, the audit run changes it
-    ],
-)
-def test_audit_run_refuses_setups_that_break_the_audit(setup, match):
-    from tfdp_embed import data, plan_run
-
-    if setup.get("plan") == "with N":
-        _, info = data.poisson_batches(np.arange(NUM_REAL), sampling_probability=Q, seed=0)
-        setup["plan"] = plan_run("dense", noise_multiplier=1.0, target_delta=DELTA, batching=info, steps=STEPS)
-    with pytest.raises(ValueError, match=match):
-        _audit("dense", noise_multiplier=1.0, **setup)
-
-
-def test_audit_without_noise_finds_a_clearly_positive_epsilon():
-    """sigma = 0, C = 1e6: an out-canary's row never moves (score exactly 0), an in-canary's does.
-
-    Observed (seeds as below, CPU): 201 of 400 canaries in, 200 of them with a positive score (one
-    was never sampled in the 50 steps: 1 - 0.9^50 = 99.5 %), 399 of 400 guesses correct at
-    (k+, k-) = (200, 200), epsilon_lb = 5.86 by the mu-GDP curve (mu_lb = 1.28; Steinke et al.'s
-    bound alone 3.69, the (eps, delta) curve 3.77, each at 0.05 / 42 tests).
-    """
-    audit = _audit("dense", noise_multiplier=0.0, l2_norm_clip=1e6)
-    assert audit.claimed_epsilon is None and 150 < audit.included.sum() < 250
-    assert np.all(audit.scores[~audit.included] == 0.0)
-    assert audit.bound.epsilon_lb > 2.0, audit.as_dict()
-    # the tightest of Steinke et al.'s and the f-DP analyses (audit_lower_bound), its method named
-    assert audit.bound.method in METHODS and audit.as_dict()["method"] == audit.bound.method
-    assert audit.bound.epsilon_lb == max(audit.bound.by_method.values()) >= audit.bound.by_method["steinke"]
-
-
-@pytest.mark.parametrize("mechanism", ["dense", "lazy"])
-def test_audit_of_a_dp_run_stays_below_the_claimed_epsilon(mechanism):
-    """The plan calibrates sigma for epsilon = 4 at delta = 1e-5 (PLD: sigma = 1.145); the bound must not exceed it.
-
-    Observed (seeds as below, CPU; tightest method, 42 tests): dense epsilon_lb = 0.002 (30 of 40
-    correct at (20, 20), mu-GDP), LazyDP 0.11 (126 of 200 at (100, 100), mu-GDP; Steinke et al.'s
-    alone 0.07); the audit sees the canaries but stays far below 4, as a one-run audit of the final
-    model only does. The bound alone catches only gross leaks; a LazyDP that left never-touched rows
-    un-noised would leave the out-canaries' scores at exactly 0, which the last assert catches.
-    """
-    audit = _audit(mechanism, target_epsilon=CLAIMED_EPSILON, l2_norm_clip=1.0)
-    assert audit.claimed_epsilon == CLAIMED_EPSILON and audit.delta == DELTA
-    assert audit.bound.epsilon_lb <= CLAIMED_EPSILON, audit.as_dict()
-    assert np.all(audit.scores[~audit.included] != 0.0)  # noise reached every canary row, taken or not

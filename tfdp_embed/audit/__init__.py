@@ -10,8 +10,11 @@ Modules:
     summarises exposure per insertion count (JSON-able).
   one_run: the epsilon lower bound from m canaries each included with
     probability 1/2 and the auditor's guesses (Steinke et al. 2023, §3 and
-    §5). The canaries of a Keras training run are in
-    `tfdp_embed.keras2.audit_canaries` (`audit_run`).
+    §5).
+  rare_id: the one-run audit of a training run with rare-id embedding
+    canaries (`run_audit`); it imports TensorFlow, so it is not re-exported
+    here. Its front ends: `tfdp_embed.keras2.audit_canaries` and
+    `tfdp_embed.keras3.audit_canaries` (`audit_run`).
   fdp_one_run: the same game analysed under a whole f-DP trade-off curve
     (Mahloujifar, Melis & Chaudhuri, ICML 2025): mu-GDP and (eps, delta)
     curves; `audit_lower_bound` reports the tightest method and names it.
