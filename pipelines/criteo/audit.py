@@ -10,10 +10,15 @@ Poisson batches; each canary is scored from the released (flushed) weights
 alone (the loss its own row lowered). The bound is
 `pipelines.audit_canaries.audit_field`'s; no model is exported.
 
-DP-FEST and DP-AdaFEST+ select rows from the real data's bucket counts before
-training and DP-AdaFEST calibrates two noises: audit them with
-`python -m benchmarks.privacy_audit` (rare-id canaries, selection counts that
-include the canaries).
+Every mechanism is auditable, with the pipeline's own calibrated noises (the
+run's sigma; DP-AdaFEST's and AdaFEST+'s two, sigma1 of the contribution map
+and sigma2 of the gradient, and their threshold) and its selection budget.
+DP-FEST and DP-AdaFEST+ select their rows from the bucket counts of the data
+the audit run trains on: the real rows plus the canaries that went in (an
+included canary's C1 row counts 1, an excluded one's 0; its other features,
+all 0, count in bucket 0), so the selection's own leak is part of what is
+audited. The selection keeps the pipeline's share of each audit table
+(`--top-fraction`, `--top-min-rows`), the canaries' rows included.
 
 References: Steinke, Nasr & Jagielski, NeurIPS 2023; Mahloujifar, Melis &
 Chaudhuri, ICML 2025.
@@ -27,9 +32,10 @@ import numpy as np
 
 from pipelines import audit_canaries
 
-#: Mechanisms an audit run of the pipeline supports (the others: `benchmarks.privacy_audit`).
-AUDITABLE = ("none", "dense", "lazy", "eana")
+#: Mechanisms an audit run of the pipeline supports: every one the pipeline trains with.
+AUDITABLE = ("none", "dense", "lazy", "eana", "fest", "adafest", "adafest+")
 CANARY_FEATURE = "C1"
+_NOISE_ARGUMENTS = ("noise_multiplier", "contribution_noise_multiplier", "threshold", "selection_epsilon")
 
 
 def check_flags(parser, a) -> None:
@@ -38,10 +44,7 @@ def check_flags(parser, a) -> None:
         return
     audit_canaries.check_flag(parser, a.audit_canaries)
     if a.mechanism not in AUDITABLE:
-        parser.error(
-            f"--audit-canaries with --mechanism {a.mechanism}: an audit run supports {', '.join(AUDITABLE)}; audit "
-            "DP-FEST and DP-AdaFEST(+) with python -m benchmarks.privacy_audit"
-        )
+        parser.error(f"--audit-canaries with --mechanism {a.mechanism}: an audit run supports {', '.join(AUDITABLE)}")
     if a.streaming == "on" or a.streaming_periods or a.beam_shards:
         parser.error(
             "--audit-canaries trains on rows held in memory: leave out --streaming on, --streaming-periods and "
@@ -63,7 +66,45 @@ def _canary_examples(features: dict, labels: np.ndarray, offset: int):
     return make
 
 
-def _audit_plan(config, plan):
+def training_counts(period, audit_config, included: np.ndarray) -> dict:
+    """`{table layer name: bucket counts}` of what the audit run trains on: real rows plus the included canaries."""
+    from pipelines.criteo import data as criteo_data
+    from tfdp_embed.data.criteo import CAT_FEATURES
+    from tfdp_embed.keras2.models.ctr import table_counts
+
+    counts = criteo_data.bucket_counts(period)
+    real_rows = len(counts[CANARY_FEATURE])  # V1 + 1: the reader's ids of C1 are 0 .. V1
+    canaries = np.zeros(len(included), np.int64)
+    canaries[included] = 1  # canary i's C1 id is V1 + 1 + i; every other feature of it is 0
+    counts[CANARY_FEATURE] = np.concatenate([counts[CANARY_FEATURE], canaries])
+    for name in CAT_FEATURES:
+        if name != CANARY_FEATURE:
+            counts[name][0] += int(included.sum())
+    assert len(counts[CANARY_FEATURE]) == real_rows + len(included)
+    return table_counts(audit_config, counts)
+
+
+def _mechanism_options(config, plan, counts, audit_config) -> dict:
+    """The selection (on `counts`) and the contribution map of the pipeline's plan, its noises as they are."""
+    from pipelines.criteo import privacy as criteo_privacy
+    from tfdp_embed.keras2.models.ctr import table_layout
+
+    settings = config.privacy or criteo_privacy.PrivacySettings(mechanism=config.mechanism, epsilon=None, delta=None)
+    given = plan.mechanism_arguments
+    options = {key: given[key] for key in ("selection_epsilon", "threshold") if key in given}
+    if "selection_epsilon" in given:
+        parts = {
+            name: [audit_config.vocab_by_feature[f] + 1 for f in group]
+            for name, group in table_layout(audit_config).items()
+        }
+        options.update(counts=counts, **criteo_privacy.top_rows(settings, counts, parts))
+    if "contribution_noise_multiplier" in given:
+        options.update(contribution_clip=settings.contribution_clip, ratio=settings.adafest_ratio)
+    return options
+
+
+def _audit_plan(config, plan, counts=None, audit_config=None):
+    """The audit run's plan: the pipeline's q, T and noises (sigma given, not calibrated again), its selection."""
     from tfdp_embed import plan_run
 
     run = dict(
@@ -74,8 +115,17 @@ def _audit_plan(config, plan):
     )
     if config.mechanism == "none":
         return plan_run("none", **run)
+    options = _mechanism_options(config, plan, counts, audit_config)
     clip = plan.mechanism.l2_norm_clip
-    return plan_run(config.mechanism, noise_multiplier=plan.noise_multiplier, l2_norm_clip=clip, **run)
+    audit = plan_run(config.mechanism, noise_multiplier=plan.noise_multiplier, l2_norm_clip=clip, **run, **options)
+    used = {**audit.mechanism_arguments, **options}  # what built the audit's mechanism
+    for key in _NOISE_ARGUMENTS:
+        if not np.isclose(used.get(key, 0.0), plan.mechanism_arguments.get(key, 0.0)):
+            raise ValueError(
+                f"the audit run's {key} {used.get(key)} differs from the pipeline's "
+                f"{plan.mechanism_arguments.get(key)}: an audit must run the calibrated mechanism."
+            )
+    return audit
 
 
 def run(config, period, model_config, plan) -> dict:
@@ -91,7 +141,7 @@ def run(config, period, model_config, plan) -> dict:
       ValueError: the period's rows are streamed, not in memory.
     """
     from tfdp_embed import keras
-    from tfdp_embed.keras2.audit_canaries import audit_run
+    from tfdp_embed.keras2.audit_canaries import audit_run, draw_inclusion
     from tfdp_embed.keras2.models import build_ctr_model
     from tfdp_embed.keras2.models.ctr import ctr_embedding_dims, feature_table
 
@@ -102,13 +152,17 @@ def run(config, period, model_config, plan) -> dict:
     audit_config = dataclasses.replace(model_config, vocab_sizes=(vocab[0] + m, *vocab[1:]), embedding_dims=dims)
     labels = np.asarray(period.labels, np.float32)
     table, offset = feature_table(audit_config, CANARY_FEATURE)  # C1's rows in its table (or stack)
+    seed = audit_canaries.audit_seed(config.seed)
+    counts = None
+    if "selection_epsilon" in plan.mechanism_arguments:  # DP-FEST, AdaFEST+: select on what the run trains on
+        counts = training_counts(period, audit_config, draw_inclusion(m, audit_seed=seed))  # audit_run's draw
     audit = audit_run(
         lambda: build_ctr_model(audit_config),
         (period.features, labels),
-        plan=_audit_plan(config, plan),
+        plan=_audit_plan(config, plan, counts, audit_config),
         first_canary_id=offset + vocab[0] + 1,  # the reader's ids of C1 are 0 .. V1
         num_canaries=m,
-        audit_seed=audit_canaries.audit_seed(config.seed),
+        audit_seed=seed,
         optimizer_fn=lambda: keras.optimizers.legacy.SGD(config.learning_rate, momentum=config.momentum),
         loss=keras.losses.BinaryCrossentropy(from_logits=True),
         table=table,
@@ -121,4 +175,4 @@ def run(config, period, model_config, plan) -> dict:
     )
 
 
-__all__ = ["AUDITABLE", "check_flags", "run"]
+__all__ = ["AUDITABLE", "check_flags", "run", "training_counts"]
