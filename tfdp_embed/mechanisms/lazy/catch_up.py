@@ -31,6 +31,7 @@ from tfdp_embed.mechanisms.any_shape import AnyShapeFunction
 from tfdp_embed.mechanisms.lazy import closed_form as lazy_math
 from tfdp_embed.mechanisms.lazy import history as lazy_history
 from tfdp_embed.mechanisms.row_noise import stateless_row_normals
+from tfdp_embed.ops import sparse_rows
 
 # Rows owing at most this many steps get their momentum moments summed directly.
 DIRECT_WINDOW = 32
@@ -147,7 +148,7 @@ def bring_current(target: TableState, ids, now, owed: OwedNoise, *, unique: bool
       ids: int row ids, any shape.
       now: int32 scalar, the current step.
       owed: what the rows owe and how it is drawn.
-      unique: `ids` hold no repeats (skips a `tf.unique`).
+      unique: `ids` hold no repeats (skips the deduplication, `sparse_rows.unique`).
       stamp: optional history entry then written for every row of `ids`
         (`lazy_history.state_ahead` for the rows the optimizer steps).
     """
@@ -156,7 +157,7 @@ def bring_current(target: TableState, ids, now, owed: OwedNoise, *, unique: bool
 
     def catch_up():
         stale = tf.boolean_mask(rows, behind)
-        catch_up_rows(target, stale if unique else tf.unique(stale).y, now, owed)
+        catch_up_rows(target, stale if unique else sparse_rows.unique(stale)[0], now, owed)
         return tf.constant(True)
 
     result = tf.cond(tf.reduce_any(behind), catch_up, lambda: tf.constant(False))
@@ -199,8 +200,16 @@ def _bring_current_traced(owed, table, history, momentum, rows, now, unique, sta
 
 
 def table_width(table: tf.Variable, width: int | None):
-    """The row width: `width` when given (a Python int), else read from the table (any-shape traces)."""
-    return tf.shape(table)[1] if width is None else width
+    """The row width: `width` when given (a Python int), else the table's static width, else its shape op.
+
+    Never `tf.shape(table)`: that reads the whole table, and after a sparse
+    update a read copies it (TensorFlow's copy-on-read mode), every call.
+    """
+    if width is not None:
+        return width
+    if table.shape.rank == 2 and table.shape[1] is not None:
+        return int(table.shape[1])
+    return tf.raw_ops.VariableShape(input=table.handle)[1]
 
 
 def catch_up_rows(target: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> None:

@@ -162,7 +162,7 @@ class TableRows:
             lazy_fused.catch_up_next_batch(ops, layer.embeddings, self.histories[index], rows, self.state)
         else:
             rows = tf.reshape(tf.cast(rows, tf.int64), [-1])
-            self.bring_current(index, tf.unique(rows).y, unique=True)
+            self.bring_current(index, sparse_rows.unique(rows)[0], unique=True)
 
     def table_state(self, index: int) -> lazy_catch_up.TableState:
         """Table `index`'s variables, as the TensorFlow path takes them."""

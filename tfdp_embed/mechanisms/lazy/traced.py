@@ -36,7 +36,7 @@ def flush_tables(bring_current: Callable, layers: Sequence, chunks: tuple, sizes
     sizes are an argument, not constants: with constant rows the graph
     optimiser would specialise the shared catch-up for each table. The
     chunks are caught up as the read hook catches up ids (rows in a range
-    are unique already; `tf.unique` keeps their order): the catch-up's
+    are unique already; `sparse_rows.unique` keeps their order): the catch-up's
     trace from the steps serves, none is made for the flush.
     """
     for index, (layer, chunk) in enumerate(zip(layers, chunks)):
