@@ -15,8 +15,10 @@ import tensorflow as tf
 
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.mechanisms.base import ClippedGradients, TableGradient
+from tfdp_embed.traced_as_written import as_written, user_code
 
 
+@as_written
 def assemble(step, taps, batch_size, *, tables, trainable_variables, expected_batch_size: float) -> ClippedGradients:
     """Collects every variable's clipped sum; zeros for layers not called this step.
 
@@ -28,7 +30,7 @@ def assemble(step, taps, batch_size, *, tables, trainable_variables, expected_ba
       trainable_variables: every trainable variable of the model.
       expected_batch_size: the divisor of the noised sum (set whenever examples are clipped).
     """
-    # The rules' clipped sums run here (autograph converts a user rule's, as before); the rest is plain Python.
+    # The rules' clipped sums run here (`user_code`: autograph converts a user rule's, as before).
     sums = _clipped_sums(step, tables, expected_batch_size)
     return _assembled(sums, step.clip_factors, batch_size, tables, trainable_variables, expected_batch_size)
 
@@ -78,7 +80,7 @@ def _clipped_sums(step, tables, expected_batch_size):
     grads, averaged, occurrences, shared_rows = {}, {}, {}, {}
     table_vars = {layer.embeddings.ref() for layer in tables}
     for tap, info in step.layers:
-        for i, (variable, grad) in enumerate(zip(info.variables, info.clipped_sum(step.clip_factors))):
+        for i, (variable, grad) in enumerate(zip(info.variables, user_code(info.clipped_sum)(step.clip_factors))):
             grads[variable.ref()] = grad
             if variable.ref() in table_vars:
                 averaged[variable.ref()] = functools.partial(

@@ -42,6 +42,7 @@ from tfdp_embed.clipping.registry import LayerGradients, LayerRegistry
 from tfdp_embed.clipping.shared_factored import TowerLayers, shared_call_grads
 from tfdp_embed.clipping.taps import LayerTaps, own_trainable_variables
 from tfdp_embed.errors import PrivacyContractError
+from tfdp_embed.traced_as_written import as_written, user_code
 
 
 @dataclasses.dataclass
@@ -118,7 +119,7 @@ def _run_rules(used, call_grads, call_values, registry, fallback, scale: float) 
     result = []
     for tap, output_grads, values in zip(used, call_grads, call_values):
         tap = _with_values(tap, values)
-        info = _rule_for(tap, registry, fallback)(tap.layer, tap, output_grads)
+        info = user_code(_rule_for(tap, registry, fallback))(tap.layer, tap, output_grads)  # a user's rule: converted
         result.append((tap, info if scale == 1.0 else _unscaled(info, scale)))
     return result
 
@@ -275,6 +276,7 @@ def clip_factors(squared_norms: tf.Tensor, l2_norm_clip: float) -> tuple:
     return norms, tf.where(tf.math.is_finite(norms), factors, tf.zeros_like(factors))
 
 
+@as_written
 def clipped_step(
     taps: Sequence[LayerTaps],
     per_example_loss: tf.Tensor,

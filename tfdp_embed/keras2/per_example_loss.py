@@ -42,6 +42,7 @@ import numbers
 
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras2._keras import keras, tf
+from tfdp_embed.traced_as_written import user_code
 
 
 class PerExampleLoss:
@@ -244,7 +245,7 @@ class _Unreduced:
         self.name = loss.name
 
     def __call__(self, y_true, y_pred):
-        return self.loss.call(y_true, y_pred)
+        return user_code(self.loss.call)(y_true, y_pred)  # a user's Loss subclass: converted, as before
 
 
 class _SqueezedFunction:
@@ -256,7 +257,7 @@ class _SqueezedFunction:
 
     def __call__(self, y_true, y_pred):
         y_true, y_pred = _squeeze_trailing(y_true, y_pred)
-        return self.fn(y_true, y_pred)
+        return user_code(self.fn)(y_true, y_pred)
 
 
 def _squeeze_trailing(y_true, y_pred):

@@ -47,6 +47,7 @@ from tfdp_embed.keras2.training_exits import ReleaseExits
 from tfdp_embed.keras2.training_losses import LossesAndMetrics, loss_name
 from tfdp_embed.mechanisms.base import NoiseMechanism, check_declared_use
 from tfdp_embed.ops import sparse_rows
+from tfdp_embed.traced_as_written import as_written, user_code
 
 
 class _TrainingOnly:
@@ -99,6 +100,7 @@ def _check_built(model, mechanism, registry) -> list:
     return tapped_layers
 
 
+@as_written
 def _noise_and_apply(mechanism, optimizer, clipped, trainable_variables, lookahead) -> None:
     """mechanism.update -> optimizer.apply -> mechanism.after_apply, with the checks between."""
     # One device: mechanism.update(clipped). Mirrored strategies: all-reduce, noise once.
@@ -109,7 +111,7 @@ def _noise_and_apply(mechanism, optimizer, clipped, trainable_variables, lookahe
     optimizer_check.warn_dense_table_rewrite(optimizer, pairs)
     sparse_rows.prefetch_written_rows(pairs)
     distribute.apply_gradients(optimizer, pairs)
-    mechanism.after_apply(lookahead)
+    user_code(mechanism.after_apply)(lookahead)
     nonfinite.check_weights(pairs)  # a diverged model stops here; one example cannot stop it
 
 
@@ -331,6 +333,7 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
         distribute.synchronize_generator(self.mechanism, self.distribute_strategy)
 
     # -- the step -------------------------------------------------------------
+    @as_written
     def train_step(self, data):
         try:
             # Run eagerly (`run_eagerly=True`), the step reads tables as its traced form does:
@@ -392,7 +395,7 @@ class DPModel(ReleaseExits, LossesAndMetrics, keras.Model):
         grads = tape.gradient(loss, variables)
         if scaled:
             grads = self.optimizer.get_unscaled_gradients(grads)
-        self.optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
+        user_code(self.optimizer.apply_gradients)([(g, v) for g, v in zip(grads, variables) if g is not None])
         return self._update_metrics(losses, y, sample_weight)
 
 

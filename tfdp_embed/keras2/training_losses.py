@@ -14,6 +14,7 @@ from tfdp_embed import nonfinite, read_guard
 from tfdp_embed.errors import PrivacyContractError
 from tfdp_embed.keras2._keras import keras, tf
 from tfdp_embed.keras2.per_example_loss import PerExampleLoss
+from tfdp_embed.traced_as_written import as_written, user_code
 
 
 class Losses(NamedTuple):
@@ -41,6 +42,7 @@ def unpack(data, *, lookahead: bool):
     return x, y, sample_weight, ids
 
 
+@as_written
 def per_example_losses(model, loss_fn, x, y, sample_weight, training) -> Losses:
     """The `[B]` float32 per-example loss (sample weights applied), predictions, output losses.
 
@@ -63,7 +65,7 @@ def per_example_losses(model, loss_fn, x, y, sample_weight, training) -> Losses:
 
 def _compute_loss(model, x, y, sample_weight, training):
     """The wrapped model's `compute_loss`, which must return one loss per example."""
-    loss = model.compute_loss(x if y is None else (x, y), training=training)
+    loss = user_code(model.compute_loss)(x if y is None else (x, y), training=training)  # converted, as before
     loss = tf.cast(tf.convert_to_tensor(loss), tf.float32)
     check_per_example(loss)
     if sample_weight is not None:
@@ -137,6 +139,7 @@ class LossesAndMetrics:
         """The `[B]` float32 per-example loss (sample weights applied), predictions, output losses."""
         return per_example_losses(self.inner, self._loss_fn, x, y, sample_weight, training)
 
+    @as_written
     def _update_metrics(self, losses: Losses, y, sample_weight, private: bool = False):
         """Updates the loss and compiled metrics; NaN shows as NaN, except a DP step's non-finite examples.
 

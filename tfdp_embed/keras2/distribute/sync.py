@@ -31,6 +31,7 @@ from tfdp_embed.keras2.distribute.support import (
 )
 from tfdp_embed.mechanisms.base import ClippedGradients, NoiseMechanism
 from tfdp_embed.mechanisms.capabilities import capabilities_of
+from tfdp_embed.traced_as_written import user_code
 
 
 def synchronize_generator(mechanism: NoiseMechanism, strategy: tf.distribute.Strategy) -> None:
@@ -127,7 +128,7 @@ def noised_gradients(mechanism: NoiseMechanism, clipped: ClippedGradients) -> li
     """
     ctx = tf.distribute.get_replica_context()
     if ctx is None or not is_synchronous_replicated():
-        return mechanism.update(clipped)
+        return user_code(mechanism.update)(clipped)  # a user's mechanism: converted, as before
     # Lookups and clip factors are all-gathered unless the class declares it never reads them.
     total = all_reduce_clipped(clipped, ctx, with_lookups=capabilities_of(mechanism).needs_lookups)
     variables = [t.variable for t in total.tables] + [v for v, _ in total.dense]
@@ -150,9 +151,9 @@ def noised_gradients(mechanism: NoiseMechanism, clipped: ClippedGradients) -> li
 def apply_gradients(optimizer, pairs) -> None:
     """Applies `pairs`; under synchronous replication they are already summed and noised."""
     if is_synchronous_replicated() and tf.distribute.get_replica_context() is not None:
-        optimizer.apply_gradients(pairs, experimental_aggregate_gradients=False)
+        user_code(optimizer.apply_gradients)(pairs, experimental_aggregate_gradients=False)
     else:
-        optimizer.apply_gradients(pairs)
+        user_code(optimizer.apply_gradients)(pairs)
 
 
 __all__ = ["apply_gradients", "check_identical_state", "mean_loss", "noised_gradients", "synchronize_generator"]
