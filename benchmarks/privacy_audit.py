@@ -5,7 +5,7 @@
     python -m benchmarks.privacy_audit --canary-kind white-box [--canaries 100000] [--steps 10]
         [--sampling-probability 1] [--mechanisms dense,lazy,fest,adafest,adafest+,eana,none]
     python -m benchmarks.privacy_audit --model two-tower [--canaries 1000] [--epochs 2]
-        [--mechanisms dense,lazy,eana,none] [--repeats 3] [--data PATH/u.data]
+        [--mechanisms dense,lazy,adafest,eana,none] [--repeats 3] [--data PATH/u.data]
 
 `--model two-tower` audits the MovieLens two-tower of `pipelines.movielens`
 with its own rare-id canaries (a movie id each; `benchmarks.privacy_audit_two_tower`,

@@ -20,16 +20,16 @@ holds on its own):
   log-probability (on 40 generated users, without noise, the included
   canaries' mean log-probability came out lower than the excluded ones').
 
-Dense DP-SGD and LazyDP run at the sigma the pipeline calibrates for each
-claimed epsilon at delta = 1e-5 (its plan, PLD, with the DP release of the
-dataset size); EANA (not DP) at dense DP-SGD's sigma for the largest claimed
-epsilon; "none" without noise.
+Dense DP-SGD, LazyDP and DP-AdaFEST run at the sigma the pipeline calibrates
+for each claimed epsilon at delta = 1e-5 (its plan, PLD, with the DP release
+of the dataset size; DP-AdaFEST's split into sigma1 and sigma2 by
+`pipelines.movielens.privacy.ADAFEST_OPTIONS`); EANA (not DP) at dense
+DP-SGD's sigma for the largest claimed epsilon; "none" without noise.
 
-The pipeline's two-tower supports none, dense, lazy and eana only
-(`pipelines.movielens.privacy.MECHANISM_NAMES`): DP-FEST and DP-AdaFEST
-select rows of a CTR model's categorical tables from bucket counts, and the
-two-tower's item tables (history and candidate, full softmax) have no such
-selection in the pipeline, so they are audited on the CTR model only.
+DP-FEST and DP-AdaFEST+ are not in the pipeline's two-tower
+(`pipelines.movielens.privacy.REFUSED_MECHANISMS`): they update only the rows
+a frequency selection picked before training, and the full softmax scores
+every item row every step; they are audited on the CTR model.
 
 References: Steinke, Nasr & Jagielski, NeurIPS 2023; Mahloujifar, Melis &
 Chaudhuri, ICML 2025.
@@ -42,8 +42,8 @@ import time
 
 import numpy as np
 
-TWO_TOWER_MECHANISMS = ("dense", "lazy", "eana", "none")
-DP = ("dense", "lazy")
+TWO_TOWER_MECHANISMS = ("dense", "lazy", "adafest", "eana", "none")
+DP = ("dense", "lazy", "adafest")
 DEFAULTS = {"canaries": 2000, "epochs": 2}
 DELTA = 1e-5
 

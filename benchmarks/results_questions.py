@@ -765,8 +765,9 @@ def build_privacy_audit_two_tower(runs):
         f"batch {config['batch_size']}, clip {config['l2_norm_clip']}, δ = {config['delta']:g}): each canary a movie "
         "id of its own (context [id], label id), in with probability 1/2. Score: how far the canary's history row "
         "moved from its initial value in the released model; last column: the pipeline's own score, log P(label | "
-        "context). Tightest of Steinke et al. and the f-DP analyses, 95 %. DP-FEST / DP-AdaFEST: not in the "
-        "two-tower pipeline (CTR section above).\n\n"
+        "context). Tightest of Steinke et al. and the f-DP analyses, 95 %. DP-FEST / DP-AdaFEST+: refused by the "
+        "two-tower pipeline (a selection made before training would leave the full softmax's other item rows at "
+        "their initial values; CTR section above).\n\n"
     )
     ceiling = f"\n\nWith m = {config['num_canaries']} canaries no outcome proves more than ε = "
     ceiling += f"{doc['max_provable_epsilon']:.2f}."

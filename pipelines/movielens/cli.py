@@ -129,7 +129,7 @@ def _add_privacy_flags(p: argparse.ArgumentParser) -> None:
     """The mechanism and its noise: a given sigma or a target epsilon (exclusive), and delta."""
     add_privacy_flags(
         p,
-        mechanisms=movielens_privacy.MECHANISM_NAMES,
+        mechanisms=(*movielens_privacy.MECHANISM_NAMES, *movielens_privacy.REFUSED_MECHANISMS),  # refused: one line
         mechanism_default=None,
         noise_multiplier_help="sigma (e.g. EANA's 0.01 or 0.001)",
         epsilon_help="target epsilon (sigma calibrated; nominal for eana)",
@@ -142,6 +142,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple:
     """(MovieLensConfig, out_dir) from command-line flags; exits with status 2 on bad flags."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.mechanism in movielens_privacy.REFUSED_MECHANISMS:
+        parser.error(f"--mechanism {args.mechanism}: {movielens_privacy.REFUSED_MECHANISMS[args.mechanism]}")
     if args.mechanism != "none" and args.noise_multiplier is None and args.epsilon is None:
         parser.error(f"--mechanism {args.mechanism} needs --noise-multiplier or --epsilon")
     if args.mechanism == "none" and (args.noise_multiplier is not None or args.epsilon is not None):

@@ -15,10 +15,10 @@ DEFAULT_DATA_PATH = os.path.join(ROOT, "..", "shared", "data", "movielens", "ml-
 # SGD step sizes (momentum 0.9, batch 256, dim 32), from 2-epoch runs on ml-100k (seed 0):
 # none: lr 0.2 / 1.0 / 3.0 gave recall@10 0.080 / 0.087 / 0.032; EANA at sigma 0.01: lr 0.5 / 2.0 /
 # 5.0 gave 0.047 / 0.095 / 0.037. A DP step divides the clipped sum by the expected batch, so clipped
-# runs take a larger rate. DP-SGD and LazyDP use EANA's rate (not tuned separately). These
+# runs take a larger rate. DP-SGD, LazyDP and DP-AdaFEST use EANA's rate (not tuned separately). These
 # rates suit small sigma only: DP-SGD at sigma 0.6723 (epsilon 3, 5 epochs) gave recall@10
 # 0.074 / 0.082 / 0.022 at lr 0.25 / 0.5 / 2.0: calibrated runs default to 0.5.
-DEFAULT_LEARNING_RATES = {"none": 1.0, "dense": 2.0, "eana": 2.0, "lazy": 2.0}
+DEFAULT_LEARNING_RATES = {"none": 1.0, "dense": 2.0, "eana": 2.0, "lazy": 2.0, "adafest": 2.0}
 LARGE_NOISE_LEARNING_RATE = 0.5
 """Default SGD rate of noised runs with `epsilon` set or sigma >= SMALL_SIGMA_FOR_PLD (see the comment above)."""
 SMALL_SIGMA_FOR_PLD = 0.3
@@ -46,7 +46,7 @@ class MovieLensConfig:
         the command line's default): see `pipelines.movielens.units`.
       max_examples_per_user: k at user level, a public choice (None: k released with DP and charged to
         the run's budget, `pipelines.movielens.units.choose_k`).
-      mechanism: "none", "dense" (DP-SGD), "eana" (not DP) or "lazy" (LazyDP).
+      mechanism: "none", "dense" (DP-SGD), "eana" (not DP), "lazy" (LazyDP) or "adafest" (DP-AdaFEST).
       noise_multiplier: sigma; or None with `epsilon` set (calibrated).
       epsilon: target epsilon for dense/lazy (sigma calibrated; a nominal sigma for eana).
       delta: delta; None = 1 / N (N training examples including extra ones; at user level N training users).
@@ -107,6 +107,8 @@ class MovieLensConfig:
     max_hours: float | None = None
 
     def __post_init__(self):
+        if self.mechanism in movielens_privacy.REFUSED_MECHANISMS:
+            raise ValueError(f"`mechanism` {self.mechanism!r}: {movielens_privacy.REFUSED_MECHANISMS[self.mechanism]}.")
         if self.mechanism not in movielens_privacy.MECHANISM_NAMES:
             raise ValueError(
                 f"`mechanism` must be one of {movielens_privacy.MECHANISM_NAMES}; received {self.mechanism!r}."

@@ -1,9 +1,12 @@
 """Privacy side of the MovieLens pipeline: the plan, touch counts, EANA's bound.
 
 The plan is the library's (`tfdp_embed.plan_run`): sigma given, or
-calibrated for (eps, delta), q and T (dense, lazy; for eana the NOMINAL
-sigma dense DP-SGD would need: EANA has no epsilon, the report says so and
-gives the data-dependent bound); none: no clipping, no noise.
+calibrated for (eps, delta), q and T (dense, lazy; adafest, split into
+sigma1 and sigma2 by `ADAFEST_OPTIONS`; for eana the NOMINAL sigma dense
+DP-SGD would need: EANA has no epsilon, the report says so and gives the
+data-dependent bound); none: no clipping, no noise. DP-FEST and DP-AdaFEST+
+are refused (`REFUSED_MECHANISMS`): their rows come from a selection made
+before training, and the full softmax scores every item row every step.
 
 EANA's data-dependent bound (Theorem 3.1) and per-instance bound (Remark 2,
 eq. 9) come from `tfdp_embed.accounting.eana_bound` with the run's *real*
@@ -37,7 +40,21 @@ from tfdp_embed.accounting.eana_bound import (
     eana_rdp_bound,
 )
 
-MECHANISM_NAMES = ("none", "dense", "eana", "lazy")
+MECHANISM_NAMES = ("none", "dense", "eana", "lazy", "adafest")
+
+#: Mechanisms the two-tower cannot train honestly, and why (`plan` and the command line refuse them in one line).
+REFUSED_MECHANISMS = {
+    name: (
+        f"{label} updates only the rows a frequency selection picked before training, but the "
+        "two-tower's full softmax scores every item row every step, so the other item rows would keep their "
+        "initial values and still be scored; use adafest (it noises the scored rows every step), lazy or dense"
+    )
+    for name, label in (("fest", "DP-FEST"), ("adafest+", "DP-AdaFEST+"))
+}
+
+#: DP-AdaFEST's contribution map: C1, sigma1 / sigma2 and tau in units of sigma1 C1 (the Criteo pipeline's
+#: defaults, DP-FEST App. D.1); the full-softmax item rows survive every step (public rows, no count needed).
+ADAFEST_OPTIONS = {"contribution_clip": 1.0, "ratio": 1.0, "threshold_sigmas": 2.0}
 
 
 def plan(
@@ -61,6 +78,8 @@ def plan(
       ValueError: both or neither of `noise_multiplier` / `epsilon` for a noised
         mechanism, either for "none", or a mechanism this pipeline does not run.
     """
+    if mechanism in REFUSED_MECHANISMS:
+        raise ValueError(f"`mechanism` {mechanism!r}: {REFUSED_MECHANISMS[mechanism]}.")
     if mechanism not in MECHANISM_NAMES:
         raise ValueError(f"`mechanism` must be one of {MECHANISM_NAMES}; received {mechanism!r}.")
     common: dict[str, Any] = dict(
@@ -85,6 +104,7 @@ def plan(
         l2_norm_clip=l2_norm_clip,
         releases=releases,
         **common,
+        **(ADAFEST_OPTIONS if mechanism == "adafest" else {}),
     )
 
 
@@ -280,7 +300,9 @@ def eana_per_instance_bounds(
 
 
 __all__ = [
+    "ADAFEST_OPTIONS",
     "MECHANISM_NAMES",
+    "REFUSED_MECHANISMS",
     "TouchCounter",
     "eana_per_instance_bounds",
     "eana_theorem_bound",

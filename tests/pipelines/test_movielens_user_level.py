@@ -192,7 +192,7 @@ def test_user_level_refuses_canaries_in_one_line(tmp_path):
         movielens.train_and_evaluate(config, extra_train_examples=extra)
 
 
-@pytest.mark.parametrize("mechanism, sigma", [("none", None), ("eana", 0.01), ("lazy", 1.0)])
+@pytest.mark.parametrize("mechanism, sigma", [("none", None), ("eana", 0.01), ("lazy", 1.0), ("adafest", 1.0)])
 def test_every_mechanism_trains_at_user_level(tmp_path, mechanism, sigma):
     # LazyDP's lookahead reads the next batch's [users, k, L] ids; EANA's bounds are per example: not computed.
     config = tiny_config(
@@ -204,5 +204,5 @@ def test_every_mechanism_trains_at_user_level(tmp_path, mechanism, sigma):
     assert report["max_examples_per_unit"] == 4 and "eana_bound" not in report
     if mechanism == "none":
         assert report["epsilon"] is None
-    elif mechanism == "lazy":
+    elif mechanism in ("lazy", "adafest"):
         assert report["privacy_unit"] == "user" and report["epsilon"] > 0
