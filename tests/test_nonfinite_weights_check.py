@@ -1,4 +1,4 @@
-"""`nonfinite.check_weights`: the one-sum fast path asserts exactly when an elementwise check would."""
+"""`nonfinite.check_weights`: its float64 sums assert exactly when an elementwise check would."""
 
 import numpy as np
 import pytest
@@ -44,3 +44,29 @@ def test_an_unwritten_nonfinite_row_is_not_read():
 def test_float16_weights_whose_float16_sum_would_overflow_pass():
     dense = tf.Variable(tf.fill([4], tf.constant(60000.0, tf.float16)))  # 240,000 overflows float16, not float32
     _run([(tf.zeros([4], tf.float16), dense)], traced=True)
+
+
+@pytest.mark.parametrize("bad", [None, np.nan, np.inf])
+def test_float64_weights_are_checked_elementwise(bad):
+    big = np.finfo(np.float64).max
+    table = tf.Variable([[big, big], [1.0, 2.0]], dtype=tf.float64)  # their float64 sum overflows
+    dense = tf.Variable([big, big if bad is None else bad], dtype=tf.float64)
+    rows = tf.IndexedSlices(tf.zeros([1, 2], tf.float64), tf.constant([0], tf.int64), tf.constant([2, 2], tf.int64))
+    pairs = [(rows, table), (tf.zeros([2], tf.float64), dense)]
+    if bad is None:
+        _run(pairs, traced=True)
+        return
+    with pytest.raises(tf.errors.InvalidArgumentError, match="weights are NaN or Inf"):
+        _run(pairs, traced=True)
+
+
+def test_a_float32_tables_written_rows_are_summed_in_place():
+    from tfdp_embed.ops import sparse_rows
+
+    if not sparse_rows.available():
+        pytest.skip("the op library is not built: the reference gathers the rows")
+    table = tf.Variable(tf.ones([5, 3]))
+    rows = tf.IndexedSlices(tf.zeros([2, 3]), tf.constant([1, 4], tf.int64), tf.constant([5, 3], tf.int64))
+    graph = tf.function(lambda: _run([(rows, table)], traced=False)).get_concrete_function().graph
+    types = {op.type for op in graph.get_operations()}
+    assert "TfdpEmbedRowsSum" in types and "ResourceGather" not in types

@@ -87,41 +87,32 @@ def check_weights(pairs) -> tf.Operation:
     stops a diverging model at that step. (It assumes finite initial weights:
     a row that starts as NaN would be caught when a batch first writes it.)
 
-    One sum of every written weight is checked first (NaN and Inf propagate
-    through a sum); the elementwise check runs only when that sum is not
-    finite (a `tf.cond`), so a finite sum that overflowed still passes. The
-    usual step pays one `Sum` per variable instead of an `IsFinite` and a
-    boolean `All` (~10 % of a one-table step). The assert fires exactly when
-    the elementwise check fails.
+    One float64 sum of every written weight is checked: NaN and Inf propagate
+    through a sum, and a float64 sum of float32 (or narrower) values cannot
+    overflow, so it is finite exactly when every weight is, and the assert
+    fires exactly when an elementwise check would. A table's written rows are
+    summed in place, one op per table (`sparse_rows.rows_sum`: no gather of
+    the rows, no branch). float64 weights, whose sums could overflow, are
+    checked elementwise.
 
     Raises:
       tf.errors.InvalidArgumentError: (when run) a written weight is NaN or Inf; says the model diverged.
     """
-    written = [
-        _written_rows(grad, variable) if isinstance(grad, tf.IndexedSlices) else variable for grad, variable in pairs
-    ]
-    if not written:
+    sums, elementwise = [], []
+    for grad, variable in pairs:
+        sparse = isinstance(grad, tf.IndexedSlices)
+        if variable.dtype.base_dtype == tf.float64:
+            elementwise.append(tf.gather(variable, grad.indices) if sparse else variable)
+        elif sparse:
+            sums.append(sparse_rows.rows_sum(variable, grad.indices))
+        else:
+            sums.append(tf.reduce_sum(tf.cast(variable, tf.float64)))
+    checks = [tf.math.is_finite(tf.add_n(sums))] if sums else []
+    checks += [tf.reduce_all(tf.math.is_finite(values)) for values in elementwise]
+    if not checks:
         return tf.no_op()
-    # float16 summed in float32 (its sums overflow at 65,504); every sum added in float32.
-    sums = [tf.reduce_sum(tf.cast(values, tf.float32) if values.dtype == tf.float16 else values) for values in written]
-    total = tf.add_n([tf.cast(s, tf.float32) for s in sums])
-
-    def elementwise():
-        return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(values)) for values in written]))
-
-    finite = tf.cond(tf.math.is_finite(total), lambda: tf.constant(True), elementwise)
+    finite = checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
     return tf.debugging.Assert(finite, [DIVERGED_MESSAGE])
-
-
-def _written_rows(grad: tf.IndexedSlices, variable) -> tf.Tensor:
-    """`variable`'s rows at `grad.indices`, prefetched first: in a large table each row is a TLB miss.
-
-    The prefetch (`sparse_rows.prefetch_rows`, a hint that changes no value) overlaps
-    the rows' cache and TLB misses instead of taking them one after the other in the
-    gather (10^8 x 16: ~0.3 of a one-table step went to this gather).
-    """
-    sparse_rows.prefetch_rows(variable, grad.indices)
-    return tf.gather(variable, grad.indices)
 
 
 def check_released_weights(*modules) -> None:

@@ -274,6 +274,26 @@ def test_lazy_add_rows_adds_in_place_and_refuses_bad_rows(op):
         op.tfdp_embed_lazy_add_rows(table.handle, tf.constant([1], tf.int64), tf.ones([1, 2]))
 
 
+@pytest.mark.parametrize("dim", [1, 7, 64])
+def test_rows_sum_matches_the_reference_and_is_finite_exactly_when_the_rows_are(op, dim):
+    rng = np.random.default_rng(dim)
+    values = rng.normal(size=(50, dim)).astype(np.float32)
+    values[3, 0] = values[9, -1] = np.finfo(np.float32).max  # a float32 sum of these two rows overflows
+    table = tf.Variable(values)
+    rows = tf.constant(rng.integers(0, 50, 300).tolist() + [3, 9], tf.int64)
+    total = sparse_rows.rows_sum(table, rows)
+    assert total.dtype == tf.float64 and np.isfinite(total.numpy())
+    np.testing.assert_allclose(total.numpy(), sparse_rows.rows_sum_reference(table, rows).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(total.numpy(), values[rows.numpy()].astype(np.float64).sum(), rtol=1e-12)
+    for bad in (np.nan, np.inf, -np.inf):
+        table[9, 0].assign(bad)
+        assert not np.isfinite(sparse_rows.rows_sum(table, rows).numpy())
+        assert np.isfinite(sparse_rows.rows_sum(table, tf.constant([0, 1], tf.int64)).numpy())  # row 9 unread
+    assert sparse_rows.rows_sum(table, tf.zeros([0], tf.int64)).numpy() == 0.0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row 50 is outside \\[0, 50\\)"):
+        op.tfdp_embed_rows_sum(table.handle, tf.constant([50], tf.int64))
+
+
 def test_lazy_catch_up_calls_draw_independent_streams(op):
     """Two catch-ups of one step use streams (k0, k1 + c), c = 0, 1: different noise."""
     state = _lazy_state(np.random.default_rng(4), vocab=400, dim=8)

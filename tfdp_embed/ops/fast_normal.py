@@ -62,6 +62,7 @@ OP_NAMES = (
     "TfdpEmbedLazyRecordStep",
     "TfdpEmbedLazyCatchUpNoise",
     "TfdpEmbedLazyAddRows",
+    "TfdpEmbedRowsSum",
 )
 LIBRARY_NAME = "_fast_normal_op.so"
 ENV_SWITCH = "TFDP_EMBED_FAST_NORMAL"

@@ -27,6 +27,10 @@
 //       step's catch-up key, the step counter.
 //   TfdpEmbedPrefetchRows       a cache prefetch of table rows (a hint: no output,
 //       no write) before an optimizer scatters into rows no lookup read.
+//   TfdpEmbedRowsSum            sum of table[rows, :] in float64, read in place
+//       (= reduce_sum(cast(gather(table, rows), float64)), order not Eigen's):
+//       finite exactly when every entry is (a float64 sum of float32 values
+//       cannot overflow), the diverged-model check's one op per table.
 //
 // The Gaussian stream is fast_normal.cc's, included here without its op.
 
@@ -964,6 +968,86 @@ class PrefetchRowsOp : public OpKernel {
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TfdpEmbedPrefetchRows").Device(DEVICE_CPU), PrefetchRowsOp);
+
+// ---------------------------------------------------------------------------
+REGISTER_OP("TfdpEmbedRowsSum")
+    .Input("table: resource")
+    .Input("rows: int64")
+    .Output("sum: double")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The sum of table[rows[j], :] over every j, accumulated in float64, reading the
+rows in place (prefetched ahead). A float64 sum of float32 values cannot
+overflow, so it is finite exactly when every entry read is: the check that a
+step's written rows are finite, without a [n, dim] gather. Refuses a row
+outside [0, vocabulary) and a table that is not a float32 matrix.
+)doc");
+
+// float64 sum of tab[rows[j], :] for j < m, rows prefetched ahead; eight independent
+// sums so that the additions need not wait for each other.
+double SumRows(const float* tab, int64_t dim, const int64_t* rows, int64_t m) {
+  constexpr int64_t kAhead = 8;
+  constexpr int kLanes = 8;
+  double lanes[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t j = 0; j < std::min(m, kAhead); ++j) PrefetchRow(tab + rows[j] * dim, dim);
+  for (int64_t j = 0; j < m; ++j) {
+    if (j + kAhead < m) PrefetchRow(tab + rows[j + kAhead] * dim, dim);
+    const float* row = tab + rows[j] * dim;
+    int64_t k = 0;
+    for (; k + kLanes <= dim; k += kLanes) {
+      for (int lane = 0; lane < kLanes; ++lane) lanes[lane] += static_cast<double>(row[k + lane]);
+    }
+    for (; k < dim; ++k) lanes[k % kLanes] += static_cast<double>(row[k]);
+  }
+  double sum = 0.0;
+  for (double lane : lanes) sum += lane;
+  return sum;
+}
+
+class RowsSumOp : public OpKernel {
+ public:
+  explicit RowsSumOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    static constexpr const char* kOp = "TfdpEmbedRowsSum";
+    core::RefCountPtr<Var> table;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &table));
+    tf_shared_lock lock(*table->mu());
+    const Tensor* tab_t = table->tensor();
+    OP_REQUIRES(ctx, tab_t->IsInitialized() && tab_t->dtype() == DT_FLOAT && tab_t->dims() == 2,
+                errors::InvalidArgument(kOp, ": `table` must be an initialized float32 matrix."));
+    const int64_t vocab = tab_t->dim_size(0);
+    const int64_t dim = tab_t->dim_size(1);
+    const float* tab = tab_t->flat<float>().data();
+    const Tensor& rows_t = ctx->input(1);
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    const int64_t m = rows_t.NumElements();
+    for (int64_t j = 0; j < m; ++j) {
+      OP_REQUIRES(ctx, rows[j] >= 0 && rows[j] < vocab,
+                  errors::InvalidArgument(kOp, ": row ", rows[j], " is outside [0, ", vocab, ")."));
+    }
+    // Blocks of rows summed on the CPU workers, then added in block order (the same sum on every run).
+    constexpr int64_t kBlockRows = 256;
+    const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
+    std::vector<double> block_sums(blocks, 0.0);
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, blocks, kBlockRows * dim * 4, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        block_sums[b] = SumRows(tab, dim, rows + b * kBlockRows, std::min(kBlockRows, m - b * kBlockRows));
+      }
+    });
+    double sum = 0.0;
+    for (double block_sum : block_sums) sum += block_sum;
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<double>()() = sum;
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedRowsSum").Device(DEVICE_CPU), RowsSumOp);
 
 // ---------------------------------------------------------------------------
 REGISTER_OP("TfdpEmbedLazyRecordStep")

@@ -24,6 +24,7 @@ reference runs instead: slower, identical results.
     prefetch_rows           a hint: brings rows of a table into cache (no reference:
                             it computes nothing)
     prefetch_written_rows   the same for every sparse (gradient, variable) pair a step applies
+    rows_sum                float64 sum of table rows read in place: finite iff every entry is
 
 Example:
     >>> values = noised_values(generator, grad.values, stddev=1.0, divisor=1024.0)
@@ -600,6 +601,31 @@ def prefetch_written_rows(pairs) -> None:
             prefetch_rows(variable, grad.indices)
 
 
+def rows_sum_reference(table, rows) -> tf.Tensor:
+    """float64 sum of `table[rows]`: `reduce_sum(cast(gather(table, rows), float64))`."""
+    return tf.reduce_sum(tf.cast(tf.gather(table, _flat_rows(rows)), tf.float64))
+
+
+@tf.autograph.experimental.do_not_convert
+def rows_sum(table, rows) -> tf.Tensor:
+    """The float64 sum of `table[rows]`, finite exactly when every entry read is finite.
+
+    A float64 sum of float32 values cannot overflow (it would take 10^270 of
+    them), so unlike a float32 sum it is not finite only when an entry is
+    NaN or Inf. One op reads the rows in place, prefetched ahead
+    (`TfdpEmbedRowsSum`); without it (see `prefetch_rows`), the reference.
+
+    Args:
+      table: a float32 table variable (the reference takes any float dtype
+        narrower than float64).
+      rows: int64 row ids in `[0, vocabulary)` (any shape).
+    """
+    op = _op(table) if takes_table(table) else None
+    if op is not None:
+        return op.tfdp_embed_rows_sum(table.handle, tf.cast(_flat_rows(rows), tf.int64))
+    return rows_sum_reference(table, rows)
+
+
 def takes_table(table) -> bool:
     """True for a table the in-place ops can read and write: a float32 variable with one resource handle.
 
@@ -634,6 +660,8 @@ __all__ = [
     "pooled_weight_squares_reference",
     "prefetch_rows",
     "prefetch_written_rows",
+    "rows_sum",
+    "rows_sum_reference",
     "scaled_segment_sum",
     "scaled_segment_sum_reference",
     "takes_table",
