@@ -17,8 +17,11 @@ CTR model's, `--epochs` and `--data` the two-tower's.
 gradient canaries (`benchmarks.privacy_audit_white_box`: dense DP-SGD, EANA
 and no noise observed step by step, LazyDP, DP-FEST, DP-AdaFEST and
 DP-AdaFEST+ through the table they release; `--learning-rate` is that SGD's
-rate); the rest of this text is the default kind, rare-id canaries in a
-trained model.
+rate). With `--model two-tower` the canaries' table is scored as the
+two-tower's full-softmax item table is (every row in every step's gradient,
+read whatever the data: `where="scored-table"`), for the two-tower's
+mechanisms (dense, lazy, adafest, eana, none). The rest of this text is the
+default kind, rare-id canaries in a trained model.
 
 For each mechanism and claimed epsilon, `tfdp_embed.keras2.audit_canaries.audit_run`
 trains the small CTR-style model of `benchmarks.privacy_audit_setup` once, on
@@ -114,7 +117,9 @@ def _parse(argv):
     p.add_argument("--note", action="append", default=[], help="a sentence added under the table")
     args = p.parse_args(argv)
     _complete(p, args)
-    if args.model == "two-tower":
+    if args.model == "two-tower" and args.canary_kind == "white-box":
+        tag = f"two-tower-m{args.canaries}-T{args.steps}-eps{outputs.range_tag(args.epsilons)}-white-box"
+    elif args.model == "two-tower":
         tag = f"two-tower-m{args.canaries}-ep{args.epochs}-eps{outputs.range_tag(args.epsilons)}"
     else:
         kind = "-white-box" if args.canary_kind == "white-box" else ""
@@ -127,9 +132,9 @@ def _parse(argv):
 def _complete(p, args) -> None:
     """Fills the defaults of the model and canary kind; refuses mechanisms they cannot audit."""
     white_box, two_tower = args.canary_kind == "white-box", args.model == "two-tower"
-    if white_box and two_tower:
-        p.error("--model two-tower audits rare-id canaries only (--canary-kind rare-id)")
-    if two_tower:
+    if white_box and two_tower:  # the item table scored by the full softmax (`where="scored-table"`)
+        allowed, defaults = two_tower_module.TWO_TOWER_MECHANISMS, {**white_box_module.DEFAULTS, **CTR_DEFAULTS}
+    elif two_tower:
         allowed, defaults = two_tower_module.TWO_TOWER_MECHANISMS, two_tower_module.DEFAULTS
     elif white_box:
         allowed, defaults = white_box_module.WHITE_BOX_MECHANISMS, {**white_box_module.DEFAULTS, **CTR_DEFAULTS}
@@ -141,7 +146,7 @@ def _complete(p, args) -> None:
     args.mechanisms = tuple(m for m in (args.mechanisms or ",".join(allowed)).split(",") if m)
     unknown = sorted(set(args.mechanisms) - set(allowed))
     if unknown:
-        what = "--model two-tower" if two_tower else f"--canary-kind {args.canary_kind}"
+        what = " ".join([*(["--model two-tower"] if two_tower else []), f"--canary-kind {args.canary_kind}"])
         p.error(f"--mechanisms: {unknown} not for {what}; allowed: {','.join(allowed)}")
     if not args.epsilons or min(args.epsilons) <= 0:
         p.error(f"--epsilons must be positive numbers; received {args.epsilons!r}")
@@ -260,7 +265,7 @@ def main(argv=None) -> int:
         "flags": _flags(runs),
         "notes": list(args.note),
     }
-    if args.model == "two-tower":
+    if args.model == "two-tower" and args.canary_kind == "rare-id":
         result["gaps"] = two_tower_module.gaps(result["settings"])
     result["total_wall_s"] = time.perf_counter() - started
     section = section_of(result)
@@ -274,7 +279,7 @@ def main(argv=None) -> int:
 def _run_kind(args, setup) -> tuple:
     """(runs, EANA's sigma, the most m canaries can prove, config, the Markdown section's function)."""
     run = dict(epsilons=list(args.epsilons), repeats=args.repeats, canary_kind=args.canary_kind, model=args.model)
-    if args.model == "two-tower":
+    if args.model == "two-tower" and args.canary_kind == "rare-id":
         runs, sigma, extra = two_tower_module.run_all(args)
         ceiling = white_box_module.max_provable(args.canaries, delta=two_tower_module.DELTA)
         config = {"num_canaries": args.canaries, "delta": two_tower_module.DELTA, **extra, **run}

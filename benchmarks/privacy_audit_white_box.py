@@ -61,7 +61,11 @@ def _planned(args, mechanism: str, epsilon: float, seed: int, delta: float):
         options.update(
             releases=[Release.selection(setup.selection_share)], top_k={TABLE_NAME: args.canaries // 2}, counts=counts
         )
-    if mechanism in ("adafest", "adafest+"):
+    if mechanism in ("adafest", "adafest+") and args.model == "two-tower":  # the MovieLens pipeline's options
+        from pipelines.movielens.privacy import ADAFEST_OPTIONS
+
+        options.update(ADAFEST_OPTIONS)
+    elif mechanism in ("adafest", "adafest+"):
         options.update(
             contribution_clip=1.0, ratio=setup.adafest_ratio, threshold_sigmas=setup.adafest_threshold_sigmas
         )
@@ -95,7 +99,7 @@ def audit_once(args, mechanism: str, epsilon, sigma: float, seed: int, delta: fl
         sampling_probability=args.sampling_probability,
         audit_seed=seed,
         delta=delta,
-        where="table",
+        where="scored-table" if args.model == "two-tower" else "table",  # two-tower: its full-softmax item table
         observe="released" if mechanism in RELEASED else "update",
         learning_rate=args.learning_rate,
     )
@@ -149,7 +153,8 @@ def markdown(result: dict) -> str:
     """The RESULTS section of a white-box run."""
     info, config = result["machine"], result["config"]
     lines = [
-        f"## privacy_audit (white-box) — {info['date_utc']} — gradient canaries vs claimed ε",
+        f"## privacy_audit (white-box{', two-tower' if config.get('model') == 'two-tower' else ''}) — "
+        f"{info['date_utc']} — gradient canaries vs claimed ε",
         "",
         f"Command: `{result['command']}`",
         "",
@@ -157,7 +162,13 @@ def markdown(result: dict) -> str:
         f"{info['load_average_at_start']}. Git: {info['git'].get('commit', '?')}. Total wall time "
         f"{result['total_wall_s']:.0f} s.",
         "",
-        f"Setup: {config['num_canaries']} Dirac gradient canaries (C e_i on a table row of its own, each in with "
+        (
+            "Two-tower: the canaries' table is scored as the MovieLens two-tower's full-softmax item table (every "
+            "row in every step's gradient, read whatever the data; DP-FEST and DP-AdaFEST+ refuse such a table). "
+            if config.get("model") == "two-tower"
+            else ""
+        )
+        + f"Setup: {config['num_canaries']} Dirac gradient canaries (C e_i on a table row of its own, each in with "
         f"probability 1/2) through the mechanism's noising, q = {config['sampling_probability']}, "
         f"T = {config['steps']}, C = 1, δ = {config['delta']:g} (PLD); scores = summed dot products of the noised "
         "updates (observed: update) or the released table's displacement after T SGD steps, flushed first "

@@ -668,7 +668,9 @@ def build_privacy_audit(runs):
 
 
 def build_privacy_audit_white_box(runs):
-    run = latest(runs, "privacy_audit", where=lambda doc: _canary_kind(doc) == "white-box")
+    run = latest(
+        runs, "privacy_audit", where=lambda doc: _canary_kind(doc) == "white-box" and _audited_model(doc) == "ctr"
+    )
     if run is None:
         return None
     doc = run.doc
@@ -737,7 +739,9 @@ def _white_box_eana_gap(settings) -> str:
 
 
 def build_privacy_audit_two_tower(runs):
-    run = latest(runs, "privacy_audit", where=lambda doc: _audited_model(doc) == "two-tower")
+    run = latest(
+        runs, "privacy_audit", where=lambda doc: _audited_model(doc) == "two-tower" and _canary_kind(doc) == "rare-id"
+    )
     if run is None:
         return None
     doc, config = run.doc, run.doc["config"]
@@ -765,9 +769,8 @@ def build_privacy_audit_two_tower(runs):
         f"batch {config['batch_size']}, clip {config['l2_norm_clip']}, δ = {config['delta']:g}): each canary a movie "
         "id of its own (context [id], label id), in with probability 1/2. Score: how far the canary's history row "
         "moved from its initial value in the released model; last column: the pipeline's own score, log P(label | "
-        "context). Tightest of Steinke et al. and the f-DP analyses, 95 %. DP-FEST / DP-AdaFEST+: refused by the "
-        "two-tower pipeline (a selection made before training would leave the full softmax's other item rows at "
-        "their initial values; CTR section above).\n\n"
+        "context). Tightest of Steinke et al. and the f-DP analyses, 95 %. DP-FEST / DP-AdaFEST: not in the "
+        "two-tower pipeline (CTR section above).\n\n"
     )
     ceiling = f"\n\nWith m = {config['num_canaries']} canaries no outcome proves more than ε = "
     ceiling += f"{doc['max_provable_epsilon']:.2f}."

@@ -75,7 +75,8 @@ from tfdp_embed.mechanisms.capabilities import capabilities_of
 from tfdp_embed.mechanisms.fest import DPFEST
 from tfdp_embed.mechanisms.lazy import sgd as lazy_sgd
 
-WHERE = ("dense", "table")
+WHERE = ("dense", "table", "scored-table")
+TABLES = ("table", "scored-table")  # the `where`s that audit an embedding table
 OBSERVE = ("update", "released")
 TABLE_NAME = "canaries"  # the audited table's name (DP-AdaFEST+'s `selected_rows`, per-table options)
 _INCLUSION_TAG, _SAMPLING_TAG, _BACKGROUND_TAG = 0xD1AC, 0x5A3F, 0xB6C0
@@ -188,7 +189,7 @@ def _check_mechanism(mechanism, where: str, observe: str) -> None:
     if observe not in OBSERVE:
         raise ValueError(f"`observe` must be one of {OBSERVE}; received {observe!r}.")
     caps, name = capabilities_of(mechanism), type(mechanism).__name__
-    if where == "table" and observe == "update" and (caps.lookahead or caps.defers_noise):
+    if where in TABLES and observe == "update" and (caps.lookahead or caps.defers_noise):
         raise ValueError(
             f"{name} takes a lookahead or deferred noise: its per-step table update holds no noise, so "
             "where='table' needs observe='released' (the flushed table after T steps)."
@@ -245,14 +246,21 @@ def _occurrences(sampled: np.ndarray, taken: int, rows: int) -> EmbeddingOccurre
 
 
 def _clipped(variable, total: np.ndarray, where: str, table, batch: float, lookups) -> ClippedGradients:
+    """The step's `ClippedGradients`: a dense variable, a table's touched rows, or a scored table's every row.
+
+    "scored-table" is a two-tower's full-softmax item table: every example's gradient reaches every row each
+    step (the gradient holds all rows, zeros included) and the rows are `shared_rows`, read whatever the data.
+    """
     size = int(lookups.batch_size)
     value = tf.constant(total)
     if where == "dense":
         return ClippedGradients([], [(variable, value)], batch, tf.constant(size))
-    rows = tf.constant(np.flatnonzero(np.any(total != 0, axis=1)), tf.int64)
+    scored = where == "scored-table"
+    rows = tf.constant(np.arange(total.shape[0]) if scored else np.flatnonzero(np.any(total != 0, axis=1)), tf.int64)
     grad = tf.IndexedSlices(tf.gather(value, rows), rows, tf.constant(total.shape, tf.int64))
     factors = tf.ones([size], tf.float32)
-    return ClippedGradients([TableGradient(table, variable, grad, [lookups], factors)], [], batch, tf.constant(size))
+    gradient = TableGradient(table, variable, grad, [lookups], factors, shared_rows=rows if scored else None)
+    return ClippedGradients([gradient], [], batch, tf.constant(size))
 
 
 def _gradient_of(updates: list, variable, mechanism):
@@ -293,7 +301,7 @@ def _run(mechanism, included, *, steps, q, where, observe, learning_rate, num_ba
     m = included.size
     rows = m + (1 if num_background else 0)
     variable = tf.Variable(tf.zeros([rows, dim]), name="canary_parameters")
-    table = CanaryTable(TABLE_NAME, variable, rows, dim) if where == "table" else None
+    table = CanaryTable(TABLE_NAME, variable, rows, dim) if where in TABLES else None
     optimizer = ConstantSgd(learning_rate)
     mechanism.init(tables=[table] if table else [], dense_variables=[] if table else [variable], optimizer=optimizer)
     if table is not None:
@@ -351,8 +359,10 @@ def gradient_canary_audit(
       audit_seed: seeds the coins, the Poisson sampling and the background directions.
       delta: delta of the bound and of the claimed epsilon.
       confidence: the bound holds with this probability.
-      where: "dense" (a dense variable) or "table" (an embedding table `TABLE_NAME`, rows touched by the
-        canaries, their lookups passed as a training step passes them).
+      where: "dense" (a dense variable), "table" (an embedding table `TABLE_NAME`, rows touched by the
+        canaries, their lookups passed as a training step passes them) or "scored-table" (the same table
+        scored by a full softmax, as a two-tower's item table: every row in every step's gradient and in
+        `shared_rows`; DP-FEST and DP-AdaFEST+ refuse it).
       observe: "update" (each step's noised update) or "released" (the flushed parameter after T steps of
         SGD at `learning_rate`; every mechanism supports it, LazyDP's tables only it).
       learning_rate: eta > 0 of the released-table observation's SGD.
@@ -403,6 +413,7 @@ def _result(mechanism, bound, scores, included, *, q, steps, where, observe, rat
 
 __all__ = [
     "OBSERVE",
+    "TABLES",
     "TABLE_NAME",
     "WHERE",
     "CanaryTable",
