@@ -137,20 +137,49 @@ class TableRows:
     def stepped(self, clipped, now=None) -> list:
         """Each table's `(noiseless averaged gradient, variable)` of the step `clipped`.
 
-        The rows the optimizer is about to step on a table off the fused
-        path are first caught up and flagged one step ahead (`now`: the
-        current step, read when first needed if not given): the optimizer
-        applies their gradient at step t, their step-t noise is owed.
+        The rows the optimizer is about to step on the tables off the fused
+        path are first caught up and flagged one step ahead, all those
+        tables at once (`bring_current_many`; `now`: the current step, read
+        when first needed if not given): the optimizer applies their
+        gradient at step t, their step-t noise is owed.
         """
-        out = []
+        out, indices, rows = [], [], []
         for table in clipped.tables:
             index = self.index_of(table)
             if self.table_ops(index) is None:  # the TensorFlow path (float64, not a resource variable, momentum)
-                now = self._now() if now is None else now
-                rows = tf.cast(table.gradient.indices, tf.int64)
-                self.bring_current(index, rows, unique=True, stamp=lazy_history.state_ahead(now))
+                indices.append(index)
+                rows.append(tf.cast(table.gradient.indices, tf.int64))
             out.append((table.averaged_gradient(clipped.expected_batch_size), table.variable))
+        if indices:
+            now = self._now() if now is None else now
+            self.bring_current_many(indices, rows, now, stamp=lazy_history.state_ahead(now))
         return out
+
+    def next_batches(self, lookahead: dict) -> None:
+        """Catches up each table's rows for the lookahead's ids `{index: ids as fed to the layer}`.
+
+        Tables on the fused path each run their op; the others are caught
+        up together (`bring_current_many`).
+        """
+        indices, rows = [], []
+        for index, ids in lookahead.items():
+            if self.table_ops(index) is not None:
+                self.next_batch(index, ids)
+                continue
+            flat = tf.reshape(
+                tf.cast(lazy_hooks.lookahead_rows(self.layers[index], ids, check_range=True), tf.int64), [-1]
+            )
+            indices.append(index)
+            rows.append(sparse_rows.unique(flat)[0])
+        if indices:
+            self.bring_current_many(indices, rows, self._now())
+
+    @plain_python
+    @raw_reads
+    def bring_current_many(self, indices: Sequence[int], rows: Sequence, now, *, stamp=None) -> tf.Tensor:
+        """`bring_current` of the unique `rows[i]` of TensorFlow-path table `indices[i]`, all at once."""
+        targets = [self.table_state(index) for index in indices]
+        return lazy_catch_up.bring_current_many(targets, rows, now, self._owed(), stamp=stamp)
 
     def next_batch(self, index: int, ids) -> None:
         """Catches up table `index`'s rows for the lookahead's `ids` (as fed to the layer), deduplicated."""
