@@ -44,6 +44,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdp_embed import front_end, read_guard
+from tfdp_embed.traced_as_written import as_written, user_code
 
 try:  # TensorFlow's flag for "a SavedModel is being traced" (no public accessor)
     from tensorflow.python.saved_model.save_context import in_save_context as _in_save_context
@@ -151,6 +152,7 @@ class EmbeddingLookup:
         return read_guard.unguarded() if self._active_read_hook() is not None else contextlib.nullcontext()
 
     # -- ids ----------------------------------------------------------------
+    @as_written
     def bucket_ids(self, ids, *, check_range: bool = True):
         """Maps raw ids to table rows (hashing or range check); keeps structure.
 
@@ -315,8 +317,9 @@ class EmbeddingLookup:
         """
         return tf.cast(self._pooled_rows(ids), self.compute_dtype)
 
+    @as_written  # the layer's own lookup; the read hook (a mechanism's) and a subclass's bucket_ids: user_code
     def _pooled_rows(self, ids):
-        ids = self.bucket_ids(ids)
+        ids = user_code(self.bucket_ids)(ids)
         if isinstance(ids, tf.SparseTensor):
             ids = tf.RaggedTensor.from_sparse(ids)
         read = None  # the rows of `ids`, flat, when the read hook gathered them
@@ -324,9 +327,9 @@ class EmbeddingLookup:
         if hook is not None:
             flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
             gather = getattr(hook, "gather", None)
-            read = gather(flat) if gather is not None else None
+            read = user_code(gather)(flat) if gather is not None else None
             if read is None:
-                hook(flat)
+                user_code(hook)(flat)
             else:
                 read = tf.cast(read, self.embeddings.dtype)
         if isinstance(ids, tf.RaggedTensor) and _is_ragged_units(ids):
