@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -92,19 +92,16 @@ class OwedNoise:
         """(M, Theta) `[n, dim]` float32 owed by `rows` for steps (noise_from, now]; M None without momentum."""
         if not self.aggregate:
             return self._per_step(rows, noise_from, now, dim)
-        return self.draw(rows, self.scales(noise_from, now), noise_from, now, dim)
-
-    def scales(self, noise_from, now) -> tuple:
-        """The float64 per-row factors of an aggregated draw for steps (noise_from, now].
-
-        `(sqrt S0,)` for plain SGD; `(L11, L21, L22)`, the Cholesky factor of
-        the row's 2x2 covariance, with momentum. They depend on `noise_from`
-        only: one computation serves the rows of every table.
-        """
-        sums = self._sums()
         if self.beta == 0:
+            sums = self._sums()
             s0, _, _ = lazy_math.range_sums(sums.at(noise_from), sums.at(now), now - noise_from, beta=0.0)
-            return (tf.sqrt(s0),)
+            z = self.normals(rows, -now, [dim])  # negative steps: a key space apart from per-step draws
+            return None, tf.cast(tf.sqrt(s0), tf.float32)[:, None] * z
+        return self._aggregated_with_momentum(rows, noise_from, now, dim)
+
+    def _aggregated_with_momentum(self, rows, noise_from, now, dim: int) -> tuple:
+        """One 2x2 Cholesky per row; a row owing one step draws `dim` normals, others `2 dim`."""
+        sums = self._sums()
         var_m, cov, var_theta = lazy_math.owed_noise_moments(
             sums.at(noise_from),
             sums.at(now),
@@ -113,18 +110,7 @@ class OwedNoise:
             beta=self.beta,
             nesterov=self.nesterov,
         )
-        return lazy_math.cholesky_2x2(var_m, cov, var_theta)
-
-    def draw(self, rows, scales: tuple, noise_from, now, dim: int) -> tuple:
-        """(M, Theta) `[n, dim]` float32 for `rows` from their `scales` (`scales(noise_from, now)`).
-
-        M is None without momentum. With momentum a row owing one step draws
-        `dim` normals, others `2 dim`.
-        """
-        if self.beta == 0:
-            z = self.normals(rows, -now, [dim])  # negative steps: a key space apart from per-step draws
-            return None, tf.cast(scales[0], tf.float32)[:, None] * z
-        l11, l21, l22 = (tf.cast(x, tf.float32)[:, None] for x in scales)
+        l11, l21, l22 = (tf.cast(x, tf.float32)[:, None] for x in lazy_math.cholesky_2x2(var_m, cov, var_theta))
         if self.row_noise == "stateless":
             z = self.normals(rows, -now, [2, dim])
             x, y = z[:, 0], z[:, 1]
@@ -228,80 +214,16 @@ def table_width(table: tf.Variable, width: int | None):
 
 def catch_up_rows(target: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> None:
     """Adds owed drift and noise to unique `rows` and marks them current at `now`."""
-    noise_from, state_from = lazy_history.owed_from(tf.gather(target.history, rows))
-    drift = None
-    if target.momentum is not None:
-        drift = lazy_math.momentum_drift(now - state_from, beta=owed.beta, nesterov=owed.nesterov)
-    noise = None if owed.step_sums is None else owed.sample(rows, noise_from, now, target.dim)
-    _write_caught_up(target, rows, now, drift, noise)
-
-
-def bring_current_many(targets: Sequence[TableState], ids: Sequence, now, owed: OwedNoise, *, stamp=None) -> tf.Tensor:
-    """`bring_current` on several tables at once; `ids[i]`: unique rows of `targets[i]`. Whether any were behind.
-
-    One check and one `tf.cond` for all the tables, and the closed forms of
-    every table's stale rows (drift, variances: float64 per row) computed
-    together (`catch_up_rows_many`); per table there remain the gathers, the
-    draws and the scatters. `stamp` (optional) is then written to the
-    history of every row of `ids`, as `bring_current` writes it.
-    """
-    rows = [tf.reshape(tf.cast(i, tf.int64), [-1]) for i in ids]
-    entries = [tf.gather(target.history, r) for target, r in zip(targets, rows)]
-    behind = [tf.not_equal(e, lazy_history.current(now)) for e in entries]
-
-    def catch_up():
-        stale = [tf.boolean_mask(r, b) for r, b in zip(rows, behind)]
-        catch_up_rows_many(targets, stale, [tf.boolean_mask(e, b) for e, b in zip(entries, behind)], now, owed)
-        return tf.constant(True)
-
-    result = tf.cond(tf.reduce_any(tf.concat(behind, 0)), catch_up, lambda: tf.constant(False))
-    if stamp is not None:
-        with tf.control_dependencies([result]):
-            for target, r in zip(targets, rows):
-                target.history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(r), stamp), r))
-    return result
-
-
-def catch_up_rows_many(targets: Sequence[TableState], rows: Sequence, entries: Sequence, now, owed: OwedNoise) -> None:
-    """`catch_up_rows` on several tables: unique `rows[i]` of `targets[i]`, whose history entries are `entries[i]`.
-
-    The per-row closed forms depend on the history entry only: computed
-    once on all tables' rows, split per table. Each table then draws its
-    noise (table after table, in the order of `targets`, as a loop of
-    `catch_up_rows` draws it) and writes its rows. Per-step draws
-    (`aggregate=False`) run `catch_up_rows` per table.
-    """
-    if not owed.aggregate:
-        for target, r in zip(targets, rows):
-            catch_up_rows(target, r, now, owed)
-        return
-    sizes = tf.stack([tf.shape(r)[0] for r in rows])
-    noise_from, state_from = lazy_history.owed_from(tf.concat(list(entries), 0))
-    columns = [noise_from]
-    momentum = any(target.momentum is not None for target in targets)
-    if momentum:
-        columns += lazy_math.momentum_drift(now - state_from, beta=owed.beta, nesterov=owed.nesterov)
-    if owed.step_sums is not None:
-        columns += owed.scales(noise_from, now)
-    per_table = zip(*(tf.split(column, sizes) for column in columns))
-    for target, r, (table_from, *rest) in zip(targets, rows, per_table):
-        drift, scales = (tuple(rest[:2]), rest[2:]) if momentum else (None, rest)
-        noise = None if owed.step_sums is None else owed.draw(r, tuple(scales), table_from, now, target.dim)
-        _write_caught_up(target, r, now, drift if target.momentum is not None else None, noise)
-
-
-def _write_caught_up(target: TableState, rows: tf.Tensor, now, drift: tuple | None, noise: tuple | None) -> None:
-    """Writes a catch-up of unique `rows`: `drift` = (decay, gain) per row, `noise` = (M, Theta); marks them current."""
-    var = target.table
+    var, history = target.table, target.history
+    noise_from, state_from = lazy_history.owed_from(tf.gather(history, rows))
     theta_delta, m_new = None, None
-    if drift is not None:
-        assert target.momentum is not None, "drift exists only with momentum"
+    if target.momentum is not None:
         m = tf.gather(target.momentum, rows)
-        decay, gain = drift
+        decay, gain = lazy_math.momentum_drift(now - state_from, beta=owed.beta, nesterov=owed.nesterov)
         m_new = tf.cast(decay, var.dtype)[:, None] * m
         theta_delta = tf.cast(gain, var.dtype)[:, None] * m
-    if noise is not None:
-        noise_m, noise_theta = noise
+    if owed.step_sums is not None:
+        noise_m, noise_theta = owed.sample(rows, noise_from, now, target.dim)
         noise_theta = tf.cast(noise_theta, var.dtype)
         theta_delta = noise_theta if theta_delta is None else theta_delta + noise_theta
         if m_new is not None:
@@ -311,7 +233,7 @@ def _write_caught_up(target: TableState, rows: tf.Tensor, now, drift: tuple | No
         target.momentum.scatter_update(tf.IndexedSlices(m_new, rows))
     if theta_delta is not None:
         var.scatter_add(tf.IndexedSlices(theta_delta, rows))
-    target.history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), lazy_history.current(now)), rows))
+    history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), lazy_history.current(now)), rows))
 
 
 __all__ = [
@@ -320,8 +242,6 @@ __all__ = [
     "TableState",
     "bring_current",
     "bring_current_function",
-    "bring_current_many",
     "catch_up_rows",
-    "catch_up_rows_many",
     "table_width",
 ]

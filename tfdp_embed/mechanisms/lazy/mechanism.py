@@ -305,10 +305,10 @@ class LazyDP(NoiseMechanism):
         hook catches every row before it is read); they only cost draws.
         """
         rows = self._require_init()
-        for name in lookahead or {}:
+        for name, ids in (lookahead or {}).items():
             if name not in self._by_name:
                 raise KeyError(f"`lookahead` names table {name!r}; LazyDP's tables are {sorted(self._by_name)}.")
-        rows.next_batches({self._by_name[name]: ids for name, ids in (lookahead or {}).items()})
+            rows.next_batch(self._by_name[name], ids)
 
     # -- leaving training -----------------------------------------------------
     @_raw_reads

@@ -139,7 +139,7 @@ class TableRows:
 
         The rows the optimizer is about to step on the tables off the fused
         path are first caught up and flagged one step ahead, all those
-        tables at once (`bring_current_many`; `now`: the current step, read
+        tables together (`_stamp_stepped`; `now`: the current step, read
         when first needed if not given): the optimizer applies their
         gradient at step t, their step-t noise is owed.
         """
@@ -151,35 +151,32 @@ class TableRows:
                 rows.append(tf.cast(table.gradient.indices, tf.int64))
             out.append((table.averaged_gradient(clipped.expected_batch_size), table.variable))
         if indices:
-            now = self._now() if now is None else now
-            self.bring_current_many(indices, rows, now, stamp=lazy_history.state_ahead(now))
+            self._stamp_stepped(indices, rows, self._now() if now is None else now)
         return out
-
-    def next_batches(self, lookahead: dict) -> None:
-        """Catches up each table's rows for the lookahead's ids `{index: ids as fed to the layer}`.
-
-        Tables on the fused path each run their op; the others are caught
-        up together (`bring_current_many`).
-        """
-        indices, rows = [], []
-        for index, ids in lookahead.items():
-            if self.table_ops(index) is not None:
-                self.next_batch(index, ids)
-                continue
-            flat = tf.reshape(
-                tf.cast(lazy_hooks.lookahead_rows(self.layers[index], ids, check_range=True), tf.int64), [-1]
-            )
-            indices.append(index)
-            rows.append(sparse_rows.unique(flat)[0])
-        if indices:
-            self.bring_current_many(indices, rows, self._now())
 
     @plain_python
     @raw_reads
-    def bring_current_many(self, indices: Sequence[int], rows: Sequence, now, *, stamp=None) -> tf.Tensor:
-        """`bring_current` of the unique `rows[i]` of TensorFlow-path table `indices[i]`, all at once."""
-        targets = [self.table_state(index) for index in indices]
-        return lazy_catch_up.bring_current_many(targets, rows, now, self._owed(), stamp=stamp)
+    def _stamp_stepped(self, indices: Sequence[int], rows: Sequence, now) -> None:
+        """Flags the unique `rows[i]` of TensorFlow-path table `indices[i]` one step ahead, caught up first.
+
+        The rows a forward pass read are current already: one check for all
+        the tables, and the catch-up (the shared traced one, table by table,
+        as a read runs it) only when some row is behind, i.e. the optimizer
+        steps a row the step did not read.
+        """
+        current = lazy_history.current(now)
+        behind = [tf.reduce_any(tf.not_equal(tf.gather(self.histories[i], r), current)) for i, r in zip(indices, rows)]
+
+        def catch_up():
+            for index, table_rows in zip(indices, rows):
+                self.bring_current(index, table_rows)
+            return tf.constant(True)
+
+        caught_up = tf.cond(tf.reduce_any(tf.stack(behind)), catch_up, lambda: tf.constant(False))
+        with tf.control_dependencies([caught_up]):
+            stamp = lazy_history.state_ahead(now)
+            for index, table_rows in zip(indices, rows):
+                self.histories[index].scatter_update(tf.IndexedSlices(tf.fill(tf.shape(table_rows), stamp), table_rows))
 
     def next_batch(self, index: int, ids) -> None:
         """Catches up table `index`'s rows for the lookahead's `ids` (as fed to the layer), deduplicated."""
