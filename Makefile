@@ -68,7 +68,7 @@ test-peers: $(PEERS_STAMP)
 test-beam: $(STAMP) $(BEAM_STAMP)
 	TFDP_BEAM_PYTHON=$(BEAM_PY) $(PY) -m pytest -q -m beam -p no:cacheprovider tests
 
-# The tests marked slow (deselected by default): dense DP-SGD under tf.distribute.
+# The slow tier (deselected by default): tests marked slow in place and those listed in tests/slow_tier.py.
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=15 -m slow tests
 

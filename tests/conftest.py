@@ -1,4 +1,4 @@
-"""Skips the tests marked `gpu` where TensorFlow sees no GPU; runs the Beam job for the tests marked `beam`.
+"""Marks the slow tier (`slow_tier.py`); skips the tests marked `gpu` where TensorFlow sees no GPU; runs the Beam job.
 
 The `fe` fixture runs a test once per front end (tf-keras, Keras 3): tests/front_ends/ and tests/privacy/ use it.
 """
@@ -13,7 +13,13 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
+    from slow_tier import is_slow  # tests/ is on sys.path (this conftest's directory)
+
+    for item in items:
+        if is_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return
