@@ -69,9 +69,6 @@ def with_lookahead(dataset: tf.data.Dataset, ids_fn: Callable[[object], Mapping[
 
     # Scan states must be plain tensors (tf.data's scan rejects ragged/sparse
     # state), so the carried element is kept as its flat component tensors.
-    def flat(element):
-        return tuple(tf.nest.flatten(element, expand_composites=True))
-
     def rebuild(components):
         return tf.nest.pack_sequence_as(spec, list(components), expand_composites=True)
 
@@ -83,15 +80,29 @@ def with_lookahead(dataset: tf.data.Dataset, ids_fn: Callable[[object], Mapping[
         ids = {name: v[: keep * tf.shape(v)[0]] for name, v in ids.items()}  # empty after the last batch
         return (components, tf.constant(True)), (has_previous, previous, ids)
 
-    sentinel_components = flat(sentinel)
-    flagged = dataset.map(lambda *element: (flat(element), tf.constant(True))).concatenate(
-        tf.data.Dataset.from_tensors((sentinel_components, tf.constant(False)))
-    )
+    def with_ids(valid, previous, ids):
+        return (*rebuild(previous), ids)
+
+    # Named functions, not lambdas on one line: AutoGraph cannot tell such lambdas apart and warns on every call.
+    sentinel_components = _flat(sentinel)
+    flagged = dataset.map(_real).concatenate(tf.data.Dataset.from_tensors((sentinel_components, tf.constant(False))))
     paired = flagged.scan((sentinel_components, tf.constant(False)), step)
-    out = paired.filter(lambda valid, previous, ids: valid).map(lambda valid, previous, ids: (*rebuild(previous), ids))
+    out = paired.filter(_is_valid).map(with_ids)
     # The same batches, in order, each with ids appended: the batching of `dataset` carries over.
     info = registered_info(dataset)
     return out if info is None else register(out, info)
+
+
+def _flat(element) -> tuple:
+    return tuple(tf.nest.flatten(element, expand_composites=True))
+
+
+def _real(*element):
+    return _flat(element), tf.constant(True)
+
+
+def _is_valid(valid, previous, ids):
+    return valid
 
 
 def _unique_ids(ids_fn: Callable[[object], Mapping[str, tf.Tensor]], features) -> dict:
