@@ -55,28 +55,6 @@ class TableState:
 
 
 @dataclasses.dataclass(frozen=True)
-class StepTerms:
-    """What every row caught up at step t shares (aggregated noise with momentum): computed once per step.
-
-    Attributes:
-      end: the running sums at t (`lazy_history.StepSums.at`).
-      window: (Var M, Cov, Var Theta) of the last k <= `DIRECT_WINDOW` steps
-        (`lazy_math.windowed_moments`).
-    """
-
-    end: lazy_math.RunningSums
-    window: tuple
-
-    def flat(self) -> tuple:
-        """The 7 tensors, in the order `from_flat` takes them."""
-        return (*self.end, *self.window)
-
-    @classmethod
-    def from_flat(cls, values) -> StepTerms:
-        return cls(lazy_math.RunningSums(*values[:4]), tuple(values[4:]))
-
-
-@dataclasses.dataclass(frozen=True)
 class OwedNoise:
     """What a row owes and how its noise is drawn.
 
@@ -89,7 +67,6 @@ class OwedNoise:
       seed: the mechanism's seed.
       noise_like: `(shape, stddev) -> float32` normals from the mechanism's
         generator (`NoiseMechanism._noise_like`).
-      at_now: the step's shared terms (`step_terms`), or None: computed per catch-up.
     """
 
     step_sums: lazy_history.StepSums | None
@@ -99,16 +76,6 @@ class OwedNoise:
     row_noise: str
     seed: int | None
     noise_like: Callable
-    at_now: StepTerms | None = None
-
-    def step_terms(self, now) -> StepTerms | None:
-        """The terms every row caught up at `now` shares; None where the catch-up needs none (no momentum,
-        per-step draws, no noise)."""
-        if self.step_sums is None or not self.aggregate or self.beta == 0:
-            return None
-        recent = self.step_sums.recent_weights(now, DIRECT_WINDOW)
-        window = lazy_math.windowed_moments(recent, beta=self.beta, nesterov=self.nesterov)
-        return StepTerms(self.step_sums.at(now), window)
 
     def _sums(self) -> lazy_history.StepSums:
         assert self.step_sums is not None, "owed noise is sampled only when sigma > 0"
@@ -134,13 +101,12 @@ class OwedNoise:
 
     def _aggregated_with_momentum(self, rows, noise_from, now, dim: int) -> tuple:
         """One 2x2 Cholesky per row; a row owing one step draws `dim` normals, others `2 dim`."""
-        terms = self.at_now or self.step_terms(now)
-        assert terms is not None  # aggregated momentum noise has its terms
-        var_m, cov, var_theta = lazy_math.moments_with_window(
-            self._sums().at(noise_from),
-            terms.end,
+        sums = self._sums()
+        var_m, cov, var_theta = lazy_math.owed_noise_moments(
+            sums.at(noise_from),
+            sums.at(now),
             now - noise_from,
-            terms.window,
+            sums.recent_weights(now, DIRECT_WINDOW),
             beta=self.beta,
             nesterov=self.nesterov,
         )
@@ -215,27 +181,22 @@ def bring_current_function(owed: Callable[[], OwedNoise]) -> Callable:
     inlined, every call site would be a copy again for the graph optimiser
     and the runtime to prepare; a call runs the same ops. Stateless row
     noise needs the row width when tracing: one trace per width then.
-    `terms`: the step's shared terms (`OwedNoise.step_terms`), computed once
-    by the caller for all its tables' catch-ups at `now`; None: each call
-    computes them.
     The catch-up's ops are inline in it.
     """
     traced = AnyShapeFunction(functools.partial(_bring_current_traced, owed), noinline=True)
 
-    def call(target: TableState, ids, now, *, unique: bool, stamp=None, terms: StepTerms | None = None) -> tf.Tensor:
+    def call(target: TableState, ids, now, *, unique: bool, stamp=None) -> tf.Tensor:
         width = target.dim if owed().row_noise == "stateless" else None
         rows = tf.reshape(tf.cast(ids, tf.int64), [-1])
-        shared = (None,) * 7 if terms is None else terms.flat()
-        return traced(target.table, target.history, target.momentum, rows, now, unique, stamp, width, *shared)
+        return traced(target.table, target.history, target.momentum, rows, now, unique, stamp, width)
 
     call.traced = traced.traced  # type: ignore[attr-defined]  # tests count its traces
     return call
 
 
-def _bring_current_traced(owed, table, history, momentum, rows, now, unique, stamp, width, *shared) -> tf.Tensor:
+def _bring_current_traced(owed, table, history, momentum, rows, now, unique, stamp, width) -> tf.Tensor:
     target = TableState(table, history, momentum, table_width(table, width))
-    terms = None if shared[0] is None else StepTerms.from_flat(shared)
-    return bring_current(target, rows, now, dataclasses.replace(owed(), at_now=terms), unique=unique, stamp=stamp)
+    return bring_current(target, rows, now, owed(), unique=unique, stamp=stamp)
 
 
 def table_width(table: tf.Variable, width: int | None):
@@ -278,7 +239,6 @@ def catch_up_rows(target: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> 
 __all__ = [
     "DIRECT_WINDOW",
     "OwedNoise",
-    "StepTerms",
     "TableState",
     "bring_current",
     "bring_current_function",

@@ -244,14 +244,9 @@ def owed_noise_moments(
       recent_weights: float `[K]` as for `windowed_moments` (all rows share t).
       beta, nesterov: as for `deferred_noise_moments`.
     """
-    window = windowed_moments(recent_weights, beta=beta, nesterov=nesterov)
-    return moments_with_window(start, end, steps, window, beta=beta, nesterov=nesterov)
-
-
-def moments_with_window(start: RunningSums, end: RunningSums, steps, window, *, beta: float, nesterov: bool = False):
-    """`owed_noise_moments` given the window's moments (`windowed_moments`, shared by every row caught up at t)."""
     s0, s1, s2 = range_sums(start, end, steps, beta=beta)
     ranged = deferred_noise_moments(s0, s1, s2, beta=beta, nesterov=nesterov)
+    window = windowed_moments(recent_weights, beta=beta, nesterov=nesterov)
     size = tf.shape(window[0], out_type=tf.int64)[0] - 1
     k = tf.cast(steps, tf.int64)
     near = k <= size
@@ -313,7 +308,6 @@ __all__ = [
     "advance_running_sums",
     "cholesky_2x2",
     "deferred_noise_moments",
-    "moments_with_window",
     "momentum_drift",
     "owed_noise_moments",
     "propagation_coefficients",

@@ -265,9 +265,9 @@ class LazyDP(NoiseMechanism):
         # (Table indices, not values: the values unused here are pruned, see TableGradient.averaged.)
         batch = [clipped.batch_size, *(t.gradient.indices for t in clipped.tables), *(g for _, g in clipped.dense)]
         with tf.control_dependencies(batch):
-            out = self._fused_update(rows, clipped) if rows.fused_step() else self._tf_update(rows, clipped)
-        rows.step_advanced()  # the step counter moved: the next catch-up reads it again
-        return out
+            if rows.fused_step():
+                return self._fused_update(rows, clipped)
+            return self._tf_update(rows, clipped)
 
     def _fused_update(self, rows: lazy_rows.TableRows, clipped: ClippedGradients) -> list:
         """`update` on the fused path (`lazy_fused`): a handful of ops per step."""

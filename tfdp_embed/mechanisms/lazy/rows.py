@@ -12,7 +12,6 @@ its step (`stepped`) and of its lookahead (`next_batch`).
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -68,8 +67,6 @@ class TableRows:
         self.layers, self.histories, self.momenta = tuple(layers), tuple(histories), tuple(momenta)
         self.paths, self.state = paths, state
         self._now, self._owed, self._traced = now, owed, traced
-        # Per graph being traced: (now, the step's shared catch-up terms), until the step advances.
-        self._at_now: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def attach(self, *, guard: Callable) -> None:
         """Installs each table's read hook (`bring_current`, `read`), and `guard` on its table and momentum slot."""
@@ -133,26 +130,9 @@ class TableRows:
         # Traced (a step, a flush, an evaluation): one traced function for every table and call site,
         # called the same way everywhere, so it is traced once: a read stamps its rows current (what
         # catching up writes anyway), and rows known to be unique go through `tf.unique` too.
-        now, terms = self.now_and_terms()
+        now = self._now()
         stamp = lazy_history.current(now) if stamp is None else stamp
-        return self._traced()(self.table_state(index), ids, now, unique=False, stamp=stamp, terms=terms)
-
-    def now_and_terms(self) -> tuple:
-        """The current step and the catch-up terms every table shares at it (`OwedNoise.step_terms`).
-
-        Made once per graph being traced and reused by every table's
-        catch-up traced into it (14 read hooks a step on the Criteo stacks),
-        until `step_advanced`: the terms depend on the step alone.
-        """
-        graph = tf.compat.v1.get_default_graph()
-        if graph not in self._at_now:
-            now = self._now()
-            self._at_now[graph] = (now, self._owed().step_terms(now))
-        return self._at_now[graph]
-
-    def step_advanced(self) -> None:
-        """Forgets `now_and_terms`: the step counter was just advanced."""
-        self._at_now.clear()
+        return self._traced()(self.table_state(index), ids, now, unique=False, stamp=stamp)
 
     def stepped(self, clipped, now=None) -> list:
         """Each table's `(noiseless averaged gradient, variable)` of the step `clipped`.
