@@ -16,14 +16,26 @@ from tfdp_embed.audit.fdp_one_run import METHODS
 from tfdp_embed.audit.one_run import default_guess_pairs
 
 
-def test_privacy_audit_smoke(tmp_path):
+def _run(tmp_path, argv: list) -> tuple[dict, dict]:
+    """Runs the benchmark with `argv` plus its outputs under `tmp_path`: (its JSON document, the output paths)."""
     out = {name: tmp_path / name for name in ("audit.json", "audit.png", "page.md")}
+    argv = [
+        *argv,
+        "--json",
+        str(out["audit.json"]),
+        "--png",
+        str(out["audit.png"]),
+        "--results-md",
+        str(out["page.md"]),
+    ]
+    assert privacy_audit.main(argv) == 0
+    return json.loads(out["audit.json"].read_text()), out
+
+
+def test_privacy_audit_smoke(tmp_path):
     argv = ["--canaries", "64", "--steps", "8", "--real-examples", "100", "--repeats", "1"]
     argv += ["--epsilons", "8", "--mechanisms", "dense,fest,none"]
-    argv += ["--json", str(out["audit.json"]), "--png", str(out["audit.png"]), "--results-md", str(out["page.md"])]
-    assert privacy_audit.main(argv) == 0
-
-    document = json.loads(out["audit.json"].read_text())
+    document, out = _run(tmp_path, argv)
     assert document["benchmark"] == "privacy_audit"
     assert document["command"].startswith("python -m benchmarks.privacy_audit --canaries 64")
     for key in ("nproc", "cpu_model", "date_utc", "git", "load_average_at_start"):
@@ -70,12 +82,8 @@ def test_privacy_audit_white_box_smoke(tmp_path):
     Dense, EANA and none observed step by step; LazyDP, DP-FEST, DP-AdaFEST and DP-AdaFEST+ through the
     released table.
     """
-    out = {name: tmp_path / name for name in ("audit.json", "audit.png", "page.md")}
     argv = ["--canary-kind", "white-box", "--canaries", "500", "--steps", "4", "--repeats", "1", "--epsilons", "8"]
-    argv += ["--json", str(out["audit.json"]), "--png", str(out["audit.png"]), "--results-md", str(out["page.md"])]
-    assert privacy_audit.main(argv) == 0
-
-    document = json.loads(out["audit.json"].read_text())
+    document, out = _run(tmp_path, argv)
     assert document["config"]["canary_kind"] == "white-box" and document["config"]["sampling_probability"] == 1.0
     runs = {r["mechanism"]: r for r in document["runs"]}
     assert set(runs) == {"dense", "lazy", "fest", "adafest", "adafest+", "eana", "none"}
@@ -105,13 +113,9 @@ def test_privacy_audit_two_tower_smoke(tmp_path):
 
     (tmp_path / "ml").mkdir()
     ratings = write_ratings(tmp_path / "ml" / "u.data")
-    out = {name: tmp_path / name for name in ("audit.json", "audit.png", "page.md")}
     argv = ["--model", "two-tower", "--data", ratings, "--canaries", "100", "--epochs", "2", "--batch-size", "32"]
     argv += ["--repeats", "1", "--epsilons", "8", "--mechanisms", "dense,eana,none"]
-    argv += ["--json", str(out["audit.json"]), "--png", str(out["audit.png"]), "--results-md", str(out["page.md"])]
-    assert privacy_audit.main(argv) == 0
-
-    document = json.loads(out["audit.json"].read_text())
+    document, out = _run(tmp_path, argv)
     config = document["config"]
     assert config["model"] == "two-tower" and config["canary_kind"] == "rare-id" and config["num_canaries"] == 100
     runs = {r["mechanism"]: r for r in document["runs"]}
@@ -150,13 +154,9 @@ def test_privacy_audit_two_tower_white_box_smoke(tmp_path):
     Observed (epsilon 8): dense 2.94, LazyDP 2.16, DP-AdaFEST 2.16, EANA 2.94 (= dense: a scored table's every
     row is noised), none 6.15.
     """
-    out = {name: tmp_path / name for name in ("audit.json", "audit.png", "page.md")}
     argv = ["--model", "two-tower", "--canary-kind", "white-box", "--canaries", "500", "--steps", "4"]
     argv += ["--repeats", "1", "--epsilons", "8"]
-    argv += ["--json", str(out["audit.json"]), "--png", str(out["audit.png"]), "--results-md", str(out["page.md"])]
-    assert privacy_audit.main(argv) == 0
-
-    document = json.loads(out["audit.json"].read_text())
+    document, out = _run(tmp_path, argv)
     assert document["config"]["model"] == "two-tower" and document["config"]["canary_kind"] == "white-box"
     runs = {r["mechanism"]: r for r in document["runs"]}
     assert set(runs) == {"dense", "lazy", "adafest", "eana", "none"} and not document["flags"]
