@@ -19,15 +19,8 @@ from tfdp_embed.audit.one_run import default_guess_pairs
 def _run(tmp_path, argv: list) -> tuple[dict, dict]:
     """Runs the benchmark with `argv` plus its outputs under `tmp_path`: (its JSON document, the output paths)."""
     out = {name: tmp_path / name for name in ("audit.json", "audit.png", "page.md")}
-    argv = [
-        *argv,
-        "--json",
-        str(out["audit.json"]),
-        "--png",
-        str(out["audit.png"]),
-        "--results-md",
-        str(out["page.md"]),
-    ]
+    argv = [*argv, "--json", str(out["audit.json"]), "--png", str(out["audit.png"])]
+    argv += ["--results-md", str(out["page.md"])]
     assert privacy_audit.main(argv) == 0
     return json.loads(out["audit.json"].read_text()), out
 
