@@ -30,6 +30,8 @@ with a one-line error (`reject_unsupported`), the others are not offered.
 
 from __future__ import annotations
 
+import contextlib
+
 from tfdp_embed import fit_callbacks, front_end, nonfinite, plan_wiring, read_guard, tape_guard
 from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.clipping import clipped_step, vectorized_layer_gradients
@@ -72,6 +74,22 @@ def _probe(data):
     if not isinstance(data, tf.data.Dataset):
         return None
     return keras.utils.unpack_x_y_sample_weight(probe_batch(data, keras.utils.unpack_x_y_sample_weight))
+
+
+@contextlib.contextmanager
+def _seed_states_kept(model):
+    """Puts every Keras 3 `SeedGenerator` state of `model`'s layers back afterwards (Dropout's, for one).
+
+    The contract check's training-mode passes would otherwise advance them: the check would change the
+    model's variables, and training would draw other masks than without the check.
+    """
+    states = [v for v in model.variables if v.name == "seed_generator_state"]  # each SeedGenerator's `state`
+    saved = [state.numpy() for state in states]
+    try:
+        yield
+    finally:
+        for state, value in zip(states, saved):
+            state.assign(value)
 
 
 def _check_arguments(model, mechanism, expected_batch_size) -> None:
@@ -211,16 +229,17 @@ class DPModel(keras.Model):
                 self._contract_pending = False
                 warn_no_data(stacklevel=4)
             return
-        ran = check_model(
-            self.inner,
-            tuple(batch),
-            forward=lambda training, x, y, w: self._per_example_loss(x, y, w, training=training)[0],
-            tapped_layers=self._tapped,
-            registry=self.registry,
-            fallback=vectorized_layer_gradients,
-            loss_name=f"the compiled loss {getattr(self.loss, 'name', self.loss)!r}",
-            check_per_example=True,
-        )
+        with _seed_states_kept(self.inner):
+            ran = check_model(
+                self.inner,
+                tuple(batch),
+                forward=lambda training, x, y, w: self._per_example_loss(x, y, w, training=training)[0],
+                tapped_layers=self._tapped,
+                registry=self.registry,
+                fallback=vectorized_layer_gradients,
+                loss_name=f"the compiled loss {getattr(self.loss, 'name', self.loss)!r}",
+                check_per_example=True,
+            )
         self._contract_pending = not ran and not last_chance
         if not ran and last_chance:  # none of the probed batches has two examples
             warn_no_pair(stacklevel=4)
