@@ -1,4 +1,4 @@
-"""`nonfinite.check_weights`: its float64 sums assert exactly when an elementwise check would."""
+"""`nonfinite.check_weights`: its sums assert exactly when an elementwise check would."""
 
 import numpy as np
 import pytest
@@ -33,6 +33,9 @@ def test_a_written_nonfinite_row_or_weight_fails(traced, bad):
     dense = tf.Variable([0.0, bad], dtype=tf.float16)
     with pytest.raises(tf.errors.InvalidArgumentError, match="weights are NaN or Inf"):
         _run([(tf.zeros([2], tf.float16), dense)], traced=traced)
+    dense = tf.Variable([0.0, bad])  # float32: its float32 sum is not finite, then the elementwise check fails
+    with pytest.raises(tf.errors.InvalidArgumentError, match="weights are NaN or Inf"):
+        _run([(tf.zeros([2]), dense)], traced=traced)
 
 
 def test_an_unwritten_nonfinite_row_is_not_read():

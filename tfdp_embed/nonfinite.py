@@ -87,18 +87,20 @@ def check_weights(pairs) -> tf.Operation:
     stops a diverging model at that step. (It assumes finite initial weights:
     a row that starts as NaN would be caught when a batch first writes it.)
 
-    One float64 sum of every written weight is checked: NaN and Inf propagate
+    A table's written rows are summed in float64, in place, one op per table
+    (`sparse_rows.rows_sum`: no gather, no branch): NaN and Inf propagate
     through a sum, and a float64 sum of float32 (or narrower) values cannot
-    overflow, so it is finite exactly when every weight is, and the assert
-    fires exactly when an elementwise check would. A table's written rows are
-    summed in place, one op per table (`sparse_rows.rows_sum`: no gather of
-    the rows, no branch). float64 weights, whose sums could overflow, are
-    checked elementwise.
+    overflow, so it is finite exactly when every row is. Dense variables are
+    summed in float32 as they are (a float64 copy of a dense 10^6 x 64 table
+    costs 41 ms a step against 9 ms), and checked elementwise only when that
+    sum is not finite (a finite float32 sum can overflow). float64 weights,
+    whose sums could overflow, are checked elementwise. The assert fires
+    exactly when an elementwise check would.
 
     Raises:
       tf.errors.InvalidArgumentError: (when run) a written weight is NaN or Inf; says the model diverged.
     """
-    sums, elementwise = [], []
+    sums, dense, elementwise = [], [], []
     for grad, variable in pairs:
         sparse = isinstance(grad, tf.IndexedSlices)
         if variable.dtype.base_dtype == tf.float64:
@@ -106,13 +108,25 @@ def check_weights(pairs) -> tf.Operation:
         elif sparse:
             sums.append(sparse_rows.rows_sum(variable, grad.indices))
         else:
-            sums.append(tf.reduce_sum(tf.cast(variable, tf.float64)))
+            dense.append(variable)
     checks = [tf.math.is_finite(tf.add_n(sums))] if sums else []
+    checks += [_dense_finite(dense)] if dense else []
     checks += [tf.reduce_all(tf.math.is_finite(values)) for values in elementwise]
     if not checks:
         return tf.no_op()
     finite = checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
     return tf.debugging.Assert(finite, [DIVERGED_MESSAGE])
+
+
+def _dense_finite(variables) -> tf.Tensor:
+    """Whether every entry of the (float32 or narrower) `variables` is finite: float32 sums, elementwise on overflow."""
+    sums = [tf.reduce_sum(v if v.dtype.base_dtype == tf.float32 else tf.cast(v, tf.float32)) for v in variables]
+    total = tf.add_n([tf.cast(s, tf.float64) for s in sums])
+
+    def elementwise():
+        return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in variables]))
+
+    return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True), elementwise)
 
 
 def check_released_weights(*modules) -> None:
