@@ -77,7 +77,7 @@ def finite_values(structure):
 
 
 @tf.autograph.experimental.do_not_convert
-def check_weights(pairs) -> tf.Operation:
+def check_weights(pairs, *, row_sums=()) -> tf.Operation:
     """Asserts that what the step wrote is finite: the rows of sparse updates, dense variables whole.
 
     Run after the optimizer applied `pairs` (`(gradient, variable)`). It
@@ -95,12 +95,13 @@ def check_weights(pairs) -> tf.Operation:
     costs 41 ms a step against 9 ms), and checked elementwise only when that
     sum is not finite (a finite float32 sum can overflow). float64 weights,
     whose sums could overflow, are checked elementwise. The assert fires
-    exactly when an elementwise check would.
+    exactly when an elementwise check would. `row_sums` are such float64 sums
+    already taken (`sparse_sgd.apply_tables` takes them as it writes the rows).
 
     Raises:
       tf.errors.InvalidArgumentError: (when run) a written weight is NaN or Inf; says the model diverged.
     """
-    sums, dense, elementwise = [], [], []
+    sums, dense, elementwise = list(row_sums), [], []
     for grad, variable in pairs:
         sparse = isinstance(grad, tf.IndexedSlices)
         if variable.dtype.base_dtype == tf.float64:

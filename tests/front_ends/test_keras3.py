@@ -99,7 +99,11 @@ def test_a_strategy_and_reduced_precision_are_refused_in_one_line(k3):
     assert "\n" not in str(error.value)
 
 
-def test_keras3_sgd_gets_the_table_gradient_sparse_under_lazydp(k3):
+def test_keras3_sgd_gets_the_table_gradient_sparse_under_lazydp(k3, monkeypatch):
+    from tfdp_embed import sparse_sgd
+
+    # The optimizer's own path (a plain SGD's tables go to sparse_sgd's fused op: tests/test_sparse_sgd.py).
+    monkeypatch.setattr(sparse_sgd, "fused_sgd", lambda optimizer: None)
     dp = k3.dp_model(k3.ctr_model(), _lazy(), batch=64)
     seen = []
     apply = dp.optimizer.apply_gradients

@@ -531,3 +531,87 @@ def test_prefetch_rows_is_skipped_where_it_cannot_run(op):
     with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():  # its handle raises outside a replica
         mirrored = tf.Variable(tf.zeros([4, 2]))
     assert "TfdpEmbedPrefetchRows" not in _op_types(lambda: sparse_rows.prefetch_rows(mirrored, rows))
+
+
+@pytest.mark.parametrize("dim", [1, 7, 64])
+def test_scatter_add_sum_writes_as_resource_scatter_add_and_sums_what_it_wrote(op, dim):
+    """Distinct rows (as the mechanisms hand them): bit-identical to ResourceScatterAdd of updates * scale.
+
+    Repeated rows add in the order of `rows` (np.add.at's order). TensorFlow's own scatter may add
+    them in another order on several threads: it is compared on distinct rows only.
+    """
+    rng = np.random.default_rng(dim)
+    start = rng.normal(size=(20_000, dim)).astype(np.float32)
+    rows = tf.constant(rng.permutation(20_000)[:5000], tf.int64)
+    updates = rng.normal(size=(5000, dim)).astype(np.float32)
+    scale = np.float32(-0.37)
+    fused, reference = tf.Variable(start), tf.Variable(start)
+    total = sparse_rows.scatter_add_sum(fused, rows, updates, scale)
+    tf.raw_ops.ResourceScatterAdd(resource=reference.handle, indices=rows, updates=updates * scale)
+    np.testing.assert_array_equal(fused.numpy(), reference.numpy())
+    want = sparse_rows.scatter_add_sum_reference(tf.Variable(start), rows, updates, scale)
+    np.testing.assert_allclose(total.numpy(), want.numpy(), rtol=1e-9)
+    repeated = rng.integers(0, 300, 5000)  # many repeats: each row's writes stay in order
+    table = tf.Variable(start[:300])
+    sparse_rows.scatter_add_sum(table, tf.constant(repeated, tf.int64), updates, scale)
+    expected = start[:300].copy()
+    np.add.at(expected, repeated, updates * scale)
+    np.testing.assert_array_equal(table.numpy(), expected)
+    empty = sparse_rows.scatter_add_sum(fused, tf.zeros([0], tf.int64), tf.zeros([0, dim]), scale)
+    assert empty.numpy() == 0.0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_scatter_add_sum_is_not_finite_exactly_when_a_written_value_is_not(op, bad):
+    big = np.finfo(np.float32).max
+    table = tf.Variable([[big, 1.0], [2.0, 3.0], [bad, 0.0]])  # row 2 is not written below
+    rows, updates = tf.constant([0, 1, 0], tf.int64), tf.zeros([3, 2])
+    assert np.isfinite(sparse_rows.scatter_add_sum(table, rows, updates, 1.0).numpy())  # big + big: float64
+    assert not np.isfinite(sparse_rows.scatter_add_sum(table, tf.constant([2], tf.int64), tf.zeros([1, 2]), 1.0))
+    overflow = tf.constant([[big, 0.0]])
+    assert not np.isfinite(sparse_rows.scatter_add_sum(table, tf.constant([0], tf.int64), overflow, 1.0).numpy())
+    assert np.isinf(table.numpy()[0, 0])
+
+
+def test_scatter_add_sum_refuses_bad_rows_and_shapes_before_writing(op):
+    table = tf.Variable(tf.ones([4, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row 4 is outside \\[0, 4\\)"):
+        op.tfdp_embed_scatter_add_sum(table.handle, tf.constant([0, 4], tf.int64), tf.ones([2, 3]), 1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`updates` must have shape \\[2, 3\\]"):
+        op.tfdp_embed_scatter_add_sum(table.handle, tf.constant([0, 1], tf.int64), tf.ones([2, 2]), 1.0)
+    np.testing.assert_array_equal(table.numpy(), np.ones([4, 3]))  # nothing written
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("dim", [1, 16, 64])
+def test_momentum_sum_steps_as_keras_sparse_momentum(op, dim, nesterov):
+    """Bit-identical to ResourceSparseApplyKerasMomentum (table and slot) on distinct rows."""
+    rng = np.random.default_rng(dim)
+    start = rng.normal(size=(20_000, dim)).astype(np.float32)
+    slot = rng.normal(size=(20_000, dim)).astype(np.float32)
+    rows = tf.constant(rng.permutation(20_000)[:5000], tf.int64)  # distinct: Keras dedups before this op
+    grad = tf.constant(rng.normal(size=(5000, dim)).astype(np.float32))
+    lr, momentum = tf.constant(0.37), tf.constant(0.9)
+    fused = (tf.Variable(start), tf.Variable(slot))
+    reference = (tf.Variable(start), tf.Variable(slot))
+    total = sparse_rows.momentum_sum(*fused, rows, grad, lr, momentum, nesterov=nesterov)
+    want = sparse_rows.momentum_sum_reference(*reference, rows, grad, lr, momentum, nesterov=nesterov)
+    for got, expected in zip(fused, reference):
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())
+    assert total.dtype == tf.float64 and np.isfinite(total.numpy()) and np.isfinite(want.numpy())
+    table = fused[0]
+    table[int(rows[0]), 0].assign(np.nan)
+    assert not np.isfinite(sparse_rows.momentum_sum(*fused, rows[:1], grad[:1], lr, momentum, nesterov=nesterov))
+
+
+def test_momentum_sum_refuses_bad_rows_shapes_and_slots_before_writing(op):
+    table, slot = tf.Variable(tf.ones([4, 3])), tf.Variable(tf.ones([4, 3]))
+    rows, grad = tf.constant([0, 4], tf.int64), tf.ones([2, 3])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row 4 is outside \\[0, 4\\)"):
+        op.tfdp_embed_momentum_sum(table.handle, slot.handle, rows, grad, 0.1, 0.9)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`grad` must have shape \\[2, 3\\]"):
+        op.tfdp_embed_momentum_sum(table.handle, slot.handle, rows, tf.ones([2, 2]), 0.1, 0.9)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="another variable of the table's shape"):
+        op.tfdp_embed_momentum_sum(table.handle, tf.Variable(tf.ones([5, 3])).handle, rows[:1], grad[:1], 0.1, 0.9)
+    for variable in (table, slot):
+        np.testing.assert_array_equal(variable.numpy(), np.ones([4, 3]))  # nothing written

@@ -19,6 +19,12 @@ class LegacySgd:
 
     def __init__(self, optimizer: keras.optimizers.legacy.SGD):
         self._optimizer = optimizer
+        # How it applies a sparse gradient, for `sparse_sgd` to do the same in one op: "sgd" (a scatter of
+        # -lr * values) or "momentum" (dedup, then Keras' sparse momentum op); None for a subclass (it may
+        # apply otherwise) or gradient transformers.
+        exact = type(optimizer) is keras.optimizers.legacy.SGD and not optimizer.gradient_transformers
+        momentum = optimizer._momentum  # noqa: SLF001 - the flag legacy SGD itself branches on
+        self.sparse_step = ("momentum" if momentum else "sgd") if exact else None
         self._decay = float(optimizer.get_config().get("decay", 0.0) or 0.0)  # legacy inverse-time decay
 
     @property
@@ -61,6 +67,14 @@ class LegacySgd:
         if self._decay > 0:
             lr = lr / (1.0 + tf.cast(self._decay, tf.float32) * tf.cast(self._optimizer.iterations, tf.float32))
         return lr
+
+    def momentum(self) -> tf.Tensor:
+        """The momentum the coming apply uses (float32; a hyperparameter variable is read when the step runs)."""
+        return tf.identity(self._optimizer._get_hyper("momentum", tf.float32))  # noqa: SLF001 - as legacy SGD reads it
+
+    @property
+    def nesterov(self) -> bool:
+        return bool(self._optimizer.nesterov)
 
     def momentum_slot(self, variable: tf.Variable, *, create: bool = False) -> tf.Variable:
         if create:

@@ -26,7 +26,7 @@ References: Abadi et al. 2016 (DP-SGD); Li et al. 2022 and Bu et al. 2022
 
 from __future__ import annotations
 
-from tfdp_embed import fit_callbacks, front_end, nonfinite, plan_wiring, read_guard, tape_guard
+from tfdp_embed import fit_callbacks, front_end, nonfinite, plan_wiring, read_guard, sparse_sgd, tape_guard
 from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
 from tfdp_embed.clipping.per_example import clipped_step
@@ -109,10 +109,15 @@ def _noise_and_apply(mechanism, optimizer, clipped, trainable_variables, lookahe
     # Unscaled and finite: a LossScaleOptimizer's inner optimizer applies them.
     optimizer = mixed_precision.inner_optimizer(optimizer)
     optimizer_check.warn_dense_table_rewrite(optimizer, pairs)
-    sparse_rows.prefetch_written_rows(pairs)
-    distribute.apply_gradients(optimizer, pairs)
+    sgd = sparse_sgd.fused_sgd(optimizer)  # SGD: tables stepped by one fused op each, sums for the check
+    rest, row_sums = sparse_sgd.apply_tables(sgd, pairs)
+    sparse_rows.prefetch_written_rows(rest)
+    if rest or sgd is None:
+        distribute.apply_gradients(optimizer, rest)
+    else:  # every variable was a table stepped above
+        sparse_sgd.count_step(sgd)
     user_code(mechanism.after_apply)(lookahead)
-    nonfinite.check_weights(pairs)  # a diverged model stops here; one example cannot stop it
+    nonfinite.check_weights(rest, row_sums=row_sums)  # a diverged model stops here; one example cannot stop it
 
 
 def _init_mechanism(mechanism, model, tables, optimizer, strategy) -> None:

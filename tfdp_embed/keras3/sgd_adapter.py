@@ -19,6 +19,7 @@ from __future__ import annotations
 from tfdp_embed.clipping.layer_kinds import tf_variable
 from tfdp_embed.keras3._keras import keras, tf
 from tfdp_embed.mechanisms.lazy import sgd as lazy_sgd
+from tfdp_embed.ops import sparse_rows
 
 _REFUSED_SETTINGS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "loss_scale_factor")
 
@@ -28,6 +29,9 @@ class Keras3Sgd:
 
     def __init__(self, optimizer):
         self._optimizer = optimizer
+        # How it applies a sparse gradient, for `sparse_sgd` to do the same in one op: "sgd" (a scatter of
+        # -lr * values) for the class itself without momentum; else None (Keras 3's momentum is dense).
+        self.sparse_step = "sgd" if type(optimizer) is keras.optimizers.SGD and not optimizer.momentum else None
 
     @property
     def iterations(self) -> tf.Variable:
@@ -61,16 +65,21 @@ class Keras3Sgd:
         index = optimizer._get_variable_index(variable)  # noqa: SLF001 - Keras 3 has no public slot accessor
         return tf_variable(optimizer.momentums[index])
 
-    def apply_sparse(self, gradient: tf.IndexedSlices, variable: tf.Variable, learning_rate: tf.Tensor) -> None:
-        """Legacy SGD's sparse momentum step on the rows `gradient` names (unique rows); other rows stay idle."""
-        beta = float(self._optimizer.momentum)
-        slot = self.momentum_slot(variable)
+    def apply_sparse(self, gradient: tf.IndexedSlices, variable: tf.Variable, learning_rate: tf.Tensor) -> tf.Tensor:
+        """Legacy SGD's sparse momentum step on the rows `gradient` names (unique rows); other rows stay idle.
+
+        One op (`sparse_rows.momentum_sum`); returns the float64 sum of the written rows (the check's).
+        """
         rows, values = gradient.indices, tf.cast(gradient.values, variable.dtype)
-        step = tf.cast(learning_rate, variable.dtype) * values
-        momentum = beta * tf.gather(slot, rows) - step
-        slot.scatter_update(tf.IndexedSlices(momentum, rows))
-        delta = beta * momentum - step if self._optimizer.nesterov else momentum
-        variable.scatter_add(tf.IndexedSlices(delta, rows))
+        return sparse_rows.momentum_sum(
+            variable,
+            self.momentum_slot(variable),
+            rows,
+            values,
+            learning_rate,
+            float(self._optimizer.momentum),
+            nesterov=bool(self._optimizer.nesterov),
+        )
 
 
 def lazy_momentum(mechanism, optimizer) -> Keras3Sgd | None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 
-from tfdp_embed import fit_callbacks, front_end, nonfinite, plan_wiring, read_guard, tape_guard
+from tfdp_embed import fit_callbacks, front_end, nonfinite, plan_wiring, read_guard, sparse_sgd, tape_guard
 from tfdp_embed.absent_examples import present_examples, without_absent_examples
 from tfdp_embed.clipping import clipped_step, vectorized_layer_gradients
 from tfdp_embed.clipping.assemble import assemble, check_every_variable_noised
@@ -292,17 +292,24 @@ class DPModel(keras.Model):
         state = self._training_only
         pairs = self.mechanism.update(clipped)
         check_every_variable_noised(pairs, state.variables, self.mechanism.name)
+        sgd = sparse_sgd.fused_sgd(self.optimizer)  # SGD: tables stepped by one fused op each
+        constrained = {ref for ref, v in state.keras_variables.items() if v.constraint is not None}
+        pairs, row_sums = sparse_sgd.apply_tables(sgd, pairs, constrained=constrained)
         sparse_rows.prefetch_written_rows(pairs)
         if state.sparse_sgd is not None:  # LazyDP with momentum: tables as legacy SGD moves them (sgd_adapter)
             tables = {t.embeddings.ref() for t in state.tables}
             learning_rate = state.sparse_sgd.learning_rate()  # this step's, before Keras counts the step
             for gradient, variable in pairs:
                 if variable.ref() in tables:
-                    state.sparse_sgd.apply_sparse(gradient, variable, learning_rate)
+                    row_sums.append(state.sparse_sgd.apply_sparse(gradient, variable, learning_rate))
             pairs = [(g, v) for g, v in pairs if v.ref() not in tables]
-        self.optimizer.apply_gradients([(g, state.keras_variables[v.ref()]) for g, v in pairs])
+        counter = sgd or state.sparse_sgd
+        if pairs or counter is None:
+            self.optimizer.apply_gradients([(g, state.keras_variables[v.ref()]) for g, v in pairs])
+        else:  # every variable was a table stepped above
+            sparse_sgd.count_step(counter)
         self.mechanism.after_apply(None)
-        nonfinite.check_weights(pairs)
+        nonfinite.check_weights(pairs, row_sums=row_sums)  # every written weight, the tables' by their sums
 
     def _non_private_step(self, x, y, sample_weight):
         with tf.GradientTape() as tape:

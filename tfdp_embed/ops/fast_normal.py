@@ -63,6 +63,8 @@ OP_NAMES = (
     "TfdpEmbedLazyCatchUpNoise",
     "TfdpEmbedLazyAddRows",
     "TfdpEmbedRowsSum",
+    "TfdpEmbedScatterAddSum",
+    "TfdpEmbedMomentumSum",
 )
 LIBRARY_NAME = "_fast_normal_op.so"
 ENV_SWITCH = "TFDP_EMBED_FAST_NORMAL"

@@ -31,6 +31,11 @@
 //       (= reduce_sum(cast(gather(table, rows), float64)), order not Eigen's):
 //       finite exactly when every entry is (a float64 sum of float32 values
 //       cannot overflow), the diverged-model check's one op per table.
+//   TfdpEmbedScatterAddSum      table[rows] += updates * scale in place (SGD's sparse
+//       step, = ResourceScatterAdd) and the float64 sum of the written values
+//       (the check's sum, taken while the rows are in cache).
+//   TfdpEmbedMomentumSum        Keras' sparse momentum step in place (= ResourceSparse-
+//       ApplyKerasMomentum) and the same sum.
 //
 // The Gaussian stream is fast_normal.cc's, included here without its op.
 
@@ -1048,6 +1053,230 @@ class RowsSumOp : public OpKernel {
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TfdpEmbedRowsSum").Device(DEVICE_CPU), RowsSumOp);
+
+// ---------------------------------------------------------------------------
+REGISTER_OP("TfdpEmbedScatterAddSum")
+    .Input("table: resource")
+    .Input("rows: int64")
+    .Input("updates: float")
+    .Input("scale: float")
+    .Output("sum: double")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+SGD's sparse step and the diverged-model check's sum in one pass, in place:
+for k = 0, 1, ... in order, table[rows[k], :] += updates[k, :] * scale
+(float32, as ResourceScatterAdd of updates * scale: repeated rows add in the
+order of `rows`), and `sum` is the float64 sum of every value written (each
+row's value after each of its writes), finite exactly when every written
+entry is. Rows are split between the CPU workers by row id, so a repeated row
+is written by one worker, in order. Refuses, before writing anything, a row
+outside [0, vocabulary) and updates whose shape is not [len(rows), dim].
+)doc");
+
+// The rows of `rows` (n of them) split into `parts` by row id, each part in ascending k.
+std::vector<std::vector<int64_t>> PartsByRow(const int64_t* rows, int64_t n, int64_t parts) {
+  std::vector<std::vector<int64_t>> mine(parts);
+  for (auto& part : mine) part.reserve(n / parts + 16);
+  for (int64_t k = 0; k < n; ++k) mine[rows[k] % parts].push_back(k);
+  return mine;
+}
+
+// tab[rows[k]] += updates[k] * scale for the k in `mine` (ascending), rows prefetched
+// ahead; returns the float64 sum of the values written, in eight independent lanes.
+double ScatterAddRows(float* tab, int64_t dim, const int64_t* rows, const float* updates, float scale,
+                      const std::vector<int64_t>& mine) {
+  constexpr int64_t kAhead = 8;
+  constexpr int kLanes = 8;
+  double lanes[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int64_t m = static_cast<int64_t>(mine.size());
+  for (int64_t j = 0; j < std::min(m, kAhead); ++j) PrefetchRow(tab + rows[mine[j]] * dim, dim);
+  for (int64_t j = 0; j < m; ++j) {
+    if (j + kAhead < m) PrefetchRow(tab + rows[mine[j + kAhead]] * dim, dim);
+    float* row = tab + rows[mine[j]] * dim;
+    const float* update = updates + mine[j] * dim;
+    int64_t i = 0;
+    for (; i + kLanes <= dim; i += kLanes) {
+      for (int lane = 0; lane < kLanes; ++lane) {
+        row[i + lane] += update[i + lane] * scale;
+        lanes[lane] += static_cast<double>(row[i + lane]);
+      }
+    }
+    for (; i < dim; ++i) {
+      row[i] += update[i] * scale;
+      lanes[i % kLanes] += static_cast<double>(row[i]);
+    }
+  }
+  double sum = 0.0;
+  for (double lane : lanes) sum += lane;
+  return sum;
+}
+
+class ScatterAddSumOp : public OpKernel {
+ public:
+  explicit ScatterAddSumOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    static constexpr const char* kOp = "TfdpEmbedScatterAddSum";
+    core::RefCountPtr<Var> table;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &table));
+    OP_REQUIRES_OK(ctx, SparseAccess(ctx, table.get()));
+    mutex_lock lock(*table->mu());
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "table", table.get(), DT_FLOAT, 2));
+    Tensor* tab_t = table->tensor();
+    const int64_t vocab = tab_t->dim_size(0);
+    const int64_t dim = tab_t->dim_size(1);
+    const Tensor& rows_t = ctx->input(1);
+    const Tensor& updates_t = ctx->input(2);
+    const int64_t n = rows_t.NumElements();
+    OP_REQUIRES(ctx, updates_t.dims() == 2 && updates_t.dim_size(0) == n && updates_t.dim_size(1) == dim,
+                errors::InvalidArgument(kOp, ": `updates` must have shape [", n, ", ", dim, "] (one row per row id, ",
+                                        "the table's width); received ", updates_t.shape().DebugString(), "."));
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    for (int64_t k = 0; k < n; ++k) {
+      OP_REQUIRES(ctx, rows[k] >= 0 && rows[k] < vocab,
+                  errors::InvalidArgument(kOp, ": row ", rows[k], " is outside [0, ", vocab, ")."));
+    }
+    const float scale = ctx->input(3).scalar<float>()();
+    float* tab = tab_t->flat<float>().data();
+    const float* updates = updates_t.flat<float>().data();
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(workers->num_threads, n * dim / 8192));
+    const std::vector<std::vector<int64_t>> mine = PartsByRow(rows, n, parts);
+    std::vector<double> sums(parts, 0.0);
+    Shard(workers->num_threads, workers->workers, parts, n * dim * 8 / parts, [&](int64_t begin, int64_t end) {
+      for (int64_t part = begin; part < end; ++part) sums[part] = ScatterAddRows(tab, dim, rows, updates, scale, mine[part]);
+    });
+    double sum = 0.0;
+    for (double part_sum : sums) sum += part_sum;
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<double>()() = sum;
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedScatterAddSum").Device(DEVICE_CPU).HostMemory("scale"), ScatterAddSumOp);
+
+// ---------------------------------------------------------------------------
+REGISTER_OP("TfdpEmbedMomentumSum")
+    .Input("table: resource")
+    .Input("accum: resource")
+    .Input("rows: int64")
+    .Input("grad: float")
+    .Input("lr: float")
+    .Input("momentum: float")
+    .Attr("use_nesterov: bool = false")
+    .Output("sum: double")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Keras' sparse momentum step and the diverged-model check's sum in one pass,
+in place. For k = 0, 1, ... in order, with r = rows[k], g = grad[k, :],
+  accum[r] = accum[r] * momentum - g * lr
+  table[r] += accum[r]                          (use_nesterov: += accum[r] * momentum - g * lr)
+(float32, as ResourceSparseApplyKerasMomentum), and `sum` is the float64 sum
+of every table value written. Rows are split between the CPU workers by row
+id (a repeated row stays in order on one worker). Refuses, before writing, a
+row outside [0, vocabulary), an accumulator of another shape than the table,
+and a gradient whose shape is not [len(rows), dim].
+)doc");
+
+struct MomentumStep {
+  float lr, momentum;
+  bool nesterov;
+};
+
+// The momentum step on rows[mine[j]] (ascending j), prefetched ahead; returns the float64 sum of
+// the table values written, in eight independent lanes.
+double MomentumRows(float* tab, float* acc, int64_t dim, const int64_t* rows, const float* grad,
+                    const MomentumStep& step, const std::vector<int64_t>& mine) {
+  constexpr int64_t kAhead = 8;
+  constexpr int kLanes = 8;
+  double lanes[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int64_t m = static_cast<int64_t>(mine.size());
+  for (int64_t j = 0; j < m; ++j) {
+    if (j + kAhead < m) {
+      PrefetchRow(tab + rows[mine[j + kAhead]] * dim, dim);
+      PrefetchRow(acc + rows[mine[j + kAhead]] * dim, dim);
+    }
+    float* row = tab + rows[mine[j]] * dim;
+    float* a = acc + rows[mine[j]] * dim;
+    const float* g = grad + mine[j] * dim;
+    for (int64_t i = 0; i < dim; ++i) {
+      a[i] = a[i] * step.momentum - g[i] * step.lr;
+      row[i] += step.nesterov ? a[i] * step.momentum - g[i] * step.lr : a[i];
+      lanes[i % kLanes] += static_cast<double>(row[i]);
+    }
+  }
+  double sum = 0.0;
+  for (double lane : lanes) sum += lane;
+  return sum;
+}
+
+class MomentumSumOp : public OpKernel {
+ public:
+  explicit MomentumSumOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("use_nesterov", &nesterov_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    static constexpr const char* kOp = "TfdpEmbedMomentumSum";
+    core::RefCountPtr<Var> table, accum;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &table));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &accum));
+    OP_REQUIRES_OK(ctx, SparseAccess(ctx, table.get()));
+    OP_REQUIRES_OK(ctx, SparseAccess(ctx, accum.get()));
+    VarLocks locks({table.get(), accum.get()});
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "table", table.get(), DT_FLOAT, 2));
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "accum", accum.get(), DT_FLOAT, 2));
+    Tensor* tab_t = table->tensor();
+    OP_REQUIRES(ctx, accum->tensor()->shape() == tab_t->shape() && table.get() != accum.get(),
+                errors::InvalidArgument(kOp, ": the accumulator ", accum->tensor()->shape().DebugString(),
+                                        " must be another variable of the table's shape ",
+                                        tab_t->shape().DebugString(), "."));
+    const int64_t vocab = tab_t->dim_size(0);
+    const int64_t dim = tab_t->dim_size(1);
+    const Tensor& rows_t = ctx->input(2);
+    const Tensor& grad_t = ctx->input(3);
+    const int64_t n = rows_t.NumElements();
+    OP_REQUIRES(ctx, grad_t.dims() == 2 && grad_t.dim_size(0) == n && grad_t.dim_size(1) == dim,
+                errors::InvalidArgument(kOp, ": `grad` must have shape [", n, ", ", dim, "] (one row per row id, ",
+                                        "the table's width); received ", grad_t.shape().DebugString(), "."));
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    for (int64_t k = 0; k < n; ++k) {
+      OP_REQUIRES(ctx, rows[k] >= 0 && rows[k] < vocab,
+                  errors::InvalidArgument(kOp, ": row ", rows[k], " is outside [0, ", vocab, ")."));
+    }
+    const MomentumStep step{ctx->input(4).scalar<float>()(), ctx->input(5).scalar<float>()(), nesterov_};
+    float* tab = tab_t->flat<float>().data();
+    float* acc = accum->tensor()->flat<float>().data();
+    const float* grad = grad_t.flat<float>().data();
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(workers->num_threads, n * dim / 8192));
+    const std::vector<std::vector<int64_t>> mine = PartsByRow(rows, n, parts);
+    std::vector<double> sums(parts, 0.0);
+    Shard(workers->num_threads, workers->workers, parts, n * dim * 12 / parts, [&](int64_t begin, int64_t end) {
+      for (int64_t part = begin; part < end; ++part) {
+        sums[part] = MomentumRows(tab, acc, dim, rows, grad, step, mine[part]);
+      }
+    });
+    double sum = 0.0;
+    for (double part_sum : sums) sum += part_sum;
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<double>()() = sum;
+  }
+
+ private:
+  bool nesterov_ = false;
+};
+REGISTER_KERNEL_BUILDER(
+    Name("TfdpEmbedMomentumSum").Device(DEVICE_CPU).HostMemory("lr").HostMemory("momentum"), MomentumSumOp);
 
 // ---------------------------------------------------------------------------
 REGISTER_OP("TfdpEmbedLazyRecordStep")

@@ -25,6 +25,8 @@ reference runs instead: slower, identical results.
                             it computes nothing)
     prefetch_written_rows   the same for every sparse (gradient, variable) pair a step applies
     rows_sum                float64 sum of table rows read in place: finite iff every entry is
+    scatter_add_sum         SGD's sparse step in place, returning rows_sum of what it wrote
+    momentum_sum            the same for Keras' sparse momentum step
 
 Example:
     >>> values = noised_values(generator, grad.values, stddev=1.0, divisor=1024.0)
@@ -626,6 +628,73 @@ def rows_sum(table, rows) -> tf.Tensor:
     return rows_sum_reference(table, rows)
 
 
+def scatter_add_sum_reference(table, rows, updates, scale) -> tf.Tensor:
+    """`table.scatter_add(updates * scale at rows)`, then `rows_sum_reference` of the written rows."""
+    rows = _flat_rows(rows)
+    write = table.scatter_add(tf.IndexedSlices(updates * scale, rows))
+    with tf.control_dependencies([write.op if hasattr(write, "op") else write]):
+        return rows_sum_reference(table, rows)
+
+
+@tf.autograph.experimental.do_not_convert
+def scatter_add_sum(table, rows, updates, scale) -> tf.Tensor:
+    """SGD's sparse step `table[rows] += updates * scale`, in place; returns the float64 sum of what it wrote.
+
+    One op (`TfdpEmbedScatterAddSum`) writes the rows as `ResourceScatterAdd`
+    of `updates * scale` does (the same float32 products and sums, repeated
+    rows in order: bit-identical) and sums the written values while they are in
+    cache, so the sum is finite exactly when every written entry is (see
+    `rows_sum`). Without the op (see `prefetch_rows`), the reference: the
+    scatter, then `rows_sum` reads the rows again.
+
+    Args:
+      table: a float32 table variable.
+      rows: int64 row ids in `[0, vocabulary)`, shape [n].
+      updates: float32 [n, dim].
+      scale: float32 scalar (-learning rate for SGD).
+    """
+    op = _op(table) if takes_table(table) else None
+    if op is not None:
+        rows = tf.cast(_flat_rows(rows), tf.int64)
+        return op.tfdp_embed_scatter_add_sum(table.handle, rows, updates, tf.cast(scale, tf.float32))
+    return scatter_add_sum_reference(table, rows, updates, scale)
+
+
+def momentum_sum_reference(table, accum, rows, grad, lr, momentum, *, nesterov: bool) -> tf.Tensor:
+    """`ResourceSparseApplyKerasMomentum`, then `rows_sum_reference` of the written rows."""
+    rows = _flat_rows(rows)
+    write = tf.raw_ops.ResourceSparseApplyKerasMomentum(
+        var=table.handle, accum=accum.handle, lr=lr, grad=grad, indices=rows, momentum=momentum, use_nesterov=nesterov
+    )
+    with tf.control_dependencies([write]):
+        return rows_sum_reference(table, rows)
+
+
+@tf.autograph.experimental.do_not_convert
+def momentum_sum(table, accum, rows, grad, lr, momentum, *, nesterov: bool) -> tf.Tensor:
+    """Keras' sparse momentum step on `table[rows]` and `accum[rows]`, in place; the float64 sum of what it wrote.
+
+    `accum[r] = accum[r] * momentum - g * lr`, then `table[r] += accum[r]`
+    (Nesterov: `+= accum[r] * momentum - g * lr`), as
+    `ResourceSparseApplyKerasMomentum` computes it (bit-identical), with the
+    rows split between the CPU workers and prefetched, and the written values
+    summed as `scatter_add_sum` does. Without the op, the reference.
+
+    Args:
+      table, accum: float32 variables of one shape (the table, its momentum slot).
+      rows: int64 row ids in `[0, vocabulary)`, shape [n] (Keras dedups them first).
+      grad: float32 [n, dim].
+      lr, momentum: float32 scalars.
+      nesterov: Nesterov momentum.
+    """
+    op = _op(table, accum) if takes_table(table) and takes_table(accum) else None
+    if op is None:
+        return momentum_sum_reference(table, accum, rows, grad, lr, momentum, nesterov=nesterov)
+    rows = tf.cast(_flat_rows(rows), tf.int64)
+    lr, momentum = tf.cast(lr, tf.float32), tf.cast(momentum, tf.float32)
+    return op.tfdp_embed_momentum_sum(table.handle, accum.handle, rows, grad, lr, momentum, use_nesterov=nesterov)
+
+
 def takes_table(table) -> bool:
     """True for a table the in-place ops can read and write: a float32 variable with one resource handle.
 
@@ -653,6 +722,8 @@ __all__ = [
     "lazy_ops",
     "lazy_record_step",
     "lazy_record_step_reference",
+    "momentum_sum",
+    "momentum_sum_reference",
     "noised_values",
     "noised_values_many",
     "noised_values_reference",
@@ -664,6 +735,8 @@ __all__ = [
     "rows_sum_reference",
     "scaled_segment_sum",
     "scaled_segment_sum_reference",
+    "scatter_add_sum",
+    "scatter_add_sum_reference",
     "takes_table",
     "unique",
 ]
