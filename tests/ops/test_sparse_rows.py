@@ -615,3 +615,43 @@ def test_momentum_sum_refuses_bad_rows_shapes_and_slots_before_writing(op):
         op.tfdp_embed_momentum_sum(table.handle, tf.Variable(tf.ones([5, 3])).handle, rows[:1], grad[:1], 0.1, 0.9)
     for variable in (table, slot):
         np.testing.assert_array_equal(variable.numpy(), np.ones([4, 3]))  # nothing written
+
+
+@pytest.mark.parametrize("dim", [1, 16, 64])
+def test_lazy_momentum_add_is_bit_identical_to_its_tf_ops(op, dim):
+    """Drift and owed noise of distinct rows, some with a y row, some without: as the reference's float32 ops."""
+    rng = np.random.default_rng(dim)
+    start, slot = (rng.normal(size=(20_000, dim)).astype(np.float32) for _ in range(2))
+    n = 5000
+    rows = tf.constant(rng.permutation(20_000)[:n], tf.int64)
+    factors = [tf.constant(rng.uniform(0, 1, n).astype(np.float32)) for _ in range(5)]
+    x = tf.constant(rng.normal(size=(n, dim)).astype(np.float32))
+    y_rows = tf.constant(np.sort(rng.permutation(n)[: n // 3]), tf.int64)
+    y = tf.constant(rng.normal(size=(n // 3, dim)).astype(np.float32))
+    fused, reference = (tf.Variable(start), tf.Variable(slot)), (tf.Variable(start), tf.Variable(slot))
+    sparse_rows.lazy_momentum_add(*fused, rows, *factors, x, y, y_rows)
+    sparse_rows.lazy_momentum_add_reference(*reference, rows, *factors, x, y, y_rows)
+    for got, want in zip(fused, reference):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert not np.array_equal(fused[0].numpy(), start) and not np.array_equal(fused[1].numpy(), slot)
+
+
+def test_lazy_momentum_add_refuses_bad_input_before_writing(op):
+    table, slot = tf.Variable(tf.ones([4, 3])), tf.Variable(tf.ones([4, 3]))
+    ones = [tf.ones([2])] * 5
+    x, y = tf.ones([2, 3]), tf.ones([1, 3])
+    rows, y_rows = tf.constant([0, 1], tf.int64), tf.constant([1], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row 4 is outside \\[0, 4\\)"):
+        op.tfdp_embed_lazy_momentum_add(table.handle, slot.handle, tf.constant([0, 4], tf.int64), *ones, x, y, y_rows)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`y_rows` must name distinct positions"):
+        op.tfdp_embed_lazy_momentum_add(
+            table.handle, slot.handle, rows, *ones, x, tf.ones([2, 3]), tf.constant([1, 1], tf.int64)
+        )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`x` must have shape \\[2, 3\\]"):
+        op.tfdp_embed_lazy_momentum_add(table.handle, slot.handle, rows, *ones, tf.ones([2, 2]), y, y_rows)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="per-row factor must have 2 entries"):
+        op.tfdp_embed_lazy_momentum_add(table.handle, slot.handle, rows, tf.ones([3]), *ones[1:], x, y, y_rows)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="another variable of the table's shape"):
+        op.tfdp_embed_lazy_momentum_add(table.handle, tf.Variable(tf.ones([5, 3])).handle, rows, *ones, x, y, y_rows)
+    for variable in (table, slot):
+        np.testing.assert_array_equal(variable.numpy(), np.ones([4, 3]))  # nothing written

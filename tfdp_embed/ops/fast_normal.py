@@ -65,6 +65,7 @@ OP_NAMES = (
     "TfdpEmbedRowsSum",
     "TfdpEmbedScatterAddSum",
     "TfdpEmbedMomentumSum",
+    "TfdpEmbedLazyMomentumAdd",
 )
 LIBRARY_NAME = "_fast_normal_op.so"
 ENV_SWITCH = "TFDP_EMBED_FAST_NORMAL"

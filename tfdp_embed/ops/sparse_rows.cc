@@ -36,6 +36,9 @@
 //       (the check's sum, taken while the rows are in cache).
 //   TfdpEmbedMomentumSum        Keras' sparse momentum step in place (= ResourceSparse-
 //       ApplyKerasMomentum) and the same sum.
+//   TfdpEmbedLazyMomentumAdd    LazyDP's momentum catch-up of distinct rows in place: drift
+//       and owed noise from per-row factors and the normals (gather, 8 multiplies and
+//       adds, scatter_nd, scatter_update and scatter_add in one pass).
 //
 // The Gaussian stream is fast_normal.cc's, included here without its op.
 
@@ -1277,6 +1280,128 @@ class MomentumSumOp : public OpKernel {
 };
 REGISTER_KERNEL_BUILDER(
     Name("TfdpEmbedMomentumSum").Device(DEVICE_CPU).HostMemory("lr").HostMemory("momentum"), MomentumSumOp);
+
+// ---------------------------------------------------------------------------
+REGISTER_OP("TfdpEmbedLazyMomentumAdd")
+    .Input("table: resource")
+    .Input("momentum: resource")
+    .Input("rows: int64")
+    .Input("decay: float")
+    .Input("gain: float")
+    .Input("l11: float")
+    .Input("l21: float")
+    .Input("l22: float")
+    .Input("x: float")
+    .Input("y: float")
+    .Input("y_rows: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return absl::OkStatus(); })
+    .Doc(R"doc(
+LazyDP's momentum catch-up of distinct `rows`, in place: the drift of idle
+steps and the owed (M, Theta) noise, from per-row factors and the normals.
+For row j (r = rows[j]), every coordinate, in float32 as the reference's
+TensorFlow ops round (no fused multiply-add):
+  m = momentum[r]
+  momentum[r] = decay[j] * m + l11[j] * x[j]
+  table[r] += gain[j] * m + (l21[j] * x[j] + l22[j] * y_j)
+where y_j = y[i] when y_rows[i] = j, else 0 (a row owing one step draws no y).
+Refuses, before writing, rows outside [0, vocabulary), a repeated y row,
+shapes that do not match, and a momentum slot of another shape.
+)doc");
+
+struct MomentumFactors {
+  const float *decay, *gain, *l11, *l21, *l22, *x, *y;
+  const int64_t* y_of;  // position in y of row j, -1 when none
+};
+
+// The catch-up of rows[mine[j]] (ascending j), rows prefetched ahead.
+void LazyMomentumRows(float* tab, float* mom, int64_t dim, const int64_t* rows, const MomentumFactors& f,
+                      const std::vector<int64_t>& mine) {
+  constexpr int64_t kAhead = 8;
+  const int64_t n = static_cast<int64_t>(mine.size());
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      PrefetchRow(tab + rows[mine[i + kAhead]] * dim, dim);
+      PrefetchRow(mom + rows[mine[i + kAhead]] * dim, dim);
+    }
+    const int64_t j = mine[i];
+    float* t = tab + rows[j] * dim;
+    float* m = mom + rows[j] * dim;
+    const float* x = f.x + j * dim;
+    const float* y = f.y_of[j] >= 0 ? f.y + f.y_of[j] * dim : nullptr;
+    const float decay = f.decay[j], gain = f.gain[j], l11 = f.l11[j], l21 = f.l21[j], l22 = f.l22[j];
+    for (int64_t c = 0; c < dim; ++c) {
+      const float old = m[c];
+      const float noise_theta = l21 * x[c] + l22 * (y ? y[c] : 0.0f);
+      m[c] = decay * old + l11 * x[c];
+      t[c] += gain * old + noise_theta;
+    }
+  }
+}
+
+class LazyMomentumAddOp : public OpKernel {
+ public:
+  explicit LazyMomentumAddOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    static constexpr const char* kOp = "TfdpEmbedLazyMomentumAdd";
+    core::RefCountPtr<Var> table, momentum;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &table));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &momentum));
+    OP_REQUIRES_OK(ctx, SparseAccess(ctx, table.get()));
+    OP_REQUIRES_OK(ctx, SparseAccess(ctx, momentum.get()));
+    VarLocks locks({table.get(), momentum.get()});
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "table", table.get(), DT_FLOAT, 2));
+    OP_REQUIRES_OK(ctx, CheckVar(kOp, "momentum", momentum.get(), DT_FLOAT, 2));
+    Tensor* tab_t = table->tensor();
+    OP_REQUIRES(ctx, momentum->tensor()->shape() == tab_t->shape() && table.get() != momentum.get(),
+                errors::InvalidArgument(kOp, ": the momentum slot ", momentum->tensor()->shape().DebugString(),
+                                        " must be another variable of the table's shape ",
+                                        tab_t->shape().DebugString(), "."));
+    const int64_t vocab = tab_t->dim_size(0), dim = tab_t->dim_size(1);
+    const Tensor& rows_t = ctx->input(2);
+    const int64_t n = rows_t.NumElements();
+    for (int i = 3; i <= 7; ++i) {
+      OP_REQUIRES(ctx, ctx->input(i).NumElements() == n,
+                  errors::InvalidArgument(kOp, ": every per-row factor must have ", n, " entries; input ", i,
+                                          " has ", ctx->input(i).NumElements(), "."));
+    }
+    const Tensor &x_t = ctx->input(8), &y_t = ctx->input(9), &y_rows_t = ctx->input(10);
+    const int64_t m = y_rows_t.NumElements();
+    OP_REQUIRES(ctx, x_t.dims() == 2 && x_t.dim_size(0) == n && x_t.dim_size(1) == dim,
+                errors::InvalidArgument(kOp, ": `x` must have shape [", n, ", ", dim, "]; received ",
+                                        x_t.shape().DebugString(), "."));
+    OP_REQUIRES(ctx, y_t.dims() == 2 && y_t.dim_size(0) == m && y_t.dim_size(1) == dim,
+                errors::InvalidArgument(kOp, ": `y` must have shape [", m, ", ", dim, "]; received ",
+                                        y_t.shape().DebugString(), "."));
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    for (int64_t j = 0; j < n; ++j) {
+      OP_REQUIRES(ctx, rows[j] >= 0 && rows[j] < vocab,
+                  errors::InvalidArgument(kOp, ": row ", rows[j], " is outside [0, ", vocab, ")."));
+    }
+    std::vector<int64_t> y_of(n, -1);
+    const int64_t* y_rows = y_rows_t.flat<int64_t>().data();
+    for (int64_t i = 0; i < m; ++i) {
+      OP_REQUIRES(ctx, y_rows[i] >= 0 && y_rows[i] < n && y_of[y_rows[i]] < 0,
+                  errors::InvalidArgument(kOp, ": `y_rows` must name distinct positions in [0, ", n,
+                                          "); entry ", i, " is ", y_rows[i], "."));
+      y_of[y_rows[i]] = i;
+    }
+    const MomentumFactors f{ctx->input(3).flat<float>().data(), ctx->input(4).flat<float>().data(),
+                            ctx->input(5).flat<float>().data(), ctx->input(6).flat<float>().data(),
+                            ctx->input(7).flat<float>().data(), x_t.flat<float>().data(),
+                            y_t.flat<float>().data(), y_of.data()};
+    float* tab = tab_t->flat<float>().data();
+    float* mom = momentum->tensor()->flat<float>().data();
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(workers->num_threads, n * dim / 8192));
+    const std::vector<std::vector<int64_t>> mine = PartsByRow(rows, n, parts);
+    Shard(workers->num_threads, workers->workers, parts, n * dim * 12 / parts, [&](int64_t begin, int64_t end) {
+      for (int64_t part = begin; part < end; ++part) LazyMomentumRows(tab, mom, dim, rows, f, mine[part]);
+    });
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TfdpEmbedLazyMomentumAdd").Device(DEVICE_CPU), LazyMomentumAddOp);
 
 // ---------------------------------------------------------------------------
 REGISTER_OP("TfdpEmbedLazyRecordStep")

@@ -20,6 +20,7 @@ reference runs instead: slower, identical results.
     lazy_catch_up_gather    the same, returning the caught-up rows (the lookup's gather)
     lazy_catch_up_split     the same in two ops (draws first, table write last)
     lazy_record_step        LazyDP's per-step bookkeeping (step sums, key, counter)
+    lazy_momentum_add       LazyDP's momentum catch-up (drift and owed noise) of distinct rows, in place
     lazy_ops                the four LazyDP ops above, custom or reference, chosen once
     prefetch_rows           a hint: brings rows of a table into cache (no reference:
                             it computes nothing)
@@ -695,6 +696,40 @@ def momentum_sum(table, accum, rows, grad, lr, momentum, *, nesterov: bool) -> t
     return op.tfdp_embed_momentum_sum(table.handle, accum.handle, rows, grad, lr, momentum, use_nesterov=nesterov)
 
 
+def lazy_momentum_add_reference(table, momentum, rows, decay, gain, l11, l21, l22, x, y, y_rows) -> None:
+    """LazyDP's momentum catch-up of distinct `rows` in TensorFlow ops (see `lazy_momentum_add`)."""
+    column = [-1, 1]
+    y_full = tf.scatter_nd(tf.reshape(y_rows, [-1, 1]), y, tf.shape(x, tf.int64))
+    m = tf.gather(momentum, rows)
+    noise_m = tf.reshape(l11, column) * x
+    noise_theta = tf.reshape(l21, column) * x + tf.reshape(l22, column) * y_full
+    theta_delta = tf.reshape(gain, column) * m + noise_theta
+    momentum.scatter_update(tf.IndexedSlices(tf.reshape(decay, column) * m + noise_m, rows))
+    table.scatter_add(tf.IndexedSlices(theta_delta, rows))
+
+
+@tf.autograph.experimental.do_not_convert
+def lazy_momentum_add(table, momentum, rows, decay, gain, l11, l21, l22, x, y, y_rows) -> None:
+    """LazyDP's momentum catch-up of distinct `rows`, in place, in one op (`TfdpEmbedLazyMomentumAdd`).
+
+    For row j: `momentum[r] = decay_j m + l11_j x_j`, `table[r] += gain_j m + (l21_j x_j + l22_j y_j)`, m the
+    row's momentum before, y_j the row of `y` whose `y_rows` entry is j (0 if none), all float32 as the
+    reference's ops round them (bit-identical). Without the op, the reference.
+
+    Args:
+      table, momentum: float32 variables of one shape.
+      rows: distinct int64 row ids `[n]`.
+      decay, gain, l11, l21, l22: float32 `[n]` per-row factors (drift, Cholesky of the owed noise).
+      x: float32 `[n, dim]` normals; y: float32 `[k, dim]` normals of the rows at positions `y_rows` (int64 `[k]`).
+    """
+    op = _op(table, momentum) if takes_table(table) and takes_table(momentum) else None
+    if op is None:
+        return lazy_momentum_add_reference(table, momentum, rows, decay, gain, l11, l21, l22, x, y, y_rows)
+    rows, y_rows = tf.cast(rows, tf.int64), tf.cast(y_rows, tf.int64)
+    op.tfdp_embed_lazy_momentum_add(table.handle, momentum.handle, rows, decay, gain, l11, l21, l22, x, y, y_rows)
+    return None
+
+
 def takes_table(table) -> bool:
     """True for a table the in-place ops can read and write: a float32 variable with one resource handle.
 
@@ -719,6 +754,8 @@ __all__ = [
     "lazy_catch_up_gather_reference",
     "lazy_catch_up_reference",
     "lazy_catch_up_split",
+    "lazy_momentum_add",
+    "lazy_momentum_add_reference",
     "lazy_ops",
     "lazy_record_step",
     "lazy_record_step_reference",

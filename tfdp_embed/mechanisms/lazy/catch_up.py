@@ -14,7 +14,11 @@ or per step (each missed step's own draw, LazyDP Alg. 1 with aggregated
 noise sampling disabled); from the mechanism's generator or stateless,
 keyed by (seed, step, row) (`tfdp_embed.mechanisms.row_noise`). LazyDP
 uses this path for momentum, per-step draws, stateless noise and tables
-the fused ops cannot update (`lazy_fused`).
+the fused ops cannot update (`lazy_fused`). With momentum and aggregated
+noise, the per-row factors (drift, Cholesky) and the normals are computed
+here and one op writes the rows (`sparse_rows.lazy_momentum_add`: the
+gather, products, sums and both scatters of its TensorFlow reference, with
+the same float32 rounding).
 
 References: LazyDP (Lim et al., ASPLOS 2024) §5.2, Alg. 1.
 """
@@ -101,6 +105,15 @@ class OwedNoise:
 
     def _aggregated_with_momentum(self, rows, noise_from, now, dim: int) -> tuple:
         """One 2x2 Cholesky per row; a row owing one step draws `dim` normals, others `2 dim`."""
+        (l11, l21, l22), x, y, y_rows = self.momentum_noise(rows, noise_from, now, dim)
+        y = tf.scatter_nd(tf.reshape(y_rows, [-1, 1]), y, tf.shape(x, tf.int64))
+        return l11[:, None] * x, l21[:, None] * x + l22[:, None] * y
+
+    def momentum_noise(self, rows, noise_from, now, dim: int) -> tuple:
+        """((l11, l21, l22) float32 `[n]`, x `[n, dim]`, y `[k, dim]`, y_rows int64 `[k]`): M = l11 x, Theta = l21 x + l22 y.
+
+        y holds the normals of the rows at positions `y_rows`; the others' y is 0.
+        """
         sums = self._sums()
         var_m, cov, var_theta = lazy_math.owed_noise_moments(
             sums.at(noise_from),
@@ -110,17 +123,15 @@ class OwedNoise:
             beta=self.beta,
             nesterov=self.nesterov,
         )
-        l11, l21, l22 = (tf.cast(x, tf.float32)[:, None] for x in lazy_math.cholesky_2x2(var_m, cov, var_theta))
+        factors = tuple(tf.cast(f, tf.float32) for f in lazy_math.cholesky_2x2(var_m, cov, var_theta))
         if self.row_noise == "stateless":
             z = self.normals(rows, -now, [2, dim])
-            x, y = z[:, 0], z[:, 1]
-        else:
-            # A row owing one step (touched last step, read again now: the hot rows) has a
-            # rank-one covariance, M = Theta / (1 + nesterov beta): it needs dim draws, not 2 dim.
-            x = self.normals(rows, -now, [dim])
-            two = tf.where(now - noise_from > 1)
-            y = tf.scatter_nd(two, self.normals(tf.gather_nd(rows, two), -now, [dim]), tf.shape(x, tf.int64))
-        return l11 * x, l21 * x + l22 * y
+            return factors, z[:, 0], z[:, 1], tf.range(tf.shape(rows, tf.int64)[0])
+        # A row owing one step (touched last step, read again now: the hot rows) has a
+        # rank-one covariance, M = Theta / (1 + nesterov beta): it needs dim draws, not 2 dim.
+        x = self.normals(rows, -now, [dim])
+        two = tf.where(now - noise_from > 1)
+        return factors, x, self.normals(tf.gather_nd(rows, two), -now, [dim]), two[:, 0]
 
     def _per_step(self, rows, noise_from, now, dim: int) -> tuple:
         """Alg. 1 with ANS disabled: each missed step r draws its own u_r = -eta_r z_r / B."""
@@ -216,6 +227,31 @@ def catch_up_rows(target: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> 
     """Adds owed drift and noise to unique `rows` and marks them current at `now`."""
     var, history = target.table, target.history
     noise_from, state_from = lazy_history.owed_from(tf.gather(history, rows))
+    if _fuses_momentum(target, owed):
+        decay, gain = lazy_math.momentum_drift(now - state_from, beta=owed.beta, nesterov=owed.nesterov)
+        factors, x, y, y_rows = owed.momentum_noise(rows, noise_from, now, target.dim)
+        drift = (tf.cast(decay, tf.float32), tf.cast(gain, tf.float32))
+        sparse_rows.lazy_momentum_add(var, target.momentum, rows, *drift, *factors, x, y, y_rows)
+    else:
+        _add_owed(target, rows, noise_from, state_from, now, owed)
+    history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), lazy_history.current(now)), rows))
+
+
+def _fuses_momentum(target: TableState, owed: OwedNoise) -> bool:
+    """Momentum, one aggregated draw with noise, float32 variables: one op (or its reference) does the rows."""
+    return (
+        target.momentum is not None
+        and owed.step_sums is not None
+        and owed.aggregate
+        and owed.beta != 0
+        and target.table.dtype.base_dtype == tf.float32
+        and target.momentum.dtype.base_dtype == tf.float32
+    )
+
+
+def _add_owed(target: TableState, rows: tf.Tensor, noise_from, state_from, now, owed: OwedNoise) -> None:
+    """The owed drift and noise of `rows` in TensorFlow ops (no momentum, per-step draws, no noise)."""
+    var = target.table
     theta_delta, m_new = None, None
     if target.momentum is not None:
         m = tf.gather(target.momentum, rows)
@@ -233,7 +269,6 @@ def catch_up_rows(target: TableState, rows: tf.Tensor, now, owed: OwedNoise) -> 
         target.momentum.scatter_update(tf.IndexedSlices(m_new, rows))
     if theta_delta is not None:
         var.scatter_add(tf.IndexedSlices(theta_delta, rows))
-    history.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), lazy_history.current(now)), rows))
 
 
 __all__ = [
