@@ -977,6 +977,16 @@ class PrefetchRowsOp : public OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("TfdpEmbedPrefetchRows").Device(DEVICE_CPU), PrefetchRowsOp);
 
+// Refuses any of rows[0..n) outside [0, vocab), naming the first (before anything is written).
+absl::Status CheckRows(const char* op, const int64_t* rows, int64_t n, int64_t vocab) {
+  for (int64_t k = 0; k < n; ++k) {
+    if (rows[k] < 0 || rows[k] >= vocab) {
+      return errors::InvalidArgument(op, ": row ", rows[k], " is outside [0, ", vocab, ").");
+    }
+  }
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------------------
 REGISTER_OP("TfdpEmbedRowsSum")
     .Input("table: resource")
@@ -1034,10 +1044,7 @@ class RowsSumOp : public OpKernel {
     const Tensor& rows_t = ctx->input(1);
     const int64_t* rows = rows_t.flat<int64_t>().data();
     const int64_t m = rows_t.NumElements();
-    for (int64_t j = 0; j < m; ++j) {
-      OP_REQUIRES(ctx, rows[j] >= 0 && rows[j] < vocab,
-                  errors::InvalidArgument(kOp, ": row ", rows[j], " is outside [0, ", vocab, ")."));
-    }
+    OP_REQUIRES_OK(ctx, CheckRows(kOp, rows, m, vocab));
     // Blocks of rows summed on the CPU workers, then added in block order (the same sum on every run).
     constexpr int64_t kBlockRows = 256;
     const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
@@ -1088,6 +1095,47 @@ std::vector<std::vector<int64_t>> PartsByRow(const int64_t* rows, int64_t n, int
   return mine;
 }
 
+// A table and a float32 slot of its shape (inputs 0 and 1), switched to in-place sparse writes;
+// `Check` once their locks are held.
+struct TableAndSlot {
+  core::RefCountPtr<Var> table, slot;
+
+  absl::Status Lookup(OpKernelContext* ctx) {
+    TF_RETURN_IF_ERROR(LookupResource(ctx, HandleFromInput(ctx, 0), &table));
+    TF_RETURN_IF_ERROR(LookupResource(ctx, HandleFromInput(ctx, 1), &slot));
+    TF_RETURN_IF_ERROR(SparseAccess(ctx, table.get()));
+    return SparseAccess(ctx, slot.get());
+  }
+
+  absl::Status Check(const char* op, const char* slot_name) const {
+    TF_RETURN_IF_ERROR(CheckVar(op, "table", table.get(), DT_FLOAT, 2));
+    TF_RETURN_IF_ERROR(CheckVar(op, slot_name, slot.get(), DT_FLOAT, 2));
+    if (slot->tensor()->shape() != table->tensor()->shape() || table.get() == slot.get()) {
+      return errors::InvalidArgument(op, ": `", slot_name, "` ", slot->tensor()->shape().DebugString(),
+                                     " must be another variable of the table's shape ",
+                                     table->tensor()->shape().DebugString(), ".");
+    }
+    return absl::OkStatus();
+  }
+};
+
+// Runs write(part_rows) on the CPU workers for the parts of `rows` split by row id (`PartsByRow`:
+// a repeated row stays in order in one part); one part for small writes. Returns the parts' sums
+// of write's results, added in part order.
+template <typename Write>
+double ForEachRowPart(OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t dim, int64_t cost, Write write) {
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(workers->num_threads, n * dim / 8192));
+  const std::vector<std::vector<int64_t>> mine = PartsByRow(rows, n, parts);
+  std::vector<double> sums(parts, 0.0);
+  Shard(workers->num_threads, workers->workers, parts, n * dim * cost / parts, [&](int64_t begin, int64_t end) {
+    for (int64_t part = begin; part < end; ++part) sums[part] = write(mine[part]);
+  });
+  double sum = 0.0;
+  for (double part_sum : sums) sum += part_sum;
+  return sum;
+}
+
 // tab[rows[k]] += updates[k] * scale for the k in `mine` (ascending), rows prefetched
 // ahead; returns the float64 sum of the values written, in eight independent lanes.
 double ScatterAddRows(float* tab, int64_t dim, const int64_t* rows, const float* updates, float scale,
@@ -1130,8 +1178,7 @@ class ScatterAddSumOp : public OpKernel {
     mutex_lock lock(*table->mu());
     OP_REQUIRES_OK(ctx, CheckVar(kOp, "table", table.get(), DT_FLOAT, 2));
     Tensor* tab_t = table->tensor();
-    const int64_t vocab = tab_t->dim_size(0);
-    const int64_t dim = tab_t->dim_size(1);
+    const int64_t vocab = tab_t->dim_size(0), dim = tab_t->dim_size(1);
     const Tensor& rows_t = ctx->input(1);
     const Tensor& updates_t = ctx->input(2);
     const int64_t n = rows_t.NumElements();
@@ -1139,22 +1186,13 @@ class ScatterAddSumOp : public OpKernel {
                 errors::InvalidArgument(kOp, ": `updates` must have shape [", n, ", ", dim, "] (one row per row id, ",
                                         "the table's width); received ", updates_t.shape().DebugString(), "."));
     const int64_t* rows = rows_t.flat<int64_t>().data();
-    for (int64_t k = 0; k < n; ++k) {
-      OP_REQUIRES(ctx, rows[k] >= 0 && rows[k] < vocab,
-                  errors::InvalidArgument(kOp, ": row ", rows[k], " is outside [0, ", vocab, ")."));
-    }
+    OP_REQUIRES_OK(ctx, CheckRows(kOp, rows, n, vocab));
     const float scale = ctx->input(3).scalar<float>()();
     float* tab = tab_t->flat<float>().data();
     const float* updates = updates_t.flat<float>().data();
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(workers->num_threads, n * dim / 8192));
-    const std::vector<std::vector<int64_t>> mine = PartsByRow(rows, n, parts);
-    std::vector<double> sums(parts, 0.0);
-    Shard(workers->num_threads, workers->workers, parts, n * dim * 8 / parts, [&](int64_t begin, int64_t end) {
-      for (int64_t part = begin; part < end; ++part) sums[part] = ScatterAddRows(tab, dim, rows, updates, scale, mine[part]);
+    const double sum = ForEachRowPart(ctx, rows, n, dim, 8, [&](const std::vector<int64_t>& mine) {
+      return ScatterAddRows(tab, dim, rows, updates, scale, mine);
     });
-    double sum = 0.0;
-    for (double part_sum : sums) sum += part_sum;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<double>()() = sum;
@@ -1229,21 +1267,12 @@ class MomentumSumOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     static constexpr const char* kOp = "TfdpEmbedMomentumSum";
-    core::RefCountPtr<Var> table, accum;
-    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &table));
-    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &accum));
-    OP_REQUIRES_OK(ctx, SparseAccess(ctx, table.get()));
-    OP_REQUIRES_OK(ctx, SparseAccess(ctx, accum.get()));
-    VarLocks locks({table.get(), accum.get()});
-    OP_REQUIRES_OK(ctx, CheckVar(kOp, "table", table.get(), DT_FLOAT, 2));
-    OP_REQUIRES_OK(ctx, CheckVar(kOp, "accum", accum.get(), DT_FLOAT, 2));
-    Tensor* tab_t = table->tensor();
-    OP_REQUIRES(ctx, accum->tensor()->shape() == tab_t->shape() && table.get() != accum.get(),
-                errors::InvalidArgument(kOp, ": the accumulator ", accum->tensor()->shape().DebugString(),
-                                        " must be another variable of the table's shape ",
-                                        tab_t->shape().DebugString(), "."));
-    const int64_t vocab = tab_t->dim_size(0);
-    const int64_t dim = tab_t->dim_size(1);
+    TableAndSlot vars;
+    OP_REQUIRES_OK(ctx, vars.Lookup(ctx));
+    VarLocks locks({vars.table.get(), vars.slot.get()});
+    OP_REQUIRES_OK(ctx, vars.Check(kOp, "accum"));
+    Tensor* tab_t = vars.table->tensor();
+    const int64_t vocab = tab_t->dim_size(0), dim = tab_t->dim_size(1);
     const Tensor& rows_t = ctx->input(2);
     const Tensor& grad_t = ctx->input(3);
     const int64_t n = rows_t.NumElements();
@@ -1251,25 +1280,14 @@ class MomentumSumOp : public OpKernel {
                 errors::InvalidArgument(kOp, ": `grad` must have shape [", n, ", ", dim, "] (one row per row id, ",
                                         "the table's width); received ", grad_t.shape().DebugString(), "."));
     const int64_t* rows = rows_t.flat<int64_t>().data();
-    for (int64_t k = 0; k < n; ++k) {
-      OP_REQUIRES(ctx, rows[k] >= 0 && rows[k] < vocab,
-                  errors::InvalidArgument(kOp, ": row ", rows[k], " is outside [0, ", vocab, ")."));
-    }
+    OP_REQUIRES_OK(ctx, CheckRows(kOp, rows, n, vocab));
     const MomentumStep step{ctx->input(4).scalar<float>()(), ctx->input(5).scalar<float>()(), nesterov_};
     float* tab = tab_t->flat<float>().data();
-    float* acc = accum->tensor()->flat<float>().data();
+    float* acc = vars.slot->tensor()->flat<float>().data();
     const float* grad = grad_t.flat<float>().data();
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(workers->num_threads, n * dim / 8192));
-    const std::vector<std::vector<int64_t>> mine = PartsByRow(rows, n, parts);
-    std::vector<double> sums(parts, 0.0);
-    Shard(workers->num_threads, workers->workers, parts, n * dim * 12 / parts, [&](int64_t begin, int64_t end) {
-      for (int64_t part = begin; part < end; ++part) {
-        sums[part] = MomentumRows(tab, acc, dim, rows, grad, step, mine[part]);
-      }
+    const double sum = ForEachRowPart(ctx, rows, n, dim, 12, [&](const std::vector<int64_t>& mine) {
+      return MomentumRows(tab, acc, dim, rows, grad, step, mine);
     });
-    double sum = 0.0;
-    for (double part_sum : sums) sum += part_sum;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<double>()() = sum;
@@ -1345,19 +1363,11 @@ class LazyMomentumAddOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     static constexpr const char* kOp = "TfdpEmbedLazyMomentumAdd";
-    core::RefCountPtr<Var> table, momentum;
-    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &table));
-    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &momentum));
-    OP_REQUIRES_OK(ctx, SparseAccess(ctx, table.get()));
-    OP_REQUIRES_OK(ctx, SparseAccess(ctx, momentum.get()));
-    VarLocks locks({table.get(), momentum.get()});
-    OP_REQUIRES_OK(ctx, CheckVar(kOp, "table", table.get(), DT_FLOAT, 2));
-    OP_REQUIRES_OK(ctx, CheckVar(kOp, "momentum", momentum.get(), DT_FLOAT, 2));
-    Tensor* tab_t = table->tensor();
-    OP_REQUIRES(ctx, momentum->tensor()->shape() == tab_t->shape() && table.get() != momentum.get(),
-                errors::InvalidArgument(kOp, ": the momentum slot ", momentum->tensor()->shape().DebugString(),
-                                        " must be another variable of the table's shape ",
-                                        tab_t->shape().DebugString(), "."));
+    TableAndSlot vars;
+    OP_REQUIRES_OK(ctx, vars.Lookup(ctx));
+    VarLocks locks({vars.table.get(), vars.slot.get()});
+    OP_REQUIRES_OK(ctx, vars.Check(kOp, "momentum"));
+    Tensor* tab_t = vars.table->tensor();
     const int64_t vocab = tab_t->dim_size(0), dim = tab_t->dim_size(1);
     const Tensor& rows_t = ctx->input(2);
     const int64_t n = rows_t.NumElements();
@@ -1375,10 +1385,7 @@ class LazyMomentumAddOp : public OpKernel {
                 errors::InvalidArgument(kOp, ": `y` must have shape [", m, ", ", dim, "]; received ",
                                         y_t.shape().DebugString(), "."));
     const int64_t* rows = rows_t.flat<int64_t>().data();
-    for (int64_t j = 0; j < n; ++j) {
-      OP_REQUIRES(ctx, rows[j] >= 0 && rows[j] < vocab,
-                  errors::InvalidArgument(kOp, ": row ", rows[j], " is outside [0, ", vocab, ")."));
-    }
+    OP_REQUIRES_OK(ctx, CheckRows(kOp, rows, n, vocab));
     std::vector<int64_t> y_of(n, -1);
     const int64_t* y_rows = y_rows_t.flat<int64_t>().data();
     for (int64_t i = 0; i < m; ++i) {
@@ -1392,12 +1399,10 @@ class LazyMomentumAddOp : public OpKernel {
                             ctx->input(7).flat<float>().data(), x_t.flat<float>().data(),
                             y_t.flat<float>().data(), y_of.data()};
     float* tab = tab_t->flat<float>().data();
-    float* mom = momentum->tensor()->flat<float>().data();
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(workers->num_threads, n * dim / 8192));
-    const std::vector<std::vector<int64_t>> mine = PartsByRow(rows, n, parts);
-    Shard(workers->num_threads, workers->workers, parts, n * dim * 12 / parts, [&](int64_t begin, int64_t end) {
-      for (int64_t part = begin; part < end; ++part) LazyMomentumRows(tab, mom, dim, rows, f, mine[part]);
+    float* mom = vars.slot->tensor()->flat<float>().data();
+    ForEachRowPart(ctx, rows, n, dim, 12, [&](const std::vector<int64_t>& mine) {
+      LazyMomentumRows(tab, mom, dim, rows, f, mine);
+      return 0.0;
     });
   }
 };
