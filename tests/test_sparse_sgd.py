@@ -125,6 +125,24 @@ def test_a_diverged_table_stops_training(fe, name, momentum, monkeypatch):
         _fit(fe, name, fused=True, monkeypatch=monkeypatch, optimizer=sgd, model=model)
 
 
+def test_float64_tables_keep_the_optimizers_arithmetic(fe, monkeypatch):
+    """A float64 table is not fused; LazyDP with momentum still steps it (Keras 3: the op's reference, in float64).
+
+    Before this fix the Keras 3 reference got a float32 learning rate for a float64 gradient and raised.
+    """
+    keras = fe.keras
+    inputs = keras.Input((4,), dtype="int32")
+    table = fe.DPEmbedding(1000, 8, combiner="mean", name="table", dtype="float64")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1, dtype="float64")(table))
+    optimizers = keras.optimizers.legacy if fe.name == "keras2" else keras.optimizers
+    dp, _ = _fit(
+        fe, "LazyDP", fused=True, monkeypatch=monkeypatch, model=model, optimizer=optimizers.SGD(0.5, momentum=0.9)
+    )
+    weights = dp.get_weights()[0]
+    assert weights.dtype == np.float64 and np.isfinite(weights).all()
+    assert int(dp.optimizer.iterations.numpy()) == 4
+
+
 def test_only_an_sgd_that_steps_rows_sparsely_is_fused(fe):
     keras = fe.keras
     optimizers = keras.optimizers.legacy if fe.name == "keras2" else keras.optimizers

@@ -662,8 +662,9 @@ def scatter_add_sum(table, rows, updates, scale) -> tf.Tensor:
 
 
 def momentum_sum_reference(table, accum, rows, grad, lr, momentum, *, nesterov: bool) -> tf.Tensor:
-    """`ResourceSparseApplyKerasMomentum`, then `rows_sum_reference` of the written rows."""
-    rows = _flat_rows(rows)
+    """`ResourceSparseApplyKerasMomentum` (lr and momentum in the table's dtype), then `rows_sum_reference`."""
+    rows, dtype = _flat_rows(rows), table.dtype.base_dtype
+    lr, momentum = tf.cast(lr, dtype), tf.cast(momentum, dtype)
     write = tf.raw_ops.ResourceSparseApplyKerasMomentum(
         var=table.handle, accum=accum.handle, lr=lr, grad=grad, indices=rows, momentum=momentum, use_nesterov=nesterov
     )
