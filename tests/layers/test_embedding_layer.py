@@ -57,6 +57,29 @@ def test_out_of_range_id_names_layer_id_and_range():
         layer(tf.constant([-1]))
 
 
+def test_traced_range_checks_are_one_op_and_still_name_the_bad_ids():
+    """A traced lookup's range check is a plain Assert (no tf.cond: 2 branch graphs per table per trace)."""
+    from tfdp_embed.keras2.layers import StackedEmbedding
+
+    table, stack = DPEmbedding(10, 3, name="country"), StackedEmbedding({"C1": 5, "C2": 6}, 3, name="stack")
+    lookups = {
+        "table": (lambda ids: table(ids), tf.constant([3, 12]), r"country.*\[0, 10\).*\] \[3\] \[12\]"),
+        "stack": (
+            lambda ids: stack({"C1": ids[:, 0], "C2": ids[:, 1]}),
+            tf.constant([[1, 5], [4, 6]]),
+            r"stack.*Features \[.*C1.*C2.*\] \[1 5\] \[4 6\]",
+        ),
+    }
+    for lookup, bad, match in lookups.values():
+        traced = tf.function(lookup)
+        graph = traced.get_concrete_function(tf.TensorSpec([None, *bad.shape[1:]], tf.int32)).graph
+        types = {op.type for op in graph.get_operations()}
+        assert "Assert" in types and not types & {"If", "StatelessIf"}, types
+        with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+            traced(bad)
+        assert tf.nest.flatten(traced(tf.constant(bad.numpy() % 5)))[0].shape[0] == 2  # in range: runs
+
+
 def test_hashing_strings_and_large_ints_is_deterministic_and_in_range():
     layer = _layer(hash_ids=True, combiner="sum")
     a = layer(tf.constant([["68fd1e64", "unknown"]]))

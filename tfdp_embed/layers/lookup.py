@@ -44,6 +44,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdp_embed import front_end, read_guard
+from tfdp_embed.layers.asserts import string_assert
 from tfdp_embed.traced_as_written import as_written, user_code
 
 try:  # TensorFlow's flag for "a SavedModel is being traced" (no public accessor)
@@ -179,16 +180,12 @@ class EmbeddingLookup:
         # can be out of range, and they are what the message shows.
         flat = tf.reshape(ids, [-1])
         smallest, largest = tf.reduce_min(flat), tf.reduce_max(flat)  # empty: +inf/-inf, passes
-        check = tf.debugging.Assert(
-            tf.logical_and(smallest >= 0, largest < self.vocabulary_size),
-            [
-                f"DPEmbedding {self.name!r}: ids must lie in [0, {self.vocabulary_size}) "
-                "(or construct it with hash_ids=True); smallest and largest id received:",
-                smallest,
-                largest,
-            ],
+        ok = tf.logical_and(smallest >= 0, largest < self.vocabulary_size)
+        message = (
+            f"DPEmbedding {self.name!r}: ids must lie in [0, {self.vocabulary_size}) "
+            "(or construct it with hash_ids=True); smallest and largest id received:"
         )
-        with tf.control_dependencies([check]):
+        with tf.control_dependencies([string_assert(ok, [message, smallest, largest])]):
             return tf.identity(ids)
 
     def occurrences(self, ids, *, check_range: bool = True) -> EmbeddingOccurrences:

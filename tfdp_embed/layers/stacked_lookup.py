@@ -41,6 +41,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfdp_embed.layers.asserts import string_assert
+from tfdp_embed.traced_as_written import as_written
+
 
 def check_vocabulary_sizes(vocabulary_sizes) -> dict:
     """`{feature: int rows}` checked: a non-empty mapping of feature names to positive ints."""
@@ -172,6 +175,7 @@ class StackedLookup:
             )
         return self.offsets[feature], self.vocabulary_sizes[feature]
 
+    @as_written  # straight-line TF: AutoGraph would only slow the trace (0.8 s for 14 stacks)
     def stack_ids(self, features: Mapping) -> tf.Tensor:
         """int64 `[batch, F]`: each feature's ids `[batch]`, range-checked against its own table, plus its offset.
 
@@ -203,20 +207,24 @@ class StackedLookup:
                 )
             columns.append(tf.cast(ids, tf.int64))
         ids = tf.stack(columns, axis=1)
-        sizes = tf.constant([self.vocabulary_sizes[f] for f in self.features], tf.int64)
-        bad = tf.logical_or(ids < 0, ids >= sizes)
-        first = tf.cast(tf.argmax(tf.reduce_any(bad, axis=0)), tf.int32)  # the first feature with a bad id
-        check = tf.debugging.Assert(
-            tf.logical_not(tf.reduce_any(bad)),
-            [
-                f"StackedEmbedding {self.name!r}: each feature's ids must lie in [0, its vocabulary size) "
-                f"({self.vocabulary_sizes}); first offending feature, its ids out of range:",
-                tf.gather(tf.constant(self.features), first),
-                tf.boolean_mask(ids[:, first], bad[:, first])[:3],
-            ],
-        )
-        with tf.control_dependencies([check]):
+        with tf.control_dependencies([self._range_check(ids)]):
             return ids + tf.constant([self.offsets[f] for f in self.features], tf.int64)
+
+    def _range_check(self, ids: tf.Tensor):
+        """Asserts each column f of `ids` `[batch, F]` lies in `[0, V_f)`; the message shows each column's range.
+
+        Two reductions per column: its smallest and largest id are the ones
+        that can be out of range, and they are what the message shows (one
+        `Assert` op, no `tf.cond`: `string_assert`).
+        """
+        smallest, largest = tf.reduce_min(ids, axis=0), tf.reduce_max(ids, axis=0)  # [F]; empty batch: passes
+        bad = tf.logical_or(smallest < 0, largest >= tf.constant(list(self.vocabulary_sizes.values()), tf.int64))
+        message = (
+            f"StackedEmbedding {self.name!r}: each feature's ids must lie in [0, its vocabulary size) "
+            f"({self.vocabulary_sizes}); an offending feature is one whose smallest or largest id is out of "
+            f"range. Features {list(self.features)}, their smallest and largest ids:"
+        )
+        return string_assert(tf.logical_not(tf.reduce_any(bad)), [message, smallest, largest])
 
     def checked_distinct_rows(self, ids) -> tf.Tensor:
         """`ids` `[batch, F]`, asserted to hold feature f's rows in column f: no example reads a row twice.
