@@ -257,6 +257,34 @@ def test_bad_input_gets_one_line_errors():
         )  # C2 has rows 0..5: 6 would read nothing of its own
 
 
+class _ReadsOneFeatureTwice(StackedEmbedding):
+    """Hands `lookup` ids of its own making: both columns in C1's rows (each example reads one row twice)."""
+
+    def call(self, features):
+        ids = self.stack_ids(features)
+        rows = self.lookup(tf.stack([ids[:, 0], ids[:, 0]], axis=1))
+        return dict(zip(self.features, tf.unstack(rows, num=2, axis=1)))
+
+
+@pytest.mark.parametrize("layer_class", [StackedEmbedding, _ReadsOneFeatureTwice])
+def test_only_the_ids_stack_ids_returned_skip_the_distinct_rows_check(layer_class):
+    """The clipping rule's premise (no example reads a row twice) is checked on any other ids `lookup` gets."""
+    inputs = {f: keras.Input([], dtype=tf.int64, name=f) for f in ("C1", "C2")}
+    rows = layer_class({"C1": 5, "C2": 6}, 3, name="stack")(inputs)
+    outputs = keras.layers.Dense(1)(keras.layers.Concatenate()([rows["C1"], rows["C2"]]))
+    mechanism = create("dense", l2_norm_clip=1.0, noise_multiplier=0.0)
+    dp = DPModel(keras.Model(inputs, outputs), mechanism=mechanism, expected_batch_size=4)
+    dp.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    data = tf.data.Dataset.from_tensor_slices(
+        ({"C1": np.arange(4) % 5, "C2": np.arange(4) % 6}, np.ones([4, 1], np.float32))
+    ).batch(4)
+    if layer_class is StackedEmbedding:
+        dp.fit(data, epochs=1, verbose=0)
+        return
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`lookup` needs ids"):
+        dp.fit(data, epochs=1, verbose=0)
+
+
 def test_stacked_layer_round_trips_its_config_and_groups_by_width():
     layers = stacked_tables({"a": (5, 3), "b": (7, 4), "c": (2, 3)})
     assert [(layer.name, layer.features, layer.vocabulary_size) for layer in layers] == [

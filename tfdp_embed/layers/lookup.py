@@ -217,7 +217,7 @@ class EmbeddingLookup:
         if rank == 3:
             return self._unit_occurrences(ids)
         batch = tf.shape(ids)[0]
-        per_example = 1 if rank == 1 else tf.shape(ids)[1]
+        per_example = 1 if rank == 1 else (ids.shape[1] if ids.shape[1] is not None else tf.shape(ids)[1])
         flat = tf.reshape(ids, [-1])
         n = tf.size(flat)
         if rank == 1 or self.combiner is None:

@@ -35,6 +35,7 @@ DP-FEST (Zhang et al., NeurIPS 2023) App. B.1; LazyDP (ASPLOS 2024) §5.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -208,7 +209,21 @@ class StackedLookup:
             columns.append(tf.cast(ids, tf.int64))
         ids = tf.stack(columns, axis=1)
         with tf.control_dependencies([self._range_check(ids)]):
-            return ids + tf.constant([self.offsets[f] for f in self.features], tf.int64)
+            stacked = ids + tf.constant([self.offsets[f] for f in self.features], tf.int64)
+        # Remembered (weakly, past Keras' attribute tracking) so that `lookup` and the clipping rule,
+        # handed this very tensor, do not check it again (`_from_stack_ids`).
+        object.__setattr__(self, "_stacked_ids", weakref.ref(stacked))
+        return stacked
+
+    def _from_stack_ids(self, ids) -> bool:
+        """True when `ids` is the tensor `stack_ids` last returned: range-checked, column f in feature f's rows."""
+        last = getattr(self, "_stacked_ids", None)
+        return last is not None and last() is ids
+
+    @as_written
+    def bucket_ids(self, ids, *, check_range: bool = True):
+        """`DPEmbedding.bucket_ids`, without the range check for the ids `stack_ids` returned (checked per feature)."""
+        return super().bucket_ids(ids, check_range=check_range and not self._from_stack_ids(ids))  # type: ignore[misc]
 
     def _range_check(self, ids: tf.Tensor):
         """Asserts each column f of `ids` `[batch, F]` lies in `[0, V_f)`; the message shows each column's range.
@@ -230,8 +245,11 @@ class StackedLookup:
         """`ids` `[batch, F]`, asserted to hold feature f's rows in column f: no example reads a row twice.
 
         The clipping rule's premise for skipping the (example, row) grouping
-        (`tfdp_embed.clipping.embedding`); ids from `stack_ids` always pass.
+        (`tfdp_embed.clipping.embedding`); the ids `stack_ids` returned hold it by construction
+        and are returned as they are, with no op added.
         """
+        if self._from_stack_ids(ids):
+            return ids
         ids = tf.convert_to_tensor(ids)
         low = tf.constant([self.offsets[f] for f in self.features], ids.dtype)
         high = low + tf.constant([self.vocabulary_sizes[f] for f in self.features], ids.dtype)
