@@ -80,8 +80,12 @@ def _step(sgd, gradient: tf.IndexedSlices, variable, lr) -> tf.Tensor:
     if sgd.sparse_step == "sgd":  # ResourceScatterAdd(-values * lr)
         return sparse_rows.scatter_add_sum(variable, gradient.indices, gradient.values, -lr)
     # Legacy momentum: duplicates summed as `_deduplicate_indexed_slices` does, then the momentum op.
-    rows, positions = sparse_rows.unique(gradient.indices)
-    values = tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(rows)[0])
+    # The clipping's rows (`sparse_rows.is_distinct`) have none: summing would only copy the values
+    # (and turn a -0.0 into +0.0).
+    rows, values = gradient.indices, gradient.values
+    if not sparse_rows.is_distinct(rows):
+        rows, positions = sparse_rows.unique(gradient.indices)
+        values = tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(rows)[0])
     slot = sgd.momentum_slot(variable)
     return sparse_rows.momentum_sum(variable, slot, rows, values, lr, sgd.momentum(), nesterov=sgd.nesterov)
 

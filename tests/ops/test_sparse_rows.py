@@ -655,3 +655,19 @@ def test_lazy_momentum_add_refuses_bad_input_before_writing(op):
         op.tfdp_embed_lazy_momentum_add(table.handle, tf.Variable(tf.ones([5, 3])).handle, rows, *ones, x, y, y_rows)
     for variable in (table, slot):
         np.testing.assert_array_equal(variable.numpy(), np.ones([4, 3]))  # nothing written
+
+
+def test_is_distinct_vouches_only_for_the_values_unique_returned():
+    ids = tf.constant([3, 1, 3, 7], tf.int64)
+    rows, positions = sparse_rows.unique(ids)
+    assert sparse_rows.is_distinct(rows)
+    for other in (ids, positions, rows + 0, tf.constant([3, 1, 7], tf.int64), tf.identity(rows)):
+        assert not sparse_rows.is_distinct(other)  # even with distinct values: only `unique`'s output is vouched for
+
+    @tf.function
+    def traced(x):
+        y, _ = sparse_rows.unique(x)
+        assert sparse_rows.is_distinct(y) and not sparse_rows.is_distinct(x)
+        return y
+
+    np.testing.assert_array_equal(traced(ids), [3, 1, 7])

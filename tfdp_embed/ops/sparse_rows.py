@@ -39,6 +39,7 @@ ASPLOS 2024) §5.2, Alg. 1 (aggregated noise sampling).
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -82,11 +83,22 @@ def unique(x) -> tuple:
     if x.dtype not in (tf.int32, tf.int64):
         raise TypeError(f"unique takes int32 or int64 ids; received {x.dtype.name}.")
     op = _op()
-    if op is None:
-        y, idx = tf.unique(x, out_idx=tf.int32)
-        return y, idx
-    y, idx = op.tfdp_embed_unique(x)
+    y, idx = tf.unique(x, out_idx=tf.int32) if op is None else op.tfdp_embed_unique(x)
+    _DISTINCT[id(y)] = y
     return y, idx
+
+
+# The distinct values `unique` returned, by id, held weakly: `is_distinct` vouches for exactly these tensors.
+_DISTINCT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def is_distinct(x) -> bool:
+    """True when `x` is a tensor `unique` returned as its distinct values: no value appears twice in it.
+
+    What the clipping's rows are (`tfdp_embed.clipping.embedding`), and stay while a mechanism
+    keeps the tensor as its gradient's indices; any other tensor, even one with distinct values, is False.
+    """
+    return _DISTINCT.get(id(x)) is x
 
 
 # -- clipping: pooled tables ---------------------------------------------------
