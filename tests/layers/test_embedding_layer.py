@@ -80,6 +80,17 @@ def test_traced_range_checks_are_one_op_and_still_name_the_bad_ids():
         assert tf.nest.flatten(traced(tf.constant(bad.numpy() % 5)))[0].shape[0] == 2  # in range: runs
 
 
+def test_a_traced_range_message_shows_every_features_ids():
+    """A stack of 5 features: the traced message lists all 5 smallest and largest ids (not Assert's default 3)."""
+    from tfdp_embed.keras2.layers import StackedEmbedding
+
+    features = [f"C{i}" for i in range(5)]
+    stack = StackedEmbedding(dict.fromkeys(features, 4), 2, name="five")
+    traced = tf.function(lambda ids: stack({f: ids[:, i] for i, f in enumerate(features)}))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"\] \[0 1 2 3 9\] \[0 1 2 3 9\]"):
+        traced(tf.constant([[0, 1, 2, 3, 9]]))
+
+
 def test_hashing_strings_and_large_ints_is_deterministic_and_in_range():
     layer = _layer(hash_ids=True, combiner="sum")
     a = layer(tf.constant([["68fd1e64", "unknown"]]))

@@ -27,7 +27,7 @@ def string_assert(condition, data: Sequence):
             return condition
         raise tf.errors.InvalidArgumentError(None, None, " ".join(_shown_eagerly(item) for item in data))
     shown = [item if isinstance(item, str) else _as_string(item) for item in data]
-    return tf.debugging.Assert(condition, shown, summarize=len(shown))
+    return tf.debugging.Assert(condition, shown, summarize=-1)  # every entry (default: 3 per tensor)
 
 
 def _shown_eagerly(item) -> str:
