@@ -10,6 +10,7 @@ switch and one-time warning). When the library is unavailable, the
 reference runs instead: slower, identical results.
 
     unique                  tf.unique(x, out_idx=int32), one open-addressing pass
+    is_distinct             True for exactly the tensors `unique` returned as distinct values
     scaled_segment_sum      pooled table's clipped sum (clipping stage)
     pooled_weight_squares   pooled table's per-example norm factor (clipping stage)
     dense_ghost_norms       a Dense layer's per-example squared norms (clipping
@@ -787,6 +788,7 @@ __all__ = [
     "scaled_segment_sum_reference",
     "scatter_add_sum",
     "scatter_add_sum_reference",
+    "is_distinct",
     "takes_table",
     "unique",
 ]
